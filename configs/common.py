@@ -1,0 +1,91 @@
+"""Shared config skeleton: every config file starts from `base_config()` and overrides.
+
+Sections (one obvious place for each knob):
+  model      preset name + dtype / scan / remat choices (scalerl_jax.models.config presets)
+  mesh       mesh shape over axes (data, fsdp, tensor, expert) and THE logical-axis rules table
+  rl         loss family, aggregation, advantage normalization, filters, interruption
+  optim      AdamW + schedule + clipping (paper defaults)
+  rollout    batch geometry, PipelineRL-k, generation budgets
+  generator  backend (jax | vllm), workers, sampling
+  buffer     gRPC rollout buffer address, auth, limits
+  eval, checkpoint, data
+"""
+import ml_collections
+
+# THE logical-axis rules table. Model code only names logical axes; this maps them to mesh axes.
+# A logical axis mapped to None is replicated. Order of mesh axes in a tuple matters (major first).
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("seq", None),
+    ("embed", "fsdp"),        # parameter d_model dimension (FSDP-sharded)
+    ("act_embed", None),      # activation d_model dimension (residual stream)
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("mlp", "tensor"),
+    ("act_mlp", "tensor"),
+    ("act_heads", "tensor"),
+    ("act_kv_heads", "tensor"),
+    ("act_vocab", "tensor"),
+    ("expert", "expert"),
+    ("act_expert", "expert"),
+    ("layers", None),         # the scanned-layers axis
+    ("norm", None),
+    ("cache_batch", ("data", "fsdp")),
+    ("cache_seq", None),
+)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Paper (ScaleRL) defaults; small configs override sizes, never semantics."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.recipe = "scalerl"  # scalerl | deepseek_grpo | qwen_dapo | magistral | minimax
+  c.total_steps = 1000
+
+  c.model = ml_collections.ConfigDict(dict(
+      preset="llama3_8b", param_dtype="float32", dtype="bfloat16",
+      fp32_lm_head=True, scan_layers=True, remat="full", hf_checkpoint=""))
+
+  c.mesh = ml_collections.ConfigDict(dict(
+      shape=(("data", 1), ("fsdp", -1), ("tensor", 1), ("expert", 1)),
+      rules=DEFAULT_RULES))
+
+  c.rl = ml_collections.ConfigDict(dict(
+      loss="cispo", cispo_eps_max=5.0, clip_eps_low=0.2, clip_eps_high=0.28,
+      gspo_eps_low=3e-3, gspo_eps_high=4e-3,
+      aggregation="prompt",            # prompt | sample | token
+      adv_norm="batch",                # batch | prompt | none
+      zero_variance_filter=True,
+      no_positive_resampling=True, npr_threshold=0.9,
+      length_control="interrupt",      # interrupt | penalty
+      length_penalty_max=14336, length_penalty_cache=2048))
+
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=5e-7, b1=0.9, b2=0.999, eps=1e-15, weight_decay=0.01,
+      warmup_steps=100, max_grad_norm=1.0, microbatches=1))
+
+  c.rollout = ml_collections.ConfigDict(dict(
+      prompts_per_step=48, generations_per_prompt=16,
+      mode="pipeline",                 # pipeline (PipelineRL-k) | ppo_off_policy
+      max_lag=8,                       # k
+      think_budget_min=10240, think_budget_max=12288, answer_budget=2048,
+      max_prompt_len=2048,
+      interruption_text="Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"))
+
+  c.generator = ml_collections.ConfigDict(dict(
+      backend="vllm", num_workers=64, temperature=1.0, top_p=1.0))
+
+  c.buffer = ml_collections.ConfigDict(dict(
+      address="127.0.0.1:0", auth_token_env="SCALERL_BUFFER_TOKEN",
+      max_message_bytes=64 << 20))
+
+  c.eval = ml_collections.ConfigDict(dict(
+      every_steps=100, num_prompts=1000, samples_per_prompt=16))
+
+  c.checkpoint = ml_collections.ConfigDict(dict(every_steps=50, keep=3))
+
+  c.data = ml_collections.ConfigDict(dict(
+      kind="polaris", path="", tokenizer_path="", heldout=1000, split_seed=0))
+  return c
