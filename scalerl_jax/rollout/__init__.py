@@ -1,0 +1,1 @@
+"""Rollout system: protocol, gRPC buffer, generators (JAX sampler, vLLM worker), interruption."""

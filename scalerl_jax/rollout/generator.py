@@ -1,0 +1,72 @@
+"""The one small interface every generator backend implements (JAX sampler, vLLM worker).
+
+A generator turns prompts into groups of completions, stamping every generated token with the policy
+version that produced it, and accepts new weights while generation is in flight.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_INTERRUPTED = "interrupted"
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSpec:
+  """One prompt to sample from. `answer` is the verifier's reference (never shown to the model)."""
+  prompt_id: int
+  tokens: np.ndarray          # int32 [P]
+  answer: str = ""
+
+
+@dataclasses.dataclass
+class Completion:
+  """One sampled completion; all per-token arrays have the completion's length L."""
+  prompt_id: int
+  tokens: np.ndarray          # int32 [L]
+  logprobs: np.ndarray        # float32 [L], generator log-prob of each token (0 for injected tokens)
+  versions: np.ndarray        # int32 [L], policy version that produced each token
+  policy_mask: np.ndarray     # bool [L], False for injected (interruption) tokens
+  finish_reason: str          # FINISH_STOP | FINISH_LENGTH | FINISH_INTERRUPTED
+  reward: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSpec:
+  """Sampling and length-control settings (forced interruption, PAPER_NOTES §3)."""
+  temperature: float = 1.0
+  top_p: float = 1.0
+  stop_tokens: tuple[int, ...] = ()
+  think_budget_min: int = 10240
+  think_budget_max: int = 12288
+  answer_budget: int = 2048
+  think_end_tokens: tuple[int, ...] = ()     # e.g. tokens of "</think>"; ends thinking naturally
+  interruption_tokens: tuple[int, ...] = ()  # injected when the thinking budget is exhausted
+  seed: int = 0
+
+
+class Generator(abc.ABC):
+  """Generates groups of completions and takes weight updates in flight."""
+
+  @abc.abstractmethod
+  def generate(self, prompts: Sequence[PromptSpec], n: int,
+               spec: SamplingSpec) -> list[list[Completion]]:
+    """Returns, for each prompt, `n` completions (one group)."""
+
+  @abc.abstractmethod
+  def load_weights(self, weights: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+                   version: int) -> None:
+    """Installs new weights (HF parameter names) as policy `version`; in-flight sequences continue."""
+
+  @property
+  @abc.abstractmethod
+  def version(self) -> int:
+    """The policy version currently used for new tokens."""
+
+  def close(self) -> None:
+    """Releases processes and memory."""
