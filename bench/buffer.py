@@ -1,0 +1,242 @@
+"""Rollout-buffer throughput: our gRPC buffer vs Redis streams, identical serialized rollouts.
+
+  python -m bench.buffer [--rollouts 2048] [--producers 2] [--tokens 16384]
+
+What is measured (both systems): P producer processes push pre-serialized rollouts (16k-token
+completions with float32 log-probs, int32 versions and a bit-packed policy mask, ~197 KB each), each
+acknowledged individually, while one consumer (the learner, this process) pulls them out. Throughput =
+payload bytes that reached the consumer / wall time from the producers' start to the last byte pulled.
+  ours: buffer server in its own process (PipelineRL-k admission on, k=4, G=16), producers lease
+        groups and stream rollouts over PushRollouts; the learner pulls complete groups with PullBatch
+        and publishes a (tiny) new weight version every step.
+  peer: `redis-server` (no persistence, loopback) started here; producers XADD (one per rollout, the
+        returned id is the ack), the consumer XREADs blocks of entries.
+Last stdout line: {"ours": MB/s, "peer": MB/s, "unit": "MB/s", "ratio": ours/peer, ...} (MB = 1e6 B).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+TOKEN = "bench-token"
+
+
+def _rollout_parts(tokens: int, prompt_len: int, seed: int = 0):
+  from scalerl_jax.rollout import codec, rollout_pb2 as pb
+  rng = np.random.default_rng(seed)
+  return dict(
+      prompt=codec.encode(np.arange(prompt_len, dtype=np.int32), pb.INT32),
+      toks=codec.encode(rng.integers(0, 128000, tokens, dtype=np.int32), pb.INT32),
+      lps=codec.encode(-rng.exponential(1.0, tokens).astype(np.float32), pb.FLOAT32),
+      mask=codec.encode(np.ones(tokens, bool), pb.BITS), tokens=tokens)
+
+
+def _make_rollout(parts, version_tensor, rid, prompt_id, group_id, sample, gen_id):
+  from scalerl_jax.rollout import rollout_pb2 as pb
+  return pb.Rollout(rollout_id=rid, prompt_id=prompt_id, group_id=group_id, sample_index=sample,
+                    prompt_tokens=parts["prompt"], completion_tokens=parts["toks"],
+                    logprobs=parts["lps"], versions=version_tensor, policy_mask=parts["mask"],
+                    rewards=[1.0], finish_reason=pb.FINISH_STOP, generator_id=gen_id,
+                    timing=pb.Timing(start_unix_s=1.0, end_unix_s=2.0)).SerializeToString()
+
+
+# ---- ours ------------------------------------------------------------------------------------------
+def _our_producer(address, idx, tokens, prompt_len, stop_evt, ready, go):
+  from scalerl_jax.rollout import codec, rollout_pb2 as pb
+  from scalerl_jax.rollout.client import BufferClient
+  parts = _rollout_parts(tokens, prompt_len, idx)
+  vcache = {}
+  c = BufferClient(address, TOKEN)
+  c.status()
+  ready.put(idx)
+  go.wait()
+  gen = f"gen{idx}"
+  n = 0
+  while not stop_evt.is_set():
+    got = c.lease(gen, max_groups=2, wait_timeout_s=0.5)
+    if not got:
+      continue
+    msgs = []
+    for a in got:
+      v = a.min_version
+      if v not in vcache:
+        vcache = {v: codec.encode(np.full(tokens, v, np.int32), pb.INT32)}
+      for i in range(a.group_size):
+        msgs.append(_make_rollout(parts, vcache[v], f"{gen}-{a.group_id}-{i}", a.prompt_id,
+                                  a.group_id, i, gen))
+        n += 1
+    try:
+      c.push(msgs)
+    except Exception:      # the run is over (server stopped)
+      break
+  c.close()
+
+
+def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4):
+  import grpc
+  from scalerl_jax.rollout.client import BufferClient
+  tmp = tempfile.mkdtemp()
+  ppath = os.path.join(tmp, "prompts.jsonl")
+  with open(ppath, "w") as f:
+    for i in range(64):
+      f.write(json.dumps({"prompt_id": i, "tokens": list(range(prompt_len)), "answer": "x"}) + "\n")
+  env = dict(os.environ, SCALERL_BENCH_TOKEN=TOKEN)
+  srv = subprocess.Popen(
+      [sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--port", "0", "--token-env",
+       "SCALERL_BENCH_TOKEN", "--prompts", ppath, "--prompts-per-step", str(B), "--group-size",
+       str(G), "--max-lag", str(k), "--max-completion-tokens", str(tokens)],
+      stdout=subprocess.PIPE, env=env, text=True)
+  try:
+    port = json.loads(srv.stdout.readline())["port"]
+    address = f"127.0.0.1:{port}"
+    c = BufferClient(address, TOKEN)
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    ready, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_our_producer,
+                         args=(address, i, tokens, prompt_len, stop, ready, go))
+             for i in range(producers)]
+    for p in procs:
+      p.start()
+    for _ in procs:
+      ready.get(timeout=120)
+    c.status()
+    go.set()
+    t0 = time.perf_counter()
+    got_bytes = got = step = 0
+    lat = []
+    while got < n_rollouts:
+      t = time.perf_counter()
+      for item in c.pull_raw(step, timeout_s=120):
+        got_bytes += len(item)
+      lat.append(time.perf_counter() - t)
+      got += B * G
+      step += 1
+      c.publish_weights(step, b"w" * 1024)
+    wall = time.perf_counter() - t0
+    st = c.status()
+    stop.set()
+    for p in procs:
+      p.join(timeout=10)
+      if p.is_alive():
+        p.terminate()
+    return dict(wall_s=wall, rollouts=got, bytes=got_bytes, steps=step,
+                max_lag=st.lag_total.max_lag, server_bytes_in=st.bytes_in,
+                pull_wait_median_s=float(np.median(lat)))
+  finally:
+    srv.terminate()
+    srv.wait(timeout=10)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- redis -----------------------------------------------------------------------------------------
+def _redis_producer(port, idx, count, tokens, prompt_len, ready, go):
+  import redis
+  from scalerl_jax.rollout import codec, rollout_pb2 as pb
+  parts = _rollout_parts(tokens, prompt_len, idx)
+  v = codec.encode(np.zeros(tokens, np.int32), pb.INT32)
+  r = redis.Redis(port=port)
+  r.ping()
+  ready.put(idx)
+  go.wait()
+  for i in range(count):
+    blob = _make_rollout(parts, v, f"r{idx}-{i}", i % 64, i // 16, i % 16, f"gen{idx}")
+    r.xadd("rollouts", {"r": blob})
+  r.close()
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _bench_redis(n_rollouts, producers, tokens, prompt_len):
+  import redis
+  exe = shutil.which("redis-server")
+  if exe is None:
+    raise SystemExit("redis-server not found (Debian package `redis-server`)")
+  port = _free_port()
+  srv = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--protected-mode", "no"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    r = redis.Redis(port=port)
+    for _ in range(100):
+      try:
+        r.ping()
+        break
+      except redis.ConnectionError:
+        time.sleep(0.05)
+    ctx = mp.get_context("spawn")
+    per = n_rollouts // producers
+    ready, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_redis_producer,
+                         args=(port, i, per, tokens, prompt_len, ready, go))
+             for i in range(producers)]
+    for p in procs:
+      p.start()
+    for _ in procs:
+      ready.get(timeout=120)
+    go.set()
+    t0 = time.perf_counter()
+    last, got, got_bytes = "0-0", 0, 0
+    while got < per * producers:
+      resp = r.xread({"rollouts": last}, count=64, block=5000)
+      if not resp:
+        continue
+      for eid, fields in resp[0][1]:
+        got_bytes += len(fields[b"r"])
+        got += 1
+        last = eid
+      r.xtrim("rollouts", minid=last)     # the consumer frees what it read (bounded memory)
+    wall = time.perf_counter() - t0
+    for p in procs:
+      p.join()
+    return dict(wall_s=wall, rollouts=got, bytes=got_bytes)
+  finally:
+    srv.terminate()
+    srv.wait(timeout=10)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description="rollout buffer vs Redis streams throughput")
+  ap.add_argument("--rollouts", type=int, default=2048)
+  ap.add_argument("--producers", type=int, default=2)
+  ap.add_argument("--tokens", type=int, default=16384)
+  ap.add_argument("--prompt-len", type=int, default=256)
+  ap.add_argument("--skip-redis", action="store_true")
+  a = ap.parse_args(argv)
+  size = len(_make_rollout(_rollout_parts(a.tokens, a.prompt_len),
+                           _rollout_parts(a.tokens, a.prompt_len)["toks"], "gen0-1-0", 0, 1, 0,
+                           "gen0"))
+  print(f"serialized rollout: {size} bytes ({size / 1e3:.1f} KB)", flush=True)
+  ours = _bench_ours(a.rollouts, a.producers, a.tokens, a.prompt_len)
+  ours_mbps = ours["bytes"] / ours["wall_s"] / 1e6
+  print(f"ours: {ours}  -> {ours_mbps:.0f} MB/s", flush=True)
+  if a.skip_redis:
+    peer = dict(wall_s=float("nan"), rollouts=0, bytes=0)
+  else:
+    peer = _bench_redis(a.rollouts, a.producers, a.tokens, a.prompt_len)
+  peer_mbps = peer["bytes"] / peer["wall_s"] / 1e6 if peer["rollouts"] else float("nan")
+  print(f"redis: {peer}  -> {peer_mbps:.0f} MB/s", flush=True)
+  print(json.dumps({"ours": round(ours_mbps, 1), "peer": round(peer_mbps, 1), "unit": "MB/s",
+                    "ratio": round(ours_mbps / peer_mbps, 3),
+                    "rollouts_per_s_ours": round(ours["rollouts"] / ours["wall_s"], 1),
+                    "rollouts_per_s_peer": round(peer["rollouts"] / peer["wall_s"], 1),
+                    "rollout_bytes": size, "rollouts": a.rollouts, "producers": a.producers,
+                    "ours_max_token_lag": ours["max_lag"], "cpus": os.cpu_count()}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,152 @@
+"""Resolved job specs for a ScaleRL run: the one place launch/xm_launch.py and launch/gke/render.py read.
+
+Three jobs, sized from the config (PAPER_NOTES §4: 80 GB200 per run, 16 training + 64 generating):
+  learner     `python -m scalerl_jax.main` on `train_chips` accelerators (TPU v5p slice or GPU hosts)
+  generators  the vLLM fleet: `generator.num_workers` GPUs, `tensor_parallel` GPUs per vLLM engine
+  buffer      the gRPC rollout buffer (scalerl_jax.rollout.buffer_server), CPU only, auth token Secret
+
+Launch knobs are not in configs/common.py; an optional `config.launch` ConfigDict overrides
+`LAUNCH_DEFAULTS` key by key (and the xm_launch / render flags override both).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+BUFFER_PORT = 50051
+VLLM_PORT = 8000
+COORDINATOR_PORT = 8476
+SECRET_NAME = "scalerl-buffer-token"
+SECRET_KEY = "token"
+
+# Accelerator platforms: what one host (pod) of each offers and how GKE names it.
+PLATFORMS: dict[str, dict[str, Any]] = {
+    "tpu-v5p": dict(kind="tpu", chips_per_host=4, resource="google.com/tpu", xm_resource="tpu_v5p",
+                    node_selector={"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice"},
+                    topology={4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4"},
+                    machine_type="ct5p-hightpu-4t", cpu="200", memory="400Gi", arch="amd64"),
+    "gpu-h100": dict(kind="gpu", chips_per_host=8, resource="nvidia.com/gpu", xm_resource="h100",
+                     node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+                     machine_type="a3-highgpu-8g", cpu="200", memory="1600Gi", arch="amd64"),
+    "gpu-gb200": dict(kind="gpu", chips_per_host=4, resource="nvidia.com/gpu", xm_resource="gb200",
+                      node_selector={"cloud.google.com/gke-accelerator": "nvidia-gb200"},
+                      machine_type="a4x-highgpu-4g", cpu="128", memory="800Gi", arch="arm64"),
+}
+
+LAUNCH_DEFAULTS = dict(
+    name="scalerl",
+    namespace="default",
+    learner_platform="tpu-v5p",        # tpu-v5p | gpu-h100 | gpu-gb200
+    generator_platform="gpu-gb200",    # vLLM needs GPUs
+    train_chips=16,
+    tensor_parallel=0,                 # GPUs per vLLM engine; 0 = by model preset (see TP_BY_PRESET)
+    image_prefix="us-docker.pkg.dev/PROJECT/scalerl",
+    image_tag="0.1.0",
+    workdir="gs://BUCKET/scalerl/run",
+    data_pvc="scalerl-data",           # read-only volume with config.data.path and tokenizer_path
+    config_file="configs/8b.py",
+)
+# vLLM tensor parallelism per engine: bf16 weights + KV cache must fit.
+TP_BY_PRESET = {"llama3_8b": 1, "llama4_scout_17b_16e": 4}
+
+
+def _launch_settings(config, overrides: dict | None) -> dict:
+  s = dict(LAUNCH_DEFAULTS)
+  if "launch" in config:
+    s.update(dict(config.launch))
+  s.update({k: v for k, v in (overrides or {}).items() if v is not None})
+  for key in ("learner_platform", "generator_platform"):
+    if s[key] not in PLATFORMS:
+      raise ValueError(f"{key}={s[key]!r}; expected one of {sorted(PLATFORMS)}")
+  if PLATFORMS[s["generator_platform"]]["kind"] != "gpu":
+    raise ValueError("generator_platform must be a GPU platform (vLLM)")
+  return s
+
+
+def image(s: dict, role: str) -> str:
+  """Container image for `role` in {learner-tpu, learner-gpu, vllm, buffer}."""
+  return f"{s['image_prefix']}/scalerl-jax-{role}:{s['image_tag']}"
+
+
+def resolve(config, overrides: dict | None = None) -> dict:
+  """The three job specs (plain JSON-able dicts) for `config` (+ launch overrides)."""
+  s = _launch_settings(config, overrides)
+  lp, gp = PLATFORMS[s["learner_platform"]], PLATFORMS[s["generator_platform"]]
+  chips = int(s["train_chips"])
+  if chips <= 0 or chips % lp["chips_per_host"]:
+    raise ValueError(f"train_chips={chips} must be a positive multiple of "
+                     f"{lp['chips_per_host']} ({s['learner_platform']} chips per host)")
+  hosts = chips // lp["chips_per_host"]
+  topology = None
+  if lp["kind"] == "tpu":
+    if chips not in lp["topology"]:
+      raise ValueError(f"no TPU v5p topology for {chips} chips; known: {sorted(lp['topology'])}")
+    topology = lp["topology"][chips]
+  gen_gpus = int(config.generator.num_workers)
+  tp = int(s["tensor_parallel"]) or TP_BY_PRESET.get(config.model.preset, 1)
+  if gen_gpus % tp:
+    raise ValueError(f"generator.num_workers={gen_gpus} GPUs is not a multiple of tensor_parallel={tp}")
+  name = s["name"]
+  buffer_addr = f"{name}-buffer.{s['namespace']}.svc.cluster.local:{BUFFER_PORT}"
+  cfg_file = s["config_file"]
+  token_env = config.buffer.auth_token_env
+  common_args = [f"--config={cfg_file}", f"--config.buffer.address={buffer_addr}"]
+  r = config.rollout
+  learner_role = "learner-tpu" if lp["kind"] == "tpu" else "learner-gpu"
+  return {
+      "name": name,
+      "namespace": s["namespace"],
+      "config_file": cfg_file,
+      "model_preset": config.model.preset,
+      "total_chips": chips + gen_gpus,
+      "learner": {
+          "name": f"{name}-learner", "platform": s["learner_platform"],
+          "image": image(s, learner_role), "accelerator_resource": lp["resource"],
+          "chips": chips, "hosts": hosts, "chips_per_host": lp["chips_per_host"],
+          "tpu_topology": topology, "node_selector": dict(lp["node_selector"]),
+          "machine_type": lp["machine_type"], "arch": lp["arch"], "cpu": lp["cpu"], "memory": lp["memory"],
+          "coordinator_port": COORDINATOR_PORT,
+          "command": ["python", "-m", "scalerl_jax.main", *common_args, f"--workdir={s['workdir']}"],
+          "env": {"SCALERL_ROLE": "learner"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+      },
+      "generators": {
+          "name": f"{name}-vllm", "platform": s["generator_platform"], "image": image(s, "vllm"),
+          "accelerator_resource": gp["resource"], "gpus": gen_gpus, "tensor_parallel": tp,
+          "replicas": gen_gpus // tp, "gpus_per_replica": tp,
+          "node_selector": dict(gp["node_selector"]), "machine_type": gp["machine_type"],
+          "arch": gp["arch"],
+          "cpu": str(8 * tp), "memory": f"{64 * tp}Gi", "port": VLLM_PORT,
+          "command": ["python", "-m", "scalerl_jax.rollout.vllm_worker", *common_args,
+                      f"--tensor_parallel={tp}"],
+          "env": {"SCALERL_ROLE": "generator"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+      },
+      "buffer": {
+          "name": f"{name}-buffer", "image": image(s, "buffer"), "port": BUFFER_PORT,
+          "address": buffer_addr, "cpu": "8", "memory": "32Gi", "prompts_file": "/prompts/prompts.jsonl",
+          "export_command": ["python", "-m", "scalerl_jax.data.export", f"--config={cfg_file}",
+                             "--out=/prompts/prompts.jsonl"],
+          "command": ["python", "-m", "scalerl_jax.rollout.buffer_server", "--host=0.0.0.0",
+                      f"--port={BUFFER_PORT}", f"--token-env={token_env}",
+                      "--prompts=/prompts/prompts.jsonl",
+                      f"--prompts-per-step={r.prompts_per_step}",
+                      f"--group-size={r.generations_per_prompt}", f"--max-lag={r.max_lag}",
+                      f"--mode={r.mode}", f"--max-message-bytes={config.buffer.max_message_bytes}",
+                      f"--max-completion-tokens={r.think_budget_max + r.answer_budget + 64}",
+                      f"--shuffle-seed={config.seed}"],
+          "env": {"SCALERL_ROLE": "buffer"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+      },
+      "secret": {"name": SECRET_NAME, "key": SECRET_KEY, "env": token_env},
+      "data_pvc": s["data_pvc"],
+  }
+
+
+def load_config(path: str, arg: str | None = None):
+  """Imports a `get_config(arg)` config file by path (no absl flags needed)."""
+  import importlib.util
+  import os
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} does not exist")
+  spec = importlib.util.spec_from_file_location("_scalerl_launch_config", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return copy.deepcopy(mod.get_config(arg))

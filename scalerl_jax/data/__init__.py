@@ -1,0 +1,86 @@
+"""Prompt sets for RL: `build_dataset(config.data, max_prompt_len)` -> `Dataset`.
+
+  kind=synthetic  the built-in running-digit-sum task (scalerl_jax.data.synthetic), no files
+  kind=polaris    Polaris-53K-style math JSONL/Parquet (`problem`, `answer`) + local HF tokenizer
+  kind=deepcoder  DeepCoder-style code JSONL/Parquet (`problem`, `tests`) + local HF tokenizer
+
+Optional config.data keys (read with .get, defaults in brackets): synthetic_n_train [4096],
+synthetic_num_terms [8], system_prompt [""]. See docs/DATA.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from scalerl_jax.rollout.generator import PromptSpec
+
+KINDS = ("synthetic", "polaris", "deepcoder")
+REWARD_FOR_KIND = {"synthetic": "synthetic", "polaris": "math", "deepcoder": "code"}
+
+
+@dataclasses.dataclass
+class Dataset:
+  """Train and held-out prompts plus everything needed to sample and score them."""
+  kind: str
+  train: list[PromptSpec]
+  heldout: list[PromptSpec]
+  tokenizer: Any                  # .encode(text) -> list[int], .decode(ids) -> str, .eos_id, .pad_id
+  reward_name: str                # key in scalerl_jax.rewards
+  stop_tokens: tuple[int, ...]
+  think_end_tokens: tuple[int, ...]
+  stats: dict
+
+  def interruption_tokens(self, text: str) -> tuple[int, ...]:
+    """Token ids of the forced-interruption phrase (config.rollout.interruption_text)."""
+    return tuple(self.tokenizer.encode(text))
+
+  def reward(self, completion_tokens_or_text, answer: str) -> float:
+    """Scores one completion (token ids are decoded with this dataset's tokenizer)."""
+    from scalerl_jax import rewards
+    text = (completion_tokens_or_text if isinstance(completion_tokens_or_text, str)
+            else self.tokenizer.decode(completion_tokens_or_text))
+    return rewards.compute_reward(self.reward_name, text, answer)
+
+
+def _get(cfg, key, default):
+  return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+
+
+def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
+  """Builds the dataset named by `data_cfg.kind` (synthetic | polaris | deepcoder)."""
+  kind = _get(data_cfg, "kind", None)
+  if kind not in KINDS:
+    raise ValueError(f"config.data.kind={kind!r}; expected one of {KINDS}")
+  heldout = int(_get(data_cfg, "heldout", 1000))
+  seed = int(_get(data_cfg, "split_seed", 0))
+  if kind == "synthetic":
+    from scalerl_jax.data import synthetic
+    num_terms = _get(data_cfg, "synthetic_num_terms", synthetic.DEFAULT_NUM_TERMS)
+    train, held = synthetic.make_split(seed, int(_get(data_cfg, "synthetic_n_train", 4096)),
+                                       heldout, num_terms)
+    specs = [p.to_prompt_spec() for p in train], [p.to_prompt_spec() for p in held]
+    longest = max(len(s.tokens) for s in specs[0] + specs[1])
+    if longest > max_prompt_len:
+      raise ValueError(f"synthetic prompts are up to {longest} tokens > max_prompt_len={max_prompt_len}")
+    tok = synthetic.TOKENIZER
+    return Dataset(kind, specs[0], specs[1], tok, "synthetic", (tok.eos_id,), (tok.end_think_id,),
+                   {"train": len(specs[0]), "heldout": len(specs[1])})
+
+  from scalerl_jax.data import hf_tokenizer, loaders
+  path = _get(data_cfg, "path", "")
+  if not path:
+    raise ValueError(f"config.data.path is empty (kind={kind} needs a JSONL or Parquet file)")
+  tok = hf_tokenizer.HFTokenizer(_get(data_cfg, "tokenizer_path", ""),
+                                 system_prompt=_get(data_cfg, "system_prompt", ""))
+  if kind == "polaris":
+    records, unsupported = loaders.load_math(path), 0
+  else:
+    records, unsupported = loaders.load_code(path, skip_unsupported=True)
+  train, held, stats = loaders.split_prompts(records, tok.encode_prompt, max_prompt_len, heldout, seed)
+  stats.unsupported = unsupported
+  stats.records += unsupported
+  return Dataset(kind, train, held, tok, REWARD_FOR_KIND[kind], (tok.eos_id,), tok.think_end_ids,
+                 dataclasses.asdict(stats))
+
+
+__all__ = ["Dataset", "build_dataset", "KINDS", "REWARD_FOR_KIND"]

@@ -1,0 +1,51 @@
+"""Writes a dataset's prompts as the rollout buffer's JSONL ({"prompt_id", "tokens", "answer"}).
+
+  python -m scalerl_jax.data.export --config=configs/tiny.py --out=/tmp/prompts.jsonl [--split=train]
+
+The buffer (scalerl_jax.rollout.buffer_server --prompts=FILE) reads this format.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+from scalerl_jax.data import build_dataset
+
+
+def write_prompts(prompts, path: str) -> int:
+  """Writes PromptSpecs as JSONL; returns the number of lines."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    for p in prompts:
+      f.write(json.dumps({"prompt_id": int(p.prompt_id), "tokens": [int(t) for t in p.tokens],
+                          "answer": p.answer}) + "\n")
+  return len(prompts)
+
+
+def _load_config(path: str):
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} does not exist")
+  spec = importlib.util.spec_from_file_location("_scalerl_export_config", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(None)
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--config", required=True, help="config file with get_config()")
+  ap.add_argument("--out", required=True)
+  ap.add_argument("--split", choices=("train", "heldout"), default="train")
+  a = ap.parse_args(argv)
+  sys.path.insert(0, os.getcwd())   # so `from configs import common` resolves from the repo root
+  config = _load_config(a.config)
+  ds = build_dataset(config.data, config.rollout.max_prompt_len)
+  n = write_prompts(ds.train if a.split == "train" else ds.heldout, a.out)
+  print(json.dumps({"out": a.out, "split": a.split, "prompts": n, "kind": ds.kind}))
+
+
+if __name__ == "__main__":
+  main()

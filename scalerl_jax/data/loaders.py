@@ -1,0 +1,194 @@
+"""Real prompt sets: Polaris-53K-style math and DeepCoder-style code, from JSONL or Parquet.
+
+File formats (one record per JSONL line or Parquet row; extra fields are ignored):
+  math (kind=polaris):    {"problem": str, "answer": str | number}
+  code (kind=deepcoder):  {"problem": str, "tests": list | JSON str of [{"input", "output"[, "testtype"]}],
+                           optional "fn_name" (or "metadata": {"func_name": ...}) for functional tests}
+  DeepCoder-Preview subsets: lcbv5 ("testtype" stdin | functional) and codeforces load as-is;
+  PrimeIntellect "type": "stdin_stdout" is normalized; "function_call" tests are unsupported
+  (skipped by build_dataset and counted in stats["unsupported"]); TACO {"inputs", "outputs"} works.
+For code, `PromptSpec.answer` is the JSON the `code` reward reads: {"tests": [...], "fn_name": ...}.
+
+Splitting (`split_prompts`): drop prompts longer than max_prompt_len tokens, drop repeated problem texts
+(first kept), then a seeded permutation puts `heldout` prompts in the held-out split and the rest in
+train; prompt_id is the record's 0-based index in the file, so ids are unique and traceable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from scalerl_jax.rollout.generator import PromptSpec
+
+
+class DataError(ValueError):
+  """A missing or malformed data file; the message names the file, record and field."""
+
+
+class UnsupportedRecord(DataError):
+  """A well-formed record in a layout the verifier cannot run (skippable)."""
+
+
+def iter_records(path: str) -> Iterator[tuple[str, dict]]:
+  """Yields (location, record) from a .jsonl / .json (list) / .parquet file; location is 'file:line'."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"data file {path!r} does not exist")
+  if path.endswith(".parquet"):
+    try:
+      import pyarrow.parquet as pq
+    except ImportError:
+      raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    table = pq.read_table(path)
+    for i, row in enumerate(table.to_pylist()):
+      yield f"{path}:row {i}", row
+  elif path.endswith(".jsonl"):
+    with open(path, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise DataError(f"{path}:{n}: invalid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+          raise DataError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+        yield f"{path}:{n}", rec
+  elif path.endswith(".json"):
+    with open(path, encoding="utf-8") as f:
+      try:
+        recs = json.load(f)
+      except json.JSONDecodeError as e:
+        raise DataError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(recs, list):
+      raise DataError(f"{path}: expected a JSON list of objects")
+    for i, rec in enumerate(recs):
+      if not isinstance(rec, dict):
+        raise DataError(f"{path}:item {i}: expected a JSON object")
+      yield f"{path}:item {i}", rec
+  else:
+    raise DataError(f"{path}: unsupported extension (use .jsonl, .json or .parquet)")
+
+
+def _text_field(loc: str, rec: dict, field: str) -> str:
+  if field not in rec or rec[field] is None:
+    raise DataError(f"{loc}: missing field {field!r}")
+  value = rec[field]
+  if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+    raise DataError(f"{loc}: field {field!r} must be a string, got {type(value).__name__}")
+  value = str(value).strip()
+  if not value:
+    raise DataError(f"{loc}: field {field!r} is empty")
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+  """One problem: `answer` is what the reward's verifier reads."""
+  index: int
+  location: str
+  problem: str
+  answer: str
+
+
+def load_math(path: str) -> list[Record]:
+  """Polaris-style records: `problem` and `answer`."""
+  return [Record(i, loc, _text_field(loc, rec, "problem"), _text_field(loc, rec, "answer"))
+          for i, (loc, rec) in enumerate(iter_records(path))]
+
+
+def _code_answer(loc: str, rec: dict) -> str:
+  if "tests" not in rec or rec["tests"] is None:
+    raise DataError(f"{loc}: missing field 'tests'")
+  tests: Any = rec["tests"]
+  if isinstance(tests, str):
+    try:
+      tests = json.loads(tests)
+    except json.JSONDecodeError as e:
+      raise DataError(f"{loc}: field 'tests' is not valid JSON ({e.msg})") from None
+  if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:   # APPS/TACO layout
+    tests = [{"input": i, "output": o} for i, o in zip(tests["inputs"], tests["outputs"])]
+  if not isinstance(tests, list) or not tests:
+    raise DataError(f"{loc}: field 'tests' must be a non-empty list")
+  meta = rec.get("metadata") or {}
+  if isinstance(meta, str):
+    try:
+      meta = json.loads(meta)
+    except json.JSONDecodeError:
+      meta = {}
+  fn_name = rec.get("fn_name") or (meta.get("func_name") if isinstance(meta, dict) else None)
+  norm = []
+  for j, t in enumerate(tests):
+    if isinstance(t, dict) and "type" in t and "testtype" not in t:   # PrimeIntellect layout
+      if t["type"] != "stdin_stdout":
+        raise UnsupportedRecord(f"{loc}: tests[{j}].type={t['type']!r} is not supported "
+                                "(stdin_stdout, or testtype stdin/functional)")
+      t = {k: v for k, v in t.items() if k != "type"}
+    norm.append(t)
+    if not isinstance(t, dict) or "input" not in t or "output" not in t:
+      raise DataError(f"{loc}: tests[{j}] must be an object with 'input' and 'output'")
+    if t.get("testtype", "stdin") not in ("stdin", "functional"):
+      raise DataError(f"{loc}: tests[{j}].testtype must be 'stdin' or 'functional'")
+    if t.get("testtype") == "functional" and not fn_name:
+      raise DataError(f"{loc}: tests[{j}] is functional but there is no 'fn_name'/'metadata.func_name'")
+  return json.dumps({"tests": norm, "fn_name": fn_name})
+
+
+def load_code(path: str, skip_unsupported: bool = False) -> tuple[list[Record], int]:
+  """DeepCoder-style records (see module docstring) -> (records, number skipped).
+
+  Malformed records always raise `DataError`; records whose tests use a layout the `code` reward
+  cannot run (e.g. PrimeIntellect `function_call`) raise too unless `skip_unsupported`.
+  """
+  out, skipped = [], 0
+  for i, (loc, rec) in enumerate(iter_records(path)):
+    problem = _text_field(loc, rec, "problem")
+    try:
+      out.append(Record(i, loc, problem, _code_answer(loc, rec)))
+    except UnsupportedRecord:
+      if not skip_unsupported:
+        raise
+      skipped += 1
+  return out, skipped
+
+
+@dataclasses.dataclass
+class SplitStats:
+  records: int = 0
+  unsupported: int = 0
+  too_long: int = 0
+  duplicates: int = 0
+  train: int = 0
+  heldout: int = 0
+
+
+def split_prompts(records: list[Record], encode_prompt, max_prompt_len: int, heldout: int,
+                  seed: int) -> tuple[list[PromptSpec], list[PromptSpec], SplitStats]:
+  """Length filter + dedup, then a seeded held-out/train split (held-out never overlaps train)."""
+  stats = SplitStats(records=len(records))
+  kept, seen = [], set()
+  for r in records:
+    key = " ".join(r.problem.split())
+    if key in seen:
+      stats.duplicates += 1
+      continue
+    seen.add(key)
+    tokens = np.asarray(encode_prompt(r.problem), np.int32)
+    if len(tokens) > max_prompt_len:
+      stats.too_long += 1
+      continue
+    kept.append(PromptSpec(prompt_id=r.index, tokens=tokens, answer=r.answer))
+  if heldout >= len(kept):
+    raise DataError(f"held-out size {heldout} needs more than the {len(kept)} prompts left after "
+                    f"filtering ({stats.too_long} longer than {max_prompt_len} tokens, "
+                    f"{stats.duplicates} duplicates)")
+  order = np.random.default_rng(seed).permutation(len(kept))
+  held_idx = set(order[:heldout].tolist())
+  held = [kept[i] for i in sorted(held_idx)]
+  train = [p for i, p in enumerate(kept) if i not in held_idx]
+  assert not {p.prompt_id for p in held} & {p.prompt_id for p in train}
+  stats.train, stats.heldout = len(train), len(held)
+  return train, held, stats

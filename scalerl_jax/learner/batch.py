@@ -1,0 +1,111 @@
+"""Rollout batch: host-side validation, in-jit preparation (filter, advantages, aggregation
+weights — all on the FULL batch) and the split into micro-batches.
+
+Batch contract (docs/ARCHITECTURE.md "Rollout batch"): ``tokens int32[B,T]``, ``gen_logprobs
+f32[B,T]``, ``loss_mask bool[B,T]``, ``rewards f32[B]``, ``prompt_ids int32[B]``, optional
+``versions int32[B,T]`` and ``positions int32[B,T]``. Padding rows carry ``prompt_ids < 0``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalerl_jax import rl
+from scalerl_jax.rl.losses import LossHParams
+
+ROW_KEYS = ("rewards", "prompt_ids")
+TOKEN_KEYS = ("tokens", "gen_logprobs", "loss_mask")
+OPTIONAL_TOKEN_KEYS = ("versions", "positions")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSpec:
+  """The objective: loss family + hyper-parameters, aggregation, advantage normalisation, filter."""
+  loss: str = "cispo"
+  hp: LossHParams = LossHParams()
+  aggregation: str = "prompt"
+  adv_norm: str = "batch"
+  zero_variance_filter: bool = True
+
+  def __post_init__(self):
+    rl.get_loss(self.loss)  # raises on unknown names
+    if self.aggregation not in rl.AGGREGATIONS:
+      raise ValueError(f"unknown aggregation {self.aggregation!r}; expected {rl.AGGREGATIONS}")
+    if self.adv_norm not in rl.ADV_NORMS:
+      raise ValueError(f"unknown adv_norm {self.adv_norm!r}; expected {rl.ADV_NORMS}")
+
+  @classmethod
+  def from_config(cls, rl_cfg) -> "RLSpec":
+    return cls(loss=rl_cfg.loss, hp=LossHParams.from_config(rl_cfg),
+               aggregation=rl_cfg.aggregation, adv_norm=rl_cfg.adv_norm,
+               zero_variance_filter=bool(rl_cfg.zero_variance_filter))
+
+
+def validate_batch(batch: Mapping[str, np.ndarray], microbatches: int = 1,
+                   vocab_size: int | None = None) -> None:
+  """Raises ValueError with a clear message for any contract violation (host-side, numpy)."""
+  missing = [k for k in TOKEN_KEYS + ROW_KEYS if k not in batch]
+  if missing:
+    raise ValueError(f"rollout batch lacks keys {missing}; has {sorted(batch)}")
+  tokens = np.asarray(batch["tokens"])
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be [B, T], got shape {tokens.shape}")
+  if not np.issubdtype(tokens.dtype, np.integer):
+    raise ValueError(f"tokens must be integer, got {tokens.dtype}")
+  b, t = tokens.shape
+  for k in TOKEN_KEYS + tuple(k for k in OPTIONAL_TOKEN_KEYS if k in batch):
+    if np.shape(batch[k]) != (b, t):
+      raise ValueError(f"{k} has shape {np.shape(batch[k])}, expected {(b, t)} like tokens")
+  for k in ROW_KEYS:
+    if np.shape(batch[k]) != (b,):
+      raise ValueError(f"{k} has shape {np.shape(batch[k])}, expected ({b},)")
+  if microbatches < 1 or b % microbatches:
+    raise ValueError(f"batch size {b} is not divisible by microbatches={microbatches}")
+  if vocab_size is not None and (tokens.min() < 0 or tokens.max() >= vocab_size):
+    raise ValueError(f"token ids outside [0, {vocab_size}): min {tokens.min()} max {tokens.max()}")
+  mask = np.asarray(batch["loss_mask"]).astype(bool)
+  if mask[:, 0].any():
+    raise ValueError("loss_mask[:, 0] must be False: position 0 has no next-token log-prob")
+  valid = np.asarray(batch["prompt_ids"]) >= 0
+  rewards = np.asarray(batch["rewards"], np.float64)
+  if not np.all(np.isfinite(rewards[valid])):
+    raise ValueError(f"non-finite rewards in rows {np.flatnonzero(~np.isfinite(rewards) & valid)}")
+  glp = np.asarray(batch["gen_logprobs"], np.float64)
+  bad = mask & valid[:, None] & ~(np.isfinite(glp) & (glp <= 0))
+  if bad.any():
+    rows = np.unique(np.nonzero(bad)[0])
+    raise ValueError(f"gen_logprobs non-finite or > 0 on {int(bad.sum())} loss tokens "
+                     f"(rows {rows[:8].tolist()}...)")
+
+
+def prepare(batch, spec: RLSpec):
+  """Full-batch preparation (jit-able). Returns a dict with per-row ``adv [B]``, per-token
+  ``weights [B,T]``, and scalars ``dropped_groups``, ``kept_groups``, ``kept_rows``, ``denominator``."""
+  prompt_ids = jnp.asarray(batch["prompt_ids"])
+  valid = prompt_ids >= 0
+  if spec.zero_variance_filter:
+    keep, dropped = rl.zero_variance_keep(batch["rewards"], prompt_ids, valid)
+  else:
+    keep, dropped = valid, jnp.zeros((), jnp.float32)
+  adv = rl.group_advantages(batch["rewards"], prompt_ids, keep, spec.adv_norm)
+  weights = rl.token_weights(batch["loss_mask"], prompt_ids, keep, spec.aggregation)
+  group_size = rl.aggregation.same_group(prompt_ids, keep).sum(axis=1).astype(jnp.float32)
+  kept_groups = jnp.sum(jnp.where(keep, 1.0 / jnp.maximum(group_size, 1.0), 0.0))
+  return dict(adv=adv, weights=weights, dropped_groups=dropped, kept_groups=kept_groups,
+              kept_rows=keep.sum().astype(jnp.float32), denominator=weights.sum())
+
+
+def split_microbatches(tree, microbatches: int):
+  """[B, ...] -> [M, B/M, ...] with micro-batch m = rows {m, m + M, m + 2M, ...}.
+
+  Strided (not contiguous) so that when B is sharded over data devices every micro-batch still
+  spans all devices. Correctness does not depend on the assignment: the weights are global.
+  """
+  def split(x):
+    b = x.shape[0]
+    return jnp.swapaxes(x.reshape((b // microbatches, microbatches) + x.shape[1:]), 0, 1)
+  return jax.tree.map(split, tree)

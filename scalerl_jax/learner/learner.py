@@ -1,0 +1,106 @@
+"""Host-side learner: builds optimizer + state, shards and jits the step, validates batches, logs.
+
+    learner = Learner(apply_fn, params, config, mesh=mesh, params_sharding=shardings)
+    metrics = learner.step(batch)        # dict of python floats; logs a warning on skipped steps
+    learner.state                        # LearnerState pytree (orbax-checkpointable)
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from scalerl_jax.learner.batch import RLSpec, validate_batch
+from scalerl_jax.learner.optimizer import make_optimizer, warmup_constant_schedule
+from scalerl_jax.learner.state import LearnerState
+from scalerl_jax.learner.train_step import ApplyFn, make_train_step
+
+log = logging.getLogger(__name__)
+
+
+def batch_axes(rules) -> tuple | None:
+  """Mesh axes of the logical ``batch`` axis in the rules table (e.g. ("data", "fsdp"))."""
+  for name, axes in rules:
+    if name == "batch":
+      return axes if isinstance(axes, tuple) or axes is None else (axes,)
+  return None
+
+
+def state_shardings(optimizer: optax.GradientTransformation, params, params_sharding, mesh):
+  """LearnerState of shardings: optimizer moments follow their parameter; the rest replicated."""
+  replicated = NamedSharding(mesh, P())
+  abstract_opt = jax.eval_shape(optimizer.init, params)
+  opt_sharding = optax.tree_map_params(
+      optimizer, lambda _, s: s, abstract_opt, params_sharding,
+      transform_non_params=lambda _: replicated)
+  return LearnerState(params=params_sharding, opt_state=opt_sharding, step=replicated)
+
+
+def jit_train_step(step_fn, *, mesh=None, state_sharding=None, batch_sharding=None,
+                   donate: bool = True):
+  """jax.jit with donated state and, when a mesh is given, explicit in/out shardings."""
+  donate_argnums = (0,) if donate else ()
+  if mesh is None:
+    return jax.jit(step_fn, donate_argnums=donate_argnums)
+  replicated = NamedSharding(mesh, P())
+  return jax.jit(step_fn, in_shardings=(state_sharding, batch_sharding),
+                 out_shardings=(state_sharding, replicated), donate_argnums=donate_argnums)
+
+
+class Learner:
+  """Owns the LearnerState and the compiled step. `config` needs the ``rl`` and ``optim`` sections
+  (and ``mesh.rules`` when a mesh is given)."""
+
+  def __init__(self, apply_fn: ApplyFn, params, config, *, mesh=None, params_sharding=None,
+               vocab_size: int | None = None, with_entropy: bool = True, donate: bool = True):
+    self.spec = RLSpec.from_config(config.rl)
+    self.microbatches = int(config.optim.microbatches)
+    self.vocab_size = vocab_size
+    self.optimizer = make_optimizer(config.optim)
+    self.lr_schedule = warmup_constant_schedule(config.optim.lr, config.optim.warmup_steps)
+    self.mesh = mesh
+    partition = None
+    state_sh = batch_sh = None
+    if mesh is not None:
+      if params_sharding is None:
+        raise ValueError("a mesh needs params_sharding (e.g. from scalerl_jax.sharding)")
+      partition = P(batch_axes(config.mesh.rules))
+      batch_sh = NamedSharding(mesh, partition)
+      state_sh = state_shardings(self.optimizer, params, params_sharding, mesh)
+      params = jax.device_put(params, params_sharding)
+    self.batch_sharding = batch_sh
+    step_fn = make_train_step(apply_fn, self.optimizer, self.spec, self.microbatches,
+                              lr_schedule=self.lr_schedule, with_entropy=with_entropy,
+                              batch_partition=partition, mesh=mesh)
+    create = lambda p: LearnerState.create(p, self.optimizer)
+    if mesh is None:
+      self.state = jax.jit(create)(params)
+    else:
+      self.state = jax.jit(create, out_shardings=state_sh)(params)
+    self._step = jit_train_step(step_fn, mesh=mesh, state_sharding=state_sh,
+                                batch_sharding=batch_sh, donate=donate)
+
+  def device_batch(self, batch: Mapping[str, Any]) -> dict:
+    """Validates on the host and places the batch (sharded over the batch axes if meshed)."""
+    validate_batch(batch, self.microbatches, self.vocab_size)
+    batch = {k: np.asarray(v) for k, v in batch.items()}
+    if self.batch_sharding is not None:
+      return jax.device_put(batch, self.batch_sharding)
+    return jax.device_put(batch)
+
+  def step(self, batch: Mapping[str, Any]) -> dict[str, float]:
+    """One optimizer step; returns metrics as python floats. Raises ValueError on a bad batch."""
+    self.state, metrics = self._step(self.state, self.device_batch(batch))
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    if metrics["skipped"]:
+      reason = "empty after zero-variance filtering" if metrics["skip_reason"] == 1 else \
+          "non-finite loss / gradient / update"
+      log.warning("learner step skipped (%s): params unchanged; loss=%s grad_norm=%s "
+                  "dropped_groups=%d", reason, metrics["loss"], metrics["grad_norm"],
+                  int(metrics["dropped_groups"]))
+    return metrics

@@ -1,0 +1,287 @@
+"""`ModelConfig`: hyper-parameters of the Llama-3 dense and Llama-4 (text) MoE decoders.
+
+Presets: `llama3_8b`, `llama4_scout_17b_16e`, `tiny_llama3`, `tiny_llama4` (see `PRESETS`).
+`from_hf_config` / `to_hf_config` convert to and from `transformers` config objects (or dicts).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+FAMILIES = ("llama3", "llama4")
+REMAT_POLICIES = ("none", "full", "dots")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Decoder hyper-parameters. Field names follow HF where a 1:1 field exists (see from_hf_config)."""
+  family: str = "llama3"                 # llama3 (dense, LlamaForCausalLM) | llama4 (Llama4ForCausalLM)
+  vocab_size: int = 512
+  d_model: int = 256
+  num_layers: int = 4
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 64
+  ffn_dim: int = 768                     # dense SwiGLU width (HF intermediate_size / intermediate_size_mlp)
+  norm_eps: float = 1e-5
+  tie_embeddings: bool = False
+  max_position_embeddings: int = 8192
+  # RoPE. rope_type 'llama3' applies the Llama-3.1 frequency-scaling rule.
+  rope_theta: float = 10000.0
+  rope_type: str = "default"             # default | llama3
+  rope_factor: float = 8.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_position: int = 8192
+  # Llama-4 only.
+  num_experts: int = 0                   # 0 = dense model
+  num_experts_per_tok: int = 1
+  expert_ffn_dim: int = 0                # HF intermediate_size (routed + shared expert width)
+  interleave_moe_layer_step: int = 1
+  moe_layers: tuple[int, ...] | None = None      # overrides interleave step (HF semantics)
+  no_rope_layers: tuple[int, ...] | None = None  # HF semantics: 1 = layer uses RoPE, 0 = NoPE
+  no_rope_layer_interval: int = 4
+  attention_chunk_size: int | None = None        # chunked attention on RoPE layers (llama4)
+  use_qk_norm: bool = False
+  attn_temperature_tuning: bool = False
+  floor_scale: int = 8192
+  attn_scale: float = 0.1
+  bos_token_id: int | None = None
+  eos_token_id: int | None = None
+  # Numerics / compilation.
+  param_dtype: str = "float32"
+  dtype: str = "float32"                 # compute dtype
+  fp32_lm_head: bool = True              # LM head in float32 -> float32 logits
+  scan_layers: bool = False              # nn.scan over repeating blocks of the layer pattern
+  remat: str = "none"                    # none | full | dots
+
+  def __post_init__(self):
+    if self.family not in FAMILIES:
+      raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+    if self.rope_type not in ("default", "llama3"):
+      raise ValueError(f"rope_type must be 'default' or 'llama3', got {self.rope_type!r}")
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "ffn_dim"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                       f"({self.num_kv_heads})")
+    if self.family == "llama3" and self.num_experts:
+      raise ValueError("llama3 family is dense: num_experts must be 0")
+    if self.num_experts:
+      if not 1 <= self.num_experts_per_tok <= self.num_experts:
+        raise ValueError(f"num_experts_per_tok must be in [1, {self.num_experts}]")
+      if self.expert_ffn_dim <= 0:
+        raise ValueError("expert_ffn_dim must be positive for an MoE model")
+    if self.no_rope_layers is not None and len(self.no_rope_layers) < self.num_layers:
+      raise ValueError("no_rope_layers must have at least num_layers entries")
+    if self.attention_chunk_size is not None and self.attention_chunk_size <= 0:
+      raise ValueError("attention_chunk_size must be positive or None")
+
+  # ---- per-layer structure (HF Llama4TextConfig rules) ----
+  @property
+  def is_moe(self) -> bool:
+    return self.num_experts > 0
+
+  def layer_is_moe(self, i: int) -> bool:
+    """True if layer i uses the routed MoE FFN (HF `moe_layers` / `interleave_moe_layer_step`)."""
+    if not self.is_moe:
+      return False
+    if self.moe_layers is not None:
+      return i in self.moe_layers
+    step = self.interleave_moe_layer_step
+    return i % step == step - 1
+
+  def layer_uses_rope(self, i: int) -> bool:
+    """False for Llama-4 NoPE layers."""
+    if self.family != "llama4":
+      return True
+    if self.no_rope_layers:
+      return bool(self.no_rope_layers[i])
+    return (i + 1) % self.no_rope_layer_interval != 0
+
+  def layer_is_chunked(self, i: int) -> bool:
+    """Chunked (local) attention: Llama-4 RoPE layers when attention_chunk_size is set."""
+    return (self.family == "llama4" and self.attention_chunk_size is not None
+            and self.layer_uses_rope(i))
+
+  def layer_kind(self, i: int) -> tuple[bool, bool, bool]:
+    """(moe, rope, chunked) of layer i; layers of equal kind have identical structure."""
+    return (self.layer_is_moe(i), self.layer_uses_rope(i), self.layer_is_chunked(i))
+
+  @property
+  def scan_period(self) -> int:
+    """Smallest p dividing num_layers with kind(i) == kind(i mod p): the scanned block size."""
+    kinds = [self.layer_kind(i) for i in range(self.num_layers)]
+    for p in range(1, self.num_layers + 1):
+      if self.num_layers % p == 0 and all(kinds[i] == kinds[i % p] for i in range(self.num_layers)):
+        return p
+    return self.num_layers
+
+  def replace(self, **kw) -> "ModelConfig":
+    """Returns a copy with fields replaced."""
+    return dataclasses.replace(self, **kw)
+
+
+# ---------------------------------------------------------------- presets
+PRESETS: dict[str, ModelConfig] = {
+    "llama3_8b": ModelConfig(
+        family="llama3", vocab_size=128256, d_model=4096, num_layers=32, num_heads=32,
+        num_kv_heads=8, head_dim=128, ffn_dim=14336, norm_eps=1e-5, tie_embeddings=False,
+        max_position_embeddings=131072, rope_theta=500000.0, rope_type="llama3", rope_factor=8.0,
+        rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_position=8192,
+        bos_token_id=128000, eos_token_id=128001),
+    "llama4_scout_17b_16e": ModelConfig(
+        family="llama4", vocab_size=202048, d_model=5120, num_layers=48, num_heads=40,
+        num_kv_heads=8, head_dim=128, ffn_dim=16384, norm_eps=1e-5, tie_embeddings=False,
+        max_position_embeddings=10485760, rope_theta=500000.0, rope_type="llama3",
+        rope_factor=16.0, rope_low_freq_factor=1.0, rope_high_freq_factor=1.0,
+        rope_original_max_position=8192, num_experts=16, num_experts_per_tok=1,
+        expert_ffn_dim=8192, interleave_moe_layer_step=1, no_rope_layer_interval=4,
+        attention_chunk_size=8192, use_qk_norm=True, attn_temperature_tuning=True,
+        floor_scale=8192, attn_scale=0.1, bos_token_id=200000, eos_token_id=200001),
+    "tiny_llama3": ModelConfig(
+        family="llama3", vocab_size=512, d_model=256, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=64, ffn_dim=768, rope_theta=10000.0, tie_embeddings=False,
+        max_position_embeddings=2048),
+    "tiny_llama4": ModelConfig(
+        family="llama4", vocab_size=512, d_model=256, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=64, ffn_dim=768, rope_theta=10000.0, tie_embeddings=False,
+        max_position_embeddings=2048, num_experts=4, num_experts_per_tok=1, expert_ffn_dim=256,
+        interleave_moe_layer_step=2, no_rope_layer_interval=4, attention_chunk_size=32,
+        use_qk_norm=True, attn_temperature_tuning=True, floor_scale=8, attn_scale=0.1),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+  """Returns the named preset with `overrides` applied (e.g. dtype='bfloat16', scan_layers=True)."""
+  if name not in PRESETS:
+    raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+  bad = set(overrides) - {f.name for f in dataclasses.fields(ModelConfig)}
+  if bad:
+    raise ValueError(f"unknown ModelConfig fields in overrides: {sorted(bad)}")
+  return dataclasses.replace(PRESETS[name], **overrides)
+
+
+# ---------------------------------------------------------------- HF conversion
+def _first(x):
+  return x[0] if isinstance(x, (list, tuple)) else x
+
+
+def from_hf_config(hf: Any, **overrides: Any) -> ModelConfig:
+  """Builds a ModelConfig from a transformers config object or a config.json dict.
+
+  Accepts LlamaConfig / Llama4TextConfig, or a Llama4Config (its text_config is used).
+  """
+  d = hf.to_dict() if hasattr(hf, "to_dict") else dict(hf)
+  if "text_config" in d and d.get("model_type") == "llama4":
+    d = dict(d["text_config"])
+  model_type = d.get("model_type", "llama")
+  if model_type in ("llama",):
+    family = "llama3"
+  elif model_type in ("llama4_text", "llama4"):
+    family = "llama4"
+  else:
+    raise ValueError(f"unsupported HF model_type {model_type!r} (expected llama or llama4_text)")
+  rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+  rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+  if rope_type not in ("default", "llama3"):
+    raise ValueError(f"unsupported rope_type {rope_type!r}")
+  theta = rope.get("rope_theta", d.get("rope_theta", 500000.0 if family == "llama4" else 10000.0))
+  head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
+  kw: dict[str, Any] = dict(
+      family=family, vocab_size=d["vocab_size"], d_model=d["hidden_size"],
+      num_layers=d["num_hidden_layers"], num_heads=d["num_attention_heads"],
+      num_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"], head_dim=head_dim,
+      norm_eps=d.get("rms_norm_eps", 1e-5), tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+      max_position_embeddings=d.get("max_position_embeddings", 8192), rope_theta=float(theta),
+      rope_type=rope_type, bos_token_id=_first(d.get("bos_token_id")),
+      eos_token_id=_first(d.get("eos_token_id")))
+  if rope_type == "llama3":
+    kw.update(rope_factor=float(rope["factor"]), rope_low_freq_factor=float(rope["low_freq_factor"]),
+              rope_high_freq_factor=float(rope["high_freq_factor"]),
+              rope_original_max_position=int(rope["original_max_position_embeddings"]))
+  if d.get("attention_bias") or d.get("mlp_bias"):
+    raise ValueError("attention_bias / mlp_bias are not supported")
+  if family == "llama3":
+    kw["ffn_dim"] = d["intermediate_size"]
+  else:
+    moe_layers = d.get("moe_layers")
+    kw.update(
+        ffn_dim=d.get("intermediate_size_mlp", 16384), expert_ffn_dim=d["intermediate_size"],
+        num_experts=d["num_local_experts"], num_experts_per_tok=d.get("num_experts_per_tok", 1),
+        interleave_moe_layer_step=d.get("interleave_moe_layer_step", 1),
+        moe_layers=tuple(moe_layers) if moe_layers is not None else None,
+        no_rope_layers=tuple(d["no_rope_layers"]) if d.get("no_rope_layers") else None,
+        no_rope_layer_interval=d.get("no_rope_layer_interval", 4),
+        attention_chunk_size=d.get("attention_chunk_size"),
+        use_qk_norm=bool(d.get("use_qk_norm", True)),
+        attn_temperature_tuning=bool(d.get("attn_temperature_tuning", True)),
+        floor_scale=int(d.get("floor_scale", 8192)), attn_scale=float(d.get("attn_scale", 0.1)))
+  kw.update(overrides)
+  cfg = ModelConfig(**kw)
+  # Canonical form: drop explicit per-layer lists that equal what the step / interval derive.
+  if cfg.moe_layers is not None and list(cfg.moe_layers) == [
+      i for i in range(cfg.num_layers) if cfg.replace(moe_layers=None).layer_is_moe(i)]:
+    cfg = cfg.replace(moe_layers=None)
+  if cfg.no_rope_layers is not None and list(cfg.no_rope_layers[:cfg.num_layers]) == [
+      int(cfg.replace(no_rope_layers=None).layer_uses_rope(i)) for i in range(cfg.num_layers)]:
+    cfg = cfg.replace(no_rope_layers=None)
+  return cfg
+
+
+def _rope_dict(cfg: ModelConfig) -> Mapping[str, Any]:
+  r: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
+  if cfg.rope_type == "llama3":
+    r.update(factor=cfg.rope_factor, low_freq_factor=cfg.rope_low_freq_factor,
+             high_freq_factor=cfg.rope_high_freq_factor,
+             original_max_position_embeddings=cfg.rope_original_max_position)
+  return r
+
+
+def to_hf_config(cfg: ModelConfig):
+  """Returns the transformers config (LlamaConfig or Llama4TextConfig) describing `cfg`."""
+  import transformers  # local import: only the HF I/O path needs it
+  common = dict(
+      vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.num_layers,
+      num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+      head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+      max_position_embeddings=cfg.max_position_embeddings, rope_parameters=dict(_rope_dict(cfg)),
+      bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, hidden_act="silu")
+  if cfg.family == "llama3":
+    return transformers.LlamaConfig(intermediate_size=cfg.ffn_dim, **common)
+  no_rope = cfg.no_rope_layers or tuple(int(cfg.layer_uses_rope(i)) for i in range(cfg.num_layers))
+  return transformers.Llama4TextConfig(
+      intermediate_size=cfg.expert_ffn_dim, intermediate_size_mlp=cfg.ffn_dim,
+      num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+      interleave_moe_layer_step=cfg.interleave_moe_layer_step,
+      moe_layers=[i for i in range(cfg.num_layers) if cfg.layer_is_moe(i)],
+      no_rope_layers=list(no_rope), no_rope_layer_interval=cfg.no_rope_layer_interval,
+      attention_chunk_size=cfg.attention_chunk_size, use_qk_norm=cfg.use_qk_norm,
+      attn_temperature_tuning=cfg.attn_temperature_tuning, floor_scale=cfg.floor_scale,
+      attn_scale=cfg.attn_scale, **common)
+
+
+def rope_inv_freq(cfg: ModelConfig):
+  """Inverse RoPE frequencies [head_dim/2] (float64 numpy), incl. the llama3 scaling rule."""
+  import numpy as np
+  dim = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32).astype(np.float32) / dim))
+  inv = inv.astype(np.float32)
+  if cfg.rope_type != "llama3":
+    return inv
+  factor, lo, hi = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+  old = cfg.rope_original_max_position
+  low_wl, high_wl = old / lo, old / hi
+  wl = 2 * math.pi / inv
+  out = np.where(wl > low_wl, inv / factor, inv)
+  if hi != lo:
+    smooth = (old / wl - lo) / (hi - lo)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wl < high_wl) & ~(wl > low_wl)
+    out = np.where(medium, smoothed, out)
+  return out.astype(np.float32)

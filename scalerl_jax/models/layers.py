@@ -1,0 +1,195 @@
+"""Decoder building blocks (flax.linen): RMSNorm, RoPE, GQA attention, SwiGLU MLP, Llama-4 MoE.
+
+Shape letters in einsum strings: B batch, T query positions, S key positions (cache slots),
+D d_model, N query heads, K kv heads, G query heads per kv head, H head_dim, F ffn width,
+E experts, V vocab.
+
+Every parameter carries logical axis names (nn.with_logical_partitioning) and the main
+activations carry logical constraints; the rules table (configs/common.py) maps them to mesh axes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalerl_jax.models.config import ModelConfig, rope_inv_freq
+
+INIT_STD = 0.02  # HF initializer_range
+_MASKED = float(np.finfo(np.float32).min)
+
+
+def dtype_of(name: str) -> Any:
+  """'float32' | 'bfloat16' | ... -> jnp dtype."""
+  return jnp.dtype(name)
+
+
+def param(mod: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...],
+          init=None) -> jax.Array:
+  """Creates a parameter with logical axis names, cast to the compute dtype."""
+  if len(shape) != len(axes):
+    raise ValueError(f"{name}: shape {shape} and logical axes {axes} differ in rank")
+  init = init or nn.initializers.normal(INIT_STD)
+  p = mod.param(name, nn.with_logical_partitioning(init, axes), shape,
+                dtype_of(mod.cfg.param_dtype))
+  return p.astype(dtype_of(mod.cfg.dtype))
+
+
+def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+  """Logical sharding constraint on an activation (no-op without a mesh / rules context)."""
+  return nn.with_logical_constraint(x, axes)
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm as HF: normalize in float32, cast back, multiply by weight."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    w = param(self, "scale", (x.shape[-1],), ("norm",), nn.initializers.ones)
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.cfg.norm_eps)
+    return xf.astype(x.dtype) * w
+
+
+def l2_norm(x: jax.Array, eps: float) -> jax.Array:
+  """Llama-4 QK norm: weightless RMS normalization over head_dim, in float32."""
+  xf = x.astype(jnp.float32)
+  return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Array:
+  """Rotary embedding of x [B,T,N,H] at positions [B,T] (float32 math, HF conventions).
+
+  llama3: rotate-half layout (HF LlamaForCausalLM); llama4: interleaved pairs (HF Llama4 complex).
+  """
+  inv = jnp.asarray(rope_inv_freq(cfg))                              # [H/2]
+  freqs = positions.astype(jnp.float32)[..., None] * inv             # [B,T,H/2]
+  cos, sin = jnp.cos(freqs)[:, :, None, :], jnp.sin(freqs)[:, :, None, :]
+  xf = x.astype(jnp.float32)
+  if cfg.family == "llama4":
+    pairs = xf.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1).reshape(x.shape)
+  else:
+    half = x.shape[-1] // 2
+    x0, x1 = xf[..., :half], xf[..., half:]
+    out = jnp.concatenate([x0 * cos - x1 * sin, x1 * cos + x0 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class Attention(nn.Module):
+  """GQA self-attention over the current tokens plus (optionally) a KV cache.
+
+  mask [B,T,S] says which key slots each query may see (causal / chunked / padding, built from
+  positions by the caller). With a cache (k,v [B,S,K,H]) the new keys are written at slot `index`.
+  """
+  cfg: ModelConfig
+  use_rope: bool = True
+
+  @nn.compact
+  def __call__(self, x, positions, mask, kv=None, index=None):
+    cfg = self.cfg
+    D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    B, T, _ = x.shape
+    wq = param(self, "q", (D, N, H), ("embed", "heads", "head_dim"))
+    wk = param(self, "k", (D, K, H), ("embed", "kv_heads", "head_dim"))
+    wv = param(self, "v", (D, K, H), ("embed", "kv_heads", "head_dim"))
+    wo = param(self, "o", (N, H, D), ("heads", "head_dim", "embed"))
+    # One fused projection: [D, N+2K, H] (one matmul instead of three).
+    qkv = jnp.einsum("BTD,DMH->BTMH", x, jnp.concatenate([wq, wk, wv], axis=1))
+    q, k, v = qkv[:, :, :N], qkv[:, :, N:N + K], qkv[:, :, N + K:]
+    q = constrain(q, ("batch", "seq", "act_heads", "head_dim"))
+    k = constrain(k, ("batch", "seq", "act_kv_heads", "head_dim"))
+    v = constrain(v, ("batch", "seq", "act_kv_heads", "head_dim"))
+    if self.use_rope:
+      q, k = apply_rope(q, positions, cfg), apply_rope(k, positions, cfg)
+      if cfg.use_qk_norm:
+        q, k = l2_norm(q, cfg.norm_eps), l2_norm(k, cfg.norm_eps)
+    elif cfg.attn_temperature_tuning:
+      pos = positions.astype(jnp.float32)
+      scale = jnp.log1p(jnp.floor((pos + 1.0) / cfg.floor_scale)) * cfg.attn_scale + 1.0
+      q = (q.astype(jnp.float32) * scale[:, :, None, None]).astype(q.dtype)
+    new_kv = None
+    if kv is not None:
+      k_cache, v_cache = kv
+      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+      new_kv = (k, v)
+      k, v = k.astype(q.dtype), v.astype(q.dtype)
+    qg = q.reshape(B, T, K, N // K, H)
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k).astype(jnp.float32) * (H ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(B, T, N, H)
+    out = constrain(out, ("batch", "seq", "act_heads", "head_dim"))
+    return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
+
+
+class MLP(nn.Module):
+  """SwiGLU feed-forward: down(silu(x @ gate) * (x @ up))."""
+  cfg: ModelConfig
+  ffn_dim: int
+
+  @nn.compact
+  def __call__(self, x):
+    D, F = self.cfg.d_model, self.ffn_dim
+    wg = param(self, "gate", (D, F), ("embed", "mlp"))
+    wu = param(self, "up", (D, F), ("embed", "mlp"))
+    wd = param(self, "down", (F, D), ("mlp", "embed"))
+    gu = jnp.einsum("BTD,DF->BTF", x, jnp.concatenate([wg, wu], axis=1))
+    h = jax.nn.silu(gu[..., :F]) * gu[..., F:]
+    h = constrain(h, ("batch", "seq", "act_mlp"))
+    return jnp.einsum("BTF,FD->BTD", h, wd)
+
+
+class MoE(nn.Module):
+  """Llama-4 MoE (HF Llama4TextMoe): sigmoid(top-k router logits) scales each chosen expert's
+  *input*; routed outputs are summed and the shared expert is added.
+
+  All experts run on all tokens with score 0 for unchosen ones (exact, as HF; an unchosen expert
+  contributes SwiGLU(0) = 0). Compute is E/k times the active FLOPs: fine for tiny models and
+  parity; a dispatching (ragged) kernel is future work.
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    D, E, F = cfg.d_model, cfg.num_experts, cfg.expert_ffn_dim
+    wr = param(self, "router", (D, E), ("embed", None))
+    logits = jnp.einsum("BTD,DE->BTE", x, wr)
+    top_vals, top_idx = jax.lax.top_k(logits, cfg.num_experts_per_tok)
+    gates = jax.nn.sigmoid(top_vals.astype(jnp.float32)).astype(x.dtype)     # [B,T,k]
+    scores = jnp.einsum("BTk,BTkE->BTE", gates, jax.nn.one_hot(top_idx, E, dtype=x.dtype))
+    wg = param(self, "gate", (E, D, F), ("expert", "embed", "mlp"))
+    wu = param(self, "up", (E, D, F), ("expert", "embed", "mlp"))
+    wd = param(self, "down", (E, F, D), ("expert", "mlp", "embed"))
+    xe = jnp.einsum("BTD,BTE->EBTD", x, scores)
+    xe = constrain(xe, ("act_expert", "batch", "seq", "act_embed"))
+    g = jnp.einsum("EBTD,EDF->EBTF", xe, wg)
+    u = jnp.einsum("EBTD,EDF->EBTF", xe, wu)
+    h = constrain(jax.nn.silu(g) * u, ("act_expert", "batch", "seq", "act_mlp"))
+    routed = jnp.einsum("EBTF,EFD->BTD", h, wd)
+    shared = MLP(cfg, F, name="shared")(x)
+    return shared + routed
+
+
+class DecoderLayer(nn.Module):
+  """Pre-norm block: x + attn(norm(x)); then + ffn(norm(.)). FFN is MoE or dense per layer."""
+  cfg: ModelConfig
+  use_rope: bool = True
+  is_moe: bool = False
+
+  @nn.compact
+  def __call__(self, x, positions, mask, kv=None, index=None):
+    cfg = self.cfg
+    h, new_kv = Attention(cfg, self.use_rope, name="attn")(
+        RMSNorm(cfg, name="attn_norm")(x), positions, mask, kv, index)
+    x = constrain(x + h, ("batch", "seq", "act_embed"))
+    y = RMSNorm(cfg, name="ffn_norm")(x)
+    y = MoE(cfg, name="moe")(y) if self.is_moe else MLP(cfg, cfg.ffn_dim, name="mlp")(y)
+    return constrain(x + y, ("batch", "seq", "act_embed")), new_kv

@@ -1,0 +1,213 @@
+"""The decoder (`Transformer`), full forward, explicit KV cache and cached prefill / decode.
+
+Masks are built from *positions*, never from slot indices: a token at position p may attend to
+keys with 0 <= key_pos <= p (and, on chunked layers, key_pos // C == p // C). Padding has
+position -1 and is never attended to. Hence left-padded prompts of different lengths decode
+together with one shared cache write index: each row keeps its own positions (`next_pos`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from scalerl_jax.models.config import ModelConfig
+from scalerl_jax.models.layers import DecoderLayer, RMSNorm, constrain, dtype_of, param
+
+Params = Any
+Cache = dict[str, jax.Array]
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing: recompute the whole layer
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _layer_cls(cfg: ModelConfig, scanned: bool):
+  if cfg.remat == "none":
+    return DecoderLayer
+  return nn.remat(DecoderLayer, policy=_REMAT_POLICIES[cfg.remat], prevent_cse=not scanned)
+
+
+def build_masks(cfg: ModelConfig, q_pos: jax.Array, kv_pos: jax.Array) -> dict[str, jax.Array]:
+  """bool [B,T,S] masks {'full', 'chunked'} from query positions [B,T] and key positions [B,S]."""
+  qp, kp = q_pos[:, :, None], kv_pos[:, None, :]
+  full = (kp >= 0) & (qp >= 0) & (kp <= qp)
+  masks = {"full": full}
+  if cfg.attention_chunk_size is not None and cfg.family == "llama4":
+    c = cfg.attention_chunk_size
+    masks["chunked"] = full & (kp // c == qp // c)
+  return masks
+
+
+class Block(nn.Module):
+  """`period` consecutive layers of the repeating layer pattern (the unit nn.scan iterates)."""
+  cfg: ModelConfig
+  first_layer: int = 0
+
+  @nn.compact
+  def __call__(self, x, positions, masks, kv=None, index=None):
+    cfg, p = self.cfg, self.cfg.scan_period
+    cls = _layer_cls(cfg, scanned=True)
+    new_k, new_v = [], []
+    for j in range(p):
+      i = self.first_layer + j
+      mask = masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
+      layer_kv = None if kv is None else (kv[0][j], kv[1][j])
+      x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), name=f"layer_{j}")(
+          x, positions, mask, layer_kv, index)
+      if nkv is not None:
+        new_k.append(nkv[0])
+        new_v.append(nkv[1])
+    out_kv = None if kv is None else (jnp.stack(new_k), jnp.stack(new_v))
+    return x, out_kv
+
+
+class Transformer(nn.Module):
+  """Llama-3 / Llama-4 text decoder. Returns (logits [B,T,V], new (k, v) cache or None).
+
+  Args of __call__: tokens int32 [B,T]; positions int32 [B,T] (-1 = padding); kv_pos int32 [B,S]
+  positions of every key slot (S = T without cache); kv = (k, v) [L,B,S,K,H] or None; index =
+  cache slot where the T new tokens are written.
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens, positions, kv_pos, kv=None, index=None):
+    cfg = self.cfg
+    emb = param(self, "embed", (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
+    x = constrain(jnp.take(emb, tokens, axis=0), ("batch", "seq", "act_embed"))
+    masks = build_masks(cfg, positions, kv_pos)
+    if cfg.scan_layers:
+      x, new_kv = self._scanned(x, positions, masks, kv, index)
+    else:
+      cls = _layer_cls(cfg, scanned=False)
+      ks, vs = [], []
+      for i in range(cfg.num_layers):
+        mask = masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
+        layer_kv = None if kv is None else (kv[0][i], kv[1][i])
+        x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), name=f"layers_{i}")(
+            x, positions, mask, layer_kv, index)
+        if nkv is not None:
+          ks.append(nkv[0])
+          vs.append(nkv[1])
+      new_kv = None if kv is None else (jnp.stack(ks), jnp.stack(vs))
+    x = RMSNorm(cfg, name="final_norm")(x)
+    head_dtype = jnp.float32 if cfg.fp32_lm_head else dtype_of(cfg.dtype)
+    if cfg.tie_embeddings:
+      w = emb.astype(head_dtype)
+      logits = jnp.einsum("BTD,VD->BTV", x.astype(head_dtype), w)
+    else:
+      w = param(self, "lm_head", (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
+      logits = jnp.einsum("BTD,DV->BTV", x.astype(head_dtype), w.astype(head_dtype))
+    logits = constrain(logits, ("batch", "seq", "act_vocab"))
+    return logits.astype(jnp.float32), new_kv
+
+  def _scanned(self, x, positions, masks, kv, index):
+    cfg, p = self.cfg, self.cfg.scan_period
+    n = cfg.num_layers // p
+    if kv is not None:  # [L,...] -> [n, p, ...]: block b, in-block layer j = layer b*p + j
+      kv = tuple(a.reshape(n, p, *a.shape[1:]) for a in kv)
+    scan = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                   in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=n,
+                   metadata_params={nn.PARTITION_NAME: "layers"})
+    x, new_kv = scan(cfg, name="blocks")(x, positions, masks, kv, index)
+    if new_kv is not None:
+      new_kv = tuple(a.reshape(cfg.num_layers, *a.shape[2:]) for a in new_kv)
+    return x, new_kv
+
+
+# ------------------------------------------------------------------ functional API
+def _positions_from_mask(mask: jax.Array, start: jax.Array | int = 0) -> jax.Array:
+  pos = start + jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1
+  return jnp.where(mask, pos, -1).astype(jnp.int32)
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False) -> Params:
+  """Random params (normal 0.02, norms 1). boxed=True keeps nn.Partitioned logical metadata."""
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  pos = jnp.zeros((1, 1), jnp.int32)
+  variables = Transformer(cfg).init(rng, tokens, pos, pos)
+  return variables["params"] if boxed else nn.unbox(variables["params"])
+
+
+def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
+            mask: jax.Array | None = None) -> jax.Array:
+  """Full (training / scoring) forward: float32 logits [B,T,V].
+
+  tokens int32 [B,T]; mask bool [B,T] (False = padding, default all True); positions default to
+  cumsum(mask) - 1 (so left and right padding both work). Not jitted: wrap in jax.jit with
+  cfg static (e.g. `jax.jit(forward, static_argnums=1)`).
+  """
+  tokens = jnp.asarray(tokens)
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be [B,T], got shape {tokens.shape}")
+  if mask is None:
+    mask = jnp.ones(tokens.shape, bool)
+  if positions is None:
+    positions = _positions_from_mask(mask)
+  else:
+    positions = jnp.where(mask, positions, -1).astype(jnp.int32)
+  logits, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions)
+  return logits
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> Cache:
+  """Empty KV cache pytree (a plain dict, jit-friendly).
+
+  k, v: [L,B,S,K,H] (compute dtype unless `dtype`); pos: int32 [B,S] position of each slot
+  (-1 = empty / padding); index: int32 [] next write slot (shared by all rows);
+  next_pos: int32 [B] position the next token of each row gets.
+  """
+  if batch <= 0 or max_len <= 0:
+    raise ValueError(f"batch and max_len must be positive, got {batch}, {max_len}")
+  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  dt = dtype_of(dtype or cfg.dtype)
+  return dict(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
+              pos=jnp.full((batch, max_len), -1, jnp.int32), index=jnp.zeros((), jnp.int32),
+              next_pos=jnp.zeros((batch,), jnp.int32))
+
+
+CACHE_LOGICAL_AXES = dict(
+    k=("layers", "cache_batch", "cache_seq", "act_kv_heads", "head_dim"),
+    v=("layers", "cache_batch", "cache_seq", "act_kv_heads", "head_dim"),
+    pos=("cache_batch", "cache_seq"), index=(), next_pos=("cache_batch",))
+
+
+def prefill(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
+            mask: jax.Array | None = None) -> tuple[jax.Array, Cache]:
+  """Runs T tokens [B,T] through the model, appending them to the cache at slot `index`.
+
+  mask bool [B,T] marks real tokens (False = padding; use left padding for prompts so the last
+  column is every row's last prompt token). Returns float32 logits [B,T,V] and the new cache.
+  The caller must keep index + T <= max_len (slots beyond the end are clamped by XLA).
+  """
+  tokens = jnp.asarray(tokens)
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be [B,T], got shape {tokens.shape}")
+  if tokens.shape[0] != cache["pos"].shape[0]:
+    raise ValueError(f"batch {tokens.shape[0]} != cache batch {cache['pos'].shape[0]}")
+  if tokens.shape[1] > cache["pos"].shape[1]:
+    raise ValueError(f"{tokens.shape[1]} tokens do not fit a cache of {cache['pos'].shape[1]}")
+  if mask is None:
+    mask = jnp.ones(tokens.shape, bool)
+  positions = _positions_from_mask(mask, cache["next_pos"][:, None])
+  index = cache["index"]
+  kv_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, index))
+  logits, (k, v) = Transformer(cfg).apply({"params": params}, tokens, positions, kv_pos,
+                                          (cache["k"], cache["v"]), index)
+  new_cache = dict(k=k, v=v, pos=kv_pos, index=index + tokens.shape[1],
+                   next_pos=cache["next_pos"] + jnp.sum(mask, axis=1).astype(jnp.int32))
+  return logits, new_cache
+
+
+def decode_step(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache
+                ) -> tuple[jax.Array, Cache]:
+  """One decoding step for every row: tokens int32 [B] -> (float32 logits [B,V], new cache)."""
+  tokens = jnp.asarray(tokens)
+  if tokens.ndim != 1:
+    raise ValueError(f"decode_step takes tokens [B], got shape {tokens.shape}")
+  logits, cache = prefill(params, cfg, tokens[:, None], cache)
+  return logits[:, 0], cache

@@ -1,0 +1,58 @@
+"""Loss aggregation as per-token weights computed from the FULL batch (before any split).
+
+Every aggregation mode is expressed as a weight ``w[b, t] >= 0`` per token such that
+
+    loss = sum_{b,t} w[b,t] * term[b,t]  /  sum_{b,t} w[b,t]
+
+where ``term`` is the per-token loss. The weights are normalised so that their sum over one
+"unit" of averaging is exactly 1:
+
+  token   (DAPO)     w = 1                           -> denominator = number of loss tokens
+  sample  (GRPO)     w = 1 / |y_i|                   -> denominator = number of completions
+  prompt  (ScaleRL)  w = 1 / sum_{g in group} |y_g|  -> denominator = number of prompts
+
+Because both the numerator ``sum(w * term)`` and the denominator ``sum(w)`` are plain sums over
+tokens, they are additive over ANY partition of the rows (micro-batches, data-parallel shards):
+summing the partial (sum, denominator) pairs of the parts and dividing once gives the full-batch
+loss exactly. The weights must be computed on the full batch because ``|y_i|`` and
+``sum_g |y_g|`` are properties of a whole row / prompt group, which a partition may split.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+AGGREGATIONS = ("prompt", "sample", "token")
+
+
+def same_group(prompt_ids, row_valid):
+  """bool [B, B]: rows i and j are valid and belong to the same prompt group."""
+  ids = jnp.asarray(prompt_ids)
+  valid = jnp.asarray(row_valid, bool)
+  return (ids[:, None] == ids[None, :]) & valid[:, None] & valid[None, :]
+
+
+def token_weights(loss_mask, prompt_ids, row_keep, mode: str):
+  """Per-token aggregation weights ``float32 [B, T]`` (zero outside ``loss_mask`` / kept rows).
+
+  Args:
+    loss_mask: bool [B, T], true only for policy-generated completion tokens.
+    prompt_ids: int [B], group id of each row (padding rows may carry any id; they are not kept).
+    row_keep: bool [B], rows that enter the loss (valid and not filtered out).
+    mode: one of ``AGGREGATIONS``.
+  Returns:
+    float32 [B, T] weights; ``weights.sum()`` is the loss denominator.
+  """
+  if mode not in AGGREGATIONS:
+    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+  keep = jnp.asarray(row_keep, bool)
+  mask = jnp.asarray(loss_mask, bool) & keep[:, None]
+  maskf = mask.astype(jnp.float32)
+  if mode == "token":
+    return maskf
+  row_tokens = maskf.sum(axis=1)                                   # |y_i|
+  if mode == "sample":
+    per_row = 1.0 / jnp.maximum(row_tokens, 1.0)
+  else:  # prompt
+    group_tokens = same_group(prompt_ids, keep).astype(jnp.float32) @ row_tokens  # sum_g |y_g|
+    per_row = 1.0 / jnp.maximum(group_tokens, 1.0)
+  return maskf * per_row[:, None]

@@ -1,0 +1,382 @@
+"""The buffer's state machine: prompt leases, PipelineRL-k admission, complete-group batches, lag.
+
+No gRPC here (the server wraps it), so the scheduling logic is testable on its own.
+
+Vocabulary: `ns` = the next learner step to be pulled (steps 0..ns-1 have been pulled), `v` = the newest
+published policy version (the learner publishes v = s+1 after training step s; version 0 exists at start).
+
+Every leased group gets a *deadline*: the last learner step allowed to train on it.
+  pipeline (PipelineRL-k): tokens must come from versions >= v_lease, so the group may be trained at
+    steps <= v_lease + k without ever exceeding lag k.  deadline = v_lease + k.
+  ppo_off_policy: a round of k*B groups is leased with exactly version v == ns (ns % k == 0); the learner
+    takes k steps on it.  deadline = ns + k - 1.
+Batches are filled earliest-deadline-first and a pull waits until every group due at that step is
+complete. Admission keeps the schedule feasible: for every deadline d, #outstanding groups with
+deadline <= d must be <= (d - ns + 1) * B. Deadlines of new leases are never smaller than existing
+ones, so this reduces to: outstanding + new <= (v + k - ns + 1) * B (see docs/ROLLOUT.md).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import struct
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+import grpc
+import numpy as np
+
+from scalerl_jax.rollout import codec
+from scalerl_jax.rollout import rollout_pb2 as pb
+from scalerl_jax.rollout import validation as val
+from scalerl_jax.rollout.generator import PromptSpec
+
+MODES = ("pipeline", "ppo_off_policy")
+
+
+@dataclasses.dataclass
+class _Stored:
+  rollout_id: str
+  raw: bytes                       # the serialized Rollout, forwarded unchanged to the learner
+  checked: val.Checked
+
+
+@dataclasses.dataclass
+class _Group:
+  view: val.LeaseView
+  generator_id: str
+  deadline: int
+  expires_at: float
+  samples: dict = dataclasses.field(default_factory=dict)   # sample_index -> _Stored
+  completed_seq: int = -1          # completion order, for FIFO among equal deadlines
+
+  @property
+  def complete(self) -> bool:
+    return len(self.samples) == self.view.group_size
+
+
+@dataclasses.dataclass
+class PulledBatch:
+  step: int
+  groups: list                     # list[bytes]: serialized `BatchItem{group}` messages
+  summary: pb.BatchSummary
+  num_rollouts: int
+  num_bytes: int
+
+
+def _varint(n: int) -> bytes:
+  out = bytearray()
+  while True:
+    b = n & 0x7F
+    n >>= 7
+    if n:
+      out.append(b | 0x80)
+    else:
+      out.append(b)
+      return bytes(out)
+
+
+def _group_item_bytes(g: _Group) -> bytes:
+  """Serializes `BatchItem{group: Group}` by splicing the stored rollout bytes (one copy, no
+  re-encoding of the payload)."""
+  parts = [pb.Group(group_id=g.view.group_id, prompt_id=g.view.prompt_id).SerializeToString()]
+  for i in range(g.view.group_size):
+    raw = g.samples[i].raw
+    parts += (b"\x1a", _varint(len(raw)), raw)   # Group field 3 (rollouts), wire type 2
+  inner = sum(len(p) for p in parts)
+  return b"".join([b"\x0a", _varint(inner)] + parts)  # BatchItem field 1 (group), wire type 2
+
+
+def lag_histogram(counts: Sequence[int], negative: int) -> pb.LagHistogram:
+  nz = [i for i, c in enumerate(counts) if c]
+  return pb.LagHistogram(counts=list(counts), negative=negative, max_lag=nz[-1] if nz else 0)
+
+
+class BufferState:
+  """Thread-safe buffer state. All public methods raise `val.RejectError` on refusal."""
+
+  def __init__(self, prompts: Sequence[PromptSpec], *, prompts_per_step: int, group_size: int,
+               max_lag: int, mode: str = "pipeline", lease_ttl_s: float = 120.0,
+               limits: val.Limits = val.Limits(), verifier: Optional[val.Verifier] = None,
+               shuffle_seed: Optional[int] = None, clock: Callable[[], float] = time.time):
+    if mode not in MODES:
+      raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if prompts_per_step < 1 or group_size < 1 or max_lag < 0:
+      raise ValueError("prompts_per_step and group_size must be >= 1 and max_lag >= 0")
+    if mode == "ppo_off_policy" and max_lag < 1:
+      raise ValueError("ppo_off_policy needs max_lag (k) >= 1: k steps per generated batch")
+    if not prompts:
+      raise ValueError("no prompts")
+    self.B, self.G, self.k, self.mode = prompts_per_step, group_size, max_lag, mode
+    self.lease_ttl_s, self.limits, self.verifier, self.clock = lease_ttl_s, limits, verifier, clock
+    self._prompts = {int(p.prompt_id): p for p in prompts}
+    if len(self._prompts) != len(prompts):
+      raise ValueError("duplicate prompt ids")
+    self._order = list(self._prompts)
+    self._rng = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
+    self._queue: collections.deque = collections.deque()
+    self.cv = threading.Condition()
+    self.version = 0
+    self.ns = 0
+    self._next_group_id = 1
+    self._groups: dict[int, _Group] = {}       # outstanding (leased, not delivered)
+    self._seen: dict[str, int] = {}            # rollout_id -> group_id (idempotency)
+    self._completed_seq = 0
+    self._round_start = -1                     # ppo_off_policy: the step whose round is leased
+    self._round_leased = 0
+    self._last_batch: Optional[PulledBatch] = None
+    self.delivered_groups = self.delivered_rollouts = 0
+    self.expired_groups = self.stale_dropped = 0
+    self._lag_total: list[int] = []
+    self._lag_negative = 0
+    self.recent: collections.deque = collections.deque(maxlen=16)
+
+  # ---- admission ---------------------------------------------------------------------------------
+  def capacity(self) -> int:
+    """Groups that may be newly leased now (call with the lock held)."""
+    out = len(self._groups)
+    if self.mode == "pipeline":
+      return max(0, (self.version + self.k - self.ns + 1) * self.B - out)
+    if self.ns % self.k or self.version != self.ns:
+      return 0
+    if self._round_start != self.ns:
+      if out:
+        return 0
+      return self.k * self.B
+    return self.k * self.B - self._round_leased
+
+  def _next_prompt(self) -> PromptSpec:
+    if not self._queue:
+      order = list(self._order)
+      if self._rng is not None:
+        self._rng.shuffle(order)
+      self._queue.extend(order)
+    return self._prompts[self._queue.popleft()]
+
+  def lease(self, generator_id: str, max_groups: int, wait_timeout_s: float) -> list[pb.Assignment]:
+    """Leases up to `max_groups` groups, waiting up to `wait_timeout_s` for admission."""
+    val.check_id(generator_id, "generator_id", self.limits)
+    if not 1 <= max_groups <= self.limits.max_lease_groups:
+      raise val.invalid(f"max_groups={max_groups} must be in [1, {self.limits.max_lease_groups}]")
+    val.check_timeout(wait_timeout_s, "wait_timeout_s", self.limits)
+    end = self.clock() + wait_timeout_s
+    with self.cv:
+      while True:
+        self._expire()
+        cap = self.capacity()
+        if cap > 0:
+          break
+        left = end - self.clock()
+        if left <= 0:
+          return []
+        self.cv.wait(min(left, 0.25))
+      out = []
+      now = self.clock()
+      ppo = self.mode == "ppo_off_policy"
+      if ppo and self._round_start != self.ns:
+        self._round_start, self._round_leased = self.ns, 0
+      for _ in range(min(cap, max_groups)):
+        p = self._next_prompt()
+        gid = self._next_group_id
+        self._next_group_id += 1
+        view = val.LeaseView(group_id=gid, prompt_id=int(p.prompt_id),
+                             prompt_tokens=np.asarray(p.tokens, np.int32), answer=p.answer,
+                             group_size=self.G, min_version=self.version,
+                             max_version=self.version if ppo else -1)
+        deadline = self.ns + self.k - 1 if ppo else self.version + self.k
+        self._groups[gid] = _Group(view, generator_id, deadline, now + self.lease_ttl_s)
+        if ppo:
+          self._round_leased += 1
+        out.append(pb.Assignment(
+            group_id=gid, prompt_id=view.prompt_id,
+            prompt_tokens=codec.encode(view.prompt_tokens, pb.INT32), answer=p.answer,
+            group_size=self.G, min_version=view.min_version, max_version=view.max_version,
+            lease_expires_unix_s=now + self.lease_ttl_s))
+      return out
+
+  def _expire(self) -> None:
+    """Cancels incomplete groups whose lease ran out; their prompts go back to the queue front."""
+    now = self.clock()
+    for gid in [g for g, x in self._groups.items() if not x.complete and x.expires_at < now]:
+      g = self._groups.pop(gid)
+      for s in g.samples.values():
+        self._seen.pop(s.rollout_id, None)
+      self._queue.appendleft(g.view.prompt_id)
+      self.expired_groups += 1
+      if self.mode == "ppo_off_policy" and self._round_start == self.ns:
+        self._round_leased -= 1
+      self.cv.notify_all()
+
+  def heartbeat(self, generator_id: str) -> int:
+    """Extends every incomplete lease held by `generator_id`; returns how many."""
+    val.check_id(generator_id, "generator_id", self.limits)
+    with self.cv:
+      self._expire()
+      n = 0
+      for g in self._groups.values():
+        if g.generator_id == generator_id and not g.complete:
+          g.expires_at = self.clock() + self.lease_ttl_s
+          n += 1
+      return n
+
+  # ---- ingest ------------------------------------------------------------------------------------
+  def add_rollouts(self, items: Sequence[tuple]) -> list[pb.Ack]:
+    """Validates and stores (rollout, raw bytes) pairs all-or-nothing; idempotent on rollout_id.
+
+    Returns one Ack per item in order (`duplicate` for ids stored before or earlier in `items`)."""
+    for r, _ in items:
+      val.check_id(r.rollout_id, "rollout_id", self.limits)
+    with self.cv:                              # 1) look up leases (immutable views)
+      views = []
+      for r, _ in items:
+        if r.rollout_id in self._seen:
+          views.append(None)
+          continue
+        g = self._groups.get(r.group_id)
+        if g is None:
+          if 0 < r.group_id < self._next_group_id:
+            raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"group {r.group_id} is no longer leased (expired or delivered)")
+          raise val.invalid(f"group_id {r.group_id} was never leased")
+        views.append(g.view)
+      version = self.version
+    checked = [None if v is None else val.validate_rollout(r, v, version, self.limits, self.verifier)
+               for (r, _), v in zip(items, views)]     # 2) validate outside the lock
+    with self.cv:                              # 3) re-check conflicts, then store everything
+      plan, ids, slots = [], set(), set()
+      for (r, raw), c in zip(items, checked):
+        if c is None or r.rollout_id in self._seen or r.rollout_id in ids:
+          plan.append(None)
+          continue
+        g = self._groups.get(r.group_id)
+        if g is None:
+          raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"group {r.group_id} expired while the rollout was validated")
+        key = (r.group_id, r.sample_index)
+        if r.sample_index in g.samples or key in slots:
+          other = g.samples[r.sample_index].rollout_id if r.sample_index in g.samples else "?"
+          raise val.invalid(f"sample_index {r.sample_index} of group {r.group_id} already filled "
+                            f"(by rollout {other})")
+        ids.add(r.rollout_id)
+        slots.add(key)
+        plan.append((g, r, raw, c))
+      acks = []
+      for (r, _), p in zip(items, plan):
+        if p is None:
+          acks.append(pb.Ack(rollout_id=r.rollout_id, duplicate=True))
+          continue
+        g, r, raw, c = p
+        g.samples[r.sample_index] = _Stored(r.rollout_id, raw, c)
+        self._seen[r.rollout_id] = r.group_id
+        g.expires_at = max(g.expires_at, self.clock() + self.lease_ttl_s)
+        done = g.complete and g.completed_seq < 0
+        if done:
+          g.completed_seq = self._completed_seq
+          self._completed_seq += 1
+          self.cv.notify_all()
+        acks.append(pb.Ack(rollout_id=r.rollout_id, group_complete=done))
+      return acks
+
+  # ---- learner -----------------------------------------------------------------------------------
+  def set_version(self, version: int) -> None:
+    with self.cv:
+      self.version = version
+      self.cv.notify_all()
+
+  def _ready(self, s: int) -> Optional[list[_Group]]:
+    """The EDF batch for step s if it can be formed now, else None."""
+    for gid in [g for g, x in self._groups.items() if x.complete and x.deadline < s]:
+      self._groups.pop(gid)                     # unreachable under admission; never delivered
+      self.stale_dropped += 1
+    if any(x.deadline <= s and not x.complete for x in self._groups.values()):
+      return None
+    if self.mode == "ppo_off_policy" and s % self.k == 0:
+      # The whole k*B round is generated with one version before the learner's first step on it.
+      if (self._round_start != s or self._round_leased < self.k * self.B
+          or not all(x.complete for x in self._groups.values())):
+        return None
+    done = sorted((x for x in self._groups.values() if x.complete),
+                  key=lambda x: (x.deadline, x.completed_seq))
+    return done[:self.B] if len(done) >= self.B else None
+
+  def pull(self, step: int, timeout_s: float) -> PulledBatch:
+    """Returns the batch for learner step `step`, waiting up to `timeout_s` for it to be complete."""
+    val.check_timeout(timeout_s, "timeout_s", self.limits)
+    end = self.clock() + timeout_s
+    with self.cv:
+      if self._last_batch is not None and step == self._last_batch.step:
+        return self._last_batch                 # retry of the same step: same groups, not new ones
+      if step != self.ns:
+        raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"learner asked for step {step}; the next step is {self.ns}")
+      while True:
+        self._expire()
+        batch = self._ready(step)
+        if batch is not None:
+          break
+        left = end - self.clock()
+        if left <= 0:
+          raise val.RejectError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no complete batch for step {step} within {timeout_s}s "
+                                f"(version {self.version}, {len(self._groups)} groups outstanding)")
+        self.cv.wait(min(left, 0.25))
+      counts: list[int] = []
+      negative = nbytes = nroll = 0
+      blobs = []
+      for g in batch:
+        del self._groups[g.view.group_id]
+        for st in g.samples.values():
+          c = st.checked
+          for off in np.nonzero(c.version_counts)[0]:
+            lag = step - (c.min_version + int(off))
+            if lag < 0:
+              negative += int(c.version_counts[off])
+              continue
+            if lag >= len(counts):
+              counts.extend([0] * (lag + 1 - len(counts)))
+            counts[lag] += int(c.version_counts[off])
+          nroll += 1
+        blobs.append(_group_item_bytes(g))
+        nbytes += len(blobs[-1])
+      for i, c in enumerate(counts):
+        if i >= len(self._lag_total):
+          self._lag_total.append(0)
+        self._lag_total[i] += c
+      self._lag_negative += negative
+      summary = pb.BatchSummary(step=step, num_groups=len(batch),
+                                lag=lag_histogram(counts, negative))
+      self.recent.append(summary)
+      self.delivered_groups += len(batch)
+      self.delivered_rollouts += nroll
+      self.ns = step + 1
+      self._last_batch = PulledBatch(step, blobs, summary, nroll, nbytes)
+      self.cv.notify_all()
+      return self._last_batch
+
+  # ---- status ------------------------------------------------------------------------------------
+  def contents(self) -> pb.BufferContents:
+    with self.cv:
+      h = hashlib.sha256()
+      h.update(struct.pack("<qqqq", self.version, self.ns, self.delivered_groups, self._next_group_id))
+      for gid in sorted(self._groups):
+        g = self._groups[gid]
+        h.update(struct.pack("<q", gid))
+        for i in sorted(g.samples):
+          h.update(g.samples[i].rollout_id.encode())
+      ready = sum(1 for g in self._groups.values() if g.complete)
+      return pb.BufferContents(
+          current_version=self.version, next_step=self.ns, prompts=len(self._prompts),
+          leased_groups=len(self._groups) - ready, ready_groups=ready,
+          stored_rollouts=sum(len(g.samples) for g in self._groups.values()),
+          delivered_groups=self.delivered_groups, delivered_rollouts=self.delivered_rollouts,
+          expired_groups=self.expired_groups, stale_dropped_groups=self.stale_dropped,
+          digest=h.hexdigest())
+
+  def status_fields(self) -> dict:
+    with self.cv:
+      return dict(mode=self.mode, max_lag=self.k, prompts_per_step=self.B, group_size=self.G,
+                  admission_capacity=self.capacity(),
+                  lag_total=lag_histogram(self._lag_total, self._lag_negative),
+                  recent=list(self.recent))

@@ -1,0 +1,428 @@
+"""gRPC rollout buffer: one `RolloutBuffer` service (scalerl.rollout.v1) over `admission.BufferState`.
+
+In-process:  srv = BufferServer(prompts, token="...", prompts_per_step=B, group_size=G, max_lag=k)
+             srv.start(); srv.port; ...; srv.stop()
+As a process:
+  python -m scalerl_jax.rollout.buffer_server --port 0 --token-env SCALERL_BUFFER_TOKEN \
+      --prompts prompts.jsonl --prompts-per-step 48 --group-size 16 --max-lag 8
+  (prints one JSON line {"port": ...} once serving; prompts.jsonl: {"prompt_id", "tokens", "answer"}).
+
+Security: every RPC needs `authorization: Bearer <token>` (checked by a server interceptor before any
+handler runs). Requests are parsed by our own deserializers so garbage bytes become INVALID_ARGUMENT,
+and every field is validated (validation.py). Rollout payloads are stored as the bytes received and
+spliced unchanged into the learner's batches (no re-encoding). This module must not import jax.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import hashlib
+import hmac
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Optional, Sequence
+
+import grpc
+import numpy as np
+from google.protobuf import message as pb_message
+from google.protobuf import unknown_fields
+
+from scalerl_jax.rollout import admission
+from scalerl_jax.rollout import rollout_pb2 as pb
+from scalerl_jax.rollout import validation as val
+from scalerl_jax.rollout.generator import PromptSpec
+
+SERVICE = "scalerl.rollout.v1.RolloutBuffer"
+log = logging.getLogger("scalerl.buffer")
+
+
+def channel_options(max_message_bytes: int) -> list:
+  """Shared server/client channel options: message limits and large HTTP/2 windows/frames."""
+  return [("grpc.max_receive_message_length", max_message_bytes),
+          ("grpc.max_send_message_length", max_message_bytes),
+          ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
+          ("grpc.http2.bdp_probe", 1),
+          ("grpc.so_reuseport", 0)]
+
+
+class _Malformed:
+  """Stands in for a request whose bytes did not parse."""
+
+  def __init__(self, err: str):
+    self.err = err
+
+
+def _unknown(msg, name: str) -> Optional[str]:
+  """Strict parsing: unknown or mistyped fields (e.g. a message of another type) are refused."""
+  u = unknown_fields.UnknownFieldSet(msg)
+  if len(u):
+    nums = sorted({f.field_number for f in u})
+    return f"{name}: unknown or mistyped field number(s) {nums[:8]}"
+  return None
+
+
+_ROLLOUT_SUBMESSAGES = ("prompt_tokens", "completion_tokens", "logprobs", "versions",
+                        "policy_mask", "timing")
+
+
+def _parser(cls):
+  name = cls.DESCRIPTOR.name
+
+  def parse(data: bytes):
+    try:
+      m = cls.FromString(data)
+    except (pb_message.DecodeError, ValueError, RuntimeError) as e:
+      return _Malformed(f"cannot parse {name}: {e}")
+    err = _unknown(m, name)
+    return _Malformed(err) if err else m
+  return parse
+
+
+def _parse_push(data: bytes):
+  """Splits a PushRequest into (Rollout, raw bytes view) pairs without copying the payload.
+
+  The outer message may only contain field 1 (rollouts); each element is parsed on its own so the
+  stored bytes are exactly the bytes that were validated."""
+  view, pos, n, out = memoryview(data), 0, len(data), []
+  try:
+    while pos < n:
+      tag, pos = _read_varint(view, pos)
+      if tag != 0x0A:
+        return _Malformed(f"PushRequest: unexpected field {tag >> 3} (wire type {tag & 7})")
+      size, pos = _read_varint(view, pos)
+      if pos + size > n:
+        return _Malformed("PushRequest: truncated rollout")
+      raw = view[pos:pos + size]
+      r = pb.Rollout.FromString(raw)
+      err = _unknown(r, f"rollouts[{len(out)}]") or next(
+          (e for f in _ROLLOUT_SUBMESSAGES if (e := _unknown(getattr(r, f), f"rollouts[{len(out)}].{f}"))),
+          None)
+      if err:
+        return _Malformed(err)
+      out.append((r, raw))
+      pos += size
+  except (pb_message.DecodeError, ValueError, RuntimeError, IndexError) as e:
+    return _Malformed(f"cannot parse PushRequest: {e}")
+  if not out:
+    return _Malformed("PushRequest carries no rollouts")
+  return out
+
+
+def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
+  result = shift = 0
+  while True:
+    if shift > 63:
+      raise ValueError("varint too long")
+    b = view[pos]
+    pos += 1
+    result |= (b & 0x7F) << shift
+    if not b & 0x80:
+      return result, pos
+    shift += 7
+
+
+def _serialize(x) -> bytes:
+  return x if isinstance(x, bytes) else x.SerializeToString()
+
+
+class _Weights:
+  """Newest published weights; a version becomes visible only after its sha256 checked out."""
+
+  def __init__(self):
+    self.version = 0
+    self.payload: Optional[bytes] = None
+    self.sha256 = ""
+    self.format = ""
+    self.cv = threading.Condition()
+
+
+class _AuthInterceptor(grpc.ServerInterceptor):
+  """Rejects any call without `authorization: Bearer <token>` before its handler runs."""
+
+  def __init__(self, token: str, on_reject):
+    self._expected = f"Bearer {token}".encode()
+    self._on_reject = on_reject
+
+  def intercept_service(self, continuation, details):
+    for key, value in details.invocation_metadata or ():
+      if key == "authorization":
+        got = value.encode() if isinstance(value, str) else bytes(value)
+        if hmac.compare_digest(got, self._expected):
+          return continuation(details)
+        break
+    handler = continuation(details)
+    if handler is None:
+      return None
+    self._on_reject(grpc.StatusCode.UNAUTHENTICATED)
+
+    def deny(request, context):
+      context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
+             (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler,
+             (True, True): grpc.stream_stream_rpc_method_handler}
+    return kinds[(handler.request_streaming, handler.response_streaming)](deny)
+
+
+class BufferServer:
+  """The rollout buffer service; see the module docstring."""
+
+  def __init__(self, prompts: Sequence[PromptSpec], *, token: str, prompts_per_step: int,
+               group_size: int, max_lag: int, mode: str = "pipeline", host: str = "127.0.0.1",
+               port: int = 0, max_message_bytes: int = 64 << 20,
+               max_weight_bytes: int = 64 << 30, weight_chunk_bytes: int = 4 << 20,
+               lease_ttl_s: float = 120.0, limits: val.Limits = val.Limits(),
+               verifier: Optional[val.Verifier] = None, max_workers: int = 64,
+               shuffle_seed: Optional[int] = None):
+    if not token:
+      raise ValueError("an auth token is required")
+    self.state = admission.BufferState(
+        prompts, prompts_per_step=prompts_per_step, group_size=group_size, max_lag=max_lag,
+        mode=mode, lease_ttl_s=lease_ttl_s, limits=limits, verifier=verifier,
+        shuffle_seed=shuffle_seed)
+    self.limits, self.max_weight_bytes = limits, max_weight_bytes
+    self.weight_chunk_bytes = weight_chunk_bytes
+    self.weights = _Weights()
+    self._rejected: collections.Counter = collections.Counter()
+    self._bytes_in = self._bytes_out = 0
+    self._mlock = threading.Lock()
+    self._server = grpc.server(
+        concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="buffer"),
+        interceptors=[_AuthInterceptor(token, self._count_reject)],
+        options=channel_options(max_message_bytes), maximum_concurrent_rpcs=max_workers)
+    self._server.add_generic_rpc_handlers([self._handlers()])
+    self.port = self._server.add_insecure_port(f"{host}:{port}")
+    if self.port == 0:
+      raise RuntimeError(f"could not bind {host}:{port}")
+    self.address = f"{host}:{self.port}"
+
+  # ---- lifecycle ---------------------------------------------------------------------------------
+  def start(self) -> "BufferServer":
+    self._server.start()
+    return self
+
+  def stop(self, grace: float = 0.5) -> None:
+    self._server.stop(grace).wait()
+
+  def wait(self) -> None:
+    self._server.wait_for_termination()
+
+  # ---- plumbing ----------------------------------------------------------------------------------
+  def _handlers(self):
+    h = {
+        "LeasePrompts": grpc.unary_unary_rpc_method_handler(
+            self._lease, _parser(pb.LeaseRequest), _serialize),
+        "PushRollouts": grpc.stream_stream_rpc_method_handler(
+            self._push, _parse_push, _serialize),
+        "PullBatch": grpc.unary_stream_rpc_method_handler(
+            self._pull, _parser(pb.PullRequest), _serialize),
+        "PublishWeights": grpc.stream_unary_rpc_method_handler(
+            self._publish, _parser(pb.WeightChunk), _serialize),
+        "FetchWeights": grpc.unary_stream_rpc_method_handler(
+            self._fetch, _parser(pb.FetchWeightsRequest), _serialize),
+        "WatchVersion": grpc.unary_stream_rpc_method_handler(
+            self._watch, _parser(pb.WatchRequest), _serialize),
+        "GetStatus": grpc.unary_unary_rpc_method_handler(
+            self._status, _parser(pb.StatusRequest), _serialize),
+        "Heartbeat": grpc.unary_unary_rpc_method_handler(
+            self._heartbeat, _parser(pb.HeartbeatRequest), _serialize),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE, h)
+
+  def _count_reject(self, code: grpc.StatusCode) -> None:
+    with self._mlock:
+      self._rejected[code.name] += 1
+
+  def _abort(self, context, code: grpc.StatusCode, message: str):
+    self._count_reject(code)
+    context.abort(code, message)
+
+  def _req(self, request, context):
+    if isinstance(request, _Malformed):
+      self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.err)
+    return request
+
+  def _call(self, context, fn, *args):
+    try:
+      return fn(*args)
+    except val.RejectError as e:
+      self._abort(context, e.code, e.message)
+
+  # ---- handlers ----------------------------------------------------------------------------------
+  def _lease(self, request, context):
+    r = self._req(request, context)
+    got = self._call(context, self.state.lease, r.generator_id, r.max_groups, r.wait_timeout_s)
+    return pb.LeaseResponse(assignments=got, current_version=self.state.version)
+
+  def _push(self, request_iterator, context):
+    for item in request_iterator:
+      items = self._req(item, context)
+      acks = self._call(context, self.state.add_rollouts, items)
+      new = sum(len(raw) for (_, raw), a in zip(items, acks) if not a.duplicate)
+      with self._mlock:
+        self._bytes_in += new
+      yield pb.PushResponse(acks=acks)
+
+  def _pull(self, request, context):
+    r = self._req(request, context)
+    if r.learner_id:
+      self._call(context, val.check_id, r.learner_id, "learner_id", self.limits)
+    batch = self._call(context, self.state.pull, r.step, r.timeout_s)
+    yield from batch.groups          # pre-serialized BatchItem{group} messages
+    with self._mlock:
+      self._bytes_out += batch.num_bytes
+    yield pb.BatchItem(summary=batch.summary)
+
+  def _publish(self, request_iterator, context):
+    sha = hashlib.sha256()
+    parts, header, got = [], None, 0
+    for item in request_iterator:
+      c = self._req(item, context)
+      if header is None:
+        header = c
+        if c.version < 0:
+          self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"version {c.version} < 0")
+        if c.total_bytes > self.max_weight_bytes:
+          self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"total_bytes {c.total_bytes} > limit {self.max_weight_bytes}")
+        if len(c.sha256) != 64 or any(ch not in "0123456789abcdef" for ch in c.sha256):
+          self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                      "sha256 must be 64 lowercase hex chars")
+        if len(c.format) > self.limits.max_id_chars:
+          self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "format string too long")
+      elif (c.version, c.total_bytes, c.sha256) != (header.version, header.total_bytes,
+                                                     header.sha256):
+        self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                    "chunk header (version, total_bytes, sha256) differs from the first chunk")
+      if c.offset != got:
+        self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                    f"chunk offset {c.offset} but {got} bytes received so far")
+      if got + len(c.data) > header.total_bytes:
+        self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                    f"chunks exceed total_bytes {header.total_bytes}")
+      sha.update(c.data)
+      parts.append(c.data)
+      got += len(c.data)
+    if header is None:
+      self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no chunks sent")
+    if got != header.total_bytes:
+      self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                  f"received {got} of total_bytes {header.total_bytes}")
+    if sha.hexdigest() != header.sha256:
+      self._abort(context, grpc.StatusCode.DATA_LOSS,
+                  f"sha256 mismatch: payload has {sha.hexdigest()}, header says {header.sha256}")
+    w = self.weights
+    with w.cv:
+      cur, has = w.version, w.payload is not None
+      if header.version == cur and has and header.sha256 == w.sha256:
+        return pb.PublishAck(version=cur, total_bytes=got)          # idempotent re-publish
+      if header.version < cur or (header.version == cur and has):
+        self._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                    f"version {header.version} is not newer than published version {cur}")
+      # Admission first: a generator can only stamp the new version after fetching its payload.
+      self.state.set_version(header.version)
+      w.payload, w.sha256, w.format = b"".join(parts), header.sha256, header.format
+      w.version = header.version
+      w.cv.notify_all()
+    return pb.PublishAck(version=header.version, total_bytes=got)
+
+  def _fetch(self, request, context):
+    r = self._req(request, context)
+    timeout = self._call(context, val.check_timeout, r.wait_timeout_s, "wait_timeout_s", self.limits)
+    chunk = r.chunk_bytes or self.weight_chunk_bytes
+    if not 1024 <= chunk <= self.weight_chunk_bytes * 4:
+      self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                  f"chunk_bytes {chunk} outside [1024, {self.weight_chunk_bytes * 4}]")
+    w, end = self.weights, time.time() + timeout
+    with w.cv:
+      while w.payload is None or w.version <= r.have_version:
+        left = end - time.time()
+        if left <= 0 or not context.is_active():
+          return
+        w.cv.wait(min(left, 0.25))
+      payload, version, sha, fmt = w.payload, w.version, w.sha256, w.format
+    view = memoryview(payload)
+    for off in range(0, max(len(payload), 1), chunk):
+      yield pb.WeightChunk(version=version, total_bytes=len(payload), sha256=sha, format=fmt,
+                           offset=off, data=bytes(view[off:off + chunk]))
+
+  def _watch(self, request, context):
+    have = self._req(request, context).have_version
+    w = self.weights
+    while context.is_active():
+      with w.cv:
+        if w.version <= have or w.payload is None:
+          w.cv.wait(0.25)
+          continue
+        have = w.version
+        notice = pb.VersionNotice(version=w.version, total_bytes=len(w.payload), sha256=w.sha256)
+      yield notice
+
+  def _status(self, request, context):
+    self._req(request, context)
+    with self._mlock:
+      rejected, bi, bo = dict(self._rejected), self._bytes_in, self._bytes_out
+    return pb.Status(contents=self.state.contents(), rejected=rejected, bytes_in=bi, bytes_out=bo,
+                     **self.state.status_fields())
+
+  def _heartbeat(self, request, context):
+    r = self._req(request, context)
+    n = self._call(context, self.state.heartbeat, r.generator_id)
+    return pb.HeartbeatResponse(current_version=self.state.version, leases_extended=n,
+                                server_time_unix_s=time.time())
+
+
+def load_prompts(path: str) -> list[PromptSpec]:
+  """Reads a JSONL file of {"prompt_id": int, "tokens": [int...], "answer": str}."""
+  out = []
+  with open(path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        d = json.loads(line)
+        out.append(PromptSpec(int(d["prompt_id"]), np.asarray(d["tokens"], np.int32),
+                              str(d.get("answer", ""))))
+      except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}:{n}: bad prompt line ({e})") from None
+  return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--host", default="127.0.0.1")
+  ap.add_argument("--port", type=int, default=0)
+  ap.add_argument("--token-env", default="SCALERL_BUFFER_TOKEN",
+                  help="name of the environment variable that holds the shared secret")
+  ap.add_argument("--prompts", required=True, help="JSONL: prompt_id, tokens, answer")
+  ap.add_argument("--prompts-per-step", type=int, default=48)
+  ap.add_argument("--group-size", type=int, default=16)
+  ap.add_argument("--max-lag", type=int, default=8)
+  ap.add_argument("--mode", choices=admission.MODES, default="pipeline")
+  ap.add_argument("--max-message-bytes", type=int, default=64 << 20)
+  ap.add_argument("--lease-ttl-s", type=float, default=120.0)
+  ap.add_argument("--max-completion-tokens", type=int, default=32768)
+  ap.add_argument("--shuffle-seed", type=int, default=None)
+  a = ap.parse_args(argv)
+  token = os.environ.get(a.token_env, "")
+  if not token:
+    sys.exit(f"error: environment variable {a.token_env} (the auth token) is empty or unset")
+  srv = BufferServer(load_prompts(a.prompts), token=token, prompts_per_step=a.prompts_per_step,
+                     group_size=a.group_size, max_lag=a.max_lag, mode=a.mode, host=a.host,
+                     port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
+                     limits=val.Limits(max_completion_tokens=a.max_completion_tokens),
+                     shuffle_seed=a.shuffle_seed).start()
+  print(json.dumps({"port": srv.port, "address": srv.address}), flush=True)
+  signal.signal(signal.SIGTERM, lambda *_: srv.stop(0))
+  srv.wait()
+
+
+if __name__ == "__main__":
+  main()

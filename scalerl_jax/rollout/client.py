@@ -1,0 +1,234 @@
+"""Client of the rollout buffer, used by generators and the learner.
+
+Generator loop:
+  c = BufferClient(address, token)
+  for a in c.lease("gen-0", max_groups=4, wait_timeout_s=5):          # pb.Assignment
+    if my_version < a.min_version: my_version, blob = c.fetch_weights(my_version, 60)  # + load
+    completions = generator.generate([assignment_prompt(a)], a.group_size, spec)[0]
+    c.push([completion_to_rollout(x, group_id=a.group_id, sample_index=i, ...) ...])  # acked
+Learner loop:
+  c.publish_weights(0, blob)                     # optional: the initial weights
+  for s in range(steps):
+    batch = c.pull_batch(s, timeout_s=600)       # Batch: complete groups + lag histogram
+    arrays = batch_to_arrays(batch)              # ARCHITECTURE.md "Rollout batch"
+    ...train...; c.publish_weights(s + 1, blob)
+
+Unary calls and pulls retry with exponential backoff on UNAVAILABLE; pushes re-send the not yet
+acknowledged rollouts (the server is idempotent on rollout_id, so nothing is stored twice).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import time
+from typing import Iterable, Iterator, Optional, Sequence
+
+import grpc
+import numpy as np
+
+from scalerl_jax.rollout import codec
+from scalerl_jax.rollout import rollout_pb2 as pb
+from scalerl_jax.rollout.buffer_server import SERVICE, channel_options
+from scalerl_jax.rollout.generator import PromptSpec
+
+_RETRY = (grpc.StatusCode.UNAVAILABLE,)
+
+
+def _ident(x):
+  return x
+
+
+@dataclasses.dataclass
+class Batch:
+  """One learner step's batch: complete groups (all G rollouts each) and the token-lag histogram."""
+  step: int
+  groups: list            # list[pb.Group]
+  summary: pb.BatchSummary
+
+
+class BufferClient:
+  """Thin typed wrapper over the RolloutBuffer service (thread-safe, one channel)."""
+
+  def __init__(self, address: str, token: str, *, max_message_bytes: int = 256 << 20,
+               retries: int = 6, backoff_s: float = 0.05, max_backoff_s: float = 2.0):
+    self.address = address
+    self._md = (("authorization", f"Bearer {token}"),)
+    self._ch = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
+    self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
+    m = lambda name: f"/{SERVICE}/{name}"
+    ser = lambda x: x if isinstance(x, bytes) else x.SerializeToString()
+    self._lease = self._ch.unary_unary(m("LeasePrompts"), ser, pb.LeaseResponse.FromString)
+    self._push = self._ch.stream_stream(m("PushRollouts"), ser, pb.PushResponse.FromString)
+    self._pull = self._ch.unary_stream(m("PullBatch"), ser, pb.BatchItem.FromString)
+    self._publish = self._ch.stream_unary(m("PublishWeights"), ser, pb.PublishAck.FromString)
+    self._fetch = self._ch.unary_stream(m("FetchWeights"), ser, pb.WeightChunk.FromString)
+    self._watch = self._ch.unary_stream(m("WatchVersion"), ser, pb.VersionNotice.FromString)
+    self._status = self._ch.unary_unary(m("GetStatus"), ser, pb.Status.FromString)
+    self._heartbeat = self._ch.unary_unary(m("Heartbeat"), ser, pb.HeartbeatResponse.FromString)
+
+  def close(self) -> None:
+    self._ch.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def _retry(self, fn):
+    delay = self.backoff_s
+    for attempt in range(self.retries + 1):
+      try:
+        return fn()
+      except grpc.RpcError as e:
+        if e.code() not in _RETRY or attempt == self.retries:
+          raise
+      time.sleep(delay * (0.5 + random.random()))
+      delay = min(delay * 2, self.max_backoff_s)
+
+  # ---- generators --------------------------------------------------------------------------------
+  def lease(self, generator_id: str, max_groups: int = 1,
+            wait_timeout_s: float = 0.0) -> list[pb.Assignment]:
+    req = pb.LeaseRequest(generator_id=generator_id, max_groups=max_groups,
+                          wait_timeout_s=wait_timeout_s)
+    resp = self._retry(lambda: self._lease(req, metadata=self._md, timeout=wait_timeout_s + 30))
+    return list(resp.assignments)
+
+  def push(self, rollouts: Sequence[pb.Rollout | bytes], batch_bytes: int = 4 << 20
+           ) -> list[pb.Ack]:
+    """Streams rollouts (messages or pre-serialized bytes), packed into PushRequests of about
+    `batch_bytes`; returns one Ack per rollout, in order. On UNAVAILABLE the rollouts not yet
+    acknowledged are re-sent on a new stream (the server stores each rollout id once)."""
+    raws = [r if isinstance(r, (bytes, memoryview)) else r.SerializeToString() for r in rollouts]
+    acks: list[pb.Ack] = []
+    delay = self.backoff_s
+    for attempt in range(self.retries + 1):
+      try:
+        for resp in self._push(pack_push_requests(raws[len(acks):], batch_bytes),
+                               metadata=self._md):
+          acks.extend(resp.acks)
+        return acks
+      except grpc.RpcError as e:
+        if e.code() not in _RETRY or attempt == self.retries:
+          raise
+      time.sleep(delay * (0.5 + random.random()))
+      delay = min(delay * 2, self.max_backoff_s)
+    return acks
+
+  def push_stream(self, requests: Iterable[bytes]) -> Iterator[pb.PushResponse]:
+    """One long-lived stream (no retry) of serialized PushRequests (see `pack_push_requests`)."""
+    return self._push(iter(requests), metadata=self._md)
+
+  def heartbeat(self, generator_id: str, version: int = 0) -> pb.HeartbeatResponse:
+    req = pb.HeartbeatRequest(generator_id=generator_id, version=version)
+    return self._retry(lambda: self._heartbeat(req, metadata=self._md, timeout=30))
+
+  def fetch_weights(self, have_version: int = -1, wait_timeout_s: float = 0.0
+                    ) -> Optional[tuple[int, bytes, str]]:
+    """Newest weights newer than `have_version` as (version, payload, format), or None on timeout.
+    The sha256 is verified here as well."""
+    def once():
+      req = pb.FetchWeightsRequest(have_version=have_version, wait_timeout_s=wait_timeout_s)
+      parts, head = [], None
+      for c in self._fetch(req, metadata=self._md, timeout=wait_timeout_s + 600):
+        head = head or c
+        parts.append(c.data)
+      return head, parts
+    head, parts = self._retry(once)
+    if head is None:
+      return None
+    payload = b"".join(parts)
+    if len(payload) != head.total_bytes or hashlib.sha256(payload).hexdigest() != head.sha256:
+      raise IOError(f"weights version {head.version}: size or sha256 mismatch after transfer")
+    return head.version, payload, head.format
+
+  def watch_versions(self, have_version: int = -1) -> Iterator[pb.VersionNotice]:
+    """Server-stream of notices, one per newly visible weight version (cancel by closing)."""
+    return self._watch(pb.WatchRequest(have_version=have_version), metadata=self._md)
+
+  # ---- learner -----------------------------------------------------------------------------------
+  def pull_batch(self, step: int, timeout_s: float = 60.0) -> Batch:
+    """Blocks until the batch for `step` is complete (DEADLINE_EXCEEDED after timeout_s)."""
+    def once():
+      groups, summary = [], None
+      req = pb.PullRequest(step=step, timeout_s=timeout_s)
+      for item in self._pull(req, metadata=self._md, timeout=timeout_s + 60):
+        if item.HasField("group"):
+          groups.append(item.group)
+        else:
+          summary = item.summary
+      if summary is None:
+        raise IOError(f"PullBatch({step}) ended without a summary")
+      return Batch(step, groups, summary)
+    return self._retry(once)
+
+  def pull_raw(self, step: int, timeout_s: float = 60.0) -> Iterator[bytes]:
+    """PullBatch without parsing: yields serialized BatchItem messages (for benchmarks)."""
+    call = self._ch.unary_stream(f"/{SERVICE}/PullBatch", lambda x: x.SerializeToString(), _ident)
+    return call(pb.PullRequest(step=step, timeout_s=timeout_s), metadata=self._md)
+
+  def publish_weights(self, version: int, payload: bytes | memoryview, fmt: str = "",
+                      chunk_bytes: int = 4 << 20) -> pb.PublishAck:
+    """Client-streams the payload in chunks with its sha256; visible once the server verified it."""
+    view = memoryview(payload).cast("B")
+    sha = hashlib.sha256(view).hexdigest()
+    n = len(view)
+
+    def chunks():
+      for off in range(0, max(n, 1), chunk_bytes):
+        yield pb.WeightChunk(version=version, total_bytes=n, sha256=sha, format=fmt, offset=off,
+                             data=bytes(view[off:off + chunk_bytes]))
+    return self._retry(lambda: self._publish(chunks(), metadata=self._md, timeout=600))
+
+  def status(self) -> pb.Status:
+    return self._retry(lambda: self._status(pb.StatusRequest(), metadata=self._md, timeout=30))
+
+
+def _varint(n: int) -> bytes:
+  out = bytearray()
+  while n > 0x7F:
+    out.append((n & 0x7F) | 0x80)
+    n >>= 7
+  out.append(n)
+  return bytes(out)
+
+
+def pack_push_requests(raws: Sequence[bytes], batch_bytes: int = 4 << 20) -> Iterator[bytes]:
+  """Packs serialized Rollouts into serialized PushRequests of about `batch_bytes` each."""
+  parts, size = [], 0
+  for raw in raws:
+    parts += (b"\x0a", _varint(len(raw)), raw)          # PushRequest field 1, wire type 2
+    size += len(raw)
+    if size >= batch_bytes:
+      yield b"".join(parts)
+      parts, size = [], 0
+  if parts:
+    yield b"".join(parts)
+
+
+def assignment_prompt(a: pb.Assignment) -> PromptSpec:
+  """The PromptSpec (for `Generator.generate`) of a leased assignment."""
+  return PromptSpec(int(a.prompt_id), codec.decode(a.prompt_tokens, pb.INT32, "prompt", 1 << 31),
+                    a.answer)
+
+
+def batch_to_arrays(batch: Batch, pad_id: int = 0) -> dict[str, np.ndarray]:
+  """Pads a batch into the learner's arrays (docs/ARCHITECTURE.md "Rollout batch"), [B*G, T]."""
+  rows = [(g.group_id, r) for g in batch.groups for r in g.rollouts]
+  dec = [(gid, codec.decode(r.prompt_tokens, pb.INT32, "p", 1 << 31), codec.rollout_to_completion(r))
+         for gid, r in rows]
+  T = max((len(p) + len(c.tokens) for _, p, c in dec), default=0)
+  n = len(dec)
+  out = dict(tokens=np.full((n, T), pad_id, np.int32), gen_logprobs=np.zeros((n, T), np.float32),
+             loss_mask=np.zeros((n, T), bool), rewards=np.zeros((n,), np.float32),
+             prompt_ids=np.zeros((n,), np.int32), versions=np.zeros((n, T), np.int32))
+  for i, (gid, p, c) in enumerate(dec):
+    P, L = len(p), len(c.tokens)
+    out["tokens"][i, :P], out["tokens"][i, P:P + L] = p, c.tokens
+    out["gen_logprobs"][i, P:P + L] = c.logprobs
+    out["loss_mask"][i, P:P + L] = c.policy_mask
+    out["versions"][i, P:P + L] = c.versions
+    out["rewards"][i] = c.reward
+    out["prompt_ids"][i] = gid
+  return out

@@ -1,0 +1,317 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    INT32: _ClassVar[DType]
+    FLOAT32: _ClassVar[DType]
+    BITS: _ClassVar[DType]
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_STOP: _ClassVar[FinishReason]
+    FINISH_LENGTH: _ClassVar[FinishReason]
+    FINISH_INTERRUPTED: _ClassVar[FinishReason]
+DTYPE_UNSPECIFIED: DType
+INT32: DType
+FLOAT32: DType
+BITS: DType
+FINISH_UNSPECIFIED: FinishReason
+FINISH_STOP: FinishReason
+FINISH_LENGTH: FinishReason
+FINISH_INTERRUPTED: FinishReason
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "length", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: DType
+    length: int
+    data: bytes
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., length: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("start_unix_s", "end_unix_s")
+    START_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    start_unix_s: float
+    end_unix_s: float
+    def __init__(self, start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ...) -> None: ...
+
+class Rollout(_message.Message):
+    __slots__ = ("rollout_id", "prompt_id", "group_id", "sample_index", "prompt_tokens", "completion_tokens", "logprobs", "versions", "policy_mask", "rewards", "finish_reason", "generator_id", "timing")
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_MASK_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    rollout_id: str
+    prompt_id: int
+    group_id: int
+    sample_index: int
+    prompt_tokens: Tensor
+    completion_tokens: Tensor
+    logprobs: Tensor
+    versions: Tensor
+    policy_mask: Tensor
+    rewards: _containers.RepeatedScalarFieldContainer[float]
+    finish_reason: FinishReason
+    generator_id: str
+    timing: Timing
+    def __init__(self, rollout_id: _Optional[str] = ..., prompt_id: _Optional[int] = ..., group_id: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., completion_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., versions: _Optional[_Union[Tensor, _Mapping]] = ..., policy_mask: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., generator_id: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("rollouts",)
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    rollouts: _containers.RepeatedCompositeFieldContainer[Rollout]
+    def __init__(self, rollouts: _Optional[_Iterable[_Union[Rollout, _Mapping]]] = ...) -> None: ...
+
+class PushResponse(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[Ack]
+    def __init__(self, acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ...) -> None: ...
+
+class LeaseRequest(_message.Message):
+    __slots__ = ("generator_id", "max_groups", "wait_timeout_s")
+    GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    generator_id: str
+    max_groups: int
+    wait_timeout_s: float
+    def __init__(self, generator_id: _Optional[str] = ..., max_groups: _Optional[int] = ..., wait_timeout_s: _Optional[float] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("group_id", "prompt_id", "prompt_tokens", "answer", "group_size", "min_version", "max_version", "lease_expires_unix_s")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    group_id: int
+    prompt_id: int
+    prompt_tokens: Tensor
+    answer: str
+    group_size: int
+    min_version: int
+    max_version: int
+    lease_expires_unix_s: float
+    def __init__(self, group_id: _Optional[int] = ..., prompt_id: _Optional[int] = ..., prompt_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., answer: _Optional[str] = ..., group_size: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., lease_expires_unix_s: _Optional[float] = ...) -> None: ...
+
+class LeaseResponse(_message.Message):
+    __slots__ = ("assignments", "current_version")
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
+    current_version: int
+    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., current_version: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("rollout_id", "duplicate", "group_complete")
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    rollout_id: str
+    duplicate: bool
+    group_complete: bool
+    def __init__(self, rollout_id: _Optional[str] = ..., duplicate: _Optional[bool] = ..., group_complete: _Optional[bool] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("learner_id", "step", "timeout_s")
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    learner_id: str
+    step: int
+    timeout_s: float
+    def __init__(self, learner_id: _Optional[str] = ..., step: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class Group(_message.Message):
+    __slots__ = ("group_id", "prompt_id", "rollouts")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    group_id: int
+    prompt_id: int
+    rollouts: _containers.RepeatedCompositeFieldContainer[Rollout]
+    def __init__(self, group_id: _Optional[int] = ..., prompt_id: _Optional[int] = ..., rollouts: _Optional[_Iterable[_Union[Rollout, _Mapping]]] = ...) -> None: ...
+
+class LagHistogram(_message.Message):
+    __slots__ = ("counts", "negative", "max_lag")
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    NEGATIVE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LAG_FIELD_NUMBER: _ClassVar[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    negative: int
+    max_lag: int
+    def __init__(self, counts: _Optional[_Iterable[int]] = ..., negative: _Optional[int] = ..., max_lag: _Optional[int] = ...) -> None: ...
+
+class BatchSummary(_message.Message):
+    __slots__ = ("step", "num_groups", "lag")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    num_groups: int
+    lag: LagHistogram
+    def __init__(self, step: _Optional[int] = ..., num_groups: _Optional[int] = ..., lag: _Optional[_Union[LagHistogram, _Mapping]] = ...) -> None: ...
+
+class BatchItem(_message.Message):
+    __slots__ = ("group", "summary")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    group: Group
+    summary: BatchSummary
+    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., summary: _Optional[_Union[BatchSummary, _Mapping]] = ...) -> None: ...
+
+class WeightChunk(_message.Message):
+    __slots__ = ("version", "total_bytes", "sha256", "format", "offset", "data")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    total_bytes: int
+    sha256: str
+    format: str
+    offset: int
+    data: bytes
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., format: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PublishAck(_message.Message):
+    __slots__ = ("version", "total_bytes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    total_bytes: int
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+
+class FetchWeightsRequest(_message.Message):
+    __slots__ = ("have_version", "wait_timeout_s", "chunk_bytes")
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    have_version: int
+    wait_timeout_s: float
+    chunk_bytes: int
+    def __init__(self, have_version: _Optional[int] = ..., wait_timeout_s: _Optional[float] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("have_version",)
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    have_version: int
+    def __init__(self, have_version: _Optional[int] = ...) -> None: ...
+
+class VersionNotice(_message.Message):
+    __slots__ = ("version", "total_bytes", "sha256")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    total_bytes: int
+    sha256: str
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BufferContents(_message.Message):
+    __slots__ = ("current_version", "next_step", "prompts", "leased_groups", "ready_groups", "stored_rollouts", "delivered_groups", "delivered_rollouts", "expired_groups", "stale_dropped_groups", "digest")
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEP_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    LEASED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    READY_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    STORED_ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    STALE_DROPPED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    current_version: int
+    next_step: int
+    prompts: int
+    leased_groups: int
+    ready_groups: int
+    stored_rollouts: int
+    delivered_groups: int
+    delivered_rollouts: int
+    expired_groups: int
+    stale_dropped_groups: int
+    digest: str
+    def __init__(self, current_version: _Optional[int] = ..., next_step: _Optional[int] = ..., prompts: _Optional[int] = ..., leased_groups: _Optional[int] = ..., ready_groups: _Optional[int] = ..., stored_rollouts: _Optional[int] = ..., delivered_groups: _Optional[int] = ..., delivered_rollouts: _Optional[int] = ..., expired_groups: _Optional[int] = ..., stale_dropped_groups: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("contents", "mode", "max_lag", "prompts_per_step", "group_size", "admission_capacity", "lag_total", "recent", "rejected", "bytes_in", "bytes_out")
+    class RejectedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    CONTENTS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LAG_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    LAG_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    contents: BufferContents
+    mode: str
+    max_lag: int
+    prompts_per_step: int
+    group_size: int
+    admission_capacity: int
+    lag_total: LagHistogram
+    recent: _containers.RepeatedCompositeFieldContainer[BatchSummary]
+    rejected: _containers.ScalarMap[str, int]
+    bytes_in: int
+    bytes_out: int
+    def __init__(self, contents: _Optional[_Union[BufferContents, _Mapping]] = ..., mode: _Optional[str] = ..., max_lag: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., group_size: _Optional[int] = ..., admission_capacity: _Optional[int] = ..., lag_total: _Optional[_Union[LagHistogram, _Mapping]] = ..., recent: _Optional[_Iterable[_Union[BatchSummary, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("generator_id", "version")
+    GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    generator_id: str
+    version: int
+    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("current_version", "leases_extended", "server_time_unix_s")
+    CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASES_EXTENDED_FIELD_NUMBER: _ClassVar[int]
+    SERVER_TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    current_version: int
+    leases_extended: int
+    server_time_unix_s: float
+    def __init__(self, current_version: _Optional[int] = ..., leases_extended: _Optional[int] = ..., server_time_unix_s: _Optional[float] = ...) -> None: ...

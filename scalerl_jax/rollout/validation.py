@@ -1,0 +1,156 @@
+"""Field-by-field validation of incoming rollouts (pure: numpy + protobuf, no server state).
+
+Every failure raises `RejectError(code, message)` naming the field and what was wrong; the server turns
+it into the gRPC status (INVALID_ARGUMENT for malformed fields, FAILED_PRECONDITION for rollouts whose
+lease is gone). Re-verification of the reward is pluggable: pass `verifier(prompt_id, answer, tokens)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Optional
+
+import grpc
+import numpy as np
+
+from scalerl_jax.rollout import codec
+from scalerl_jax.rollout import rollout_pb2 as pb
+
+# verifier(prompt_id, answer, completion_tokens) -> reward; None disables re-verification.
+Verifier = Callable[[int, str, np.ndarray], float]
+
+
+class RejectError(Exception):
+  """A request the buffer refuses; `code` is the gRPC status to answer with."""
+
+  def __init__(self, code: grpc.StatusCode, message: str):
+    super().__init__(message)
+    self.code = code
+    self.message = message
+
+
+def invalid(message: str) -> RejectError:
+  return RejectError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """Per-field limits (the whole message is bounded separately by grpc max_receive_message_length)."""
+  max_id_chars: int = 256
+  max_prompt_tokens: int = 8192
+  max_completion_tokens: int = 32768
+  max_rewards: int = 8
+  vocab_size: int = 1 << 24          # token ids must lie in [0, vocab_size)
+  reward_min: float = -1.0           # the verifier's range for rewards[0]
+  reward_max: float = 1.0
+  reward_atol: float = 1e-4          # re-verification tolerance
+  max_lease_groups: int = 4096
+  max_timeout_s: float = 3600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseView:
+  """The immutable facts of a leased group that a rollout is checked against."""
+  group_id: int
+  prompt_id: int
+  prompt_tokens: np.ndarray
+  answer: str
+  group_size: int
+  min_version: int
+  max_version: int                   # -1: unbounded (up to the current published version)
+
+
+@dataclasses.dataclass
+class Checked:
+  """What validation learned about a rollout (kept by the buffer for lag accounting)."""
+  num_tokens: int
+  min_version: int
+  version_counts: np.ndarray         # bincount(versions - min_version)
+
+
+def check_id(value: str, field: str, limits: Limits) -> None:
+  if not value:
+    raise invalid(f"{field} is required (empty)")
+  if len(value) > limits.max_id_chars:
+    raise invalid(f"{field} has {len(value)} chars, limit {limits.max_id_chars}")
+  if not value.isprintable():
+    raise invalid(f"{field} contains non-printable characters")
+
+
+def check_timeout(value: float, field: str, limits: Limits) -> float:
+  if not math.isfinite(value) or value < 0 or value > limits.max_timeout_s:
+    raise invalid(f"{field}={value!r} must be finite and in [0, {limits.max_timeout_s}]")
+  return value
+
+
+def _decode(t: pb.Tensor, dtype: int, name: str, max_len: int) -> np.ndarray:
+  try:
+    return codec.decode(t, dtype, name, max_len, unpack_bits=False)
+  except codec.CodecError as e:
+    raise invalid(str(e)) from None
+
+
+def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limits: Limits,
+                     verifier: Optional[Verifier] = None) -> Checked:
+  """Checks every field of `r` against its lease and the published version; raises RejectError."""
+  check_id(r.rollout_id, "rollout_id", limits)
+  check_id(r.generator_id, "generator_id", limits)
+  if r.prompt_id != lease.prompt_id:
+    raise invalid(f"prompt_id {r.prompt_id} != {lease.prompt_id} leased for group {lease.group_id}")
+  if r.sample_index >= lease.group_size:
+    raise invalid(f"sample_index {r.sample_index} out of range for group size {lease.group_size}")
+  if r.finish_reason not in (pb.FINISH_STOP, pb.FINISH_LENGTH, pb.FINISH_INTERRUPTED):
+    raise invalid(f"finish_reason {r.finish_reason} is not one of STOP, LENGTH, INTERRUPTED")
+
+  prompt = _decode(r.prompt_tokens, pb.INT32, "prompt_tokens", limits.max_prompt_tokens)
+  if prompt.shape != lease.prompt_tokens.shape or not np.array_equal(prompt, lease.prompt_tokens):
+    raise invalid(f"prompt_tokens differ from the tokens of prompt {lease.prompt_id}")
+
+  tokens = _decode(r.completion_tokens, pb.INT32, "completion_tokens", limits.max_completion_tokens)
+  n = tokens.size
+  if n == 0:
+    raise invalid("completion_tokens is empty")
+  for name, t, dt in (("logprobs", r.logprobs, pb.FLOAT32), ("versions", r.versions, pb.INT32),
+                      ("policy_mask", r.policy_mask, pb.BITS)):
+    if t.length != n:
+      raise invalid(f"{name} has length {t.length} but completion_tokens has {n}")
+  logprobs = _decode(r.logprobs, pb.FLOAT32, "logprobs", limits.max_completion_tokens)
+  versions = _decode(r.versions, pb.INT32, "versions", limits.max_completion_tokens)
+  _decode(r.policy_mask, pb.BITS, "policy_mask", limits.max_completion_tokens)
+
+  tmin, tmax = int(tokens.min()), int(tokens.max())
+  if tmin < 0 or tmax >= limits.vocab_size:
+    raise invalid(f"completion token ids must be in [0, {limits.vocab_size}); got [{tmin}, {tmax}]")
+  lmin, lmax = float(logprobs.min()), float(logprobs.max())   # NaN propagates through min/max
+  if not (math.isfinite(lmin) and math.isfinite(lmax)):
+    raise invalid(f"logprobs has {int((~np.isfinite(logprobs)).sum())} non-finite values")
+  if lmax > 0.0:
+    raise invalid(f"logprobs must be <= 0; max is {lmax}")
+  vmin, vmax = int(versions.min()), int(versions.max())
+  if vmax > current_version:
+    raise invalid(f"token version {vmax} is from the future (published version is {current_version})")
+  if vmin < lease.min_version:
+    raise invalid(f"token version {vmin} < lease min_version {lease.min_version} of group "
+                  f"{lease.group_id} (fetch newer weights before generating)")
+  if lease.max_version >= 0 and vmax > lease.max_version:
+    raise invalid(f"token version {vmax} > lease max_version {lease.max_version} "
+                  f"(ppo_off_policy: the whole round uses one version)")
+
+  if not 1 <= len(r.rewards) <= limits.max_rewards:
+    raise invalid(f"rewards must have 1..{limits.max_rewards} values; got {len(r.rewards)}")
+  rewards = list(r.rewards)
+  if not all(math.isfinite(x) for x in rewards):
+    raise invalid("rewards contain a non-finite value")
+  if not limits.reward_min <= rewards[0] <= limits.reward_max:
+    raise invalid(f"rewards[0]={rewards[0]} outside verifier range "
+                  f"[{limits.reward_min}, {limits.reward_max}]")
+  if r.HasField("timing"):
+    ts = (r.timing.start_unix_s, r.timing.end_unix_s)
+    if not all(math.isfinite(x) and x >= 0 for x in ts):
+      raise invalid(f"timing must be finite and >= 0; got {ts}")
+  if verifier is not None:
+    expect = float(verifier(lease.prompt_id, lease.answer, tokens))
+    if abs(expect - float(rewards[0])) > limits.reward_atol:
+      raise invalid(f"rewards[0]={rewards[0]} but the verifier gives {expect}")
+  counts = np.array([n]) if vmin == vmax else np.bincount(versions - vmin)
+  return Checked(num_tokens=n, min_version=vmin, version_counts=counts)

@@ -1,0 +1,103 @@
+"""Methods injected into vLLM's model worker (`worker_extension_cls`), reached via `collective_rpc`.
+
+Runs inside vLLM's worker process (.venv-vllm): imports torch and numpy only (never jax). vLLM
+mixes this class into its Worker, so `self.model_runner.model` is the live `nn.Module`.
+
+Weight interchange format: HF parameter names ("model.layers.0.self_attn.q_proj.weight", ...).
+vLLM's `LlamaForCausalLM.load_weights` maps them itself (q/k/v -> qkv_proj and gate/up ->
+gate_up_proj shards, dtype cast to the model dtype). Tensors arrive as (dtype, shape, bytes) triples
+because vLLM's collective_rpc serializer turns numpy arrays inside lists into nested lists.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                 "float64": torch.float64}
+
+
+def _to_tensor(dtype: str, shape, data: bytes) -> torch.Tensor:
+  if dtype == "bfloat16":
+    t = torch.frombuffer(bytearray(data), dtype=torch.int16).view(torch.bfloat16)
+  else:
+    t = torch.from_numpy(np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).copy())
+  return t.reshape(tuple(shape))
+
+
+class ScaleRLWorkerExtension:
+  """collective_rpc targets: `scalerl_load_weights`, `scalerl_info`, `scalerl_set_head_dtype`."""
+
+  def _scalerl_model(self):
+    model = self.model_runner.model
+    return getattr(model, "model", model) if not hasattr(model, "load_weights") else model
+
+  def scalerl_load_weights(self, tensors: list) -> dict:
+    """Loads [(hf_name, dtype, shape, bytes)] into the live model; returns what was touched."""
+    model = self._scalerl_model()
+    pairs = [(name, _to_tensor(dt, shape, data)) for name, dt, shape, data in tensors]
+    known = _hf_names(model)
+    unknown = [n for n, _ in pairs
+               if known is not None and n not in known and "rotary_emb.inv_freq" not in n]
+    if unknown:
+      raise KeyError(f"unknown HF parameter names (not in the served model): {unknown[:8]}"
+                     f"{' ...' if len(unknown) > 8 else ''}")
+    with torch.no_grad():
+      loaded = model.load_weights(iter(pairs))
+    return {"n": len(pairs), "vllm_params": sorted(loaded) if loaded else []}
+
+  def scalerl_info(self) -> dict:
+    """Reports dtypes, and probes the logits dtype by running the real LM-head path once."""
+    model = self._scalerl_model()
+    lp = getattr(model, "logits_processor", None)
+    lm_head = getattr(model, "lm_head", None)
+    first = next(model.parameters())
+    info = {"model_class": type(model).__name__, "model_dtype": str(first.dtype).replace("torch.", ""),
+            "lm_head_weight_dtype": str(lm_head.weight.dtype).replace("torch.", "") if lm_head is not None else None,
+            "head_dtype": str(getattr(lp, "head_dtype", None)).replace("torch.", ""),
+            "num_params": int(sum(p.numel() for p in model.parameters()))}
+    hidden = model.config.hidden_size if hasattr(model, "config") else lm_head.weight.shape[1]
+    with torch.no_grad():
+      h = torch.randn(2, hidden, dtype=first.dtype, device=first.device)
+      logits = model.compute_logits(h)
+    info["logits_dtype"] = str(logits.dtype).replace("torch.", "")
+    return info
+
+  def scalerl_set_head_dtype(self, dtype: str) -> str:
+    """Test hook: switches the LM-head projection dtype at run time ("model" = the model dtype)."""
+    model = self._scalerl_model()
+    lp = model.logits_processor
+    lp.head_dtype = next(model.parameters()).dtype if dtype == "model" else _TORCH_DTYPES[dtype]
+    return str(lp.head_dtype).replace("torch.", "")
+
+
+_NAME_CACHE: dict[int, set[str] | None] = {}
+
+
+def _hf_names(model) -> set[str] | None:
+  """HF names the served model accepts, derived from vLLM's param names and stacking rules.
+
+  Returns None when the model has no known stacking map (then vLLM's own loader validates)."""
+  key = id(model)
+  if key in _NAME_CACHE:
+    return _NAME_CACHE[key]
+  mapping = getattr(model, "packed_modules_mapping", None)
+  names: set[str] | None = set()
+  if mapping is None:
+    names = None
+  else:
+    for pname, _ in model.named_parameters():
+      parts = pname.split(".")
+      hit = False
+      for packed, subs in mapping.items():
+        if packed in parts:
+          i = parts.index(packed)
+          for sub in subs:
+            names.add(".".join(parts[:i] + [sub] + parts[i + 1:]))
+          hit = True
+      if not hit:
+        names.add(pname)
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+      names.add("lm_head.weight")   # accepted; vLLM's loader skips it for tied embeddings
+  _NAME_CACHE[key] = names
+  return names

@@ -1,0 +1,319 @@
+"""`VLLMGenerator`: the project-side `Generator` backed by a real vLLM engine in another process.
+
+The engine runs in the vLLM venv (`.venv-vllm`, see scripts/setup_vllm_venv.sh) as
+`python -m scalerl_jax.rollout.vllm_worker`; this class (JAX venv, no vllm/torch import) spawns it,
+listens on a private Unix socket and talks `vllm_protocol` (JSON headers + raw little-endian array
+bytes, never pickle). Thread-safe: `generate` may run in one thread while another thread calls
+`load_weights` (that is the in-flight update: sequences being generated continue with the new
+weights and their old KV cache; every token carries the version that produced it).
+
+    gen = VLLMGenerator("/path/to/hf_checkpoint")            # bf16 model, fp32 LM head
+    groups = gen.generate([PromptSpec(0, np.array([1, 5, 6], np.int32))], n=4, spec=SamplingSpec())
+    gen.load_weights(hf_named_arrays, version=1)             # HF names; chunked over the socket
+    gen.close()
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from scalerl_jax.rollout import vllm_protocol as P
+from scalerl_jax.rollout.generator import Completion, Generator, PromptSpec, SamplingSpec
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
+
+
+class VLLMWorkerError(RuntimeError):
+  """The worker process failed, died, or reported an error (message includes its log tail)."""
+
+
+def vllm_python(venv: str | os.PathLike | None = None) -> pathlib.Path:
+  """Path of the vLLM venv's interpreter (env SCALERL_VLLM_VENV overrides the default)."""
+  venv = pathlib.Path(venv or os.environ.get("SCALERL_VLLM_VENV") or DEFAULT_VENV)
+  return venv / "bin" / "python"
+
+
+class _Pending:
+  __slots__ = ("event", "header", "arrays", "error")
+
+  def __init__(self):
+    self.event, self.header, self.arrays, self.error = threading.Event(), None, None, None
+
+
+class VLLMGenerator(Generator):
+  """Generator over a vLLM worker process. See docs/VLLM.md for the settings and their numbers.
+
+  Args:
+    model_dir: HF checkpoint directory (config.json + safetensors) the engine starts from.
+    dtype: engine dtype ("bfloat16" default, or "float32").
+    head_dtype: LM-head dtype ("float32" = FP32 head, the paper's setting; "model" = engine dtype).
+    max_model_len: longest prompt + completion (incl. injected tokens).
+    kv_cache_bytes: KV-cache memory (host RAM on CPU).
+    enforce_eager: skip torch.compile (faster start, slower decode on CPU).
+    omp_threads_bind: VLLM_CPU_OMP_THREADS_BIND for the CPU backend (e.g. "0-1"); None = vLLM's auto.
+    initial_version: policy version of the checkpoint weights.
+    startup_timeout: seconds to wait for the engine to come up.
+    venv: the vLLM venv (default .venv-vllm at the repo root).
+    log_path: where the worker's stdout/stderr go (default: a temp file; see `log_path`).
+    engine_args: extra `AsyncEngineArgs` keyword arguments.
+  """
+
+  def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "bfloat16",
+               head_dtype: str | None = "float32", max_model_len: int = 4096,
+               kv_cache_bytes: int = 512 << 20, enforce_eager: bool = False,
+               enable_prefix_caching: bool = True, max_num_seqs: int = 256,
+               max_num_batched_tokens: int | None = None, seed: int = 0,
+               omp_threads_bind: str | None = None, initial_version: int = 0,
+               startup_timeout: float = 900.0, venv: str | os.PathLike | None = None,
+               log_path: str | os.PathLike | None = None, reset_prefix_cache_on_update: bool = True,
+               engine_args: Mapping | None = None):
+    py = vllm_python(venv)
+    if not py.exists():
+      raise VLLMWorkerError(f"vLLM venv interpreter {py} not found; run scripts/setup_vllm_venv.sh")
+    self._dir = tempfile.mkdtemp(prefix="scalerl_vllm_")
+    sock_path = os.path.join(self._dir, "worker.sock")
+    self.log_path = str(log_path or os.path.join(self._dir, "worker.log"))
+    cfg = dict(model=str(model_dir), dtype=dtype, head_dtype=head_dtype, max_model_len=max_model_len,
+               kv_cache_bytes=int(kv_cache_bytes), enforce_eager=enforce_eager,
+               enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
+               max_num_batched_tokens=max_num_batched_tokens, seed=seed,
+               initial_version=initial_version,
+               reset_prefix_cache_on_update=reset_prefix_cache_on_update,
+               engine_args=dict(engine_args or {}))
+    self.max_model_len = max_model_len
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("VLLM_DO_NOT_TRACK", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for k in ("JAX_PLATFORMS", "XLA_FLAGS"):   # nothing jax-related leaks into the worker
+      env.pop(k, None)
+    if omp_threads_bind:
+      env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind
+    self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    self._listener.bind(sock_path)
+    self._listener.listen(1)
+    self._log = open(self.log_path, "ab")
+    self._proc = subprocess.Popen(
+        [str(py), "-m", "scalerl_jax.rollout.vllm_worker", "--socket", sock_path,
+         "--config", json.dumps(cfg)], cwd=str(REPO_ROOT), env=env, stdout=self._log,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    self._sock: socket.socket | None = None
+    self._pending: dict[int, _Pending] = {}
+    self._lock = threading.Lock()          # pending map + request ids
+    self._send_lock = threading.Lock()     # whole frames go out atomically
+    self._update_lock = threading.Lock()   # one weight update at a time
+    self._next_id = 1
+    self._closed = False
+    self._dead: str | None = None
+    self.last_update_stats: dict | None = None
+    t0 = time.monotonic()
+    try:
+      self._accept(startup_timeout)
+      header, _ = P.recv_msg(self._sock)
+    except Exception as e:
+      self.close()
+      raise VLLMWorkerError(f"vLLM worker did not start: {e}\n--- worker log tail ---\n"
+                            f"{self.log_tail()}") from e
+    if header.get("op") != "ready":
+      self.close()
+      raise VLLMWorkerError(f"vLLM worker failed to start: {header.get('error', header)}\n"
+                            f"--- worker log tail ---\n{self.log_tail()}")
+    self.startup_s = time.monotonic() - t0
+    self.info_at_start = {k: v for k, v in header.items() if k not in ("op", "id", "arrays")}
+    self._version = int(header["version"])
+    self._reader = threading.Thread(target=self._read_loop, name="vllm-reader", daemon=True)
+    self._reader.start()
+
+  # -- process / socket plumbing -------------------------------------------------------------------
+  def _accept(self, timeout: float):
+    deadline = time.monotonic() + timeout
+    self._listener.settimeout(1.0)
+    while True:
+      try:
+        self._sock, _ = self._listener.accept()
+        self._sock.settimeout(None)
+        break
+      except socket.timeout:
+        if self._proc.poll() is not None:
+          raise VLLMWorkerError(f"worker exited with code {self._proc.returncode}")
+        if time.monotonic() > deadline:
+          raise VLLMWorkerError(f"no connection within {timeout:.0f} s")
+    # The ready message comes after the engine start (tens of seconds); bound that wait too.
+    self._sock.settimeout(max(1.0, deadline - time.monotonic()))
+
+  def log_tail(self, lines: int = 40) -> str:
+    """Last lines of the worker's log (for error messages)."""
+    try:
+      with open(self.log_path, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - 64_000))
+        return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError:
+      return "(no log)"
+
+  def _read_loop(self):
+    self._sock.settimeout(None)
+    try:
+      while True:
+        header, arrays = P.recv_msg(self._sock)
+        with self._lock:
+          pend = self._pending.pop(header.get("id"), None)
+        if pend is None:
+          continue
+        if header.get("op") == "error":
+          pend.error = header.get("error", "unknown worker error")
+        pend.header, pend.arrays = header, arrays
+        pend.event.set()
+    except Exception as e:   # EOF or broken pipe: fail everything outstanding
+      self._dead = f"{type(e).__name__}: {e}"
+      with self._lock:
+        pending, self._pending = self._pending, {}
+      for pend in pending.values():
+        pend.error = f"worker connection lost ({self._dead})"
+        pend.event.set()
+
+  def _send(self, op: str, header: dict | None = None, arrays=(), dtypes=None) -> _Pending:
+    if self._closed or self._dead:
+      raise VLLMWorkerError(f"vLLM worker is not available ({self._dead or 'closed'})")
+    pend = _Pending()
+    with self._lock:
+      rid = self._next_id
+      self._next_id += 1
+      self._pending[rid] = pend
+    with self._send_lock:
+      P.send_msg(self._sock, {"op": op, "id": rid, **(header or {})}, arrays, dtypes)
+    return pend
+
+  def _wait(self, pend: _Pending, timeout: float | None = None) -> tuple[dict, dict]:
+    if not pend.event.wait(timeout):
+      raise VLLMWorkerError(f"no reply from the vLLM worker within {timeout} s")
+    if pend.error:
+      tail = self.log_tail() if self._dead else ""
+      raise VLLMWorkerError(f"vLLM worker error: {pend.error}" + (f"\n--- log ---\n{tail}" if tail else ""))
+    return pend.header, pend.arrays
+
+  def _call(self, op, header=None, arrays=(), timeout=None, dtypes=None):
+    return self._wait(self._send(op, header, arrays, dtypes), timeout)
+
+  # -- Generator interface -------------------------------------------------------------------------
+  @property
+  def version(self) -> int:
+    return self._version
+
+  def generate(self, prompts: Sequence[PromptSpec], n: int,
+               spec: SamplingSpec) -> list[list[Completion]]:
+    """Samples `n` completions per prompt; blocks until all are done (safe to call from threads)."""
+    if n < 1:
+      raise ValueError(f"n must be >= 1, got {n}")
+    if not prompts:
+      return []
+    toks = [np.asarray(p.tokens, np.int32).reshape(-1) for p in prompts]
+    if any(t.size == 0 for t in toks):
+      raise ValueError("empty prompt")
+    spec_d = dataclasses.asdict(spec)
+    spec_d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec_d.items()}
+    header, arrays = self._call("generate", {"n": n, "spec": spec_d,
+                                             "prompt_ids": [int(p.prompt_id) for p in prompts]},
+                                {"prompt_tokens": np.concatenate(toks),
+                                 "prompt_lens": np.asarray([t.size for t in toks], np.int32)})
+    out: list[list[Completion]] = [[] for _ in prompts]
+    off = 0
+    for k, m in enumerate(header["completions"]):
+      L = m["length"]
+      sl = slice(off, off + L)
+      off += L
+      out[k // n].append(Completion(
+          prompt_id=m["prompt_id"], tokens=arrays["tokens"][sl].copy(),
+          logprobs=arrays["logprobs"][sl].copy(), versions=arrays["versions"][sl].copy(),
+          policy_mask=arrays["policy_mask"][sl].copy(), finish_reason=m["finish_reason"]))
+    return out
+
+  def load_weights(self, weights: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+                   version: int, *, chunk_bytes: int = 64 << 20,
+                   wire_dtype: str | None = None) -> dict:
+    """Pushes HF-named weights in chunks and makes them policy `version`, while generation runs.
+
+    Generation is paused (mode "keep") for the duration; in-flight sequences then continue with
+    the new weights and their old KV cache. `wire_dtype="bfloat16"` converts float32 arrays to
+    bf16 before sending (round-to-nearest-even, bit-identical to vLLM's own cast; half the bytes).
+    Returns (and stores in `last_update_stats`) bytes, seconds and MB/s of the transfer."""
+    with self._update_lock:
+      t0 = time.perf_counter()
+      self._call("weights_begin", {"version": int(version)})
+      pending, nbytes, names = [], 0, 0
+      try:
+        for chunk in P.chunk_weights(weights, chunk_bytes):
+          dtypes = {n: wire_dtype for n, a in chunk if wire_dtype and a.dtype == np.float32}
+          pending.append(self._send("weights_chunk", {}, chunk, dtypes))
+          nbytes += sum(a.nbytes // (2 if n in dtypes else 1) for n, a in chunk)
+          names += len(chunk)
+        for p in pending:
+          self._wait(p)
+      finally:   # always resume generation, even if a chunk failed
+        header, _ = self._call("weights_end", {"version": int(version)})
+      wall = time.perf_counter() - t0
+      self._version = int(version)
+      stats = {k: header[k] for k in ("bytes", "names", "pause_s", "load_s", "paused_total_s",
+                                      "prefix_cache_reset")}
+      stats.update(wall_s=wall, wire_bytes=nbytes, names_sent=names,
+                   mb_per_s=nbytes / 1e6 / wall if wall > 0 else float("inf"))
+      self.last_update_stats = stats
+      return stats
+
+  # -- extras ----------------------------------------------------------------------------------------
+  def info(self) -> dict:
+    """Engine facts: vLLM version, engine/LM-head dtypes and the dtype of logits actually produced."""
+    header, _ = self._call("info", timeout=120)
+    return {k: v for k, v in header.items() if k not in ("op", "id", "arrays")}
+
+  def set_head_dtype(self, dtype: str) -> str:
+    """Test hook: LM-head projection dtype at run time ("float32", "bfloat16", or "model")."""
+    header, _ = self._call("set_head_dtype", {"dtype": dtype}, timeout=120)
+    return header["head_dtype"]
+
+  def close(self) -> None:
+    """Stops the engine and the worker process group (idempotent)."""
+    if self._closed:
+      return
+    self._closed = True
+    if self._sock is not None and not self._dead:
+      try:
+        with self._send_lock:
+          P.send_msg(self._sock, {"op": "shutdown", "id": 0})
+      except OSError:
+        pass
+    try:
+      self._proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      try:
+        os.killpg(self._proc.pid, signal.SIGTERM)   # the group this class created
+        self._proc.wait(timeout=15)
+      except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+          os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+    for s in (self._sock, self._listener):
+      if s is not None:
+        s.close()
+    self._log.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()

@@ -1,0 +1,164 @@
+"""Log-prob parity gate between the vLLM generator and a float32 reference learner (JAX venv).
+
+* `make_tiny_llama(dir)`: a random tiny Llama-3 HF checkpoint (the `tiny_llama3` shape: vocab 512,
+  d 256, 4 layers, 4 heads, 2 KV heads, head_dim 64, ffn 768), safetensors; nothing is downloaded.
+* `reference_logprobs(...)`: teacher-forced per-token log-probs of completions under the reference
+  learner at temperature T (log_softmax(logits / T), float32 logits) -- exactly the π_train side of
+  the IS ratio. Backend: the project's JAX model (`scalerl_jax.models`) when it provides
+  `load_hf` + `forward`, else HF transformers in torch float32.
+* `parity_stats(gen_lp, ref_lp)`: per-token |Δ log-prob| mean/max and KL(π_gen || π_ref) estimates
+  from the generator's own samples (k1 = E[log π_gen − log π_ref], k3 = E[r − 1 − log r] with
+  r = π_ref/π_gen, unbiased and >= 0).
+
+Run `python -m scalerl_jax.rollout.vllm_parity` for the full report (fp32 and bf16 engines).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Sequence
+
+import numpy as np
+
+TINY_LLAMA3 = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                   max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-5,
+                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+
+
+def make_tiny_llama(path: str | os.PathLike, seed: int = 0, lm_head_std: float = 0.15,
+                    **overrides) -> str:
+  """Writes a random tiny Llama HF checkpoint to `path` and returns it.
+
+  `lm_head_std` makes the next-token distribution peaked enough for log-prob errors to matter
+  (with HF's default 0.02 the tiny model is nearly uniform over the vocab)."""
+  import torch
+  from transformers import LlamaConfig, LlamaForCausalLM
+  torch.manual_seed(seed)
+  cfg = LlamaConfig(**{**TINY_LLAMA3, **overrides})
+  model = LlamaForCausalLM(cfg)
+  with torch.no_grad():
+    model.lm_head.weight.normal_(0.0, lm_head_std)
+  model.save_pretrained(str(path), safe_serialization=True)
+  return str(path)
+
+
+def load_hf_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """All tensors of an HF safetensors checkpoint as float32 numpy arrays, HF names."""
+  from safetensors.numpy import load_file
+  out = {}
+  for f in sorted(pathlib.Path(path).glob("*.safetensors")):
+    out.update({k: np.asarray(v, np.float32) for k, v in load_file(str(f)).items()})
+  return out
+
+
+def _jax_backend():
+  try:
+    from scalerl_jax import models
+  except Exception:
+    return None
+  return models if hasattr(models, "load_hf") and hasattr(models, "forward") else None
+
+
+def reference_backend() -> str:
+  return "jax" if _jax_backend() is not None else "hf-torch-fp32"
+
+
+def reference_logprobs(model_dir: str | os.PathLike, prompts: Sequence[np.ndarray],
+                       completions: Sequence[np.ndarray], temperature: float = 1.0,
+                       weights: dict[str, np.ndarray] | None = None,
+                       backend: str = "auto") -> list[np.ndarray]:
+  """Per-token log π_ref(y_t | prefix) at temperature T for each (prompt, completion) pair."""
+  backend = reference_backend() if backend == "auto" else backend
+  seqs = [np.concatenate([np.asarray(p, np.int64), np.asarray(c, np.int64)])
+          for p, c in zip(prompts, completions)]
+  out = []
+  if backend == "jax":
+    return _reference_logprobs_jax(model_dir, prompts, completions, seqs, temperature)
+  import torch
+  from transformers import LlamaConfig, LlamaForCausalLM
+  cfg = LlamaConfig.from_pretrained(str(model_dir))
+  model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
+                                           attn_implementation="eager")
+  if weights is not None:
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in weights.items()},
+                          strict=True)
+  model.eval()
+  del cfg
+  with torch.no_grad():
+    for p, c, s in zip(prompts, completions, seqs):
+      logits = model(torch.from_numpy(s)[None]).logits[0].float()      # [T, V] float32
+      lp = torch.log_softmax(logits / max(temperature, 1e-6), dim=-1)
+      pos = torch.arange(len(p) - 1, len(s) - 1)
+      out.append(lp[pos, torch.from_numpy(s[len(p):])].numpy().astype(np.float32))
+  return out
+
+
+def _reference_logprobs_jax(model_dir, prompts, completions, seqs, temperature):
+  """JAX reference (scalerl_jax.models): forward(...) returns float32 logits [B, T, V]."""
+  import jax
+  import jax.numpy as jnp
+  models = _jax_backend()
+  cfg, params = models.load_hf(str(model_dir))
+  out = []
+  for p, s in zip(prompts, seqs):
+    logits = models.forward(cfg, params, jnp.asarray(s[None], jnp.int32))
+    logits = logits[0] if not isinstance(logits, tuple) else logits[0][0]
+    lp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32) / max(temperature, 1e-6), axis=-1)
+    pos = np.arange(len(p) - 1, len(s) - 1)
+    out.append(np.asarray(lp[pos, s[len(p):]], np.float32))
+  return out
+
+
+def parity_stats(gen_lp: Sequence[np.ndarray], ref_lp: Sequence[np.ndarray],
+                 mask: Sequence[np.ndarray] | None = None) -> dict:
+  """|Δ log-prob| mean/max/p99 and KL(π_gen||π_ref) estimates k1, k3 over all policy tokens."""
+  g = np.concatenate([np.asarray(x, np.float64) for x in gen_lp])
+  r = np.concatenate([np.asarray(x, np.float64) for x in ref_lp])
+  if mask is not None:
+    m = np.concatenate([np.asarray(x, bool) for x in mask])
+    g, r = g[m], r[m]
+  d = g - r
+  log_ratio = r - g                     # log(π_ref / π_gen) on samples from π_gen
+  return {"tokens": int(d.size), "mean_abs": float(np.abs(d).mean()),
+          "max_abs": float(np.abs(d).max()), "p99_abs": float(np.quantile(np.abs(d), 0.99)),
+          "mean": float(d.mean()), "kl_k1": float(d.mean()),
+          "kl_k3": float(np.mean(np.expm1(log_ratio) - log_ratio)),
+          "is_ratio_max": float(np.exp(log_ratio).max()), "is_ratio_min": float(np.exp(log_ratio).min())}
+
+
+def run_gate(gen, model_dir, spec, prompts, n: int, weights=None) -> dict:
+  """Samples with `gen` and compares against the reference; returns stats (+ the raw groups)."""
+  groups = gen.generate(prompts, n, spec)
+  ps, cs, lps, ms = [], [], [], []
+  for p, grp in zip(prompts, groups):
+    for c in grp:
+      ps.append(p.tokens); cs.append(c.tokens); lps.append(c.logprobs); ms.append(c.policy_mask)
+  ref = reference_logprobs(model_dir, ps, cs, spec.temperature, weights=weights)
+  return {**parity_stats(lps, ref, ms), "groups": groups}
+
+
+def main():
+  """Full parity report: bf16 engine with fp32 head, bf16 head, and an fp32 engine."""
+  import tempfile
+  from scalerl_jax.rollout.generator import PromptSpec, SamplingSpec
+  from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  d = make_tiny_llama(os.path.join(tempfile.mkdtemp(), "tiny"))
+  rng = np.random.default_rng(0)
+  prompts = [PromptSpec(i, rng.integers(3, 512, 8).astype(np.int32)) for i in range(8)]
+  spec = SamplingSpec(temperature=1.0, think_budget_min=64, think_budget_max=64, answer_budget=0)
+  report = {"reference": reference_backend()}
+  for dtype in ("bfloat16", "float32"):
+    with VLLMGenerator(d, dtype=dtype, enforce_eager=True, max_model_len=512) as gen:
+      for head in (("float32", "model") if dtype == "bfloat16" else ("model",)):
+        gen.set_head_dtype(head)
+        res = run_gate(gen, d, spec, prompts, n=4)
+        res.pop("groups")
+        report[f"engine={dtype},head={'float32' if head == 'float32' else dtype}"] = res
+        print(json.dumps({k: report[k] for k in list(report)[-1:]}), flush=True)
+  print(json.dumps(report))
+
+
+if __name__ == "__main__":
+  main()

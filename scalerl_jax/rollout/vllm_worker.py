@@ -1,0 +1,320 @@
+"""The vLLM generator worker process: real vLLM (`AsyncLLM`) behind the local socket protocol.
+
+Runs in the vLLM venv, never in the JAX venv (it imports vllm/torch, never jax):
+
+    .venv-vllm/bin/python -m scalerl_jax.rollout.vllm_worker --socket /tmp/x.sock --config '{...}'
+
+`VLLMGenerator` (scalerl_jax/rollout/vllm_generator.py) spawns it, listens on the Unix socket, and
+speaks `vllm_protocol` to it. What the worker does (docs/VLLM.md has the details and numbers):
+
+* token-id prompts (`skip_tokenizer_init`), n samples per prompt (one request each, so every sample
+  draws its own thinking budget and seed), temperature/top_p, stop token ids;
+* per-token log-probs of the sampled token under the *sampling* distribution
+  (`logprobs_mode="processed_logprobs"`: log_softmax(logits / T), after top-p masking if top_p < 1);
+* FP32 LM head: `hf_overrides={"head_dtype": "float32"}` (vLLM casts the hidden state and the
+  lm_head weight to fp32 and produces fp32 logits);
+* in-flight weight updates: pause(mode="keep", clear_cache=False) -> `load_weights` (HF names) ->
+  `update_weight_version` -> resume; running sequences keep their KV cache and continue. Per-token
+  versions come from vLLM's own per-step weight-version stamps (`RequestOutput.weight_versions`);
+* forced length interruption: thinking budget ~ U[think_budget_min, think_budget_max]; if no
+  `think_end_tokens` appeared within it, `interruption_tokens` are appended (logprob 0, policy_mask
+  False) and a continuation request (prompt + thinking + injected; prefix cache reuses the KV)
+  answers for up to `answer_budget` tokens; finish reason "interrupted".
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from scalerl_jax.rollout import vllm_protocol as P
+
+FINISH_STOP, FINISH_LENGTH, FINISH_INTERRUPTED = "stop", "length", "interrupted"
+EXT_CLS = "scalerl_jax.rollout.vllm_ext.ScaleRLWorkerExtension"
+
+DEFAULTS = {
+    "model": None, "dtype": "bfloat16", "head_dtype": "float32", "max_model_len": 4096,
+    "kv_cache_bytes": 512 << 20, "enforce_eager": False, "enable_prefix_caching": True,
+    "max_num_seqs": 256, "max_num_batched_tokens": None, "seed": 0, "initial_version": 0,
+    "reset_prefix_cache_on_update": True, "engine_args": {},
+}
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def find_subsequence(seq, sub) -> int:
+  """Index just past the first occurrence of `sub` in `seq`, or -1 (empty `sub` never matches)."""
+  n, m = len(seq), len(sub)
+  if m == 0:
+    return -1
+  for i in range(n - m + 1):
+    if list(seq[i:i + m]) == list(sub):
+      return i + m
+  return -1
+
+
+def draw_budget(spec: dict, prompt_id: int, sample: int) -> int:
+  """Thinking budget ~ U{think_budget_min..think_budget_max}, reproducible per (seed, prompt, sample)."""
+  lo, hi = int(spec["think_budget_min"]), int(spec["think_budget_max"])
+  if hi < lo:
+    raise ValueError(f"think_budget_max ({hi}) < think_budget_min ({lo})")
+  rng = np.random.default_rng([int(spec["seed"]) & 0xFFFFFFFF, prompt_id & 0xFFFFFFFF, sample])
+  return int(rng.integers(lo, hi + 1))
+
+
+def request_seed(spec: dict, prompt_id: int, sample: int, phase: int) -> int:
+  return int(np.random.default_rng(
+      [int(spec["seed"]) & 0xFFFFFFFF, prompt_id & 0xFFFFFFFF, sample, phase, 7]).integers(2**31 - 1))
+
+
+# ----------------------------------------------------------------------------- the worker
+class Worker:
+  """Owns the AsyncLLM engine and answers protocol messages on one connection."""
+
+  def __init__(self, cfg: dict, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    self.cfg, self.reader, self.writer = cfg, reader, writer
+    self.version = int(cfg["initial_version"])
+    self.send_lock = asyncio.Lock()
+    self.engine = None
+    self._req = 0
+    self._update: dict | None = None
+    self.tasks: set[asyncio.Task] = set()
+
+  # -- engine ------------------------------------------------------------------------------------
+  def start_engine(self):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+    cfg = self.cfg
+    kw = dict(model=cfg["model"], skip_tokenizer_init=True, dtype=cfg["dtype"],
+              logprobs_mode="processed_logprobs", max_model_len=cfg["max_model_len"],
+              kv_cache_memory_bytes=int(cfg["kv_cache_bytes"]),
+              enable_prefix_caching=cfg["enable_prefix_caching"], enforce_eager=cfg["enforce_eager"],
+              max_num_seqs=cfg["max_num_seqs"], seed=cfg["seed"], generation_config="vllm",
+              worker_extension_cls=EXT_CLS, disable_log_stats=True)
+    if cfg["head_dtype"]:
+      kw["hf_overrides"] = {"head_dtype": cfg["head_dtype"]}
+    if cfg["max_num_batched_tokens"]:
+      kw["max_num_batched_tokens"] = cfg["max_num_batched_tokens"]
+    kw.update(cfg.get("engine_args") or {})
+    self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+
+  async def rpc(self, method: str, *args):
+    res = await self.engine.collective_rpc(method, args=args)
+    return res[0]
+
+  # -- messaging ---------------------------------------------------------------------------------
+  async def send(self, header: dict, arrays=()):
+    bufs = P.encode(header, arrays)
+    async with self.send_lock:
+      for b in bufs:
+        self.writer.write(b)
+      await self.writer.drain()
+
+  async def recv(self):
+    hlen, plen = P.parse_prefix(await self.reader.readexactly(P.PREFIX_SIZE))
+    hbytes = await self.reader.readexactly(hlen)
+    payload = await self.reader.readexactly(plen) if plen else b""
+    return P.decode(hbytes, payload)
+
+  async def serve(self):
+    await self.engine.update_weight_version(str(self.version))
+    await self.send({"op": "ready", "id": 0, "pid": os.getpid(), "version": self.version,
+                     **await self._info()})
+    while True:
+      try:
+        header, arrays = await self.recv()
+      except (asyncio.IncompleteReadError, ConnectionError):
+        return  # client went away
+      op, rid = header.get("op"), header.get("id", -1)
+      if op == "generate":   # concurrent: runs while further messages (weight updates) arrive
+        t = asyncio.create_task(self._guard(rid, self.generate(header, arrays)))
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
+        continue
+      handler = {"weights_begin": self.weights_begin, "weights_chunk": self.weights_chunk,
+                 "weights_end": self.weights_end, "info": self.info,
+                 "set_head_dtype": self.set_head_dtype}.get(op)
+      if op == "shutdown":
+        await self.send({"op": "ok", "id": rid})
+        return
+      if handler is None:
+        await self.send({"op": "error", "id": rid, "error": f"unknown op {op!r}"})
+        continue
+      await self._guard(rid, handler(header, arrays))   # sequential: weight ops keep their order
+
+  async def _guard(self, rid, coro):
+    try:
+      header, arrays = await coro
+      await self.send({"op": "ok", "id": rid, **header}, arrays)
+    except Exception as e:  # reported to the caller, the worker keeps serving
+      await self.send({"op": "error", "id": rid,
+                       "error": f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"})
+
+  # -- ops ---------------------------------------------------------------------------------------
+  async def _info(self) -> dict:
+    import vllm
+    info = await self.rpc("scalerl_info")
+    return {"vllm_version": vllm.__version__, "engine_dtype": self.cfg["dtype"],
+            "head_dtype_override": self.cfg["head_dtype"], "model_info": info}
+
+  async def info(self, header, arrays):
+    return {"version": self.version, **await self._info()}, ()
+
+  async def set_head_dtype(self, header, arrays):
+    return {"head_dtype": await self.rpc("scalerl_set_head_dtype", header["dtype"])}, ()
+
+  async def weights_begin(self, header, arrays):
+    if self._update is not None:
+      raise RuntimeError("weights_begin while another update is open")
+    t0 = time.perf_counter()
+    await self.engine.pause_generation(mode="keep", clear_cache=False)
+    self._update = {"t0": t0, "pause_s": time.perf_counter() - t0, "bytes": 0, "names": 0,
+                    "load_s": 0.0}
+    return {"pause_s": self._update["pause_s"]}, ()
+
+  async def weights_chunk(self, header, arrays):
+    if self._update is None:
+      raise RuntimeError("weights_chunk without weights_begin")
+    metas = {m["name"]: m["dtype"] for m in header["arrays"]}
+    tensors = [(name, metas[name], list(a.shape), a.tobytes()) for name, a in arrays.items()]
+    t0 = time.perf_counter()
+    res = await self.rpc("scalerl_load_weights", tensors)
+    self._update["load_s"] += time.perf_counter() - t0
+    self._update["bytes"] += sum(a.nbytes for a in arrays.values())
+    self._update["names"] += res["n"]
+    return {"n": res["n"]}, ()
+
+  async def weights_end(self, header, arrays):
+    if self._update is None:
+      raise RuntimeError("weights_end without weights_begin")
+    upd, self._update = self._update, None
+    self.version = int(header["version"])
+    await self.engine.update_weight_version(str(self.version))
+    await self.engine.resume_generation()
+    reset = None
+    if self.cfg["reset_prefix_cache_on_update"]:
+      # Succeeds only when no running request holds blocks; in-flight ones keep their (old) KV.
+      reset = bool(await self.engine.reset_prefix_cache())
+    total = time.perf_counter() - upd["t0"]
+    return {"version": self.version, "bytes": upd["bytes"], "names": upd["names"],
+            "pause_s": upd["pause_s"], "load_s": upd["load_s"], "paused_total_s": total,
+            "prefix_cache_reset": reset}, ()
+
+  async def generate(self, header, arrays):
+    spec, n = header["spec"], int(header["n"])
+    lens = arrays["prompt_lens"].astype(np.int64)
+    flat = arrays["prompt_tokens"]
+    offs = np.concatenate([[0], np.cumsum(lens)])
+    prompts = [flat[offs[i]:offs[i + 1]].tolist() for i in range(len(lens))]
+    jobs = [self._sample(prompts[i], int(pid), j, spec)
+            for i, pid in enumerate(header["prompt_ids"]) for j in range(n)]
+    results = await asyncio.gather(*jobs)
+    metas, toks, lps, vers, mask = [], [], [], [], []
+    for (i, pid), j in ((ip, j) for ip in enumerate(header["prompt_ids"]) for j in range(n)):
+      r = results[i * n + j]
+      metas.append({"prompt_id": int(pid), "sample": j, "finish_reason": r["finish_reason"],
+                    "length": len(r["tokens"]), "budget": r["budget"]})
+      toks += r["tokens"]; lps += r["logprobs"]; vers += r["versions"]; mask += r["mask"]
+    return {"completions": metas}, {
+        "tokens": np.asarray(toks, np.int32), "logprobs": np.asarray(lps, np.float32),
+        "versions": np.asarray(vers, np.int32), "policy_mask": np.asarray(mask, np.bool_)}
+
+  async def _run(self, prompt: list[int], max_tokens: int, spec: dict, seed: int) -> dict:
+    """One vLLM request; returns tokens, sampled-token logprobs, per-token versions, finish."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+    sp = SamplingParams(n=1, temperature=float(spec["temperature"]), top_p=float(spec["top_p"]),
+                        max_tokens=int(max_tokens), stop_token_ids=list(spec["stop_tokens"]),
+                        ignore_eos=True, logprobs=0, seed=seed, detokenize=False,
+                        output_kind=RequestOutputKind.FINAL_ONLY)
+    self._req += 1
+    final = None
+    async for out in self.engine.generate({"prompt_token_ids": prompt}, sp,
+                                          request_id=f"r{self._req}"):
+      final = out
+    o = final.outputs[0]
+    tokens = list(o.token_ids)
+    logprobs = [float(d[t].logprob) for d, t in zip(o.logprobs, tokens)]
+    versions = np.full(len(tokens), self.version, np.int32)
+    for span in (getattr(o, "weight_versions", None) or []):
+      versions[span.start:span.end] = int(span.version)
+    return {"tokens": tokens, "logprobs": logprobs, "versions": versions.tolist(),
+            "finish": o.finish_reason}
+
+  async def _sample(self, prompt: list[int], pid: int, j: int, spec: dict) -> dict:
+    """One completion with forced length interruption (see module docstring)."""
+    budget = draw_budget(spec, pid, j)
+    answer = int(spec["answer_budget"])
+    inj = list(spec["interruption_tokens"])
+    if len(prompt) + budget + answer + len(inj) > self.cfg["max_model_len"]:
+      raise ValueError(f"prompt ({len(prompt)}) + thinking budget ({budget}) + answer budget "
+                       f"({answer}) + injected ({len(inj)}) exceeds max_model_len "
+                       f"{self.cfg['max_model_len']}")
+    if not inj:   # interruption disabled: one request with the whole budget
+      r = await self._run(prompt, budget + answer, spec, request_seed(spec, pid, j, 0))
+      fin = FINISH_STOP if r["finish"] == "stop" else FINISH_LENGTH
+      return {"tokens": r["tokens"], "logprobs": r["logprobs"], "versions": r["versions"],
+              "mask": [True] * len(r["tokens"]), "finish_reason": fin, "budget": budget}
+    r1 = await self._run(prompt, budget, spec, request_seed(spec, pid, j, 0))
+    out = {"tokens": r1["tokens"], "logprobs": r1["logprobs"], "versions": r1["versions"],
+           "mask": [True] * len(r1["tokens"]), "budget": budget}
+    if r1["finish"] == "stop":
+      return {**out, "finish_reason": FINISH_STOP}
+    end = find_subsequence(r1["tokens"], spec["think_end_tokens"])
+    if end >= 0:   # thinking ended naturally: the answer gets answer_budget tokens after it
+      left = answer - (len(r1["tokens"]) - end)
+      if left <= 0:
+        return {**out, "finish_reason": FINISH_LENGTH}
+      cont, reason, extra = prompt + r1["tokens"], None, []
+    else:          # budget exhausted while thinking: inject the interruption and answer
+      left, cont, reason, extra = answer, prompt + r1["tokens"] + inj, FINISH_INTERRUPTED, inj
+    r2 = await self._run(cont, left, spec, request_seed(spec, pid, j, 1))
+    fin = reason or (FINISH_STOP if r2["finish"] == "stop" else FINISH_LENGTH)
+    return {"tokens": out["tokens"] + extra + r2["tokens"],
+            "logprobs": out["logprobs"] + [0.0] * len(extra) + r2["logprobs"],
+            "versions": out["versions"] + [self.version] * len(extra) + r2["versions"],
+            "mask": out["mask"] + [False] * len(extra) + [True] * len(r2["tokens"]),
+            "finish_reason": fin, "budget": budget}
+
+
+async def _amain(sock_path: str, cfg: dict) -> int:
+  reader, writer = await asyncio.open_unix_connection(sock_path)
+  worker = Worker(cfg, reader, writer)
+  try:
+    worker.start_engine()
+  except Exception as e:
+    await worker.send({"op": "fatal", "id": 0,
+                       "error": f"engine start failed: {type(e).__name__}: {e}\n"
+                                f"{traceback.format_exc(limit=8)}"})
+    return 2
+  try:
+    await worker.serve()
+  finally:
+    for t in list(worker.tasks):
+      t.cancel()
+    worker.engine.shutdown()
+    writer.close()
+  return 0
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--socket", required=True, help="Unix socket path the client listens on")
+  ap.add_argument("--config", required=True, help="JSON object; keys: " + ", ".join(DEFAULTS))
+  args = ap.parse_args(argv)
+  cfg = {**DEFAULTS, **json.loads(args.config)}
+  unknown = set(cfg) - set(DEFAULTS)
+  if unknown or not cfg["model"]:
+    print(f"vllm_worker: bad config (unknown keys {sorted(unknown)}, model={cfg['model']!r})",
+          file=sys.stderr)
+    return 2
+  return asyncio.run(_amain(args.socket, cfg))
+
+
+if __name__ == "__main__":   # vLLM spawns processes: the engine must start under this guard
+  sys.exit(main())

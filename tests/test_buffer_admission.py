@@ -1,0 +1,145 @@
+"""Unit tests of the buffer state machine (admission.BufferState) with a fake clock, no gRPC."""
+import grpc
+import numpy as np
+import pytest
+
+from scalerl_jax.rollout import admission, codec
+from scalerl_jax.rollout import rollout_pb2 as pb
+from scalerl_jax.rollout import validation as val
+from scalerl_jax.rollout.fake import random_completion
+from scalerl_jax.rollout.generator import PromptSpec
+
+
+class Clock:
+  def __init__(self):
+    self.t = 1000.0
+
+  def __call__(self):
+    return self.t
+
+
+def _state(B=1, G=2, k=1, mode="pipeline", n=8, **kw):
+  prompts = [PromptSpec(i, np.array([i, i + 1], np.int32), "a") for i in range(n)]
+  clock = Clock()
+  return admission.BufferState(prompts, prompts_per_step=B, group_size=G, max_lag=k, mode=mode,
+                               clock=clock, lease_ttl_s=10, **kw), clock
+
+
+def _fill(st, a, version=None, rng=np.random.default_rng(0), samples=None, tag=""):
+  """Stores rollouts for assignment `a` (all samples unless `samples` given); returns the acks."""
+  v = a.min_version if version is None else version
+  items = []
+  for i in (range(a.group_size) if samples is None else samples):
+    r = codec.completion_to_rollout(random_completion(rng, a.prompt_id, 5, v), group_id=a.group_id,
+                                    sample_index=i, prompt_tokens=codec.decode(
+                                        a.prompt_tokens, pb.INT32, "p", 99),
+                                    generator_id="g", rollout_id=f"{a.group_id}-{i}{tag}")
+    raw = r.SerializeToString()
+    items.append((pb.Rollout.FromString(raw), raw))
+  return st.add_rollouts(items)
+
+
+def test_capacity_formula_pipeline():
+  st, _ = _state(B=2, k=3)
+  assert st.capacity() == (0 + 3 - 0 + 1) * 2                    # (v + k - ns + 1) * B
+  got = st.lease("g", 100, 0)
+  assert len(got) == 8 and st.capacity() == 0
+  assert st.lease("g", 1, 0) == []                               # nothing beyond the window
+  assert {a.min_version for a in got} == {0} and {a.max_version for a in got} == {-1}
+
+
+def test_k0_is_synchronous():
+  st, _ = _state(B=2, k=0)
+  a = st.lease("g", 10, 0)
+  assert len(a) == 2
+  for x in a:
+    _fill(st, x)
+  b = st.pull(0, 0)
+  assert b.summary.lag.max_lag == 0 and st.capacity() == 0       # wait for the new weights
+  st.set_version(1)
+  a = st.lease("g", 10, 0)
+  assert len(a) == 2 and {x.min_version for x in a} == {1}
+
+
+def test_edf_waits_for_due_group_instead_of_going_stale():
+  st, _ = _state(B=1, k=1)
+  x, y = st.lease("g", 2, 0)                                     # deadline 0 + 1 = 1
+  _fill(st, y)
+  assert st.pull(0, 0).summary.num_groups == 1                   # y
+  st.set_version(1)
+  (z,) = st.lease("g", 5, 0)                                     # deadline 2
+  _fill(st, z)
+  with pytest.raises(val.RejectError) as e:                      # x is due at step 1: block on it
+    st.pull(1, 0)
+  assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+  _fill(st, x)
+  b = st.pull(1, 0)
+  gid = pb.BatchItem.FromString(b.groups[0]).group.group_id
+  assert gid == x.group_id and b.summary.lag.max_lag == 1 and st.stale_dropped == 0
+
+
+def test_idempotent_all_or_nothing_and_validation():
+  st, _ = _state(G=2)
+  (a,) = st.lease("g", 1, 0)
+  acks = _fill(st, a, samples=[0])
+  assert not acks[0].duplicate
+  assert _fill(st, a, samples=[0])[0].duplicate                  # same rollout id: ack, store once
+  before = st.contents()
+  with pytest.raises(val.RejectError) as e:                      # new id for a filled slot
+    _fill(st, a, samples=[1, 0], tag="x")
+  assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+  assert st.contents() == before                                 # sample 1 was not stored either
+  with pytest.raises(val.RejectError) as e:                      # version from the future
+    _fill(st, a, version=5, samples=[1])
+  assert "future" in e.value.message and st.contents() == before
+  acks = _fill(st, a, samples=[1])
+  assert acks[0].group_complete
+
+
+def test_pull_resend_and_step_order():
+  st, _ = _state(B=1, k=0)
+  (a,) = st.lease("g", 1, 0)
+  _fill(st, a)
+  b0 = st.pull(0, 0)
+  assert st.pull(0, 0) is b0                                     # retried pull: same batch
+  for bad in (5, -1):
+    with pytest.raises(val.RejectError) as e:
+      st.pull(bad, 0)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+  assert st.delivered_groups == 1
+
+
+def test_lease_expiry_frees_capacity_and_returns_prompt():
+  st, clock = _state(B=1, k=0)
+  (a,) = st.lease("g", 1, 0)
+  _fill(st, a, samples=[0])
+  assert st.capacity() == 0
+  clock.t += 5
+  assert st.heartbeat("g") == 1                                  # extends to t + 10
+  clock.t += 8
+  assert st.lease("h", 1, 0) == []                               # still leased
+  clock.t += 5
+  (b,) = st.lease("h", 1, 0)                                     # expired: same prompt again
+  assert b.prompt_id == a.prompt_id and b.group_id != a.group_id and st.expired_groups == 1
+  with pytest.raises(val.RejectError) as e:
+    _fill(st, a, samples=[1])
+  assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_ppo_off_policy_round():
+  st, _ = _state(B=2, k=2, mode="ppo_off_policy")
+  got = st.lease("g", 100, 0)
+  assert len(got) == 4 and {(a.min_version, a.max_version) for a in got} == {(0, 0)}
+  for a in got[:3]:
+    _fill(st, a)
+  with pytest.raises(val.RejectError):                           # round not complete yet
+    st.pull(0, 0)
+  _fill(st, got[3])
+  st.pull(0, 0)
+  st.set_version(1)
+  assert st.capacity() == 0                                      # mid-round: no new leases
+  assert st.pull(1, 0).summary.lag.max_lag == 1
+  st.set_version(2)
+  assert st.capacity() == 4
+  with pytest.raises(ValueError):
+    _state(mode="ppo_off_policy", k=0)

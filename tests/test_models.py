@@ -1,0 +1,121 @@
+"""Parity of our flax decoders with HF transformers (CPU torch, random tiny models, fp32)."""
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from scalerl_jax import models
+from scalerl_jax.models.testing import hf_logits, params_from_torch, random_hf_model, rel_err
+
+TOL = 1e-4
+_fwd = jax.jit(models.forward, static_argnums=1)
+
+
+def _small(name, **kw):
+  base = dict(vocab_size=256, d_model=128, num_heads=4, num_kv_heads=2, head_dim=32, ffn_dim=192,
+              num_layers=2)
+  base.update(kw)
+  return models.get_preset(name, **base)
+
+
+def _parity(cfg, seq=48, batch=2, seed=0):
+  model = random_hf_model(cfg, seed=seed)
+  params = params_from_torch(cfg, model)
+  tokens = np.random.RandomState(seed).randint(0, cfg.vocab_size, (batch, seq))
+  ref = hf_logits(model, tokens)
+  ours = np.asarray(_fwd(params, cfg, tokens))
+  assert ours.dtype == np.float32 and ours.shape == ref.shape
+  return rel_err(ours, ref)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])       # query heads per KV head: 1, 2, 4
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("rope", ["default", "llama3"])
+def test_llama3_parity(kv_heads, tied, rope):
+  # original_max_position 16 with a 48-token sequence so the llama3 scaling rule matters.
+  cfg = _small("tiny_llama3", num_kv_heads=kv_heads, tie_embeddings=tied, rope_type=rope,
+               rope_original_max_position=16, rope_factor=8.0, rope_theta=10000.0)
+  assert _parity(cfg) <= TOL
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+@pytest.mark.parametrize("step", [1, 2])
+def test_llama4_parity(top_k, step):
+  # 4 layers: layer 3 is NoPE (interval 4); 80 tokens > chunk 32 so chunking matters;
+  # floor_scale 8 so temperature tuning changes the NoPE layer.
+  cfg = _small("tiny_llama4", num_layers=4, num_experts=4, expert_ffn_dim=96, num_experts_per_tok=top_k,
+               interleave_moe_layer_step=step, attention_chunk_size=32, floor_scale=8)
+  assert not cfg.layer_uses_rope(3) and cfg.layer_is_chunked(0)
+  assert _parity(cfg, seq=80) <= TOL
+
+
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_llama4_variants_parity(kv_heads):
+  """Explicit no_rope_layers, tied embeddings, llama3 rope scaling, no QK-norm / temp tuning."""
+  cfg = _small("tiny_llama4", num_layers=3, num_kv_heads=kv_heads, num_experts=3, expert_ffn_dim=64,
+               interleave_moe_layer_step=1, no_rope_layers=(0, 1, 1), attention_chunk_size=16,
+               use_qk_norm=kv_heads == 4, attn_temperature_tuning=kv_heads == 4, floor_scale=4,
+               tie_embeddings=True, rope_type="llama3", rope_original_max_position=16)
+  assert _parity(cfg, seq=40) <= TOL
+
+
+@pytest.mark.parametrize("name", ["tiny_llama3", "tiny_llama4"])
+def test_presets_parity_scan_remat(name):
+  """The tiny presets themselves, with scan over layer blocks and remat, match HF."""
+  cfg = models.get_preset(name, scan_layers=True, remat="dots")
+  assert _parity(cfg, seq=40 if name == "tiny_llama4" else 24) <= TOL
+
+
+def test_padding_matches_unpadded():
+  """Left- and right-padded rows give the same logits on real tokens as the unpadded row."""
+  cfg = _small("tiny_llama4", num_layers=4, num_experts=4, expert_ffn_dim=64, attention_chunk_size=8,
+               floor_scale=4)
+  params = models.init_params(cfg, jax.random.PRNGKey(0))
+  rng = np.random.RandomState(0)
+  row = rng.randint(0, cfg.vocab_size, (1, 20))
+  ref = np.asarray(_fwd(params, cfg, row))[0]
+  pad = 7
+  left = np.concatenate([np.zeros((1, pad), int), row], 1)
+  right = np.concatenate([row, np.zeros((1, pad), int)], 1)
+  mask_l = np.arange(27)[None] >= pad
+  mask_r = np.arange(27)[None] < 20
+  out_l = np.asarray(jax.jit(models.forward, static_argnums=1)(params, cfg, left, mask=mask_l))[0]
+  out_r = np.asarray(jax.jit(models.forward, static_argnums=1)(params, cfg, right, mask=mask_r))[0]
+  assert rel_err(out_l[pad:], ref) <= 1e-5
+  assert rel_err(out_r[:20], ref) <= 1e-5
+
+
+def test_fp32_head_flag_and_bf16():
+  cfg = models.get_preset("tiny_llama3", num_layers=1, dtype="bfloat16")
+  params = models.init_params(cfg, jax.random.PRNGKey(0))
+  tokens = np.zeros((1, 4), np.int32)
+  out = models.forward(params, cfg, tokens)
+  assert out.dtype == np.float32
+  low = models.forward(params, cfg.replace(fp32_lm_head=False), tokens)
+  assert low.dtype == np.float32
+  assert np.max(np.abs(np.asarray(out) - np.asarray(low))) > 0  # head really ran in bf16
+
+
+def test_config_roundtrip_and_errors():
+  for name in models.PRESETS:
+    cfg = models.get_preset(name)
+    back = models.from_hf_config(models.to_hf_config(cfg))
+    for f in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+              "ffn_dim", "rope_type", "rope_theta", "num_experts", "expert_ffn_dim",
+              "attention_chunk_size", "tie_embeddings"):
+      assert getattr(back, f) == getattr(cfg, f), (name, f)
+    assert [back.layer_kind(i) for i in range(cfg.num_layers)] == \
+        [cfg.layer_kind(i) for i in range(cfg.num_layers)]
+  scout = models.get_preset("llama4_scout_17b_16e")
+  assert all(scout.layer_is_moe(i) for i in range(48))
+  assert [i for i in range(48) if not scout.layer_uses_rope(i)] == list(range(3, 48, 4))
+  assert scout.scan_period == 4
+  with pytest.raises(ValueError, match="unknown model preset"):
+    models.get_preset("nope")
+  with pytest.raises(ValueError, match="unknown ModelConfig fields"):
+    models.get_preset("tiny_llama3", bogus=1)
+  with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+    models.get_preset("tiny_llama3", num_kv_heads=3)
+  with pytest.raises(ValueError, match="tokens must be"):
+    models.forward(None, models.get_preset("tiny_llama3"), np.zeros((3,), np.int32))
