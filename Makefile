@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed
 .PHONY: venv test test-fast demo clean
 
 # Idempotent: rebuilds only when requirements.txt is newer than the stamp.
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r requirements.txt
+	$(VPY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	$(VPY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

@@ -1,12 +1,20 @@
-"""Figures: data + Eq. 1 fit + extrapolation band, and run comparisons (matplotlib, Agg)."""
+"""Figures: data + Eq. 1 fit + extrapolation band, and run comparisons.
+
+Uses ``matplotlib.figure.Figure`` directly (rendered by the Agg canvas), so importing this module never
+changes the global pyplot backend and works headless.
+"""
 
 from __future__ import annotations
 
-import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+
+def _figure(**kw):
+    fig = Figure(**kw)
+    FigureCanvasAgg(fig)
+    return fig
 
 __all__ = ["plot_curves", "plot_comparison"]
 
@@ -18,7 +26,8 @@ def _label(name, fit):
 def plot_curves(entries: list[dict], path, *, title: str = "Eq. 1 fits") -> str:
     """One axis, one color per run. Each entry: ``run`` (RunData), ``fit`` (FitResult), optional
     ``prediction`` (extrapolate()['prediction']), ``cutoff``, ``fit_until``. Saves a PNG at ``path``."""
-    fig, ax = plt.subplots(figsize=(8, 5.2), dpi=110)
+    fig = _figure(figsize=(8, 5.2), dpi=110)
+    ax = fig.subplots()
     for i, e in enumerate(entries):
         run, fit, color = e["run"], e["fit"], f"C{i % 10}"
         C, y = run.compute, run.value
@@ -51,14 +60,14 @@ def plot_curves(entries: list[dict], path, *, title: str = "Eq. 1 fits") -> str:
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return str(path)
 
 
 def plot_comparison(runs, fits, cmp: dict, path, ci: dict | None = None) -> str:
     """Left: data and curves (shared-A refits in shared-A mode); right: B (shared A) or A per run
     with bootstrap intervals when ``ci`` ({run: {param: [lo, hi]}}) is given. Saves a PNG."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=110, gridspec_kw={"width_ratios": [3, 2]})
+    fig = _figure(figsize=(12, 4.8), dpi=110)
+    ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     shared = cmp.get("shared_fits") or {}
     for i, (run, fit) in enumerate(zip(runs, fits)):
         color = f"C{i % 10}"
@@ -93,5 +102,4 @@ def plot_comparison(runs, fits, cmp: dict, path, ci: dict | None = None) -> str:
     bx.set_title(f"winner: {cmp['winner']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return str(path)

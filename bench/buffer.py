@@ -11,6 +11,8 @@ payload bytes that reached the consumer / wall time from the producers' start to
         and publishes a (tiny) new weight version every step.
   peer: `redis-server` (no persistence, loopback) started here; producers XADD (one per rollout, the
         returned id is the ack), the consumer XREADs blocks of entries.
+Also reported: CPU seconds used by all processes of each system (server, producers, consumer) and
+MB per CPU-second, which is far less sensitive than wall-clock MB/s to other load on a shared machine.
 Last stdout line: {"ours": MB/s, "peer": MB/s, "unit": "MB/s", "ratio": ours/peer, ...} (MB = 1e6 B).
 """
 from __future__ import annotations
@@ -29,6 +31,17 @@ import time
 import numpy as np
 
 TOKEN = "bench-token"
+
+
+def _proc_cpu_s(pid: int) -> float:
+  """user+system CPU seconds of a process (Linux /proc)."""
+  with open(f"/proc/{pid}/stat") as f:
+    fields = f.read().rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_now(pids) -> float:
+  return sum(_proc_cpu_s(p) for p in pids)
 
 
 def _rollout_parts(tokens: int, prompt_len: int, seed: int = 0):
@@ -111,6 +124,9 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4):
     for _ in procs:
       ready.get(timeout=120)
     c.status()
+    pids = [os.getpid(), srv.pid] + [p.pid for p in procs]
+    cpu0 = _cpu_now(pids)
+    base = [_proc_cpu_s(p) for p in pids]
     go.set()
     t0 = time.perf_counter()
     got_bytes = got = step = 0
@@ -124,13 +140,16 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4):
       step += 1
       c.publish_weights(step, b"w" * 1024)
     wall = time.perf_counter() - t0
+    cpu = _cpu_now(pids) - cpu0
+    per = {name: round(_proc_cpu_s(pid) - b, 2) for name, pid, b in
+           zip(["learner", "server"] + [f"producer{i}" for i in range(producers)], pids, base)}
     st = c.status()
     stop.set()
     for p in procs:
       p.join(timeout=10)
       if p.is_alive():
         p.terminate()
-    return dict(wall_s=wall, rollouts=got, bytes=got_bytes, steps=step,
+    return dict(wall_s=wall, cpu_s=cpu, cpu_by_process=per, rollouts=got, bytes=got_bytes, steps=step,
                 max_lag=st.lag_total.max_lag, server_bytes_in=st.bytes_in,
                 pull_wait_median_s=float(np.median(lat)))
   finally:
@@ -188,6 +207,9 @@ def _bench_redis(n_rollouts, producers, tokens, prompt_len):
       p.start()
     for _ in procs:
       ready.get(timeout=120)
+    pids = [os.getpid(), srv.pid] + [p.pid for p in procs]
+    cpu0 = _cpu_now(pids)
+    base = [_proc_cpu_s(p) for p in pids]
     go.set()
     t0 = time.perf_counter()
     last, got, got_bytes = "0-0", 0, 0
@@ -201,9 +223,12 @@ def _bench_redis(n_rollouts, producers, tokens, prompt_len):
         last = eid
       r.xtrim("rollouts", minid=last)     # the consumer frees what it read (bounded memory)
     wall = time.perf_counter() - t0
+    cpu = _cpu_now(pids) - cpu0
+    per = {name: round(_proc_cpu_s(pid) - b, 2) for name, pid, b in
+           zip(["consumer", "redis-server"] + [f"producer{i}" for i in range(producers)], pids, base)}
     for p in procs:
       p.join()
-    return dict(wall_s=wall, rollouts=got, bytes=got_bytes)
+    return dict(wall_s=wall, cpu_s=cpu, cpu_by_process=per, rollouts=got, bytes=got_bytes)
   finally:
     srv.terminate()
     srv.wait(timeout=10)
@@ -225,7 +250,7 @@ def main(argv=None):
   ours_mbps = ours["bytes"] / ours["wall_s"] / 1e6
   print(f"ours: {ours}  -> {ours_mbps:.0f} MB/s", flush=True)
   if a.skip_redis:
-    peer = dict(wall_s=float("nan"), rollouts=0, bytes=0)
+    peer = dict(wall_s=float("nan"), cpu_s=float("nan"), rollouts=0, bytes=0)
   else:
     peer = _bench_redis(a.rollouts, a.producers, a.tokens, a.prompt_len)
   peer_mbps = peer["bytes"] / peer["wall_s"] / 1e6 if peer["rollouts"] else float("nan")
@@ -234,6 +259,11 @@ def main(argv=None):
                     "ratio": round(ours_mbps / peer_mbps, 3),
                     "rollouts_per_s_ours": round(ours["rollouts"] / ours["wall_s"], 1),
                     "rollouts_per_s_peer": round(peer["rollouts"] / peer["wall_s"], 1),
+                    "ours_MB_per_cpu_s": round(ours["bytes"] / ours["cpu_s"] / 1e6, 1),
+                    "peer_MB_per_cpu_s": round(peer["bytes"] / peer["cpu_s"] / 1e6, 1),
+                    "ours_cpu_utilization": round(ours["cpu_s"] / ours["wall_s"], 2),
+                    "peer_cpu_utilization": round(peer["cpu_s"] / peer["wall_s"], 2),
+                    "loadavg_1m": round(os.getloadavg()[0], 2),
                     "rollout_bytes": size, "rollouts": a.rollouts, "producers": a.producers,
                     "ours_max_token_lag": ours["max_lag"], "cpus": os.cpu_count()}))
 

@@ -44,11 +44,12 @@ def resolved_specs() -> dict:
       config_file=_CONFIG.value))
 
 
-def build_jobs(specs: dict) -> dict:
+def build_jobs(specs: dict, token: str = "") -> dict:
   """{job name: dict(image, args, env_vars, requirements)}; requirements are xm.JobRequirements.
 
-  Imports only `xmanager.xm` (lazily; never on --dry_run). The buffer token itself comes from the
-  Kubernetes Secret named in specs["secret"]; only its name travels in the environment.
+  Imports only `xmanager.xm` (lazily; never on --dry_run). xm_local cannot mount the Kubernetes
+  Secret, so the buffer auth `token` (from the launcher's environment) is passed as an env var to all
+  three jobs under config.buffer.auth_token_env.
   """
   from xmanager import xm
 
@@ -68,7 +69,7 @@ def build_jobs(specs: dict) -> dict:
   jobs = {}
   for name, s in (("learner", learner), ("generators", gens), ("buffer", buf)):
     jobs[name] = dict(image=s["image"], args=list(s["command"][1:]),
-                      env_vars=dict(s["env"], SCALERL_BUFFER_TOKEN_SECRET=specs["secret"]["name"]),
+                      env_vars=dict(s["env"], **({specs["secret"]["env"]: token} if token else {})),
                       requirements=requirements[name])
   return jobs
 
@@ -80,7 +81,11 @@ def launch(specs: dict) -> None:
   cloud clients) and cloud credentials; none of that is needed for --dry_run or the tests.
   """
   from xmanager import xm, xm_local
-  jobs = build_jobs(specs)
+  token_env = specs["secret"]["env"]
+  token = os.environ.get(token_env, "")
+  if not token:
+    raise SystemExit(f"error: set {token_env} to the buffer auth token (e.g. openssl rand -hex 32)")
+  jobs = build_jobs(specs, token)
   with xm_local.create_experiment(experiment_title=specs["name"]) as experiment:
     executables = experiment.package([
         xm.container(executor_spec=xm_local.Kubernetes.Spec(), image_path=j["image"])

@@ -6,11 +6,12 @@ Model code names only logical axes (docs/ARCHITECTURE.md); this module maps them
   mesh = make_mesh(config.mesh.shape)
   rules = config.mesh.rules
   params, specs = sharded_init(cfg, rng, mesh, rules)          # no full host copy
-  with mesh, nn.logical_axis_rules(rules):
+  with use_mesh(mesh, rules):      # or: with mesh, nn.logical_axis_rules(rules):
     logits = jax.jit(models.forward, static_argnums=1)(params, cfg, tokens)
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -105,9 +106,19 @@ def sharded_init(cfg: ModelConfig, rng: jax.Array, mesh: Mesh, rules) -> tuple[A
   def init(r):
     with nn.logical_axis_rules(()):  # dummy init batch: no activation constraints
       return transformer.init_params(cfg, r)
-  with mesh:
-    params = jax.jit(init, out_shardings=shardings)(rng)
+  params = jax.jit(init, out_shardings=shardings)(rng)
   return params, shardings
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh, rules):
+  """Context for running the model sharded: jax.set_mesh(mesh) + nn.logical_axis_rules(rules).
+
+  (The legacy `with mesh, nn.logical_axis_rules(rules):` works too.)
+  """
+  _check_rules(rules)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
 
 
 def cache_shardings(cache: Any, mesh: Mesh, rules) -> Any:

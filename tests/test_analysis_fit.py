@@ -214,3 +214,15 @@ def test_cutoff_leaving_too_few_points():
     C, y, _ = synthetic_curve(0.61, 1.92, 2542, R0, seed=0)
     with pytest.raises(TooFewPointsError, match="fit window: 2 evaluation points"):
         fit_sigmoid(C, y, R0, cutoff=C[-2])
+
+
+@pytest.mark.parametrize("A, B, cm, r0, scale", [(0.2, 1.5, 3000, 0.05, 1e-3),     # low pass rates, tiny run
+                                                 (0.95, 1.2, 2000, 0.6, 1.0),      # near the top of [0, 1]
+                                                 (0.61, 1.92, 2542, 0.3, 100.0)])  # 100x larger compute
+def test_default_grids_adapt_to_metric_range_and_compute_scale(A, B, cm, r0, scale):
+    C, y, _ = synthetic_curve(A, B, cm, r0, seed=0, sigma=0.005)
+    g = default_grids(C * scale, y, r0)
+    assert g.A[0] < A <= g.A[-1] <= 1.0 and g.C_mid[0] < cm * scale < g.C_mid[-1]
+    f = fit_sigmoid(C * scale, y, r0)
+    assert f.A == pytest.approx(A, abs=0.015) and f.B == pytest.approx(B, rel=0.15)
+    assert f.C_mid == pytest.approx(cm * scale, rel=0.2)

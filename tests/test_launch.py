@@ -60,11 +60,12 @@ def test_xm_job_requirements():
   mod_spec = importlib.util.spec_from_file_location("xm_launch_t", f"{REPO}/launch/xm_launch.py")
   mod = importlib.util.module_from_spec(mod_spec)
   mod_spec.loader.exec_module(mod)
-  jobs = mod.build_jobs(specs)
+  jobs = mod.build_jobs(specs, token="t0ken")
   assert set(jobs) == {"learner", "generators", "buffer"}
   assert "tpu_v5p=xm.Topology('2x2x4')" in repr(jobs["learner"]["requirements"])
   assert jobs["generators"]["requirements"].replicas == 64
   assert jobs["buffer"]["args"][:2] == ["-m", "scalerl_jax.rollout.buffer_server"]
+  assert all(j["env_vars"]["SCALERL_BUFFER_TOKEN"] == "t0ken" for j in jobs.values())
 
 
 def load_variant(name):

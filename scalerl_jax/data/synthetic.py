@@ -122,6 +122,10 @@ class Problem:
   def gold_completion_text(self) -> str:
     return " ".join([*map(str, self.partial_sums), END_THINK, self.answer, EOS])
 
+  @property
+  def gold_completion_tokens(self) -> np.ndarray:
+    return np.asarray(TOKENIZER.encode(self.gold_completion_text), np.int32)
+
   def to_prompt_spec(self):
     from scalerl_jax.rollout.generator import PromptSpec
     return PromptSpec(prompt_id=self.prompt_id, tokens=self.prompt_tokens, answer=self.answer)

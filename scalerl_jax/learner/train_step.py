@@ -90,9 +90,9 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
     safe = jnp.where(denom > 0, denom, 1.0)
     grads = jax.tree.map(lambda g: g / safe, grads)
     loss = stats["loss_sum"] / safe
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, new_opt = optimizer.update(grads, state.opt_state, params)
-    update_norm = optax.global_norm(updates)
+    update_norm = optax.tree.norm(updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
     ok = (denom > 0) & finite
     new_params, new_opt = jax.lax.cond(

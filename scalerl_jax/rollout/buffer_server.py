@@ -379,6 +379,20 @@ class BufferServer:
                                 server_time_unix_s=time.time())
 
 
+def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
+  """Keeps glibc from mmap/munmap-ing every multi-MB buffer (each fresh mapping costs a page fault
+  per 4 KiB): large rollout/group buffers are then recycled from the heap. Process-wide; the server
+  process calls it, other processes may opt in. Returns False where glibc's mallopt is missing."""
+  try:
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, trim_threshold))
+  except (OSError, AttributeError):
+    return False
+
+
 def load_prompts(path: str) -> list[PromptSpec]:
   """Reads a JSONL file of {"prompt_id": int, "tokens": [int...], "answer": str}."""
   out = []
@@ -410,7 +424,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   ap.add_argument("--lease-ttl-s", type=float, default=120.0)
   ap.add_argument("--max-completion-tokens", type=int, default=32768)
   ap.add_argument("--shuffle-seed", type=int, default=None)
+  ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
   a = ap.parse_args(argv)
+  if not a.no_tune_malloc:
+    tune_malloc()
   token = os.environ.get(a.token_env, "")
   if not token:
     sys.exit(f"error: environment variable {a.token_env} (the auth token) is empty or unset")

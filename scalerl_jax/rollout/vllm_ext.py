@@ -26,7 +26,28 @@ def _to_tensor(dtype: str, shape, data: bytes) -> torch.Tensor:
 
 
 class ScaleRLWorkerExtension:
-  """collective_rpc targets: `scalerl_load_weights`, `scalerl_info`, `scalerl_set_head_dtype`."""
+  """collective_rpc targets: `scalerl_reload_begin/_load_weights/_reload_end`, `scalerl_info`,
+  `scalerl_set_head_dtype`.
+
+  An update is begin -> load_weights (any number of chunks) -> end, using vLLM's layerwise
+  in-place reload: the CPU (and quantized) backends repack weights after loading, so the plain
+  `load_weights` cannot be called twice; the reload path restores checkpoint-format parameters,
+  buffers each layer's incoming tensors until the layer is complete, re-runs the post-load
+  processing and copies the result back into the original storage (compiled graphs stay valid).
+  A fused module (qkv_proj, gate_up_proj) must receive all its parts within one update; layers
+  that get no tensors keep their current weights."""
+
+  def scalerl_reload_begin(self) -> bool:
+    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+    model = self._scalerl_model()
+    _hf_names(model)   # cache the accepted names while parameters are still materialized
+    initialize_layerwise_reload(model)
+    return True
+
+  def scalerl_reload_end(self) -> bool:
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+    finalize_layerwise_reload(self._scalerl_model(), self.model_runner.vllm_config.model_config)
+    return True
 
   def _scalerl_model(self):
     model = self.model_runner.model

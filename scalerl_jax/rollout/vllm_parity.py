@@ -23,7 +23,7 @@ import numpy as np
 
 TINY_LLAMA3 = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                   max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-5,
+                   max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
                    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 
 
@@ -62,52 +62,48 @@ def _jax_backend():
 
 
 def reference_backend() -> str:
+  """'jax' (scalerl_jax.models, float32) when available, else 'hf-torch-fp32'."""
   return "jax" if _jax_backend() is not None else "hf-torch-fp32"
+
+
+def _pad(seqs: list[np.ndarray]) -> np.ndarray:
+  """Right-pads to one [B, T] batch (causal model: padding after a position never affects it)."""
+  T = max(len(s) for s in seqs)
+  out = np.zeros((len(seqs), T), np.int32)
+  for i, s in enumerate(seqs):
+    out[i, :len(s)] = s
+  return out
 
 
 def reference_logprobs(model_dir: str | os.PathLike, prompts: Sequence[np.ndarray],
                        completions: Sequence[np.ndarray], temperature: float = 1.0,
-                       weights: dict[str, np.ndarray] | None = None,
                        backend: str = "auto") -> list[np.ndarray]:
-  """Per-token log π_ref(y_t | prefix) at temperature T for each (prompt, completion) pair."""
+  """Per-token log π_ref(y_t | prefix) = log_softmax(logits / T)[y_t], float32 logits, for each
+  (prompt, completion) pair, under the checkpoint in `model_dir` run entirely in float32."""
   backend = reference_backend() if backend == "auto" else backend
-  seqs = [np.concatenate([np.asarray(p, np.int64), np.asarray(c, np.int64)])
+  seqs = [np.concatenate([np.asarray(p, np.int32), np.asarray(c, np.int32)]).astype(np.int32)
           for p, c in zip(prompts, completions)]
-  out = []
+  batch = _pad(seqs)
+  T = max(temperature, 1e-6)
   if backend == "jax":
-    return _reference_logprobs_jax(model_dir, prompts, completions, seqs, temperature)
-  import torch
-  from transformers import LlamaConfig, LlamaForCausalLM
-  cfg = LlamaConfig.from_pretrained(str(model_dir))
-  model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                           attn_implementation="eager")
-  if weights is not None:
-    model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in weights.items()},
-                          strict=True)
-  model.eval()
-  del cfg
-  with torch.no_grad():
-    for p, c, s in zip(prompts, completions, seqs):
-      logits = model(torch.from_numpy(s)[None]).logits[0].float()      # [T, V] float32
-      lp = torch.log_softmax(logits / max(temperature, 1e-6), dim=-1)
-      pos = torch.arange(len(p) - 1, len(s) - 1)
-      out.append(lp[pos, torch.from_numpy(s[len(p):])].numpy().astype(np.float32))
-  return out
-
-
-def _reference_logprobs_jax(model_dir, prompts, completions, seqs, temperature):
-  """JAX reference (scalerl_jax.models): forward(...) returns float32 logits [B, T, V]."""
-  import jax
-  import jax.numpy as jnp
-  models = _jax_backend()
-  cfg, params = models.load_hf(str(model_dir))
+    import jax
+    models = _jax_backend()
+    cfg, params = models.load_hf(str(model_dir), dtype="float32", param_dtype="float32")
+    logits = jax.jit(models.forward, static_argnums=1)(params, cfg, batch)
+    lp = np.asarray(jax.nn.log_softmax(logits.astype("float32") / T, axis=-1))
+  elif backend == "hf-torch-fp32":
+    import torch
+    from transformers import LlamaForCausalLM
+    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+      logits = model(torch.from_numpy(batch.astype(np.int64))).logits.float()
+      lp = torch.log_softmax(logits / T, dim=-1).numpy()
+  else:
+    raise ValueError(f"unknown reference backend {backend!r}")
   out = []
-  for p, s in zip(prompts, seqs):
-    logits = models.forward(cfg, params, jnp.asarray(s[None], jnp.int32))
-    logits = logits[0] if not isinstance(logits, tuple) else logits[0][0]
-    lp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32) / max(temperature, 1e-6), axis=-1)
+  for i, (p, s) in enumerate(zip(prompts, seqs)):
     pos = np.arange(len(p) - 1, len(s) - 1)
-    out.append(np.asarray(lp[pos, s[len(p):]], np.float32))
+    out.append(lp[i, pos, s[len(p):]].astype(np.float32))
   return out
 
 
@@ -128,14 +124,14 @@ def parity_stats(gen_lp: Sequence[np.ndarray], ref_lp: Sequence[np.ndarray],
           "is_ratio_max": float(np.exp(log_ratio).max()), "is_ratio_min": float(np.exp(log_ratio).min())}
 
 
-def run_gate(gen, model_dir, spec, prompts, n: int, weights=None) -> dict:
+def run_gate(gen, model_dir, spec, prompts, n: int, backend: str = "auto") -> dict:
   """Samples with `gen` and compares against the reference; returns stats (+ the raw groups)."""
   groups = gen.generate(prompts, n, spec)
   ps, cs, lps, ms = [], [], [], []
   for p, grp in zip(prompts, groups):
     for c in grp:
       ps.append(p.tokens); cs.append(c.tokens); lps.append(c.logprobs); ms.append(c.policy_mask)
-  ref = reference_logprobs(model_dir, ps, cs, spec.temperature, weights=weights)
+  ref = reference_logprobs(model_dir, ps, cs, spec.temperature, backend=backend)
   return {**parity_stats(lps, ref, ms), "groups": groups}
 
 

@@ -173,6 +173,11 @@ class Worker:
       raise RuntimeError("weights_begin while another update is open")
     t0 = time.perf_counter()
     await self.engine.pause_generation(mode="keep", clear_cache=False)
+    try:
+      await self.rpc("scalerl_reload_begin")
+    except Exception:
+      await self.engine.resume_generation()
+      raise
     self._update = {"t0": t0, "pause_s": time.perf_counter() - t0, "bytes": 0, "names": 0,
                     "load_s": 0.0}
     return {"pause_s": self._update["pause_s"]}, ()
@@ -193,6 +198,11 @@ class Worker:
     if self._update is None:
       raise RuntimeError("weights_end without weights_begin")
     upd, self._update = self._update, None
+    try:
+      await self.rpc("scalerl_reload_end")
+    except Exception:
+      await self.engine.resume_generation()
+      raise
     self.version = int(header["version"])
     await self.engine.update_weight_version(str(self.version))
     await self.engine.resume_generation()

@@ -1,0 +1,227 @@
+"""Embedded JAX sampler: batched, jitted decoding on the models' KV-cache path.
+
+`JaxSampler` implements the `Generator` interface (rollout/generator.py):
+
+* all G samples of all prompts decode together as one batch (prompts left-padded, bucketed to a
+  multiple of 16 so few shapes compile);
+* temperature / top-p sampling, stop tokens, float32 log-probs from the FP32 LM head;
+* forced length interruption (PAPER_NOTES §3): each sample draws a thinking budget uniformly from
+  [think_budget_min, think_budget_max]; if it has not closed its thinking by then, the interruption
+  tokens are fed in (policy_mask False, log-prob 0) and it gets `answer_budget` more tokens;
+* in-flight weight updates: decoding runs in jitted chunks of `chunk_steps` tokens; weights handed to
+  `load_weights` (from any thread) are swapped in between chunks, so sequences in progress continue
+  with the new weights and their old KV cache, and every later token is stamped with the new version.
+
+Log-probs are those of the distribution actually sampled from: log_softmax(logits / T), renormalised
+over the top-p nucleus when top_p < 1 (at T = 1, top_p = 1 this is exactly the learner's log π).
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Iterable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalerl_jax import models
+from scalerl_jax.models import hf_io
+from scalerl_jax.rollout.generator import (FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP,
+                                           Completion, Generator, PromptSpec, SamplingSpec)
+
+_THINK, _FORCE, _ANSWER = 0, 1, 2
+_BUCKET = 16
+
+
+def _sample(rng, logits, temperature, top_p):
+  """Samples one token per row; returns (token int32 [B], log-prob float32 [B])."""
+  scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
+  logp = jax.nn.log_softmax(scaled, axis=-1)
+  # Top-p: keep the smallest set of tokens whose probability mass reaches top_p.
+  order = jnp.argsort(-logp, axis=-1)
+  sorted_lp = jnp.take_along_axis(logp, order, axis=-1)
+  cum = jnp.cumsum(jnp.exp(sorted_lp), axis=-1)
+  keep_sorted = (cum - jnp.exp(sorted_lp)) < top_p           # mass before this token < top_p
+  keep = jnp.zeros_like(keep_sorted).at[
+      jnp.arange(logp.shape[0])[:, None], order].set(keep_sorted)
+  masked = jnp.where(keep, logp, -jnp.inf)
+  nucleus_lp = jax.nn.log_softmax(masked, axis=-1)
+  token = jax.random.categorical(rng, masked, axis=-1).astype(jnp.int32)
+  lp = jnp.take_along_axis(nucleus_lp, token[:, None], axis=-1)[:, 0]
+  return token, lp
+
+
+@functools.partial(jax.jit, static_argnums=(1, 3), donate_argnums=(2,))
+def _decode_chunk(params, cfg, state, n_steps, consts):
+  """Runs `n_steps` sampling steps on the whole batch (see JaxSampler.generate for the state)."""
+  interrupt, stop, temperature, top_p, answer_budget, version = consts
+  n_int = interrupt.shape[0]
+
+  def body(_, s):
+    rng, key = jax.random.split(s["rng"])
+    sampled, lp = _sample(key, s["logits"], temperature, top_p)
+    forcing = s["phase"] == _FORCE
+    forced_tok = interrupt[jnp.clip(s["force_idx"], 0, n_int - 1)]
+    token = jnp.where(forcing, forced_tok, sampled)
+    lp = jnp.where(forcing, 0.0, lp)
+    live = ~s["done"]
+    pos = s["length"]
+    row = jnp.arange(token.shape[0])
+    write = lambda buf, val: buf.at[row, pos].set(jnp.where(live, val, buf[row, pos]))
+    out = dict(s)
+    out["tokens"] = write(s["tokens"], token)
+    out["logprobs"] = write(s["logprobs"], lp)
+    # A token belongs to the policy whose forward pass produced the logits it was sampled from.
+    out["versions"] = write(s["versions"], jnp.full_like(token, s["logit_version"]))
+    out["policy"] = write(s["policy"], ~forcing)
+    length = pos + live.astype(jnp.int32)
+    # Phase transitions.
+    is_stop = jnp.any(token[:, None] == stop[None, :], axis=-1) & ~forcing
+    thinking = s["phase"] == _THINK
+    closes = thinking & (token == s["end_think"])
+    think_count = s["think_count"] + (thinking & live).astype(jnp.int32)
+    start_force = thinking & ~closes & (think_count >= s["budget"]) & ~is_stop
+    force_idx = jnp.where(forcing, s["force_idx"] + 1, jnp.where(start_force, 0, s["force_idx"]))
+    finished_force = forcing & (force_idx >= n_int)
+    phase = jnp.where(closes | finished_force, _ANSWER,
+                      jnp.where(start_force, _FORCE, s["phase"]))
+    answering = (s["phase"] == _ANSWER) & live
+    answer_count = s["answer_count"] + answering.astype(jnp.int32)
+    out_of_room = length >= s["tokens"].shape[1]
+    done = s["done"] | (live & (is_stop | (answer_count >= answer_budget) | out_of_room))
+    out.update(rng=rng, length=length, think_count=think_count, force_idx=force_idx, phase=phase,
+               answer_count=answer_count, done=done,
+               interrupted=s["interrupted"] | (start_force & live),
+               stopped=s["stopped"] | (live & is_stop))
+    logits, cache = models.decode_step(params, cfg, jnp.where(live, token, 0), s["cache"])
+    out["logits"], out["cache"] = logits, cache
+    out["logit_version"] = version
+    return out
+
+  return jax.lax.fori_loop(0, n_steps, body, state)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _prefill(params, cfg, tokens, mask, cache):
+  logits, cache = models.prefill(params, cfg, tokens, cache, mask)
+  return logits[:, -1], cache
+
+
+class JaxSampler(Generator):
+  """Batched jitted sampler on the JAX model; see the module docstring."""
+
+  def __init__(self, cfg: models.ModelConfig, params, version: int = 0, chunk_steps: int = 16,
+               end_think_token: int | None = None):
+    self.cfg = cfg
+    self._params = jax.tree.map(jnp.asarray, params)
+    self._version = int(version)
+    self._pending = None
+    self._lock = threading.Lock()
+    self.chunk_steps = int(chunk_steps)
+    self.end_think_token = end_think_token
+    self.on_chunk = None  # optional callback(chunk_index) for tests / in-flight update hooks
+
+  @property
+  def version(self) -> int:
+    return self._version
+
+  @property
+  def params(self):
+    return self._params
+
+  def set_params(self, params, version: int) -> None:
+    """Queues our-layout params as policy `version`; applied between decode chunks."""
+    with self._lock:
+      self._pending = (params, int(version))
+
+  def load_weights(self, weights: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+                   version: int) -> None:
+    """Takes HF-named arrays (the weight interchange format) as policy `version`."""
+    named = dict(weights.items() if isinstance(weights, Mapping) else weights)
+
+    def get(name):
+      if name not in named:
+        raise ValueError(f"weight update for version {version} lacks tensor {name!r}")
+      return named[name]
+
+    self.set_params(hf_io.params_from_hf_tensors(self.cfg, get), version)
+
+  def _swap_if_pending(self) -> None:
+    with self._lock:
+      pending, self._pending = self._pending, None
+    if pending is not None:
+      params, version = pending
+      self._params = jax.tree.map(jnp.asarray, params)
+      self._version = version
+
+  def generate(self, prompts: Sequence[PromptSpec], n: int,
+               spec: SamplingSpec) -> list[list[Completion]]:
+    """Samples `n` completions for each prompt; returns one group (list) per prompt."""
+    if n <= 0 or not prompts:
+      raise ValueError(f"need n > 0 and at least one prompt (got n={n}, {len(prompts)} prompts)")
+    if spec.think_budget_min > spec.think_budget_max or spec.think_budget_min < 0:
+      raise ValueError(f"bad thinking budget range [{spec.think_budget_min}, "
+                       f"{spec.think_budget_max}]")
+    self._swap_if_pending()
+    rows = [p for p in prompts for _ in range(n)]
+    B = len(rows)
+    P = max(len(p.tokens) for p in rows)
+    P = -(-P // _BUCKET) * _BUCKET
+    n_int = len(spec.interruption_tokens)
+    L = spec.think_budget_max + n_int + spec.answer_budget
+    L = -(-L // _BUCKET) * _BUCKET
+    if P + L > self.cfg.max_position_embeddings:
+      raise ValueError(f"prompt {P} + completion {L} tokens exceed the model's "
+                       f"{self.cfg.max_position_embeddings} positions")
+    tokens = np.zeros((B, P), np.int32)
+    mask = np.zeros((B, P), bool)
+    for i, p in enumerate(rows):
+      t = np.asarray(p.tokens, np.int32)
+      if t.ndim != 1 or len(t) == 0:
+        raise ValueError(f"prompt {p.prompt_id}: tokens must be a non-empty 1-D array")
+      tokens[i, P - len(t):] = t
+      mask[i, P - len(t):] = True
+    rng = np.random.default_rng(spec.seed)
+    budget = rng.integers(spec.think_budget_min, spec.think_budget_max + 1, size=B)
+    end_think = (spec.think_end_tokens[0] if spec.think_end_tokens
+                 else (self.end_think_token if self.end_think_token is not None else -1))
+    cache = models.init_cache(self.cfg, B, P + L, dtype="float32")
+    logits, cache = _prefill(self._params, self.cfg, jnp.asarray(tokens), jnp.asarray(mask), cache)
+    z = lambda dt: jnp.zeros((B,), dt)
+    state = dict(
+        rng=jax.random.PRNGKey(spec.seed), logits=logits, cache=cache,
+        tokens=jnp.zeros((B, L), jnp.int32), logprobs=jnp.zeros((B, L), jnp.float32),
+        versions=jnp.zeros((B, L), jnp.int32), policy=jnp.zeros((B, L), bool),
+        length=z(jnp.int32), think_count=z(jnp.int32), force_idx=z(jnp.int32),
+        phase=jnp.full((B,), _ANSWER if not n_int else _THINK, jnp.int32),
+        answer_count=z(jnp.int32), budget=jnp.asarray(budget, jnp.int32),
+        end_think=jnp.full((B,), end_think, jnp.int32), done=z(bool),
+        interrupted=z(bool), stopped=z(bool), logit_version=jnp.int32(self._version))
+    interrupt = jnp.asarray(list(spec.interruption_tokens) or [0], jnp.int32)
+    stop = jnp.asarray(list(spec.stop_tokens) or [-1], jnp.int32)
+    # Without interruption tokens there is no thinking phase: the whole completion is the answer.
+    answer_budget = spec.answer_budget if n_int else L
+    chunk = 0
+    for start in range(0, L, self.chunk_steps):
+      consts = (interrupt, stop, jnp.float32(spec.temperature), jnp.float32(spec.top_p),
+                jnp.int32(answer_budget), jnp.int32(self._version))
+      state = _decode_chunk(self._params, self.cfg, state, min(self.chunk_steps, L - start), consts)
+      chunk += 1
+      if self.on_chunk is not None:
+        self.on_chunk(chunk)
+      if bool(jnp.all(state["done"])):
+        break
+      self._swap_if_pending()
+    host = jax.device_get({k: state[k] for k in ("tokens", "logprobs", "versions", "policy",
+                                                 "length", "interrupted", "stopped")})
+    groups: list[list[Completion]] = [[] for _ in prompts]
+    for i in range(B):
+      n_tok = int(host["length"][i])
+      reason = (FINISH_INTERRUPTED if host["interrupted"][i]
+                else FINISH_STOP if host["stopped"][i] else FINISH_LENGTH)
+      groups[i // n].append(Completion(
+          prompt_id=rows[i].prompt_id, tokens=host["tokens"][i, :n_tok].copy(),
+          logprobs=host["logprobs"][i, :n_tok].copy(), versions=host["versions"][i, :n_tok].copy(),
+          policy_mask=host["policy"][i, :n_tok].copy(), finish_reason=reason))
+    return groups

@@ -1,0 +1,145 @@
+"""RPC-level behaviour of the live buffer: weights publish/fetch/watch, disconnects, retries."""
+import hashlib
+import socket
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from scalerl_jax.rollout import codec
+from scalerl_jax.rollout import rollout_pb2 as pb
+from scalerl_jax.rollout.buffer_server import BufferServer
+from scalerl_jax.rollout.client import BufferClient, assignment_prompt, pack_push_requests
+from scalerl_jax.rollout.fake import random_completion
+from scalerl_jax.rollout.generator import PromptSpec
+
+TOKEN = "rpc-test-token"
+
+
+def _server(port=0, **kw):
+  prompts = [PromptSpec(i, np.array([1, 2, i], np.int32), "a") for i in range(6)]
+  args = dict(prompts_per_step=2, group_size=4, max_lag=1)
+  args.update(kw)
+  return BufferServer(prompts, token=TOKEN, port=port, **args).start()
+
+
+def _rollouts(a, n=None, tag=""):
+  rng = np.random.default_rng(a.group_id)
+  return [codec.completion_to_rollout(random_completion(rng, a.prompt_id, 8, a.min_version),
+                                      group_id=a.group_id, sample_index=i,
+                                      prompt_tokens=assignment_prompt(a).tokens,
+                                      generator_id="g", rollout_id=f"{a.group_id}-{i}{tag}")
+          for i in range(a.group_size if n is None else n)]
+
+
+def test_weights_publish_fetch_watch_and_checksum():
+  srv = _server()
+  c = BufferClient(srv.address, TOKEN)
+  try:
+    assert c.fetch_weights(-1, wait_timeout_s=0) is None          # nothing published yet
+    watch = c.watch_versions(-1)
+    blob = np.random.default_rng(0).bytes(9 << 20)                 # 9 MiB in 1 MiB chunks
+    ack = c.publish_weights(1, blob, fmt="raw", chunk_bytes=1 << 20)
+    assert (ack.version, ack.total_bytes) == (1, len(blob))
+    v, got, fmt = c.fetch_weights(0, wait_timeout_s=5)
+    assert (v, fmt) == (1, "raw") and got == blob
+    notice = next(watch)
+    assert notice.version == 1 and notice.sha256 == hashlib.sha256(blob).hexdigest()
+    assert c.publish_weights(1, blob).version == 1                 # idempotent re-publish
+    # a corrupted payload never becomes visible
+    bad = pb.WeightChunk(version=2, total_bytes=3, sha256="0" * 64, data=b"abc")
+    with pytest.raises(grpc.RpcError) as e:
+      c._publish(iter([bad]), metadata=c._md)
+    assert e.value.code() == grpc.StatusCode.DATA_LOSS
+    assert c.status().contents.current_version == 1
+    assert c.fetch_weights(1, wait_timeout_s=0.3) is None
+    # long-poll: a fetch waiting for version > 1 returns when version 2 lands
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=c.fetch_weights(1, wait_timeout_s=10)))
+    t.start()
+    time.sleep(0.3)
+    c.publish_weights(2, b"v2")
+    t.join()
+    assert out["r"][:2] == (2, b"v2") and next(watch).version == 2
+    watch.cancel()
+  finally:
+    c.close()
+    srv.stop()
+
+
+def test_disconnect_mid_stream_keeps_acknowledged():
+  srv = _server()
+  c = BufferClient(srv.address, TOKEN)
+  try:
+    (a,) = c.lease("g", 1, 1)
+    rs = [r.SerializeToString() for r in _rollouts(a)]
+    gate = threading.Event()
+
+    def requests():                     # two requests, then hang until cancelled
+      yield from pack_push_requests(rs[:1], 1)
+      yield from pack_push_requests(rs[1:2], 1)
+      gate.wait(10)
+
+    call = c.push_stream(requests())
+    acked = [next(call).acks[0].rollout_id for _ in range(2)]
+    call.cancel()                       # the generator "disconnects"
+    gate.set()
+    time.sleep(0.2)
+    st = c.status().contents
+    assert acked == ["1-0", "1-1"] and st.stored_rollouts == 2
+    acks = c.push(rs)                   # reconnect and re-send everything: stored once
+    assert [x.duplicate for x in acks] == [True, True, False, False]
+    assert acks[-1].group_complete and c.status().contents.stored_rollouts == 4
+  finally:
+    c.close()
+    srv.stop()
+
+
+def test_client_retries_until_server_is_up():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  c = BufferClient(f"127.0.0.1:{port}", TOKEN, retries=8, backoff_s=0.1)
+  box = {}
+  t = threading.Thread(target=lambda: box.update(st=c.status()))
+  t.start()
+  time.sleep(0.5)                       # first attempts hit UNAVAILABLE
+  srv = _server(port=port)
+  try:
+    t.join(20)
+    assert box["st"].contents.prompts == 6
+  finally:
+    c.close()
+    srv.stop()
+  with pytest.raises(grpc.RpcError) as e:   # no server at all: UNAVAILABLE after the retries
+    BufferClient(f"127.0.0.1:{port}", TOKEN, retries=1, backoff_s=0.01).status()
+  assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_pull_blocks_then_delivers_and_lease_waits_for_admission():
+  srv = _server(max_lag=0)
+  c = BufferClient(srv.address, TOKEN)
+  try:
+    got = c.lease("g", 10, 1)
+    assert len(got) == 2                                   # k=0: exactly one step of work
+    t0 = time.time()
+    assert c.lease("g", 1, 0.4) == []                      # waits for admission, then gives up
+    assert time.time() - t0 >= 0.35
+    box = {}
+    t = threading.Thread(target=lambda: box.update(b=c.pull_batch(0, timeout_s=10)))
+    t.start()
+    time.sleep(0.2)
+    assert t.is_alive()                                    # the learner blocks for full groups
+    c.push([r for a in got for r in _rollouts(a)])
+    t.join(10)
+    b = box["b"]
+    assert len(b.groups) == 2 and all(len(g.rollouts) == 4 for g in b.groups)
+    assert list(b.summary.lag.counts) == [2 * 4 * 8]
+    with pytest.raises(grpc.RpcError) as e:
+      c.pull_batch(1, timeout_s=0.2)                       # k steps ahead: wait, then time out
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+  finally:
+    c.close()
+    srv.stop()
