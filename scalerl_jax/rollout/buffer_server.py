@@ -179,7 +179,7 @@ class BufferServer:
                port: int = 0, max_message_bytes: int = 64 << 20,
                max_weight_bytes: int = 64 << 30, weight_chunk_bytes: int = 4 << 20,
                lease_ttl_s: float = 120.0, limits: val.Limits = val.Limits(),
-               verifier: Optional[val.Verifier] = None, max_workers: int = 64,
+               verifier: Optional[val.Verifier] = None, max_workers: int = 256,
                shuffle_seed: Optional[int] = None):
     if not token:
       raise ValueError("an auth token is required")
@@ -202,6 +202,25 @@ class BufferServer:
     if self.port == 0:
       raise RuntimeError(f"could not bind {host}:{port}")
     self.address = f"{host}:{self.port}"
+
+  @classmethod
+  def from_config(cls, config, prompts: Sequence[PromptSpec], token: Optional[str] = None,
+                  **overrides) -> "BufferServer":
+    """Builds the server from a run config (`rollout` and `buffer` sections of configs/common.py).
+
+    The token defaults to the env var named by `config.buffer.auth_token_env`."""
+    if token is None:
+      token = os.environ.get(config.buffer.auth_token_env, "")
+      if not token:
+        raise ValueError(f"auth token env var {config.buffer.auth_token_env} is empty or unset")
+    host, _, port = config.buffer.address.rpartition(":")
+    r = config.rollout
+    kw = dict(token=token, prompts_per_step=r.prompts_per_step,
+              group_size=r.generations_per_prompt, max_lag=r.max_lag, mode=r.mode,
+              host=host or "127.0.0.1", port=int(port or 0),
+              max_message_bytes=config.buffer.max_message_bytes)
+    kw.update(overrides)
+    return cls(prompts, **kw)
 
   # ---- lifecycle ---------------------------------------------------------------------------------
   def start(self) -> "BufferServer":
@@ -424,10 +443,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   ap.add_argument("--lease-ttl-s", type=float, default=120.0)
   ap.add_argument("--max-completion-tokens", type=int, default=32768)
   ap.add_argument("--shuffle-seed", type=int, default=None)
+  ap.add_argument("--max-workers", type=int, default=256,
+                  help="server threads = max concurrent RPCs (long-polls and streams hold one each)")
   ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
+  ap.add_argument("--switch-interval-s", type=float, default=0.0,
+                  help="sys.setswitchinterval for the server process (0: Python's default 5 ms)")
   a = ap.parse_args(argv)
   if not a.no_tune_malloc:
     tune_malloc()
+  if a.switch_interval_s > 0:
+    sys.setswitchinterval(a.switch_interval_s)   # the gRPC poller thread gets the GIL sooner
   token = os.environ.get(a.token_env, "")
   if not token:
     sys.exit(f"error: environment variable {a.token_env} (the auth token) is empty or unset")
@@ -435,7 +460,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      group_size=a.group_size, max_lag=a.max_lag, mode=a.mode, host=a.host,
                      port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
                      limits=val.Limits(max_completion_tokens=a.max_completion_tokens),
-                     shuffle_seed=a.shuffle_seed).start()
+                     shuffle_seed=a.shuffle_seed, max_workers=a.max_workers).start()
   print(json.dumps({"port": srv.port, "address": srv.address}), flush=True)
   signal.signal(signal.SIGTERM, lambda *_: srv.stop(0))
   srv.wait()

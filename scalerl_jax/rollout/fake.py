@@ -13,7 +13,6 @@ import grpc
 import numpy as np
 
 from scalerl_jax.rollout import codec
-from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout.client import BufferClient, assignment_prompt
 from scalerl_jax.rollout.generator import FINISH_LENGTH, FINISH_STOP, Completion
 

@@ -121,6 +121,9 @@ class JaxSampler(Generator):
     self.chunk_steps = int(chunk_steps)
     self.end_think_token = end_think_token
     self.on_chunk = None  # optional callback(chunk_index) for tests / in-flight update hooks
+    # PPO-off-policy leases cap the version (tokens must come from <= max_version): newer
+    # weights wait until the cap is lifted.
+    self.max_version: int | None = None
 
   @property
   def version(self) -> int:
@@ -149,7 +152,10 @@ class JaxSampler(Generator):
 
   def _swap_if_pending(self) -> None:
     with self._lock:
-      pending, self._pending = self._pending, None
+      pending = self._pending
+      if pending is None or (self.max_version is not None and pending[1] > self.max_version):
+        return
+      self._pending = None
     if pending is not None:
       params, version = pending
       self._params = jax.tree.map(jnp.asarray, params)

@@ -254,7 +254,7 @@ class VLLMGenerator(Generator):
     with self._update_lock:
       t0 = time.perf_counter()
       self._call("weights_begin", {"version": int(version)})
-      pending, nbytes, names = [], 0, 0
+      pending, nbytes, names, error = [], 0, 0, None
       try:
         for chunk in P.chunk_weights(weights, chunk_bytes):
           dtypes = {n: wire_dtype for n, a in chunk if wire_dtype and a.dtype == np.float32}
@@ -263,10 +263,15 @@ class VLLMGenerator(Generator):
           names += len(chunk)
         for p in pending:
           self._wait(p)
-      finally:   # always resume generation, even if a chunk failed
-        header, _ = self._call("weights_end", {"version": int(version)})
+      except Exception as e:   # noqa: BLE001 -- re-raised after the engine resumed
+        error = e
+      # Always finish the update and resume generation, even if a chunk failed; tokens from now
+      # on carry the new version (a failed chunk may have left the weights partially updated).
+      header, _ = self._call("weights_end", {"version": int(version)})
+      self._version = int(header["version"])
+      if error is not None:
+        raise error
       wall = time.perf_counter() - t0
-      self._version = int(version)
       stats = {k: header[k] for k in ("bytes", "names", "pause_s", "load_s", "paused_total_s",
                                       "prefix_cache_reset")}
       stats.update(wall_s=wall, wire_bytes=nbytes, names_sent=names,

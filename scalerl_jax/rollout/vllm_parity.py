@@ -135,24 +135,32 @@ def run_gate(gen, model_dir, spec, prompts, n: int, backend: str = "auto") -> di
   return {**parity_stats(lps, ref, ms), "groups": groups}
 
 
-def main():
-  """Full parity report: bf16 engine with fp32 head, bf16 head, and an fp32 engine."""
+def main(argv=None):
+  """Parity report for each engine dtype x LM-head dtype (run in the JAX venv)."""
+  import argparse
   import tempfile
   from scalerl_jax.rollout.generator import PromptSpec, SamplingSpec
   from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  ap = argparse.ArgumentParser(description="vLLM vs reference log-prob parity")
+  ap.add_argument("--engine-dtypes", default="bfloat16,float32")
+  ap.add_argument("--head-dtypes", default="float32,bfloat16")
+  ap.add_argument("--temperature", type=float, default=1.0)
+  args = ap.parse_args(argv)
   d = make_tiny_llama(os.path.join(tempfile.mkdtemp(), "tiny"))
   rng = np.random.default_rng(0)
   prompts = [PromptSpec(i, rng.integers(3, 512, 8).astype(np.int32)) for i in range(8)]
-  spec = SamplingSpec(temperature=1.0, think_budget_min=64, think_budget_max=64, answer_budget=0)
-  report = {"reference": reference_backend()}
-  for dtype in ("bfloat16", "float32"):
+  spec = SamplingSpec(temperature=args.temperature, think_budget_min=64, think_budget_max=64,
+                      answer_budget=0)
+  report = {"reference": reference_backend(), "tokens_per_run": 8 * 4 * 64}
+  for dtype in args.engine_dtypes.split(","):
     with VLLMGenerator(d, dtype=dtype, enforce_eager=True, max_model_len=512) as gen:
-      for head in (("float32", "model") if dtype == "bfloat16" else ("model",)):
+      for head in args.head_dtypes.split(","):
         gen.set_head_dtype(head)
         res = run_gate(gen, d, spec, prompts, n=4)
         res.pop("groups")
-        report[f"engine={dtype},head={'float32' if head == 'float32' else dtype}"] = res
-        print(json.dumps({k: report[k] for k in list(report)[-1:]}), flush=True)
+        key = f"engine={dtype},head={head}"
+        report[key] = res
+        print(json.dumps({key: res}), flush=True)
   print(json.dumps(report))
 
 

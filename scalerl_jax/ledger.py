@@ -1,0 +1,82 @@
+"""Compute ledger: the x-axis of every scaling curve (docs/COMPUTE.md).
+
+Accelerator-hours are counted as the paper counts GPU-hours: devices *held* by a role times the wall
+time they were held, whether busy or idle (a generator waiting for admission still occupies its
+chip). Roles: `train` (the learner's devices) and `gen` (every generator worker's devices). Time the
+learner spends in validation is *not* counted as training compute (the paper evaluates out of band);
+it is booked separately as `eval_hours`. Alongside, analytic FLOPs: 6·N·tokens for a train step
+(forward + backward through the policy tokens actually trained) and 2·N·tokens for generation, with
+N the parameters active per token.
+
+The ledger is a small serializable object, so a resumed run continues the axis (time lost in a crash
+counts when `resume(..., count_gap=True)`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+
+@dataclasses.dataclass
+class ComputeLedger:
+  """Device-seconds per role plus analytic FLOPs. Call `tick()` to advance to now."""
+  train_devices: int
+  gen_devices: int
+  params_active: float
+  train_seconds: float = 0.0       # device-seconds
+  gen_seconds: float = 0.0
+  eval_seconds: float = 0.0
+  train_flops: float = 0.0
+  gen_flops: float = 0.0
+  _last: float = dataclasses.field(default_factory=time.time)
+  _in_eval: bool = False
+
+  def tick(self, now: float | None = None) -> None:
+    """Books the wall time since the last tick to the roles holding devices."""
+    now = time.time() if now is None else now
+    dt = max(0.0, now - self._last)
+    self._last = now
+    self.gen_seconds += self.gen_devices * dt
+    if self._in_eval:
+      self.eval_seconds += self.train_devices * dt
+    else:
+      self.train_seconds += self.train_devices * dt
+
+  def begin_eval(self) -> None:
+    self.tick()
+    self._in_eval = True
+
+  def end_eval(self) -> None:
+    self.tick()
+    self._in_eval = False
+
+  def add_tokens(self, trained: int, generated: int) -> None:
+    self.train_flops += 6.0 * self.params_active * trained
+    self.gen_flops += 2.0 * self.params_active * generated
+
+  @property
+  def compute_hours(self) -> float:
+    """Accelerator-hours of generation + training (the curve's x-axis)."""
+    return (self.train_seconds + self.gen_seconds) / 3600.0
+
+  def snapshot(self) -> dict:
+    self.tick()
+    return {"compute_hours": self.compute_hours, "train_hours": self.train_seconds / 3600.0,
+            "gen_hours": self.gen_seconds / 3600.0, "eval_hours": self.eval_seconds / 3600.0,
+            "train_flops": self.train_flops, "gen_flops": self.gen_flops}
+
+  def state_dict(self) -> dict:
+    self.tick()
+    return {k: getattr(self, k) for k in ("train_devices", "gen_devices", "params_active",
+                                          "train_seconds", "gen_seconds", "eval_seconds",
+                                          "train_flops", "gen_flops")}
+
+  @classmethod
+  def resume(cls, state: dict, saved_at: float | None = None, count_gap: bool = True
+             ) -> "ComputeLedger":
+    """Restores a ledger; with `count_gap`, the wall time since `saved_at` is booked too."""
+    led = cls(**state)
+    if count_gap and saved_at is not None:
+      led._last = saved_at
+      led.tick()
+    return led

@@ -1,0 +1,122 @@
+"""The paper's five recipes (PAPER_NOTES §4) as overrides of the ScaleRL config, plus validation.
+
+`config.recipe` names one of RECIPES; `apply_recipe(config)` returns a copy with the recipe's
+settings applied. Explicit `--config.x=y` overrides given on the command line win over the recipe
+(pass their keys as `locked`). Leave-one-out ablations need no recipe: flip one switch of the
+`scalerl` recipe, e.g. `--config.rl.loss=dapo`, `--config.rl.aggregation=sample`,
+`--config.rl.adv_norm=prompt`, `--config.rl.zero_variance_filter=False`,
+`--config.rl.no_positive_resampling=False`, `--config.rl.length_control=penalty`,
+`--config.model.fp32_lm_head=False`, `--config.rollout.mode=ppo_off_policy`.
+"""
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+# Batch 80 x 16 (Qwen2.5 / MiniMax) relative to ScaleRL's 48 x 16.
+_BIG_BATCH = 80 / 48
+
+RECIPES = {
+    "scalerl": {},
+    # DeepSeek: GRPO clip 0.2/0.2, sample-level averaging, per-prompt std, PPO-off-policy-8.
+    "deepseek_grpo": {
+        "rl.loss": "ppo", "rl.clip_eps_low": 0.2, "rl.clip_eps_high": 0.2,
+        "rl.aggregation": "sample", "rl.adv_norm": "prompt", "rl.zero_variance_filter": False,
+        "rl.no_positive_resampling": False, "model.fp32_lm_head": False,
+        "rollout.mode": "ppo_off_policy"},
+    # Qwen2.5 (DAPO): clip-higher 0.2/0.26, prompt averaging, PPO-off-policy-8, 80x16, zero-var dropped.
+    "qwen_dapo": {
+        "rl.loss": "dapo", "rl.clip_eps_low": 0.2, "rl.clip_eps_high": 0.26,
+        "rl.aggregation": "prompt", "rl.adv_norm": "prompt", "rl.zero_variance_filter": True,
+        "rl.no_positive_resampling": False, "model.fp32_lm_head": False,
+        "rollout.mode": "ppo_off_policy", "rollout.prompts_per_step": _BIG_BATCH},
+    # Magistral: DAPO, prompt averaging, PipelineRL.
+    "magistral": {
+        "rl.loss": "dapo", "rl.clip_eps_low": 0.2, "rl.clip_eps_high": 0.28,
+        "rl.aggregation": "prompt", "rl.adv_norm": "batch", "rl.zero_variance_filter": True,
+        "rl.no_positive_resampling": False, "model.fp32_lm_head": False,
+        "rollout.mode": "pipeline"},
+    # MiniMax: CISPO + FP32 head, prompt averaging, PPO-off-policy, 80x16.
+    "minimax": {
+        "rl.loss": "cispo", "rl.aggregation": "prompt", "rl.adv_norm": "prompt",
+        "rl.zero_variance_filter": False, "rl.no_positive_resampling": False,
+        "model.fp32_lm_head": True, "rollout.mode": "ppo_off_policy",
+        "rollout.prompts_per_step": _BIG_BATCH},
+}
+
+
+class ConfigError(ValueError):
+  """A bad run configuration; the message is one actionable line."""
+
+
+def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = frozenset()
+                 ) -> ml_collections.ConfigDict:
+  """Returns a copy of `config` with `config.recipe`'s settings (keys in `locked` are kept)."""
+  if config.recipe not in RECIPES:
+    raise ConfigError(f"unknown recipe {config.recipe!r}; choose one of {sorted(RECIPES)}")
+  c = ml_collections.ConfigDict(config.to_dict())
+  for key, value in RECIPES[config.recipe].items():
+    if key in locked:
+      continue
+    section, field = key.split(".")
+    if key == "rollout.prompts_per_step":
+      value = max(1, round(c.rollout.prompts_per_step * value))
+    c[section][field] = value
+  return c
+
+
+def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
+  """Fails fast, before any process starts, with one clear line per problem (the first found)."""
+  r, g = config.rollout, config.generator
+  if r.mode not in ("pipeline", "ppo_off_policy"):
+    raise ConfigError(f"rollout.mode={r.mode!r}; expected 'pipeline' or 'ppo_off_policy'")
+  if r.max_lag < 0:
+    raise ConfigError(f"rollout.max_lag (k) must be >= 0, got {r.max_lag}")
+  if r.prompts_per_step < 1 or r.generations_per_prompt < 1:
+    raise ConfigError("rollout.prompts_per_step and rollout.generations_per_prompt must be >= 1")
+  if r.generations_per_prompt < 2 and config.rl.adv_norm != "none":
+    raise ConfigError("group advantages need rollout.generations_per_prompt >= 2")
+  batch = r.prompts_per_step * r.generations_per_prompt
+  if config.get("batch_size") is not None and config.batch_size != batch:
+    if config.batch_size % r.generations_per_prompt:
+      raise ConfigError(f"batch_size={config.batch_size} is not divisible by "
+                        f"generations_per_prompt={r.generations_per_prompt}")
+  if batch % config.optim.microbatches:
+    raise ConfigError(f"batch {batch} (prompts x generations) is not divisible by "
+                      f"optim.microbatches={config.optim.microbatches}")
+  if not 0 <= r.think_budget_min <= r.think_budget_max:
+    raise ConfigError(f"need 0 <= think_budget_min <= think_budget_max, got "
+                      f"[{r.think_budget_min}, {r.think_budget_max}]")
+  if g.backend not in ("jax", "vllm"):
+    raise ConfigError(f"generator.backend={g.backend!r}; expected 'jax' or 'vllm'")
+  if g.num_workers < 1:
+    raise ConfigError(f"generator.num_workers must be >= 1, got {g.num_workers}")
+  if config.rl.length_control not in ("interrupt", "penalty"):
+    raise ConfigError(f"rl.length_control={config.rl.length_control!r}; expected "
+                      "'interrupt' or 'penalty'")
+  if config.total_steps < 1:
+    raise ConfigError(f"total_steps must be >= 1, got {config.total_steps}")
+  if config.eval.every_steps < 1:
+    raise ConfigError(f"eval.every_steps must be >= 1, got {config.eval.every_steps}")
+  from scalerl_jax.learner import RLSpec   # validates loss / aggregation / adv_norm names
+  try:
+    RLSpec.from_config(config.rl)
+  except ValueError as e:
+    raise ConfigError(f"rl: {e}") from None
+  if workdir is not None:
+    check_workdir(workdir)
+
+
+def check_workdir(workdir: str) -> None:
+  """Creates `workdir` if needed and proves it is writable (ConfigError otherwise)."""
+  if not workdir:
+    raise ConfigError("--workdir is required")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, ".write_test")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None

@@ -1,0 +1,171 @@
+"""Generator worker process: lease prompts from the buffer, generate groups, score, push rollouts.
+
+    python -m scalerl_jax.rollout.worker --run_config=WORKDIR/config.json --buffer=HOST:PORT \
+        --generator_id=gen-0 [--backend=jax|vllm]
+
+The auth token comes from the environment variable named by `config.buffer.auth_token_env`.
+Weights arrive through the buffer (FetchWeights); a watcher thread fetches every newly published
+version and hands it to the generator, which swaps it in while sequences are in flight
+(PipelineRL). Rewards are computed here, on the generator side, with the dataset's verifier; the
+length-penalty alternative (`rl.length_control=penalty`) is applied to them here as well.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+
+import grpc
+import numpy as np
+
+from scalerl_jax import runtime
+from scalerl_jax.rollout import codec, interruption
+from scalerl_jax.rollout.client import BufferClient, assignment_prompt
+
+log = logging.getLogger("scalerl.worker")
+
+
+def _make_generator(backend, config, model_cfg, named, version, workdir):
+  if backend == "jax":
+    from scalerl_jax.models import hf_io
+    from scalerl_jax.rollout.sampler import JaxSampler
+    params = hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
+    return JaxSampler(model_cfg, params, version=version,
+                      chunk_steps=int(config.generator.get("chunk_steps", 16)))
+  from scalerl_jax import models
+  from scalerl_jax.models import hf_io
+  from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
+  models.save_hf(model_cfg, hf_io.params_from_hf_tensors(model_cfg, named.__getitem__), model_dir)
+  r = config.rollout
+  return VLLMGenerator(
+      model_dir, dtype="float32" if model_cfg.dtype == "float32" else "bfloat16",
+      head_dtype="float32" if model_cfg.fp32_lm_head else None,
+      max_model_len=int(r.max_prompt_len + runtime.max_completion_len(config) + 16),
+      initial_version=version, seed=int(config.seed),
+      **dict(config.generator.get("vllm_args", {})))
+
+
+class Worker:
+  """One generator process's loop (see module docstring)."""
+
+  def __init__(self, config, address: str, generator_id: str, backend: str, workdir: str):
+    from scalerl_jax.data import build_dataset
+    self.config, self.id = config, generator_id
+    token = os.environ.get(config.buffer.auth_token_env, "")
+    if not token:
+      raise SystemExit(f"error: env var {config.buffer.auth_token_env} (buffer token) is unset")
+    self.client = BufferClient(address, token)
+    self.dataset = build_dataset(config.data, config.rollout.max_prompt_len)
+    self.model_cfg = runtime.model_config(config)
+    got = None
+    while got is None:   # the learner publishes version 0 before training starts
+      got = self.client.fetch_weights(-1, wait_timeout_s=60)
+    version, payload, fmt = got
+    self.gen = _make_generator(backend, config, self.model_cfg,
+                               runtime.payload_to_named(payload, fmt), version, workdir)
+    self._stop = threading.Event()
+    self._seed = np.random.default_rng([int(config.seed), abs(hash(generator_id)) % (1 << 31)])
+    threading.Thread(target=self._watch_weights, daemon=True).start()
+
+  def _watch_weights(self):
+    """Fetches each newly published version and installs it (applied between decode chunks)."""
+    have = self.gen.version
+    while not self._stop.is_set():
+      try:
+        got = self.client.fetch_weights(have, wait_timeout_s=30)
+      except grpc.RpcError as e:
+        if self._stop.is_set():
+          return
+        log.warning("%s: weight fetch failed (%s); retrying", self.id, e.code())
+        time.sleep(1.0)
+        continue
+      if got is None:
+        continue
+      version, payload, fmt = got
+      self.gen.load_weights(runtime.payload_to_named(payload, fmt), version)
+      have = version
+
+  def _wait_for_version(self, min_version: int):
+    while self.gen.version < min_version and not self._stop.is_set():
+      if hasattr(self.gen, "_swap_if_pending"):
+        self.gen._swap_if_pending()
+      time.sleep(0.01)
+
+  def rewards(self, completion, answer: str) -> float:
+    r = self.dataset.reward(completion.tokens, answer)
+    if self.config.rl.length_control == "penalty":
+      r = float(interruption.apply_length_penalty(
+          r, len(completion.tokens), self.config.rl.length_penalty_max,
+          self.config.rl.length_penalty_cache))
+    return float(r)
+
+  def run(self, max_groups: int = 0) -> int:
+    """Serves until stopped (or `max_groups` groups pushed, for tests). Returns groups pushed."""
+    done = 0
+    n_lease = int(self.config.generator.get("groups_per_lease", 4))
+    while not self._stop.is_set() and (not max_groups or done < max_groups):
+      try:
+        assignments = self.client.lease(self.id, max_groups=n_lease, wait_timeout_s=2.0)
+      except grpc.RpcError as e:
+        log.warning("%s: lease failed (%s)", self.id, e.code())
+        time.sleep(1.0)
+        continue
+      if not assignments:
+        continue
+      self._wait_for_version(max(a.min_version for a in assignments))
+      caps = [a.max_version for a in assignments if a.max_version >= 0]
+      if hasattr(self.gen, "max_version"):
+        self.gen.max_version = min(caps) if caps else None
+      prompts = [assignment_prompt(a) for a in assignments]
+      spec = runtime.sampling_spec(self.config, self.dataset, seed=int(self._seed.integers(1 << 31)))
+      t0 = time.time()
+      groups = self.gen.generate(prompts, int(assignments[0].group_size), spec)
+      rollouts = []
+      for a, p, group in zip(assignments, prompts, groups):
+        for i, c in enumerate(group):
+          rollouts.append(codec.completion_to_rollout(
+              c, group_id=a.group_id, sample_index=i, prompt_tokens=p.tokens,
+              generator_id=self.id, rewards=(self.rewards(c, a.answer),), start_unix_s=t0))
+      try:
+        self.client.push(rollouts)
+      except grpc.RpcError as e:   # e.g. a lease expired: the buffer re-assigns the group
+        log.warning("%s: push rejected (%s: %s)", self.id, e.code(), e.details())
+        continue
+      done += len(assignments)
+    return done
+
+  def stop(self):
+    self._stop.set()
+
+  def close(self):
+    self.stop()
+    self.gen.close()
+    self.client.close()
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description="scalerl_jax generator worker")
+  ap.add_argument("--run_config", required=True)
+  ap.add_argument("--buffer", required=True)
+  ap.add_argument("--generator_id", required=True)
+  ap.add_argument("--backend", choices=("jax", "vllm"), default=None)
+  ap.add_argument("--workdir", default=None)
+  a = ap.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+  config = runtime.load_run_config(a.run_config)
+  w = Worker(config, a.buffer, a.generator_id, a.backend or config.generator.backend,
+             a.workdir or os.path.dirname(os.path.abspath(a.run_config)))
+  signal.signal(signal.SIGTERM, lambda *_: w.stop())
+  try:
+    w.run()
+  finally:
+    w.close()
+
+
+if __name__ == "__main__":
+  main()

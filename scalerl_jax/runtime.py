@@ -1,0 +1,92 @@
+"""Glue from a run config to the objects every process builds the same way.
+
+One place for: the ModelConfig of a run (`model_config`), the sampling settings generators use
+(`sampling_spec`), the weight payload format on the wire (`params_to_payload` / `payload_to_named`),
+and loading a run config written by `main` (`load_run_config`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import ml_collections
+import numpy as np
+
+from scalerl_jax.rollout.generator import SamplingSpec
+
+WEIGHTS_FORMAT = "safetensors"
+_NOT_MODEL_FIELDS = ("preset", "hf_checkpoint")
+
+
+def model_config(config):
+  """ModelConfig from `config.model`: the preset, then every field that names a ModelConfig field.
+
+  With `config.model.hf_checkpoint` set, the architecture comes from that checkpoint's config.json
+  and only the numerics fields (dtypes, fp32 head, scan, remat) apply.
+  """
+  from scalerl_jax import models
+  fields = {f.name for f in dataclasses.fields(models.ModelConfig)}
+  m = config.model.to_dict() if hasattr(config.model, "to_dict") else dict(config.model)
+  unknown = [k for k in m if k not in fields and k not in _NOT_MODEL_FIELDS]
+  if unknown:
+    raise ValueError(f"config.model has unknown fields {unknown}; ModelConfig fields are "
+                     f"{sorted(fields)}")
+  overrides = {k: v for k, v in m.items() if k in fields}
+  if m.get("hf_checkpoint"):
+    import os
+    with open(os.path.join(m["hf_checkpoint"], "config.json")) as f:
+      numerics = {k: overrides[k] for k in ("param_dtype", "dtype", "fp32_lm_head", "scan_layers",
+                                            "remat") if k in overrides}
+      return models.from_hf_config(json.load(f), **numerics)
+  return models.get_preset(m["preset"], **overrides)
+
+
+def sampling_spec(config, dataset, seed: int, temperature: float | None = None) -> SamplingSpec:
+  """Generation settings: budgets, interruption tokens, stop tokens (config.rollout/generator)."""
+  r, g = config.rollout, config.generator
+  interrupt = config.rl.length_control == "interrupt"
+  return SamplingSpec(
+      temperature=float(g.temperature if temperature is None else temperature),
+      top_p=float(g.top_p), stop_tokens=tuple(dataset.stop_tokens),
+      think_budget_min=int(r.think_budget_min), think_budget_max=int(r.think_budget_max),
+      answer_budget=int(r.answer_budget), think_end_tokens=tuple(dataset.think_end_tokens),
+      interruption_tokens=(tuple(dataset.interruption_tokens(r.interruption_text))
+                           if interrupt else ()),
+      seed=int(seed))
+
+
+def max_completion_len(config) -> int:
+  """Longest completion a generator can produce under config.rollout (incl. interruption)."""
+  r = config.rollout
+  return int(r.think_budget_max + 64 + r.answer_budget)
+
+
+def params_to_payload(model_cfg, params) -> bytes:
+  """Serializes params as one safetensors blob in HF naming (the weight interchange format)."""
+  from safetensors.numpy import save
+  from scalerl_jax import models
+  return save({k: np.ascontiguousarray(v) for k, v in models.hf_named_arrays(model_cfg, params)})
+
+
+def payload_to_named(payload: bytes, fmt: str) -> dict[str, np.ndarray]:
+  """Inverse of params_to_payload: {hf_name: array}."""
+  if fmt != WEIGHTS_FORMAT:
+    raise ValueError(f"unsupported weight payload format {fmt!r}; expected {WEIGHTS_FORMAT!r}")
+  from safetensors.numpy import load
+  return load(bytes(payload))
+
+
+def load_run_config(path: str) -> ml_collections.ConfigDict:
+  """Reads the config.json `main` writes into the workdir."""
+  with open(path) as f:
+    d = json.load(f)
+  d.pop("_meta", None)
+  return ml_collections.ConfigDict(_tuplify(d))
+
+
+def _tuplify(x):
+  if isinstance(x, dict):
+    return {k: _tuplify(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return tuple(_tuplify(v) for v in x)
+  return x

@@ -1,0 +1,185 @@
+"""The learner loop of a run: pull complete groups from the buffer, train, publish, evaluate, log.
+
+Each step s:
+  1. `PullBatch(s)` blocks until the buffer has `prompts_per_step` complete groups whose oldest token
+     is at most k versions old (PipelineRL-k admission lives in the buffer);
+  2. one optimizer step (CISPO & co. in float32; zero-variance groups dropped in the step);
+  3. the new params are published as version s+1 (generators swap them in flight);
+  4. every `eval.every_steps` steps, mean@N pass rate on the held-out split, logged with
+     `compute_hours` (docs/METRICS.md) — the points Eq. 1 is fitted to.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from scalerl_jax import models, runtime
+from scalerl_jax.ledger import ComputeLedger
+from scalerl_jax.rollout.client import batch_to_arrays
+from scalerl_jax.rollout.sampler import JaxSampler
+
+log = logging.getLogger("scalerl.trainer")
+_T_BUCKET = 32
+
+
+def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
+             batch_prompts: int = 64) -> dict:
+  """mean@`samples` pass rate on the held-out prompts (temperature from `spec`)."""
+  prompts = list(dataset.heldout if prompts is None else prompts)
+  sampler = JaxSampler(model_cfg, params)
+  rewards, lengths, interrupted = [], [], []
+  for i in range(0, len(prompts), batch_prompts):
+    chunk = prompts[i:i + batch_prompts]
+    groups = sampler.generate(chunk, samples, dataclasses.replace(spec, seed=spec.seed + i))
+    for p, group in zip(chunk, groups):
+      for c in group:
+        rewards.append(dataset.reward(c.tokens, p.answer))
+        lengths.append(len(c.tokens))
+        interrupted.append(c.finish_reason == "interrupted")
+  return {"val_pass_rate": float(np.mean(rewards)), "val_len": float(np.mean(lengths)),
+          "val_interrupted": float(np.mean(interrupted)), "val_samples": len(rewards)}
+
+
+def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
+  """Right-pads the token axis to a multiple of `bucket` so few step shapes ever compile."""
+  T = arrays["tokens"].shape[1]
+  T2 = -(-T // bucket) * bucket
+  if T2 == T:
+    return arrays
+  out = dict(arrays)
+  for k in ("tokens", "gen_logprobs", "loss_mask", "versions"):
+    if k in arrays:
+      out[k] = np.pad(arrays[k], ((0, 0), (0, T2 - T)))
+  return out
+
+
+class MetricsLog:
+  """metrics.jsonl (docs/METRICS.md) + TensorBoard event files."""
+
+  def __init__(self, workdir: str):
+    from analysis.metrics import append_metrics
+    self._append = append_metrics
+    self.workdir = workdir
+    try:
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+    except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
+      self.tb = None
+
+  def write(self, record: dict) -> None:
+    self._append(self.workdir, record)
+    if self.tb is not None:
+      for k, v in record.items():
+        if isinstance(v, (int, float)) and k != "step":
+          self.tb.add_scalar(k, v, record["step"])
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
+
+
+class Trainer:
+  """Owns the Learner, the buffer client (learner side), the ledger and the logs."""
+
+  def __init__(self, config, workdir, dataset, model_cfg, params, client, *, gen_devices: int,
+               progress: bool = True):
+    from scalerl_jax.learner import Learner
+    from scalerl_jax.rl import PassRateHistory
+    self.config, self.workdir, self.dataset, self.model_cfg = config, workdir, dataset, model_cfg
+    self.client, self.progress = client, progress
+    apply_fn = lambda p, tokens, positions: models.forward(p, model_cfg, tokens, positions)
+    self.learner = Learner(apply_fn, jax.tree.map(np.array, params), config,
+                           vocab_size=model_cfg.vocab_size)
+    n_active = _params_active(model_cfg)
+    self.ledger = ComputeLedger(train_devices=jax.device_count(), gen_devices=gen_devices,
+                                params_active=n_active)
+    self.metrics = MetricsLog(workdir)
+    self.npr = PassRateHistory(threshold=config.rl.npr_threshold)
+    self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345, temperature=1.0)
+    self.last_eval = None
+    self.watchdog = None   # callable raising when a child process died (set by main)
+
+  # ---- pieces ------------------------------------------------------------------------------------
+  def publish(self, version: int) -> float:
+    t = time.time()
+    params = jax.device_get(self.learner.state.params)
+    self.client.publish_weights(version, runtime.params_to_payload(self.model_cfg, params),
+                                runtime.WEIGHTS_FORMAT)
+    return time.time() - t
+
+  def run_eval(self, step: int) -> dict:
+    self.ledger.begin_eval()
+    out = evaluate(self.model_cfg, self.learner.state.params, self.dataset, self.eval_spec,
+                   int(self.config.eval.samples_per_prompt))
+    self.ledger.end_eval()
+    rec = {"step": step, "kind": "eval", **self.ledger.snapshot(), **out}
+    self.metrics.write(rec)
+    self.last_eval = rec
+    return rec
+
+  def _pull(self, step: int):
+    """PullBatch(step), polling the watchdog (dead child processes) while it waits."""
+    import grpc
+    deadline = time.time() + float(self.config.get("pull_timeout_s", 1800))
+    while True:
+      try:
+        return self.client.pull_batch(step, timeout_s=10.0)
+      except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+          raise
+      if self.watchdog is not None:
+        self.watchdog()
+      if time.time() > deadline:
+        raise TimeoutError(f"no batch for step {step} after {self.config.pull_timeout_s} s")
+
+  def train_step(self, step: int) -> dict:
+    t0 = time.time()
+    batch = self._pull(step)
+    t_wait = time.time() - t0
+    arrays = pad_time(batch_to_arrays(batch, pad_id=0))
+    for g in batch.groups:   # No-Positive-Resampling history (per prompt id)
+      self.npr.update(int(g.prompt_id), [r.rewards[0] for r in g.rollouts])
+    t1 = time.time()
+    m = self.learner.step({k: arrays[k] for k in ("tokens", "gen_logprobs", "loss_mask",
+                                                  "rewards", "prompt_ids")})
+    t_train = time.time() - t1
+    lag = list(batch.summary.lag.counts)
+    generated = int(arrays["loss_mask"].sum())
+    self.ledger.add_tokens(trained=int(m.get("tokens", generated)), generated=generated)
+    t_pub = self.publish(step + 1)
+    rec = {"step": step + 1, "kind": "train", **self.ledger.snapshot(), **m,
+           "max_lag": int(batch.summary.lag.max_lag), "lag_hist": lag,
+           "mean_reward": float(arrays["rewards"].mean()), "wait_s": t_wait, "train_s": t_train,
+           "publish_s": t_pub, "npr_retired": self.npr.num_retired()}
+    self.metrics.write(rec)
+    return rec
+
+  def run(self) -> dict:
+    """Trains `config.total_steps` steps (evaluating on schedule); returns the last eval record."""
+    self.publish(0)
+    self.run_eval(0)
+    every = int(self.config.eval.every_steps)
+    total = int(self.config.total_steps)
+    bar = tqdm(range(total), desc="RL", disable=not self.progress, dynamic_ncols=True)
+    for s in bar:
+      rec = self.train_step(s)
+      if (s + 1) % every == 0 or s + 1 == total:
+        self.run_eval(s + 1)
+      bar.set_postfix(pass_rate=f"{self.last_eval['val_pass_rate']:.3f}",
+                      lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
+    self.metrics.close()
+    with open(os.path.join(self.workdir, "npr_history.json"), "w") as f:
+      json.dump(self.npr.to_dict(), f)
+    return self.last_eval
+
+
+def _params_active(model_cfg) -> float:
+  from scalerl_jax.tools.describe import count_params
+  return float(count_params(model_cfg)["params_active"])

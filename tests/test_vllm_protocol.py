@@ -1,0 +1,73 @@
+"""Fast tests of the vLLM worker's wire protocol and pure helpers (no vLLM engine needed)."""
+import socket
+
+import numpy as np
+import pytest
+
+from scalerl_jax.rollout import vllm_protocol as P
+from scalerl_jax.rollout.vllm_worker import draw_budget, find_subsequence, request_seed
+
+
+def test_frame_roundtrip_keeps_dtypes_shapes_and_values():
+  a, b = socket.socketpair()
+  arrays = {"f": np.arange(12, dtype=np.float32).reshape(3, 4), "i": np.array([1, -2], np.int32),
+            "m": np.array([True, False, True]), "e": np.zeros((0, 5), np.float32),
+            "big_endian": np.arange(3, dtype=">f4")}
+  n = P.send_msg(a, {"op": "x", "id": 7, "nested": {"k": [1, 2]}}, arrays)
+  header, got = P.recv_msg(b)
+  assert header["op"] == "x" and header["id"] == 7 and header["nested"] == {"k": [1, 2]}
+  assert n > sum(v.nbytes for v in arrays.values())
+  for k, v in arrays.items():
+    assert got[k].shape == v.shape
+    np.testing.assert_array_equal(got[k], v)
+  assert got["big_endian"].dtype == np.dtype("<f4")
+  a.close(), b.close()
+
+
+def test_bad_magic_and_inconsistent_header_are_rejected():
+  with pytest.raises(P.ProtocolError, match="bad magic"):
+    P.parse_prefix(b"XXXX" + bytes(12))
+  head = b'{"op":"x","arrays":[{"name":"a","dtype":"float32","shape":[4],"offset":0,"nbytes":8}]}'
+  with pytest.raises(P.ProtocolError, match="inconsistent"):
+    P.decode(head, bytes(8))
+  with pytest.raises(P.ProtocolError, match="not supported"):
+    P.encode({"op": "x"}, {"c": np.zeros(2, np.complex64)})
+
+
+def test_bf16_wire_conversion_is_bit_identical_to_torch():
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(0)
+  x = (rng.standard_normal(200_000) * 10.0 ** rng.integers(-30, 30, 200_000)).astype(np.float32)
+  x[:4] = [0.0, -0.0, np.inf, -np.inf]
+  ours = P.f32_to_bf16_bits(x)
+  ref = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+  np.testing.assert_array_equal(ours, ref)
+  np.testing.assert_array_equal(P.bf16_bits_to_f32(ours),
+                                torch.from_numpy(x).to(torch.bfloat16).float().numpy())
+  a, b = socket.socketpair()
+  P.send_msg(a, {"op": "w", "id": 1}, {"w": x[:1000]}, dtypes={"w": "bfloat16"})
+  header, got = P.recv_msg(b)
+  assert header["arrays"][0]["dtype"] == "bfloat16" and header["arrays"][0]["nbytes"] == 2000
+  np.testing.assert_array_equal(got["w"], ours[:1000])
+
+
+def test_chunk_weights_respects_budget_and_order():
+  w = [(f"p{i}", np.zeros(250, np.float32)) for i in range(10)]   # 1000 bytes each
+  chunks = list(P.chunk_weights(w, 2500))
+  assert [len(c) for c in chunks] == [2, 2, 2, 2, 2]
+  assert [n for c in chunks for n, _ in c] == [f"p{i}" for i in range(10)]
+  assert [len(c) for c in P.chunk_weights(dict(w), 10)] == [1] * 10   # oversize tensors go alone
+
+
+def test_interruption_helpers():
+  assert find_subsequence([5, 1, 2, 3, 1, 2], [1, 2]) == 3
+  assert find_subsequence([5, 1, 3], [1, 2]) == -1
+  assert find_subsequence([1, 2], []) == -1
+  spec = {"think_budget_min": 10, "think_budget_max": 20, "seed": 3}
+  budgets = [draw_budget(spec, pid, j) for pid in range(50) for j in range(4)]
+  assert min(budgets) >= 10 and max(budgets) <= 20 and len(set(budgets)) > 5
+  assert budgets == [draw_budget(spec, pid, j) for pid in range(50) for j in range(4)]
+  assert draw_budget({**spec, "think_budget_min": 7, "think_budget_max": 7}, 0, 0) == 7
+  with pytest.raises(ValueError):
+    draw_budget({**spec, "think_budget_max": 5}, 0, 0)
+  assert request_seed(spec, 1, 0, 0) != request_seed(spec, 1, 1, 0) != request_seed(spec, 1, 1, 1)
