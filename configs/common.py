@@ -68,6 +68,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.rollout = ml_collections.ConfigDict(dict(
       prompts_per_step=48, generations_per_prompt=16,
+      batch_size=0,                    # if > 0: sets prompts_per_step = batch_size / generations
       mode="pipeline",                 # pipeline (PipelineRL-k) | ppo_off_policy
       max_lag=8,                       # k
       think_budget_min=10240, think_budget_max=12288, answer_budget=2048,
@@ -90,6 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
   # runs start from an SFT checkpoint via model.hf_checkpoint).
   c.sft = ml_collections.ConfigDict(dict(steps=0, batch_size=64, lr=1e-3, num_examples=2048))
   c.pull_timeout_s = 1800.0
+  c.debug_dump_every = 0   # > 0: save every Nth trained batch to WORKDIR/batches/ (tests, debugging)
 
   c.data = ml_collections.ConfigDict(dict(
       kind="polaris", path="", tokenizer_path="", heldout=1000, split_seed=0))

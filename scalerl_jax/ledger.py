@@ -42,6 +42,12 @@ class ComputeLedger:
     else:
       self.train_seconds += self.train_devices * dt
 
+  def reset(self) -> None:
+    """Zeroes the counters and restarts the clock now."""
+    self.train_seconds = self.gen_seconds = self.eval_seconds = 0.0
+    self.train_flops = self.gen_flops = 0.0
+    self._last, self._in_eval = time.time(), False
+
   def begin_eval(self) -> None:
     self.tick()
     self._in_eval = True

@@ -67,7 +67,9 @@ def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = fro
 
 
 def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
-  """Fails fast, before any process starts, with one clear line per problem (the first found)."""
+  """Fails fast, before any process starts, with one clear line per problem (the first found).
+
+  Resolves `rollout.batch_size` (when set) into `rollout.prompts_per_step` in place."""
   r, g = config.rollout, config.generator
   if r.mode not in ("pipeline", "ppo_off_policy"):
     raise ConfigError(f"rollout.mode={r.mode!r}; expected 'pipeline' or 'ppo_off_policy'")
@@ -77,11 +79,12 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError("rollout.prompts_per_step and rollout.generations_per_prompt must be >= 1")
   if r.generations_per_prompt < 2 and config.rl.adv_norm != "none":
     raise ConfigError("group advantages need rollout.generations_per_prompt >= 2")
+  if r.get("batch_size", 0):
+    if r.batch_size % r.generations_per_prompt:
+      raise ConfigError(f"rollout.batch_size={r.batch_size} is not divisible by "
+                        f"rollout.generations_per_prompt={r.generations_per_prompt}")
+    r.prompts_per_step = r.batch_size // r.generations_per_prompt
   batch = r.prompts_per_step * r.generations_per_prompt
-  if config.get("batch_size") is not None and config.batch_size != batch:
-    if config.batch_size % r.generations_per_prompt:
-      raise ConfigError(f"batch_size={config.batch_size} is not divisible by "
-                        f"generations_per_prompt={r.generations_per_prompt}")
   if batch % config.optim.microbatches:
     raise ConfigError(f"batch {batch} (prompts x generations) is not divisible by "
                       f"optim.microbatches={config.optim.microbatches}")

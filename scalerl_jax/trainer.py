@@ -48,9 +48,11 @@ def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
 
 
 def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
-  """Right-pads the token axis to a multiple of `bucket` so few step shapes ever compile."""
+  """Right-pads the token axis to a power-of-two multiple of `bucket` (few shapes ever compile)."""
   T = arrays["tokens"].shape[1]
-  T2 = -(-T // bucket) * bucket
+  T2 = bucket
+  while T2 < T:
+    T2 *= 2
   if T2 == T:
     return arrays
   out = dict(arrays)
@@ -154,17 +156,28 @@ class Trainer:
     generated = int(arrays["loss_mask"].sum())
     self.ledger.add_tokens(trained=int(m.get("tokens", generated)), generated=generated)
     t_pub = self.publish(step + 1)
+    dump_every = int(self.config.get("debug_dump_every", 0))
+    if dump_every and step % dump_every == 0:   # for tests and debugging: the exact batch trained
+      os.makedirs(os.path.join(self.workdir, "batches"), exist_ok=True)
+      reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
+      np.savez(os.path.join(self.workdir, "batches", f"step_{step:06d}.npz"),
+               finish_reason=np.asarray(reasons, np.int32), **arrays)
     rec = {"step": step + 1, "kind": "train", **self.ledger.snapshot(), **m,
            "max_lag": int(batch.summary.lag.max_lag), "lag_hist": lag,
            "mean_reward": float(arrays["rewards"].mean()), "wait_s": t_wait, "train_s": t_train,
-           "publish_s": t_pub, "npr_retired": self.npr.num_retired()}
+           "publish_s": t_pub, "npr_retired": self.npr.num_retired}
     self.metrics.write(rec)
     return rec
 
   def run(self) -> dict:
     """Trains `config.total_steps` steps (evaluating on schedule); returns the last eval record."""
     self.publish(0)
-    self.run_eval(0)
+    self.ledger.begin_eval()
+    out = evaluate(self.model_cfg, self.learner.state.params, self.dataset, self.eval_spec,
+                   int(self.config.eval.samples_per_prompt))
+    self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
+    self.last_eval = {"step": 0, "kind": "eval", **self.ledger.snapshot(), **out}
+    self.metrics.write(self.last_eval)
     every = int(self.config.eval.every_steps)
     total = int(self.config.total_steps)
     bar = tqdm(range(total), desc="RL", disable=not self.progress, dynamic_ncols=True)

@@ -197,7 +197,7 @@ def _learner(**optim):
 
 
 def test_bad_batches_error_or_skip(caplog):
-  learner, _ = _learner(microbatches=2)
+  learner, config = _learner(microbatches=2)
   good = model_batch(seed=9)
   before = jax.tree.map(np.asarray, learner.state.params)
   bad = dict(good); bad["gen_logprobs"] = good["gen_logprobs"].copy()
@@ -225,7 +225,8 @@ def test_bad_batches_error_or_skip(caplog):
   assert int(learner.state.step) == 0
   m = learner.step(good)                                  # and a good batch still trains
   assert m["skipped"] == 0 and np.isfinite(m["loss"]) and int(learner.state.step) == 1
-  assert m["update_norm"] > 0 and m["grad_norm"] > 0 and np.isclose(m["lr"], 1e-4 / 5)
+  assert m["update_norm"] > 0 and m["grad_norm"] > 0 and np.isclose(
+      m["lr"], config.optim.lr / config.optim.warmup_steps)
 
 
 def test_state_is_pytree_and_orbax_roundtrip(tmp_path):

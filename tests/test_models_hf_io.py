@@ -44,6 +44,7 @@ def test_export_roundtrip_and_hf_logits(tmp_path, name, scan, shard):
   cls = transformers.LlamaForCausalLM if name == "tiny_llama3" else transformers.Llama4ForCausalLM
   hf = cls.from_pretrained(str(tmp_path), attn_implementation="eager").float().eval()
   tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 40))
+  print(f"export rel_err {rel_err(np.asarray(_fwd(params, cfg, tokens)), hf_logits(hf, tokens)):.2e}")
   assert rel_err(np.asarray(_fwd(params, cfg, tokens)), hf_logits(hf, tokens)) <= 1e-4
 
 

@@ -123,6 +123,27 @@ def test_logprob_parity_gate_fp32_vs_bf16_head(gen, ckpts):
   assert wrong["mean_abs"] > 1.0
 
 
+def test_parity_gate_fp32_engine_isolates_the_head(ckpts):
+  """float32 engine: the only bf16 left is the LM head when switched off -> its effect alone."""
+  _require_vllm()
+  spec = SamplingSpec(temperature=1.0, think_budget_min=48, think_budget_max=48, answer_budget=0,
+                      seed=11)
+  with VLLMGenerator(ckpts["B"], dtype="float32", head_dtype="float32", enforce_eager=True,
+                     max_model_len=512, kv_cache_bytes=64 << 20) as g32:
+    assert g32.info()["model_info"]["logits_dtype"] == "float32"
+    res32 = VP.run_gate(g32, ckpts["B"], spec, _prompts(8), n=4)
+    res32.pop("groups")
+    g32.set_head_dtype("bfloat16")
+    res16 = VP.run_gate(g32, ckpts["B"], spec, _prompts(8), n=4)
+    res16.pop("groups")
+  print(f"\n[parity] reference={VP.reference_backend()} engine=float32\n  fp32 head: {res32}\n"
+        f"  bf16 head: {res16}")
+  # float32 end to end: only summation-order differences (measured mean 1.5e-6, max 6e-6).
+  assert res32["mean_abs"] < 1e-4 and res32["max_abs"] < 1e-3 and res32["kl_k3"] < 1e-8
+  # bf16 logits alone cost ~1e-2 per token (measured mean 8.5e-3): >= 100x worse.
+  assert res16["mean_abs"] > 100 * res32["mean_abs"] and res16["kl_k3"] > 1e4 * res32["kl_k3"]
+
+
 def test_temperature_top_p_n_and_stop_tokens(gen, ckpts):
   _push(gen, ckpts["B"])
   prompts = _prompts(4, seed=1)
@@ -188,7 +209,7 @@ def test_forced_length_interruption(gen, ckpts):
 def test_inflight_weight_update_switches_tokens_and_versions(gen, ckpts):
   _push(gen, ckpts["B"])
   v_old = gen.version
-  spec = SamplingSpec(temperature=1.0, think_budget_min=2500, think_budget_max=2500, answer_budget=0)
+  spec = SamplingSpec(temperature=1.0, think_budget_min=1500, think_budget_max=1500, answer_budget=0)
   result, errors = {}, []
 
   def run():
@@ -199,7 +220,7 @@ def test_inflight_weight_update_switches_tokens_and_versions(gen, ckpts):
 
   t = threading.Thread(target=run)
   t.start()
-  time.sleep(3.0)
+  time.sleep(2.0)   # ~120 tok/s per sequence here: the update lands a few hundred tokens in
   stats = gen.load_weights(_forced_weights(ckpts["B"]), v_old + 1)
   t.join(timeout=300)
   assert not errors and not t.is_alive()
@@ -207,13 +228,13 @@ def test_inflight_weight_update_switches_tokens_and_versions(gen, ckpts):
   assert gen.version == v_old + 1
   for g in result["groups"]:
     for c in g:
-      assert len(c.tokens) == 2500 and set(np.unique(c.versions)) == {v_old, v_old + 1}
+      assert len(c.tokens) == 1500 and set(np.unique(c.versions)) == {v_old, v_old + 1}
       k = int(np.argmax(c.versions == v_old + 1))          # first token of the new policy
-      assert 0 < k < 2500 and (c.versions[:k] == v_old).all() and (c.versions[k:] == v_old + 1).all()
+      assert 0 < k < 1500 and (c.versions[:k] == v_old).all() and (c.versions[k:] == v_old + 1).all()
       assert (c.tokens[k:] == FORCED).all()                # new weights: every token is FORCED
       assert (c.tokens[:k] != FORCED).mean() > 0.9         # old weights: it was not
       assert (c.logprobs[k:] > -1e-3).all()                # ... with probability ~1
-      print(f"  prompt {c.prompt_id}: {k} tokens v{v_old}, {2500 - k} tokens v{v_old + 1}")
+      print(f"  prompt {c.prompt_id}: {k} tokens v{v_old}, {1500 - k} tokens v{v_old + 1}")
 
 
 def test_bad_weight_names_fail_clearly_and_engine_keeps_serving(gen, ckpts):

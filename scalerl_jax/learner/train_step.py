@@ -25,7 +25,6 @@ from scalerl_jax import rl
 from scalerl_jax.learner import metrics as metrics_lib
 from scalerl_jax.learner.batch import RLSpec, prepare, split_microbatches
 from scalerl_jax.learner.logprobs import token_logprobs
-
 from scalerl_jax.learner.state import LearnerState
 
 ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]   # (params, tokens, positions) -> logits

@@ -47,6 +47,7 @@ class ModelConfig:
   attn_temperature_tuning: bool = False
   floor_scale: int = 8192
   attn_scale: float = 0.1
+  moe_impl: str = "dense"                # dense (all experts, exact as HF) | ragged (dispatch)
   bos_token_id: int | None = None
   eos_token_id: int | None = None
   # Numerics / compilation.
@@ -61,6 +62,8 @@ class ModelConfig:
       raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+    if self.moe_impl not in ("dense", "ragged"):
+      raise ValueError(f"moe_impl must be 'dense' or 'ragged', got {self.moe_impl!r}")
     if self.rope_type not in ("default", "llama3"):
       raise ValueError(f"rope_type must be 'default' or 'llama3', got {self.rope_type!r}")
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",

@@ -165,9 +165,9 @@ class MoE(nn.Module):
   """Llama-4 MoE (HF Llama4TextMoe): sigmoid(top-k router logits) scales each chosen expert's
   *input*; routed outputs are summed and the shared expert is added.
 
-  All experts run on all tokens with score 0 for unchosen ones (exact, as HF; an unchosen expert
-  contributes SwiGLU(0) = 0). Compute is E/k times the active FLOPs: fine for tiny models and
-  parity; a dispatching (ragged) kernel is future work.
+  moe_impl='dense': all experts run on all tokens with score 0 for unchosen ones (exact, as HF;
+  an unchosen expert contributes SwiGLU(0) = 0); E/k times the active FLOPs, shards over the
+  'expert' axis. moe_impl='ragged': tokens sorted by expert + jax.lax.ragged_dot, active FLOPs only.
   """
   cfg: ModelConfig
 
@@ -183,14 +183,35 @@ class MoE(nn.Module):
     wg = param(self, "gate", (E, D, F), ("expert", "embed", "mlp"))
     wu = param(self, "up", (E, D, F), ("expert", "embed", "mlp"))
     wd = param(self, "down", (E, F, D), ("expert", "mlp", "embed"))
+    shared = MLP(cfg, F, name="shared")(x)
+    if cfg.moe_impl == "ragged":
+      return shared + _ragged_experts(x, top_idx, gates, wg, wu, wd)
     xe = jnp.einsum("BTD,BTE->EBTD", x, scores)
     xe = constrain(xe, ("act_expert", "batch", "seq", "act_embed"))
     g = jnp.einsum("EBTD,EDF->EBTF", xe, wg)
     u = jnp.einsum("EBTD,EDF->EBTF", xe, wu)
     h = constrain(jax.nn.silu(g) * u, ("act_expert", "batch", "seq", "act_mlp"))
     routed = jnp.einsum("EBTF,EFD->BTD", h, wd)
-    shared = MLP(cfg, F, name="shared")(x)
     return shared + routed
+
+
+def _ragged_experts(x, top_idx, gates, wg, wu, wd):
+  """Dispatching MoE: only the k chosen experts run per token (sort by expert + ragged_dot).
+
+  x [B,T,D]; top_idx, gates [B,T,k]; expert kernels [E,D,F] / [E,F,D]. Same math as the dense path
+  (each chosen expert sees its input scaled by the gate), at k/E of its FLOPs.
+  """
+  B, T, D = x.shape
+  E, k = wg.shape[0], top_idx.shape[-1]
+  expert = top_idx.reshape(-1)                                   # [M*k], M = B*T
+  token = jnp.repeat(jnp.arange(B * T), k)
+  order = jnp.argsort(expert, stable=True)
+  token_sorted = token[order]
+  xs = x.reshape(B * T, D)[token_sorted] * gates.reshape(-1)[order][:, None]
+  sizes = jnp.bincount(expert, length=E).astype(jnp.int32)
+  h = jax.nn.silu(jax.lax.ragged_dot(xs, wg, sizes)) * jax.lax.ragged_dot(xs, wu, sizes)
+  out = jax.lax.ragged_dot(h, wd, sizes)                         # [M*k, D]
+  return jnp.zeros((B * T, D), out.dtype).at[token_sorted].add(out).reshape(B, T, D)
 
 
 class DecoderLayer(nn.Module):

@@ -1,12 +1,25 @@
 """RL objective library: losses (registry of (sum, denominator) functions), aggregation weights,
-group advantages, zero-variance filtering and No-Positive-Resampling. See docs/LEARNER.md."""
-from scalerl_jax.rl.advantages import ADV_NORMS, group_advantages
-from scalerl_jax.rl.aggregation import AGGREGATIONS, token_weights
-from scalerl_jax.rl.filtering import zero_variance_keep
-from scalerl_jax.rl.losses import (LossHParams, LossOut, get_loss, register_loss,
-                                   registered_losses)
-from scalerl_jax.rl.npr import PassRateHistory
+group advantages, zero-variance filtering and No-Positive-Resampling. See docs/LEARNER.md.
 
-__all__ = ["ADV_NORMS", "AGGREGATIONS", "LossHParams", "LossOut", "PassRateHistory", "get_loss",
-           "group_advantages", "register_loss", "registered_losses", "token_weights",
-           "zero_variance_keep"]
+Attributes load lazily (PEP 562) so jax-free processes (the rollout buffer) can import
+`scalerl_jax.rl.npr` without pulling in jax.
+"""
+import importlib
+
+_EXPORTS = {
+    "ADV_NORMS": "advantages", "group_advantages": "advantages",
+    "AGGREGATIONS": "aggregation", "token_weights": "aggregation",
+    "zero_variance_keep": "filtering",
+    "LossHParams": "losses", "LossOut": "losses", "get_loss": "losses",
+    "register_loss": "losses", "registered_losses": "losses",
+    "PassRateHistory": "npr",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(f"scalerl_jax.rl.{_EXPORTS[name]}"), name)
+  if name in ("advantages", "aggregation", "filtering", "losses", "npr"):
+    return importlib.import_module(f"scalerl_jax.rl.{name}")
+  raise AttributeError(f"module 'scalerl_jax.rl' has no attribute {name!r}")

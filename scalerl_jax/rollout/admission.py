@@ -100,7 +100,8 @@ class BufferState:
   def __init__(self, prompts: Sequence[PromptSpec], *, prompts_per_step: int, group_size: int,
                max_lag: int, mode: str = "pipeline", lease_ttl_s: float = 120.0,
                limits: val.Limits = val.Limits(), verifier: Optional[val.Verifier] = None,
-               shuffle_seed: Optional[int] = None, clock: Callable[[], float] = time.time):
+               shuffle_seed: Optional[int] = None, clock: Callable[[], float] = time.time,
+               npr_threshold: Optional[float] = None):
     if mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if prompts_per_step < 1 or group_size < 1 or max_lag < 0:
@@ -132,6 +133,12 @@ class BufferState:
     self._lag_total: list[int] = []
     self._lag_negative = 0
     self.recent: collections.deque = collections.deque(maxlen=16)
+    # No-Positive-Resampling: pass-rate history of delivered groups; retired prompts are skipped
+    # when the next epoch's order is drawn (PAPER_NOTES §3). None disables it.
+    self.npr = None
+    if npr_threshold is not None:
+      from scalerl_jax.rl.npr import PassRateHistory
+      self.npr = PassRateHistory(threshold=npr_threshold)
 
   # ---- admission ---------------------------------------------------------------------------------
   def capacity(self) -> int:
@@ -148,8 +155,14 @@ class BufferState:
     return self.k * self.B - self._round_leased
 
   def _next_prompt(self) -> PromptSpec:
+    while self._queue and self.npr is not None and self.npr.is_retired(self._queue[0]):
+      self._queue.popleft()
     if not self._queue:
       order = list(self._order)
+      if self.npr is not None:
+        active = self.npr.active(order)
+        order = active or order   # every prompt retired: keep sampling rather than stall
+
       if self._rng is not None:
         self._rng.shuffle(order)
       self._queue.extend(order)
@@ -327,6 +340,8 @@ class BufferState:
       blobs = []
       for g in batch:
         del self._groups[g.view.group_id]
+        if self.npr is not None:
+          self.npr.update(g.view.prompt_id, [st.checked.reward for st in g.samples.values()])
         for st in g.samples.values():
           c = st.checked
           for off in np.nonzero(c.version_counts)[0]:

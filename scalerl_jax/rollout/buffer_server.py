@@ -180,13 +180,13 @@ class BufferServer:
                max_weight_bytes: int = 64 << 30, weight_chunk_bytes: int = 4 << 20,
                lease_ttl_s: float = 120.0, limits: val.Limits = val.Limits(),
                verifier: Optional[val.Verifier] = None, max_workers: int = 256,
-               shuffle_seed: Optional[int] = None):
+               shuffle_seed: Optional[int] = None, npr_threshold: Optional[float] = None):
     if not token:
       raise ValueError("an auth token is required")
     self.state = admission.BufferState(
         prompts, prompts_per_step=prompts_per_step, group_size=group_size, max_lag=max_lag,
         mode=mode, lease_ttl_s=lease_ttl_s, limits=limits, verifier=verifier,
-        shuffle_seed=shuffle_seed)
+        shuffle_seed=shuffle_seed, npr_threshold=npr_threshold)
     self.limits, self.max_weight_bytes = limits, max_weight_bytes
     self.weight_chunk_bytes = weight_chunk_bytes
     self.weights = _Weights()
@@ -443,6 +443,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   ap.add_argument("--lease-ttl-s", type=float, default=120.0)
   ap.add_argument("--max-completion-tokens", type=int, default=32768)
   ap.add_argument("--shuffle-seed", type=int, default=None)
+  ap.add_argument("--npr-threshold", type=float, default=None,
+                  help="No-Positive-Resampling: retire prompts whose pass rate reaches this")
   ap.add_argument("--max-workers", type=int, default=256,
                   help="server threads = max concurrent RPCs (long-polls and streams hold one each)")
   ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
@@ -460,7 +462,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      group_size=a.group_size, max_lag=a.max_lag, mode=a.mode, host=a.host,
                      port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
                      limits=val.Limits(max_completion_tokens=a.max_completion_tokens),
-                     shuffle_seed=a.shuffle_seed, max_workers=a.max_workers).start()
+                     shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
+                     npr_threshold=a.npr_threshold).start()
   print(json.dumps({"port": srv.port, "address": srv.address}), flush=True)
   signal.signal(signal.SIGTERM, lambda *_: srv.stop(0))
   srv.wait()

@@ -66,6 +66,7 @@ class Checked:
   num_tokens: int
   min_version: int
   version_counts: np.ndarray         # bincount(versions - min_version)
+  reward: float = 0.0                # rewards[0] (validated), for No-Positive-Resampling
 
 
 def check_id(value: str, field: str, limits: Limits) -> None:
@@ -153,4 +154,5 @@ def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limi
     if abs(expect - float(rewards[0])) > limits.reward_atol:
       raise invalid(f"rewards[0]={rewards[0]} but the verifier gives {expect}")
   counts = np.array([n]) if vmin == vmax else np.bincount(versions - vmin)
-  return Checked(num_tokens=n, min_version=vmin, version_counts=counts)
+  return Checked(num_tokens=n, min_version=vmin, version_counts=counts,
+                 reward=float(rewards[0]))

@@ -21,7 +21,7 @@ from ml_collections import config_flags
 from scalerl_jax.models.config import ModelConfig, get_preset
 from scalerl_jax.sharding import abstract_params
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
+_CONFIG = None   # the --config flag, defined only when run as a program (importable as a library)
 
 _ROUTED = ("gate", "up", "down")
 
@@ -73,4 +73,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.")
   app.run(main)

@@ -1,0 +1,202 @@
+"""Learner train-step throughput: ours (jitted JAX step) vs HF PyTorch eager, same model and batch.
+
+    python -m bench.learner                       # tiny_llama3, b16×s256, fp32, CISPO, AdamW
+    python -m bench.learner --preset llama3_8b_slice --peak_tflops 989   # tokens/s + MFU
+
+Both sides: identical weights (HF model → our params), identical rollout batch, float32, the CISPO
+loss with prompt aggregation (per-prompt token weights computed once from the batch), global-norm
+clip 1.0 and AdamW(lr, eps 1e-15, wd 0.01). Rounds alternate ours/peer so machine contention hits
+both alike; the median round is reported. The last stdout line is one JSON object.
+
+The 8B-width layer slice (d 4096, 2 layers, heads 32/8, ffn 14336, vocab 128256) does not fit a
+small CPU box with AdamW state; on CPU it runs scaled down by ``--width_div`` (default 8: widths,
+heads and vocab / 8, head_dim 128 kept) and reports tokens/s and MFU against ``--peak_tflops``
+(default: bf16 dense peak of an H100 SXM, 989 TFLOP/s, on GPU; an estimate of the CPU's fp32 peak —
+cores × 2.6 GHz × 32 FLOP/cycle — on CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def _args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--preset", default="tiny_llama3", help="tiny_llama3 | llama3_8b_slice")
+  p.add_argument("--batch", type=int, default=16)
+  p.add_argument("--seq", type=int, default=256)
+  p.add_argument("--rounds", type=int, default=5, help="timed rounds per side")
+  p.add_argument("--steps", type=int, default=2, help="train steps per timed round")
+  p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+  p.add_argument("--width_div", type=int, default=0, help="8B slice: divide widths (0 = auto)")
+  p.add_argument("--peak_tflops", type=float, default=0.0, help="peak FLOP/s for MFU (TFLOP/s)")
+  p.add_argument("--no_peer", action="store_true", help="skip the PyTorch side")
+  p.add_argument("--peer_attn", default="sdpa", help="HF attention implementation: sdpa | eager")
+  return p.parse_args(argv)
+
+
+def model_config(preset: str, width_div: int, backend: str):
+  from scalerl_jax import models
+  if preset != "llama3_8b_slice":
+    return models.get_preset(preset, dtype="float32", param_dtype="float32")
+  div = width_div or (1 if backend == "gpu" else 8)
+  return models.get_preset(
+      "llama3_8b", num_layers=2, d_model=4096 // div, num_heads=32 // div,
+      num_kv_heads=max(8 // div, 1), head_dim=128, ffn_dim=14336 // div,
+      vocab_size=128256 // div, dtype="float32" if backend == "cpu" else "bfloat16",
+      param_dtype="float32", scan_layers=False, remat="none")
+
+
+def make_batch(cfg, b: int, t: int, seed: int = 0, gens: int = 4) -> dict:
+  """b = prompts × gens rows; first quarter of each row is prompt, the rest completion (ragged)."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, cfg.vocab_size, (b, t)).astype(np.int32)
+  mask = np.zeros((b, t), bool)
+  for i in range(b):
+    start = t // 4
+    mask[i, start:start + rng.integers(t // 2, t - start + 1)] = True
+  gen = np.minimum(-np.log(cfg.vocab_size) + 0.3 * rng.standard_normal((b, t)), -1e-3)
+  rewards = rng.integers(0, 2, b).astype(np.float32)
+  rewards[::gens] = 1.0; rewards[1::gens] = 0.0                  # no zero-variance group
+  return dict(tokens=tokens, gen_logprobs=gen.astype(np.float32), loss_mask=mask,
+              rewards=rewards, prompt_ids=np.repeat(np.arange(b // gens), gens).astype(np.int32))
+
+
+def flops_per_token(cfg, t: int) -> float:
+  """Training FLOPs/token: 6·(matmul params) + 6·L·T·H·Dh (causal attention QK^T and AV, fwd+bwd)."""
+  d, h, k, dh, f, v, layers = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                               cfg.ffn_dim, cfg.vocab_size, cfg.num_layers)
+  per_layer = d * (h + 2 * k) * dh + h * dh * d + 3 * d * f
+  n = layers * per_layer + d * v                                   # embedding lookup is free
+  return 6.0 * n + 6.0 * layers * t * h * dh
+
+
+def ours(cfg, params, batch, config):
+  """Returns (step() -> loss, sync()) for the jitted JAX learner."""
+  import jax
+  import jax.numpy as jnp
+  from scalerl_jax import models
+  from scalerl_jax.learner import Learner
+  learner = Learner(lambda p, tok, pos: models.forward(p, cfg, tok, pos),
+                    jax.tree.map(jnp.asarray, params), config, with_entropy=False)
+  dev_batch = learner.device_batch(batch)
+
+  def step():
+    learner.state, m = learner._step(learner.state, dev_batch)
+    return m
+
+  def sync(m):
+    return float(m["loss"])
+  return step, sync
+
+
+def peer(cfg, hf_model, batch, config):
+  """HF PyTorch eager train step with the same CISPO / prompt-aggregation loss."""
+  import torch
+  o = config.optim
+  opt = torch.optim.AdamW(hf_model.parameters(), lr=o.lr, betas=(o.b1, o.b2), eps=o.eps,
+                          weight_decay=o.weight_decay)
+  warm = max(int(o.warmup_steps), 1)                       # same warm-up as ours
+  sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+  hf_model.train()
+  tok = torch.as_tensor(batch["tokens"], dtype=torch.long)
+  gen = torch.as_tensor(batch["gen_logprobs"])[:, 1:]
+  mask = torch.as_tensor(batch["loss_mask"])[:, 1:]
+  r = torch.as_tensor(batch["rewards"]); pid = torch.as_tensor(batch["prompt_ids"])
+  same = (pid[:, None] == pid[None, :]).float()
+  adv = r - same @ r / same.sum(1)
+  adv = adv / (adv.std(unbiased=False) + 1e-6)
+  group_tokens = same @ mask.float().sum(1)
+  w = mask.float() / group_tokens[:, None]
+  denom = w.sum()
+
+  def step():
+    opt.zero_grad(set_to_none=True)
+    logits = hf_model(input_ids=tok).logits.float()[:, :-1]
+    logp = torch.log_softmax(logits, -1).gather(-1, tok[:, 1:, None])[..., 0]
+    ratio = torch.exp(logp.detach() - gen)
+    term = -torch.clamp(ratio, max=config.rl.cispo_eps_max) * adv[:, None] * logp
+    loss = (w * term).sum() / denom
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(hf_model.parameters(), o.max_grad_norm)
+    opt.step()
+    sched.step()
+    return loss.detach()
+
+  return step, lambda m: float(m)
+
+
+def _time(step, sync, steps):
+  t0 = time.perf_counter()
+  m = None
+  for _ in range(steps):
+    m = step()
+  sync(m)
+  return time.perf_counter() - t0
+
+
+def main(argv=None):
+  args = _args(argv)
+  import jax
+  import torch
+  from configs import tiny
+  from scalerl_jax.models import testing
+  torch.set_num_threads(args.threads)
+  backend = jax.default_backend()
+  cfg = model_config(args.preset, args.width_div, backend)
+  config = tiny.get_config()
+  config.optim.lr, config.optim.warmup_steps, config.optim.microbatches = 5e-7, 100, 1
+  batch = make_batch(cfg, args.batch, args.seq)
+  hf_model = testing.random_hf_model(dataclasses.replace(cfg, dtype="float32"), seed=0)
+  params = testing.params_from_torch(cfg, hf_model)
+  n_params = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params))
+  tokens_per_step = args.batch * args.seq
+
+  o_step, o_sync = ours(cfg, params, batch, config)
+  t0 = time.perf_counter()
+  loss_ours = [o_sync(o_step())]                       # compile + first step
+  t_compile = time.perf_counter() - t0
+  loss_ours.append(o_sync(o_step()))
+  sides = {"ours": (o_step, o_sync)}
+  loss_peer = None
+  if not args.no_peer:
+    hf_model.set_attn_implementation(args.peer_attn)
+    p_step, p_sync = peer(cfg, hf_model, batch, config)
+    loss_peer = [p_sync(p_step()), p_sync(p_step())]   # also warms up the allocator
+    sides["peer"] = (p_step, p_sync)
+  times = {k: [] for k in sides}
+  for _ in range(args.rounds):
+    for name, (step, sync) in sides.items():           # interleaved: contention hits both
+      times[name].append(_time(step, sync, args.steps) / args.steps)
+  tok_s = {k: tokens_per_step / statistics.median(v) for k, v in times.items()}
+  fpt = flops_per_token(cfg, args.seq)
+  peak = args.peak_tflops * 1e12 if args.peak_tflops else (
+      989e12 if backend == "gpu" else args.threads * 2.6e9 * 32)
+  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+  res = dict(ours=round(tok_s["ours"], 1), peer=round(tok_s.get("peer", float("nan")), 1),
+             unit="tok/s", ratio=round(tok_s["ours"] / tok_s["peer"], 3) if "peer" in tok_s else None,
+             preset=args.preset, batch=args.batch, seq=args.seq, params=n_params,
+             backend=backend, threads=args.threads, loadavg_1m=load,
+             step_s_ours=[round(x, 3) for x in times["ours"]],
+             step_s_peer=[round(x, 3) for x in times.get("peer", [])],
+             compile_and_first_step_s=round(t_compile, 2),
+             loss_steps12_ours=loss_ours, loss_steps12_peer=loss_peer,
+             peer_attn=None if args.no_peer else args.peer_attn,
+             flops_per_token=fpt, peak_flops=peak,
+             mfu_ours=round(tok_s["ours"] * fpt / peak, 4),
+             mfu_peer=round(tok_s["peer"] * fpt / peak, 4) if "peer" in tok_s else None,
+             model=dict(d=cfg.d_model, layers=cfg.num_layers, heads=cfg.num_heads,
+                        kv_heads=cfg.num_kv_heads, ffn=cfg.ffn_dim, vocab=cfg.vocab_size))
+  print(json.dumps(res))
+  return res
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
