@@ -106,6 +106,8 @@ class Trainer:
     self.npr = PassRateHistory(threshold=config.rl.npr_threshold)
     self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345, temperature=1.0)
     self.last_eval = None
+    from scalerl_jax.checkpoint import RunCheckpointer
+    self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep))
     self.watchdog = None   # callable raising when a child process died (set by main)
 
   # ---- pieces ------------------------------------------------------------------------------------
@@ -169,6 +171,12 @@ class Trainer:
     self.metrics.write(rec)
     return rec
 
+  def save(self, step: int) -> None:
+    """Checkpoints the learner state with the host-side run state (ledger, NPR history)."""
+    self.ckpt.save(step, self.learner.state, {"ledger": self.ledger.state_dict(),
+                                              "npr": self.npr.to_dict(),
+                                              "last_eval": self.last_eval})
+
   def run(self) -> dict:
     """Trains `config.total_steps` steps (evaluating on schedule); returns the last eval record."""
     self.publish(0)
@@ -187,6 +195,9 @@ class Trainer:
         self.run_eval(s + 1)
       bar.set_postfix(pass_rate=f"{self.last_eval['val_pass_rate']:.3f}",
                       lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
+      if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
+        self.save(s + 1)
+    self.ckpt.close()
     self.metrics.close()
     with open(os.path.join(self.workdir, "npr_history.json"), "w") as f:
       json.dump(self.npr.to_dict(), f)

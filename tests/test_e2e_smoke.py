@@ -92,3 +92,25 @@ def test_validation_never_saw_a_training_prompt(run_dir):
 def test_outputs_exist(run_dir):
   for name in ("config.json", "metrics.jsonl", "tb", "base_policy/config.json"):
     assert os.path.exists(os.path.join(run_dir, name)), name
+
+
+def test_checkpoint_restores_final_params(run_dir):
+  """The last orbax checkpoint holds the final state; its params reproduce the exported policy."""
+  import jax
+  from scalerl_jax import models, runtime
+  from scalerl_jax.checkpoint import RunCheckpointer
+  from scalerl_jax.learner import LearnerState, make_optimizer
+  config = runtime.load_run_config(os.path.join(run_dir, "config.json"))
+  cfg = runtime.model_config(config)
+  params = models.init_params(cfg, jax.random.PRNGKey(1))
+  abstract = jax.eval_shape(lambda p: LearnerState.create(p, make_optimizer(config.optim)), params)
+  ck = RunCheckpointer(str(run_dir))
+  assert ck.latest_step() == 6
+  state, meta = ck.restore(abstract)
+  assert int(state.step) == 6 and meta["step"] == 6
+  assert meta["ledger"]["train_seconds"] > 0 and isinstance(meta["npr"], dict)
+  assert meta["last_eval"]["step"] == 6
+  # Same tree and shapes as the exported SFT base policy.
+  _, base = models.load_hf(os.path.join(run_dir, "base_policy"))
+  same_shape = jax.tree.map(lambda a, b: a.shape == b.shape, state.params, base)
+  assert all(jax.tree.leaves(same_shape))
