@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast demo clean
+.PHONY: venv test test-fast demo compare clean
 
 # Idempotent: rebuilds only when requirements.txt is newer than the stamp.
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
@@ -23,8 +23,18 @@ test: venv
 test-fast: venv
 	$(VPY) -m pytest -q -x -m "not slow" tests
 
+DEMO_DIR ?= runs/demo
+
+# The tiny ScaleRL run end to end on CPU (SFT warm start, RL with PipelineRL-8, Eq. 1 fit).
 demo: venv
-	@echo "make demo: the end-to-end run (issue 6) is not built yet; see README."; exit 1
+	$(VPY) -m scalerl_jax.main --config=configs/tiny.py --workdir=$(DEMO_DIR)
+	@echo ""
+	@echo "Demo done. Curve + fit: $(DEMO_DIR)/fit/curves.png and $(DEMO_DIR)/fit/fit.json"
+	@echo "Metrics: $(DEMO_DIR)/metrics.jsonl; TensorBoard: tensorboard --logdir $(DEMO_DIR)/tb"
+
+# ScaleRL vs another recipe on the same compute axis (table: runs/compare/compare/compare.md).
+compare: venv
+	$(VPY) -m scalerl_jax.compare --config=configs/tiny.py --recipes=scalerl,qwen_dapo --workdir=runs/compare
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -51,7 +51,7 @@ def model_config(preset: str, width_div: int, backend: str):
       "llama3_8b", num_layers=2, d_model=4096 // div, num_heads=32 // div,
       num_kv_heads=max(8 // div, 1), head_dim=128, ffn_dim=14336 // div,
       vocab_size=128256 // div, dtype="float32" if backend == "cpu" else "bfloat16",
-      param_dtype="float32", scan_layers=False, remat="none")
+      param_dtype="float32", scan_layers=False, remat="none", bos_token_id=None, eos_token_id=None)
 
 
 def make_batch(cfg, b: int, t: int, seed: int = 0, gens: int = 4) -> dict:

@@ -167,7 +167,8 @@ class Trainer:
     rec = {"step": step + 1, "kind": "train", **self.ledger.snapshot(), **m,
            "max_lag": int(batch.summary.lag.max_lag), "lag_hist": lag,
            "mean_reward": float(arrays["rewards"].mean()), "wait_s": t_wait, "train_s": t_train,
-           "publish_s": t_pub, "npr_retired": self.npr.num_retired}
+           "publish_s": t_pub, "npr_retired": self.npr.num_retired,
+           "policy_tokens": generated, "time": time.time()}
     self.metrics.write(rec)
     return rec
 

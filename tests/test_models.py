@@ -84,8 +84,8 @@ def test_padding_matches_unpadded():
   right = np.concatenate([row, np.zeros((1, pad), int)], 1)
   mask_l = np.arange(27)[None] >= pad
   mask_r = np.arange(27)[None] < 20
-  out_l = np.asarray(jax.jit(models.forward, static_argnums=1)(params, cfg, left, mask=mask_l))[0]
-  out_r = np.asarray(jax.jit(models.forward, static_argnums=1)(params, cfg, right, mask=mask_r))[0]
+  out_l = np.asarray(_fwd(params, cfg, left, mask=mask_l))[0]
+  out_r = np.asarray(_fwd(params, cfg, right, mask=mask_r))[0]
   assert rel_err(out_l[pad:], ref) <= 1e-5
   assert rel_err(out_r[:20], ref) <= 1e-5
 
@@ -94,9 +94,9 @@ def test_fp32_head_flag_and_bf16():
   cfg = models.get_preset("tiny_llama3", num_layers=1, dtype="bfloat16")
   params = models.init_params(cfg, jax.random.PRNGKey(0))
   tokens = np.zeros((1, 4), np.int32)
-  out = models.forward(params, cfg, tokens)
+  out = _fwd(params, cfg, tokens)
   assert out.dtype == np.float32
-  low = models.forward(params, cfg.replace(fp32_lm_head=False), tokens)
+  low = _fwd(params, cfg.replace(fp32_lm_head=False), tokens)
   assert low.dtype == np.float32
   assert np.max(np.abs(np.asarray(out) - np.asarray(low))) > 0  # head really ran in bf16
 

@@ -45,15 +45,14 @@ def build_masks(cfg: ModelConfig, q_pos: jax.Array, kv_pos: jax.Array) -> dict[s
 class Block(nn.Module):
   """`period` consecutive layers of the repeating layer pattern (the unit nn.scan iterates)."""
   cfg: ModelConfig
-  first_layer: int = 0
 
   @nn.compact
   def __call__(self, x, positions, masks, kv=None, index=None):
     cfg, p = self.cfg, self.cfg.scan_period
     cls = _layer_cls(cfg, scanned=True)
     new_k, new_v = [], []
-    for j in range(p):
-      i = self.first_layer + j
+    for j in range(p):  # block b holds layers b*p + j; the layer pattern has period p
+      i = j
       mask = masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
       layer_kv = None if kv is None else (kv[0][j], kv[1][j])
       x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), name=f"layer_{j}")(

@@ -50,11 +50,10 @@ class ScaleRLWorkerExtension:
     return True
 
   def _scalerl_model(self):
-    model = self.model_runner.model
-    return getattr(model, "model", model) if not hasattr(model, "load_weights") else model
+    return self.model_runner.get_model()   # the nn.Module (unwrapped from compile wrappers)
 
   def scalerl_load_weights(self, tensors: list) -> dict:
-    """Loads [(hf_name, dtype, shape, bytes)] into the live model; returns what was touched."""
+    """Loads [(hf_name, dtype, shape, bytes)] into the model (between reload_begin and _end)."""
     model = self._scalerl_model()
     pairs = [(name, _to_tensor(dt, shape, data)) for name, dt, shape, data in tensors]
     known = _hf_names(model)
@@ -64,8 +63,8 @@ class ScaleRLWorkerExtension:
       raise KeyError(f"unknown HF parameter names (not in the served model): {unknown[:8]}"
                      f"{' ...' if len(unknown) > 8 else ''}")
     with torch.no_grad():
-      loaded = model.load_weights(iter(pairs))
-    return {"n": len(pairs), "vllm_params": sorted(loaded) if loaded else []}
+      model.load_weights(iter(pairs))
+    return {"n": len(pairs)}
 
   def scalerl_info(self) -> dict:
     """Reports dtypes, and probes the logits dtype by running the real LM-head path once."""

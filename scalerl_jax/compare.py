@@ -1,0 +1,77 @@
+r"""Runs several recipes on the same config and compares their Eq. 1 fits on one compute axis.
+
+  python -m scalerl_jax.compare --config=configs/tiny.py --recipes=scalerl,qwen_dapo \
+      --workdir=runs/compare [--config.total_steps=100]
+
+Each recipe runs in WORKDIR/<recipe>/ (all start from the same SFT base policy, trained once in
+WORKDIR/base_policy and copied in). The comparison (analysis.fit_runs: per-run fits, the ±0.02
+shared-A rule, a markdown table and a figure) goes to WORKDIR/compare/.
+"""
+import logging
+import os
+import shutil
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from scalerl_jax import recipes
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Base run config.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
+_RECIPES = flags.DEFINE_list("recipes", ["scalerl", "qwen_dapo"], "Recipes to compare.")
+
+
+def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
+  """Runs each recipe of `names` on `config` under `workdir`; returns analysis.fit_runs' list."""
+  from analysis.fit import fit_runs
+  from scalerl_jax import main as run_main
+  from scalerl_jax import runtime, sft
+  from scalerl_jax.data import build_dataset
+  recipes.check_workdir(workdir)
+  runs = []
+  for name in names:
+    c = config.copy_and_resolve_references()
+    c.recipe = name
+    c = recipes.apply_recipe(c, _locked_keys())
+    recipes.validate(c, os.path.join(workdir, name))
+    runs.append((name, c))
+  base = os.path.join(workdir, sft.BASE_DIR)
+  if not os.path.exists(os.path.join(base, "config.json")):   # one warm start shared by all
+    dataset = build_dataset(config.data, config.rollout.max_prompt_len)
+    sft.warm_start(config, runtime.model_config(config), dataset, workdir, progress=progress)
+  dirs = []
+  for name, c in runs:
+    d = os.path.join(workdir, name)
+    if not os.path.exists(os.path.join(d, sft.BASE_DIR)):
+      shutil.copytree(base, os.path.join(d, sft.BASE_DIR))
+    if os.path.exists(os.path.join(d, "metrics.jsonl")):
+      logging.info("%s: metrics.jsonl exists, reusing the finished run", name)
+    else:
+      logging.info("running recipe %s in %s", name, d)
+      run_main.run(c, d, progress=progress)
+    dirs.append(d)
+  out = os.path.join(workdir, "compare")
+  res = fit_runs(dirs, out, n_boot=200, progress=progress, names=list(names))
+  print(open(os.path.join(out, "compare.md")).read() if os.path.exists(
+      os.path.join(out, "compare.md")) else res)
+  return res
+
+
+def _locked_keys() -> frozenset:
+  return frozenset(a.split("=")[0][len("--config."):] for a in sys.argv if a.startswith("--config."))
+
+
+def main(argv):
+  del argv
+  try:
+    for name in _RECIPES.value:
+      if name not in recipes.RECIPES:
+        raise recipes.ConfigError(f"unknown recipe {name!r}; choose from {sorted(recipes.RECIPES)}")
+    compare(_CONFIG.value, _WORKDIR.value, _RECIPES.value)
+  except recipes.ConfigError as e:
+    sys.exit(f"config error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main)
