@@ -89,7 +89,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Supervised warm start (only for datasets that ship SFT traces, e.g. the synthetic task; real
   # runs start from an SFT checkpoint via model.hf_checkpoint).
-  c.sft = ml_collections.ConfigDict(dict(steps=0, batch_size=64, lr=1e-3, num_examples=2048))
+  c.sft = ml_collections.ConfigDict(dict(clean_steps=0, steps=0, batch_size=64, lr=1e-3,
+                                         num_examples=2048))
   c.pull_timeout_s = 1800.0
   c.debug_dump_every = 0   # > 0: save every Nth trained batch to WORKDIR/batches/ (tests, debugging)
 

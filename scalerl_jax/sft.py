@@ -1,7 +1,11 @@
 """Supervised warm start: the base policy RL starts from (the paper starts from an SFT model).
 
 `warm_start(config, model_cfg, dataset, workdir)` trains on the dataset's SFT traces with token-level
-cross-entropy (loss only on `loss_mask` tokens: never on the prompt or injected interruption text),
+cross-entropy (loss only on `loss_mask` tokens: never on the prompt or injected interruption text):
+first `config.sft.clean_steps` steps on noise-free traces (a tiny model learns the task's step
+function quickly from clean data but plateaus for thousands of steps on noisy data alone), then
+`config.sft.steps` steps on the noisy traces, which calibrate the policy to the intended
+per-step error rate (held-out pass rate ~0.2 at temperature 1: room for RL to climb),
 writes the result as an HF safetensors directory `WORKDIR/base_policy/` and returns the params. A
 later run with the same workdir loads that directory instead of training again.
 """
@@ -39,24 +43,31 @@ def _step(params, cfg, opt, opt_state, tokens, mask):
   return optax.apply_updates(params, updates), opt_state, loss
 
 
-def train_sft(model_cfg, params, tokens: np.ndarray, mask: np.ndarray, *, steps: int,
-              batch_size: int, lr: float, seed: int = 0, progress: bool = True):
-  """Runs `steps` AdamW steps of masked next-token cross-entropy; returns (params, last losses)."""
-  if tokens.shape != mask.shape or tokens.ndim != 2:
-    raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must be equal 2-D shapes")
-  if len(tokens) < batch_size:
-    raise ValueError(f"{len(tokens)} SFT examples < batch size {batch_size}")
-  opt = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, max(1, steps // 10), steps,
-                                                       lr * 0.1), weight_decay=0.0)
+def train_sft(model_cfg, params, phases, *, batch_size: int, lr: float, seed: int = 0,
+              progress: bool = True):
+  """AdamW on masked next-token cross-entropy over `phases` = [(tokens, mask, steps), ...] in
+  order (one optimizer throughout); returns (params, losses)."""
+  total = sum(n for _, _, n in phases)
+  for tokens, mask, _ in phases:
+    if tokens.shape != mask.shape or tokens.ndim != 2:
+      raise ValueError(f"tokens {tokens.shape} and mask {mask.shape} must be equal 2-D shapes")
+    if len(tokens) < batch_size:
+      raise ValueError(f"{len(tokens)} SFT examples < batch size {batch_size}")
+  opt = optax.adamw(optax.warmup_constant_schedule(0.0, lr, min(50, max(1, total // 10))),
+                    weight_decay=0.0)
   params = jax.tree.map(jnp.asarray, params)
   opt_state = opt.init(params)
   rng = np.random.default_rng(seed)
   losses = []
-  for _ in tqdm(range(steps), desc="SFT warm start", disable=not progress, leave=False):
+  bar = tqdm(total=total, desc="SFT warm start", disable=not progress, leave=False)
+  schedule = [(tokens, mask) for tokens, mask, n in phases for _ in range(n)]
+  for tokens, mask in schedule:
+    bar.update()
     idx = rng.choice(len(tokens), batch_size, replace=False)
     params, opt_state, loss = _step(params, model_cfg, opt, opt_state, jnp.asarray(tokens[idx]),
                                     jnp.asarray(mask[idx]))
     losses.append(float(loss))
+  bar.close()
   return params, losses
 
 
@@ -70,13 +81,17 @@ def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
   if not hasattr(dataset, "sft_batch"):
     raise ValueError(f"dataset kind {config.data.kind!r} has no SFT traces; set "
                      "config.model.hf_checkpoint to an SFT checkpoint instead")
-  tokens, mask = dataset.sft_batch(config.sft.num_examples, seed=config.seed)
+  n = config.sft.num_examples
+  phases = []
+  if config.sft.get("clean_steps", 0):
+    phases.append((*dataset.sft_batch(n, seed=config.seed, step_noise=0.0), config.sft.clean_steps))
+  phases.append((*dataset.sft_batch(n, seed=config.seed + 1), config.sft.steps))
   params = models.init_params(model_cfg, jax.random.PRNGKey(config.seed))
   t0 = time.time()
-  params, losses = train_sft(model_cfg, params, tokens, mask, steps=config.sft.steps,
-                             batch_size=config.sft.batch_size, lr=config.sft.lr,
-                             seed=config.seed, progress=progress)
-  info = {"sft_cached": False, "sft_steps": config.sft.steps, "sft_seconds": time.time() - t0,
+  params, losses = train_sft(model_cfg, params, phases, batch_size=config.sft.batch_size,
+                             lr=config.sft.lr, seed=config.seed, progress=progress)
+  info = {"sft_cached": False, "sft_steps": config.sft.steps,
+          "sft_clean_steps": config.sft.get("clean_steps", 0), "sft_seconds": time.time() - t0,
           "sft_final_loss": float(np.mean(losses[-10:]))}
   tmp = path + ".tmp"
   models.save_hf(model_cfg, jax.device_get(params), tmp)

@@ -29,14 +29,15 @@ class Dataset:
   stop_tokens: tuple[int, ...]
   think_end_tokens: tuple[int, ...]
   stats: dict
-  sft: Callable[[int, int], tuple] | None = None   # (n, seed) -> (tokens [n,T], loss_mask [n,T])
+  # (n, seed, step_noise) -> (tokens [n,T], loss_mask [n,T]); step_noise None = the default
+  sft: Callable[..., tuple] | None = None
 
-  def sft_batch(self, n: int, seed: int = 0):
+  def sft_batch(self, n: int, seed: int = 0, step_noise: float | None = None):
     """SFT traces for the warm start: (tokens int32 [n,T], loss_mask bool [n,T])."""
     if self.sft is None:
       raise ValueError(f"dataset kind {self.kind!r} ships no SFT traces; start RL from an SFT "
                        "checkpoint (config.model.hf_checkpoint)")
-    return self.sft(n, seed)
+    return self.sft(n, seed, step_noise)
 
   def interruption_tokens(self, text: str) -> tuple[int, ...]:
     """Token ids of the forced-interruption phrase (config.rollout.interruption_text)."""
@@ -73,10 +74,11 @@ def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
     tok = synthetic.TOKENIZER
     noise = float(_get(data_cfg, "synthetic_step_noise", synthetic.DEFAULT_STEP_NOISE))
 
-    def sft(n, sft_seed):
+    def sft(n, sft_seed, step_noise=None):
       if n > len(train):
         raise ValueError(f"asked for {n} SFT traces but the train split has {len(train)} prompts")
-      return synthetic.pad_batch(synthetic.sft_examples(train[:n], sft_seed, noise))
+      q = noise if step_noise is None else step_noise
+      return synthetic.pad_batch(synthetic.sft_examples(train[:n], sft_seed, q))
 
     return Dataset(kind, specs[0], specs[1], tok, "synthetic", (tok.eos_id,), (tok.end_think_id,),
                    {"train": len(specs[0]), "heldout": len(specs[1])}, sft)
