@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast demo compare clean
+.PHONY: venv vllm-venv test test-fast demo compare clean
 
 # Idempotent: rebuilds only when requirements.txt is newer than the stamp.
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
@@ -17,8 +17,12 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 
 venv: $(STAMP)
 
-test: venv
-	$(VPY) -m pytest -q -n 2 --timeout=900 tests
+# vLLM (the generator fleet's engine) lives in its own venv, as a fleet image would.
+vllm-venv:
+	bash scripts/setup_vllm_venv.sh
+
+test: venv vllm-venv
+	SCALERL_REQUIRE_VLLM=1 $(VPY) -m pytest -q -n 2 --dist loadgroup --timeout=900 tests
 
 test-fast: venv
 	$(VPY) -m pytest -q -x -m "not slow" tests

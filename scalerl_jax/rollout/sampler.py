@@ -34,10 +34,13 @@ _THINK, _FORCE, _ANSWER = 0, 1, 2
 _BUCKET = 16
 
 
-def _sample(rng, logits, temperature, top_p):
+def _sample(rng, logits, temperature, top_p, use_top_p: bool = True):
   """Samples one token per row; returns (token int32 [B], log-prob float32 [B])."""
   scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
   logp = jax.nn.log_softmax(scaled, axis=-1)
+  if not use_top_p:   # top_p = 1: no sort over the vocabulary
+    token = jax.random.categorical(rng, logp, axis=-1).astype(jnp.int32)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
   # Top-p: keep the smallest set of tokens whose probability mass reaches top_p.
   order = jnp.argsort(-logp, axis=-1)
   sorted_lp = jnp.take_along_axis(logp, order, axis=-1)
@@ -52,15 +55,15 @@ def _sample(rng, logits, temperature, top_p):
   return token, lp
 
 
-@functools.partial(jax.jit, static_argnums=(1, 3), donate_argnums=(2,))
-def _decode_chunk(params, cfg, state, n_steps, consts):
+@functools.partial(jax.jit, static_argnums=(1, 3, 5), donate_argnums=(2,))
+def _decode_chunk(params, cfg, state, n_steps, consts, use_top_p=True):
   """Runs `n_steps` sampling steps on the whole batch (see JaxSampler.generate for the state)."""
   interrupt, stop, temperature, top_p, answer_budget, version = consts
   n_int = interrupt.shape[0]
 
   def body(_, s):
     rng, key = jax.random.split(s["rng"])
-    sampled, lp = _sample(key, s["logits"], temperature, top_p)
+    sampled, lp = _sample(key, s["logits"], temperature, top_p, use_top_p)
     forcing = s["phase"] == _FORCE
     forced_tok = interrupt[jnp.clip(s["force_idx"], 0, n_int - 1)]
     token = jnp.where(forcing, forced_tok, sampled)
@@ -212,7 +215,8 @@ class JaxSampler(Generator):
     for start in range(0, L, self.chunk_steps):
       consts = (interrupt, stop, jnp.float32(spec.temperature), jnp.float32(spec.top_p),
                 jnp.int32(answer_budget), jnp.int32(self._version))
-      state = _decode_chunk(self._params, self.cfg, state, min(self.chunk_steps, L - start), consts)
+      state = _decode_chunk(self._params, self.cfg, state, min(self.chunk_steps, L - start), consts,
+                            spec.top_p < 1.0)
       chunk += 1
       if self.on_chunk is not None:
         self.on_chunk(chunk)

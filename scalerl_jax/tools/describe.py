@@ -27,10 +27,9 @@ _ROUTED = ("gate", "up", "down")
 
 
 def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
-  """The ModelConfig of a run config (config.model section: preset + numerics overrides)."""
-  m = c.model
-  return get_preset(m.preset, param_dtype=m.param_dtype, dtype=m.dtype,
-                    fp32_lm_head=m.fp32_lm_head, scan_layers=m.scan_layers, remat=m.remat)
+  """The ModelConfig of a run config (one place: scalerl_jax.runtime.model_config)."""
+  from scalerl_jax import runtime
+  return runtime.model_config(c)
 
 
 def count_params(cfg: ModelConfig) -> dict:
