@@ -1,13 +1,49 @@
-"""Llama-3.1-8B-shaped dense model at the paper's ScaleRL settings.
+"""Llama-3.1-8B-shaped dense model at the paper's ScaleRL settings, with a learner layout per target.
 
-Run:
-  python -m scalerl_jax.main --config=configs/8b.py --config.model.hf_checkpoint=/ckpt/llama8b --workdir=gs://bucket/run
+Run (the arg after the colon picks the learner topology; default h100_16):
+  python -m scalerl_jax.main --config=configs/8b.py:h100_16 --config.model.hf_checkpoint=/ckpt/llama8b --workdir=gs://bucket/run
+Plan the memory of the real-size train step ahead of time (no accelerator needed):
+  python -m scalerl_jax.tools.plan --config=configs/8b.py --topology=h100_16
+
+Paper settings (PAPER_NOTES §4; base_config defaults, asserted by tests/test_configs.py): 48 prompts
+x 16 generations = 768 sequences, thinking budget drawn in [10240, 12288] then the interruption
+phrase and <= 2048 answer tokens, prompt <= 2048 (so <= 16,384 tokens a sequence), AdamW lr 5e-7,
+eps 1e-15, wd 0.01, 100 warm-up steps, PipelineRL-8, CISPO eps_max 5, FP32 LM head.
+
+Learner state: fp32 params + fp32 Adam moments (16 B/param incl. the fp32 gradient: 128 GB total),
+bf16 compute, full remat, scanned layers. The model's attention materialises the [T, T] scores, so
+heads are split over `tensor` to keep a 16k-token sequence's scores small; each micro-batch holds
+ONE sequence per (data x fsdp) shard. Measured results: docs/SCALE.md.
 """
 from configs import common
+from scalerl_jax import topologies
+
+DEFAULT_TOPOLOGY = "h100_16"
+
+# mesh over (data, fsdp, tensor, expert); microbatches = 768 / (data * fsdp): one 16k sequence per
+# batch shard per micro-batch.
+LAYOUTS = {
+    "h100_16": dict(mesh=(("data", 1), ("fsdp", 2), ("tensor", 8), ("expert", 1)),
+                    microbatches=384, remat="full", scan_layers=True,
+                    note="tensor = the 8 NVLink GPUs of a node, fsdp across the 2 nodes"),
+    "tpu_v5p_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)),
+                       microbatches=192, remat="full", scan_layers=True),
+    "tpu_v5p_64": dict(mesh=(("data", 1), ("fsdp", 16), ("tensor", 4), ("expert", 1)),
+                       microbatches=48, remat="full", scan_layers=True),
+    "gb200_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)),
+                     microbatches=192, remat="full", scan_layers=True),
+}
 
 
 def get_config(arg=None):
-  del arg
   c = common.base_config()
   c.model.preset = "llama3_8b"
-  return c
+  c.model.param_dtype = "float32"   # fp32 master weights + fp32 Adam moments
+  c.model.dtype = "bfloat16"
+  # Generator-side layout the plan tool compiles: bf16 weights, tensor-parallel over 8 devices,
+  # a KV cache of 64 sequences x 16,384 tokens.
+  c.generator.tensor_parallel = 8
+  c.generator.decode_batch = 64
+  c.layouts = topologies.layouts_to_config(LAYOUTS)
+  c.topology = arg or DEFAULT_TOPOLOGY
+  return topologies.apply_layout(c)

@@ -11,7 +11,6 @@ import logging
 from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P

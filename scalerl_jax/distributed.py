@@ -1,0 +1,183 @@
+"""Multi-host (multi-process) JAX: initialization, per-host batch feeding, per-host metrics.
+
+One JAX process per host; all processes run the same program (SPMD, multi-controller). Typical
+learner use on every host:
+
+  from scalerl_jax import distributed
+  distributed.initialize(config)                 # no-op for a single process
+  mesh = sharding.make_mesh(config.mesh.shape)   # over jax.devices(): ALL hosts' devices
+  params, shardings = sharding.sharded_init(cfg, rng, mesh, rules)
+  learner = distributed.MultiHostLearner(apply_fn, params, config, mesh=mesh,
+                                         params_sharding=shardings, vocab_size=cfg.vocab_size)
+  rows = learner.local_rows()                    # slice of the global batch THIS host feeds
+  metrics = learner.step({k: v[rows] for k, v in global_batch.items()})   # or a loader's shard
+  if distributed.is_main_process(): write(metrics)
+
+Settings come from `config.distributed` (coordinator_address, num_processes, process_id,
+cpu_collectives) or, when a field is unset, from the environment: SCALERL_COORDINATOR,
+SCALERL_NUM_PROCESSES, SCALERL_PROCESS_ID (launchers set these; on Cloud TPU / SLURM
+jax.distributed.initialize() with no arguments auto-detects, use `auto=True`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+ENV_COORDINATOR = "SCALERL_COORDINATOR"
+ENV_NUM_PROCESSES = "SCALERL_NUM_PROCESSES"
+ENV_PROCESS_ID = "SCALERL_PROCESS_ID"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedSpec:
+  """Where the coordinator is and who we are. num_processes == 1 means "not distributed"."""
+  coordinator_address: str = ""
+  num_processes: int = 1
+  process_id: int = 0
+  cpu_collectives: str = "gloo"     # CPU cross-process collectives (tests, CPU-only clusters)
+  auto: bool = False                 # let jax auto-detect (Cloud TPU, SLURM, ...)
+
+  def __post_init__(self):
+    if self.num_processes < 1:
+      raise ValueError(f"num_processes must be >= 1, got {self.num_processes}")
+    if not 0 <= self.process_id < self.num_processes:
+      raise ValueError(f"process_id {self.process_id} not in [0, {self.num_processes})")
+    if self.num_processes > 1 and not self.auto and not self.coordinator_address:
+      raise ValueError(f"{self.num_processes} processes need a coordinator address "
+                       f"(config.distributed.coordinator_address or ${ENV_COORDINATOR})")
+
+  @classmethod
+  def from_config(cls, config=None, env: Mapping[str, str] | None = None) -> "DistributedSpec":
+    """config.distributed fields win; unset ones (empty / None / absent) fall back to env."""
+    env = os.environ if env is None else env
+    section = {}
+    if config is not None and "distributed" in config:
+      section = dict(config.distributed)
+
+    def pick(field, env_key, cast, default):
+      v = section.get(field)
+      if v not in (None, "", -1):
+        return cast(v)
+      return cast(env[env_key]) if env.get(env_key) else default
+    return cls(coordinator_address=pick("coordinator_address", ENV_COORDINATOR, str, ""),
+               num_processes=pick("num_processes", ENV_NUM_PROCESSES, int, 1),
+               process_id=pick("process_id", ENV_PROCESS_ID, int, 0),
+               cpu_collectives=str(section.get("cpu_collectives") or "gloo"),
+               auto=bool(section.get("auto", False)))
+
+
+def initialize(config=None, env: Mapping[str, str] | None = None) -> DistributedSpec:
+  """jax.distributed.initialize from config/env. Must run before any JAX computation.
+
+  A single process (num_processes == 1, not auto) is a no-op. On CPU the cross-process collectives
+  are switched to `cpu_collectives` (gloo) first; without this CPU all-reduces across processes fail.
+  """
+  import jax
+  spec = DistributedSpec.from_config(config, env)
+  if spec.num_processes == 1 and not spec.auto:
+    return spec
+  if spec.cpu_collectives and os.environ.get("JAX_PLATFORMS", "cpu").startswith("cpu"):
+    jax.config.update("jax_cpu_collectives_implementation", spec.cpu_collectives)
+  if spec.auto:
+    jax.distributed.initialize()
+  else:
+    jax.distributed.initialize(coordinator_address=spec.coordinator_address,
+                               num_processes=spec.num_processes, process_id=spec.process_id)
+  return spec
+
+
+def is_main_process() -> bool:
+  """Process 0 writes metrics, checkpoints metadata and talks to the rollout buffer."""
+  import jax
+  return jax.process_index() == 0
+
+
+def process_row_slice(sharding, global_rows: int) -> slice:
+  """Rows of a [global_rows, ...] batch (sharded by `sharding` on dim 0) that THIS process's
+  devices hold, as one contiguous slice. Raises if the mesh interleaves processes along the batch."""
+  idx = sharding.addressable_devices_indices_map((global_rows,))
+  spans = sorted({(s[0].start or 0, global_rows if s[0].stop is None else s[0].stop)
+                  for s in idx.values()})
+  start, stop = spans[0][0], spans[-1][1]
+  covered = sum(b - a for a, b in spans)
+  if covered != stop - start:
+    raise ValueError(f"this process's batch rows are not contiguous: {spans}; order the mesh "
+                     "devices process-major along the batch axes")
+  return slice(start, stop)
+
+
+def host_to_global(local_batch: Mapping[str, Any], sharding, global_rows: int) -> dict:
+  """{name: local numpy [rows_local, ...]} -> {name: global jax.Array [global_rows, ...]} with
+  `jax.make_array_from_process_local_data` (each host contributes only its own rows)."""
+  import jax
+  out = {}
+  for k, v in local_batch.items():
+    v = np.asarray(v)
+    out[k] = jax.make_array_from_process_local_data(sharding, v, (global_rows,) + v.shape[1:])
+  return out
+
+
+def gather_to_host(tree):
+  """Every process gets the full numpy value of a (possibly multi-host sharded) pytree."""
+  import jax
+  if jax.process_count() == 1:
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+  from jax.experimental import multihost_utils
+  return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
+
+
+def _make_learner_class():
+  from scalerl_jax.learner import Learner
+  from scalerl_jax.learner.batch import validate_batch
+
+  class MultiHostLearner(Learner):
+    """Learner whose `step` takes THIS host's rows of the batch (see `local_rows`).
+
+    Each host validates its own rows, then the global batch is assembled with
+    make_array_from_process_local_data; the step and metrics are identical on every host.
+    """
+
+    def global_rows(self) -> int:
+      return int(self._global_rows)
+
+    def set_global_rows(self, rows: int) -> None:
+      import jax
+      if rows % self.microbatches:
+        raise ValueError(f"global batch {rows} not divisible by microbatches {self.microbatches}")
+      if self.batch_sharding is None:
+        raise ValueError("MultiHostLearner needs a mesh")
+      self._global_rows = int(rows)
+      rows_here = process_row_slice(self.batch_sharding, rows)
+      if (rows_here.stop - rows_here.start) * jax.process_count() != rows:
+        raise ValueError(f"uneven batch split across {jax.process_count()} processes: {rows_here}")
+
+    def local_rows(self, global_rows: int | None = None) -> slice:
+      if global_rows is not None:
+        self.set_global_rows(global_rows)
+      return process_row_slice(self.batch_sharding, self.global_rows())
+
+    def device_batch(self, batch: Mapping[str, Any]) -> dict:
+      import jax
+      batch = {k: np.asarray(v) for k, v in batch.items()}
+      validate_batch(batch, 1, self.vocab_size)
+      local = batch["tokens"].shape[0]
+      if not hasattr(self, "_global_rows"):
+        self.set_global_rows(local * jax.process_count())
+      want = self.local_rows()
+      if local != want.stop - want.start:
+        raise ValueError(f"process {jax.process_index()} fed {local} rows, expected "
+                         f"{want.stop - want.start} (rows {want.start}:{want.stop})")
+      return host_to_global(batch, self.batch_sharding, self.global_rows())
+
+  return MultiHostLearner
+
+
+def __getattr__(name):  # lazy: importing this module must not import jax (initialize first)
+  if name == "MultiHostLearner":
+    cls = _make_learner_class()
+    globals()[name] = cls
+    return cls
+  raise AttributeError(name)

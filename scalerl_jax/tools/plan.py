@@ -1,0 +1,249 @@
+"""Ahead-of-time memory plan of the REAL-size train step (and generator layout) on a named topology.
+
+Run from the repo root (no accelerator needed; nothing is allocated):
+  python -m scalerl_jax.tools.plan --config=configs/8b.py --topology=h100_16
+  python -m scalerl_jax.tools.plan --config=configs/scout.py --topology=gb200_16 --seq_len=16384
+
+The tool re-executes itself with XLA_FLAGS=--xla_force_host_platform_device_count=N (N = the
+topology's device count) and JAX_PLATFORMS=cpu, builds the production mesh from `config.layouts`
+and `config.mesh.rules`, and compiles
+
+  learner: the learner's jitted, donated train step (scalerl_jax.learner.make_train_step +
+           jit_train_step, the Learner's own shardings) via jax.jit(...).lower(abstract_state,
+           abstract_batch).compile() on ShapeDtypeStructs carrying their NamedShardings;
+  generator: a KV-cache decode step with bf16 params laid out for a tensor-parallel generator
+           (`config.generator.tensor_parallel` devices; weights sharded over `tensor` only).
+
+and prints ONE JSON line with per-device bytes (params, optimizer state, batch, XLA temp =
+activations + gradients + workspace, from `compiled.memory_analysis()`), the peak total, `fits`
+against the topology's usable memory, compile times, mesh, micro-batches and tokens per micro-batch.
+
+Caveat: the numbers come from the XLA:CPU compiler's buffer assignment. TPU/GPU compilers fuse and
+schedule differently; treat temp bytes as an estimate (docs/SCALE.md).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _bytes_per_device(abstract_tree, shardings) -> int:
+  """Σ over leaves of the bytes of one device's shard (even shardings: all devices equal)."""
+  import jax
+  total = 0
+  for a, s in zip(jax.tree.leaves(abstract_tree), jax.tree.leaves(shardings)):
+    total += math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+  return int(total)
+
+
+def _with_sharding(abstract_tree, shardings):
+  import jax
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract_tree, shardings)
+
+
+def _memory(compiled) -> dict:
+  ma = compiled.memory_analysis()
+  out = dict(argument_bytes=int(ma.argument_size_in_bytes), output_bytes=int(ma.output_size_in_bytes),
+             alias_bytes=int(ma.alias_size_in_bytes), temp_bytes=int(ma.temp_size_in_bytes))
+  # Peak = inputs + scratch + outputs that do not reuse (donated) input buffers.
+  out["peak_bytes"] = (out["argument_bytes"] + out["temp_bytes"] + out["output_bytes"]
+                       - out["alias_bytes"])
+  return out
+
+
+def abstract_batch(batch_rows: int, seq_len: int, batch_sharding) -> dict:
+  """The rollout-batch contract as ShapeDtypeStructs (docs/ARCHITECTURE.md "Rollout batch")."""
+  import jax
+  import jax.numpy as jnp
+  tok = lambda dt: jax.ShapeDtypeStruct((batch_rows, seq_len), dt, sharding=batch_sharding)
+  row = lambda dt: jax.ShapeDtypeStruct((batch_rows,), dt, sharding=batch_sharding)
+  return dict(tokens=tok(jnp.int32), gen_logprobs=tok(jnp.float32), loss_mask=tok(jnp.bool_),
+              positions=tok(jnp.int32), rewards=row(jnp.float32), prompt_ids=row(jnp.int32))
+
+
+def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int):
+  """Lowers + compiles the learner's sharded train step on abstract inputs.
+
+  Returns (compiled, info) where info holds the abstract state/batch, their shardings and timings.
+  """
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from scalerl_jax import models, sharding
+  from scalerl_jax.learner import (LearnerState, RLSpec, jit_train_step, make_optimizer,
+                                   make_train_step, state_shardings, warmup_constant_schedule)
+  from scalerl_jax.learner.learner import batch_axes
+
+  rules = tuple(config.mesh.rules)
+  microbatches = int(config.optim.microbatches)
+  if batch_rows % microbatches:
+    raise ValueError(f"batch {batch_rows} not divisible by microbatches {microbatches}")
+  optimizer = make_optimizer(config.optim)
+  params = sharding.abstract_params(model_cfg)
+  p_sh = sharding.param_shardings(model_cfg, mesh, rules)
+  state_sh = state_shardings(optimizer, params, p_sh, mesh)
+  abstract_state = _with_sharding(
+      jax.eval_shape(lambda p: LearnerState.create(p, optimizer), params), state_sh)
+  partition = P(batch_axes(rules))
+  batch_sh = NamedSharding(mesh, partition)
+  batch = abstract_batch(batch_rows, seq_len, batch_sh)
+  apply_fn = lambda p, tok, pos: models.forward(p, model_cfg, tok, pos)
+  step_fn = make_train_step(apply_fn, optimizer, RLSpec.from_config(config.rl), microbatches,
+                            lr_schedule=warmup_constant_schedule(config.optim.lr,
+                                                                 config.optim.warmup_steps),
+                            batch_partition=partition, mesh=mesh)
+  jitted = jit_train_step(step_fn, mesh=mesh, state_sharding=state_sh, batch_sharding=batch_sh)
+  t0 = time.perf_counter()
+  with sharding.use_mesh(mesh, rules):
+    lowered = jitted.lower(abstract_state, batch)
+  t1 = time.perf_counter()
+  compiled = lowered.compile()
+  t2 = time.perf_counter()
+  info = dict(abstract_state=abstract_state, state_shardings=state_sh, batch=batch,
+              batch_sharding=batch_sh, lower_s=t1 - t0, compile_s=t2 - t1)
+  return compiled, info
+
+
+def generator_rules(rules):
+  """The learner rules with FSDP removed: a generator keeps full weights along `embed`, shards
+  heads / mlp / vocab over `tensor` (and experts over `expert`), and its cache batch over `data`."""
+  over = {"embed": None, "batch": "data", "cache_batch": "data"}
+  return tuple((k, over.get(k, v)) for k, v in rules)
+
+
+def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_batch: int,
+                      max_len: int) -> dict:
+  """Compiles one bf16 decode step (KV cache of `decode_batch` x `max_len`) on `tensor_parallel`
+  devices; returns per-device bytes and compile time."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from scalerl_jax import models, sharding
+
+  gen_cfg = model_cfg.replace(param_dtype="bfloat16", dtype="bfloat16", remat="none")
+  mesh = sharding.make_mesh((("data", 1), ("fsdp", 1), ("tensor", tensor_parallel), ("expert", 1)),
+                            devices[:tensor_parallel])
+  rules = generator_rules(tuple(config.mesh.rules))
+  params = sharding.abstract_params(gen_cfg)
+  p_sh = sharding.param_shardings(gen_cfg, mesh, rules)
+  cache = jax.eval_shape(lambda: models.init_cache(gen_cfg, decode_batch, max_len))
+  c_sh = sharding.cache_shardings(cache, mesh, rules)
+  tok_sh = NamedSharding(mesh, P())
+  tokens = jax.ShapeDtypeStruct((decode_batch,), jnp.int32, sharding=tok_sh)
+  step = jax.jit(models.decode_step, static_argnums=1, donate_argnums=3,
+                 in_shardings=(p_sh, tok_sh, c_sh), out_shardings=(tok_sh, c_sh))
+  t0 = time.perf_counter()
+  with sharding.use_mesh(mesh, rules):
+    compiled = step.lower(_with_sharding(params, p_sh), gen_cfg, tokens,
+                          _with_sharding(cache, c_sh)).compile()
+  out = dict(mesh=dict(tensor=tensor_parallel), param_dtype="bfloat16",
+             decode_batch=decode_batch, max_len=max_len,
+             param_bytes=_bytes_per_device(params, p_sh),
+             kv_cache_bytes=_bytes_per_device(cache, c_sh),
+             compile_s=round(time.perf_counter() - t0, 2))
+  out.update(_memory(compiled))
+  return out
+
+
+def plan(config, seq_len: int | None = None, with_generator: bool = True) -> dict:
+  """The plan JSON of `config` on `config.topology` (needs that many jax devices)."""
+  import jax
+  from scalerl_jax import runtime, sharding, topologies
+
+  topo = topologies.get_topology(config.topology)
+  devices = jax.devices()
+  if len(devices) < topo.num_devices:
+    raise RuntimeError(f"topology {topo.name} needs {topo.num_devices} devices, jax has "
+                       f"{len(devices)}; run as `python -m scalerl_jax.tools.plan` (it sets "
+                       f"XLA_FLAGS={_DEVICE_FLAG}=N itself)")
+  model_cfg = runtime.model_config(config)
+  r = config.rollout
+  batch_rows = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
+  seq_len = int(seq_len or r.max_prompt_len + r.think_budget_max + r.answer_budget)
+  mesh = sharding.make_mesh(config.mesh.shape, devices[:topo.num_devices])
+  compiled, info = compile_learner(config, model_cfg, mesh, batch_rows, seq_len)
+  st, st_sh = info["abstract_state"], info["state_shardings"]
+  mem = _memory(compiled)
+  m = int(config.optim.microbatches)
+  batch_split = math.prod(mesh.shape[a] for a in ("data", "fsdp"))
+  rows_mb = batch_rows // m
+  out = dict(
+      model=config.model.preset, topology=topo.name, devices=topo.num_devices,
+      mesh={k: int(v) for k, v in mesh.shape.items()},
+      param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.dtype, remat=model_cfg.remat,
+      scan_layers=model_cfg.scan_layers, batch_rows=batch_rows, seq_len=seq_len,
+      microbatches=m, rows_per_microbatch=rows_mb, tokens_per_microbatch=rows_mb * seq_len,
+      rows_per_device_per_microbatch=rows_mb / batch_split,
+      param_bytes=_bytes_per_device(st.params, st_sh.params),
+      opt_state_bytes=_bytes_per_device(st.opt_state, st_sh.opt_state),
+      batch_bytes=_bytes_per_device(info["batch"], {k: info["batch_sharding"] for k in info["batch"]}),
+      **mem,
+      lower_s=round(info["lower_s"], 2), compile_s=round(info["compile_s"], 2),
+      hbm_bytes=topo.hbm_bytes, usable_bytes=topo.usable_bytes)
+  out["activation_temp_bytes"] = out["temp_bytes"]
+  out["total_bytes"] = out["peak_bytes"]
+  out["fits"] = bool(out["total_bytes"] <= topo.usable_bytes)
+  out["total_gb"] = round(out["total_bytes"] / 1e9, 2)
+  if with_generator:
+    g = config.generator
+    out["generator"] = compile_generator(
+        config, model_cfg, devices, int(g.get("tensor_parallel", 8)),
+        int(g.get("decode_batch", 64)), seq_len)
+    gen = out["generator"]
+    # vLLM (the production generator) holds weights + KV cache + a small workspace; the XLA:CPU
+    # decode peak below also counts whole-cache copies the CPU backend makes, so it is reported
+    # separately and `fits` uses weights + cache.
+    gen["weights_plus_kv_bytes"] = gen["param_bytes"] + gen["kv_cache_bytes"]
+    gen["fits"] = bool(gen["weights_plus_kv_bytes"] <= topo.usable_bytes)
+  return out
+
+
+def _ensure_devices(n: int) -> None:
+  """Re-executes this program with N fake CPU devices unless XLA_FLAGS already provides them."""
+  want = f"{_DEVICE_FLAG}={n}"
+  if want in os.environ.get("XLA_FLAGS", "").split() and os.environ.get("JAX_PLATFORMS") == "cpu":
+    return
+  if os.environ.get("_SCALERL_PLAN_REEXEC"):
+    raise RuntimeError(f"re-exec did not provide {n} devices (XLA_FLAGS={os.environ.get('XLA_FLAGS')})")
+  flags_ = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_FLAG)]
+  env = dict(os.environ, XLA_FLAGS=" ".join(flags_ + [want]), JAX_PLATFORMS="cpu",
+             _SCALERL_PLAN_REEXEC="1")
+  sys.stdout.flush()
+  os.execve(sys.executable, [sys.executable, "-m", "scalerl_jax.tools.plan", *sys.argv[1:]], env)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError("--config=configs/NAME.py is required")
+  from scalerl_jax import topologies
+  if _TOPOLOGY.value:
+    topologies.apply_layout(config, _TOPOLOGY.value)
+  elif "layouts" in config:
+    topologies.apply_layout(config)   # honours --config.topology=NAME
+  else:
+    raise app.UsageError("config has no `layouts`; use configs/8b.py or configs/scout.py")
+  if _MICROBATCHES.value:
+    config.optim.microbatches = _MICROBATCHES.value
+  _ensure_devices(topologies.get_topology(config.topology).num_devices)
+  print(json.dumps(plan(config, _SEQ_LEN.value or None, with_generator=_GENERATOR.value)))
+
+
+if __name__ == "__main__":
+  _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/8b.py or scout.py.")
+  _TOPOLOGY = flags.DEFINE_string("topology", "", "Topology name (scalerl_jax.topologies); "
+                                  "default: config.topology.")
+  _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Tokens per sequence (default prompt + think + "
+                                  "answer budgets = 16,384).")
+  _MICROBATCHES = flags.DEFINE_integer("microbatches", 0, "Override config.optim.microbatches.")
+  _GENERATOR = flags.DEFINE_boolean("generator", True, "Also compile the generator decode step.")
+  app.run(main)

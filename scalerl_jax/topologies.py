@@ -1,0 +1,118 @@
+"""Named hardware targets (device count + per-device memory) and per-model layouts on them.
+
+A *topology* is hardware: how many accelerators the learner gets and how much memory each has.
+A *layout* is a model's choice on that hardware: mesh shape over (data, fsdp, tensor, expert),
+micro-batches, remat / scan. Layouts live in the config files (`configs/8b.py`, `configs/scout.py`,
+`LAYOUTS`), are copied into `config.layouts`, and `apply_layout(config)` makes `config.topology`
+take effect (so `--config.topology=NAME` works for any tool that calls it; `get_config("NAME")`
+applies it directly).
+
+Memory figures (bytes per device, decimal GB as vendors state them):
+
+| name | devices | HBM / device | source |
+|---|---|---|---|
+| tpu_v5p_16, tpu_v5p_64 | 16, 64 | 95 GB HBM2e | cloud.google.com/tpu/docs/v5p ("95 GiB HBM2e" per chip; we use the smaller 95e9) |
+| h100_16 | 16 (2 nodes × 8) | 80 GB HBM3 | NVIDIA H100 SXM datasheet |
+| gb200_16 | 16 (4 trays × 4) | 186 GB HBM3e | NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB |
+
+`usable_bytes` is what a JAX process may really use: 90 % of HBM on GPUs (run with
+XLA_PYTHON_CLIENT_MEM_FRACTION=0.9; the default is 0.75) and 95 % on TPU (runtime reservations).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+GB = 10 ** 9
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A learner's hardware: `num_devices` accelerators with `hbm_bytes` each."""
+  name: str
+  platform: str          # tpu | gpu
+  num_devices: int
+  hbm_bytes: int
+  usable_fraction: float
+  source: str
+
+  @property
+  def usable_bytes(self) -> int:
+    return int(self.hbm_bytes * self.usable_fraction)
+
+
+TOPOLOGIES: dict[str, Topology] = {
+    t.name: t for t in (
+        Topology("tpu_v5p_16", "tpu", 16, 95 * GB, 0.95, "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip"),
+        Topology("tpu_v5p_64", "tpu", 64, 95 * GB, 0.95, "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip"),
+        Topology("h100_16", "gpu", 16, 80 * GB, 0.90, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3"),
+        Topology("gb200_16", "gpu", 16, 186 * GB, 0.90,
+                 "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU"),
+    )
+}
+
+
+def get_topology(name: str) -> Topology:
+  """The Topology called `name`; ValueError listing the known names otherwise."""
+  if name not in TOPOLOGIES:
+    raise ValueError(f"unknown topology {name!r}; known: {sorted(TOPOLOGIES)}")
+  return TOPOLOGIES[name]
+
+
+def mesh_size(shape) -> int:
+  """Number of devices a fully specified mesh shape ((axis, size), ...) needs."""
+  n = 1
+  for _, s in shape:
+    if int(s) < 1:
+      raise ValueError(f"layout mesh shapes must be fully specified (no -1): {shape}")
+    n *= int(s)
+  return n
+
+
+def check_layout(name: str, layout: Mapping[str, Any]) -> None:
+  """A layout must name a known topology and use exactly its device count."""
+  topo = get_topology(name)
+  n = mesh_size(layout["mesh"])
+  if n != topo.num_devices:
+    raise ValueError(f"layout {name!r}: mesh {tuple(layout['mesh'])} uses {n} devices, "
+                     f"topology has {topo.num_devices}")
+
+
+def apply_layout(config, name: str | None = None):
+  """Sets config.mesh.shape / optim.microbatches / model.{remat,scan_layers} from
+  `config.layouts[name or config.topology]`. Returns config (modified in place)."""
+  name = name or config.topology
+  layouts = config.layouts
+  if name not in layouts:
+    raise ValueError(f"config has no layout for topology {name!r}; has {sorted(layouts)}")
+  layout = layouts[name]
+  check_layout(name, layout)
+  config.topology = name
+  config.mesh.shape = tuple((str(a), int(s)) for a, s in layout["mesh"])
+  config.optim.microbatches = int(layout["microbatches"])
+  config.model.remat = str(layout["remat"])
+  config.model.scan_layers = bool(layout["scan_layers"])
+  return config
+
+
+def layouts_to_config(layouts: Mapping[str, Mapping[str, Any]]):
+  """`LAYOUTS` dict -> ml_collections.ConfigDict (validated) for `config.layouts`."""
+  import ml_collections
+  out = ml_collections.ConfigDict()
+  for name, layout in layouts.items():
+    check_layout(name, layout)
+    out[name] = ml_collections.ConfigDict(dict(
+        mesh=tuple(tuple(x) for x in layout["mesh"]), microbatches=int(layout["microbatches"]),
+        remat=str(layout["remat"]), scan_layers=bool(layout["scan_layers"]),
+        note=str(layout.get("note", ""))))
+  return out
+
+
+def rows_per_microbatch(config) -> int:
+  """Sequences per micro-batch = train batch / microbatches."""
+  r = config.rollout
+  batch = r.batch_size or r.prompts_per_step * r.generations_per_prompt
+  m = int(config.optim.microbatches)
+  if batch % m:
+    raise ValueError(f"train batch {batch} not divisible by microbatches {m}")
+  return batch // m

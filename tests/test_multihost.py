@@ -1,0 +1,140 @@
+"""Multi-host learner: 2 JAX processes on localhost (2 CPU devices each, gloo collectives) train
+the tiny Llama for 3 steps on a fixed synthetic batch — every host feeding only its own rows via
+make_array_from_process_local_data — and end with the same parameters as ONE process with the
+same 4-device mesh, and as one process without a mesh (≤ 1e-5).
+
+This file is also the worker: `python tests/test_multihost.py MODE OUT.npz`, MODE = multi | single.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = 1e-5
+STEPS = 3
+
+
+def _batches(vocab):
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import test_rl_reference as ref
+  rng = np.random.default_rng(0)
+  out = []
+  for _ in range(STEPS):
+    batch, _ = ref.make_batch(rng, num_prompts=4, gens=4, seq=32)
+    batch["tokens"] = rng.integers(0, vocab, batch["tokens"].shape).astype(np.int32)
+    glp = np.full(batch["tokens"].shape, -np.log(vocab), np.float32)
+    glp += (0.3 * rng.standard_normal(glp.shape)).astype(np.float32)
+    batch["gen_logprobs"] = np.minimum(glp, -1e-3)
+    out.append(batch)
+  return out
+
+
+def _worker(mode, out_path):
+  from scalerl_jax import distributed
+  spec = distributed.initialize()          # env SCALERL_* (multi) or a no-op (single)
+  import jax
+  from configs import tiny
+  from scalerl_jax import models, sharding
+  from scalerl_jax.learner import Learner
+
+  cfg = models.get_preset("tiny_llama3", num_layers=2, vocab_size=97, d_model=64, head_dim=16,
+                          ffn_dim=128)
+  config = tiny.get_config()
+  config.optim.microbatches = 2
+  config.mesh.shape = (("data", 2), ("fsdp", 2), ("tensor", 1), ("expert", 1))
+  apply_fn = lambda p, t, pos: models.forward(p, cfg, t, pos)
+  batches = _batches(cfg.vocab_size)
+  t0 = time.perf_counter()
+  init = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(0)))
+  if mode == "nomesh":
+    learner = Learner(apply_fn, jax.tree.map(np.array, init), config, vocab_size=cfg.vocab_size)
+    metrics = [learner.step(b) for b in batches]
+  else:
+    assert jax.device_count() == 4, jax.devices()
+    mesh = sharding.make_mesh(config.mesh.shape)
+    params, shardings = sharding.sharded_init(cfg, jax.random.PRNGKey(0), mesh, config.mesh.rules)
+    learner = distributed.MultiHostLearner(apply_fn, params, config, mesh=mesh,
+                                           params_sharding=shardings, vocab_size=cfg.vocab_size)
+    rows = learner.local_rows(batches[0]["tokens"].shape[0])
+    metrics = [learner.step({k: v[rows] for k, v in b.items()}) for b in batches]
+  params = distributed.gather_to_host(learner.state.params)
+  flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+  if jax.process_index() == 0:
+    np.savez(out_path, **flat)
+  print(json.dumps(dict(mode=mode, process=jax.process_index(), processes=spec.num_processes,
+                        local_devices=jax.local_device_count(), devices=jax.device_count(),
+                        rows=[rows.start, rows.stop] if mode != "nomesh" else None,
+                        steps=int(np.asarray(distributed.gather_to_host(learner.state.step))),
+                        losses=[m["loss"] for m in metrics],
+                        max_update=max(float(np.abs(a - b).max()) for a, b in
+                                       zip(jax.tree.leaves(params), jax.tree.leaves(init))), seconds=time.perf_counter() - t0)))
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(devices, **extra):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env.update({k: str(v) for k, v in extra.items()})
+  return env
+
+
+def _last_json(text):
+  return json.loads(text.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(tmp_path):
+  me = os.path.abspath(__file__)
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, me, "multi", str(tmp_path / "multi.npz")], cwd=ROOT,
+      env=_env(2, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
+               SCALERL_PROCESS_ID=i), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  single = subprocess.run([sys.executable, me, "single", str(tmp_path / "single.npz")], cwd=ROOT,
+                          env=_env(4), capture_output=True, text=True, timeout=300)
+  nomesh = subprocess.run([sys.executable, me, "nomesh", str(tmp_path / "nomesh.npz")], cwd=ROOT,
+                          env=_env(1), capture_output=True, text=True, timeout=300)
+  outs = []
+  try:
+    for p in procs:
+      so, se = p.communicate(timeout=300)
+      assert p.returncode == 0, se[-4000:]
+      outs.append(_last_json(so))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert single.returncode == 0, single.stderr[-4000:]
+  assert nomesh.returncode == 0, nomesh.stderr[-4000:]
+  s, n = _last_json(single.stdout), _last_json(nomesh.stdout)
+  print(f"\n[multihost] {outs}\n[single] {s}\n[nomesh] {n}")
+  # two processes, each with 2 local devices of 4, each feeding its own half of the 16 rows
+  assert [o["process"] for o in outs] == [0, 1]
+  assert all(o["processes"] == 2 and o["local_devices"] == 2 and o["devices"] == 4 for o in outs)
+  assert sorted(tuple(o["rows"]) for o in outs) == [(0, 8), (8, 16)]
+  assert all(o["steps"] == STEPS for o in outs + [s, n])
+  for o in outs:                          # every host sees the same (global) metrics
+    np.testing.assert_allclose(o["losses"], s["losses"], rtol=1e-5, atol=1e-7)
+  multi, one, flat = (np.load(tmp_path / f"{m}.npz") for m in ("multi", "single", "nomesh"))
+  assert set(multi.files) == set(one.files) == set(flat.files) and len(multi.files) > 5
+  assert n["max_update"] > 1e-4, n          # the 3 steps really moved the parameters
+  for ref, name in ((one, "single"), (flat, "nomesh")):
+    diff = max(float(np.abs(multi[k].astype(np.float64) - ref[k]).max()) for k in multi.files)
+    print(f"max |multi - {name}| = {diff:.3g}")
+    assert diff <= TOL, (name, diff)
+
+
+if __name__ == "__main__":
+  _worker(sys.argv[1], sys.argv[2])
