@@ -15,7 +15,7 @@ from configs import common
 def get_config(arg=None):
   del arg
   c = common.base_config()
-  c.total_steps = 150
+  c.total_steps = 300
   c.model.preset = "tiny_llama3"
   c.model.vocab_size = 32          # the synthetic task's word-level vocabulary
   c.model.d_model = 128
@@ -27,7 +27,7 @@ def get_config(arg=None):
   c.model.dtype = "float32"
   c.model.scan_layers = False
   c.model.remat = "none"
-  c.optim.lr = 2e-4
+  c.optim.lr = 3e-5
   c.optim.warmup_steps = 5
   c.rollout.prompts_per_step = 8
   c.rollout.generations_per_prompt = 8

@@ -185,7 +185,8 @@ class Trainer:
     out = evaluate(self.model_cfg, self.learner.state.params, self.dataset, self.eval_spec,
                    int(self.config.eval.samples_per_prompt))
     self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
-    self.last_eval = {"step": 0, "kind": "eval", **self.ledger.snapshot(), **out}
+    self.last_eval = {"step": 0, "kind": "eval", **self.ledger.snapshot(), **out,
+                      "compute_hours": 0.0, "train_hours": 0.0, "gen_hours": 0.0}
     self.metrics.write(self.last_eval)
     every = int(self.config.eval.every_steps)
     total = int(self.config.total_steps)

@@ -1,0 +1,103 @@
+"""configs/8b.py and configs/scout.py: the paper's settings (PAPER_NOTES §4) and a valid learner
+layout for every named topology (mesh sizes, divisibility of every sharded dimension)."""
+import importlib
+import json
+import math
+
+import pytest
+
+from scalerl_jax import models, recipes, runtime, topologies
+
+CONFIGS = ("8b", "scout")
+PRESET = {"8b": "llama3_8b", "scout": "llama4_scout_17b_16e"}
+REQUIRED = {"8b": {"h100_16", "tpu_v5p_16", "tpu_v5p_64", "gb200_16"},
+            "scout": {"gb200_16", "tpu_v5p_64", "tpu_v5p_16", "h100_16"}}
+
+
+def _get(name, arg=None):
+  return importlib.import_module(f"configs.{name}").get_config(arg)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_paper_settings(name):
+  c = _get(name)
+  assert c.model.preset == PRESET[name]
+  assert (c.model.param_dtype, c.model.dtype, c.model.fp32_lm_head) == ("float32", "bfloat16", True)
+  assert c.model.hf_checkpoint == ""                       # --config.model.hf_checkpoint=/ckpt
+  r = c.rollout
+  assert (r.prompts_per_step, r.generations_per_prompt) == (48, 16)
+  assert (r.think_budget_min, r.think_budget_max, r.answer_budget) == (10240, 12288, 2048)
+  assert r.max_prompt_len == 2048 and r.mode == "pipeline" and r.max_lag == 8
+  assert "time is up" in r.interruption_text and r.interruption_text.endswith("</think>")
+  o = c.optim
+  assert (o.lr, o.eps, o.weight_decay, o.warmup_steps) == (5e-7, 1e-15, 0.01, 100)
+  assert (o.b1, o.b2) == (0.9, 0.999)
+  assert (c.rl.loss, c.rl.cispo_eps_max, c.rl.aggregation, c.rl.adv_norm) == ("cispo", 5.0,
+                                                                              "prompt", "batch")
+  assert c.rl.zero_variance_filter and c.rl.no_positive_resampling and c.rl.npr_threshold == 0.9
+  assert c.rl.length_control == "interrupt"
+  recipes.validate(c)                                      # the run's own fail-fast checks pass
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_layout_divides(name):
+  c = _get(name)
+  cfg = runtime.model_config(c)
+  assert REQUIRED[name] <= set(c.layouts)
+  for topo in c.layouts:
+    c = _get(name, topo)
+    t = topologies.get_topology(topo)
+    mesh = dict(c.mesh.shape)
+    assert c.topology == topo and math.prod(mesh.values()) == t.num_devices
+    batch = c.rollout.prompts_per_step * c.rollout.generations_per_prompt
+    m = c.optim.microbatches
+    assert batch == 768 and batch % m == 0
+    # one 16k-token sequence per batch shard per micro-batch
+    assert batch // m == mesh["data"] * mesh["fsdp"], (topo, m, mesh)
+    tp, ep = mesh["tensor"], mesh["expert"]
+    for dim in (cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.ffn_dim):
+      assert dim % tp == 0, (topo, dim, tp)
+    assert cfg.d_model % mesh["fsdp"] == 0
+    if cfg.num_experts:
+      assert cfg.num_experts % ep == 0 and cfg.expert_ffn_dim % tp == 0
+    assert (c.model.remat, c.model.scan_layers) == ("full", True)
+
+
+def test_topology_selection_and_errors():
+  c = _get("8b", "tpu_v5p_64")
+  assert dict(c.mesh.shape) == dict(data=1, fsdp=16, tensor=4, expert=1)
+  assert c.optim.microbatches == 48
+  c.topology = "h100_16"                                   # --config.topology=h100_16
+  topologies.apply_layout(c)
+  assert dict(c.mesh.shape)["tensor"] == 8 and c.optim.microbatches == 384
+  assert _get("8b").topology == "h100_16" and _get("scout").topology == "gb200_16"
+  with pytest.raises(ValueError, match="no layout for topology 'tpu_v9'"):
+    _get("8b", "tpu_v9")
+  with pytest.raises(ValueError, match="uses 8 devices, topology has 16"):
+    topologies.check_layout("h100_16", dict(mesh=(("fsdp", 8),)))
+  with pytest.raises(ValueError, match="unknown topology"):
+    topologies.get_topology("v100_8")
+
+
+def test_topology_memory_figures():
+  t = topologies.TOPOLOGIES
+  assert t["h100_16"].hbm_bytes == 80e9 and t["gb200_16"].hbm_bytes == 186e9
+  assert t["tpu_v5p_16"].hbm_bytes == t["tpu_v5p_64"].hbm_bytes == 95e9
+  assert [t[k].num_devices for k in ("tpu_v5p_16", "tpu_v5p_64", "h100_16", "gb200_16")] == \
+      [16, 64, 16, 16]
+  assert t["h100_16"].usable_bytes == 72e9
+
+
+def test_hf_checkpoint_sets_architecture(tmp_path):
+  """--config.model.hf_checkpoint=DIR: the architecture comes from DIR/config.json (runtime)."""
+  transformers = pytest.importorskip("transformers")
+  del transformers
+  small = models.get_preset("tiny_llama3", num_layers=3, vocab_size=100)
+  hf = models.to_hf_config(small)
+  (tmp_path / "config.json").write_text(json.dumps(hf.to_dict()))
+  c = _get("8b")
+  c.model.hf_checkpoint = str(tmp_path)
+  cfg = runtime.model_config(c)
+  assert (cfg.num_layers, cfg.vocab_size, cfg.d_model) == (3, 100, small.d_model)
+  assert (cfg.param_dtype, cfg.dtype, cfg.remat, cfg.scan_layers) == ("float32", "bfloat16",
+                                                                      "full", True)
