@@ -16,19 +16,22 @@ weights would be replicated over an expert axis). Measured results: docs/SCALE.m
 from configs import common
 from scalerl_jax import topologies
 
-DEFAULT_TOPOLOGY = "gb200_16"
+DEFAULT_TOPOLOGY = "gb200_32"
 
+# Sequence-parallel layouts (topologies.SEQUENCE_PARALLEL): micro-batch = ONE 16k sequence split
+# over fsdp (T/fsdp query positions a device), heads / mlp / vocab over tensor; 768 micro-batches.
+_SP = dict(microbatches=768, remat="full", scan_layers=True, sequence_parallel=True)
 LAYOUTS = {
-    "gb200_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)),
-                     microbatches=192, remat="full", scan_layers=True,
-                     note="the paper's trainer: 16 GB200"),
-    "tpu_v5p_64": dict(mesh=(("data", 1), ("fsdp", 16), ("tensor", 4), ("expert", 1)),
-                       microbatches=48, remat="full", scan_layers=True),
-    # Do NOT fit (state alone is 108 GB/device); kept so the plan tool shows why.
-    "tpu_v5p_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)),
-                       microbatches=192, remat="full", scan_layers=True, note="does not fit"),
-    "h100_16": dict(mesh=(("data", 1), ("fsdp", 2), ("tensor", 8), ("expert", 1)),
-                    microbatches=384, remat="full", scan_layers=True, note="does not fit"),
+    "gb200_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)), **_SP,
+                     note="the paper's 16 trainer GPUs: does NOT fit this learner (docs/SCALE.md)"),
+    "gb200_32": dict(mesh=(("data", 1), ("fsdp", 8), ("tensor", 4), ("expert", 1)), **_SP),
+    "tpu_v5p_64": dict(mesh=(("data", 1), ("fsdp", 16), ("tensor", 4), ("expert", 1)), **_SP),
+    "h100_64": dict(mesh=(("data", 1), ("fsdp", 8), ("tensor", 8), ("expert", 1)), **_SP),
+    # Do NOT fit (the fp32 state alone is 81 GB/device); kept so the plan tool shows why.
+    "tpu_v5p_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)), **_SP,
+                       note="does not fit"),
+    "h100_16": dict(mesh=(("data", 1), ("fsdp", 2), ("tensor", 8), ("expert", 1)), **_SP,
+                    note="does not fit"),
 }
 
 

@@ -14,6 +14,7 @@ Memory figures (bytes per device, decimal GB as vendors state them):
 | tpu_v5p_16, tpu_v5p_64 | 16, 64 | 95 GB HBM2e | cloud.google.com/tpu/docs/v5p ("95 GiB HBM2e" per chip; we use the smaller 95e9) |
 | h100_16 | 16 (2 nodes × 8) | 80 GB HBM3 | NVIDIA H100 SXM datasheet |
 | gb200_16 | 16 (4 trays × 4) | 186 GB HBM3e | NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB |
+| gb200_32, h100_64 | 32, 64 | as above | larger targets for Scout |
 
 `usable_bytes` is what a JAX process may really use: 90 % of HBM on GPUs (run with
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9; the default is 0.75) and 95 % on TPU (runtime reservations).
@@ -48,8 +49,33 @@ TOPOLOGIES: dict[str, Topology] = {
         Topology("h100_16", "gpu", 16, 80 * GB, 0.90, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3"),
         Topology("gb200_16", "gpu", 16, 186 * GB, 0.90,
                  "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU"),
+        # Larger targets, for models that do not fit the 16-device ones (docs/SCALE.md).
+        Topology("gb200_32", "gpu", 32, 186 * GB, 0.90,
+                 "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU"),
+        Topology("h100_64", "gpu", 64, 80 * GB, 0.90, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3"),
     )
 }
+
+
+# Sequence (context) parallelism through the rules table: micro-batch rows over `data` only and
+# the sequence dimension of activations (q/k/v, MLP, residual, logits) over `fsdp`, so each fsdp
+# shard holds T/fsdp query positions of ONE sequence (GSPMD gathers k/v for the scores).
+SEQUENCE_PARALLEL = {"batch": "data", "seq": "fsdp"}
+DATA_PARALLEL = {"batch": ("data", "fsdp"), "seq": None}   # configs/common.DEFAULT_RULES
+
+
+def batch_split(config) -> int:
+  """How many ways the rules split micro-batch rows (product of the `batch` mesh axes)."""
+  mesh = dict(config.mesh.shape)
+  for name, axes in config.mesh.rules:
+    if name == "batch":
+      axes = axes if isinstance(axes, (tuple, list)) else (axes,)
+      n = 1
+      for a in axes:
+        if a is not None:
+          n *= int(mesh[a])
+      return n
+  return 1
 
 
 def get_topology(name: str) -> Topology:
@@ -79,7 +105,8 @@ def check_layout(name: str, layout: Mapping[str, Any]) -> None:
 
 
 def apply_layout(config, name: str | None = None):
-  """Sets config.mesh.shape / optim.microbatches / model.{remat,scan_layers} from
+  """Sets config.mesh.shape / optim.microbatches / model.{remat,scan_layers} (and the batch / seq
+  rules for sequence-parallel layouts) from
   `config.layouts[name or config.topology]`. Returns config (modified in place)."""
   name = name or config.topology
   layouts = config.layouts
@@ -92,6 +119,9 @@ def apply_layout(config, name: str | None = None):
   config.optim.microbatches = int(layout["microbatches"])
   config.model.remat = str(layout["remat"])
   config.model.scan_layers = bool(layout["scan_layers"])
+  sp = bool(layout.get("sequence_parallel", False))
+  over = SEQUENCE_PARALLEL if sp else DATA_PARALLEL
+  config.mesh.rules = tuple((k, over.get(k, v)) for k, v in config.mesh.rules)
   return config
 
 
@@ -104,6 +134,7 @@ def layouts_to_config(layouts: Mapping[str, Mapping[str, Any]]):
     out[name] = ml_collections.ConfigDict(dict(
         mesh=tuple(tuple(x) for x in layout["mesh"]), microbatches=int(layout["microbatches"]),
         remat=str(layout["remat"]), scan_layers=bool(layout["scan_layers"]),
+        sequence_parallel=bool(layout.get("sequence_parallel", False)),
         note=str(layout.get("note", ""))))
   return out
 

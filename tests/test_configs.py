@@ -11,7 +11,7 @@ from scalerl_jax import models, recipes, runtime, topologies
 CONFIGS = ("8b", "scout")
 PRESET = {"8b": "llama3_8b", "scout": "llama4_scout_17b_16e"}
 REQUIRED = {"8b": {"h100_16", "tpu_v5p_16", "tpu_v5p_64", "gb200_16"},
-            "scout": {"gb200_16", "tpu_v5p_64", "tpu_v5p_16", "h100_16"}}
+            "scout": {"gb200_16", "gb200_32", "tpu_v5p_64", "h100_64", "tpu_v5p_16", "h100_16"}}
 
 
 def _get(name, arg=None):
@@ -52,8 +52,15 @@ def test_every_layout_divides(name):
     batch = c.rollout.prompts_per_step * c.rollout.generations_per_prompt
     m = c.optim.microbatches
     assert batch == 768 and batch % m == 0
-    # one 16k-token sequence per batch shard per micro-batch
-    assert batch // m == mesh["data"] * mesh["fsdp"], (topo, m, mesh)
+    # one 16k-token sequence per batch shard per micro-batch: rows over data x fsdp (8B), or
+    # rows over data and the sequence over fsdp (Scout, sequence-parallel rules)
+    rules = dict(c.mesh.rules)
+    if c.layouts[topo].sequence_parallel:
+      assert (rules["batch"], rules["seq"]) == ("data", "fsdp") and batch // m == mesh["data"]
+    else:
+      assert (rules["batch"], rules["seq"]) == (("data", "fsdp"), None)
+      assert batch // m == mesh["data"] * mesh["fsdp"], (topo, m, mesh)
+    assert batch // m == topologies.batch_split(c)
     tp, ep = mesh["tensor"], mesh["expert"]
     for dim in (cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.ffn_dim):
       assert dim % tp == 0, (topo, dim, tp)
@@ -70,7 +77,12 @@ def test_topology_selection_and_errors():
   c.topology = "h100_16"                                   # --config.topology=h100_16
   topologies.apply_layout(c)
   assert dict(c.mesh.shape)["tensor"] == 8 and c.optim.microbatches == 384
-  assert _get("8b").topology == "h100_16" and _get("scout").topology == "gb200_16"
+  assert _get("8b").topology == "h100_16" and _get("scout").topology == "gb200_32"
+  s = _get("scout", "gb200_16")                            # sequence-parallel rules follow
+  assert dict(s.mesh.rules)["seq"] == "fsdp" and s.optim.microbatches == 768
+  s.layouts.gb200_16.sequence_parallel = False
+  topologies.apply_layout(s)
+  assert dict(s.mesh.rules)["seq"] is None and dict(s.mesh.rules)["batch"] == ("data", "fsdp")
   with pytest.raises(ValueError, match="no layout for topology 'tpu_v9'"):
     _get("8b", "tpu_v9")
   with pytest.raises(ValueError, match="uses 8 devices, topology has 16"):

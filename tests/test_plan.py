@@ -24,6 +24,7 @@ _SCRIPT = textwrap.dedent("""
     from jax.sharding import NamedSharding, PartitionSpec as P
     from scalerl_jax import runtime, sharding
     from scalerl_jax.tools import plan
+    from configs.common import DEFAULT_RULES
     assert jax.device_count() == 8
     out = {}
     cases = {"8b": (("data", 2), ("fsdp", 2), ("tensor", 2), ("expert", 1)),
@@ -31,6 +32,7 @@ _SCRIPT = textwrap.dedent("""
     for name, shape in cases.items():
       config = importlib.import_module(f"configs.{name}").get_config()
       config.model.num_layers = 2            # real widths, 2 layers
+      config.mesh.rules = DEFAULT_RULES      # THE production table (configs/common.py)
       config.mesh.shape = shape
       config.optim.microbatches = 2
       cfg = runtime.model_config(config)

@@ -173,7 +173,11 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True) -> dic
   st, st_sh = info["abstract_state"], info["state_shardings"]
   mem = _memory(compiled)
   m = int(config.optim.microbatches)
-  batch_split = math.prod(mesh.shape[a] for a in ("data", "fsdp"))
+  rules = dict(config.mesh.rules)
+  batch_split = topologies.batch_split(config)
+  seq_axes = rules.get("seq")
+  seq_axes = () if seq_axes is None else (seq_axes if isinstance(seq_axes, tuple) else (seq_axes,))
+  seq_split = math.prod(mesh.shape[a] for a in seq_axes)
   rows_mb = batch_rows // m
   out = dict(
       model=config.model.preset, topology=topo.name, devices=topo.num_devices,
@@ -182,6 +186,8 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True) -> dic
       scan_layers=model_cfg.scan_layers, batch_rows=batch_rows, seq_len=seq_len,
       microbatches=m, rows_per_microbatch=rows_mb, tokens_per_microbatch=rows_mb * seq_len,
       rows_per_device_per_microbatch=rows_mb / batch_split,
+      sequence_parallel=seq_split > 1,
+      tokens_per_device_per_microbatch=rows_mb * seq_len // (batch_split * seq_split),
       param_bytes=_bytes_per_device(st.params, st_sh.params),
       opt_state_bytes=_bytes_per_device(st.opt_state, st_sh.opt_state),
       batch_bytes=_bytes_per_device(info["batch"], {k: info["batch_sharding"] for k in info["batch"]}),
