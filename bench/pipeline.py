@@ -15,7 +15,7 @@ import shutil
 import tempfile
 
 from configs import tiny
-from scalerl_jax import main as run_main
+from scalerl_jax import job as run_main
 from scalerl_jax import recipes, runtime, sft
 from scalerl_jax.data import build_dataset
 

@@ -15,6 +15,8 @@ bf16 compute, full remat, scanned layers. The model's attention materialises the
 heads are split over `tensor` to keep a 16k-token sequence's scores small; each micro-batch holds
 ONE sequence per (data x fsdp) shard. Measured results: docs/SCALE.md.
 """
+import ml_collections
+
 from configs import common
 from scalerl_jax import topologies
 
@@ -44,6 +46,11 @@ def get_config(arg=None):
   # a KV cache of 64 sequences x 16,384 tokens.
   c.generator.tensor_parallel = 8
   c.generator.decode_batch = 64
+  # Multi-host learner (scalerl_jax.distributed.initialize): unset (-1 / "") fields come from
+  # $SCALERL_COORDINATOR / $SCALERL_NUM_PROCESSES / $SCALERL_PROCESS_ID; auto=True lets JAX
+  # auto-detect (Cloud TPU, SLURM).
+  c.distributed = ml_collections.ConfigDict(dict(
+      coordinator_address="", num_processes=-1, process_id=-1, cpu_collectives="gloo", auto=False))
   c.layouts = topologies.layouts_to_config(LAYOUTS)
   c.topology = arg or DEFAULT_TOPOLOGY
   return topologies.apply_layout(c)

@@ -1,18 +1,22 @@
 """Llama-4 Scout 17B x 16E MoE at the paper's ScaleRL settings, with a learner layout per target.
 
-Run (the arg after the colon picks the learner topology; default gb200_16):
-  python -m scalerl_jax.main --config=configs/scout.py:gb200_16 --config.model.hf_checkpoint=/ckpt/scout --workdir=gs://bucket/run
+Run (the arg after the colon picks the learner topology; default gb200_32):
+  python -m scalerl_jax.main --config=configs/scout.py:gb200_32 --config.model.hf_checkpoint=/ckpt/scout --workdir=gs://bucket/run
 Plan the memory of the real-size train step ahead of time (no accelerator needed):
-  python -m scalerl_jax.tools.plan --config=configs/scout.py --topology=gb200_16
+  python -m scalerl_jax.tools.plan --config=configs/scout.py --topology=gb200_32
 
 Paper settings as configs/8b.py (768 sequences of <= 16,384 tokens, AdamW 5e-7 / 1e-15 / 0.01 /
 100 warm-up, PipelineRL-8, CISPO eps_max 5). The text decoder has 107.8e9 parameters: fp32 params +
-fp32 Adam moments + the fp32 gradient are 16 B/param = 1.72 TB, i.e. 108 GB/device on 16 devices.
-That fits only the 186 GB of a GB200 (the paper trains on 16 GB200); on 95 GB TPU v5p it needs
-64 chips, on 80 GB H100 it needs >= 32 GPUs (docs/SCALE.md). Every parameter is sharded 16 ways
-over fsdp x tensor (expert axis 1: with `moe_impl='dense'` the router/attention/shared-expert
-weights would be replicated over an expert axis). Measured results: docs/SCALE.md.
+fp32 Adam moments are 12 B/param (81 GB/device on 16 devices) and the learner step adds ~3x the
+fp32 parameter bytes of gradient temporaries (another 81 GB on 16). With sequence parallelism
+(one 16k sequence per micro-batch, split over fsdp) the activations are ~29 GB, so 16 GB200
+(186 GB) need 191 GB: it does NOT fit; 32 GB200 (101 GB), 64 TPU v5p (57 GB) or 64 H100 (55 GB) do
+(docs/SCALE.md). Every parameter is sharded over fsdp x tensor (expert axis 1: with
+`moe_impl='dense'` the router / attention / shared-expert weights would be replicated over an
+expert axis). Default topology: gb200_32.
 """
+import ml_collections
+
 from configs import common
 from scalerl_jax import topologies
 
@@ -44,6 +48,11 @@ def get_config(arg=None):
   # a KV cache of 64 sequences x 16,384 tokens.
   c.generator.tensor_parallel = 8
   c.generator.decode_batch = 64
+  # Multi-host learner (scalerl_jax.distributed.initialize): unset (-1 / "") fields come from
+  # $SCALERL_COORDINATOR / $SCALERL_NUM_PROCESSES / $SCALERL_PROCESS_ID; auto=True lets JAX
+  # auto-detect (Cloud TPU, SLURM).
+  c.distributed = ml_collections.ConfigDict(dict(
+      coordinator_address="", num_processes=-1, process_id=-1, cpu_collectives="gloo", auto=False))
   c.layouts = topologies.layouts_to_config(LAYOUTS)
   c.topology = arg or DEFAULT_TOPOLOGY
   return topologies.apply_layout(c)

@@ -25,7 +25,7 @@ _RECIPES = flags.DEFINE_list("recipes", ["scalerl", "qwen_dapo"], "Recipes to co
 def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
   """Runs each recipe of `names` on `config` under `workdir`; returns analysis.fit_runs' list."""
   from analysis.fit import fit_runs
-  from scalerl_jax import main as run_main
+  from scalerl_jax import job as run_main
   from scalerl_jax import runtime, sft
   from scalerl_jax.data import build_dataset
   recipes.check_workdir(workdir)
@@ -33,7 +33,7 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
   for name in names:
     c = config.copy_and_resolve_references()
     c.recipe = name
-    c = recipes.apply_recipe(c, _locked_keys())
+    c = recipes.apply_recipe(c, recipes.locked_keys(sys.argv))
     recipes.validate(c, os.path.join(workdir, name))
     runs.append((name, c))
   base = os.path.join(workdir, sft.BASE_DIR)
@@ -56,10 +56,6 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
   print(open(os.path.join(out, "compare.md")).read() if os.path.exists(
       os.path.join(out, "compare.md")) else res)
   return res
-
-
-def _locked_keys() -> frozenset:
-  return frozenset(a.split("=")[0][len("--config."):] for a in sys.argv if a.startswith("--config."))
 
 
 def main(argv):

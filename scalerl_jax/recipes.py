@@ -50,6 +50,11 @@ class ConfigError(ValueError):
   """A bad run configuration; the message is one actionable line."""
 
 
+def locked_keys(argv) -> frozenset[str]:
+  """Config keys set explicitly on the command line (`--config.a.b=...`): they win over recipes."""
+  return frozenset(a.split("=")[0][len("--config."):] for a in argv if a.startswith("--config."))
+
+
 def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = frozenset()
                  ) -> ml_collections.ConfigDict:
   """Returns a copy of `config` with `config.recipe`'s settings (keys in `locked` are kept)."""

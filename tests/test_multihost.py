@@ -47,6 +47,7 @@ def _worker(mode, out_path):
                           ffn_dim=128)
   config = tiny.get_config()
   config.optim.microbatches = 2
+  config.optim.lr, config.optim.warmup_steps = 3e-4, 1   # explicit: independent of tiny.py tuning
   config.mesh.shape = (("data", 2), ("fsdp", 2), ("tensor", 1), ("expert", 1))
   apply_fn = lambda p, t, pos: models.forward(p, cfg, t, pos)
   batches = _batches(cfg.vocab_size)
@@ -91,6 +92,23 @@ def _env(devices, **extra):
 
 def _last_json(text):
   return json.loads(text.strip().splitlines()[-1])
+
+
+def test_spec_from_config_and_env():
+  import importlib
+  from scalerl_jax.distributed import DistributedSpec
+  c = importlib.import_module("configs.8b").get_config()
+  assert DistributedSpec.from_config(c, {}).num_processes == 1          # single host: no-op
+  env = dict(SCALERL_COORDINATOR="10.0.0.1:1234", SCALERL_NUM_PROCESSES="4", SCALERL_PROCESS_ID="3")
+  s = DistributedSpec.from_config(c, env)
+  assert (s.coordinator_address, s.num_processes, s.process_id) == ("10.0.0.1:1234", 4, 3)
+  c.distributed.process_id = 1                                           # config wins over env
+  assert DistributedSpec.from_config(c, env).process_id == 1
+  c.distributed.num_processes, c.distributed.process_id = 2, -1
+  with pytest.raises(ValueError, match="need a coordinator address"):
+    DistributedSpec.from_config(c, {})
+  with pytest.raises(ValueError, match=r"process_id 5 not in \[0, 4\)"):
+    DistributedSpec.from_config(None, dict(env, SCALERL_PROCESS_ID="5"))
 
 
 @pytest.mark.slow

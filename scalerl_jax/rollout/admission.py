@@ -31,6 +31,7 @@ import numpy as np
 from scalerl_jax.rollout import codec
 from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout import validation as val
+from scalerl_jax.rollout import wal as walmod
 from scalerl_jax.rollout.generator import PromptSpec
 
 MODES = ("pipeline", "ppo_off_policy")
@@ -89,6 +90,15 @@ def _group_item_bytes(g: _Group) -> bytes:
   return b"".join([b"\x0a", _varint(inner)] + parts)  # BatchItem field 1 (group), wire type 2
 
 
+def _checked_from(r: pb.Rollout) -> val.Checked:
+  """What validation recorded about an already-accepted rollout (WAL replay; not re-validated)."""
+  v = codec.decode(r.versions, pb.INT32, "versions", 1 << 31).astype(np.int64)
+  vmin = int(v.min()) if len(v) else 0
+  counts = np.bincount(v - vmin) if len(v) else np.zeros(1, np.int64)
+  return val.Checked(num_tokens=len(v), min_version=vmin, version_counts=counts,
+                     reward=float(r.rewards[0]) if len(r.rewards) else 0.0)
+
+
 def lag_histogram(counts: Sequence[int], negative: int) -> pb.LagHistogram:
   nz = [i for i, c in enumerate(counts) if c]
   return pb.LagHistogram(counts=list(counts), negative=negative, max_lag=nz[-1] if nz else 0)
@@ -128,6 +138,9 @@ class BufferState:
     self._round_start = -1                     # ppo_off_policy: the step whose round is leased
     self._round_leased = 0
     self._last_batch: Optional[PulledBatch] = None
+    self._last_groups: list = []               # the _Groups of _last_batch (WAL snapshot)
+    self.wal: Optional[walmod.WAL] = None      # write-ahead log (attach_wal), None: memory only
+    self.weights_meta: Optional[dict] = None   # newest VERSION record (sha256, format, size)
     self.delivered_groups = self.delivered_rollouts = 0
     self.expired_groups = self.stale_dropped = 0
     self._lag_total: list[int] = []
@@ -185,11 +198,10 @@ class BufferState:
         if left <= 0:
           return []
         self.cv.wait(min(left, 0.25))
-      out = []
+      out, new = [], []
       now = self.clock()
       ppo = self.mode == "ppo_off_policy"
-      if ppo and self._round_start != self.ns:
-        self._round_start, self._round_leased = self.ns, 0
+      round_start = self.ns if ppo and self._round_start != self.ns else self._round_start
       for _ in range(min(cap, max_groups)):
         p = self._next_prompt()
         gid = self._next_group_id
@@ -199,28 +211,44 @@ class BufferState:
                              group_size=self.G, min_version=self.version,
                              max_version=self.version if ppo else -1)
         deadline = self.ns + self.k - 1 if ppo else self.version + self.k
-        self._groups[gid] = _Group(view, generator_id, deadline, now + self.lease_ttl_s)
-        if ppo:
-          self._round_leased += 1
+        new.append(_Group(view, generator_id, deadline, now + self.lease_ttl_s))
+        self._wal_lease(new[-1], round_start)
         out.append(pb.Assignment(
             group_id=gid, prompt_id=view.prompt_id,
             prompt_tokens=codec.encode(view.prompt_tokens, pb.INT32), answer=p.answer,
             group_size=self.G, min_version=view.min_version, max_version=view.max_version,
             lease_expires_unix_s=now + self.lease_ttl_s))
+      try:
+        self._wal_commit()
+      except val.RejectError:
+        for g in reversed(new):                 # not durable: not leased
+          self._queue.appendleft(g.view.prompt_id)
+        raise
+      if ppo and self._round_start != round_start:
+        self._round_start, self._round_leased = round_start, 0
+      for g in new:
+        self._groups[g.view.group_id] = g
+        if ppo:
+          self._round_leased += 1
       return out
 
   def _expire(self) -> None:
     """Cancels incomplete groups whose lease ran out; their prompts go back to the queue front."""
     now = self.clock()
     for gid in [g for g, x in self._groups.items() if not x.complete and x.expires_at < now]:
-      g = self._groups.pop(gid)
-      for s in g.samples.values():
-        self._seen.pop(s.rollout_id, None)
-      self._queue.appendleft(g.view.prompt_id)
-      self.expired_groups += 1
-      if self.mode == "ppo_off_policy" and self._round_start == self.ns:
-        self._round_leased -= 1
-      self.cv.notify_all()
+      self._wal_append(walmod.EXPIRE, dict(gid=gid))
+      self._apply_expire(gid)
+    self._wal_commit(best_effort=True)
+
+  def _apply_expire(self, gid: int) -> None:
+    g = self._groups.pop(gid)
+    for s in g.samples.values():               # partial samples are discarded, never delivered
+      self._seen.pop(s.rollout_id, None)
+    self._queue.appendleft(g.view.prompt_id)
+    self.expired_groups += 1
+    if self.mode == "ppo_off_policy" and self._round_start == self.ns:
+      self._round_leased -= 1
+    self.cv.notify_all()
 
   def heartbeat(self, generator_id: str) -> int:
     """Extends every incomplete lease held by `generator_id`; returns how many."""
@@ -275,26 +303,39 @@ class BufferState:
         ids.add(r.rollout_id)
         slots.add(key)
         plan.append((g, r, raw, c))
+      for p in plan:                           # 4) durable before acknowledged
+        if p is not None:
+          self._wal_append(walmod.ROLLOUT, p[2])
+      self._wal_commit()
       acks = []
       for (r, _), p in zip(items, plan):
         if p is None:
           acks.append(pb.Ack(rollout_id=r.rollout_id, duplicate=True))
           continue
         g, r, raw, c = p
-        g.samples[r.sample_index] = _Stored(r.rollout_id, raw, c)
-        self._seen[r.rollout_id] = r.group_id
-        g.expires_at = max(g.expires_at, self.clock() + self.lease_ttl_s)
-        done = g.complete and g.completed_seq < 0
-        if done:
-          g.completed_seq = self._completed_seq
-          self._completed_seq += 1
-          self.cv.notify_all()
+        done = self._store(g, r, bytes(raw), c)
         acks.append(pb.Ack(rollout_id=r.rollout_id, group_complete=done))
       return acks
 
+  def _store(self, g: _Group, r: pb.Rollout, raw: bytes, c: val.Checked) -> bool:
+    g.samples[r.sample_index] = _Stored(r.rollout_id, raw, c)
+    self._seen[r.rollout_id] = r.group_id
+    g.expires_at = max(g.expires_at, self.clock() + self.lease_ttl_s)
+    done = g.complete and g.completed_seq < 0
+    if done:
+      g.completed_seq = self._completed_seq
+      self._completed_seq += 1
+      self.cv.notify_all()
+    return done
+
   # ---- learner -----------------------------------------------------------------------------------
-  def set_version(self, version: int) -> None:
+  def set_version(self, version: int, meta: Optional[dict] = None) -> None:
+    """Admits `version`; `meta` (sha256, format, total_bytes) goes into the WAL's VERSION record."""
     with self.cv:
+      rec = dict(meta or {}, version=int(version))
+      self._wal_append(walmod.VERSION, rec)
+      self._wal_commit()
+      self.weights_meta = rec
       self.version = version
       self.cv.notify_all()
 
@@ -303,6 +344,8 @@ class BufferState:
     for gid in [g for g, x in self._groups.items() if x.complete and x.deadline < s]:
       self._groups.pop(gid)                     # unreachable under admission; never delivered
       self.stale_dropped += 1
+      self._wal_append(walmod.STALE, dict(gid=gid))
+      self._wal_commit(best_effort=True)
     if any(x.deadline <= s and not x.complete for x in self._groups.values()):
       return None
     if self.mode == "ppo_off_policy" and s % self.k == 0:
@@ -335,40 +378,182 @@ class BufferState:
                                 f"no complete batch for step {step} within {timeout_s}s "
                                 f"(version {self.version}, {len(self._groups)} groups outstanding)")
         self.cv.wait(min(left, 0.25))
-      counts: list[int] = []
-      negative = nbytes = nroll = 0
-      blobs = []
-      for g in batch:
-        del self._groups[g.view.group_id]
-        if self.npr is not None:
-          self.npr.update(g.view.prompt_id, [st.checked.reward for st in g.samples.values()])
-        for st in g.samples.values():
-          c = st.checked
-          for off in np.nonzero(c.version_counts)[0]:
-            lag = step - (c.min_version + int(off))
-            if lag < 0:
-              negative += int(c.version_counts[off])
-              continue
-            if lag >= len(counts):
-              counts.extend([0] * (lag + 1 - len(counts)))
-            counts[lag] += int(c.version_counts[off])
-          nroll += 1
-        blobs.append(_group_item_bytes(g))
-        nbytes += len(blobs[-1])
-      for i, c in enumerate(counts):
-        if i >= len(self._lag_total):
-          self._lag_total.append(0)
-        self._lag_total[i] += c
-      self._lag_negative += negative
-      summary = pb.BatchSummary(step=step, num_groups=len(batch),
-                                lag=lag_histogram(counts, negative))
-      self.recent.append(summary)
-      self.delivered_groups += len(batch)
-      self.delivered_rollouts += nroll
-      self.ns = step + 1
-      self._last_batch = PulledBatch(step, blobs, summary, nroll, nbytes)
-      self.cv.notify_all()
+      return self._deliver(step, batch, "live")
+
+  def _deliver(self, step: int, batch: list, how: str) -> PulledBatch:
+    """Delivers `batch` as step `step`. how: "live" (log to the WAL first, then apply), "replay"
+    (a DELIVER record; NPR comes from its own records), "last" (snapshot: only rebuild the batch
+    a retried pull re-sends; counters come from the SNAPSHOT record)."""
+    counts: list[int] = []
+    negative = nbytes = nroll = 0
+    blobs = []
+    for g in batch:
+      for st in g.samples.values():
+        c = st.checked
+        for off in np.nonzero(c.version_counts)[0]:
+          lag = step - (c.min_version + int(off))
+          if lag < 0:
+            negative += int(c.version_counts[off])
+            continue
+          if lag >= len(counts):
+            counts.extend([0] * (lag + 1 - len(counts)))
+          counts[lag] += int(c.version_counts[off])
+        nroll += 1
+      blobs.append(_group_item_bytes(g))
+      nbytes += len(blobs[-1])
+    summary = pb.BatchSummary(step=step, num_groups=len(batch), lag=lag_histogram(counts, negative))
+    if how == "live":
+      self._wal_append(walmod.DELIVER, dict(step=step, gids=[g.view.group_id for g in batch]))
+      if self.npr is not None:
+        for g in batch:
+          self._wal_append(walmod.NPR, dict(pid=g.view.prompt_id, rewards=[
+              st.checked.reward for _, st in sorted(g.samples.items())]))
+      self._wal_commit()                        # not durable -> not delivered
+    for g in batch:
+      self._groups.pop(g.view.group_id, None)
+      if how == "live" and self.npr is not None:
+        self.npr.update(g.view.prompt_id, [st.checked.reward for _, st in sorted(g.samples.items())])
+    self._last_batch = PulledBatch(step, blobs, summary, nroll, nbytes)
+    self._last_groups = list(batch)
+    if how == "last":
       return self._last_batch
+    for i, c in enumerate(counts):
+      if i >= len(self._lag_total):
+        self._lag_total.append(0)
+      self._lag_total[i] += c
+    self._lag_negative += negative
+    self.recent.append(summary)
+    self.delivered_groups += len(batch)
+    self.delivered_rollouts += nroll
+    self.ns = step + 1
+    self.cv.notify_all()
+    return self._last_batch
+
+  # ---- write-ahead log ---------------------------------------------------------------------------
+  def _wal_append(self, rtype: int, body) -> None:
+    if self.wal is not None:
+      self.wal.append(rtype, body)
+
+  def _wal_commit(self, best_effort: bool = False) -> None:
+    if self.wal is None:
+      return
+    try:
+      self.wal.commit()
+    except OSError as e:
+      self.wal.discard()
+      if best_effort:
+        import logging
+        logging.getLogger("scalerl.buffer").error("WAL write failed: %s", e)
+        return
+      raise val.RejectError(grpc.StatusCode.UNAVAILABLE, f"write-ahead log write failed: {e}")
+
+  def _wal_lease(self, g: _Group, round_start: int, snap: bool = False) -> None:
+    v = g.view
+    self._wal_append(walmod.LEASE, dict(gid=v.group_id, pid=v.prompt_id, gen=g.generator_id,
+                                        deadline=g.deadline, min_v=v.min_version,
+                                        max_v=v.max_version, round=round_start, snap=snap))
+
+  def attach_wal(self, wal: walmod.WAL) -> str:
+    """Compacts the current (replayed) state into a fresh segment and logs every later change."""
+    with self.cv:
+      name = wal.start_snapshot(self._snapshot_records())
+      self.wal = wal
+      return name
+
+  def _snapshot_records(self):
+    enc = walmod.encode
+    yield enc(walmod.SNAPSHOT, dict(
+        ns=self.ns, version=self.version, next_group_id=self._next_group_id,
+        round_start=self._round_start, round_leased=self._round_leased,
+        delivered_groups=self.delivered_groups, delivered_rollouts=self.delivered_rollouts,
+        expired_groups=self.expired_groups, stale_dropped=self.stale_dropped,
+        lag_total=self._lag_total, lag_negative=self._lag_negative))
+    if self.weights_meta is not None:
+      yield enc(walmod.VERSION, self.weights_meta)
+    if self.npr is not None:
+      yield enc(walmod.NPR_STATE, self.npr.to_dict())
+    live = set(self._groups) | {g.view.group_id for g in self._last_groups}
+    yield enc(walmod.SEEN, dict(ids={r: g for r, g in self._seen.items() if g not in live}))
+
+    def group(g):
+      yield enc(walmod.LEASE, dict(gid=g.view.group_id, pid=g.view.prompt_id, gen=g.generator_id,
+                                   deadline=g.deadline, min_v=g.view.min_version,
+                                   max_v=g.view.max_version, round=self._round_start, snap=True))
+      for i in sorted(g.samples):
+        yield enc(walmod.ROLLOUT, g.samples[i].raw)
+    if self._last_batch is not None:
+      for g in self._last_groups:
+        yield from group(g)
+      yield enc(walmod.LAST_BATCH, dict(step=self._last_batch.step,
+                                        gids=[g.view.group_id for g in self._last_groups]))
+    order = sorted(self._groups.values(),
+                   key=lambda g: (g.completed_seq < 0, g.completed_seq, g.view.group_id))
+    for g in order:                            # complete groups in completion order (FIFO ties)
+      yield from group(g)
+
+  def restore(self, records) -> dict:
+    """Rebuilds the state from WAL records (see wal.py); call before serving. Returns counts."""
+    with self.cv:
+      now = self.clock()
+      skipped = 0
+      for rtype, body in records:
+        d = walmod.decode_body(rtype, body)
+        if rtype == walmod.SNAPSHOT:
+          self.ns, self.version = d["ns"], d["version"]
+          self._next_group_id = max(self._next_group_id, d["next_group_id"])
+          self._round_start, self._round_leased = d["round_start"], d["round_leased"]
+          self.delivered_groups, self.delivered_rollouts = d["delivered_groups"], d["delivered_rollouts"]
+          self.expired_groups, self.stale_dropped = d["expired_groups"], d["stale_dropped"]
+          self._lag_total, self._lag_negative = list(d["lag_total"]), d["lag_negative"]
+        elif rtype == walmod.LEASE:
+          p = self._prompts.get(int(d["pid"]))
+          if p is None:
+            raise ValueError(f"WAL leases prompt {d['pid']}, which is not in the prompt set")
+          view = val.LeaseView(group_id=d["gid"], prompt_id=int(p.prompt_id),
+                               prompt_tokens=np.asarray(p.tokens, np.int32), answer=p.answer,
+                               group_size=self.G, min_version=d["min_v"], max_version=d["max_v"])
+          self._groups[d["gid"]] = _Group(view, d["gen"], d["deadline"], now + self.lease_ttl_s)
+          self._next_group_id = max(self._next_group_id, d["gid"] + 1)
+          if self.mode == "ppo_off_policy" and not d.get("snap"):
+            if self._round_start != d["round"]:
+              self._round_start, self._round_leased = d["round"], 0
+            self._round_leased += 1
+        elif rtype == walmod.ROLLOUT:
+          r = pb.Rollout.FromString(body)
+          g = self._groups.get(r.group_id)
+          if g is None or r.sample_index in g.samples or r.rollout_id in self._seen:
+            skipped += 1
+            continue
+          self._store(g, r, bytes(body), _checked_from(r))
+        elif rtype == walmod.EXPIRE:
+          if d["gid"] in self._groups:
+            self._apply_expire(d["gid"])
+        elif rtype == walmod.STALE:
+          if self._groups.pop(d["gid"], None) is not None:
+            self.stale_dropped += 1
+        elif rtype in (walmod.DELIVER, walmod.LAST_BATCH):
+          groups = [self._groups[g] for g in d["gids"]]
+          self._deliver(d["step"], groups, "replay" if rtype == walmod.DELIVER else "last")
+        elif rtype == walmod.VERSION:
+          self.version = max(self.version, d["version"])
+          self.weights_meta = d
+        elif rtype == walmod.NPR:
+          if self.npr is not None:
+            self.npr.update(d["pid"], d["rewards"])
+        elif rtype == walmod.NPR_STATE:
+          if self.npr is not None:
+            from scalerl_jax.rl.npr import PassRateHistory
+            self.npr = PassRateHistory.from_dict(d)
+        elif rtype == walmod.SEEN:
+          self._seen.update(d["ids"])
+      for g in self._groups.values():           # generators get a full TTL to reconnect
+        g.expires_at = now + self.lease_ttl_s
+      self.cv.notify_all()
+      return dict(ns=self.ns, version=self.version, outstanding_groups=len(self._groups),
+                  ready_groups=sum(1 for g in self._groups.values() if g.complete),
+                  stored_rollouts=sum(len(g.samples) for g in self._groups.values()),
+                  delivered_groups=self.delivered_groups, seen_ids=len(self._seen),
+                  skipped_rollouts=skipped)
 
   # ---- status ------------------------------------------------------------------------------------
   def contents(self) -> pb.BufferContents:

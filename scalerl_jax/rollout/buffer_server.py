@@ -36,6 +36,7 @@ from google.protobuf import unknown_fields
 from scalerl_jax.rollout import admission
 from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout import validation as val
+from scalerl_jax.rollout import wal as walmod
 from scalerl_jax.rollout.generator import PromptSpec
 
 SERVICE = "scalerl.rollout.v1.RolloutBuffer"
@@ -180,7 +181,9 @@ class BufferServer:
                max_weight_bytes: int = 64 << 30, weight_chunk_bytes: int = 4 << 20,
                lease_ttl_s: float = 120.0, limits: val.Limits = val.Limits(),
                verifier: Optional[val.Verifier] = None, max_workers: int = 256,
-               shuffle_seed: Optional[int] = None, npr_threshold: Optional[float] = None):
+               shuffle_seed: Optional[int] = None, npr_threshold: Optional[float] = None,
+               wal_dir: Optional[str] = None, wal_fsync: str = "batch",
+               wal_fsync_interval_s: float = 1.0):
     if not token:
       raise ValueError("an auth token is required")
     self.state = admission.BufferState(
@@ -190,6 +193,10 @@ class BufferServer:
     self.limits, self.max_weight_bytes = limits, max_weight_bytes
     self.weight_chunk_bytes = weight_chunk_bytes
     self.weights = _Weights()
+    self.wal: Optional[walmod.WAL] = None
+    self.wal_report: dict = {}
+    if wal_dir:
+      self._open_wal(wal_dir, wal_fsync, wal_fsync_interval_s)
     self._rejected: collections.Counter = collections.Counter()
     self._bytes_in = self._bytes_out = 0
     self._mlock = threading.Lock()
@@ -222,6 +229,28 @@ class BufferServer:
     kw.update(overrides)
     return cls(prompts, **kw)
 
+  def _open_wal(self, wal_dir: str, fsync: str, interval_s: float) -> None:
+    """Replays `wal_dir` (truncating a torn tail), reloads the latest weights, compacts the state
+    into a fresh segment and logs every later change (docs/RELIABILITY.md)."""
+    os.makedirs(wal_dir, exist_ok=True)
+    t0 = time.time()
+    records, report = walmod.read_all(wal_dir, truncate=True)
+    report["restored"] = self.state.restore(records)
+    got = walmod.load_weights(wal_dir)
+    if got is not None:
+      head, payload = got
+      w = self.weights
+      w.version, w.payload, w.sha256, w.format = head["version"], payload, head["sha256"], head["format"]
+      if head["version"] > self.state.version:   # crash between weights.bin and its VERSION record
+        self.state.version = head["version"]
+        self.state.weights_meta = dict(head)
+      report["weights_version"] = head["version"]
+    self.wal = walmod.WAL(wal_dir, fsync=fsync, fsync_interval_s=interval_s)
+    report["segment"] = self.state.attach_wal(self.wal)
+    report["replay_s"] = round(time.time() - t0, 3)
+    self.wal_report = report
+    log.info("WAL %s: replayed %s -> %s", wal_dir, report["records"], report["restored"])
+
   # ---- lifecycle ---------------------------------------------------------------------------------
   def start(self) -> "BufferServer":
     self._server.start()
@@ -229,6 +258,8 @@ class BufferServer:
 
   def stop(self, grace: float = 0.5) -> None:
     self._server.stop(grace).wait()
+    if self.wal is not None:
+      self.wal.close()
 
   def wait(self) -> None:
     self._server.wait_for_termination()
@@ -345,9 +376,16 @@ class BufferServer:
       if header.version < cur or (header.version == cur and has):
         self._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                     f"version {header.version} is not newer than published version {cur}")
+      payload = b"".join(parts)
+      meta = dict(sha256=header.sha256, format=header.format, total_bytes=got)
+      if self.wal is not None:   # the payload file first: a replayed VERSION always has its weights
+        try:
+          self.wal.save_weights(header.version, payload, header.sha256, header.format)
+        except OSError as e:
+          self._abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot persist weights: {e}")
       # Admission first: a generator can only stamp the new version after fetching its payload.
-      self.state.set_version(header.version)
-      w.payload, w.sha256, w.format = b"".join(parts), header.sha256, header.format
+      self._call(context, self.state.set_version, header.version, meta)
+      w.payload, w.sha256, w.format = payload, header.sha256, header.format
       w.version = header.version
       w.cv.notify_all()
     return pb.PublishAck(version=header.version, total_bytes=got)
@@ -447,10 +485,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                   help="No-Positive-Resampling: retire prompts whose pass rate reaches this")
   ap.add_argument("--max-workers", type=int, default=256,
                   help="server threads = max concurrent RPCs (long-polls and streams hold one each)")
+  ap.add_argument("--wal-dir", default=None,
+                  help="write-ahead log directory: acked rollouts, leases, deliveries and the latest "
+                       "weights survive a crash; a restart with the same dir replays it")
+  ap.add_argument("--wal-fsync", choices=walmod.FSYNC_POLICIES, default="batch",
+                  help="batch: fsync per request batch (default); interval: at most every "
+                       "--wal-fsync-interval-s; none: OS page cache only (survives kill -9)")
+  ap.add_argument("--wal-fsync-interval-s", type=float, default=1.0)
   ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
   ap.add_argument("--switch-interval-s", type=float, default=0.0,
                   help="sys.setswitchinterval for the server process (0: Python's default 5 ms)")
   a = ap.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
   if not a.no_tune_malloc:
     tune_malloc()
   if a.switch_interval_s > 0:
@@ -463,8 +509,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
                      limits=val.Limits(max_completion_tokens=a.max_completion_tokens),
                      shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
-                     npr_threshold=a.npr_threshold).start()
-  print(json.dumps({"port": srv.port, "address": srv.address}), flush=True)
+                     npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
+                     wal_fsync_interval_s=a.wal_fsync_interval_s).start()
+  out = {"port": srv.port, "address": srv.address}
+  if srv.wal is not None:
+    out["wal"] = srv.wal_report
+  print(json.dumps(out), flush=True)
   signal.signal(signal.SIGTERM, lambda *_: srv.stop(0))
   srv.wait()
 

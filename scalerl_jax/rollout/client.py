@@ -15,6 +15,9 @@ Learner loop:
 
 Unary calls and pulls retry with exponential backoff on UNAVAILABLE; pushes re-send the not yet
 acknowledged rollouts (the server is idempotent on rollout_id, so nothing is stored twice).
+By default the client keeps retrying for `retry_budget_s` (60 s), long enough for a buffer restart
+from its write-ahead log (docs/RELIABILITY.md); `retries=N` gives the old fixed attempt count. A
+PullBatch retried for the same step after a restart gets the same groups (the delivery is logged).
 """
 from __future__ import annotations
 
@@ -51,11 +54,18 @@ class BufferClient:
   """Thin typed wrapper over the RolloutBuffer service (thread-safe, one channel)."""
 
   def __init__(self, address: str, token: str, *, max_message_bytes: int = 256 << 20,
-               retries: int = 6, backoff_s: float = 0.05, max_backoff_s: float = 2.0):
+               retries: Optional[int] = None, retry_budget_s: float = 60.0,
+               backoff_s: float = 0.05, max_backoff_s: float = 2.0):
+    """retries=None: retry UNAVAILABLE until `retry_budget_s` has passed; retries=N: N retries."""
     self.address = address
     self._md = (("authorization", f"Bearer {token}"),)
-    self._ch = grpc.insecure_channel(address, options=channel_options(max_message_bytes))
-    self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
+    # Reconnect quickly once a restarted buffer listens again (gRPC's default backoff grows to 120 s).
+    self._ch = grpc.insecure_channel(address, options=channel_options(max_message_bytes) + [
+        ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", int(max_backoff_s * 1000))])
+    self.retries, self.retry_budget_s = retries, retry_budget_s
+    self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+    self.retried = 0           # UNAVAILABLE errors retried so far (all calls)
     m = lambda name: f"/{SERVICE}/{name}"
     ser = lambda x: x if isinstance(x, bytes) else x.SerializeToString()
     self._lease = self._ch.unary_unary(m("LeasePrompts"), ser, pb.LeaseResponse.FromString)
@@ -76,14 +86,21 @@ class BufferClient:
   def __exit__(self, *exc):
     self.close()
 
+  def _give_up(self, attempt: int, t0: float) -> bool:
+    if self.retries is not None:
+      return attempt >= self.retries
+    return time.time() - t0 >= self.retry_budget_s
+
   def _retry(self, fn):
-    delay = self.backoff_s
-    for attempt in range(self.retries + 1):
+    delay, t0, attempt = self.backoff_s, time.time(), 0
+    while True:
       try:
         return fn()
       except grpc.RpcError as e:
-        if e.code() not in _RETRY or attempt == self.retries:
+        if e.code() not in _RETRY or self._give_up(attempt, t0):
           raise
+      attempt += 1
+      self.retried += 1
       time.sleep(delay * (0.5 + random.random()))
       delay = min(delay * 2, self.max_backoff_s)
 
@@ -102,19 +119,20 @@ class BufferClient:
     acknowledged are re-sent on a new stream (the server stores each rollout id once)."""
     raws = [r if isinstance(r, (bytes, memoryview)) else r.SerializeToString() for r in rollouts]
     acks: list[pb.Ack] = []
-    delay = self.backoff_s
-    for attempt in range(self.retries + 1):
+    delay, t0, attempt = self.backoff_s, time.time(), 0
+    while True:
       try:
         for resp in self._push(pack_push_requests(raws[len(acks):], batch_bytes),
                                metadata=self._md):
           acks.extend(resp.acks)
         return acks
       except grpc.RpcError as e:
-        if e.code() not in _RETRY or attempt == self.retries:
+        if e.code() not in _RETRY or self._give_up(attempt, t0):
           raise
+      attempt += 1
+      self.retried += 1
       time.sleep(delay * (0.5 + random.random()))
       delay = min(delay * 2, self.max_backoff_s)
-    return acks
 
   def push_stream(self, requests: Iterable[bytes]) -> Iterator[pb.PushResponse]:
     """One long-lived stream (no retry) of serialized PushRequests (see `pack_push_requests`)."""

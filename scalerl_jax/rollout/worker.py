@@ -8,6 +8,11 @@ Weights arrive through the buffer (FetchWeights); a watcher thread fetches every
 version and hands it to the generator, which swaps it in while sequences are in flight
 (PipelineRL). Rewards are computed here, on the generator side, with the dataset's verifier; the
 length-penalty alternative (`rl.length_control=penalty`) is applied to them here as well.
+
+Faults (docs/RELIABILITY.md): a heartbeat thread keeps this worker's leases alive while it generates
+(`generator.heartbeat_s`, default 10 s, well under the buffer's lease TTL); the client retries for
+`generator.retry_budget_s` (default 60 s) when the buffer is down, so a buffer restart from its WAL
+is ridden out. A restarted worker starts by fetching the newest published weights (constructor).
 """
 from __future__ import annotations
 
@@ -59,7 +64,8 @@ class Worker:
     token = os.environ.get(config.buffer.auth_token_env, "")
     if not token:
       raise SystemExit(f"error: env var {config.buffer.auth_token_env} (buffer token) is unset")
-    self.client = BufferClient(address, token)
+    self.client = BufferClient(address, token,
+                               retry_budget_s=float(config.generator.get("retry_budget_s", 60.0)))
     self.dataset = build_dataset(config.data, config.rollout.max_prompt_len)
     self.model_cfg = runtime.model_config(config)
     got = None
@@ -71,6 +77,17 @@ class Worker:
     self._stop = threading.Event()
     self._seed = np.random.default_rng([int(config.seed), abs(hash(generator_id)) % (1 << 31)])
     threading.Thread(target=self._watch_weights, daemon=True).start()
+    self.heartbeat_s = float(config.generator.get("heartbeat_s", 10.0))
+    if self.heartbeat_s > 0:
+      threading.Thread(target=self._heartbeat, daemon=True).start()
+
+  def _heartbeat(self):
+    """Extends this worker's leases every `heartbeat_s` (a silent worker loses them after the TTL)."""
+    while not self._stop.wait(self.heartbeat_s):
+      try:
+        self.client.heartbeat(self.id, self.gen.version)
+      except grpc.RpcError as e:
+        log.warning("%s: heartbeat failed (%s)", self.id, e.code())
 
   def _watch_weights(self):
     """Fetches each newly published version and installs it (applied between decode chunks)."""
@@ -117,10 +134,12 @@ class Worker:
         continue
       if not assignments:
         continue
-      self._wait_for_version(max(a.min_version for a in assignments))
+      # The version cap of these leases (PPO-off-policy rounds pin one version) is set before
+      # waiting for their minimum version, so a pending newer version can be swapped in.
       caps = [a.max_version for a in assignments if a.max_version >= 0]
       if hasattr(self.gen, "max_version"):
         self.gen.max_version = min(caps) if caps else None
+      self._wait_for_version(max(a.min_version for a in assignments))
       prompts = [assignment_prompt(a) for a in assignments]
       spec = runtime.sampling_spec(self.config, self.dataset, seed=int(self._seed.integers(1 << 31)))
       t0 = time.time()

@@ -128,7 +128,9 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
   from jax.sharding import NamedSharding, PartitionSpec as P
   from scalerl_jax import models, sharding
 
-  gen_cfg = model_cfg.replace(param_dtype="bfloat16", dtype="bfloat16", remat="none")
+  # Generators decode with unscanned layers (the model's in-place cache-update decode path).
+  gen_cfg = model_cfg.replace(param_dtype="bfloat16", dtype="bfloat16", remat="none",
+                              scan_layers=False)
   mesh = sharding.make_mesh((("data", 1), ("fsdp", 1), ("tensor", tensor_parallel), ("expert", 1)),
                             devices[:tensor_parallel])
   rules = generator_rules(tuple(config.mesh.rules))

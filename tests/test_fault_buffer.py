@@ -1,0 +1,225 @@
+"""Buffer crash faults: the write-ahead log (scalerl_jax/rollout/wal.py) and client reconnects.
+
+Numbers observed here are tabulated in docs/RELIABILITY.md (run with -s to print them).
+"""
+import json
+import os
+import signal
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+import test_fault_common as fc
+from scalerl_jax.processes import ProcessGroup
+from scalerl_jax.rollout import codec, wal
+from scalerl_jax.rollout import rollout_pb2 as pb
+from scalerl_jax.rollout.buffer_server import BufferServer
+from scalerl_jax.rollout.client import BufferClient, assignment_prompt
+from scalerl_jax.rollout.fake import random_completion
+from scalerl_jax.rollout.generator import PromptSpec
+
+TOKEN = fc.TOKEN
+
+
+def _prompts(n=12):
+  return [PromptSpec(100 + i, np.arange(3 + i % 4, dtype=np.int32) + i, str(i)) for i in range(n)]
+
+
+def _group(c, rng, gen="g0", version=0, n=None):
+  """Leases one group and returns its rollouts (first `n` samples)."""
+  (a,) = c.lease(gen, max_groups=1)
+  p = assignment_prompt(a)
+  return [codec.completion_to_rollout(random_completion(rng, a.prompt_id, 5, version),
+                                      group_id=a.group_id, sample_index=i, prompt_tokens=p.tokens,
+                                      generator_id=gen)
+          for i in range(a.group_size if n is None else n)]
+
+
+def _contents(c):
+  st = c.status().contents
+  return {f.name: getattr(st, f.name) for f in st.DESCRIPTOR.fields}
+
+
+def test_wal_replay_restores_state_weights_and_idempotency(tmp_path):
+  d = str(tmp_path / "wal")
+  kw = dict(token=TOKEN, prompts_per_step=2, group_size=3, max_lag=1, wal_dir=d, lease_ttl_s=60)
+  srv = BufferServer(_prompts(), **kw).start()
+  c = BufferClient(srv.address, TOKEN)
+  rng = np.random.default_rng(0)
+  c.publish_weights(0, b"weights-v0")
+  pushed = []
+  for _ in range(2):
+    pushed += _group(c, rng)
+  c.push(pushed)
+  b0 = c.pull_batch(0, timeout_s=5)
+  c.publish_weights(1, b"weights-v1")
+  full = _group(c, rng, version=1)
+  partial = _group(c, rng, version=1, n=2)       # an incomplete group stays outstanding
+  c.push(full + partial)
+  before = _contents(c)
+  port = srv.port
+  srv._server.stop(0).wait()                     # like a crash: no shutdown work (WAL not closed)
+  c.close()
+  srv2 = BufferServer(_prompts(), port=port, **kw).start()
+  try:
+    c = BufferClient(srv2.address, TOKEN)
+    assert _contents(c) == before                # digest covers version, ns, groups and rollout ids
+    rep = srv2.wal_report
+    assert rep["torn"] == [] and rep["restored"]["ns"] == 1 and rep["restored"]["version"] == 1
+    acks = c.push(pushed + full + partial)       # delivered, ready and partial: all duplicates
+    assert all(a.duplicate for a in acks) and len(acks) == 11
+    again = c.pull_batch(0, timeout_s=5)         # retried pull of the delivered step: same groups
+    assert [g.group_id for g in again.groups] == [g.group_id for g in b0.groups]
+    assert [r.rollout_id for g in again.groups for r in g.rollouts] == \
+           [r.rollout_id for g in b0.groups for r in g.rollouts]
+    v, payload, _ = c.fetch_weights(-1)
+    assert (v, payload) == (1, b"weights-v1")
+    assert c.publish_weights(1, b"weights-v1").version == 1      # idempotent re-publish
+    # The rest of the partial group completes the batch of step 1 after the restart.
+    a_rest = [codec.completion_to_rollout(random_completion(rng, partial[0].prompt_id, 5, 1),
+                                          group_id=partial[0].group_id, sample_index=2,
+                                          prompt_tokens=codec.decode(partial[0].prompt_tokens,
+                                                                     pb.INT32, "p", 1 << 20),
+                                          generator_id="g0")]
+    c.push(a_rest)
+    b1 = c.pull_batch(1, timeout_s=5)
+    assert {g.group_id for g in b1.groups} == {full[0].group_id, partial[0].group_id}
+    assert _contents(c)["delivered_rollouts"] == 12
+    c.close()
+  finally:
+    srv2.stop()
+  # Compaction: the new segment holds no delivered rollouts except the last batch (retry).
+  records, rep = wal.read_all(d, truncate=False)
+  assert len(rep["segments"]) == 1 and rep["records"]["snapshot"] == 1
+
+
+@pytest.mark.parametrize("damage", ["short_length", "crc"])
+def test_torn_wal_tail_is_truncated_and_reported(tmp_path, caplog, damage):
+  d = str(tmp_path / "wal")
+  kw = dict(token=TOKEN, prompts_per_step=2, group_size=2, max_lag=1, wal_dir=d)
+  srv = BufferServer(_prompts(), **kw).start()
+  c = BufferClient(srv.address, TOKEN)
+  c.publish_weights(0, b"w0")
+  rs = _group(c, np.random.default_rng(1))
+  c.push(rs)
+  before = _contents(c)
+  c.close()
+  srv._server.stop(0).wait()
+  seg = wal.segments(d)[-1][1]
+  rec = wal.encode(wal.ROLLOUT, rs[0].SerializeToString())
+  size = os.path.getsize(seg)
+  with open(seg, "ab") as f:                     # a crash mid-write of the next record
+    if damage == "short_length":
+      f.write(rec[:len(rec) // 2])
+    else:
+      f.write(rec[:-1] + bytes([rec[-1] ^ 0xFF]))
+  torn_bytes = os.path.getsize(seg) - size
+  caplog.set_level("WARNING", logger="scalerl.wal")
+  srv2 = BufferServer(_prompts(), **kw).start()
+  try:
+    (t,) = srv2.wal_report["torn"]
+    assert t["offset"] == size and t["dropped_bytes"] == torn_bytes
+    assert ("runs past end" in t["reason"]) if damage == "short_length" else t["reason"] == "crc32 mismatch"
+    assert any("torn tail" in r.getMessage() and "truncated" in r.getMessage() for r in caplog.records)
+    c = BufferClient(srv2.address, TOKEN)
+    assert _contents(c) == before
+    c.close()
+    print(f"\n[torn-{damage}] appended {torn_bytes} B at offset {size}: {t}")
+  finally:
+    srv2.stop()
+
+
+def _kill9(procs, name):
+  p = procs.procs[name]
+  os.killpg(p.pid, signal.SIGKILL)
+  p.wait()
+
+
+def test_kill9_buffer_mid_run_loses_no_acked_rollout(tmp_path, monkeypatch):
+  monkeypatch.setenv("SCALERL_BUFFER_TOKEN", TOKEN)
+  B, G, k, steps, kill_at = 4, 4, 2, 14, (4, 9)
+  wal_dir = str(tmp_path / "wal")
+  prompts = fc.write_prompts(str(tmp_path / "prompts.jsonl"))
+  procs = ProcessGroup(str(tmp_path))
+  logs = [str(tmp_path / f"gen{i}.jsonl") for i in range(2)]
+  address = procs.start_buffer_argv(fc.buffer_argv(prompts, wal_dir, B, G, k, ttl=20), 60, wal_dir)
+  c = BufferClient(address, TOKEN, retry_budget_s=60)
+  reports, downtime, delivered, by_step = [], [], {}, {}
+  reached = threading.Event()
+  state = {"step": -1}
+
+  def killer():
+    for s in kill_at:
+      while state["step"] < s:
+        time.sleep(0.01)
+      time.sleep(0.3)                            # generators are pushing, learner is pulling
+      t0 = time.time()
+      _kill9(procs, "buffer")
+      time.sleep(1.0)
+      reports.append(procs.restart_buffer()["wal"])
+      downtime.append(time.time() - t0)
+  try:
+    c.publish_weights(0, b"v0")
+    for i in range(2):
+      procs.start(f"gen-{i}", fc.gen_argv(address, f"gen-{i}", i, logs[i]), env=fc.ENV)
+    kt = threading.Thread(target=killer, daemon=True)
+    kt.start()
+    for s in range(steps):
+      b = c.pull_batch(s, timeout_s=60)
+      by_step[s] = [g.group_id for g in b.groups]
+      assert len(b.groups) == B
+      for g in b.groups:
+        assert [r.sample_index for r in g.rollouts] == list(range(G))
+        for r in g.rollouts:
+          assert r.rollout_id not in delivered, f"rollout {r.rollout_id} trained twice"
+          delivered[r.rollout_id] = s
+      state["step"] = s
+      time.sleep(0.05)                           # "training"
+      c.publish_weights(s + 1, f"v{s + 1}".encode())
+    kt.join(60)
+    assert len(reports) == len(kill_at)
+    for i in range(2):                           # stop generators: the acked set is final
+      os.killpg(procs.procs[f"gen-{i}"].pid, signal.SIGTERM)
+      procs.procs[f"gen-{i}"].wait(20)
+    _kill9(procs, "buffer")                      # one more crash, then count from the WAL
+    final = procs.restart_buffer()["wal"]
+    again = c.pull_batch(steps - 1, timeout_s=10)
+    assert [g.group_id for g in again.groups] == by_step[steps - 1]
+    status = c.status()
+    learner_retries = c.retried
+  finally:
+    c.close()
+    procs.close(grace_s=5)
+  acked = set()
+  for path in logs:
+    for line in fc.read_log(path):
+      acked.update(line.get("ids", []))
+      acked.update(line.get("dup", []))
+  records, _ = wal.read_all(wal_dir, truncate=False)
+  seen, last, stored = set(), set(), {}
+  for t, body in records:
+    if t == wal.SEEN:
+      seen.update(json.loads(body)["ids"])
+    elif t == wal.LAST_BATCH:
+      last.update(json.loads(body)["gids"])
+    elif t == wal.ROLLOUT:
+      r = pb.Rollout.FromString(body)
+      stored[r.rollout_id] = r.group_id
+  last_ids = {r for r, g in stored.items() if g in last}
+  queued = {r for r, g in stored.items() if g not in last}
+  assert seen | last_ids == set(delivered), "WAL's delivered set differs from what was trained"
+  assert not (queued & set(delivered))
+  assert status.contents.expired_groups == 0
+  lost = acked - set(delivered) - queued
+  assert not lost, f"{len(lost)} acknowledged rollouts lost"
+  assert status.contents.delivered_rollouts == len(delivered) == steps * B * G
+  assert status.contents.stored_rollouts == len(queued)
+  summary = dict(steps=steps, kills=len(kill_at) + 1, learner_retries=learner_retries,
+                 acked=len(acked), delivered=len(delivered),
+                 queued=len(queued), lost=len(lost), downtime_s=[round(x, 2) for x in downtime],
+                 replay=[dict(records=r["records"], restored=r["restored"], torn=r["torn"],
+                              replay_s=r["replay_s"]) for r in reports + [final]])
+  print("\n[kill9-buffer]", json.dumps(summary))
