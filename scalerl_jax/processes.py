@@ -1,7 +1,8 @@
 """Child processes of a run (buffer server, generator workers): start, watch, stop — no orphans.
 
-Every child is started in its own process group with PR_SET_PDEATHSIG=SIGTERM, so it dies with
-the main process even on SIGKILL; `ProcessGroup.close()` sends SIGTERM, waits, then SIGKILLs.
+Every child is started in its own process group (session) with PR_SET_PDEATHSIG=SIGTERM (set by a
+tiny exec launcher, see `_LAUNCH`), so it dies with the main process even on SIGKILL;
+`ProcessGroup.close()` sends SIGTERM, waits, then SIGKILLs.
 
 Supervision (docs/RELIABILITY.md): `supervise()` (or `start_supervisor()`, a background thread)
 restarts a dead generator up to `config.generator.max_restarts` times (default 3) and a dead buffer
@@ -10,7 +11,6 @@ anything beyond the limits raises like `check()`.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -20,17 +20,17 @@ import threading
 import time
 
 _PR_SET_PDEATHSIG = 1
-try:   # loaded once here: the pre-exec hook below must not import or dlopen after fork()
-  _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
-except OSError:   # pragma: no cover - non-glibc platforms
-  _LIBC = None
 
-
-def _die_with_parent():
-  """Runs in the child between fork and exec: only async-signal-safe C calls."""
-  if _LIBC is not None:
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-  os.setpgrp()
+# Children are started through this launcher instead of a `preexec_fn`: a preexec_fn forces a plain
+# fork() that runs gRPC's fork handlers in the child before exec, which can abort the child
+# ("epoll_wait error: Bad file descriptor") while the parent has gRPC calls in flight. Without one,
+# subprocess uses vfork+exec; the launcher then sets PR_SET_PDEATHSIG itself (kept across exec) and
+# exits if the parent already died. start_new_session gives the child its own process group.
+_LAUNCH = ("import ctypes, os, signal, sys\n"
+           "try:\n  ctypes.CDLL('libc.so.6').prctl(%d, signal.SIGTERM)\n"
+           "except OSError:\n  pass\n"
+           "if os.getppid() != int(os.environ['SCALERL_PARENT_PID']):\n  sys.exit(1)\n"
+           "os.execvp(sys.argv[1], sys.argv[1:])\n" % _PR_SET_PDEATHSIG)
 
 
 _spawner = None
@@ -71,8 +71,10 @@ class ProcessGroup:
 
   def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
     log = open(os.path.join(self.logdir, f"{name}.log"), "ab")
-    p = _popen(argv, stdout=subprocess.PIPE if name == "buffer" else log, stderr=log,
-                         env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
+    p = _popen([sys.executable, "-c", _LAUNCH] + list(argv),
+               stdout=subprocess.PIPE if name == "buffer" else log, stderr=log,
+               env={**os.environ, **(env or {}), "SCALERL_PARENT_PID": str(os.getpid())},
+               start_new_session=True)
     log.close()   # the child holds its own descriptor
     self.procs[name] = p
     self.argv[name] = (list(argv), env)
@@ -105,7 +107,7 @@ class ProcessGroup:
     wal_dir = wal_dir or b.get("wal_dir", None)
     if wal_dir:
       argv += ["--wal-dir", wal_dir, "--wal-fsync", str(b.get("wal_fsync", "batch"))]
-    if "lease_ttl_s" in b:
+    if b.get("lease_ttl_s", None) is not None:
       argv += ["--lease-ttl-s", str(b.lease_ttl_s)]
     self.max_restarts["buffer"] = int(b.get("max_restarts", 3))
     self.max_restarts["gen"] = int(config.generator.get("max_restarts", 3))

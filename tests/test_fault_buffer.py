@@ -223,3 +223,33 @@ def test_kill9_buffer_mid_run_loses_no_acked_rollout(tmp_path, monkeypatch):
                  replay=[dict(records=r["records"], restored=r["restored"], torn=r["torn"],
                               replay_s=r["replay_s"]) for r in reports + [final]])
   print("\n[kill9-buffer]", json.dumps(summary))
+
+
+def test_wal_replay_ppo_off_policy_round(tmp_path):
+  """ppo_off_policy: a half-generated round survives a restart with its admission state."""
+  d = str(tmp_path / "wal")
+  kw = dict(token=TOKEN, prompts_per_step=2, group_size=2, max_lag=2, mode="ppo_off_policy",
+            wal_dir=d)
+  srv = BufferServer(_prompts(), **kw).start()
+  c = BufferClient(srv.address, TOKEN)
+  rng = np.random.default_rng(2)
+  c.publish_weights(0, b"w0")
+  groups = [_group(c, rng) for _ in range(4)]    # the whole round: k * B = 4 groups
+  assert c.lease("g0", max_groups=1) == []
+  c.push([r for g in groups[:3] for r in g])
+  st = c.status()
+  before, cap = _contents(c), st.admission_capacity
+  port = srv.port
+  c.close()
+  srv._server.stop(0).wait()
+  srv2 = BufferServer(_prompts(), port=port, **kw).start()
+  try:
+    c = BufferClient(srv2.address, TOKEN)
+    assert _contents(c) == before and c.status().admission_capacity == cap == 0
+    assert c.lease("g0", max_groups=1) == []       # the round is still fully leased
+    c.push(groups[3])
+    ids = [c.pull_batch(s, timeout_s=5) for s in range(2)]
+    assert sorted(g.group_id for b in ids for g in b.groups) == sorted(g[0].group_id for g in groups)
+    c.close()
+  finally:
+    srv2.stop()

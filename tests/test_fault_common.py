@@ -88,17 +88,18 @@ def _main(argv=None):
   version = got[0]
   log({"start_version": version, "pid": os.getpid(), "t": time.time()})
   stop = threading.Event()
+  lease_id = f"{a.gen_id}@{os.getpid()}"     # per process, like worker.Worker
 
   def heartbeat():
     while not stop.wait(a.heartbeat_s):
       try:
-        c.heartbeat(a.gen_id, version)
+        c.heartbeat(lease_id, version)
       except grpc.RpcError:
         pass
   threading.Thread(target=heartbeat, daemon=True).start()
   try:
     while True:
-      for asg in c.lease(a.gen_id, max_groups=1, wait_timeout_s=0.5):
+      for asg in c.lease(lease_id, max_groups=1, wait_timeout_s=0.5):
         got = c.fetch_weights(version, wait_timeout_s=0 if version >= asg.min_version else 30)
         if got:
           version = got[0]

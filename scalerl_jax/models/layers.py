@@ -106,7 +106,7 @@ class Attention(nn.Module):
   use_rope: bool = True
 
   @nn.compact
-  def __call__(self, x, positions, mask, kv=None, index=None, layer=None):
+  def __call__(self, x, positions, mask, kv=None, index=None):
     cfg = self.cfg
     D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     B, T, _ = x.shape
@@ -129,31 +129,6 @@ class Attention(nn.Module):
       scale = jnp.log1p(jnp.floor((pos + 1.0) / cfg.floor_scale)) * cfg.attn_scale + 1.0
       q = (q.astype(jnp.float32) * scale[:, :, None, None]).astype(q.dtype)
     new_kv = None
-    if kv is not None and layer is not None and T == 1:
-      # Decode fast path (one query per row): kv is the whole [L,B,S,K,H] cache, only read here.
-      # This step's key/value ([B,1,K,H]) is returned and the caller writes every layer's into the
-      # cache once, after all reads, so XLA updates the cache in place instead of copying it
-      # (memory traffic dominates decode on CPU). Slot `index` is attended with the new key/value
-      # exactly as if it had been written first.
-      k_all, v_all = kv
-      k_new, v_new = k.astype(k_all.dtype), v.astype(v_all.dtype)
-      new_kv = (k_new, v_new)
-      S = k_all.shape[2]
-      here = (jnp.arange(S) == index)[None, :, None, None]                   # [1,S,1,1]
-      q1 = q.reshape(B, K, N // K, H)                                          # [B,K,G,H]
-      k_old, v_old = k_all[layer].astype(q.dtype), v_all[layer].astype(q.dtype)   # [B,S,K,H]
-      # Broadcast-multiply + reduce reads the cache once in its [B,S,K,H] layout (XLA:CPU lowers
-      # the batched einsum with a transpose of the cache).
-      s_old = jnp.sum(q1[:, None] * k_old[:, :, :, None], axis=-1)            # [B,S,K,G]
-      s_new = jnp.sum(q1 * k_new.astype(q.dtype)[:, 0, :, None], axis=-1)     # [B,K,G]
-      scores = jnp.where(here, s_new[:, None], s_old).astype(jnp.float32) * (H ** -0.5)
-      scores = jnp.where(mask[:, 0, :, None, None], scores, _MASKED)
-      probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)
-      p_new = jnp.sum(jnp.where(here, probs, 0), axis=1)                      # [B,K,G]
-      out = (jnp.sum(jnp.where(here, 0, probs)[..., None] * v_old[:, :, :, None], axis=1)
-             + p_new[..., None] * v_new.astype(q.dtype)[:, 0, :, None])        # [B,K,G,H]
-      out = constrain(out.reshape(B, T, N, H), ("batch", "seq", "act_heads", "head_dim"))
-      return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
     if kv is not None:
       k_cache, v_cache = kv
       k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
@@ -161,6 +136,16 @@ class Attention(nn.Module):
       new_kv = (k, v)
       k, v = k.astype(q.dtype), v.astype(q.dtype)
     qg = q.reshape(B, T, K, N // K, H)
+    if T == 1 and kv is not None:
+      # Decode (one query per row): broadcast-multiply + reduce reads the cache once in its
+      # [B,S,K,H] layout; XLA:CPU lowers the batched einsum below with a transpose of the cache.
+      q1 = qg[:, 0]                                                          # [B,K,G,H]
+      scores = jnp.sum(q1[:, None] * k[:, :, :, None], axis=-1).astype(jnp.float32) * (H ** -0.5)
+      scores = jnp.where(mask[:, 0, :, None, None], scores, _MASKED)         # [B,S,K,G]
+      probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)
+      out = jnp.sum(probs[..., None] * v[:, :, :, None], axis=1)             # [B,K,G,H]
+      out = constrain(out.reshape(B, T, N, H), ("batch", "seq", "act_heads", "head_dim"))
+      return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
     scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k).astype(jnp.float32) * (H ** -0.5)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -246,10 +231,10 @@ class DecoderLayer(nn.Module):
   is_moe: bool = False
 
   @nn.compact
-  def __call__(self, x, positions, mask, kv=None, index=None, layer=None):
+  def __call__(self, x, positions, mask, kv=None, index=None):
     cfg = self.cfg
     h, new_kv = Attention(cfg, self.use_rope, name="attn")(
-        RMSNorm(cfg, name="attn_norm")(x), positions, mask, kv, index, layer)
+        RMSNorm(cfg, name="attn_norm")(x), positions, mask, kv, index)
     x = constrain(x + h, ("batch", "seq", "act_embed"))
     y = RMSNorm(cfg, name="ffn_norm")(x)
     y = MoE(cfg, name="moe")(y) if self.is_moe else MLP(cfg, cfg.ffn_dim, name="mlp")(y)

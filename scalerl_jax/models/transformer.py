@@ -81,21 +81,6 @@ class Transformer(nn.Module):
     masks = build_masks(cfg, positions, kv_pos)
     if cfg.scan_layers:
       x, new_kv = self._scanned(x, positions, masks, kv, index)
-    elif kv is not None and tokens.shape[1] == 1:
-      # Decode step: layers read the [L,B,S,K,H] cache; one in-place write after (no restack).
-      cls = _layer_cls(cfg, scanned=False)
-      ks, vs = [], []
-      for i in range(cfg.num_layers):
-        mask = masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
-        x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), name=f"layers_{i}")(
-            x, positions, mask, kv, index, i)
-        ks.append(nkv[0])
-        vs.append(nkv[1])
-      # Write every layer's new key/value [L,B,1,K,H] at slot `index` once. The barrier makes the
-      # write depend on x (hence on every layer's cache reads), so XLA updates in place, no copy.
-      x, ks, vs = jax.lax.optimization_barrier((x, jnp.stack(ks), jnp.stack(vs)))
-      new_kv = (jax.lax.dynamic_update_slice(kv[0], ks, (0, 0, index, 0, 0)),
-                jax.lax.dynamic_update_slice(kv[1], vs, (0, 0, index, 0, 0)))
     else:
       cls = _layer_cls(cfg, scanned=False)
       ks, vs = [], []
@@ -107,7 +92,12 @@ class Transformer(nn.Module):
         if nkv is not None:
           ks.append(nkv[0])
           vs.append(nkv[1])
-      new_kv = None if kv is None else (jnp.stack(ks), jnp.stack(vs))
+      if kv is None:
+        new_kv = None
+      elif isinstance(kv[0], (list, tuple)):  # per-layer cache buffers (see `split_cache`)
+        new_kv = (tuple(ks), tuple(vs))
+      else:
+        new_kv = (jnp.stack(ks), jnp.stack(vs))
     x = RMSNorm(cfg, name="final_norm")(x)
     head_dtype = jnp.float32 if cfg.fp32_lm_head else dtype_of(cfg.dtype)
     if cfg.tie_embeddings:

@@ -61,6 +61,12 @@ class Worker:
   def __init__(self, config, address: str, generator_id: str, backend: str, workdir: str):
     from scalerl_jax.data import build_dataset
     self.config, self.id = config, generator_id
+    # Leases and heartbeats use a per-process identity: a restarted worker must not keep its dead
+    # predecessor's half-done groups alive with its heartbeats (they expire and are re-leased).
+    # A push that fails abandons its groups: the id then changes too (`_abandon`), so heartbeats
+    # stop extending them and the buffer re-leases them after the TTL instead of stalling the learner.
+    self._incarnation = 0
+    self.lease_id = f"{generator_id}@{os.getpid()}"
     token = os.environ.get(config.buffer.auth_token_env, "")
     if not token:
       raise SystemExit(f"error: env var {config.buffer.auth_token_env} (buffer token) is unset")
@@ -85,7 +91,7 @@ class Worker:
     """Extends this worker's leases every `heartbeat_s` (a silent worker loses them after the TTL)."""
     while not self._stop.wait(self.heartbeat_s):
       try:
-        self.client.heartbeat(self.id, self.gen.version)
+        self.client.heartbeat(self.lease_id, self.gen.version)
       except grpc.RpcError as e:
         log.warning("%s: heartbeat failed (%s)", self.id, e.code())
 
@@ -127,7 +133,7 @@ class Worker:
     n_lease = int(self.config.generator.get("groups_per_lease", 4))
     while not self._stop.is_set() and (not max_groups or done < max_groups):
       try:
-        assignments = self.client.lease(self.id, max_groups=n_lease, wait_timeout_s=2.0)
+        assignments = self.client.lease(self.lease_id, max_groups=n_lease, wait_timeout_s=2.0)
       except grpc.RpcError as e:
         log.warning("%s: lease failed (%s)", self.id, e.code())
         time.sleep(1.0)
@@ -154,9 +160,14 @@ class Worker:
         self.client.push(rollouts)
       except grpc.RpcError as e:   # e.g. a lease expired: the buffer re-assigns the group
         log.warning("%s: push rejected (%s: %s)", self.id, e.code(), e.details())
+        self._abandon()
         continue
       done += len(assignments)
     return done
+
+  def _abandon(self):
+    self._incarnation += 1
+    self.lease_id = f"{self.id}@{os.getpid()}.{self._incarnation}"
 
   def stop(self):
     self._stop.set()
