@@ -17,6 +17,9 @@ Stages of the real path (each timed separately; MB = float32 payload bytes / 1e6
             uses)
   load_jax  `JaxSampler.load_weights` (HF layout -> our params, host -> device) + the swap
   load_vllm `VLLMGenerator.load_weights` (socket to the vLLM worker, float32 and bf16 on the wire)
+Reference rows (not part of the path): `encode_direct_proposed` (same format in one copy, a
+proposed runtime.params_to_payload; checked to decode to the same tensors) and `sha256_once_ref`
+(one sha256 pass over the payload: publish hashes twice (client + server), fetch once).
 
 ours = end-to-end MB/s into the JAX sampler on the fast path: to_host + encode + publish + fetch +
        zero-copy decode + load_jax (one number: payload MB / the summed stage seconds, best repeat).
@@ -35,6 +38,35 @@ import tempfile
 import time
 
 import numpy as np
+
+
+_ST_NAMES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int32): "I32",
+             np.dtype(np.int64): "I64", np.dtype(np.float64): "F64"}
+
+
+def encode_direct(named) -> bytearray:
+  """Proposed `runtime.params_to_payload`: the same safetensors format, built with ONE copy per
+  tensor (source array -> its slot of a preallocated buffer; transposed views are copied straight
+  into place), instead of ascontiguousarray copies + safetensors' serialize + bytes copies.
+  Tensors in name order, 8-byte aligned header (as safetensors writes)."""
+  import struct
+  named = sorted(named, key=lambda kv: kv[0])
+  header, off = {}, 0
+  for name, a in named:
+    header[name] = {"dtype": _ST_NAMES[np.dtype(a.dtype)], "shape": list(a.shape),
+                    "data_offsets": [off, off + a.nbytes]}
+    off += a.nbytes
+  h = json.dumps(header, separators=(",", ":")).encode()
+  h += b" " * (-len(h) % 8)
+  buf = bytearray(8 + len(h) + off)
+  buf[:8] = struct.pack("<Q", len(h))
+  buf[8:8 + len(h)] = h
+  base = 8 + len(h)
+  for name, a in named:
+    b, e = header[name]["data_offsets"]
+    dst = np.frombuffer(buf, dtype=a.dtype, count=a.size, offset=base + b).reshape(a.shape)
+    np.copyto(dst, a)
+  return buf
 
 
 def _t(fn):
@@ -89,7 +121,16 @@ def main(argv=None):
                                          for k, v in models.hf_named_arrays(cfg, params)])
       from safetensors.numpy import save
       payload, st["encode"] = _t(lambda: save(dict(named)))
-      del named
+      # Proposed encoder (same format, checked below): views of the learner params, one copy.
+      direct, st["encode_direct_proposed"] = _t(lambda: encode_direct(
+          [(k, v) for k, v in models.hf_named_arrays(cfg, params)]))
+      from safetensors.numpy import load as st_load
+      ref = st_load(payload)
+      dec = named_from_safetensors(direct)
+      assert ref.keys() == dec.keys() and all(np.array_equal(ref[k], dec[k]) for k in ref)
+      del named, direct, dec, ref
+      import hashlib
+      _, st["sha256_once_ref"] = _t(lambda: hashlib.sha256(payload).hexdigest())
       _, st["publish"] = _t(lambda: client.publish_weights(
           version, payload, fmt=runtime.WEIGHTS_FORMAT, chunk_bytes=args.chunk_mb << 20))
       got, st["fetch"] = _t(lambda: client.fetch_weights(have_version=version - 1))
@@ -116,7 +157,7 @@ def main(argv=None):
     client.close()
     server.stop()
 
-  common = ("to_host", "encode", "publish", "fetch")
+  common = ("to_host", "encode", "publish", "fetch")   # the real path (reference rows excluded)
   def total(st, kind):
     return sum(st[k] for k in common) + st[f"decode_{kind}"] + st[f"load_jax_{kind}"]
   best_fast = min(runs, key=lambda r: total(r["stages_s"], "zero_copy"))["stages_s"]

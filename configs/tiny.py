@@ -35,6 +35,7 @@ def get_config(arg=None):
   c.rollout.think_budget_max = 32
   c.rollout.answer_budget = 8
   c.rollout.max_prompt_len = 32
+  c.pin_cpus = True        # learner on CPU 0, the generator on CPU 1: one "device" per role
   c.generator.backend = "jax"
   c.generator.num_workers = 1
   c.eval.every_steps = 10

@@ -12,6 +12,26 @@ import sys
 from scalerl_jax import runtime
 
 
+_RUN_OUTPUTS = ("metrics.jsonl", "tb", "checkpoints", "buffer_wal", "batches", "fit", "logs",
+                "npr_history.json")
+
+
+def _set_aside_previous_run(workdir: str) -> None:
+  """Learner resume from a checkpoint is not wired yet (NOTES.md): a second run in the same
+  workdir starts over, and the previous run's outputs are moved (never deleted) to
+  WORKDIR/previous-<time>/. The SFT base policy is kept and reused."""
+  import time
+  old = [n for n in _RUN_OUTPUTS if os.path.exists(os.path.join(workdir, n))]
+  if not old:
+    return
+  dest = os.path.join(workdir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
+  os.makedirs(dest)
+  for n in old:
+    os.replace(os.path.join(workdir, n), os.path.join(dest, n))
+  logging.warning("workdir %s held a previous run; moved its outputs to %s and starting over "
+                  "(resume from checkpoints is not implemented yet)", workdir, dest)
+
+
 def run(config, workdir: str, progress: bool = True) -> dict:
   """Runs the job described by `config` in `workdir`; returns the final fit summary."""
   from scalerl_jax.data import build_dataset
@@ -19,8 +39,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   from scalerl_jax.rollout.client import BufferClient
   from scalerl_jax.sft import warm_start
   from scalerl_jax.trainer import Trainer
+  runtime.pin_to_device_cpus(config, "learner")   # before JAX starts its thread pools
   os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
   token = os.environ[config.buffer.auth_token_env]
+  _set_aside_previous_run(workdir)
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   model_cfg = runtime.model_config(config)
   config_path = os.path.join(workdir, "config.json")
@@ -34,12 +56,17 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                           "answer": p.answer}) + "\n")
   procs = ProcessGroup(workdir)
   try:
-    address = procs.start_buffer(prompts_path, config)
+    # The buffer keeps acknowledged rollouts in a write-ahead log; a crashed buffer is restarted
+    # from it by the supervisor, and dead generators are restarted (docs/RELIABILITY.md).
+    address = procs.start_buffer(prompts_path, config,
+                                 wal_dir=config.buffer.get("wal_dir") or os.path.join(workdir,
+                                                                                      "buffer_wal"))
     client = BufferClient(address, token)
     trainer = Trainer(config, workdir, dataset, model_cfg, params, client,
                       gen_devices=int(config.generator.num_workers), progress=progress)
     procs.start_workers(int(config.generator.num_workers), config_path, address,
                         config.generator.backend)
+    procs.start_supervisor(interval_s=1.0)
     trainer.watchdog = procs.check
     last = trainer.run()
   finally:

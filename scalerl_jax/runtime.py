@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import ml_collections
 import numpy as np
@@ -53,6 +54,20 @@ def sampling_spec(config, dataset, seed: int, temperature: float | None = None) 
       interruption_tokens=(tuple(dataset.interruption_tokens(r.interruption_text))
                            if interrupt else ()),
       seed=int(seed))
+
+
+def pin_to_device_cpus(config, role: str, index: int = 0) -> list[int] | None:
+  """With `config.pin_cpus`, pins this process to its own CPU(s), modelling one accelerator per
+  role on a CPU host: the learner takes CPU 0, generator i takes CPU 1 + i (mod the CPU count).
+  Must run before JAX initializes its thread pools. Returns the CPUs, or None when not pinning."""
+  if not config.get("pin_cpus", False) or not hasattr(os, "sched_setaffinity"):
+    return None
+  cpus = sorted(os.sched_getaffinity(0))
+  if len(cpus) < 2:
+    return None
+  cpu = cpus[0] if role == "learner" else cpus[(1 + index) % len(cpus)]
+  os.sched_setaffinity(0, {cpu})
+  return [cpu]
 
 
 def max_completion_len(config) -> int:

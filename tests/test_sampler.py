@@ -154,3 +154,16 @@ def test_load_payload_zero_copy_decode_matches_safetensors(model):
   assert sampler.version == 7
   for a, b in zip(jax.tree.leaves(sampler.params), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_growing_cache_long_generation_matches_learner(model):
+  """Completions long enough for the KV cache to grow (64 -> 128 slots) keep exact log-probs."""
+  cfg, params = model
+  sampler = JaxSampler(cfg, params, version=0, chunk_steps=16)
+  spec = SamplingSpec(think_budget_min=0, think_budget_max=0, answer_budget=100, seed=5)
+  groups = sampler.generate(_prompts(), 2, spec)
+  for prompt, group in zip(_prompts(), groups):
+    for c in group:
+      assert len(c.tokens) >= 100
+      ref = _learner_logprobs(cfg, params, prompt.tokens, c.tokens)
+      np.testing.assert_allclose(c.logprobs, ref, atol=2e-5)

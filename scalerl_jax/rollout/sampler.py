@@ -166,6 +166,28 @@ def split_cache(cache):
   return dict(cache, k=tuple(cache["k"]), v=tuple(cache["v"]))
 
 
+_MIN_CACHE = 64
+
+
+def _cache_capacity(needed: int, total: int) -> int:
+  """Cache slots to allocate for `needed` slots: 64 * 2^k (few shapes to compile), <= total."""
+  cap = _MIN_CACHE
+  while cap < needed:
+    cap *= 2
+  return min(cap, total)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _grow_cache(cache, size: int):
+  """A split cache (see split_cache) with `size` slots: empty slots appended (pos -1)."""
+  def pad(a, fill):
+    widths = [(0, 0)] * a.ndim
+    widths[1] = (0, size - a.shape[1])
+    return jnp.pad(a, widths, constant_values=fill)
+  return dict(cache, k=tuple(pad(a, 0) for a in cache["k"]),
+              v=tuple(pad(a, 0) for a in cache["v"]), pos=pad(cache["pos"], -1))
+
+
 @functools.partial(jax.jit, static_argnums=(1,))
 def _prefill(params, cfg, tokens, mask, cache):
   logits, cache = models.prefill(params, cfg, tokens, cache, mask)
@@ -269,8 +291,13 @@ class JaxSampler(Generator):
     budget = rng.integers(spec.think_budget_min, spec.think_budget_max + 1, size=B)
     end_think = (spec.think_end_tokens[0] if spec.think_end_tokens
                  else (self.end_think_token if self.end_think_token is not None else -1))
-    cache = models.init_cache(self.cfg, B, P + L, dtype="float32")
-    if not self.cfg.scan_layers:
+    # The cache grows with the sequences (64 * 2^k slots, see _cache_capacity): every decode step
+    # attends over all allocated slots, so a cache sized for the longest completion from the start
+    # would make early steps read mostly empty slots. Scanned-layer models keep one full cache.
+    grow = not self.cfg.scan_layers
+    cap = _cache_capacity(P + min(self.chunk_steps, L), P + L) if grow else P + L
+    cache = models.init_cache(self.cfg, B, cap, dtype="float32")
+    if grow:
       # One [B,S,K,H] buffer per layer: XLA then updates each in place inside the decode loop; a
       # stacked [L,B,S,K,H] cache gets copied whole several times per step (see split_cache).
       cache = split_cache(cache)
@@ -291,6 +318,9 @@ class JaxSampler(Generator):
     answer_budget = spec.answer_budget if n_int else L
     chunk = 0
     for start in range(0, L, self.chunk_steps):
+      if grow and cap < P + min(start + self.chunk_steps, L):
+        cap = _cache_capacity(P + min(start + self.chunk_steps, L), P + L)
+        state["cache"] = _grow_cache(state["cache"], cap)
       consts = (interrupt, stop, jnp.float32(spec.temperature), jnp.float32(spec.top_p),
                 jnp.int32(answer_budget), jnp.int32(self._version))
       state = _decode_chunk(self._params, self.cfg, state, min(self.chunk_steps, L - start), consts,

@@ -188,6 +188,8 @@ def main(argv=None):
   a = ap.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
   config = runtime.load_run_config(a.run_config)
+  index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
+  runtime.pin_to_device_cpus(config, "generator", index)
   w = Worker(config, a.buffer, a.generator_id, a.backend or config.generator.backend,
              a.workdir or os.path.dirname(os.path.abspath(a.run_config)))
   signal.signal(signal.SIGTERM, lambda *_: w.stop())
