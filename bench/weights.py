@@ -85,6 +85,8 @@ def main(argv=None):
   ap.add_argument("--kv-heads", type=int, default=8)
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--chunk-mb", type=int, default=4, help="PublishWeights chunk size")
+  ap.add_argument("--fetch-chunk-mb", type=int, default=4,
+                  help="FetchWeights chunk size (BufferServer weight_chunk_bytes)")
   ap.add_argument("--skip-vllm", action="store_true")
   ap.add_argument("--vllm-eager", action="store_true", default=True)
   args = ap.parse_args(argv)
@@ -109,7 +111,9 @@ def main(argv=None):
   max_bytes = int(mb * 1e6 * 1.1) + (64 << 20)
   server = BufferServer([PromptSpec(0, np.array([1, 2], np.int32))], token=token,
                         prompts_per_step=1, group_size=1, max_lag=1,
-                        max_message_bytes=64 << 20, max_weight_bytes=max_bytes).start()
+                        max_message_bytes=max(64, 2 * args.chunk_mb) << 20,
+                        weight_chunk_bytes=args.fetch_chunk_mb << 20,
+                        max_weight_bytes=max_bytes).start()
   client = BufferClient(server.address, token, max_message_bytes=max(256 << 20, 64 << 20))
   sampler = JaxSampler(cfg, params, version=0)
   runs = []
@@ -174,7 +178,7 @@ def main(argv=None):
   print(json.dumps({
       "ours": ours, "peer": peer, "unit": "MB/s", "ratio": ours / peer,
       "vllm_MBps": (vllm or {}).get("e2e_bf16_MBps"), "vllm": vllm, "stages": stages,
-      "model_MB": mb, "ours_impl": "params->safetensors->gRPC buffer->zero-copy decode->JaxSampler",
+      "model_MB": mb, "publish_chunk_MB": args.chunk_mb, "fetch_chunk_MB": args.fetch_chunk_mb, "ours_impl": "params->safetensors->gRPC buffer->zero-copy decode->JaxSampler",
       "peer_impl": "same, decode with runtime.payload_to_named (safetensors.numpy.load)",
       "cpus": os.cpu_count(), "loadavg": os.getloadavg()}))
 
