@@ -110,7 +110,10 @@ class Worker:
       if got is None:
         continue
       version, payload, fmt = got
-      self.gen.load_weights(runtime.payload_to_named(payload, fmt), version)
+      if hasattr(self.gen, "load_payload"):   # JAX sampler: zero-copy decode of the payload
+        self.gen.load_payload(payload, version, fmt)
+      else:
+        self.gen.load_weights(runtime.payload_to_named(payload, fmt), version)
       have = version
 
   def _wait_for_version(self, min_version: int):
