@@ -37,6 +37,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   from scalerl_jax.data import build_dataset
   from scalerl_jax.processes import ProcessGroup
   from scalerl_jax.rollout.client import BufferClient
+  from scalerl_jax.data.export import write_prompts
   from scalerl_jax.sft import warm_start
   from scalerl_jax.trainer import Trainer
   runtime.pin_to_device_cpus(config, "learner")   # before JAX starts its thread pools
@@ -50,10 +51,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     json.dump({**config.to_dict(), "_meta": {"argv": sys.argv}}, f, indent=1, default=str)
   params, sft_info = warm_start(config, model_cfg, dataset, workdir, progress=progress)
   prompts_path = os.path.join(workdir, "train_prompts.jsonl")
-  with open(prompts_path, "w") as f:
-    for p in dataset.train:
-      f.write(json.dumps({"prompt_id": p.prompt_id, "tokens": p.tokens.tolist(),
-                          "answer": p.answer}) + "\n")
+  write_prompts(dataset.train, prompts_path)   # the buffer serves only the train split
   procs = ProcessGroup(workdir)
   try:
     # The buffer keeps acknowledged rollouts in a write-ahead log; a crashed buffer is restarted
