@@ -15,10 +15,8 @@ bf16 compute, full remat, scanned layers. The model's attention materialises the
 heads are split over `tensor` to keep a 16k-token sequence's scores small; each micro-batch holds
 ONE sequence per (data x fsdp) shard. Measured results: docs/SCALE.md.
 """
-import ml_collections
 
 from configs import common
-from scalerl_jax import topologies
 
 DEFAULT_TOPOLOGY = "h100_16"
 
@@ -38,19 +36,4 @@ LAYOUTS = {
 
 
 def get_config(arg=None):
-  c = common.base_config()
-  c.model.preset = "llama3_8b"
-  c.model.param_dtype = "float32"   # fp32 master weights + fp32 Adam moments
-  c.model.dtype = "bfloat16"
-  # Generator-side layout the plan tool compiles: bf16 weights, tensor-parallel over 8 devices,
-  # a KV cache of 64 sequences x 16,384 tokens.
-  c.generator.tensor_parallel = 8
-  c.generator.decode_batch = 64
-  # Multi-host learner (scalerl_jax.distributed.initialize): unset (-1 / "") fields come from
-  # $SCALERL_COORDINATOR / $SCALERL_NUM_PROCESSES / $SCALERL_PROCESS_ID; auto=True lets JAX
-  # auto-detect (Cloud TPU, SLURM).
-  c.distributed = ml_collections.ConfigDict(dict(
-      coordinator_address="", num_processes=-1, process_id=-1, cpu_collectives="gloo", auto=False))
-  c.layouts = topologies.layouts_to_config(LAYOUTS)
-  c.topology = arg or DEFAULT_TOPOLOGY
-  return topologies.apply_layout(c)
+  return common.scale_out_config("llama3_8b", LAYOUTS, arg or DEFAULT_TOPOLOGY)

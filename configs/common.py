@@ -98,3 +98,25 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       kind="polaris", path="", tokenizer_path="", heldout=1000, split_seed=0))
   return c
+
+
+def scale_out_config(preset: str, layouts: dict, topology: str) -> ml_collections.ConfigDict:
+  """Paper settings for a real-size model with a learner layout per hardware target
+  (configs/8b.py, configs/scout.py): fp32 master weights and moments, bf16 compute."""
+  from scalerl_jax import topologies
+  c = base_config()
+  c.model.preset = preset
+  c.model.param_dtype = "float32"   # fp32 master weights + fp32 Adam moments
+  c.model.dtype = "bfloat16"
+  # Generator-side layout the plan tool compiles: bf16 weights, tensor-parallel over 8 devices,
+  # a KV cache of 64 sequences x 16,384 tokens.
+  c.generator.tensor_parallel = 8
+  c.generator.decode_batch = 64
+  # Multi-host learner (scalerl_jax.distributed.initialize): unset (-1 / "") fields come from
+  # $SCALERL_COORDINATOR / $SCALERL_NUM_PROCESSES / $SCALERL_PROCESS_ID; auto=True lets JAX
+  # auto-detect (Cloud TPU, SLURM).
+  c.distributed = ml_collections.ConfigDict(dict(
+      coordinator_address="", num_processes=-1, process_id=-1, cpu_collectives="gloo", auto=False))
+  c.layouts = topologies.layouts_to_config(layouts)
+  c.topology = topology
+  return topologies.apply_layout(c)

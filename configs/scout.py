@@ -15,10 +15,8 @@ fp32 parameter bytes of gradient temporaries (another 81 GB on 16). With sequenc
 `moe_impl='dense'` the router / attention / shared-expert weights would be replicated over an
 expert axis). Default topology: gb200_32.
 """
-import ml_collections
 
 from configs import common
-from scalerl_jax import topologies
 
 DEFAULT_TOPOLOGY = "gb200_32"
 
@@ -40,19 +38,4 @@ LAYOUTS = {
 
 
 def get_config(arg=None):
-  c = common.base_config()
-  c.model.preset = "llama4_scout_17b_16e"
-  c.model.param_dtype = "float32"
-  c.model.dtype = "bfloat16"
-  # Generator-side layout the plan tool compiles: bf16 weights, tensor-parallel over 8 devices,
-  # a KV cache of 64 sequences x 16,384 tokens.
-  c.generator.tensor_parallel = 8
-  c.generator.decode_batch = 64
-  # Multi-host learner (scalerl_jax.distributed.initialize): unset (-1 / "") fields come from
-  # $SCALERL_COORDINATOR / $SCALERL_NUM_PROCESSES / $SCALERL_PROCESS_ID; auto=True lets JAX
-  # auto-detect (Cloud TPU, SLURM).
-  c.distributed = ml_collections.ConfigDict(dict(
-      coordinator_address="", num_processes=-1, process_id=-1, cpu_collectives="gloo", auto=False))
-  c.layouts = topologies.layouts_to_config(LAYOUTS)
-  c.topology = arg or DEFAULT_TOPOLOGY
-  return topologies.apply_layout(c)
+  return common.scale_out_config("llama4_scout_17b_16e", LAYOUTS, arg or DEFAULT_TOPOLOGY)

@@ -119,20 +119,13 @@ class BufferClient:
     acknowledged are re-sent on a new stream (the server stores each rollout id once)."""
     raws = [r if isinstance(r, (bytes, memoryview)) else r.SerializeToString() for r in rollouts]
     acks: list[pb.Ack] = []
-    delay, t0, attempt = self.backoff_s, time.time(), 0
-    while True:
-      try:
-        for resp in self._push(pack_push_requests(raws[len(acks):], batch_bytes),
-                               metadata=self._md):
-          acks.extend(resp.acks)
-        return acks
-      except grpc.RpcError as e:
-        if e.code() not in _RETRY or self._give_up(attempt, t0):
-          raise
-      attempt += 1
-      self.retried += 1
-      time.sleep(delay * (0.5 + random.random()))
-      delay = min(delay * 2, self.max_backoff_s)
+
+    def once():   # a retry re-sends only what is not acknowledged yet
+      for resp in self._push(pack_push_requests(raws[len(acks):], batch_bytes),
+                             metadata=self._md):
+        acks.extend(resp.acks)
+      return acks
+    return self._retry(once)
 
   def push_stream(self, requests: Iterable[bytes]) -> Iterator[pb.PushResponse]:
     """One long-lived stream (no retry) of serialized PushRequests (see `pack_push_requests`)."""
