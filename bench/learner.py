@@ -18,6 +18,7 @@ cores × 2.6 GHz × 32 FLOP/cycle — on CPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -108,10 +109,15 @@ def peer(cfg, hf_model, batch, config):
   warm = max(int(o.warmup_steps), 1)                       # same warm-up as ours
   sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
   hf_model.train()
-  tok = torch.as_tensor(batch["tokens"], dtype=torch.long)
-  gen = torch.as_tensor(batch["gen_logprobs"])[:, 1:]
-  mask = torch.as_tensor(batch["loss_mask"])[:, 1:]
-  r = torch.as_tensor(batch["rewards"]); pid = torch.as_tensor(batch["prompt_ids"])
+  dev = next(hf_model.parameters()).device
+  tok = torch.as_tensor(batch["tokens"], dtype=torch.long, device=dev)
+  gen = torch.as_tensor(batch["gen_logprobs"], device=dev)[:, 1:]
+  mask = torch.as_tensor(batch["loss_mask"], device=dev)[:, 1:]
+  r = torch.as_tensor(batch["rewards"], device=dev)
+  pid = torch.as_tensor(batch["prompt_ids"], device=dev)
+  # On GPU the peer computes in bf16 autocast with fp32 master weights, like our bf16 compute.
+  autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
+              else contextlib.nullcontext())
   same = (pid[:, None] == pid[None, :]).float()
   adv = r - same @ r / same.sum(1)
   adv = adv / (adv.std(unbiased=False) + 1e-6)
@@ -121,7 +127,8 @@ def peer(cfg, hf_model, batch, config):
 
   def step():
     opt.zero_grad(set_to_none=True)
-    logits = hf_model(input_ids=tok).logits.float()[:, :-1]
+    with autocast:
+      logits = hf_model(input_ids=tok).logits.float()[:, :-1]
     logp = torch.log_softmax(logits, -1).gather(-1, tok[:, 1:, None])[..., 0]
     ratio = torch.exp(logp.detach() - gen)
     term = -torch.clamp(ratio, max=config.rl.cispo_eps_max) * adv[:, None] * logp
@@ -173,6 +180,8 @@ def main(argv=None):
   loss_peer = None
   if not args.no_peer:
     hf_model.set_attn_implementation(args.peer_attn)
+    if backend == "gpu" and torch.cuda.is_available():
+      hf_model.cuda()
     p_step, p_sync = peer(cfg, hf_model, batch, config)
     loss_peer = [p_sync(p_step()), p_sync(p_step())]   # also warms up the allocator
     sides["peer"] = (p_step, p_sync)
