@@ -129,6 +129,40 @@ def gather_to_host(tree):
   return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
+def broadcast_from_main(arrays: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+  """Process 0's {name: numpy array} on every process (others pass None).
+
+  Only the main process talks to the rollout buffer; this hands its batch to the other hosts with
+  two collectives: a fixed-size header length, then one uint8 buffer holding a JSON header
+  (names, dtypes, shapes) followed by every array's raw bytes. Dtypes survive exactly (bool, int64
+  included: bytes are moved, never cast). A single process returns its input unchanged.
+  """
+  import jax
+  if jax.process_count() == 1:
+    return dict(arrays)
+  import json
+  from jax.experimental import multihost_utils
+  if jax.process_index() == 0:
+    arrs = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    header = json.dumps([[k, v.dtype.str, list(v.shape)] for k, v in arrs.items()]).encode()
+    payload = np.frombuffer(header + b"".join(v.tobytes() for v in arrs.values()), np.uint8)
+    sizes = np.array([len(header), payload.size], np.int32)
+  else:
+    sizes = np.zeros(2, np.int32)
+  sizes = np.asarray(multihost_utils.broadcast_one_to_all(sizes))
+  if jax.process_index() != 0:
+    payload = np.zeros(int(sizes[1]), np.uint8)
+  payload = np.asarray(multihost_utils.broadcast_one_to_all(payload)).tobytes()
+  out, off = {}, int(sizes[0])
+  for name, dtype, shape in json.loads(payload[:off]):
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    out[name] = np.frombuffer(payload, dt, count=n // dt.itemsize if dt.itemsize else 0,
+                              offset=off).reshape(shape)
+    off += n
+  return out
+
+
 def _make_learner_class():
   from scalerl_jax.learner import Learner
   from scalerl_jax.learner.batch import validate_batch

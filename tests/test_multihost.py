@@ -65,12 +65,19 @@ def _worker(mode, out_path):
     rows = learner.local_rows(batches[0]["tokens"].shape[0])
     metrics = [learner.step({k: v[rows] for k, v in b.items()}) for b in batches]
   params = distributed.gather_to_host(learner.state.params)
+  bcast = None
+  if mode == "multi":   # process 0's batch reaches every host byte for byte (bool / int64 kept)
+    src = dict(b=np.array([[True, False, True]]), i=np.arange(4, dtype=np.int64) << 40,
+               f=np.linspace(-1, 1, 7, dtype=np.float32), e=np.zeros((0, 3), np.int32))
+    got = distributed.broadcast_from_main(src if jax.process_index() == 0 else None)
+    bcast = all(got[k].dtype == v.dtype and got[k].shape == v.shape and np.array_equal(got[k], v)
+                for k, v in src.items()) and list(got) == list(src)
   flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
   if jax.process_index() == 0:
     np.savez(out_path, **flat)
   print(json.dumps(dict(mode=mode, process=jax.process_index(), processes=spec.num_processes,
                         local_devices=jax.local_device_count(), devices=jax.device_count(),
-                        rows=[rows.start, rows.stop] if mode != "nomesh" else None,
+                        bcast=bcast, rows=[rows.start, rows.stop] if mode != "nomesh" else None,
                         steps=int(np.asarray(distributed.gather_to_host(learner.state.step))),
                         losses=[m["loss"] for m in metrics],
                         max_update=max(float(np.abs(a - b).max()) for a, b in
@@ -142,6 +149,7 @@ def test_two_processes_equal_one(tmp_path):
   assert [o["process"] for o in outs] == [0, 1]
   assert all(o["processes"] == 2 and o["local_devices"] == 2 and o["devices"] == 4 for o in outs)
   assert sorted(tuple(o["rows"]) for o in outs) == [(0, 8), (8, 16)]
+  assert all(o["bcast"] is True for o in outs), outs
   assert all(o["steps"] == STEPS for o in outs + [s, n])
   for o in outs:                          # every host sees the same (global) metrics
     np.testing.assert_allclose(o["losses"], s["losses"], rtol=1e-5, atol=1e-7)
