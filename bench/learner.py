@@ -42,19 +42,23 @@ def _args(argv=None):
   p.add_argument("--peak_tflops", type=float, default=0.0, help="peak FLOP/s for MFU (TFLOP/s)")
   p.add_argument("--no_peer", action="store_true", help="skip the PyTorch side")
   p.add_argument("--peer_attn", default="sdpa", help="HF attention implementation: sdpa | eager")
+  p.add_argument("--attention", default="auto",
+                 help="our attention_impl: einsum | fused (auto = einsum; see docs/LEARNER.md, H200)")
   return p.parse_args(argv)
 
 
-def model_config(preset: str, width_div: int, backend: str):
+def model_config(preset: str, width_div: int, backend: str, attention: str = "auto"):
   from scalerl_jax import models
+  impl = "einsum" if attention == "auto" else attention
   if preset != "llama3_8b_slice":
-    return models.get_preset(preset, dtype="float32", param_dtype="float32")
+    return models.get_preset(preset, dtype="float32", param_dtype="float32", attention_impl=impl)
   div = width_div or (1 if backend == "gpu" else 8)
   return models.get_preset(
       "llama3_8b", num_layers=2, d_model=4096 // div, num_heads=32 // div,
       num_kv_heads=max(8 // div, 1), head_dim=128, ffn_dim=14336 // div,
       vocab_size=128256 // div, dtype="float32" if backend == "cpu" else "bfloat16",
-      param_dtype="float32", scan_layers=False, remat="none", bos_token_id=None, eos_token_id=None)
+      param_dtype="float32", scan_layers=False, remat="none", bos_token_id=None, eos_token_id=None,
+      attention_impl=impl)
 
 
 def make_batch(cfg, b: int, t: int, seed: int = 0, gens: int = 4) -> dict:
@@ -162,7 +166,7 @@ def main(argv=None):
   from scalerl_jax.models import testing
   torch.set_num_threads(args.threads)
   backend = jax.default_backend()
-  cfg = model_config(args.preset, args.width_div, backend)
+  cfg = model_config(args.preset, args.width_div, backend, args.attention)
   config = tiny.get_config()
   config.optim.lr, config.optim.warmup_steps, config.optim.microbatches = 5e-7, 100, 1
   batch = make_batch(cfg, args.batch, args.seq)
@@ -205,7 +209,7 @@ def main(argv=None):
              step_s_peer=[round(x, 3) for x in times.get("peer", [])],
              compile_and_first_step_s=round(t_compile, 2),
              loss_steps12_ours=loss_ours, loss_steps12_peer=loss_peer,
-             peer_attn=None if args.no_peer else args.peer_attn,
+             peer_attn=None if args.no_peer else args.peer_attn, attention=cfg.attention_impl,
              flops_per_token=fpt, peak_flops=peak,
              mfu_ours=round(tok_s["ours"] * fpt / peak, 4),
              mfu_peer=round(tok_s["peer"] * fpt / peak, 4) if "peer" in tok_s else None,

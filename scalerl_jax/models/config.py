@@ -56,12 +56,20 @@ class ModelConfig:
   fp32_lm_head: bool = True              # LM head in float32 -> float32 logits
   scan_layers: bool = False              # nn.scan over repeating blocks of the layer pattern
   remat: str = "none"                    # none | full | dots
+  # einsum: scores materialised (any mask: causal, chunked, padding; the KV-cache path always).
+  # fused: jax.nn.dot_product_attention with is_causal (cuDNN flash attention on GPU) for the
+  # cache-free forward; assumes positions 0..T-1 per row (the learner's right-padded batches).
+  attention_impl: str = "einsum"
 
   def __post_init__(self):
     if self.family not in FAMILIES:
       raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+    if self.attention_impl not in ("einsum", "fused"):
+      raise ValueError(f"attention_impl must be 'einsum' or 'fused', got {self.attention_impl!r}")
+    if self.attention_impl == "fused" and self.attention_chunk_size is not None:
+      raise ValueError("attention_impl='fused' is causal only; chunked attention needs 'einsum'")
     if self.moe_impl not in ("dense", "ragged"):
       raise ValueError(f"moe_impl must be 'dense' or 'ragged', got {self.moe_impl!r}")
     if self.rope_type not in ("default", "llama3"):

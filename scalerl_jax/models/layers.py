@@ -146,6 +146,10 @@ class Attention(nn.Module):
       out = jnp.sum(probs[..., None] * v[:, :, :, None], axis=1)             # [B,K,G,H]
       out = constrain(out.reshape(B, T, N, H), ("batch", "seq", "act_heads", "head_dim"))
       return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
+    if kv is None and cfg.attention_impl == "fused":   # causal; flash attention on GPU
+      out = jax.nn.dot_product_attention(q, k, v, scale=H ** -0.5, is_causal=True)
+      out = constrain(out, ("batch", "seq", "act_heads", "head_dim"))
+      return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
     scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k).astype(jnp.float32) * (H ** -0.5)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
