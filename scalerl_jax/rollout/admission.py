@@ -40,7 +40,8 @@ MODES = ("pipeline", "ppo_off_policy")
 @dataclasses.dataclass
 class _Stored:
   rollout_id: str
-  raw: bytes                       # the serialized Rollout, forwarded unchanged to the learner
+  raw: bytes                       # the serialized Rollout (a view of the request bytes), forwarded
+                                   # unchanged to the learner
   checked: val.Checked
 
 
@@ -283,7 +284,8 @@ class BufferState:
           raise val.invalid(f"group_id {r.group_id} was never leased")
         views.append(g.view)
       version = self.version
-    checked = [None if v is None else val.validate_rollout(r, v, version, self.limits, self.verifier)
+    checked = [None if v is None else val.validate_rollout(r, v, version, self.limits, self.verifier,
+                                                           id_checked=True)
                for (r, _), v in zip(items, views)]     # 2) validate outside the lock
     with self.cv:                              # 3) re-check conflicts, then store everything
       plan, ids, slots = [], set(), set()
@@ -313,7 +315,7 @@ class BufferState:
           acks.append(pb.Ack(rollout_id=r.rollout_id, duplicate=True))
           continue
         g, r, raw, c = p
-        done = self._store(g, r, bytes(raw), c)
+        done = self._store(g, r, raw, c)
         acks.append(pb.Ack(rollout_id=r.rollout_id, group_complete=done))
       return acks
 
