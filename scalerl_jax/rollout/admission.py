@@ -32,6 +32,7 @@ from scalerl_jax.rollout import codec
 from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout import validation as val
 from scalerl_jax.rollout import wal as walmod
+from scalerl_jax.rollout import wire
 from scalerl_jax.rollout.generator import PromptSpec
 
 MODES = ("pipeline", "ppo_off_policy")
@@ -309,13 +310,14 @@ class BufferState:
         if p is not None:
           self._wal_append(walmod.ROLLOUT, p[2])
       self._wal_commit()
+      raws = iter(wire.retain([p[2] for p in plan if p is not None]))
       acks = []
       for (r, _), p in zip(items, plan):
         if p is None:
           acks.append(pb.Ack(rollout_id=r.rollout_id, duplicate=True))
           continue
-        g, r, raw, c = p
-        done = self._store(g, r, raw, c)
+        g, r, _, c = p
+        done = self._store(g, r, next(raws), c)
         acks.append(pb.Ack(rollout_id=r.rollout_id, group_complete=done))
       return acks
 

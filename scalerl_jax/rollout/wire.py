@@ -122,6 +122,16 @@ def parse_push(data: bytes):
   return out
 
 
+def retain(raws: list) -> list:
+  """What to store for the accepted rollouts of one request: zero-copy views of the request bytes,
+  unless they are less than half of it (mostly duplicates or rejected-and-resent), in which case
+  they are copied so a few stored rollouts cannot pin whole 64 MB requests in memory."""
+  base = {id(v.obj): len(v.obj) for v in raws if isinstance(v, memoryview)}
+  if sum(len(v) for v in raws) * 2 >= sum(base.values()):
+    return list(raws)
+  return [bytes(v) for v in raws]
+
+
 def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
   """Keeps glibc from mmap/munmap-ing every multi-MB buffer (each fresh mapping costs a page fault
   per 4 KiB): large rollout/group buffers are then recycled from the heap. Process-wide; the server
