@@ -19,8 +19,9 @@ once per hop).
   Every bench process (both systems) raises glibc's mmap threshold (wire.tune_malloc).
 Rounds alternate ours/peer (the machine is shared: wall-clock numbers are noisy); the JSON reports
 per-round values, medians and bests. Also reported: CPU seconds of all processes of each system and
-MB per CPU-second (less sensitive to other load), and with --floor the same two hops through a bare
-gRPC forwarder (bench.grpc_floor: identity serializers, no validation/storage), the ceiling for ours.
+MB per CPU-second (less sensitive to other load), and with --floor the same two hops through a
+bare gRPC forwarder (bench.grpc_floor: identity serializers, no validation or storage): the ceiling
+for ours.
 Last stdout line: {"ours": median MB/s, "peer": median MB/s, "unit": "MB/s", "ratio": ..., ...}
 (MB = 1e6 B).
 """

@@ -1,4 +1,4 @@
-"""The hard floor under bench.buffer on this machine: raw gRPC-Python byte throughput and memcpy speed.
+"""The floor under bench.buffer on this machine: raw gRPC-Python byte throughput, memcpy speed.
 
   python -m bench.grpc_floor [--mb 400] [--msg-kb 4096] [--producers 2]
 
@@ -162,7 +162,8 @@ def _pull_only(count, size, streams):
     for t in ts:
       t.join()
     wall = time.perf_counter() - t0
-    cpu = dict(consumer=round(_cpu(os.getpid()) - base[0], 2), server=round(_cpu(srv.pid) - base[1], 2))
+    cpu = dict(consumer=round(_cpu(os.getpid()) - base[0], 2),
+               server=round(_cpu(srv.pid) - base[1], 2))
     ch.close()
     return dict(MB_per_s=round(sum(got) / wall / 1e6, 1), wall_s=round(wall, 3), cpu_s=cpu,
                 cpu_s_per_GB=round(sum(cpu.values()) / (sum(got) / 1e9), 2))
@@ -211,7 +212,8 @@ def main(argv=None):
   print(json.dumps({"two_hops_MB_per_s": two["MB_per_s"], "one_hop_MB_per_s": one["MB_per_s"],
                     "two_hops_cpu_s_per_GB": two["cpu_s_per_GB"],
                     "one_hop_cpu_s_per_GB": one["cpu_s_per_GB"],
-                    "pull_hop_MB_per_s": pull1["MB_per_s"], "pull_hop_cpu_s_per_GB": pull1["cpu_s_per_GB"], "memcpy_GB_per_s": memcpy_gbps(),
+                    "pull_hop_MB_per_s": pull1["MB_per_s"],
+                    "pull_hop_cpu_s_per_GB": pull1["cpu_s_per_GB"], "memcpy_GB_per_s": memcpy_gbps(),
                     "msg_bytes": size, "producers": a.producers, "cpus": os.cpu_count(),
                     "loadavg_1m": round(os.getloadavg()[0], 2)}))
 

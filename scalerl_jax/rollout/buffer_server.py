@@ -10,7 +10,8 @@ As a process:
 Security: every RPC needs `authorization: Bearer <token>` (checked by a server interceptor before any
 handler runs). Requests are parsed by our own deserializers so garbage bytes become INVALID_ARGUMENT,
 and every field is validated (validation.py). Rollout payloads are stored as the bytes received and
-spliced unchanged into the learner's batches (no re-encoding). This module must not import jax.
+spliced unchanged into the learner's batches (no re-encoding; the fast path is in wire.py).
+This module must not import jax.
 """
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ from typing import Optional, Sequence
 
 import grpc
 import numpy as np
+
 from scalerl_jax.rollout import admission
 from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout import validation as val
 from scalerl_jax.rollout import wal as walmod
-from scalerl_jax.rollout.wire import Malformed, parse_push, parser, serialize, tune_malloc
 from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.rollout.wire import Malformed, parse_push, parser, serialize, tune_malloc
 
 SERVICE = "scalerl.rollout.v1.RolloutBuffer"
 log = logging.getLogger("scalerl.buffer")

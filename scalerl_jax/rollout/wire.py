@@ -1,10 +1,10 @@
 """The rollout data path on the wire: strict request parsers and the PushRequest fast path.
 
-PushRollouts is registered with `parse_push` as its request deserializer, so the handler receives the
-raw PushRequest bytes split into (Rollout, bytes view) pairs: each Rollout is parsed once (upb) for
-validation, and the bytes that were validated are what the buffer stores, writes to the WAL and splices
-unchanged into the learner's `BatchItem{group}` responses (admission.py), so a rollout's payload is
-never re-encoded on the server. Tensor payloads are checked through `np.frombuffer` views.
+PushRollouts is registered with `parse_push` as its request deserializer, so the handler receives
+the raw PushRequest bytes split into (Rollout, bytes view) pairs: each Rollout is parsed once (upb)
+for validation, and the bytes that were validated are what the buffer stores, writes to the WAL and
+splices unchanged into the learner's `BatchItem{group}` responses (admission.py), so a rollout's
+payload is never re-encoded on the server. Tensor payloads are checked through `np.frombuffer` views.
 This module must not import jax (the buffer server process does not).
 """
 from __future__ import annotations
@@ -88,9 +88,9 @@ def varint(n: int) -> bytes:
 def parse_push(data: bytes):
   """Splits a serialized PushRequest into (Rollout, raw bytes view) pairs without copying payloads.
 
-  The outer message may only contain field 1 (rollouts, length-delimited); each element is parsed on
-  its own and checked for unknown fields at every level, so the stored bytes are exactly the bytes that
-  were validated. Returns a list, or `Malformed`."""
+  The outer message may only contain field 1 (rollouts, length-delimited); each element is parsed
+  on its own and checked for unknown fields at every level, so the stored bytes are exactly the
+  bytes that were validated. Returns a list, or `Malformed`."""
   view, pos, n, out = memoryview(data), 0, len(data), []
   from_string = pb.Rollout.FromString
   try:
