@@ -112,7 +112,7 @@ def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limi
     raise invalid(f"finish_reason {r.finish_reason} is not one of STOP, LENGTH, INTERRUPTED")
 
   prompt = _decode(r.prompt_tokens, pb.INT32, "prompt_tokens", limits.max_prompt_tokens)
-  want = lease.prompt_tokens
+  want = np.asarray(lease.prompt_tokens, "<i4")    # no copy: leases hold int32 already
   if prompt.shape != want.shape or prompt.tobytes() != want.tobytes():
     raise invalid(f"prompt_tokens differ from the tokens of prompt {lease.prompt_id}")
 
@@ -129,7 +129,7 @@ def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limi
   versions = _decode(vt, pb.INT32, "versions", max_c)
   _decode(mt, pb.BITS, "policy_mask", max_c)
 
-  if int(tokens.view(_U32).max()) >= limits.vocab_size:     # negative ids wrap to >= 2**31
+  if int(tokens.view(_U32).max()) >= min(limits.vocab_size, 1 << 31):   # negatives wrap >= 2**31
     raise invalid(f"completion token ids must be in [0, {limits.vocab_size}); got "
                   f"[{int(tokens.min())}, {int(tokens.max())}]")
   lmin, lmax = float(logprobs.min()), float(logprobs.max())   # NaN propagates through min/max
@@ -147,9 +147,9 @@ def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limi
     raise invalid(f"token version {vmax} > lease max_version {lease.max_version} "
                   f"(ppo_off_policy: the whole round uses one version)")
 
+  if not 1 <= len(r.rewards) <= limits.max_rewards:    # before copying a possibly huge list
+    raise invalid(f"rewards must have 1..{limits.max_rewards} values; got {len(r.rewards)}")
   rewards = list(r.rewards)
-  if not 1 <= len(rewards) <= limits.max_rewards:
-    raise invalid(f"rewards must have 1..{limits.max_rewards} values; got {len(rewards)}")
   if not all(map(math.isfinite, rewards)):
     raise invalid("rewards contain a non-finite value")
   if not limits.reward_min <= rewards[0] <= limits.reward_max:
