@@ -1,21 +1,29 @@
 """Rollout-buffer throughput: our gRPC buffer vs Redis streams, identical serialized rollouts.
 
-  python -m bench.buffer [--rollouts 2048] [--producers 2] [--tokens 16384]
+  python -m bench.buffer [--rounds 3] [--rollouts 2048] [--producers 2] [--tokens 16384] [--floor]
 
-What is measured (both systems): P producer processes push pre-serialized rollouts (16k-token
-completions with float32 log-probs, int32 versions and a bit-packed policy mask, ~197 KB each), each
-acknowledged individually, while one consumer (the learner, this process) pulls them out. Throughput =
-payload bytes that reached the consumer / wall time from the producers' start to the last byte pulled.
-  ours: buffer server in its own process (PipelineRL-k admission on, k=4, G=16), producers lease
-        groups and stream rollouts over PushRollouts; the learner pulls complete groups with PullBatch
-        and publishes a (tiny) new weight version every step.
+What is measured (both systems, same work): P producer processes build and push serialized rollouts
+(16k-token completions with float32 log-probs, int32 versions and a bit-packed policy mask, ~200 KB
+each; the same bytes for both systems), each acknowledged individually, while one consumer (the
+learner, this process) pulls them out. Every payload byte makes two hops through the store: producer
+-> store (push in) and store -> consumer (pull out). Throughput = payload bytes that reached the
+consumer / wall time from the producers' start to the last byte pulled (each byte counted once, not
+once per hop).
+  ours: buffer server in its own process (PipelineRL-k admission on, k=4, G=16, every field
+        validated, no WAL), producers lease groups and stream rollouts over PushRollouts (~4 MB per
+        PushRequest); the learner pulls complete groups with PullBatch (raw BatchItem bytes, not
+        parsed) and publishes a (tiny) new weight version every step.
   peer: `redis-server` (no persistence, loopback) started here; producers XADD one entry per rollout
-        (the returned id is its ack), pipelined in batches of the same ~4 MB our client packs per
-        PushRequest; the consumer XREADs blocks of 64 entries and XTRIMs what it read.
-  Every bench process (both systems) raises glibc's mmap threshold (buffer_server.tune_malloc).
-Also reported: CPU seconds used by all processes of each system (server, producers, consumer) and
-MB per CPU-second, which is far less sensitive than wall-clock MB/s to other load on a shared machine.
-Last stdout line: {"ours": MB/s, "peer": MB/s, "unit": "MB/s", "ratio": ours/peer, ...} (MB = 1e6 B).
+        (the returned id is its ack), pipelined in batches of the same ~4 MB; the consumer XREADs
+        blocks of 64 entries (not parsed) and XTRIMs what it read.
+  Every bench process (both systems) raises glibc's mmap threshold (wire.tune_malloc).
+Rounds alternate ours/peer (the machine is shared: wall-clock numbers are noisy); the JSON reports
+per-round values, medians and bests. Also reported: CPU seconds of all processes of each system and
+MB per CPU-second (less sensitive to other load), and with --floor the same two hops through a
+bare gRPC forwarder (bench.grpc_floor: identity serializers, no validation or storage): the ceiling
+for ours.
+Last stdout line: {"ours": median MB/s, "peer": median MB/s, "unit": "MB/s", "ratio": ..., ...}
+(MB = 1e6 B).
 """
 from __future__ import annotations
 
@@ -67,7 +75,7 @@ def _make_rollout(parts, version_tensor, rid, prompt_id, group_id, sample, gen_i
 
 # ---- ours ------------------------------------------------------------------------------------------
 def _tune():
-  from scalerl_jax.rollout.buffer_server import tune_malloc
+  from scalerl_jax.rollout.wire import tune_malloc
   tune_malloc()
 
 
@@ -248,13 +256,33 @@ def _bench_redis(n_rollouts, producers, tokens, prompt_len, batch):
     srv.wait(timeout=10)
 
 
+def _round(a, size):
+  """One ours/peer round: (ours result, peer result), each with MB/s."""
+  ours = _bench_ours(a.rollouts, a.producers, a.tokens, a.prompt_len,
+                     extra_args=a.server_args.split(), push_bytes=a.push_mb << 20)
+  ours["MB_per_s"] = ours["bytes"] / ours["wall_s"] / 1e6
+  print(f"ours: {ours}  -> {ours['MB_per_s']:.0f} MB/s", flush=True)
+  if a.skip_redis:
+    return ours, dict(wall_s=float("nan"), cpu_s=float("nan"), rollouts=0, bytes=0,
+                      MB_per_s=float("nan"))
+  # Same batching as ours: our client packs ~4 MB of rollouts per PushRequest (acks per rollout).
+  peer = _bench_redis(a.rollouts, a.producers, a.tokens, a.prompt_len,
+                      batch=max(1, -(-(a.push_mb << 20) // size)))
+  peer["MB_per_s"] = peer["bytes"] / peer["wall_s"] / 1e6
+  print(f"redis: {peer}  -> {peer['MB_per_s']:.0f} MB/s", flush=True)
+  return ours, peer
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description="rollout buffer vs Redis streams throughput")
+  ap.add_argument("--rounds", type=int, default=3, help="alternating ours/peer rounds")
   ap.add_argument("--rollouts", type=int, default=2048)
   ap.add_argument("--producers", type=int, default=2)
   ap.add_argument("--tokens", type=int, default=16384)
   ap.add_argument("--prompt-len", type=int, default=256)
   ap.add_argument("--skip-redis", action="store_true")
+  ap.add_argument("--floor", action="store_true",
+                  help="also run the bare gRPC two-hop forwarder (bench.grpc_floor) each round")
   ap.add_argument("--push-mb", type=int, default=4, help="MiB of rollouts per PushRequest / XADD batch")
   ap.add_argument("--server-args", default="--switch-interval-s 0.0005",
                   help="extra buffer_server flags, space-separated")
@@ -264,29 +292,37 @@ def main(argv=None):
                            _rollout_parts(a.tokens, a.prompt_len)["toks"], "gen0-1-0", 0, 1, 0,
                            "gen0"))
   print(f"serialized rollout: {size} bytes ({size / 1e3:.1f} KB)", flush=True)
-  ours = _bench_ours(a.rollouts, a.producers, a.tokens, a.prompt_len,
-                     extra_args=a.server_args.split(), push_bytes=a.push_mb << 20)
-  ours_mbps = ours["bytes"] / ours["wall_s"] / 1e6
-  print(f"ours: {ours}  -> {ours_mbps:.0f} MB/s", flush=True)
-  if a.skip_redis:
-    peer = dict(wall_s=float("nan"), cpu_s=float("nan"), rollouts=0, bytes=0)
-  else:
-    # Same batching as ours: our client packs ~4 MB of rollouts per PushRequest (acks per rollout).
-    peer = _bench_redis(a.rollouts, a.producers, a.tokens, a.prompt_len,
-                        batch=max(1, -(-(a.push_mb << 20) // size)))
-  peer_mbps = peer["bytes"] / peer["wall_s"] / 1e6 if peer["rollouts"] else float("nan")
-  print(f"redis: {peer}  -> {peer_mbps:.0f} MB/s", flush=True)
-  print(json.dumps({"ours": round(ours_mbps, 1), "peer": round(peer_mbps, 1), "unit": "MB/s",
-                    "ratio": round(ours_mbps / peer_mbps, 3),
-                    "rollouts_per_s_ours": round(ours["rollouts"] / ours["wall_s"], 1),
-                    "rollouts_per_s_peer": round(peer["rollouts"] / peer["wall_s"], 1),
-                    "ours_MB_per_cpu_s": round(ours["bytes"] / ours["cpu_s"] / 1e6, 1),
-                    "peer_MB_per_cpu_s": round(peer["bytes"] / peer["cpu_s"] / 1e6, 1),
-                    "ours_cpu_utilization": round(ours["cpu_s"] / ours["wall_s"], 2),
-                    "peer_cpu_utilization": round(peer["cpu_s"] / peer["wall_s"], 2),
-                    "loadavg_1m": round(os.getloadavg()[0], 2),
-                    "rollout_bytes": size, "rollouts": a.rollouts, "producers": a.producers,
-                    "ours_max_token_lag": ours["max_lag"], "cpus": os.cpu_count()}))
+  rounds, floors, loads = [], [], []
+  for _ in range(max(1, a.rounds)):
+    rounds.append(_round(a, size))
+    loads.append(os.getloadavg()[0])
+    if a.floor:
+      from bench import grpc_floor
+      f = grpc_floor.run_two_hops(a.rollouts * size, a.push_mb << 20, a.producers)
+      print(f"floor (bare gRPC, two hops): {f}", flush=True)
+      floors.append(f["MB_per_s"])
+  med = lambda xs: round(float(np.median(xs)), 1)
+  best = lambda xs: round(float(np.max(xs)), 1)
+  o = [r[0]["MB_per_s"] for r in rounds]
+  p = [r[1]["MB_per_s"] for r in rounds]
+  ratio = [x / y for x, y in zip(o, p)]
+  per_cpu = lambda r: r["bytes"] / r["cpu_s"] / 1e6 if r["bytes"] else float("nan")
+  out = {"ours": med(o), "peer": med(p), "unit": "MB/s", "ratio": round(float(np.median(ratio)), 3),
+         "ours_best": best(o), "peer_best": best(p), "ratio_best": round(float(np.max(ratio)), 3),
+         "ours_rounds": [round(x, 1) for x in o], "peer_rounds": [round(x, 1) for x in p],
+         "rollouts_per_s_ours": round(med(o) * 1e6 / size, 1),
+         "rollouts_per_s_peer": round(med(p) * 1e6 / size, 1),
+         "ours_MB_per_cpu_s": med([per_cpu(r[0]) for r in rounds]),
+         "peer_MB_per_cpu_s": med([per_cpu(r[1]) for r in rounds]),
+         "ours_cpu_utilization": med([r[0]["cpu_s"] / r[0]["wall_s"] for r in rounds]),
+         "peer_cpu_utilization": med([r[1]["cpu_s"] / r[1]["wall_s"] for r in rounds]),
+         "loadavg_1m": [round(x, 2) for x in loads],
+         "rollout_bytes": size, "rollouts": a.rollouts, "producers": a.producers,
+         "ours_max_token_lag": max(r[0]["max_lag"] for r in rounds), "cpus": os.cpu_count(),
+         "measured": "payload bytes pushed in and pulled out (2 hops), counted once"}
+  if a.floor:
+    out.update(floor=med(floors), floor_best=best(floors), floor_rounds=floors)
+  print(json.dumps(out))
 
 
 if __name__ == "__main__":

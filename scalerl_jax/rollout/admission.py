@@ -32,6 +32,7 @@ from scalerl_jax.rollout import codec
 from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout import validation as val
 from scalerl_jax.rollout import wal as walmod
+from scalerl_jax.rollout import wire
 from scalerl_jax.rollout.generator import PromptSpec
 
 MODES = ("pipeline", "ppo_off_policy")
@@ -40,7 +41,8 @@ MODES = ("pipeline", "ppo_off_policy")
 @dataclasses.dataclass
 class _Stored:
   rollout_id: str
-  raw: bytes                       # the serialized Rollout, forwarded unchanged to the learner
+  raw: bytes                       # the serialized Rollout (a view of the request bytes), forwarded
+                                   # unchanged to the learner
   checked: val.Checked
 
 
@@ -283,7 +285,8 @@ class BufferState:
           raise val.invalid(f"group_id {r.group_id} was never leased")
         views.append(g.view)
       version = self.version
-    checked = [None if v is None else val.validate_rollout(r, v, version, self.limits, self.verifier)
+    checked = [None if v is None else val.validate_rollout(r, v, version, self.limits, self.verifier,
+                                                           id_checked=True)
                for (r, _), v in zip(items, views)]     # 2) validate outside the lock
     with self.cv:                              # 3) re-check conflicts, then store everything
       plan, ids, slots = [], set(), set()
@@ -307,13 +310,14 @@ class BufferState:
         if p is not None:
           self._wal_append(walmod.ROLLOUT, p[2])
       self._wal_commit()
+      raws = iter(wire.retain([p[2] for p in plan if p is not None]))
       acks = []
       for (r, _), p in zip(items, plan):
         if p is None:
           acks.append(pb.Ack(rollout_id=r.rollout_id, duplicate=True))
           continue
-        g, r, raw, c = p
-        done = self._store(g, r, bytes(raw), c)
+        g, r, _, c = p
+        done = self._store(g, r, next(raws), c)
         acks.append(pb.Ack(rollout_id=r.rollout_id, group_complete=done))
       return acks
 

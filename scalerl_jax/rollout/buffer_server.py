@@ -10,7 +10,8 @@ As a process:
 Security: every RPC needs `authorization: Bearer <token>` (checked by a server interceptor before any
 handler runs). Requests are parsed by our own deserializers so garbage bytes become INVALID_ARGUMENT,
 and every field is validated (validation.py). Rollout payloads are stored as the bytes received and
-spliced unchanged into the learner's batches (no re-encoding). This module must not import jax.
+spliced unchanged into the learner's batches (no re-encoding; the fast path is in wire.py).
+This module must not import jax.
 """
 from __future__ import annotations
 
@@ -30,14 +31,13 @@ from typing import Optional, Sequence
 
 import grpc
 import numpy as np
-from google.protobuf import message as pb_message
-from google.protobuf import unknown_fields
 
 from scalerl_jax.rollout import admission
 from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout import validation as val
 from scalerl_jax.rollout import wal as walmod
 from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.rollout.wire import Malformed, parse_push, parser, serialize, tune_malloc
 
 SERVICE = "scalerl.rollout.v1.RolloutBuffer"
 log = logging.getLogger("scalerl.buffer")
@@ -50,86 +50,6 @@ def channel_options(max_message_bytes: int) -> list:
           ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
           ("grpc.http2.bdp_probe", 1),
           ("grpc.so_reuseport", 0)]
-
-
-class _Malformed:
-  """Stands in for a request whose bytes did not parse."""
-
-  def __init__(self, err: str):
-    self.err = err
-
-
-def _unknown(msg, name: str) -> Optional[str]:
-  """Strict parsing: unknown or mistyped fields (e.g. a message of another type) are refused."""
-  u = unknown_fields.UnknownFieldSet(msg)
-  if len(u):
-    nums = sorted({f.field_number for f in u})
-    return f"{name}: unknown or mistyped field number(s) {nums[:8]}"
-  return None
-
-
-_ROLLOUT_SUBMESSAGES = ("prompt_tokens", "completion_tokens", "logprobs", "versions",
-                        "policy_mask", "timing")
-
-
-def _parser(cls):
-  name = cls.DESCRIPTOR.name
-
-  def parse(data: bytes):
-    try:
-      m = cls.FromString(data)
-    except (pb_message.DecodeError, ValueError, RuntimeError) as e:
-      return _Malformed(f"cannot parse {name}: {e}")
-    err = _unknown(m, name)
-    return _Malformed(err) if err else m
-  return parse
-
-
-def _parse_push(data: bytes):
-  """Splits a PushRequest into (Rollout, raw bytes view) pairs without copying the payload.
-
-  The outer message may only contain field 1 (rollouts); each element is parsed on its own so the
-  stored bytes are exactly the bytes that were validated."""
-  view, pos, n, out = memoryview(data), 0, len(data), []
-  try:
-    while pos < n:
-      tag, pos = _read_varint(view, pos)
-      if tag != 0x0A:
-        return _Malformed(f"PushRequest: unexpected field {tag >> 3} (wire type {tag & 7})")
-      size, pos = _read_varint(view, pos)
-      if pos + size > n:
-        return _Malformed("PushRequest: truncated rollout")
-      raw = view[pos:pos + size]
-      r = pb.Rollout.FromString(raw)
-      err = _unknown(r, f"rollouts[{len(out)}]") or next(
-          (e for f in _ROLLOUT_SUBMESSAGES if (e := _unknown(getattr(r, f), f"rollouts[{len(out)}].{f}"))),
-          None)
-      if err:
-        return _Malformed(err)
-      out.append((r, raw))
-      pos += size
-  except (pb_message.DecodeError, ValueError, RuntimeError, IndexError) as e:
-    return _Malformed(f"cannot parse PushRequest: {e}")
-  if not out:
-    return _Malformed("PushRequest carries no rollouts")
-  return out
-
-
-def _read_varint(view: memoryview, pos: int) -> tuple[int, int]:
-  result = shift = 0
-  while True:
-    if shift > 63:
-      raise ValueError("varint too long")
-    b = view[pos]
-    pos += 1
-    result |= (b & 0x7F) << shift
-    if not b & 0x80:
-      return result, pos
-    shift += 7
-
-
-def _serialize(x) -> bytes:
-  return x if isinstance(x, bytes) else x.SerializeToString()
 
 
 class _Weights:
@@ -268,21 +188,21 @@ class BufferServer:
   def _handlers(self):
     h = {
         "LeasePrompts": grpc.unary_unary_rpc_method_handler(
-            self._lease, _parser(pb.LeaseRequest), _serialize),
+            self._lease, parser(pb.LeaseRequest), serialize),
         "PushRollouts": grpc.stream_stream_rpc_method_handler(
-            self._push, _parse_push, _serialize),
+            self._push, parse_push, serialize),
         "PullBatch": grpc.unary_stream_rpc_method_handler(
-            self._pull, _parser(pb.PullRequest), _serialize),
+            self._pull, parser(pb.PullRequest), serialize),
         "PublishWeights": grpc.stream_unary_rpc_method_handler(
-            self._publish, _parser(pb.WeightChunk), _serialize),
+            self._publish, parser(pb.WeightChunk), serialize),
         "FetchWeights": grpc.unary_stream_rpc_method_handler(
-            self._fetch, _parser(pb.FetchWeightsRequest), _serialize),
+            self._fetch, parser(pb.FetchWeightsRequest), serialize),
         "WatchVersion": grpc.unary_stream_rpc_method_handler(
-            self._watch, _parser(pb.WatchRequest), _serialize),
+            self._watch, parser(pb.WatchRequest), serialize),
         "GetStatus": grpc.unary_unary_rpc_method_handler(
-            self._status, _parser(pb.StatusRequest), _serialize),
+            self._status, parser(pb.StatusRequest), serialize),
         "Heartbeat": grpc.unary_unary_rpc_method_handler(
-            self._heartbeat, _parser(pb.HeartbeatRequest), _serialize),
+            self._heartbeat, parser(pb.HeartbeatRequest), serialize),
     }
     return grpc.method_handlers_generic_handler(SERVICE, h)
 
@@ -295,7 +215,7 @@ class BufferServer:
     context.abort(code, message)
 
   def _req(self, request, context):
-    if isinstance(request, _Malformed):
+    if isinstance(request, Malformed):
       self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.err)
     return request
 
@@ -434,20 +354,6 @@ class BufferServer:
     n = self._call(context, self.state.heartbeat, r.generator_id)
     return pb.HeartbeatResponse(current_version=self.state.version, leases_extended=n,
                                 server_time_unix_s=time.time())
-
-
-def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20) -> bool:
-  """Keeps glibc from mmap/munmap-ing every multi-MB buffer (each fresh mapping costs a page fault
-  per 4 KiB): large rollout/group buffers are then recycled from the heap. Process-wide; the server
-  process calls it, other processes may opt in. Returns False where glibc's mallopt is missing."""
-  try:
-    import ctypes
-    libc = ctypes.CDLL("libc.so.6")
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(
-        libc.mallopt(M_TRIM_THRESHOLD, trim_threshold))
-  except (OSError, AttributeError):
-    return False
 
 
 def load_prompts(path: str) -> list[PromptSpec]:

@@ -84,6 +84,10 @@ def check_timeout(value: float, field: str, limits: Limits) -> float:
   return value
 
 
+_U32 = np.dtype("<u4")
+_FINISH = (pb.FINISH_STOP, pb.FINISH_LENGTH, pb.FINISH_INTERRUPTED)
+
+
 def _decode(t: pb.Tensor, dtype: int, name: str, max_len: int) -> np.ndarray:
   try:
     return codec.decode(t, dtype, name, max_len, unpack_bits=False)
@@ -92,36 +96,42 @@ def _decode(t: pb.Tensor, dtype: int, name: str, max_len: int) -> np.ndarray:
 
 
 def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limits: Limits,
-                     verifier: Optional[Verifier] = None) -> Checked:
-  """Checks every field of `r` against its lease and the published version; raises RejectError."""
-  check_id(r.rollout_id, "rollout_id", limits)
+                     verifier: Optional[Verifier] = None, id_checked: bool = False) -> Checked:
+  """Checks every field of `r` against its lease and the published version; raises RejectError.
+
+  Tensors are checked as zero-copy `np.frombuffer` views with one reduction per bound (token ids as
+  one unsigned max, log-probs min+max, versions min+max). `id_checked`: rollout_id was checked."""
+  if not id_checked:
+    check_id(r.rollout_id, "rollout_id", limits)
   check_id(r.generator_id, "generator_id", limits)
   if r.prompt_id != lease.prompt_id:
     raise invalid(f"prompt_id {r.prompt_id} != {lease.prompt_id} leased for group {lease.group_id}")
   if r.sample_index >= lease.group_size:
     raise invalid(f"sample_index {r.sample_index} out of range for group size {lease.group_size}")
-  if r.finish_reason not in (pb.FINISH_STOP, pb.FINISH_LENGTH, pb.FINISH_INTERRUPTED):
+  if r.finish_reason not in _FINISH:
     raise invalid(f"finish_reason {r.finish_reason} is not one of STOP, LENGTH, INTERRUPTED")
 
   prompt = _decode(r.prompt_tokens, pb.INT32, "prompt_tokens", limits.max_prompt_tokens)
-  if prompt.shape != lease.prompt_tokens.shape or not np.array_equal(prompt, lease.prompt_tokens):
+  want = np.asarray(lease.prompt_tokens, "<i4")    # no copy: leases hold int32 already
+  if prompt.shape != want.shape or prompt.tobytes() != want.tobytes():
     raise invalid(f"prompt_tokens differ from the tokens of prompt {lease.prompt_id}")
 
-  tokens = _decode(r.completion_tokens, pb.INT32, "completion_tokens", limits.max_completion_tokens)
+  max_c = limits.max_completion_tokens
+  ct, lt, vt, mt = r.completion_tokens, r.logprobs, r.versions, r.policy_mask
+  tokens = _decode(ct, pb.INT32, "completion_tokens", max_c)
   n = tokens.size
   if n == 0:
     raise invalid("completion_tokens is empty")
-  for name, t, dt in (("logprobs", r.logprobs, pb.FLOAT32), ("versions", r.versions, pb.INT32),
-                      ("policy_mask", r.policy_mask, pb.BITS)):
+  for name, t in (("logprobs", lt), ("versions", vt), ("policy_mask", mt)):
     if t.length != n:
       raise invalid(f"{name} has length {t.length} but completion_tokens has {n}")
-  logprobs = _decode(r.logprobs, pb.FLOAT32, "logprobs", limits.max_completion_tokens)
-  versions = _decode(r.versions, pb.INT32, "versions", limits.max_completion_tokens)
-  _decode(r.policy_mask, pb.BITS, "policy_mask", limits.max_completion_tokens)
+  logprobs = _decode(lt, pb.FLOAT32, "logprobs", max_c)
+  versions = _decode(vt, pb.INT32, "versions", max_c)
+  _decode(mt, pb.BITS, "policy_mask", max_c)
 
-  tmin, tmax = int(tokens.min()), int(tokens.max())
-  if tmin < 0 or tmax >= limits.vocab_size:
-    raise invalid(f"completion token ids must be in [0, {limits.vocab_size}); got [{tmin}, {tmax}]")
+  if int(tokens.view(_U32).max()) >= min(limits.vocab_size, 1 << 31):   # negatives wrap >= 2**31
+    raise invalid(f"completion token ids must be in [0, {limits.vocab_size}); got "
+                  f"[{int(tokens.min())}, {int(tokens.max())}]")
   lmin, lmax = float(logprobs.min()), float(logprobs.max())   # NaN propagates through min/max
   if not (math.isfinite(lmin) and math.isfinite(lmax)):
     raise invalid(f"logprobs has {int((~np.isfinite(logprobs)).sum())} non-finite values")
@@ -137,10 +147,10 @@ def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limi
     raise invalid(f"token version {vmax} > lease max_version {lease.max_version} "
                   f"(ppo_off_policy: the whole round uses one version)")
 
-  if not 1 <= len(r.rewards) <= limits.max_rewards:
+  if not 1 <= len(r.rewards) <= limits.max_rewards:    # before copying a possibly huge list
     raise invalid(f"rewards must have 1..{limits.max_rewards} values; got {len(r.rewards)}")
   rewards = list(r.rewards)
-  if not all(math.isfinite(x) for x in rewards):
+  if not all(map(math.isfinite, rewards)):
     raise invalid("rewards contain a non-finite value")
   if not limits.reward_min <= rewards[0] <= limits.reward_max:
     raise invalid(f"rewards[0]={rewards[0]} outside verifier range "
