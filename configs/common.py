@@ -92,6 +92,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict(dict(clean_steps=0, steps=0, batch_size=64, lr=1e-3,
                                          num_examples=2048))
   c.pull_timeout_s = 1800.0
+  c.resume = "auto"        # auto: the same command resumes from the newest valid checkpoint; never
   c.pin_cpus = False       # CPU hosts: one CPU per role (learner, each generator), like devices
   c.debug_dump_every = 0   # > 0: save every Nth trained batch to WORKDIR/batches/ (tests, debugging)
 
