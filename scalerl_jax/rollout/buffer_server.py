@@ -239,6 +239,7 @@ class BufferServer:
     learner's resume state (wal_state.py), compacts the state into a fresh segment and logs every
     later change (docs/RELIABILITY.md)."""
     os.makedirs(wal_dir, exist_ok=True)
+    self._wal_lock = walmod.lock_dir(wal_dir)
     t0 = time.time()
     records, report = walmod.read_all(wal_dir, truncate=True)
     report["restored"] = self.state.restore(records)

@@ -256,6 +256,24 @@ class WAL:
     self._fsync_dir()
 
 
+def lock_dir(wal_dir: str, timeout_s: float = 30.0) -> int:
+  """Takes an exclusive POSIX lock on WAL_DIR/LOCK (per process, held until it exits), waiting up to
+  `timeout_s` for a previous buffer (e.g. one still shutting down after its learner died) to let
+  go: two buffers must never append to one log. Returns the descriptor; raises TimeoutError."""
+  import fcntl
+  fd = os.open(os.path.join(wal_dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+  end = time.time() + timeout_s
+  while True:
+    try:
+      fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      return fd
+    except OSError:
+      if time.time() > end:
+        os.close(fd)
+        raise TimeoutError(f"WAL dir {wal_dir} is locked by another buffer process") from None
+      time.sleep(0.05)
+
+
 def load_weights(wal_dir: str) -> Optional[tuple[dict, bytes]]:
   """(header, payload) of weights.bin, or None if absent or damaged (size/sha256 checked)."""
   import hashlib

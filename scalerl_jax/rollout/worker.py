@@ -196,7 +196,12 @@ def main(argv=None):
   runtime.pin_to_device_cpus(config, "generator", index)
   w = Worker(config, a.buffer, a.generator_id, a.backend or config.generator.backend,
              a.workdir or os.path.dirname(os.path.abspath(a.run_config)))
-  signal.signal(signal.SIGTERM, lambda *_: w.stop())
+  def on_term(*_):
+    # SIGTERM also comes from PDEATHSIG when the learner died: a client call may be retrying a
+    # dead buffer for its whole retry budget, so exit for sure after a short grace period.
+    w.stop()
+    threading.Timer(5.0, os._exit, (0,)).start()
+  signal.signal(signal.SIGTERM, on_term)
   try:
     w.run()
   finally:
