@@ -108,6 +108,13 @@ def find_valid(workdir: str) -> tuple[int, dict, list[dict]] | None:
   not valid ({"step", "reason", "moved_to"}); those are moved to WORKDIR/checkpoints_invalid/ so a
   resumed run can save those step numbers again. None when no step is valid."""
   skipped = []
+  ck = os.path.join(os.path.abspath(workdir), "checkpoints")
+  for n in os.listdir(ck) if os.path.isdir(ck) else []:
+    if ".orbax-checkpoint-tmp" in n:           # a save interrupted by a crash or a full disk
+      dest = os.path.join(os.path.abspath(workdir), "checkpoints_invalid", n)
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      os.replace(os.path.join(ck, n), dest)
+      log.warning("unfinished checkpoint save %s moved to %s", n, dest)
   for step, path in reversed(step_dirs(workdir)):
     why = verify(path)
     if why is None:

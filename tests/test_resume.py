@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-N, M = 4, 2          # steps in all; the learner is killed once checkpoint M is on disk
+N, M, EVERY = 5, 3, 2   # steps in all; the learner is killed once step M is logged; checkpoints
+C = M - M % EVERY       # the checkpoint the resumed run starts from (step M is redone)
 
 
 def _cmd(wd, steps=N):
@@ -25,7 +26,7 @@ def _cmd(wd, steps=N):
           f"--config.total_steps={steps}", "--config.sft.clean_steps=20", "--config.sft.steps=10",
           "--config.eval.every_steps=100", "--config.eval.samples_per_prompt=1",
           "--config.data.heldout=8", "--config.rollout.max_lag=0",
-          "--config.checkpoint.every_steps=1", "--config.checkpoint.keep=3",
+          f"--config.checkpoint.every_steps={EVERY}", "--config.checkpoint.keep=3",
           "--config.debug_dump_every=1"]
 
 
@@ -75,11 +76,15 @@ def runs(tmp_path_factory):
   t0 = time.time()
   log = open(os.path.join(b, "first.log"), "w")
   p = subprocess.Popen(_cmd(b), cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
-  manifest = os.path.join(b, "checkpoints", str(M), "manifest.json")
-  while not os.path.exists(manifest):
+  def logged():
+    try:
+      return any(l["step"] == M and l["kind"] == "train" for l in _lines(b))
+    except (OSError, ValueError):
+      return False
+  while not logged():
     assert p.poll() is None, open(os.path.join(b, "first.log")).read()[-4000:]
     assert time.time() - t0 < 600
-    time.sleep(0.02)
+    time.sleep(0.01)
   kids = _children(p.pid)
   os.kill(p.pid, signal.SIGKILL)                # the learner (main process) dies without warning
   p.wait()
@@ -100,8 +105,9 @@ def runs(tmp_path_factory):
 def test_resumed_run_matches_uninterrupted(runs):
   a, b = runs["a"], runs["b"]
   res = [json.loads(l) for l in open(os.path.join(b, "resumes.jsonl"))]
-  assert len(res) == 1 and res[0]["checkpoint_step"] == M and not res[0]["skipped_checkpoints"]
-  assert "resuming from checkpoint 2" in runs["stderr"]
+  assert len(res) == 1 and res[0]["checkpoint_step"] == C and not res[0]["skipped_checkpoints"]
+  assert f"resuming from checkpoint {C}" in runs["stderr"]
+  assert res[0]["redo_steps"] >= M - C and res[0]["dropped_metric_lines"] >= M - C
   la, lb = _lines(a), _lines(b)
   ta = {l["step"]: l for l in la if l["kind"] == "train"}
   tb = [l for l in lb if l["kind"] == "train"]
@@ -126,7 +132,7 @@ def test_resumed_run_matches_uninterrupted(runs):
   assert (ma["consumed"]["groups"], ma["consumed"]["rollouts"]) == \
          (mb["consumed"]["groups"], mb["consumed"]["rollouts"])
   gap = res[0]["gap_booked_s"]
-  assert gap > 0 and lb[-1]["compute_hours"] > [l for l in lb if l["step"] == M][-1]["compute_hours"]
+  assert gap > 0 and gap >= res[0]["lost_work_s"] + res[0]["downtime_s"] - 1.0
   summary = dict(kill_after_step=M, steps_logged_at_kill=runs["steps_at_kill"],
                  children_exit_s=round(runs["children_exit_s"], 2),
                  loss_diff_step_m_plus_1=diffs[M + 1], max_loss_diff=max(diffs.values()),
@@ -135,3 +141,39 @@ def test_resumed_run_matches_uninterrupted(runs):
                  buffer_rewind=res[0]["buffer"], gap_booked_s=round(gap, 1),
                  uninterrupted_s=round(runs["t_a"], 1), killed_plus_resumed_s=round(runs["t_b"], 1))
   print("\n[kill9-learner-sync]", json.dumps(summary))
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_previous(runs, tmp_path):
+  """Damage the newest checkpoint of the finished run: the same command again resumes from the
+  previous one (saying so), redoes the last step from the buffer's WAL and ends with the same
+  params."""
+  c = str(tmp_path / "corrupt")
+  shutil.copytree(runs["a"], c)
+  state_dir = os.path.join(c, "checkpoints", str(N), "state")
+  big = max((os.path.join(r, f) for r, _, fs in os.walk(state_dir) for f in fs), key=os.path.getsize)
+  with open(big, "r+b") as f:                   # flip 16 bytes in the middle of the array data
+    f.seek(os.path.getsize(big) // 2)
+    chunk = f.read(16)
+    f.seek(-len(chunk), 1)
+    f.write(bytes(x ^ 0xFF for x in chunk))
+  t0 = time.time()
+  r = subprocess.run(_cmd(c), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stderr[-4000:]
+  wall = time.time() - t0
+  rel = os.path.relpath(big, os.path.join(c, "checkpoints", str(N)))
+  assert f"checkpoint {N} is not valid: {rel} sha256 mismatch" in r.stderr
+  assert f"resuming from checkpoint {N - 1} instead (fell back from {N})" in r.stderr
+  res = [json.loads(l) for l in open(os.path.join(c, "resumes.jsonl"))]
+  assert res[-1]["checkpoint_step"] == N - 1 and res[-1]["skipped_checkpoints"][0]["step"] == N
+  assert os.path.isdir(res[-1]["skipped_checkpoints"][0]["moved_to"])
+  train = [l["step"] for l in _lines(c) if l["kind"] == "train"]
+  assert train == list(range(1, N + 1))
+  pa, _ = _params(runs["a"], N)
+  pc, _ = _params(c, N)
+  import jax
+  d = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+          for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pc)))
+  assert d == 0.0, d
+  print("\n[corrupt-checkpoint]", json.dumps(dict(corrupted=rel, fell_back_to=N - 1,
+                                                  buffer_rewind=res[-1]["buffer"],
+                                                  final_param_max_abs_diff=d, wall_s=round(wall, 1))))
