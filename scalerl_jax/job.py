@@ -100,13 +100,12 @@ def prepare_resume(config, workdir: str) -> dict | None:
     return None
   step, meta, skipped = found
   tail = truncate_metrics(workdir, step)
-  now = time.time()
+  now, last = time.time(), tail["last_time"]
   info = dict(t=now, checkpoint_step=step, skipped_checkpoints=skipped,
               redo_steps=tail["last_step"] - step, dropped_metric_lines=tail["dropped_lines"],
               saved_at=meta["saved_at_unix_s"],
-              lost_work_s=max(0.0, tail["last_time"] - meta["saved_at_unix_s"]) if tail["last_time"] else None,
-              downtime_s=(now - tail["last_time"]) if tail["last_time"] else None,
-              resume_id=uuid.uuid4().hex)
+              lost_work_s=max(0.0, last - meta["saved_at_unix_s"]) if last else None,
+              downtime_s=(now - last) if last else None, resume_id=uuid.uuid4().hex)
   oldest = min(s for s, _ in checkpoint.step_dirs(workdir))
   write_learner_state(ls_path, step, oldest, dict(id=info["resume_id"], step=step,
                                                    npr=meta["npr"]))

@@ -136,7 +136,8 @@ class Trainer:
     self.last_eval = meta["last_eval"]
     self.consumed = dict(meta["consumed"], recent={})
     self.start_step = int(meta["step"])
-    self.resume_info = dict(step=self.start_step, gap_booked_s=time.time() - meta["saved_at_unix_s"])
+    self.resume_info = dict(step=self.start_step,
+                            gap_booked_s=time.time() - meta["saved_at_unix_s"])
     log.info("resumed from checkpoint %d (%d groups / %d rollouts trained so far); %.1f s since "
              "the save booked to the compute ledger", self.start_step, self.consumed["groups"],
              self.consumed["rollouts"], self.resume_info["gap_booked_s"])

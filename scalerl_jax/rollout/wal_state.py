@@ -12,7 +12,7 @@ everything that turns the in-memory state into WAL records and back (docs/RELIAB
     request {id, step, npr}. At startup the buffer rewinds once per resume id: groups delivered at
     steps >= the checkpoint step were never trained and are re-queued (first, in their original
     order) unless their tokens come from a policy version the resumed learner never had (> step,
-    i.e. the lost timeline) or their deadline passed (PipelineRL-k) — those are dropped and counted;
+    i.e. the lost timeline) or their deadline passed (PipelineRL-k): those are dropped and counted;
     undelivered groups that are incomplete (their generators died with the learner) or hold lost
     versions are dropped too, and every dropped group's prompt goes back to the queue front in lease
     order. `ns` and the version go back to the checkpoint step; the NPR history becomes the
