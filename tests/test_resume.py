@@ -177,3 +177,49 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(runs, tmp_path):
   print("\n[corrupt-checkpoint]", json.dumps(dict(corrupted=rel, fell_back_to=N - 1,
                                                   buffer_rewind=res[-1]["buffer"],
                                                   final_param_max_abs_diff=d, wall_s=round(wall, 1))))
+
+
+def test_async_two_generators_kill9_learner_resumes_without_training_a_rollout_twice(tmp_path):
+  """PipelineRL-2 with two JAX generators (not deterministic: lease batching depends on timing):
+  kill -9 of the learner mid-run, same command again -> the step target is reached, every step is
+  logged once, and across the checkpointed history no rollout id was trained twice."""
+  wd = str(tmp_path / "async")
+  steps, kill_at = 6, 3
+  cmd = _cmd(wd, steps)
+  cmd = [a for a in cmd if "max_lag" not in a and "checkpoint." not in a] + [
+      "--config.rollout.max_lag=2", "--config.generator.num_workers=2",
+      "--config.checkpoint.every_steps=1", "--config.checkpoint.keep=20"]
+  t0 = time.time()
+  p = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+  while not any(l["step"] == kill_at and l["kind"] == "train"
+                for l in (_lines(wd) if os.path.exists(os.path.join(wd, "metrics.jsonl")) else [])):
+    assert p.poll() is None and time.time() - t0 < 600
+    time.sleep(0.01)
+  kids = _children(p.pid)
+  os.kill(p.pid, signal.SIGKILL)
+  p.wait()
+  end = time.time() + 30
+  while any(_alive(k) for k in kids) and time.time() < end:
+    time.sleep(0.05)
+  r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stderr[-4000:]
+  res = [json.loads(l) for l in open(os.path.join(wd, "resumes.jsonl"))]
+  assert len(res) == 1
+  train = [l for l in _lines(wd) if l["kind"] == "train"]
+  assert [l["step"] for l in train] == list(range(1, steps + 1))
+  assert all(l["max_lag"] <= 2 for l in train)
+  from scalerl_jax.checkpoint import read_meta, step_dirs
+  ids, per_step = [], {}
+  for s, d in step_dirs(wd):
+    for k, v in read_meta(d)["consumed"]["recent"].items():
+      per_step[int(k)] = v
+  assert sorted(per_step) == list(range(steps))
+  ids = [i for s in sorted(per_step) for i in per_step[s]]
+  assert len(ids) == len(set(ids)) == steps * 64
+  last = read_meta(step_dirs(wd)[-1][1])["consumed"]
+  assert (last["groups"], last["rollouts"]) == (steps * 8, steps * 64)
+  print("\n[kill9-learner-async]", json.dumps(dict(
+      resumed_from=res[0]["checkpoint_step"], redo_steps=res[0]["redo_steps"],
+      buffer_rewind=res[0]["buffer"], trained_ids=len(ids), unique=len(set(ids)),
+      wall_s=round(time.time() - t0, 1))))
