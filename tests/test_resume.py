@@ -16,6 +16,8 @@ import time
 import numpy as np
 import pytest
 
+# One xdist worker for the module: the corrupt-checkpoint test reuses the uninterrupted run.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N, M, EVERY = 5, 3, 2   # steps in all; the learner is killed once step M is logged; checkpoints
 C = M - M % EVERY       # the checkpoint the resumed run starts from (step M is redone)
