@@ -75,12 +75,16 @@ def base_config() -> ml_collections.ConfigDict:
       max_prompt_len=2048,
       interruption_text="Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"))
 
+  # Fault tolerance (docs/RELIABILITY.md): heartbeats keep leases alive, a lease silent for
+  # buffer.lease_ttl_s expires (its prompt is re-leased); the supervisor restarts dead generators /
+  # a dead buffer up to max_restarts times.
   c.generator = ml_collections.ConfigDict(dict(
-      backend="vllm", num_workers=64, temperature=1.0, top_p=1.0))
+      backend="vllm", num_workers=64, temperature=1.0, top_p=1.0, heartbeat_s=10.0,
+      retry_budget_s=60.0, max_restarts=3))
 
   c.buffer = ml_collections.ConfigDict(dict(
       address="127.0.0.1:0", auth_token_env="SCALERL_BUFFER_TOKEN",
-      max_message_bytes=64 << 20))
+      max_message_bytes=64 << 20, lease_ttl_s=120.0, max_restarts=3))
 
   c.eval = ml_collections.ConfigDict(dict(
       every_steps=100, num_prompts=1000, samples_per_prompt=16))
@@ -92,6 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft = ml_collections.ConfigDict(dict(clean_steps=0, steps=0, batch_size=64, lr=1e-3,
                                          num_examples=2048))
   c.pull_timeout_s = 1800.0
+  c.resume = "auto"        # auto: the same command resumes from the newest valid checkpoint; never
   c.pin_cpus = False       # CPU hosts: one CPU per role (learner, each generator), like devices
   c.debug_dump_every = 0   # > 0: save every Nth trained batch to WORKDIR/batches/ (tests, debugging)
 

@@ -1,12 +1,22 @@
 """Run checkpoints through orbax: the learner state plus a JSON sidecar of host-side run state.
 
-Layout: WORKDIR/checkpoints/<step>/{state, meta}. `state` is the LearnerState pytree (params,
-optimizer state, step); `meta` is JSON (compute ledger, No-Positive-Resampling history, data and
-buffer positions, wall-clock time of the save). Orbax writes each step atomically (temporary
-directory + rename) and keeps the newest `keep`.
+Layout: WORKDIR/checkpoints/<step>/{state, meta, manifest.json}. `state` is the LearnerState pytree
+(params, optimizer state, step); `meta` is JSON (compute ledger, No-Positive-Resampling history,
+consumption offsets, RNG seeds, wall-clock time of the save; see `Trainer.save`). Orbax writes each
+step atomically (temporary directory + rename) and keeps the newest `keep`.
+
+`manifest.json` is written after orbax finalized the step: the size and sha256 of every file of the
+step. A step without a manifest (crash between orbax's rename and the manifest) or whose files do
+not match it (corruption) is not valid: `find_valid` moves it to WORKDIR/checkpoints_invalid/ and
+falls back to the previous one with a WARNING naming the step and the reason.
+
+A save that fails (full disk, unwritable directory) raises `CheckpointError` naming the last good
+step; orbax never touches finished steps while writing a new one, so that step stays intact.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
@@ -15,6 +25,111 @@ import jax
 import orbax.checkpoint as ocp
 
 log = logging.getLogger("scalerl.checkpoint")
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be written (the message names the last good checkpoint)."""
+
+
+def _hash_file(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def _files(step_dir: str) -> list[str]:
+  out = []
+  for root, _, names in os.walk(step_dir):
+    for n in names:
+      rel = os.path.relpath(os.path.join(root, n), step_dir)
+      if rel != MANIFEST:
+        out.append(rel)
+  return sorted(out)
+
+
+def write_manifest(step_dir: str, step: int) -> dict:
+  """Writes `step_dir/manifest.json` (size + sha256 per file), atomically and fsynced."""
+  files = {rel: dict(size=os.path.getsize(os.path.join(step_dir, rel)),
+                     sha256=_hash_file(os.path.join(step_dir, rel))) for rel in _files(step_dir)}
+  man = dict(step=int(step), written_at_unix_s=time.time(), files=files)
+  tmp = os.path.join(step_dir, MANIFEST + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump(man, f)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, os.path.join(step_dir, MANIFEST))
+  return man
+
+
+def verify(step_dir: str) -> str | None:
+  """None if the step's files match its manifest, else the reason it is not valid."""
+  path = os.path.join(step_dir, MANIFEST)
+  if not os.path.exists(path):
+    return "no manifest.json (the save did not complete)"
+  try:
+    with open(path) as f:
+      man = json.load(f)
+  except (OSError, ValueError) as e:
+    return f"unreadable manifest.json ({e})"
+  for rel, want in man["files"].items():
+    p = os.path.join(step_dir, rel)
+    if not os.path.exists(p):
+      return f"{rel} is missing"
+    if os.path.getsize(p) != want["size"]:
+      return f"{rel} has {os.path.getsize(p)} bytes, manifest says {want['size']}"
+    if _hash_file(p) != want["sha256"]:
+      return f"{rel} sha256 mismatch"
+  try:
+    read_meta(step_dir)
+  except (OSError, ValueError) as e:
+    return f"meta unreadable ({e})"
+  return None
+
+
+def read_meta(step_dir: str) -> dict:
+  """The JSON run state of one checkpoint step (no orbax, no jax)."""
+  with open(os.path.join(step_dir, "meta", "metadata")) as f:
+    return json.load(f)
+
+
+def step_dirs(workdir: str) -> list[tuple[int, str]]:
+  """(step, dir) of every finished orbax step under WORKDIR/checkpoints, oldest first."""
+  d = os.path.join(os.path.abspath(workdir), "checkpoints")
+  if not os.path.isdir(d):
+    return []
+  return sorted((int(n), os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
+
+
+def find_valid(workdir: str) -> tuple[int, dict, list[dict]] | None:
+  """Newest valid checkpoint: (step, meta, skipped) where `skipped` lists the newer steps that were
+  not valid ({"step", "reason", "moved_to"}); those are moved to WORKDIR/checkpoints_invalid/ so a
+  resumed run can save those step numbers again. None when no step is valid."""
+  skipped = []
+  ck = os.path.join(os.path.abspath(workdir), "checkpoints")
+  for n in os.listdir(ck) if os.path.isdir(ck) else []:
+    if ".orbax-checkpoint-tmp" in n:           # a save interrupted by a crash or a full disk
+      dest = os.path.join(os.path.abspath(workdir), "checkpoints_invalid", n)
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      os.replace(os.path.join(ck, n), dest)
+      log.warning("unfinished checkpoint save %s moved to %s", n, dest)
+  for step, path in reversed(step_dirs(workdir)):
+    why = verify(path)
+    if why is None:
+      if skipped:
+        log.warning("resuming from checkpoint %d instead (fell back from %s)", step,
+                    ", ".join(str(s["step"]) for s in skipped))
+      return step, read_meta(path), skipped
+    dest = os.path.join(os.path.abspath(workdir), "checkpoints_invalid",
+                        f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    os.replace(path, dest)
+    log.warning("checkpoint %d is not valid: %s; moved to %s, falling back to the previous one",
+                step, why, dest)
+    skipped.append(dict(step=step, reason=why, moved_to=dest))
+  return None
 
 
 class RunCheckpointer:
@@ -26,13 +141,29 @@ class RunCheckpointer:
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
         item_names=("state", "meta"))
 
-  def save(self, step: int, state, meta: dict, wait: bool = False) -> None:
-    """Writes checkpoint `step` (asynchronously unless `wait`)."""
+  def save(self, step: int, state, meta: dict) -> None:
+    """Writes checkpoint `step`, waits until orbax finalized it and writes its manifest.
+    Raises CheckpointError (naming the last good step, which stays intact) if that fails."""
     meta = {**meta, "saved_at_unix_s": time.time(), "step": int(step)}
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    meta=ocp.args.JsonSave(meta)))
-    if wait:
+    good = [s for s, p in step_dirs(os.path.dirname(self.directory))
+            if os.path.exists(os.path.join(p, MANIFEST))]
+    try:
+      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      meta=ocp.args.JsonSave(meta)))
       self.manager.wait_until_finished()
+      write_manifest(os.path.join(self.directory, str(step)), step)
+    except Exception as e:  # noqa: BLE001 - orbax wraps OSError in several exception types
+      last = good[-1] if good else None
+      raise CheckpointError(
+          f"cannot write checkpoint {step} to {self.directory}: {type(e).__name__}: {e}. "
+          f"The last good checkpoint is {last if last is not None else 'none'} (left intact); "
+          f"free disk space / fix permissions and rerun the same command to resume from it."
+      ) from e
+
+  def all_steps(self) -> list[int]:
+    """Steps that have a manifest (finished saves), oldest first."""
+    return [s for s, p in step_dirs(os.path.dirname(self.directory))
+            if os.path.exists(os.path.join(p, MANIFEST))]
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()

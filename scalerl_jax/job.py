@@ -2,25 +2,34 @@
 
 SFT warm start (cached) -> buffer server process -> trainer (learner + evaluator) + generator
 processes -> Eq. 1 fit of the run into WORKDIR/fit/. Child processes never outlive the call.
+
+Resume (docs/RELIABILITY.md): with `config.resume = "auto"` (default) a rerun of the same command
+in the same workdir continues from the newest valid checkpoint (an invalid newest one is moved
+aside and the previous one used); `"never"` starts over (previous outputs are moved, not deleted,
+to WORKDIR/previous-<time>/). On resume, metrics.jsonl loses the lines logged after the checkpoint
+step (they are redone), the buffer rewinds to that step from its WAL, and the compute ledger books
+the whole wall time since the checkpoint was saved (work lost + downtime + restart).
 """
 import json
 import logging
 import os
 import secrets
 import sys
+import time
+import uuid
 
 from scalerl_jax import runtime
 
 
 _RUN_OUTPUTS = ("metrics.jsonl", "tb", "checkpoints", "buffer_wal", "batches", "fit", "logs",
-                "npr_history.json")
+                "npr_history.json", "learner_state.json", "resumes.jsonl", "checkpoints_invalid")
+RESUME_MODES = ("auto", "never")
+log = logging.getLogger("scalerl.job")
 
 
 def _set_aside_previous_run(workdir: str) -> None:
-  """Learner resume from a checkpoint is not wired yet (NOTES.md): a second run in the same
-  workdir starts over, and the previous run's outputs are moved (never deleted) to
+  """A fresh start in a used workdir moves the previous run's outputs (never deletes them) to
   WORKDIR/previous-<time>/. The SFT base policy is kept and reused."""
-  import time
   old = [n for n in _RUN_OUTPUTS if os.path.exists(os.path.join(workdir, n))]
   if not old:
     return
@@ -28,8 +37,82 @@ def _set_aside_previous_run(workdir: str) -> None:
   os.makedirs(dest)
   for n in old:
     os.replace(os.path.join(workdir, n), os.path.join(dest, n))
-  logging.warning("workdir %s held a previous run; moved its outputs to %s and starting over "
-                  "(resume from checkpoints is not implemented yet)", workdir, dest)
+  logging.warning("workdir %s held a previous run without a usable checkpoint (or resume=never); "
+                  "moved its outputs to %s and starting over", workdir, dest)
+
+
+def check_writable(workdir: str) -> None:
+  """Fails fast with a clear message when the workdir cannot be written (e.g. read-only or full)."""
+  probe = os.path.join(workdir, f".write-probe-{os.getpid()}")
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with open(probe, "wb") as f:
+      f.write(b"x" * 4096)
+      f.flush()
+      os.fsync(f.fileno())
+    os.remove(probe)
+  except OSError as e:
+    raise OSError(e.errno, f"workdir {workdir} is not writable ({e.strerror}); checkpoints, "
+                  f"metrics and the buffer WAL go there — fix it and rerun the same command "
+                  f"(a run with a checkpoint there resumes from it)") from e
+
+
+def truncate_metrics(workdir: str, step: int) -> dict:
+  """Drops the metrics.jsonl lines logged after checkpoint `step` (and torn lines), atomically.
+  Returns {"dropped_lines", "last_step", "last_time"} of the crashed run's tail."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  keep, dropped, last_step, last_time = [], 0, step, None
+  if os.path.exists(path):
+    for line in open(path):
+      try:
+        rec = json.loads(line)
+      except ValueError:
+        dropped += 1
+        continue
+      last_step = max(last_step, int(rec.get("step", 0)))
+      last_time = rec.get("time", last_time)
+      if int(rec.get("step", 0)) <= step:
+        keep.append(line if line.endswith("\n") else line + "\n")
+      else:
+        dropped += 1
+    with open(path + ".tmp", "w") as f:
+      f.writelines(keep)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+  return dict(dropped_lines=dropped, last_step=last_step, last_time=last_time)
+
+
+def prepare_resume(config, workdir: str) -> dict | None:
+  """Finds the checkpoint to resume from (None: start over) and makes the workdir consistent
+  with it: metrics truncated to its step, a resume record in WORKDIR/resumes.jsonl, and the
+  learner-state file that tells the buffer to rewind (rollout/wal_state.py)."""
+  from scalerl_jax import checkpoint
+  from scalerl_jax.rollout.wal_state import write_learner_state
+  mode = str(config.get("resume", "auto"))
+  if mode not in RESUME_MODES:
+    raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
+  found = checkpoint.find_valid(workdir) if mode == "auto" else None
+  ls_path = os.path.join(workdir, "learner_state.json")
+  if found is None:
+    _set_aside_previous_run(workdir)
+    write_learner_state(ls_path, 0, 0, None)
+    return None
+  step, meta, skipped = found
+  tail = truncate_metrics(workdir, step)
+  now, last = time.time(), tail["last_time"]
+  info = dict(t=now, checkpoint_step=step, skipped_checkpoints=skipped,
+              redo_steps=tail["last_step"] - step, dropped_metric_lines=tail["dropped_lines"],
+              saved_at=meta["saved_at_unix_s"],
+              lost_work_s=max(0.0, last - meta["saved_at_unix_s"]) if last else None,
+              downtime_s=(now - last) if last else None, resume_id=uuid.uuid4().hex)
+  oldest = min(s for s, _ in checkpoint.step_dirs(workdir))
+  write_learner_state(ls_path, step, oldest, dict(id=info["resume_id"], step=step,
+                                                   npr=meta["npr"]))
+  log.warning("resuming from checkpoint %d%s: %d metric lines after it dropped (redoing %d steps)",
+              step, f" (invalid newer: {[s['step'] for s in skipped]})" if skipped else "",
+              tail["dropped_lines"], info["redo_steps"])
+  return info
 
 
 def run(config, workdir: str, progress: bool = True) -> dict:
@@ -43,7 +126,9 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   runtime.pin_to_device_cpus(config, "learner")   # before JAX starts its thread pools
   os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
   token = os.environ[config.buffer.auth_token_env]
-  _set_aside_previous_run(workdir)
+  check_writable(workdir)
+  resume = prepare_resume(config, workdir)
+  ls_path = os.path.join(workdir, "learner_state.json")
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   model_cfg = runtime.model_config(config)
   config_path = os.path.join(workdir, "config.json")
@@ -58,10 +143,18 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     # from it by the supervisor, and dead generators are restarted (docs/RELIABILITY.md).
     address = procs.start_buffer(prompts_path, config,
                                  wal_dir=config.buffer.get("wal_dir") or os.path.join(workdir,
-                                                                                      "buffer_wal"))
+                                                                                      "buffer_wal"),
+                                 learner_state=ls_path)
     client = BufferClient(address, token)
     trainer = Trainer(config, workdir, dataset, model_cfg, params, client,
-                      gen_devices=int(config.generator.num_workers), progress=progress)
+                      gen_devices=int(config.generator.num_workers), progress=progress,
+                      resume_step=resume["checkpoint_step"] if resume else None,
+                      learner_state_path=ls_path)
+    if resume is not None:
+      resume.update(buffer=procs.buffer_info.get("wal", {}).get("resume"),
+                    gap_booked_s=trainer.resume_info["gap_booked_s"])
+      with open(os.path.join(workdir, "resumes.jsonl"), "a") as f:
+        f.write(json.dumps(resume) + "\n")
     procs.start_workers(int(config.generator.num_workers), config_path, address,
                         config.generator.backend)
     procs.start_supervisor(interval_s=1.0)

@@ -8,8 +8,10 @@ it is booked separately as `eval_hours`. Alongside, analytic FLOPs: 6·N·tokens
 (forward + backward through the policy tokens actually trained) and 2·N·tokens for generation, with
 N the parameters active per token.
 
-The ledger is a small serializable object, so a resumed run continues the axis (time lost in a crash
-counts when `resume(..., count_gap=True)`).
+The ledger is a small serializable object, so a resumed run continues the axis. The trainer resumes
+with `count_gap=True`: the whole wall time from the checkpoint's save to the restore (work thrown
+away, downtime, restart) is booked to every role, as a reserved allocation pays it; the parts are
+logged in WORKDIR/resumes.jsonl (docs/RELIABILITY.md).
 """
 from __future__ import annotations
 

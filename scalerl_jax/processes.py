@@ -88,11 +88,12 @@ class ProcessGroup:
     return json.loads(line)
 
   def start_buffer(self, prompts_path: str, config, timeout_s: float = 60.0,
-                   wal_dir: str | None = None) -> str:
+                   wal_dir: str | None = None, learner_state: str | None = None) -> str:
     """Starts the gRPC buffer server process; returns its address once it listens.
 
     With `wal_dir` (or `config.buffer.wal_dir`) the buffer keeps a write-ahead log there and
-    `supervise()` may restart it (same port, state replayed from the log)."""
+    `supervise()` may restart it (same port, state replayed from the log). `learner_state` is the
+    learner's checkpoint/resume file, read at every buffer start (rollout/wal_state.py)."""
     r = config.rollout
     host, _, port = config.buffer.address.rpartition(":")
     argv = [sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--host", host or "127.0.0.1",
@@ -107,6 +108,8 @@ class ProcessGroup:
     wal_dir = wal_dir or b.get("wal_dir", None)
     if wal_dir:
       argv += ["--wal-dir", wal_dir, "--wal-fsync", str(b.get("wal_fsync", "batch"))]
+    if learner_state:
+      argv += ["--learner-state", learner_state]
     if b.get("lease_ttl_s", None) is not None:
       argv += ["--lease-ttl-s", str(b.lease_ttl_s)]
     self.max_restarts["buffer"] = int(b.get("max_restarts", 3))

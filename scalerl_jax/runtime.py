@@ -56,6 +56,16 @@ def sampling_spec(config, dataset, seed: int, temperature: float | None = None) 
       seed=int(seed))
 
 
+def generation_seed(seed: int, version: int, prompt_ids) -> int:
+  """Sampling seed of one lease batch, a pure function of (run seed, policy version, prompt ids):
+  a resumed run (or a restarted generator) draws the same completions for the same leases, unlike
+  a per-process random stream. Equal inputs twice in one run give equal seeds (correlated samples),
+  which only happens when a prompt is leased twice at the same version."""
+  import hashlib
+  h = hashlib.sha256(json.dumps([int(seed), int(version), [int(p) for p in prompt_ids]]).encode())
+  return int.from_bytes(h.digest()[:4], "little") >> 1
+
+
 def pin_to_device_cpus(config, role: str, index: int = 0) -> list[int] | None:
   """With `config.pin_cpus`, pins this process to its own CPU(s), modelling one accelerator per
   role on a CPU host: the learner takes CPU 0, generator i takes CPU 1 + i (mod the CPU count).

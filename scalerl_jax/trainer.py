@@ -6,11 +6,16 @@ Each step s:
   2. one optimizer step (CISPO & co. in float32; zero-variance groups dropped in the step);
   3. the new params are published as version s+1 (generators swap them in flight);
   4. every `eval.every_steps` steps, mean@N pass rate on the held-out split, logged with
-     `compute_hours` (docs/METRICS.md) — the points Eq. 1 is fitted to.
+     `compute_hours` (docs/METRICS.md) — the points Eq. 1 is fitted to;
+  5. every `checkpoint.every_steps` steps, the whole run state (`save`, docs/RELIABILITY.md).
+
+`Trainer(..., resume_step=c)` restores checkpoint c (learner state, ledger with the crash gap
+booked, NPR history, consumption offsets) and continues at step c.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -65,13 +70,14 @@ def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
 class MetricsLog:
   """metrics.jsonl (docs/METRICS.md) + TensorBoard event files."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, purge_step: int | None = None):
     from analysis.metrics import append_metrics
     self._append = append_metrics
     self.workdir = workdir
     try:
       from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+      # purge_step: a resumed run hides the events the crashed run logged after its checkpoint.
+      self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge_step)
     except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
       self.tb = None
 
@@ -91,7 +97,8 @@ class Trainer:
   """Owns the Learner, the buffer client (learner side), the ledger and the logs."""
 
   def __init__(self, config, workdir, dataset, model_cfg, params, client, *, gen_devices: int,
-               progress: bool = True):
+               progress: bool = True, resume_step: int | None = None,
+               learner_state_path: str | None = None):
     from scalerl_jax.learner import Learner
     from scalerl_jax.rl import PassRateHistory
     self.config, self.workdir, self.dataset, self.model_cfg = config, workdir, dataset, model_cfg
@@ -102,13 +109,38 @@ class Trainer:
     n_active = _params_active(model_cfg)
     self.ledger = ComputeLedger(train_devices=jax.device_count(), gen_devices=gen_devices,
                                 params_active=n_active)
-    self.metrics = MetricsLog(workdir)
     self.npr = PassRateHistory(threshold=config.rl.npr_threshold)
     self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345, temperature=1.0)
     self.last_eval = None
     from scalerl_jax.checkpoint import RunCheckpointer
     self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep))
     self.watchdog = None   # callable raising when a child process died (set by main)
+    self.learner_state_path = learner_state_path
+    self.start_step = 0
+    # Consumption offsets: what the learner trained, as counts and a chained sha256 over the ids.
+    self.consumed = dict(step=0, groups=0, rollouts=0, ids_sha256="", recent={})
+    self.resume_info = None
+    if resume_step is not None:
+      self._restore(resume_step)
+    self.metrics = MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None)
+
+  def _restore(self, step: int) -> None:
+    """Loads checkpoint `step`: learner state, ledger (the wall time since the save is booked:
+    crash, lost work and restart held the devices), NPR history, consumption offsets."""
+    from scalerl_jax.rl import PassRateHistory
+    state, meta = self.ckpt.restore(self.learner.state, step)
+    self.learner.state = state
+    self.ledger = ComputeLedger.resume(meta["ledger"], saved_at=meta["saved_at_unix_s"],
+                                       count_gap=True)
+    self.npr = PassRateHistory.from_dict(meta["npr"])
+    self.last_eval = meta["last_eval"]
+    self.consumed = dict(meta["consumed"], recent={})
+    self.start_step = int(meta["step"])
+    self.resume_info = dict(step=self.start_step,
+                            gap_booked_s=time.time() - meta["saved_at_unix_s"])
+    log.info("resumed from checkpoint %d (%d groups / %d rollouts trained so far); %.1f s since "
+             "the save booked to the compute ledger", self.start_step, self.consumed["groups"],
+             self.consumed["rollouts"], self.resume_info["gap_booked_s"])
 
   # ---- pieces ------------------------------------------------------------------------------------
   def publish(self, version: int) -> float:
@@ -150,6 +182,12 @@ class Trainer:
     arrays = pad_time(batch_to_arrays(batch, pad_id=0))
     for g in batch.groups:   # No-Positive-Resampling history (per prompt id)
       self.npr.update(int(g.prompt_id), [r.rewards[0] for r in g.rollouts])
+    ids = [r.rollout_id for g in batch.groups for r in g.rollouts]
+    c = self.consumed
+    c["ids_sha256"] = hashlib.sha256(json.dumps([c["ids_sha256"], step, ids]).encode()).hexdigest()
+    c["step"], c["groups"], c["rollouts"] = step + 1, c["groups"] + len(batch.groups), \
+        c["rollouts"] + len(ids)
+    c["recent"][str(step)] = ids
     t1 = time.time()
     m = self.learner.step({k: arrays[k] for k in ("tokens", "gen_logprobs", "loss_mask",
                                                   "rewards", "prompt_ids")})
@@ -173,24 +211,44 @@ class Trainer:
     return rec
 
   def save(self, step: int) -> None:
-    """Checkpoints the learner state with the host-side run state (ledger, NPR history)."""
-    self.ckpt.save(step, self.learner.state, {"ledger": self.ledger.state_dict(),
-                                              "npr": self.npr.to_dict(),
-                                              "last_eval": self.last_eval})
+    """Checkpoints the whole run state: learner state (params, optimizer, step) through orbax;
+    as JSON the ledger, the NPR history, the consumption offsets (steps/groups/rollouts trained,
+    chained sha256 of the trained rollout ids, the ids of the steps since the last checkpoint),
+    the seeds (generation is seeded per lease from (seed, version, prompts); evaluation from
+    `eval_seed`), the data sampler's reference (its position lives in the buffer's WAL and is
+    rewound from `consumed.step` on resume). Then tells the buffer the new checkpoint step."""
+    from scalerl_jax.rollout.wal_state import read_learner_state, write_learner_state
+    self.ckpt.save(step, self.learner.state, {
+        "ledger": self.ledger.state_dict(), "npr": self.npr.to_dict(),
+        "last_eval": self.last_eval, "consumed": self.consumed,
+        "rng": {"seed": int(self.config.seed), "eval_seed": int(self.eval_spec.seed),
+                "generation": "runtime.generation_seed(seed, version, prompt_ids)"},
+        "data_sampler": {"shuffle_seed": int(self.config.seed), "next_step": step,
+                         "state": "buffer WAL (QUEUE/EPOCH/LEASE records), rewound to next_step"}})
+    self.consumed["recent"] = {}
+    if self.learner_state_path:
+      old = read_learner_state(self.learner_state_path) or {}
+      steps = self.ckpt.all_steps()
+      write_learner_state(self.learner_state_path, step, min(steps) if steps else step,
+                          old.get("resume"))
 
   def run(self) -> dict:
-    """Trains `config.total_steps` steps (evaluating on schedule); returns the last eval record."""
-    self.publish(0)
-    self.ledger.begin_eval()
-    out = evaluate(self.model_cfg, self.learner.state.params, self.dataset, self.eval_spec,
-                   int(self.config.eval.samples_per_prompt))
-    self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
-    self.last_eval = {"step": 0, "kind": "eval", **self.ledger.snapshot(), **out,
-                      "compute_hours": 0.0, "train_hours": 0.0, "gen_hours": 0.0}
-    self.metrics.write(self.last_eval)
+    """Trains up to `config.total_steps` steps (evaluating on schedule), from `start_step` when
+    resumed; returns the last eval record."""
+    start = self.start_step
+    self.publish(start)
+    if start == 0:
+      self.ledger.begin_eval()
+      out = evaluate(self.model_cfg, self.learner.state.params, self.dataset, self.eval_spec,
+                     int(self.config.eval.samples_per_prompt))
+      self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
+      self.last_eval = {"step": 0, "kind": "eval", **self.ledger.snapshot(), **out,
+                        "compute_hours": 0.0, "train_hours": 0.0, "gen_hours": 0.0}
+      self.metrics.write(self.last_eval)
     every = int(self.config.eval.every_steps)
     total = int(self.config.total_steps)
-    bar = tqdm(range(total), desc="RL", disable=not self.progress, dynamic_ncols=True)
+    bar = tqdm(range(start, total), desc="RL", disable=not self.progress, dynamic_ncols=True,
+               initial=start, total=total)
     for s in bar:
       rec = self.train_step(s)
       if (s + 1) % every == 0 or s + 1 == total:

@@ -33,6 +33,7 @@ from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout import validation as val
 from scalerl_jax.rollout import wal as walmod
 from scalerl_jax.rollout import wire
+from scalerl_jax.rollout.wal_state import WalStateMixin
 from scalerl_jax.rollout.generator import PromptSpec
 
 MODES = ("pipeline", "ppo_off_policy")
@@ -92,22 +93,15 @@ def _group_item_bytes(g: _Group) -> bytes:
   return b"".join([b"\x0a", _varint(inner)] + parts)  # BatchItem field 1 (group), wire type 2
 
 
-def _checked_from(r: pb.Rollout) -> val.Checked:
-  """What validation recorded about an already-accepted rollout (WAL replay; not re-validated)."""
-  v = codec.decode(r.versions, pb.INT32, "versions", 1 << 31).astype(np.int64)
-  vmin = int(v.min()) if len(v) else 0
-  counts = np.bincount(v - vmin) if len(v) else np.zeros(1, np.int64)
-  return val.Checked(num_tokens=len(v), min_version=vmin, version_counts=counts,
-                     reward=float(r.rewards[0]) if len(r.rewards) else 0.0)
-
-
 def lag_histogram(counts: Sequence[int], negative: int) -> pb.LagHistogram:
   nz = [i for i, c in enumerate(counts) if c]
   return pb.LagHistogram(counts=list(counts), negative=negative, max_lag=nz[-1] if nz else 0)
 
 
-class BufferState:
-  """Thread-safe buffer state. All public methods raise `val.RejectError` on refusal."""
+class BufferState(WalStateMixin):
+  """Thread-safe buffer state. All public methods raise `val.RejectError` on refusal.
+
+  WAL logging, replay, compaction and the learner-resume rewind live in `wal_state.py`."""
 
   def __init__(self, prompts: Sequence[PromptSpec], *, prompts_per_step: int, group_size: int,
                max_lag: int, mode: str = "pipeline", lease_ttl_s: float = 120.0,
@@ -141,6 +135,9 @@ class BufferState:
     self._round_leased = 0
     self._last_batch: Optional[PulledBatch] = None
     self._last_groups: list = []               # the _Groups of _last_batch (WAL snapshot)
+    self._kept: dict[int, list] = {}           # step -> delivered groups kept for a learner rewind
+    self.resumes: list[str] = []               # learner resume ids already applied (wal_state.py)
+    self.rewind_totals: dict = {}              # counts of what learner rewinds re-queued / dropped
     self.wal: Optional[walmod.WAL] = None      # write-ahead log (attach_wal), None: memory only
     self.weights_meta: Optional[dict] = None   # newest VERSION record (sha256, format, size)
     self.delivered_groups = self.delivered_rollouts = 0
@@ -181,6 +178,7 @@ class BufferState:
       if self._rng is not None:
         self._rng.shuffle(order)
       self._queue.extend(order)
+      self._wal_append(walmod.EPOCH, dict(order=[int(p) for p in order], rng=self._rng_state()))
     return self._prompts[self._queue.popleft()]
 
   def lease(self, generator_id: str, max_groups: int, wait_timeout_s: float) -> list[pb.Assignment]:
@@ -419,6 +417,8 @@ class BufferState:
         self.npr.update(g.view.prompt_id, [st.checked.reward for _, st in sorted(g.samples.items())])
     self._last_batch = PulledBatch(step, blobs, summary, nroll, nbytes)
     self._last_groups = list(batch)
+    if how != "live":                           # replay: kept for a learner rewind (wal_state.py)
+      self._kept[step] = list(batch)
     if how == "last":
       return self._last_batch
     for i, c in enumerate(counts):
@@ -432,132 +432,6 @@ class BufferState:
     self.ns = step + 1
     self.cv.notify_all()
     return self._last_batch
-
-  # ---- write-ahead log ---------------------------------------------------------------------------
-  def _wal_append(self, rtype: int, body) -> None:
-    if self.wal is not None:
-      self.wal.append(rtype, body)
-
-  def _wal_commit(self, best_effort: bool = False) -> None:
-    if self.wal is None:
-      return
-    try:
-      self.wal.commit()
-    except OSError as e:
-      self.wal.discard()
-      if best_effort:
-        import logging
-        logging.getLogger("scalerl.buffer").error("WAL write failed: %s", e)
-        return
-      raise val.RejectError(grpc.StatusCode.UNAVAILABLE, f"write-ahead log write failed: {e}")
-
-  def _wal_lease(self, g: _Group, round_start: int, snap: bool = False) -> None:
-    v = g.view
-    self._wal_append(walmod.LEASE, dict(gid=v.group_id, pid=v.prompt_id, gen=g.generator_id,
-                                        deadline=g.deadline, min_v=v.min_version,
-                                        max_v=v.max_version, round=round_start, snap=snap))
-
-  def attach_wal(self, wal: walmod.WAL) -> str:
-    """Compacts the current (replayed) state into a fresh segment and logs every later change."""
-    with self.cv:
-      name = wal.start_snapshot(self._snapshot_records())
-      self.wal = wal
-      return name
-
-  def _snapshot_records(self):
-    enc = walmod.encode
-    yield enc(walmod.SNAPSHOT, dict(
-        ns=self.ns, version=self.version, next_group_id=self._next_group_id,
-        round_start=self._round_start, round_leased=self._round_leased,
-        delivered_groups=self.delivered_groups, delivered_rollouts=self.delivered_rollouts,
-        expired_groups=self.expired_groups, stale_dropped=self.stale_dropped,
-        lag_total=self._lag_total, lag_negative=self._lag_negative))
-    if self.weights_meta is not None:
-      yield enc(walmod.VERSION, self.weights_meta)
-    if self.npr is not None:
-      yield enc(walmod.NPR_STATE, self.npr.to_dict())
-    live = set(self._groups) | {g.view.group_id for g in self._last_groups}
-    yield enc(walmod.SEEN, dict(ids={r: g for r, g in self._seen.items() if g not in live}))
-
-    def group(g):
-      yield enc(walmod.LEASE, dict(gid=g.view.group_id, pid=g.view.prompt_id, gen=g.generator_id,
-                                   deadline=g.deadline, min_v=g.view.min_version,
-                                   max_v=g.view.max_version, round=self._round_start, snap=True))
-      for i in sorted(g.samples):
-        yield enc(walmod.ROLLOUT, g.samples[i].raw)
-    if self._last_batch is not None:
-      for g in self._last_groups:
-        yield from group(g)
-      yield enc(walmod.LAST_BATCH, dict(step=self._last_batch.step,
-                                        gids=[g.view.group_id for g in self._last_groups]))
-    order = sorted(self._groups.values(),
-                   key=lambda g: (g.completed_seq < 0, g.completed_seq, g.view.group_id))
-    for g in order:                            # complete groups in completion order (FIFO ties)
-      yield from group(g)
-
-  def restore(self, records) -> dict:
-    """Rebuilds the state from WAL records (see wal.py); call before serving. Returns counts."""
-    with self.cv:
-      now = self.clock()
-      skipped = 0
-      for rtype, body in records:
-        d = walmod.decode_body(rtype, body)
-        if rtype == walmod.SNAPSHOT:
-          self.ns, self.version = d["ns"], d["version"]
-          self._next_group_id = max(self._next_group_id, d["next_group_id"])
-          self._round_start, self._round_leased = d["round_start"], d["round_leased"]
-          self.delivered_groups, self.delivered_rollouts = d["delivered_groups"], d["delivered_rollouts"]
-          self.expired_groups, self.stale_dropped = d["expired_groups"], d["stale_dropped"]
-          self._lag_total, self._lag_negative = list(d["lag_total"]), d["lag_negative"]
-        elif rtype == walmod.LEASE:
-          p = self._prompts.get(int(d["pid"]))
-          if p is None:
-            raise ValueError(f"WAL leases prompt {d['pid']}, which is not in the prompt set")
-          view = val.LeaseView(group_id=d["gid"], prompt_id=int(p.prompt_id),
-                               prompt_tokens=np.asarray(p.tokens, np.int32), answer=p.answer,
-                               group_size=self.G, min_version=d["min_v"], max_version=d["max_v"])
-          self._groups[d["gid"]] = _Group(view, d["gen"], d["deadline"], now + self.lease_ttl_s)
-          self._next_group_id = max(self._next_group_id, d["gid"] + 1)
-          if self.mode == "ppo_off_policy" and not d.get("snap"):
-            if self._round_start != d["round"]:
-              self._round_start, self._round_leased = d["round"], 0
-            self._round_leased += 1
-        elif rtype == walmod.ROLLOUT:
-          r = pb.Rollout.FromString(body)
-          g = self._groups.get(r.group_id)
-          if g is None or r.sample_index in g.samples or r.rollout_id in self._seen:
-            skipped += 1
-            continue
-          self._store(g, r, bytes(body), _checked_from(r))
-        elif rtype == walmod.EXPIRE:
-          if d["gid"] in self._groups:
-            self._apply_expire(d["gid"])
-        elif rtype == walmod.STALE:
-          if self._groups.pop(d["gid"], None) is not None:
-            self.stale_dropped += 1
-        elif rtype in (walmod.DELIVER, walmod.LAST_BATCH):
-          groups = [self._groups[g] for g in d["gids"]]
-          self._deliver(d["step"], groups, "replay" if rtype == walmod.DELIVER else "last")
-        elif rtype == walmod.VERSION:
-          self.version = max(self.version, d["version"])
-          self.weights_meta = d
-        elif rtype == walmod.NPR:
-          if self.npr is not None:
-            self.npr.update(d["pid"], d["rewards"])
-        elif rtype == walmod.NPR_STATE:
-          if self.npr is not None:
-            from scalerl_jax.rl.npr import PassRateHistory
-            self.npr = PassRateHistory.from_dict(d)
-        elif rtype == walmod.SEEN:
-          self._seen.update(d["ids"])
-      for g in self._groups.values():           # generators get a full TTL to reconnect
-        g.expires_at = now + self.lease_ttl_s
-      self.cv.notify_all()
-      return dict(ns=self.ns, version=self.version, outstanding_groups=len(self._groups),
-                  ready_groups=sum(1 for g in self._groups.values() if g.complete),
-                  stored_rollouts=sum(len(g.samples) for g in self._groups.values()),
-                  delivered_groups=self.delivered_groups, seen_ids=len(self._seen),
-                  skipped_rollouts=skipped)
 
   # ---- status ------------------------------------------------------------------------------------
   def contents(self) -> pb.BufferContents:

@@ -36,6 +36,7 @@ from scalerl_jax.rollout import admission
 from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout import validation as val
 from scalerl_jax.rollout import wal as walmod
+from scalerl_jax.rollout import wal_state
 from scalerl_jax.rollout.generator import PromptSpec
 from scalerl_jax.rollout.wire import Malformed, parse_push, parser, serialize, tune_malloc
 
@@ -103,7 +104,7 @@ class BufferServer:
                verifier: Optional[val.Verifier] = None, max_workers: int = 256,
                shuffle_seed: Optional[int] = None, npr_threshold: Optional[float] = None,
                wal_dir: Optional[str] = None, wal_fsync: str = "batch",
-               wal_fsync_interval_s: float = 1.0):
+               wal_fsync_interval_s: float = 1.0, learner_state: Optional[dict] = None):
     if not token:
       raise ValueError("an auth token is required")
     self.state = admission.BufferState(
@@ -116,7 +117,10 @@ class BufferServer:
     self.wal: Optional[walmod.WAL] = None
     self.wal_report: dict = {}
     if wal_dir:
-      self._open_wal(wal_dir, wal_fsync, wal_fsync_interval_s)
+      self._open_wal(wal_dir, wal_fsync, wal_fsync_interval_s, learner_state)
+    elif learner_state is not None:
+      self.wal_report = {"resume": self.state.apply_learner_state(learner_state)}
+      self.weights.version = self.state.version
     self._rejected: collections.Counter = collections.Counter()
     self._bytes_in = self._bytes_out = 0
     self._mlock = threading.Lock()
@@ -149,10 +153,13 @@ class BufferServer:
     kw.update(overrides)
     return cls(prompts, **kw)
 
-  def _open_wal(self, wal_dir: str, fsync: str, interval_s: float) -> None:
-    """Replays `wal_dir` (truncating a torn tail), reloads the latest weights, compacts the state
-    into a fresh segment and logs every later change (docs/RELIABILITY.md)."""
+  def _open_wal(self, wal_dir: str, fsync: str, interval_s: float,
+                learner_state: Optional[dict] = None) -> None:
+    """Replays `wal_dir` (truncating a torn tail), reloads the latest weights, applies the
+    learner's resume state (wal_state.py), compacts the state into a fresh segment and logs every
+    later change (docs/RELIABILITY.md)."""
     os.makedirs(wal_dir, exist_ok=True)
+    self._wal_lock = walmod.lock_dir(wal_dir)
     t0 = time.time()
     records, report = walmod.read_all(wal_dir, truncate=True)
     report["restored"] = self.state.restore(records)
@@ -165,6 +172,12 @@ class BufferServer:
         self.state.version = head["version"]
         self.state.weights_meta = dict(head)
       report["weights_version"] = head["version"]
+    report["resume"] = self.state.apply_learner_state(learner_state)
+    if self.weights.version != self.state.version:    # rewound: those weights are of a lost step
+      self.weights = _Weights()
+      self.weights.version = self.state.version
+      if os.path.exists(os.path.join(wal_dir, walmod.WEIGHTS_FILE)):
+        os.remove(os.path.join(wal_dir, walmod.WEIGHTS_FILE))
     self.wal = walmod.WAL(wal_dir, fsync=fsync, fsync_interval_s=interval_s)
     report["segment"] = self.state.attach_wal(self.wal)
     report["replay_s"] = round(time.time() - t0, 3)
@@ -398,6 +411,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                   help="batch: fsync per request batch (default); interval: at most every "
                        "--wal-fsync-interval-s; none: OS page cache only (survives kill -9)")
   ap.add_argument("--wal-fsync-interval-s", type=float, default=1.0)
+  ap.add_argument("--learner-state", default=None,
+                  help="JSON file the learner keeps (checkpoint step, resume request); read at "
+                       "startup to rewind after a learner resume (rollout/wal_state.py)")
   ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
   ap.add_argument("--switch-interval-s", type=float, default=0.0,
                   help="sys.setswitchinterval for the server process (0: Python's default 5 ms)")
@@ -416,9 +432,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      limits=val.Limits(max_completion_tokens=a.max_completion_tokens),
                      shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
                      npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
-                     wal_fsync_interval_s=a.wal_fsync_interval_s).start()
+                     wal_fsync_interval_s=a.wal_fsync_interval_s,
+                     learner_state=wal_state.read_learner_state(a.learner_state)).start()
   out = {"port": srv.port, "address": srv.address}
-  if srv.wal is not None:
+  if srv.wal is not None or srv.wal_report:
     out["wal"] = srv.wal_report
   print(json.dumps(out), flush=True)
   signal.signal(signal.SIGTERM, lambda *_: srv.stop(0))

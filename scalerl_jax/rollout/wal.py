@@ -40,10 +40,14 @@ STALE = 8         # {"gid"}: complete group dropped because its deadline passed 
 SEEN = 9          # {"ids": {rollout_id: gid}}: ids of delivered rollouts (idempotency), snapshot only
 NPR_STATE = 10    # PassRateHistory.to_dict(), snapshot only
 LAST_BATCH = 11   # {"step", "gids"}: snapshot only; the groups are re-sent on a retried pull
+QUEUE = 12        # {"queue": [pid...], "rng": bit_generator state | null}: snapshot only (sampler)
+EPOCH = 13        # {"order": [pid...], "rng": state}: the prompt queue was refilled (a new epoch)
+KEPT = 14         # {"step", "gids"}: snapshot only; delivered groups kept for a learner rewind
 
 NAMES = {SNAPSHOT: "snapshot", LEASE: "lease", ROLLOUT: "rollout", EXPIRE: "expire",
          DELIVER: "deliver", VERSION: "version", NPR: "npr", STALE: "stale", SEEN: "seen",
-         NPR_STATE: "npr_state", LAST_BATCH: "last_batch"}
+         NPR_STATE: "npr_state", LAST_BATCH: "last_batch", QUEUE: "queue", EPOCH: "epoch",
+         KEPT: "kept"}
 
 FSYNC_POLICIES = ("batch", "interval", "none")
 _HEADER = struct.Struct("<II")
@@ -262,6 +266,24 @@ class WAL:
       os.fsync(f.fileno())
     os.rename(tmp, path)
     self._fsync_dir()
+
+
+def lock_dir(wal_dir: str, timeout_s: float = 30.0) -> int:
+  """Takes an exclusive POSIX lock on WAL_DIR/LOCK (per process, held until it exits), waiting up to
+  `timeout_s` for a previous buffer (e.g. one still shutting down after its learner died) to let
+  go: two buffers must never append to one log. Returns the descriptor; raises TimeoutError."""
+  import fcntl
+  fd = os.open(os.path.join(wal_dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+  end = time.time() + timeout_s
+  while True:
+    try:
+      fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      return fd
+    except OSError:
+      if time.time() > end:
+        os.close(fd)
+        raise TimeoutError(f"WAL dir {wal_dir} is locked by another buffer process") from None
+      time.sleep(0.05)
 
 
 def load_weights(wal_dir: str) -> Optional[tuple[dict, bytes]]:

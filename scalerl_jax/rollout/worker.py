@@ -25,7 +25,6 @@ import threading
 import time
 
 import grpc
-import numpy as np
 
 from scalerl_jax import runtime
 from scalerl_jax.rollout import codec, interruption
@@ -81,7 +80,6 @@ class Worker:
     self.gen = _make_generator(backend, config, self.model_cfg,
                                runtime.payload_to_named(payload, fmt), version, workdir)
     self._stop = threading.Event()
-    self._seed = np.random.default_rng([int(config.seed), abs(hash(generator_id)) % (1 << 31)])
     threading.Thread(target=self._watch_weights, daemon=True).start()
     self.heartbeat_s = float(config.generator.get("heartbeat_s", 10.0))
     if self.heartbeat_s > 0:
@@ -150,7 +148,10 @@ class Worker:
         self.gen.max_version = min(caps) if caps else None
       self._wait_for_version(max(a.min_version for a in assignments))
       prompts = [assignment_prompt(a) for a in assignments]
-      spec = runtime.sampling_spec(self.config, self.dataset, seed=int(self._seed.integers(1 << 31)))
+      # Seeded per (version, prompts): a resumed run regenerates the same rollouts (RELIABILITY.md).
+      spec = runtime.sampling_spec(self.config, self.dataset, seed=runtime.generation_seed(
+          self.config.seed, max(a.min_version for a in assignments),
+          [a.prompt_id for a in assignments]))
       t0 = time.time()
       groups = self.gen.generate(prompts, int(assignments[0].group_size), spec)
       rollouts = []
@@ -195,7 +196,12 @@ def main(argv=None):
   runtime.pin_to_device_cpus(config, "generator", index)
   w = Worker(config, a.buffer, a.generator_id, a.backend or config.generator.backend,
              a.workdir or os.path.dirname(os.path.abspath(a.run_config)))
-  signal.signal(signal.SIGTERM, lambda *_: w.stop())
+  def on_term(*_):
+    # SIGTERM also comes from PDEATHSIG when the learner died: a client call may be retrying a
+    # dead buffer for its whole retry budget, so exit for sure after a short grace period.
+    w.stop()
+    threading.Timer(5.0, os._exit, (0,)).start()
+  signal.signal(signal.SIGTERM, on_term)
   try:
     w.run()
   finally:
