@@ -8,8 +8,13 @@ head_dim 64, ffn 768), built locally. Work: `batch` prompts of `prompt-len` rand
 sample each, exactly `gen-len` new tokens (no stop tokens, no interruption), T = 1.0, top_p = 1.
 Throughput = generated tokens / wall time of one `generate` call, after one untimed warm-up call of
 the same shape (compilation excluded). Both generators are started and warmed first, then timed
-calls alternate ours / peer `--repeats` times and each side reports its MEDIAN call (also its best
-and every call); `--sequential` restores the old protocol (one side after the other, best of).
+calls alternate ours / peer `--repeats` times, each after `--gap` s of quiet (vLLM's processes go
+on using ~0.5 CPU-s for ~1 s after a call returns; on 2 shared cores that would land in our call),
+and each side reports its MEDIAN call (also its best, every call and the 1-min load average at
+each); `--sequential` restores the old protocol (one side after the other, best of).
+CPU use: vLLM's processes (frontend, EngineCore, model worker with 1 bound OMP thread, our socket
+worker) used 2.5-2.9 CPU-s per 1.4-1.8 s call (~1.7 cores); the JAX sampler uses the XLA:CPU
+thread pool (`--xla-threads 1`: one thread).
   ours: `scalerl_jax.rollout.sampler.JaxSampler` in this process (float32, jitted KV-cache decode).
   peer: `VLLMGenerator` -> vLLM AsyncLLM in .venv-vllm (bf16 weights, FP32 LM head, prefix cache,
         torch.compile unless --eager), i.e. the production generator path incl. our socket hop.
@@ -94,6 +99,7 @@ def measure_interleaved(names, model_dir, args, prompts, spec) -> dict:
       for name in names:
         if gens.get(name) is None:
           continue
+        time.sleep(args.gap)   # let the previous call's background work (vLLM's ~1 s tail) end
         t0 = time.perf_counter()
         groups = gens[name].generate(prompts, 1, spec)
         out[name]["calls_s"].append(time.perf_counter() - t0)
@@ -142,6 +148,9 @@ def main(argv=None):
   ap.add_argument("--prompt-len", type=int, default=16)
   ap.add_argument("--gen-len", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--gap", type=float, default=1.5,
+                  help="seconds of quiet before each timed call: after a call vLLM's processes "
+                       "keep ~0.5 CPU-s of work for ~1 s, which would land in the next side's call")
   ap.add_argument("--sequential", action="store_true",
                   help="old protocol: all of ours, then all of peer, best of --repeats")
   ap.add_argument("--dtype", default="bfloat16", help="vLLM engine dtype")
