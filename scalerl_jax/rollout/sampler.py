@@ -12,10 +12,12 @@
   `load_weights` (from any thread) are swapped in between chunks, so sequences in progress continue
   with the new weights and their old KV cache, and every later token is stamped with the new version.
 
-Decode speed on CPU (bench.sampler): the KV cache is held as one buffer per layer (split_cache) so
-XLA updates it in place inside the fori_loop (a stacked [L,B,S,K,H] cache was copied whole several
-times per step), it grows with the sequences (64 * 2^k slots) so early steps do not attend over
-empty slots, and tokens are drawn by inverting the CDF with one uniform per row (not B*V Gumbels).
+Decode speed on CPU (bench.sampler, numbers in docs/VLLM.md): the KV cache is held as one
+[B,K,S,H] buffer per layer (split_cache): XLA updates each in place inside the fori_loop (a stacked
+[L,B,S,K,H] cache was copied whole several times per step) and decode attention is two batched
+matmuls over (B,K) reading it in place. The cache grows with the sequences (_cache_capacity) so
+early steps do not attend over empty slots; cache, prefill and decode state are built by one jitted
+call (_start); tokens are drawn by inverting the CDF with one uniform per row (not B*V Gumbels).
 
 Log-probs are those of the distribution actually sampled from: log_softmax(logits / T), renormalised
 over the top-p nucleus when top_p < 1 (at T = 1, top_p = 1 this is exactly the learner's log π).
