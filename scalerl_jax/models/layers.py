@@ -100,10 +100,13 @@ class Attention(nn.Module):
   """GQA self-attention over the current tokens plus (optionally) a KV cache.
 
   mask [B,T,S] says which key slots each query may see (causal / chunked / padding, built from
-  positions by the caller). With a cache (k,v [B,S,K,H]) the new keys are written at slot `index`.
+  positions by the caller). With a cache (k,v [B,S,K,H], or [B,K,S,H] when `heads_major`) the new
+  keys are written at slot `index`. The heads-major layout (the sampler's per-layer cache) lets
+  decode attention run as two batched matmuls over (B,K) that read the cache in place.
   """
   cfg: ModelConfig
   use_rope: bool = True
+  heads_major: bool = False
 
   @nn.compact
   def __call__(self, x, positions, mask, kv=None, index=None):
@@ -129,13 +132,27 @@ class Attention(nn.Module):
       scale = jnp.log1p(jnp.floor((pos + 1.0) / cfg.floor_scale)) * cfg.attn_scale + 1.0
       q = (q.astype(jnp.float32) * scale[:, :, None, None]).astype(q.dtype)
     new_kv = None
+    qg = q.reshape(B, T, K, N // K, H)
+    if kv is not None and self.heads_major:
+      k_cache, v_cache = kv                                                  # [B,K,S,H]
+      upd = lambda c, x: jax.lax.dynamic_update_slice(
+          c, jnp.swapaxes(x, 1, 2).astype(c.dtype), (0, 0, index, 0))
+      k, v = upd(k_cache, k), upd(v_cache, v)
+      new_kv = (k, v)
+      # (XLA:CPU has no bf16 x bf16 -> f32 dot: a bf16 cache is upcast, as in the stacked path.)
+      k, v = k.astype(q.dtype), v.astype(q.dtype)
+      scores = jnp.einsum("BTKGH,BKSH->BKGTS", qg, k).astype(jnp.float32) * (H ** -0.5)
+      scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
+      probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+      out = jnp.einsum("BKGTS,BKSH->BTKGH", probs, v).reshape(B, T, N, H)
+      out = constrain(out, ("batch", "seq", "act_heads", "head_dim"))
+      return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
     if kv is not None:
       k_cache, v_cache = kv
       k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
       v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
       new_kv = (k, v)
       k, v = k.astype(q.dtype), v.astype(q.dtype)
-    qg = q.reshape(B, T, K, N // K, H)
     if T == 1 and kv is not None:
       # Decode (one query per row): broadcast-multiply + reduce reads the cache once in its
       # [B,S,K,H] layout; XLA:CPU lowers the batched einsum below with a transpose of the cache.
@@ -233,11 +250,12 @@ class DecoderLayer(nn.Module):
   cfg: ModelConfig
   use_rope: bool = True
   is_moe: bool = False
+  heads_major: bool = False  # KV-cache layout [B,K,S,H] (see Attention)
 
   @nn.compact
   def __call__(self, x, positions, mask, kv=None, index=None):
     cfg = self.cfg
-    h, new_kv = Attention(cfg, self.use_rope, name="attn")(
+    h, new_kv = Attention(cfg, self.use_rope, self.heads_major, name="attn")(
         RMSNorm(cfg, name="attn_norm")(x), positions, mask, kv, index)
     x = constrain(x + h, ("batch", "seq", "act_embed"))
     y = RMSNorm(cfg, name="ffn_norm")(x)

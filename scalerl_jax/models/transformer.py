@@ -68,7 +68,8 @@ class Transformer(nn.Module):
   """Llama-3 / Llama-4 text decoder. Returns (logits [B,T,V], new (k, v) cache or None).
 
   Args of __call__: tokens int32 [B,T]; positions int32 [B,T] (-1 = padding); kv_pos int32 [B,S]
-  positions of every key slot (S = T without cache); kv = (k, v) [L,B,S,K,H] or None; index =
+  positions of every key slot (S = T without cache); kv = (k, v) [L,B,S,K,H], or tuples of
+  per-layer [B,K,S,H] buffers (the sampler's split cache, unscanned models only), or None; index =
   cache slot where the T new tokens are written.
   """
   cfg: ModelConfig
@@ -83,18 +84,19 @@ class Transformer(nn.Module):
       x, new_kv = self._scanned(x, positions, masks, kv, index)
     else:
       cls = _layer_cls(cfg, scanned=False)
+      split = kv is not None and isinstance(kv[0], (list, tuple))
       ks, vs = [], []
       for i in range(cfg.num_layers):
         mask = masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
         layer_kv = None if kv is None else (kv[0][i], kv[1][i])
-        x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), name=f"layers_{i}")(
-            x, positions, mask, layer_kv, index)
+        x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), split,
+                     name=f"layers_{i}")(x, positions, mask, layer_kv, index)
         if nkv is not None:
           ks.append(nkv[0])
           vs.append(nkv[1])
       if kv is None:
         new_kv = None
-      elif isinstance(kv[0], (list, tuple)):  # per-layer cache buffers (see `split_cache`)
+      elif split:  # per-layer [B,K,S,H] cache buffers (see `split_cache`)
         new_kv = (tuple(ks), tuple(vs))
       else:
         new_kv = (jnp.stack(ks), jnp.stack(vs))

@@ -12,10 +12,12 @@
   `load_weights` (from any thread) are swapped in between chunks, so sequences in progress continue
   with the new weights and their old KV cache, and every later token is stamped with the new version.
 
-Decode speed on CPU (bench.sampler): the KV cache is held as one buffer per layer (split_cache) so
-XLA updates it in place inside the fori_loop (a stacked [L,B,S,K,H] cache was copied whole several
-times per step), it grows with the sequences (64 * 2^k slots) so early steps do not attend over
-empty slots, and tokens are drawn by inverting the CDF with one uniform per row (not B*V Gumbels).
+Decode speed on CPU (bench.sampler, numbers in docs/VLLM.md): the KV cache is held as one
+[B,K,S,H] buffer per layer (split_cache): XLA updates each in place inside the fori_loop (a stacked
+[L,B,S,K,H] cache was copied whole several times per step) and decode attention is two batched
+matmuls over (B,K) reading it in place. The cache grows with the sequences (_cache_capacity) so
+early steps do not attend over empty slots; cache, prefill and decode state are built by one jitted
+call (_start); tokens are drawn by inverting the CDF with one uniform per row (not B*V Gumbels).
 
 Log-probs are those of the distribution actually sampled from: log_softmax(logits / T), renormalised
 over the top-p nucleus when top_p < 1 (at T = 1, top_p = 1 this is exactly the learner's log π).
@@ -75,7 +77,8 @@ def _sample(rng, logits, temperature, top_p, use_top_p: bool = True):
 
 @functools.partial(jax.jit, static_argnums=(1, 3, 5), donate_argnums=(2,))
 def _decode_chunk(params, cfg, state, n_steps, consts, use_top_p=True):
-  """Runs `n_steps` sampling steps on the whole batch (see JaxSampler.generate for the state)."""
+  """Runs `n_steps` sampling steps on the whole batch (see JaxSampler.generate for the state);
+  returns (state, all rows done). The state (incl. the KV cache) is donated: updated in place."""
   interrupt, stop, temperature, top_p, answer_budget, version = consts
   n_int = interrupt.shape[0]
 
@@ -120,7 +123,8 @@ def _decode_chunk(params, cfg, state, n_steps, consts, use_top_p=True):
     out["logit_version"] = version
     return out
 
-  return jax.lax.fori_loop(0, n_steps, body, state)
+  state = jax.lax.fori_loop(0, n_steps, body, state)
+  return state, jnp.all(state["done"])
 
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I32": np.int32,
@@ -165,46 +169,68 @@ def named_from_safetensors(payload: bytes | bytearray | memoryview) -> dict[str,
 
 
 def split_cache(cache):
-  """models.init_cache layout -> the same cache with k, v as tuples of per-layer [B,S,K,H] arrays.
+  """models.init_cache layout -> the same cache with k, v as tuples of per-layer [B,K,S,H] arrays.
 
-  The (unscanned) model accepts either form and returns the form it was given."""
-  return dict(cache, k=tuple(cache["k"]), v=tuple(cache["v"]))
+  The (unscanned) model accepts either form and returns the form it was given. Per-layer buffers
+  are updated in place inside the decode loop (a stacked [L,...] cache was copied whole several
+  times per step), and the heads-major [B,K,S,H] layout makes decode attention two batched matmuls
+  over (B,K) reading the cache in place (the [B,S,K,H] layout needs a transpose or a broadcast
+  multiply-reduce: ~2x slower per cache slot on CPU)."""
+  heads = lambda a: tuple(jnp.swapaxes(x, 1, 2) for x in a)
+  return dict(cache, k=heads(cache["k"]), v=heads(cache["v"]))
 
 
-_MIN_CACHE = 64
+_MIN_CACHE = 32
 
 
 def _cache_capacity(needed: int, total: int) -> int:
-  """Cache slots to allocate for `needed` slots: 64 * 2^k (few shapes to compile), <= total."""
-  cap = _MIN_CACHE
-  while cap < needed:
-    cap *= 2
-  return min(cap, total)
+  """Cache slots to allocate for `needed` slots, <= total: `needed` rounded up to a multiple of
+  max(32, 2^(bits(needed) - 3)), i.e. at most ~1/8 (or 31 slots) of attention over empty slots and
+  ~8 shapes (decode-chunk compilations) per doubling of the length."""
+  step = max(_MIN_CACHE, 1 << max(0, needed.bit_length() - 3))
+  return min(-(-needed // step) * step, total)
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def _grow_cache(cache, size: int):
   """A split cache (see split_cache) with `size` slots: empty slots appended (pos -1)."""
-  def pad(a, fill):
+  def pad(a, fill, axis):
     widths = [(0, 0)] * a.ndim
-    widths[1] = (0, size - a.shape[1])
+    widths[axis] = (0, size - a.shape[axis])
     return jnp.pad(a, widths, constant_values=fill)
-  return dict(cache, k=tuple(pad(a, 0) for a in cache["k"]),
-              v=tuple(pad(a, 0) for a in cache["v"]), pos=pad(cache["pos"], -1))
+  return dict(cache, k=tuple(pad(a, 0, 2) for a in cache["k"]),
+              v=tuple(pad(a, 0, 2) for a in cache["v"]), pos=pad(cache["pos"], -1, 1))
 
 
-@functools.partial(jax.jit, static_argnums=(1,))
-def _prefill(params, cfg, tokens, mask, cache):
+@functools.partial(jax.jit, static_argnums=(1, 8, 9, 10, 11, 12))
+def _start(params, cfg, tokens, mask, budget, end_think, rng, version, cap, L, kv_dtype, split,
+           phase):
+  """Empty `cap`-slot cache (split per layer if `split`), prompt prefill and the decode state."""
+  B = tokens.shape[0]
+  cache = models.init_cache(cfg, B, cap, dtype=kv_dtype)
+  if split:
+    cache = split_cache(cache)   # per-layer [B,K,S,H] buffers, updated in place
   logits, cache = models.prefill(params, cfg, tokens, cache, mask)
-  return logits[:, -1], cache
+  z = lambda dt: jnp.zeros((B,), dt)
+  return dict(
+      rng=rng, logits=logits[:, -1], cache=cache,
+      tokens=jnp.zeros((B, L), jnp.int32), logprobs=jnp.zeros((B, L), jnp.float32),
+      versions=jnp.zeros((B, L), jnp.int32), policy=jnp.zeros((B, L), bool),
+      length=z(jnp.int32), think_count=z(jnp.int32), force_idx=z(jnp.int32),
+      phase=jnp.full((B,), phase, jnp.int32), answer_count=z(jnp.int32), budget=budget,
+      end_think=jnp.full((B,), end_think, jnp.int32), done=z(bool), interrupted=z(bool),
+      stopped=z(bool), logit_version=version)
 
 
 class JaxSampler(Generator):
   """Batched jitted sampler on the JAX model; see the module docstring."""
 
   def __init__(self, cfg: models.ModelConfig, params, version: int = 0, chunk_steps: int = 16,
-               end_think_token: int | None = None):
+               end_think_token: int | None = None, kv_dtype: str = "float32"):
+    """`kv_dtype`: KV-cache storage ("float32" default: log-probs equal the learner's forward to
+    float32 rounding; "bfloat16" halves cache reads, see docs/ROLLOUT.md for its log-prob error)."""
     self.cfg = cfg
+    self.kv_dtype = kv_dtype
     self._params = jax.tree.map(jnp.asarray, params)
     self._version = int(version)
     self._pending = None
@@ -296,29 +322,18 @@ class JaxSampler(Generator):
     budget = rng.integers(spec.think_budget_min, spec.think_budget_max + 1, size=B)
     end_think = (spec.think_end_tokens[0] if spec.think_end_tokens
                  else (self.end_think_token if self.end_think_token is not None else -1))
-    # The cache grows with the sequences (64 * 2^k slots, see _cache_capacity): every decode step
+    # The cache grows with the sequences (see _cache_capacity): every decode step
     # attends over all allocated slots, so a cache sized for the longest completion from the start
     # would make early steps read mostly empty slots. Scanned-layer models keep one full cache.
     grow = not self.cfg.scan_layers
     cap = _cache_capacity(P + min(self.chunk_steps, L), P + L) if grow else P + L
-    cache = models.init_cache(self.cfg, B, cap, dtype="float32")
-    if grow:
-      # One [B,S,K,H] buffer per layer: XLA then updates each in place inside the decode loop; a
-      # stacked [L,B,S,K,H] cache gets copied whole several times per step (see split_cache).
-      cache = split_cache(cache)
-    logits, cache = _prefill(self._params, self.cfg, jnp.asarray(tokens), jnp.asarray(mask), cache)
-    z = lambda dt: jnp.zeros((B,), dt)
-    state = dict(
-        rng=jax.random.PRNGKey(spec.seed), logits=logits, cache=cache,
-        tokens=jnp.zeros((B, L), jnp.int32), logprobs=jnp.zeros((B, L), jnp.float32),
-        versions=jnp.zeros((B, L), jnp.int32), policy=jnp.zeros((B, L), bool),
-        length=z(jnp.int32), think_count=z(jnp.int32), force_idx=z(jnp.int32),
-        phase=jnp.full((B,), _ANSWER if not n_int else _THINK, jnp.int32),
-        answer_count=z(jnp.int32), budget=jnp.asarray(budget, jnp.int32),
-        end_think=jnp.full((B,), end_think, jnp.int32), done=z(bool),
-        interrupted=z(bool), stopped=z(bool), logit_version=jnp.int32(self._version))
-    interrupt = jnp.asarray(list(spec.interruption_tokens) or [0], jnp.int32)
-    stop = jnp.asarray(list(spec.stop_tokens) or [-1], jnp.int32)
+    # One jitted call builds the cache, runs the prompt and the whole state (no per-array
+    # dispatches); host scalars go in as numpy values (no device ops to create them).
+    state = _start(self._params, self.cfg, tokens, mask, budget.astype(np.int32),
+                   np.int32(end_think), jax.random.PRNGKey(spec.seed), np.int32(self._version),
+                   cap, L, self.kv_dtype, grow, _ANSWER if not n_int else _THINK)
+    interrupt = np.asarray(list(spec.interruption_tokens) or [0], np.int32)
+    stop = np.asarray(list(spec.stop_tokens) or [-1], np.int32)
     # Without interruption tokens there is no thinking phase: the whole completion is the answer.
     answer_budget = spec.answer_budget if n_int else L
     chunk = 0
@@ -326,14 +341,14 @@ class JaxSampler(Generator):
       if grow and cap < P + min(start + self.chunk_steps, L):
         cap = _cache_capacity(P + min(start + self.chunk_steps, L), P + L)
         state["cache"] = _grow_cache(state["cache"], cap)
-      consts = (interrupt, stop, jnp.float32(spec.temperature), jnp.float32(spec.top_p),
-                jnp.int32(answer_budget), jnp.int32(self._version))
-      state = _decode_chunk(self._params, self.cfg, state, min(self.chunk_steps, L - start), consts,
-                            spec.top_p < 1.0)
+      consts = (interrupt, stop, np.float32(spec.temperature), np.float32(spec.top_p),
+                np.int32(answer_budget), np.int32(self._version))
+      state, all_done = _decode_chunk(self._params, self.cfg, state,
+                                      min(self.chunk_steps, L - start), consts, spec.top_p < 1.0)
       chunk += 1
       if self.on_chunk is not None:
         self.on_chunk(chunk)
-      if bool(jnp.all(state["done"])):
+      if bool(all_done):
         break
       self._swap_if_pending()
     host = jax.device_get({k: state[k] for k in ("tokens", "logprobs", "versions", "policy",
