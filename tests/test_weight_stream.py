@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import zlib
 
 import grpc
@@ -104,7 +106,16 @@ def test_multi_host_publish_and_resumable_publisher_and_fetcher():
     ack = a.publish()
     assert not ack.visible and sorted(ack.missing_chunks) == b.own
     assert StreamFetcher(c).fetch(0, wait_timeout_s=0) is None        # not visible yet
+    out = {}
+    waiting = StreamFetcher(c)       # long-polls: gets a's chunks now, b's as they arrive (pipelined)
+    t = threading.Thread(target=lambda: out.update(r=waiting.fetch(0, wait_timeout_s=20)))
+    t.start()
+    time.sleep(0.5)
+    assert waiting.received_chunks == len(a.own) and t.is_alive()     # a's half already forwarded
     assert b.publish().visible
+    t.join(20)
+    v, got = out["r"]
+    assert v == 1 and _same(got, params) and waiting.received_chunks == n
     v, got = StreamFetcher(c).fetch(0, wait_timeout_s=5)
     assert v == 1 and _same(got, params)
 
@@ -174,6 +185,26 @@ def test_streamed_chunks_are_validated():
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     again = StreamPublisher(c, 5, _params(3), chunk_bytes=4096, process_index=0)
     assert again.publish().visible                      # idempotent re-publish of the same version
+  finally:
+    c.close()
+    srv.stop()
+
+
+def test_streamed_version_survives_buffer_restart_from_wal(tmp_path):
+  """A visible streamed version is persisted in the WAL's weights.bin and served after a restart."""
+  wal = str(tmp_path / "wal")
+  srv = _server(wal_dir=wal)
+  c = BufferClient(srv.address, TOKEN)
+  params = _params(7)
+  assert StreamPublisher(c, 4, params, chunk_bytes=4096, process_index=0).publish().visible
+  c.close()
+  srv.stop()
+  srv = _server(wal_dir=wal)
+  c = BufferClient(srv.address, TOKEN)
+  try:
+    assert srv.wal_report["weights_version"] == 4 and srv.state.version == 4
+    v, got = StreamFetcher(c).fetch(-1, wait_timeout_s=5)
+    assert v == 4 and _same(got, params)
   finally:
     c.close()
     srv.stop()

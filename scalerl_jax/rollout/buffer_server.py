@@ -371,6 +371,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   ap.add_argument("--mode", choices=admission.MODES, default="pipeline")
   ap.add_argument("--max-message-bytes", type=int, default=64 << 20)
   ap.add_argument("--lease-ttl-s", type=float, default=120.0)
+  ap.add_argument("--max-weight-bytes", type=int, default=64 << 30)
+  ap.add_argument("--weight-chunk-bytes", type=int, default=4 << 20,
+                  help="FetchWeights chunk size of blob versions (streamed ones keep their chunks)")
   ap.add_argument("--max-completion-tokens", type=int, default=32768)
   ap.add_argument("--shuffle-seed", type=int, default=None)
   ap.add_argument("--npr-threshold", type=float, default=None,
@@ -402,7 +405,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      limits=val.Limits(max_completion_tokens=a.max_completion_tokens),
                      shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
                      npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
-                     wal_fsync_interval_s=a.wal_fsync_interval_s).start()
+                     wal_fsync_interval_s=a.wal_fsync_interval_s,
+                     max_weight_bytes=a.max_weight_bytes,
+                     weight_chunk_bytes=a.weight_chunk_bytes).start()
   out = {"port": srv.port, "address": srv.address}
   if srv.wal is not None:
     out["wal"] = srv.wal_report

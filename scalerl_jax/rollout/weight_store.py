@@ -159,7 +159,9 @@ class Version:
     self.manifest_raw = manifest_raw            # streamed: the first message, as sent to fetchers
     self.sizes = sizes or []
     self.chunks: list[Optional[bytes]] = [None] * len(self.sizes)
+    self.order: list[int] = []                  # chunk indices in arrival order (fetchers follow it)
     self.missing = len(self.sizes)
+    self.dropped = False                        # evicted before completion (fetchers give up)
 
   @property
   def streamed(self) -> bool:
@@ -185,7 +187,7 @@ class Version:
     _, sizes = check_manifest(head.manifest, max_bytes)
     v = Version(head.version, head.format, head.sha256, head.total_bytes, manifest_raw=msgs[0],
                 sizes=sizes)
-    v.chunks, v.missing = msgs[1:], 0
+    v.chunks, v.missing, v.order = msgs[1:], 0, list(range(len(msgs) - 1))
     return v
 
 
@@ -308,7 +310,8 @@ class WeightStore:
         v = self.pending[h.version] = Version(h.version, h.format, h.sha256, h.total_bytes,
                                               manifest_raw=mraw, sizes=sizes)
         for old in sorted(self.pending)[:-self.max_pending]:   # bound memory: newest few only
-          del self.pending[old]
+          self.pending.pop(old).dropped = True
+        self.cv.notify_all()                                  # pipelined fetchers may start
     for item in request_iterator:
       c = srv._req(item, context)
       ch = c.head
@@ -324,9 +327,12 @@ class WeightStore:
       with self.cv:
         if v.chunks[i] is None:
           v.chunks[i] = c.raw
+          v.order.append(i)
           v.missing -= 1
           if v.missing == 0:
             self._make_visible(context, v, None, v.format)
+          else:
+            self.cv.notify_all()
     with self.cv:
       return pb.PublishAck(version=h.version, total_bytes=h.total_bytes,
                            missing_chunks=v.missing_list(), visible=v.missing == 0)
@@ -348,7 +354,7 @@ class WeightStore:
     srv._call(context, srv.state.set_version, v.version, meta)
     self.visible = v
     for old in [k for k in self.pending if k <= v.version]:
-      del self.pending[old]
+      self.pending.pop(old).dropped = old != v.version
     self.cv.notify_all()
 
   # ---- fetch / watch -----------------------------------------------------------------------------
@@ -363,21 +369,20 @@ class WeightStore:
                  f"chunk_bytes {chunk} outside [1024, {srv.weight_chunk_bytes * 4}]")
     end = time.time() + timeout
     with self.cv:
-      while self.visible is None or self.visible.version <= r.have_version:
+      while True:
+        v = self._newest(r.have_version, r.streamed and timeout > 0)
         left = end - time.time()
-        if left <= 0 or not context.is_active():
-          return
+        if v is not None or left <= 0 or not context.is_active():
+          break
         self.cv.wait(min(left, 0.25))
-      v = self.visible
+    if v is None:
+      return
     if v.streamed:
       if not r.streamed:
         srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                    f"version {v.version} was streamed; fetch it with streamed=true")
-      skip = set(r.have_chunks) if r.resume_version == v.version else ()
-      yield v.manifest_raw
-      for i, raw in enumerate(v.chunks):
-        if i not in skip:
-          yield raw
+      yield from self._stream(v, set(r.have_chunks) if r.resume_version == v.version else (),
+                              context, max(timeout, 10.0))
       return
     view = memoryview(v.payload)
     head = dict(version=v.version, total_bytes=v.total_bytes, sha256=v.sha256, format=v.format)
@@ -385,6 +390,34 @@ class WeightStore:
       h = pb.WeightChunk(offset=off, **head).SerializeToString()
       part = view[off:off + chunk]
       yield b"".join((h, bytes((_DATA_TAG,)), varint_bytes(len(part)), part))
+
+  def _newest(self, have: int, streamed: bool) -> Optional[Version]:
+    """Under cv: the newest version above `have`: the visible one, or for streamed fetchers also a
+    version still being published (pipelined: its chunks are forwarded as they arrive)."""
+    best = self.visible if self.visible is not None and self.visible.version > have else None
+    if streamed and self.pending:
+      top = self.pending[max(self.pending)]
+      if top.version > have and (best is None or top.version > best.version):
+        best = top
+    return best
+
+  def _stream(self, v: Version, skip, context, stall_s: float):
+    """Manifest, then v's chunks in arrival order, waiting for the rest while it is published; ends
+    early (a short stream, which the fetcher resumes) if v is superseded or stalls for stall_s."""
+    yield v.manifest_raw
+    pos, n = 0, len(v.sizes)
+    while pos < n:
+      with self.cv:
+        t_wait = time.time()
+        while pos == len(v.order):
+          if v.dropped or not context.is_active() or time.time() - t_wait > stall_s:
+            return
+          self.cv.wait(0.25)
+        ready = v.order[pos:]
+      pos += len(ready)
+      for i in ready:
+        if i not in skip:
+          yield v.chunks[i]
 
   def watch(self, request, context):
     """WatchVersion handler: one notice per newly visible version."""
