@@ -208,3 +208,36 @@ def test_streamed_version_survives_buffer_restart_from_wal(tmp_path):
   finally:
     c.close()
     srv.stop()
+
+
+def test_worker_takes_streamed_and_blob_versions():
+  """The generator worker's fetch path: a streamed version becomes JaxSampler params as is; a blob
+  (safetensors) version still works through the same fetcher."""
+  import jax
+  import ml_collections
+  from scalerl_jax import models, runtime
+  from scalerl_jax.rollout import worker as W
+  cfg = models.get_preset("tiny_llama3", vocab_size=128, d_model=64, num_layers=2, num_heads=2,
+                          num_kv_heads=1, head_dim=32, ffn_dim=96, dtype="float32")
+  params = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(1)))
+  srv = _server(max_message_bytes=8 << 20)
+  c = BufferClient(srv.address, TOKEN)
+  try:
+    w = W.Worker.__new__(W.Worker)
+    w.fetcher, w.model_cfg = StreamFetcher(c), cfg
+    c.publish_weights(0, runtime.params_to_payload(cfg, params), runtime.WEIGHTS_FORMAT)
+    v, weights = w._fetch(-1, 5)
+    assert v == 0 and weights["kind"] == "blob"
+    conf = ml_collections.ConfigDict({"generator": {"chunk_steps": 4}})
+    w.gen = W._make_generator("jax", conf, cfg, weights, v, "/tmp")
+    assert _same(w.gen.params, params)
+    new = jax.tree.map(lambda x: x + np.float32(1), params)
+    StreamPublisher(c, 1, new, chunk_bytes=16 << 10, process_index=0).publish()
+    v, weights = w._fetch(0, 5)
+    assert v == 1 and weights["kind"] == "params" and _same(weights["params"], new)
+    w.gen.set_params(weights["params"], v)
+    w.gen._swap_if_pending()
+    assert w.gen.version == 1 and _same(jax.tree.map(np.asarray, w.gen.params), new)
+  finally:
+    c.close()
+    srv.stop()

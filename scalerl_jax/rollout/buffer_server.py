@@ -10,7 +10,8 @@ As a process:
 Security: every RPC needs `authorization: Bearer <token>` (checked by a server interceptor before any
 handler runs). Requests are parsed by our own deserializers so garbage bytes become INVALID_ARGUMENT,
 and every field is validated (validation.py). Rollout payloads are stored as the bytes received and
-spliced unchanged into the learner's batches (no re-encoding). This module must not import jax.
+spliced unchanged into the learner's batches (no re-encoding). The weight RPCs (PublishWeights,
+FetchWeights, WatchVersion) live in weight_store.py. This module must not import jax.
 """
 from __future__ import annotations
 
