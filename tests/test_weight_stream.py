@@ -110,7 +110,10 @@ def test_multi_host_publish_and_resumable_publisher_and_fetcher():
     waiting = StreamFetcher(c)       # long-polls: gets a's chunks now, b's as they arrive (pipelined)
     t = threading.Thread(target=lambda: out.update(r=waiting.fetch(0, wait_timeout_s=20)))
     t.start()
-    time.sleep(0.5)
+    deadline = time.time() + 20
+    while waiting.received_chunks < len(a.own) and time.time() < deadline:
+      time.sleep(0.02)
+    time.sleep(0.2)
     assert waiting.received_chunks == len(a.own) and t.is_alive()     # a's half already forwarded
     assert b.publish().visible
     t.join(20)
@@ -123,12 +126,19 @@ def test_multi_host_publish_and_resumable_publisher_and_fetcher():
     params2 = _params(2)
     p = StreamPublisher(c, 2, params2, chunk_bytes=2048, process_index=0)
     total = len(p.own)
-    p.on_chunk = lambda i: (_ for _ in ()).throw(Boom()) if p.sent_chunks == 5 else None
+    def brk(i):
+      if p.sent_chunks == 5:      # break once the buffer has stored 3 of the 5 chunks sent
+        deadline = time.time() + 10
+        while (2 not in srv.weights.pending or srv.weights.pending[2].missing > total - 3) and \
+            time.time() < deadline:
+          time.sleep(0.01)
+        raise Boom()
+    p.on_chunk = brk
     with pytest.raises((Boom, grpc.RpcError)):
       p.publish(retries=0)
     p.on_chunk = None
     missing = p.resume_list()
-    assert total - 5 <= len(missing) < total          # <= 5 arrived before the break
+    assert total - 5 <= len(missing) <= total - 3     # 3..5 chunks arrived before the break
     p.sent_chunks = 0
     assert p.publish(missing).visible and p.sent_chunks == len(missing)
 
@@ -238,6 +248,29 @@ def test_worker_takes_streamed_and_blob_versions():
     w.gen.set_params(weights["params"], v)
     w.gen._swap_if_pending()
     assert w.gen.version == 1 and _same(jax.tree.map(np.asarray, w.gen.params), new)
+  finally:
+    c.close()
+    srv.stop()
+
+
+def test_bf16_on_the_wire():
+  """wire_dtype="bfloat16": float32 leaves arrive as bf16, equal to ml_dtypes' cast bit for bit,
+  and the wire carries half the bytes."""
+  import ml_dtypes
+  srv = _server(max_message_bytes=8 << 20)
+  c = BufferClient(srv.address, TOKEN)
+  try:
+    params = _params(9)
+    p = StreamPublisher(c, 1, params, chunk_bytes=4096, process_index=0, wire_dtype="bfloat16")
+    assert p.publish().visible
+    f = StreamFetcher(c)
+    v, got = f.fetch(0, wait_timeout_s=5)
+    want = {"embed": params["embed"].astype(ml_dtypes.bfloat16),
+            "layers": [{k: x.astype(ml_dtypes.bfloat16) for k, x in l.items()}
+                       for l in params["layers"]],
+            "scale": params["scale"].astype(ml_dtypes.bfloat16)}
+    assert v == 1 and _same(got, want)
+    assert f.received_bytes * 2 == sum(x.nbytes for _, x in flatten(params))
   finally:
     c.close()
     srv.stop()

@@ -163,11 +163,13 @@ class BufferClient:
     """PublishWeights from serialized WeightChunks (no retry; weight_stream.StreamPublisher)."""
     return self._publish(messages, metadata=self._md, timeout=timeout)
 
-  def publish_params(self, version: int, params, chunk_bytes: int = 8 << 20) -> pb.PublishAck:
+  def publish_params(self, version: int, params, chunk_bytes: int = 8 << 20,
+                     wire_dtype: Optional[str] = None) -> pb.PublishAck:
     """Streams a params pytree (sharded jax.Arrays or numpy) as `version`, this host's chunks only
-    (weight_stream.StreamPublisher: per-chunk CRC-32, resumable)."""
+    (weight_stream.StreamPublisher: per-chunk CRC-32, resumable; wire_dtype="bfloat16" casts
+    float32 leaves chunk by chunk)."""
     from scalerl_jax.rollout.weight_stream import StreamPublisher
-    return StreamPublisher(self, version, params, chunk_bytes).publish()
+    return StreamPublisher(self, version, params, chunk_bytes, wire_dtype=wire_dtype).publish()
 
   def watch_versions(self, have_version: int = -1) -> Iterator[pb.VersionNotice]:
     """Server-stream of notices, one per newly visible weight version (cancel by closing)."""

@@ -110,12 +110,15 @@ def _split(start, ext, itemsize: int, chunk_bytes: int):
   return out
 
 
-def build_manifest(params, chunk_bytes: int = 8 << 20):
-  """(manifest dict, leaves, [(leaf index, box start, box extent, shard start, owner device)])."""
+def build_manifest(params, chunk_bytes: int = 8 << 20, wire_dtype: Optional[str] = None):
+  """(manifest dict, leaves, [(leaf index, box start, box extent, shard start, owner device)]).
+  `wire_dtype="bfloat16"`: float32 leaves travel (and arrive) as bf16 (round-to-nearest-even)."""
   flat = flatten(params)
   tensors, chunks, plan = [], [], []
   for t, (path, leaf) in enumerate(flat):
     dt = np.dtype(leaf.dtype)
+    if wire_dtype and dt == np.float32:
+      dt = _np_dtype(wire_dtype)
     tensors.append({"name": path, "dtype": dt.name, "itemsize": dt.itemsize,
                     "shape": [int(d) for d in np.shape(leaf)]})
     for bstart, bext, dev in _boxes(leaf):
@@ -129,9 +132,12 @@ class StreamPublisher:
   """Streams this host's chunks of one params version to the buffer (see module docstring)."""
 
   def __init__(self, client, version: int, params, chunk_bytes: int = 8 << 20,
-               process_index: Optional[int] = None):
+               process_index: Optional[int] = None, wire_dtype: Optional[str] = None):
+    """`wire_dtype="bfloat16"` halves the bytes of float32 params (e.g. fp32 master weights for a
+    bf16 generator); the generator then receives bf16 arrays."""
     self.client, self.version = client, int(version)
-    self.manifest, self.leaves, self.plan = build_manifest(params, chunk_bytes)
+    self.manifest, self.leaves, self.plan = build_manifest(params, chunk_bytes, wire_dtype)
+    self._dtypes = [_np_dtype(t["dtype"]) for t in self.manifest["tensors"]]
     text = json.dumps(self.manifest, separators=(",", ":"))
     self.sha256 = hashlib.sha256(text.encode()).hexdigest()
     self.total_bytes = sum(_nbytes(self.manifest, i) for i in range(len(self.plan)))
@@ -165,7 +171,9 @@ class StreamPublisher:
       if self.on_chunk is not None:
         self.on_chunk(i)
       host = self._host_chunk(i)
-      view = memoryview(host).cast("B")
+      if host.dtype != self._dtypes[self.plan[i][0]]:
+        host = host.astype(self._dtypes[self.plan[i][0]])      # wire cast, one chunk at a time
+      view = memoryview(host.reshape(-1).view(np.uint8))
       msg = ws.encode_chunk(self.version, i, view, zlib.crc32(view))
       self.peak_chunk_bytes = max(self.peak_chunk_bytes, len(msg) + (
           host.nbytes if host.base is None else 0))
