@@ -31,7 +31,9 @@ Streamed path (weight_stream.py; what `ours` measures):
                   forwards each chunk as it arrives (publish and fetch overlap), then the load.
                   Here learner and generator are threads of ONE process (they share the GIL and
                   these CPUs), unlike the deployed layout (three processes).
-  *_cpu_s rows: this process's CPU seconds (all threads), less sensitive to a loaded machine.
+  *_cpu_s rows: CPU seconds (all threads) of this process plus the buffer process: the cost,
+                  much less sensitive to a loaded machine than wall time.
+ours_MB_per_cpu_s / peer_MB_per_cpu_s: model MB per CPU-second of the same two chains.
 The buffer runs as its own process (as deployed; `--in-process-buffer` for the old layout).
 
 ours = MB/s learner params -> JAX sampler over the streamed path: stream_publish + stream_fetch +
@@ -101,16 +103,32 @@ class _BufferProcess:
          "--weight-chunk-bytes", str(weight_chunk_bytes)],
         env=dict(os.environ, SCALERL_BUFFER_TOKEN=token), stdout=subprocess.PIPE, text=True)
     self.address = json.loads(self.proc.stdout.readline())["address"]
+    _SERVER_PID[0] = self.proc.pid
 
   def stop(self):
     self.proc.terminate()
     self.proc.wait(30)
 
 
-def _t(fn):
-  t0 = time.perf_counter()
+_SERVER_PID = [None]   # the buffer process, whose CPU seconds count too
+
+
+def cpu_s() -> float:
+  """CPU seconds (user + system, all threads) of this process plus the buffer process."""
+  t = time.process_time()
+  if _SERVER_PID[0]:
+    with open(f"/proc/{_SERVER_PID[0]}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+    t += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+  return t
+
+
+def _t(st: dict, name: str, fn):
+  """Runs fn; st[name] = wall seconds, st[name + "_cpu_s"] = CPU seconds (cpu_s)."""
+  t0, c0 = time.perf_counter(), cpu_s()
   out = fn()
-  return out, time.perf_counter() - t0
+  st[name], st[name + "_cpu_s"] = time.perf_counter() - t0, cpu_s() - c0
+  return out
 
 
 def main(argv=None):
@@ -167,12 +185,12 @@ def main(argv=None):
     for rep in range(args.repeats):
       version = 10 * rep + 1
       st = {}
-      named, st["to_host"] = _t(lambda: [(k, np.ascontiguousarray(v))
+      named = _t(st, "to_host", lambda: [(k, np.ascontiguousarray(v))
                                          for k, v in models.hf_named_arrays(cfg, params)])
       from safetensors.numpy import save
-      payload, st["encode"] = _t(lambda: save(dict(named)))
+      payload = _t(st, "encode", lambda: save(dict(named)))
       # Proposed encoder (same format, checked below): views of the learner params, one copy.
-      direct, st["encode_direct_proposed"] = _t(lambda: encode_direct(
+      direct = _t(st, "encode_direct_proposed", lambda: encode_direct(
           [(k, v) for k, v in models.hf_named_arrays(cfg, params)]))
       from safetensors.numpy import load as st_load
       ref = st_load(payload)
@@ -180,14 +198,14 @@ def main(argv=None):
       assert ref.keys() == dec.keys() and all(np.array_equal(ref[k], dec[k]) for k in ref)
       del named, direct, dec, ref
       import hashlib
-      _, st["sha256_once_ref"] = _t(lambda: hashlib.sha256(payload).hexdigest())
-      _, st["publish"] = _t(lambda: client.publish_weights(
+      _ = _t(st, "sha256_once_ref", lambda: hashlib.sha256(payload).hexdigest())
+      _ = _t(st, "publish", lambda: client.publish_weights(
           version, payload, fmt=runtime.WEIGHTS_FORMAT, chunk_bytes=args.chunk_mb << 20))
-      got, st["fetch"] = _t(lambda: client.fetch_weights(have_version=version - 1))
+      got = _t(st, "fetch", lambda: client.fetch_weights(have_version=version - 1))
       v, fetched, fmt = got
       assert v == version and len(fetched) == len(payload)
-      naive, st["decode_naive"] = _t(lambda: runtime.payload_to_named(fetched, fmt))
-      fast, st["decode_zero_copy"] = _t(lambda: named_from_safetensors(fetched))
+      naive = _t(st, "decode_naive", lambda: runtime.payload_to_named(fetched, fmt))
+      fast = _t(st, "decode_zero_copy", lambda: named_from_safetensors(fetched))
       assert naive.keys() == fast.keys()
       for k in fast:   # zero-copy views hold the same values as the safetensors decode
         assert fast[k].dtype == naive[k].dtype and np.array_equal(fast[k], naive[k]), k
@@ -195,9 +213,9 @@ def main(argv=None):
         sampler.load_weights(named, version)
         sampler._swap_if_pending()   # what generate() does between chunks  pylint: disable=protected-access
         jax.block_until_ready(sampler.params)
-      _, st["load_jax_naive"] = _t(lambda: load(naive))
+      _ = _t(st, "load_jax_naive", lambda: load(naive))
       del naive
-      _, st["load_jax_zero_copy"] = _t(lambda: load(fast))
+      _ = _t(st, "load_jax_zero_copy", lambda: load(fast))
       assert sampler.version == version
       del fast, fetched, got
       st.update(measure_stream(client, sampler, params, 10 * rep + 2, args.stream_chunk_mb << 20))
@@ -216,6 +234,10 @@ def main(argv=None):
   med = lambda xs: float(np.median(xs))
   stream = ("stream_publish", "stream_fetch", "stream_load_jax")
   ours = mb / med([sum(r["stages_s"][k] for k in stream) for r in runs])
+  cpu_total = lambda r, ks: sum(r["stages_s"][k + "_cpu_s"] for k in ks)
+  naive = common + ("decode_naive", "load_jax_naive")
+  ours_cpu = mb / med([cpu_total(r, stream) for r in runs])
+  peer_cpu = mb / med([cpu_total(r, naive) for r in runs])
   pipelined = mb / med([r["stages_s"]["stream_pipelined"] for r in runs])
   peer = mb / med([total(r["stages_s"], "naive") for r in runs])
   blob_fast = mb / med([total(r["stages_s"], "zero_copy") for r in runs])
@@ -231,6 +253,8 @@ def main(argv=None):
       "ours": ours, "peer": peer, "unit": "MB/s", "ratio": ours / peer,
       "vllm_MBps": (vllm or {}).get("e2e_bf16_MBps"), "vllm": vllm, "stages": stages,
       "blob_zero_copy_MBps": blob_fast, "stream_pipelined_MBps": pipelined,
+      "ours_MB_per_cpu_s": ours_cpu, "peer_MB_per_cpu_s": peer_cpu,
+      "cpu_ratio": ours_cpu / peer_cpu,
       "repeats": args.repeats,
       "model_MB": mb, "stream_chunk_MB": args.stream_chunk_mb, "publish_chunk_MB": args.chunk_mb,
       "fetch_chunk_MB": args.fetch_chunk_mb,
@@ -246,7 +270,7 @@ def measure_stream(client, sampler, params, version: int, chunk_bytes: int) -> d
   import threading
   import jax
   from scalerl_jax.rollout.weight_stream import StreamFetcher, StreamPublisher
-  st, clock, cpu = {}, time.perf_counter, time.process_time
+  st, clock, cpu = {}, time.perf_counter, cpu_s
   w0, c0 = clock(), cpu()
   StreamPublisher(client, version, params, chunk_bytes).publish()
   w1, c1 = clock(), cpu()
