@@ -274,3 +274,23 @@ def test_bf16_on_the_wire():
   finally:
     c.close()
     srv.stop()
+
+
+def test_incomplete_version_superseded_by_a_newer_one():
+  """A version still missing chunks when a newer one becomes visible is dropped: its publisher gets
+  FAILED_PRECONDITION and the newer version stays visible."""
+  srv = _server(max_message_bytes=8 << 20)
+  c = BufferClient(srv.address, TOKEN)
+  try:
+    old = StreamPublisher(c, 1, _params(1), chunk_bytes=2048, process_index=0)
+    ack = c.publish_raw(old.messages(old.own[:3]))          # a stream that ends 3 chunks in
+    assert not ack.visible and len(ack.missing_chunks) == len(old.own) - 3
+    assert StreamPublisher(c, 2, _params(2), chunk_bytes=2048, process_index=0).publish().visible
+    with pytest.raises(grpc.RpcError) as e:
+      c.publish_raw(old.messages(old.own[3:]))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    v, got = StreamFetcher(c).fetch(0, wait_timeout_s=5)
+    assert v == 2 and _same(got, _params(2)) and srv.weights.version == 2
+  finally:
+    c.close()
+    srv.stop()

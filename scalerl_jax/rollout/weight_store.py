@@ -325,6 +325,9 @@ class WeightStore:
       if zlib.crc32(c.data) != ch.crc32:
         srv._abort(context, grpc.StatusCode.DATA_LOSS, f"chunk {i}: crc32 mismatch")
       with self.cv:
+        if v.dropped:
+          srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                     f"version {h.version} was superseded before it was complete")
         if v.chunks[i] is None:
           v.chunks[i] = c.raw
           v.order.append(i)

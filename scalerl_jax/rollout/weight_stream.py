@@ -189,8 +189,9 @@ class StreamPublisher:
     return [i for i in ack.missing_chunks if i in own]
 
   def publish(self, indices=None, retries: int = 5) -> pb.PublishAck:
-    """Sends this host's chunks (or `indices`); after a broken stream, resends only the chunks the
-    buffer reports missing. Returns the last PublishAck (visible once every host's chunks are in)."""
+    """Sends this host's chunks (or `indices` first), then whatever of this host's chunks the
+    buffer still lacks; after a broken stream only those are resent. Returns the last PublishAck
+    (visible once every host's chunks are in)."""
     todo = list(self.own if indices is None else indices)
     for attempt in range(retries + 1):
       try:
