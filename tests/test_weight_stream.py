@@ -88,8 +88,10 @@ def test_sharded_learner_streams_to_generator_process_bit_exact_bounded_memory(t
   # Learner: never a gathered copy: Python heap peak < 4 chunks (vs. the 2x-model payload before).
   assert lj["peak_chunk_bytes"] <= chunk + 1024
   assert lj["traced_peak"] < 5 * chunk, lj["traced_peak"]
+  assert lj["rss_growth"] < 0.25 * M, lj["rss_growth"]   # process-wide too (gRPC buffers included)
   # Generator: the new model once, plus a few messages in flight: < 1.2x the model.
   assert M <= gj["traced_peak"] < 1.2 * M, (gj["traced_peak"], M)
+  assert gj["rss_growth"] < 1.5 * M, gj["rss_growth"]    # process-wide, gRPC buffers included
 
 
 def test_multi_host_publish_and_resumable_publisher_and_fetcher():

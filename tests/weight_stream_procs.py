@@ -1,10 +1,11 @@
 """Processes of tests/test_weight_stream.py (run as `python tests/weight_stream_procs.py ROLE ...`).
 
-learner ADDRESS VERSION CHUNK_BYTES: a sharded tiny Llama on 8 simulated CPU devices (XLA_FLAGS set
-  by the test) streams its params; prints JSON with the per-leaf sha256s, model bytes, shard count
-  and the Python-heap peak (tracemalloc) during the publish.
-generator ADDRESS: fetches the newest streamed version into fresh arrays, loads it into a JaxSampler;
-  prints JSON with per-leaf sha256s and the tracemalloc peak during the fetch.
+learner ADDRESS VERSION CHUNK_BYTES: publishes a warm-up version 1, then a sharded tiny Llama on 8
+  simulated CPU devices (XLA_FLAGS set by the test) streams its params as VERSION; prints JSON with
+  the per-leaf sha256s, model bytes, shard count, the Python-heap peak (tracemalloc) and the peak
+  RSS growth during the publish.
+generator ADDRESS: fetches the first version newer than 1 into fresh arrays, loads it into a
+  JaxSampler; prints JSON with per-leaf sha256s, the tracemalloc peak and peak RSS growth.
 Both read the buffer token from SCALERL_BUFFER_TOKEN.
 """
 import hashlib
@@ -22,6 +23,12 @@ def model():
   from scalerl_jax import models
   return models.get_preset("tiny_llama3", vocab_size=2048, d_model=256, num_layers=4, num_heads=4,
                            num_kv_heads=2, head_dim=64, ffn_dim=768, dtype="float32")
+
+
+def rss_now() -> int:
+  """Resident set size now, bytes (peak growth = ru_maxrss afterwards minus this)."""
+  with open("/proc/self/status") as f:
+    return int(f.read().split("VmRSS:")[1].split()[0]) * 1024
 
 
 def leaf_hashes(params):
@@ -45,7 +52,9 @@ def learner(address, version, chunk_bytes):
   largest = max(x.nbytes for x in leaves)
   n_sharded = sum(not x.sharding.is_fully_replicated for x in leaves)
   c = BufferClient(address, os.environ["SCALERL_BUFFER_TOKEN"])
-  rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  # Warm-up: version 1, one small leaf (connects the channel; the generator waits for > 1).
+  StreamPublisher(c, 1, {"warm_up": np.zeros(4, np.float32)}).publish()
+  rss0 = rss_now()
   tracemalloc.start()
   t0 = time.perf_counter()
   pub = StreamPublisher(c, int(version), params, chunk_bytes=int(chunk_bytes))
@@ -53,12 +62,13 @@ def learner(address, version, chunk_bytes):
   dt = time.perf_counter() - t0
   _, peak = tracemalloc.get_traced_memory()
   tracemalloc.stop()
+  rss_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0
   print(json.dumps(dict(
-      hashes=leaf_hashes(params), model_bytes=model_bytes, largest_leaf_bytes=largest,
+      hashes=leaf_hashes(params), rss_growth=rss_growth, model_bytes=model_bytes,
+      largest_leaf_bytes=largest,
       devices=jax.device_count(), sharded_leaves=n_sharded, chunks=len(pub.plan),
       sent_chunks=pub.sent_chunks, visible=ack.visible, publish_s=dt, traced_peak=peak,
-      peak_chunk_bytes=pub.peak_chunk_bytes,
-      rss_growth=(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024)))
+      peak_chunk_bytes=pub.peak_chunk_bytes)))
 
 
 def generator(address):
@@ -69,10 +79,10 @@ def generator(address):
   cfg = model()
   c = BufferClient(address, os.environ["SCALERL_BUFFER_TOKEN"])
   f = StreamFetcher(c)
-  rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  rss0 = rss_now()
   tracemalloc.start()
   t0 = time.perf_counter()
-  version, params = f.fetch(-1, wait_timeout_s=60)
+  version, params = f.fetch(1, wait_timeout_s=60)
   dt = time.perf_counter() - t0
   _, peak = tracemalloc.get_traced_memory()
   tracemalloc.stop()
@@ -81,7 +91,7 @@ def generator(address):
   hashes = leaf_hashes(sampler.params)
   print(json.dumps(dict(version=version, hashes=hashes, fetch_s=dt, traced_peak=peak,
                         received_bytes=f.received_bytes, peak_message_bytes=f.peak_message_bytes,
-                        rss_growth=(rss1 - rss0) * 1024, devices=jax.device_count())))
+                        rss_growth=rss1 * 1024 - rss0, devices=jax.device_count())))
 
 
 if __name__ == "__main__":
