@@ -1,11 +1,11 @@
 """Weight-push bandwidth: learner params -> gRPC buffer -> JAX sampler / vLLM, stage by stage.
 
-  python -m bench.weights [--d-model 1024] [--layers 8] [--ffn 1280] [--vocab 8192] [--repeats 2]
-                          [--skip-vllm] [--vllm-eager]
+  python -m bench.weights [--d-model 1024] [--layers 8] [--ffn 1280] [--vocab 8192] [--repeats 3]
+                          [--stream-chunk-mb 8] [--skip-vllm] [--vllm-eager] [--in-process-buffer]
 
 Model: a random `tiny_llama3`-shaped Llama (defaults: d 1024, 8 layers, 16 heads, 8 KV heads,
 head_dim 64, ffn 1280, vocab 8192: ~73M parameters, ~290 MB float32), learner params as jax arrays.
-The buffer (`BufferServer`, with an auth token) runs in this process on loopback.
+The buffer (`buffer_server`, with an auth token) runs as its own process on loopback.
 
 Stages of the real path (each timed separately; MB = float32 payload bytes / 1e6):
   to_host   learner params (jax) -> HF-named numpy arrays (`models.hf_named_arrays`, contiguous)
