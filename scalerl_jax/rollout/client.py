@@ -139,7 +139,8 @@ class BufferClient:
   def fetch_weights(self, have_version: int = -1, wait_timeout_s: float = 0.0
                     ) -> Optional[tuple[int, bytes, str]]:
     """Newest weights newer than `have_version` as (version, payload, format), or None on timeout.
-    The sha256 is verified here as well."""
+    The sha256 is verified here as well. Blob versions only: a streamed version (publish_params)
+    raises FAILED_PRECONDITION; use weight_stream.StreamFetcher, which takes both."""
     def once():
       req = pb.FetchWeightsRequest(have_version=have_version, wait_timeout_s=wait_timeout_s)
       parts, head = [], None
