@@ -10,15 +10,15 @@ As a process:
 Security: every RPC needs `authorization: Bearer <token>` (checked by a server interceptor before any
 handler runs). Requests are parsed by our own deserializers so garbage bytes become INVALID_ARGUMENT,
 and every field is validated (validation.py). Rollout payloads are stored as the bytes received and
-spliced unchanged into the learner's batches (no re-encoding; the fast path is in wire.py).
-This module must not import jax.
+spliced unchanged into the learner's batches (no re-encoding; the fast path is in wire.py). The
+weight RPCs (PublishWeights, FetchWeights, WatchVersion) live in weight_store.py. This module must
+not import jax.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import concurrent.futures
-import hashlib
 import hmac
 import json
 import logging
@@ -37,6 +37,7 @@ from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout import validation as val
 from scalerl_jax.rollout import wal as walmod
 from scalerl_jax.rollout import wal_state
+from scalerl_jax.rollout import weight_store
 from scalerl_jax.rollout.generator import PromptSpec
 from scalerl_jax.rollout.wire import Malformed, parse_push, parser, serialize, tune_malloc
 
@@ -53,15 +54,6 @@ def channel_options(max_message_bytes: int) -> list:
           ("grpc.so_reuseport", 0)]
 
 
-class _Weights:
-  """Newest published weights; a version becomes visible only after its sha256 checked out."""
-
-  def __init__(self):
-    self.version = 0
-    self.payload: Optional[bytes] = None
-    self.sha256 = ""
-    self.format = ""
-    self.cv = threading.Condition()
 
 
 class _AuthInterceptor(grpc.ServerInterceptor):
@@ -113,14 +105,13 @@ class BufferServer:
         shuffle_seed=shuffle_seed, npr_threshold=npr_threshold)
     self.limits, self.max_weight_bytes = limits, max_weight_bytes
     self.weight_chunk_bytes = weight_chunk_bytes
-    self.weights = _Weights()
+    self.weights = weight_store.WeightStore(self)
     self.wal: Optional[walmod.WAL] = None
     self.wal_report: dict = {}
     if wal_dir:
       self._open_wal(wal_dir, wal_fsync, wal_fsync_interval_s, learner_state)
-    elif learner_state is not None:
-      self.wal_report = {"resume": self.state.apply_learner_state(learner_state)}
-      self.weights.version = self.state.version
+    elif learner_state is not None:   # no weights survive a WAL-less restart: the learner
+      self.wal_report = {"resume": self.state.apply_learner_state(learner_state)}   # republishes
     self._rejected: collections.Counter = collections.Counter()
     self._bytes_in = self._bytes_out = 0
     self._mlock = threading.Lock()
@@ -166,16 +157,14 @@ class BufferServer:
     got = walmod.load_weights(wal_dir)
     if got is not None:
       head, payload = got
-      w = self.weights
-      w.version, w.payload, w.sha256, w.format = head["version"], payload, head["sha256"], head["format"]
+      self.weights.restore(head, payload)
       if head["version"] > self.state.version:   # crash between weights.bin and its VERSION record
         self.state.version = head["version"]
         self.state.weights_meta = dict(head)
       report["weights_version"] = head["version"]
     report["resume"] = self.state.apply_learner_state(learner_state)
     if self.weights.version != self.state.version:    # rewound: those weights are of a lost step
-      self.weights = _Weights()
-      self.weights.version = self.state.version
+      self.weights = weight_store.WeightStore(self)     # (the learner republishes its checkpoint)
       if os.path.exists(os.path.join(wal_dir, walmod.WEIGHTS_FILE)):
         os.remove(os.path.join(wal_dir, walmod.WEIGHTS_FILE))
     self.wal = walmod.WAL(wal_dir, fsync=fsync, fsync_interval_s=interval_s)
@@ -207,11 +196,11 @@ class BufferServer:
         "PullBatch": grpc.unary_stream_rpc_method_handler(
             self._pull, parser(pb.PullRequest), serialize),
         "PublishWeights": grpc.stream_unary_rpc_method_handler(
-            self._publish, parser(pb.WeightChunk), serialize),
+            self.weights.publish, weight_store.parse_weight_message, serialize),
         "FetchWeights": grpc.unary_stream_rpc_method_handler(
-            self._fetch, parser(pb.FetchWeightsRequest), serialize),
+            self.weights.fetch, parser(pb.FetchWeightsRequest), serialize),
         "WatchVersion": grpc.unary_stream_rpc_method_handler(
-            self._watch, parser(pb.WatchRequest), serialize),
+            self.weights.watch, parser(pb.WatchRequest), serialize),
         "GetStatus": grpc.unary_unary_rpc_method_handler(
             self._status, parser(pb.StatusRequest), serialize),
         "Heartbeat": grpc.unary_unary_rpc_method_handler(
@@ -263,98 +252,6 @@ class BufferServer:
       self._bytes_out += batch.num_bytes
     yield pb.BatchItem(summary=batch.summary)
 
-  def _publish(self, request_iterator, context):
-    sha = hashlib.sha256()
-    parts, header, got = [], None, 0
-    for item in request_iterator:
-      c = self._req(item, context)
-      if header is None:
-        header = c
-        if c.version < 0:
-          self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"version {c.version} < 0")
-        if c.total_bytes > self.max_weight_bytes:
-          self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                      f"total_bytes {c.total_bytes} > limit {self.max_weight_bytes}")
-        if len(c.sha256) != 64 or any(ch not in "0123456789abcdef" for ch in c.sha256):
-          self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                      "sha256 must be 64 lowercase hex chars")
-        if len(c.format) > self.limits.max_id_chars:
-          self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "format string too long")
-      elif (c.version, c.total_bytes, c.sha256) != (header.version, header.total_bytes,
-                                                     header.sha256):
-        self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                    "chunk header (version, total_bytes, sha256) differs from the first chunk")
-      if c.offset != got:
-        self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                    f"chunk offset {c.offset} but {got} bytes received so far")
-      if got + len(c.data) > header.total_bytes:
-        self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                    f"chunks exceed total_bytes {header.total_bytes}")
-      sha.update(c.data)
-      parts.append(c.data)
-      got += len(c.data)
-    if header is None:
-      self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no chunks sent")
-    if got != header.total_bytes:
-      self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                  f"received {got} of total_bytes {header.total_bytes}")
-    if sha.hexdigest() != header.sha256:
-      self._abort(context, grpc.StatusCode.DATA_LOSS,
-                  f"sha256 mismatch: payload has {sha.hexdigest()}, header says {header.sha256}")
-    w = self.weights
-    with w.cv:
-      cur, has = w.version, w.payload is not None
-      if header.version == cur and has and header.sha256 == w.sha256:
-        return pb.PublishAck(version=cur, total_bytes=got)          # idempotent re-publish
-      if header.version < cur or (header.version == cur and has):
-        self._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
-                    f"version {header.version} is not newer than published version {cur}")
-      payload = b"".join(parts)
-      meta = dict(sha256=header.sha256, format=header.format, total_bytes=got)
-      if self.wal is not None:   # the payload file first: a replayed VERSION always has its weights
-        try:
-          self.wal.save_weights(header.version, payload, header.sha256, header.format)
-        except OSError as e:
-          self._abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot persist weights: {e}")
-      # Admission first: a generator can only stamp the new version after fetching its payload.
-      self._call(context, self.state.set_version, header.version, meta)
-      w.payload, w.sha256, w.format = payload, header.sha256, header.format
-      w.version = header.version
-      w.cv.notify_all()
-    return pb.PublishAck(version=header.version, total_bytes=got)
-
-  def _fetch(self, request, context):
-    r = self._req(request, context)
-    timeout = self._call(context, val.check_timeout, r.wait_timeout_s, "wait_timeout_s", self.limits)
-    chunk = r.chunk_bytes or self.weight_chunk_bytes
-    if not 1024 <= chunk <= self.weight_chunk_bytes * 4:
-      self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                  f"chunk_bytes {chunk} outside [1024, {self.weight_chunk_bytes * 4}]")
-    w, end = self.weights, time.time() + timeout
-    with w.cv:
-      while w.payload is None or w.version <= r.have_version:
-        left = end - time.time()
-        if left <= 0 or not context.is_active():
-          return
-        w.cv.wait(min(left, 0.25))
-      payload, version, sha, fmt = w.payload, w.version, w.sha256, w.format
-    view = memoryview(payload)
-    for off in range(0, max(len(payload), 1), chunk):
-      yield pb.WeightChunk(version=version, total_bytes=len(payload), sha256=sha, format=fmt,
-                           offset=off, data=bytes(view[off:off + chunk]))
-
-  def _watch(self, request, context):
-    have = self._req(request, context).have_version
-    w = self.weights
-    while context.is_active():
-      with w.cv:
-        if w.version <= have or w.payload is None:
-          w.cv.wait(0.25)
-          continue
-        have = w.version
-        notice = pb.VersionNotice(version=w.version, total_bytes=len(w.payload), sha256=w.sha256)
-      yield notice
-
   def _status(self, request, context):
     self._req(request, context)
     with self._mlock:
@@ -398,6 +295,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   ap.add_argument("--mode", choices=admission.MODES, default="pipeline")
   ap.add_argument("--max-message-bytes", type=int, default=64 << 20)
   ap.add_argument("--lease-ttl-s", type=float, default=120.0)
+  ap.add_argument("--max-weight-bytes", type=int, default=64 << 30)
+  ap.add_argument("--weight-chunk-bytes", type=int, default=4 << 20,
+                  help="FetchWeights chunk size of blob versions (streamed ones keep their chunks)")
   ap.add_argument("--max-completion-tokens", type=int, default=32768)
   ap.add_argument("--shuffle-seed", type=int, default=None)
   ap.add_argument("--npr-threshold", type=float, default=None,
@@ -433,7 +333,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
                      npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
                      wal_fsync_interval_s=a.wal_fsync_interval_s,
-                     learner_state=wal_state.read_learner_state(a.learner_state)).start()
+                     learner_state=wal_state.read_learner_state(a.learner_state),
+                     max_weight_bytes=a.max_weight_bytes,
+                     weight_chunk_bytes=a.weight_chunk_bytes).start()
   out = {"port": srv.port, "address": srv.address}
   if srv.wal is not None or srv.wal_report:
     out["wal"] = srv.wal_report

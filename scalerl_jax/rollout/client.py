@@ -73,6 +73,7 @@ class BufferClient:
     self._pull = self._ch.unary_stream(m("PullBatch"), ser, pb.BatchItem.FromString)
     self._publish = self._ch.stream_unary(m("PublishWeights"), ser, pb.PublishAck.FromString)
     self._fetch = self._ch.unary_stream(m("FetchWeights"), ser, pb.WeightChunk.FromString)
+    self._fetch_raw = self._ch.unary_stream(m("FetchWeights"), ser, _ident)
     self._watch = self._ch.unary_stream(m("WatchVersion"), ser, pb.VersionNotice.FromString)
     self._status = self._ch.unary_unary(m("GetStatus"), ser, pb.Status.FromString)
     self._heartbeat = self._ch.unary_unary(m("Heartbeat"), ser, pb.HeartbeatResponse.FromString)
@@ -138,7 +139,8 @@ class BufferClient:
   def fetch_weights(self, have_version: int = -1, wait_timeout_s: float = 0.0
                     ) -> Optional[tuple[int, bytes, str]]:
     """Newest weights newer than `have_version` as (version, payload, format), or None on timeout.
-    The sha256 is verified here as well."""
+    The sha256 is verified here as well. Blob versions only: a streamed version (publish_params)
+    raises FAILED_PRECONDITION; use weight_stream.StreamFetcher, which takes both."""
     def once():
       req = pb.FetchWeightsRequest(have_version=have_version, wait_timeout_s=wait_timeout_s)
       parts, head = [], None
@@ -153,6 +155,22 @@ class BufferClient:
     if len(payload) != head.total_bytes or hashlib.sha256(payload).hexdigest() != head.sha256:
       raise IOError(f"weights version {head.version}: size or sha256 mismatch after transfer")
     return head.version, payload, head.format
+
+  def fetch_raw(self, request: pb.FetchWeightsRequest, timeout: float):
+    """FetchWeights without parsing (serialized WeightChunks; weight_stream.StreamFetcher)."""
+    return self._fetch_raw(request, metadata=self._md, timeout=timeout)
+
+  def publish_raw(self, messages: Iterable[bytes], timeout: float = 600) -> pb.PublishAck:
+    """PublishWeights from serialized WeightChunks (no retry; weight_stream.StreamPublisher)."""
+    return self._publish(messages, metadata=self._md, timeout=timeout)
+
+  def publish_params(self, version: int, params, chunk_bytes: int = 8 << 20,
+                     wire_dtype: Optional[str] = None) -> pb.PublishAck:
+    """Streams a params pytree (sharded jax.Arrays or numpy) as `version`, this host's chunks only
+    (weight_stream.StreamPublisher: per-chunk CRC-32, resumable; wire_dtype="bfloat16" casts
+    float32 leaves chunk by chunk)."""
+    from scalerl_jax.rollout.weight_stream import StreamPublisher
+    return StreamPublisher(self, version, params, chunk_bytes, wire_dtype=wire_dtype).publish()
 
   def watch_versions(self, have_version: int = -1) -> Iterator[pb.VersionNotice]:
     """Server-stream of notices, one per newly visible weight version (cancel by closing)."""

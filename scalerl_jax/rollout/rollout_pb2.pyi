@@ -186,38 +186,54 @@ class BatchItem(_message.Message):
     def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ..., summary: _Optional[_Union[BatchSummary, _Mapping]] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "total_bytes", "sha256", "format", "offset", "data")
+    __slots__ = ("version", "total_bytes", "sha256", "format", "offset", "data", "crc32", "manifest", "chunk_index")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDEX_FIELD_NUMBER: _ClassVar[int]
     version: int
     total_bytes: int
     sha256: str
     format: str
     offset: int
     data: bytes
-    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., format: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    crc32: int
+    manifest: str
+    chunk_index: int
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., sha256: _Optional[str] = ..., format: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ..., manifest: _Optional[str] = ..., chunk_index: _Optional[int] = ...) -> None: ...
 
 class PublishAck(_message.Message):
-    __slots__ = ("version", "total_bytes")
+    __slots__ = ("version", "total_bytes", "missing_chunks", "visible")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    VISIBLE_FIELD_NUMBER: _ClassVar[int]
     version: int
     total_bytes: int
-    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    missing_chunks: _containers.RepeatedScalarFieldContainer[int]
+    visible: bool
+    def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., missing_chunks: _Optional[_Iterable[int]] = ..., visible: _Optional[bool] = ...) -> None: ...
 
 class FetchWeightsRequest(_message.Message):
-    __slots__ = ("have_version", "wait_timeout_s", "chunk_bytes")
+    __slots__ = ("have_version", "wait_timeout_s", "chunk_bytes", "streamed", "resume_version", "have_chunks")
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_FIELD_NUMBER: _ClassVar[int]
+    RESUME_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HAVE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     have_version: int
     wait_timeout_s: float
     chunk_bytes: int
-    def __init__(self, have_version: _Optional[int] = ..., wait_timeout_s: _Optional[float] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    streamed: bool
+    resume_version: int
+    have_chunks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, have_version: _Optional[int] = ..., wait_timeout_s: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., streamed: _Optional[bool] = ..., resume_version: _Optional[int] = ..., have_chunks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("have_version",)

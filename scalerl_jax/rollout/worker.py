@@ -29,22 +29,24 @@ import grpc
 from scalerl_jax import runtime
 from scalerl_jax.rollout import codec, interruption
 from scalerl_jax.rollout.client import BufferClient, assignment_prompt
+from scalerl_jax.rollout.weight_stream import StreamFetcher
 
 log = logging.getLogger("scalerl.worker")
 
 
-def _make_generator(backend, config, model_cfg, named, version, workdir):
+def _make_generator(backend, config, model_cfg, weights, version, workdir):
+  """`weights`: our-layout params (a streamed version) or HF-named arrays (a blob version)."""
+  from scalerl_jax.models import hf_io
+  params = weights["params"] if weights["kind"] == "params" else hf_io.params_from_hf_tensors(
+      model_cfg, weights["named"].__getitem__)
   if backend == "jax":
-    from scalerl_jax.models import hf_io
     from scalerl_jax.rollout.sampler import JaxSampler
-    params = hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
     return JaxSampler(model_cfg, params, version=version,
                       chunk_steps=int(config.generator.get("chunk_steps", 16)))
   from scalerl_jax import models
-  from scalerl_jax.models import hf_io
   from scalerl_jax.rollout.vllm_generator import VLLMGenerator
   model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
-  models.save_hf(model_cfg, hf_io.params_from_hf_tensors(model_cfg, named.__getitem__), model_dir)
+  models.save_hf(model_cfg, params, model_dir)
   r = config.rollout
   return VLLMGenerator(
       model_dir, dtype="float32" if model_cfg.dtype == "float32" else "bfloat16",
@@ -73,12 +75,12 @@ class Worker:
                                retry_budget_s=float(config.generator.get("retry_budget_s", 60.0)))
     self.dataset = build_dataset(config.data, config.rollout.max_prompt_len)
     self.model_cfg = runtime.model_config(config)
+    self.fetcher = StreamFetcher(self.client)
     got = None
     while got is None:   # the learner publishes version 0 before training starts
-      got = self.client.fetch_weights(-1, wait_timeout_s=60)
-    version, payload, fmt = got
-    self.gen = _make_generator(backend, config, self.model_cfg,
-                               runtime.payload_to_named(payload, fmt), version, workdir)
+      got = self._fetch(-1, 60)
+    version, weights = got
+    self.gen = _make_generator(backend, config, self.model_cfg, weights, version, workdir)
     self._stop = threading.Event()
     threading.Thread(target=self._watch_weights, daemon=True).start()
     self.heartbeat_s = float(config.generator.get("heartbeat_s", 10.0))
@@ -93,25 +95,50 @@ class Worker:
       except grpc.RpcError as e:
         log.warning("%s: heartbeat failed (%s)", self.id, e.code())
 
+  def _fetch(self, have: int, wait_timeout_s: float):
+    """Newest version above `have` as (version, weights) or None: weights = {"kind": "params",
+    "params": tree} for a streamed version (assembled in place, resumable), {"kind": "blob", ...}
+    for a blob one (old publishers)."""
+    got = self.fetcher.fetch(have, wait_timeout_s=wait_timeout_s)
+    if got is None:
+      return None
+    version, params = got
+    if params is not None:
+      return version, {"kind": "params", "params": params}
+    _, payload, fmt = self.fetcher.blob
+    self.fetcher.blob = None
+    if hasattr(getattr(self, "gen", None), "load_payload"):   # decoded zero-copy by the sampler
+      return version, {"kind": "blob", "payload": payload, "fmt": fmt}
+    return version, {"kind": "blob", "named": runtime.payload_to_named(payload, fmt),
+                     "payload": payload, "fmt": fmt}
+
   def _watch_weights(self):
-    """Fetches each newly published version and installs it (applied between decode chunks)."""
+    """Fetches each newly published version and installs it (applied between decode chunks).
+    Streamed versions arrive while the learner still publishes them (pipelined through the buffer);
+    a broken fetch resumes from the chunks it lacks."""
     have = self.gen.version
     while not self._stop.is_set():
       try:
-        got = self.client.fetch_weights(have, wait_timeout_s=30)
-      except grpc.RpcError as e:
+        got = self._fetch(have, wait_timeout_s=30)
+      except (grpc.RpcError, IOError) as e:
         if self._stop.is_set():
           return
-        log.warning("%s: weight fetch failed (%s); retrying", self.id, e.code())
+        log.warning("%s: weight fetch failed (%s); retrying", self.id, getattr(e, "code", e))
         time.sleep(1.0)
         continue
       if got is None:
         continue
-      version, payload, fmt = got
-      if hasattr(self.gen, "load_payload"):   # JAX sampler: zero-copy decode of the payload
-        self.gen.load_payload(payload, version, fmt)
+      version, w = got
+      if w["kind"] == "params":
+        if hasattr(self.gen, "set_params"):      # JAX sampler: our layout, no conversion
+          self.gen.set_params(w["params"], version)
+        else:                                    # vLLM: HF names/layout, sent tensor by tensor
+          from scalerl_jax import models
+          self.gen.load_weights(models.hf_named_arrays(self.model_cfg, w["params"]), version)
+      elif hasattr(self.gen, "load_payload"):   # JAX sampler: zero-copy decode of the payload
+        self.gen.load_payload(w["payload"], version, w["fmt"])
       else:
-        self.gen.load_weights(runtime.payload_to_named(payload, fmt), version)
+        self.gen.load_weights(w["named"], version)
       have = version
 
   def _wait_for_version(self, min_version: int):

@@ -1,0 +1,431 @@
+"""The buffer's weight store: PublishWeights / FetchWeights / WatchVersion (docs/ROLLOUT.md "Weights").
+
+Two protocols share the `WeightChunk` message (rollout.proto):
+  blob      one opaque payload (e.g. safetensors), contiguous offsets, one sha256 over the whole;
+            the version becomes visible once the sha256 matches (else DATA_LOSS).
+  streamed  a JSON manifest (tensors + chunk table, its sha256 in the header) then chunks in any
+            order, each with its own zlib CRC-32, possibly from several publishers (one per host);
+            chunks are kept as they arrive (a broken publish resumes from the missing ones, which
+            PublishAck lists), and the version becomes visible once every chunk is present and
+            verified. Fetchers get the manifest and then the chunks as the publishers' raw message
+            bytes (no re-encoding, no server-side copy); a fetcher resumes with `have_chunks`.
+
+Requests are split by `parse_weight_message` without copying `data` (a memoryview into the bytes
+gRPC handed over). This module must not import jax.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import threading
+import time
+import zlib
+from typing import Optional
+
+import grpc
+from google.protobuf import message as pb_message
+from google.protobuf import unknown_fields
+
+from scalerl_jax.rollout import rollout_pb2 as pb
+from scalerl_jax.rollout import validation as val
+
+STREAM_PREFIX = "stream:"   # WAL format tag of a persisted streamed version
+MAX_CHUNKS = 1 << 20
+_DATA_TAG = (6 << 3) | 2
+
+
+from scalerl_jax.rollout.wire import Malformed   # one type for every request parser
+
+
+class WeightMsg:
+  """A parsed WeightChunk: `head` (every field but data), `data` (memoryview), `raw` (the bytes)."""
+  __slots__ = ("head", "data", "raw")
+
+  def __init__(self, head, data, raw):
+    self.head, self.data, self.raw = head, data, raw
+
+
+def _varint(view, pos: int) -> tuple[int, int]:
+  result = shift = 0
+  while True:
+    if shift > 63:
+      raise ValueError("varint too long")
+    b = view[pos]
+    pos += 1
+    result |= (b & 0x7F) << shift
+    if not b & 0x80:
+      return result, pos
+    shift += 7
+
+
+def varint_bytes(n: int) -> bytes:
+  """Protobuf base-128 varint encoding of a non-negative int."""
+  out = bytearray()
+  while n > 0x7F:
+    out.append((n & 0x7F) | 0x80)
+    n >>= 7
+  out.append(n)
+  return bytes(out)
+
+
+def parse_weight_message(raw: bytes):
+  """Splits a serialized WeightChunk into a WeightMsg without copying `data`; Malformed if invalid
+  (bad wire format, unknown or mistyped fields)."""
+  view, pos, n, head, data = memoryview(raw), 0, len(raw), [], memoryview(b"")
+  try:
+    while pos < n:
+      start = pos
+      tag, pos = _varint(view, pos)
+      wt = tag & 7
+      if wt == 0:
+        _, pos = _varint(view, pos)
+      elif wt == 1:
+        pos += 8
+      elif wt == 5:
+        pos += 4
+      elif wt == 2:
+        size, pos = _varint(view, pos)
+        if tag == _DATA_TAG:
+          if pos + size > n:
+            return Malformed("WeightChunk: truncated data")
+          data, pos = view[pos:pos + size], pos + size
+          continue
+        pos += size
+      else:
+        return Malformed(f"WeightChunk: unsupported wire type {wt}")
+      if pos > n:
+        return Malformed("WeightChunk: truncated field")
+      head.append(view[start:pos])
+    m = pb.WeightChunk.FromString(b"".join(head))
+  except (pb_message.DecodeError, ValueError, RuntimeError, IndexError) as e:
+    return Malformed(f"cannot parse WeightChunk: {e}")
+  u = unknown_fields.UnknownFieldSet(m)
+  if len(u):
+    return Malformed(f"WeightChunk: unknown or mistyped field number(s) "
+                     f"{sorted({f.field_number for f in u})[:8]}")
+  return WeightMsg(m, data, raw)
+
+
+def encode_chunk(version: int, index: int, data, crc: int) -> bytes:
+  """One streamed chunk message: the small header, then `data` as field 6 (one copy of data)."""
+  head = pb.WeightChunk(version=version, chunk_index=index, crc32=crc).SerializeToString()
+  n = memoryview(data).nbytes
+  return b"".join((head, bytes((_DATA_TAG,)), varint_bytes(n), data))
+
+
+def check_manifest(text: str, max_bytes: int) -> tuple[dict, list[int]]:
+  """Validates a manifest; returns (manifest, nbytes per chunk). Raises ValueError.
+
+  {"tensors": [{"name": [...], "dtype": str, "shape": [...]}, ...],
+   "chunks": [[tensor_index, [start per dim], [extent per dim]], ...]} (itemsize from "itemsize")."""
+  m = json.loads(text)
+  tensors, chunks = m["tensors"], m["chunks"]
+  if not isinstance(tensors, list) or not isinstance(chunks, list) or not chunks:
+    raise ValueError("manifest needs non-empty lists 'tensors' and 'chunks'")
+  if len(chunks) > MAX_CHUNKS:
+    raise ValueError(f"{len(chunks)} chunks > {MAX_CHUNKS}")
+  sizes, total = [], 0
+  for c in chunks:
+    t, start, ext = c
+    td = tensors[t]
+    shape, item = td["shape"], int(td["itemsize"])
+    if not (len(start) == len(ext) == len(shape)) or item not in (1, 2, 4, 8):
+      raise ValueError(f"chunk {c}: rank or itemsize does not match tensor {t}")
+    if any(s < 0 or e < 0 or s + e > d for s, e, d in zip(start, ext, shape)):
+      raise ValueError(f"chunk {c}: outside tensor {t} of shape {shape}")
+    nb = item
+    for e in ext:
+      nb *= int(e)
+    sizes.append(nb)
+    total += nb
+    if total > max_bytes:
+      raise OverflowError(f"manifest total bytes exceed {max_bytes}")
+  return m, sizes
+
+
+class Version:
+  """One weight version: a blob payload, or a streamed manifest + chunk messages as received."""
+
+  def __init__(self, version: int, fmt: str, sha256: str, total_bytes: int, *, payload=None,
+               manifest_raw: Optional[bytes] = None, sizes: Optional[list[int]] = None,
+               crcs=None):
+    self.version, self.format, self.sha256, self.total_bytes = version, fmt, sha256, total_bytes
+    self.payload = payload                      # blob only
+    self.manifest_raw = manifest_raw            # streamed: the first message, as sent to fetchers
+    self.sizes = sizes or []
+    self.chunks: list[Optional[bytes]] = [None] * len(self.sizes)
+    self.order: list[int] = []                  # chunk indices in arrival order (fetchers follow it)
+    self.missing = len(self.sizes)
+    self.dropped = False                        # evicted before completion (fetchers give up)
+
+  @property
+  def streamed(self) -> bool:
+    return self.manifest_raw is not None
+
+  def missing_list(self) -> list[int]:
+    return [i for i, c in enumerate(self.chunks) if c is None]
+
+  def pack(self) -> bytes:
+    """Streamed version as one blob (WAL): u64 count, then u64-length-prefixed messages."""
+    msgs = [self.manifest_raw] + self.chunks
+    return b"".join([struct.pack("<Q", len(msgs))] + [
+        x for m in msgs for x in (struct.pack("<Q", len(m)), m)])
+
+  @staticmethod
+  def unpack(blob: bytes, max_bytes: int) -> "Version":
+    view, (n,), pos, msgs = memoryview(blob), struct.unpack_from("<Q", blob, 0), 8, []
+    for _ in range(n):
+      (size,) = struct.unpack_from("<Q", blob, pos)
+      msgs.append(bytes(view[pos + 8:pos + 8 + size]))
+      pos += 8 + size
+    head = parse_weight_message(msgs[0]).head
+    _, sizes = check_manifest(head.manifest, max_bytes)
+    v = Version(head.version, head.format, head.sha256, head.total_bytes, manifest_raw=msgs[0],
+                sizes=sizes)
+    v.chunks, v.missing, v.order = msgs[1:], 0, list(range(len(msgs) - 1))
+    return v
+
+
+class WeightStore:
+  """Newest visible weights + streamed versions being assembled; serves the three weight RPCs for
+  a `BufferServer` (`srv`: abort, call, state, wal, limits, max_weight_bytes, weight_chunk_bytes)."""
+
+  def __init__(self, srv, max_pending: int = 2):
+    self.srv, self.max_pending = srv, max_pending
+    self.visible: Optional[Version] = None
+    self.pending: dict[int, Version] = {}
+    self.cv = threading.Condition()
+
+  @property
+  def version(self) -> int:
+    return self.visible.version if self.visible else 0
+
+  def restore(self, head: dict, payload: bytes) -> None:
+    """Reloads the WAL's weights.bin (a blob, or a packed streamed version)."""
+    if head["format"].startswith(STREAM_PREFIX):
+      self.visible = Version.unpack(payload, self.srv.max_weight_bytes)
+    else:
+      self.visible = Version(head["version"], head["format"], head["sha256"], len(payload),
+                             payload=payload)
+
+  # ---- publish -----------------------------------------------------------------------------------
+  def publish(self, request_iterator, context):
+    """PublishWeights handler: dispatches on the first message (manifest -> streamed, else blob)."""
+    srv = self.srv
+    first = None
+    for first in request_iterator:
+      break
+    if first is None:
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no chunks sent")
+    first = srv._req(first, context)
+    h = first.head
+    if h.version < 0:
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"version {h.version} < 0")
+    if h.total_bytes > srv.max_weight_bytes:
+      srv._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                 f"total_bytes {h.total_bytes} > limit {srv.max_weight_bytes}")
+    if len(h.sha256) != 64 or any(ch not in "0123456789abcdef" for ch in h.sha256):
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "sha256 must be 64 lowercase hex chars")
+    if len(h.format) > srv.limits.max_id_chars:
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "format string too long")
+    if h.manifest:
+      return self._publish_streamed(first, request_iterator, context)
+    return self._publish_blob(first, request_iterator, context)
+
+  def _check_newer(self, context, version: int, sha256: str) -> bool:
+    """True if (version, sha256) is the visible version already (idempotent re-publish)."""
+    cur = self.visible
+    if cur is not None and version == cur.version and sha256 == cur.sha256:
+      return True
+    if cur is not None and version <= cur.version:
+      self.srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                      f"version {version} is not newer than published version {cur.version}")
+    return False
+
+  def _publish_blob(self, first, request_iterator, context):
+    srv, header, got, parts = self.srv, first.head, 0, []
+    sha = hashlib.sha256()
+
+    def msgs():
+      yield first
+      for item in request_iterator:
+        yield srv._req(item, context)
+    for c in msgs():
+      h = c.head
+      if (h.version, h.total_bytes, h.sha256) != (header.version, header.total_bytes,
+                                                   header.sha256) or h.manifest:
+        srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                   "chunk header (version, total_bytes, sha256) differs from the first chunk")
+      if h.offset != got:
+        srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                   f"chunk offset {h.offset} but {got} bytes received so far")
+      if got + len(c.data) > header.total_bytes:
+        srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                   f"chunks exceed total_bytes {header.total_bytes}")
+      sha.update(c.data)
+      parts.append(c.data)
+      got += len(c.data)
+    if got != header.total_bytes:
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                 f"received {got} of total_bytes {header.total_bytes}")
+    if sha.hexdigest() != header.sha256:
+      srv._abort(context, grpc.StatusCode.DATA_LOSS,
+                 f"sha256 mismatch: payload has {sha.hexdigest()}, header says {header.sha256}")
+    with self.cv:
+      if self._check_newer(context, header.version, header.sha256):
+        return pb.PublishAck(version=header.version, total_bytes=got, visible=True)
+      v = Version(header.version, header.format, header.sha256, got, payload=b"".join(parts))
+      self._make_visible(context, v, v.payload, v.format)
+    return pb.PublishAck(version=header.version, total_bytes=got, visible=True)
+
+  def _publish_streamed(self, first, request_iterator, context):
+    srv, h = self.srv, first.head
+    if first.data or hashlib.sha256(h.manifest.encode()).hexdigest() != h.sha256:
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                 "streamed publish: the first message carries only the manifest and its sha256")
+    try:
+      _, sizes = check_manifest(h.manifest, srv.max_weight_bytes)
+    except OverflowError as e:
+      srv._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad manifest: {e!r}"[:300])
+    if sum(sizes) != h.total_bytes:
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                 f"total_bytes {h.total_bytes} != manifest's {sum(sizes)}")
+    with self.cv:
+      if self._check_newer(context, h.version, h.sha256):
+        return pb.PublishAck(version=h.version, total_bytes=h.total_bytes, visible=True)
+      v = self.pending.get(h.version)
+      if v is not None and v.sha256 != h.sha256:
+        srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                   f"version {h.version} is being assembled from a different manifest")
+      if v is None:
+        mraw = pb.WeightChunk(version=h.version, total_bytes=h.total_bytes, sha256=h.sha256,
+                              format=h.format, manifest=h.manifest).SerializeToString()
+        v = self.pending[h.version] = Version(h.version, h.format, h.sha256, h.total_bytes,
+                                              manifest_raw=mraw, sizes=sizes)
+        for old in sorted(self.pending)[:-self.max_pending]:   # bound memory: newest few only
+          self.pending.pop(old).dropped = True
+        self.cv.notify_all()                                  # pipelined fetchers may start
+    for item in request_iterator:
+      c = srv._req(item, context)
+      ch = c.head
+      if ch.version != h.version or ch.manifest:
+        srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                   "streamed publish: a chunk of another version, or a second manifest")
+      i = ch.chunk_index
+      if i >= len(sizes) or len(c.data) != sizes[i]:
+        srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                   f"chunk {i}: index or size does not match the manifest")
+      if zlib.crc32(c.data) != ch.crc32:
+        srv._abort(context, grpc.StatusCode.DATA_LOSS, f"chunk {i}: crc32 mismatch")
+      with self.cv:
+        if v.dropped:
+          srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                     f"version {h.version} was superseded before it was complete")
+        if v.chunks[i] is None:
+          v.chunks[i] = c.raw
+          v.order.append(i)
+          v.missing -= 1
+          if v.missing == 0:
+            self._make_visible(context, v, None, v.format)
+          else:
+            self.cv.notify_all()
+    with self.cv:
+      return pb.PublishAck(version=h.version, total_bytes=h.total_bytes,
+                           missing_chunks=v.missing_list(), visible=v.missing == 0)
+
+  def _make_visible(self, context, v: Version, payload, fmt: str) -> None:
+    """Under cv: persist (WAL), admit the version, swap it in, wake fetchers and watchers."""
+    srv = self.srv
+    meta = dict(sha256=v.sha256, format=v.format, total_bytes=v.total_bytes)
+    if srv.wal is not None:   # the payload file first: a replayed VERSION always has its weights
+      blob, sha = payload, v.sha256
+      if v.streamed:
+        blob = v.pack()
+        sha, fmt = hashlib.sha256(blob).hexdigest(), STREAM_PREFIX + v.format
+      try:
+        srv.wal.save_weights(v.version, blob, sha, fmt)
+      except OSError as e:
+        srv._abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot persist weights: {e}")
+    # Admission first: a generator can only stamp the new version after fetching its payload.
+    srv._call(context, srv.state.set_version, v.version, meta)
+    self.visible = v
+    for old in [k for k in self.pending if k <= v.version]:
+      self.pending.pop(old).dropped = old != v.version
+    self.cv.notify_all()
+
+  # ---- fetch / watch -----------------------------------------------------------------------------
+  def fetch(self, request, context):
+    """FetchWeights handler: long-polls for a version newer than have_version, then streams it."""
+    srv = self.srv
+    r = srv._req(request, context)
+    timeout = srv._call(context, val.check_timeout, r.wait_timeout_s, "wait_timeout_s", srv.limits)
+    chunk = r.chunk_bytes or srv.weight_chunk_bytes
+    if not 1024 <= chunk <= srv.weight_chunk_bytes * 4:
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                 f"chunk_bytes {chunk} outside [1024, {srv.weight_chunk_bytes * 4}]")
+    end = time.time() + timeout
+    with self.cv:
+      while True:
+        v = self._newest(r.have_version, r.streamed and timeout > 0)
+        left = end - time.time()
+        if v is not None or left <= 0 or not context.is_active():
+          break
+        self.cv.wait(min(left, 0.25))
+    if v is None:
+      return
+    if v.streamed:
+      if not r.streamed:
+        srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                   f"version {v.version} was streamed; fetch it with streamed=true")
+      yield from self._stream(v, set(r.have_chunks) if r.resume_version == v.version else (),
+                              context, max(timeout, 10.0))
+      return
+    view = memoryview(v.payload)
+    head = dict(version=v.version, total_bytes=v.total_bytes, sha256=v.sha256, format=v.format)
+    for off in range(0, max(v.total_bytes, 1), chunk):
+      h = pb.WeightChunk(offset=off, **head).SerializeToString()
+      part = view[off:off + chunk]
+      yield b"".join((h, bytes((_DATA_TAG,)), varint_bytes(len(part)), part))
+
+  def _newest(self, have: int, streamed: bool) -> Optional[Version]:
+    """Under cv: the newest version above `have`: the visible one, or for streamed fetchers also a
+    version still being published (pipelined: its chunks are forwarded as they arrive)."""
+    best = self.visible if self.visible is not None and self.visible.version > have else None
+    if streamed and self.pending:
+      top = self.pending[max(self.pending)]
+      if top.version > have and (best is None or top.version > best.version):
+        best = top
+    return best
+
+  def _stream(self, v: Version, skip, context, stall_s: float):
+    """Manifest, then v's chunks in arrival order, waiting for the rest while it is published; ends
+    early (a short stream, which the fetcher resumes) if v is superseded or stalls for stall_s."""
+    yield v.manifest_raw
+    pos, n = 0, len(v.sizes)
+    while pos < n:
+      with self.cv:
+        t_wait = time.time()
+        while pos == len(v.order):
+          if v.dropped or not context.is_active() or time.time() - t_wait > stall_s:
+            return
+          self.cv.wait(0.25)
+        ready = v.order[pos:]
+      pos += len(ready)
+      for i in ready:
+        if i not in skip:
+          yield v.chunks[i]
+
+  def watch(self, request, context):
+    """WatchVersion handler: one notice per newly visible version."""
+    have = self.srv._req(request, context).have_version
+    while context.is_active():
+      with self.cv:
+        v = self.visible
+        if v is None or v.version <= have:
+          self.cv.wait(0.25)
+          continue
+        have = v.version
+      yield pb.VersionNotice(version=v.version, total_bytes=v.total_bytes, sha256=v.sha256)

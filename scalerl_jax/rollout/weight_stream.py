@@ -1,0 +1,299 @@
+"""Streamed weight updates: sharded learner params -> buffer -> generator, chunk by chunk.
+
+Learner (every host of a multi-host learner runs the same call):
+  pub = StreamPublisher(client, version, params)     # params: pytree of (sharded) jax.Arrays
+  ack = pub.publish()                                # sends this host's chunks; resumes on breaks
+Generator:
+  f = StreamFetcher(client)
+  got = f.fetch(have_version, wait_timeout_s=30)     # (version, params pytree) or None
+
+Format "scalerl-params-v1": the manifest lists every leaf of the params pytree (its tree path, dtype,
+global shape) and a chunk table: each chunk is a box [start, start + extent) of one leaf. The boxes
+are the distinct shards of each leaf's sharding (`devices_indices_map`, replicas once), split along
+their first dimension into pieces of at most `chunk_bytes`, so every host can compute the same table
+without any communication. A box belongs to the lowest-id device that holds it; each host sends the
+boxes whose owner device is one of its own (`process_index`), so no host ever gathers the model: it
+holds one chunk at a time (on CPU a zero-copy view of its shard; on accelerators the chunk's slice is
+copied device -> host). The buffer makes the version visible once all hosts' chunks arrived and
+their CRC-32s matched.
+
+The fetcher allocates each leaf once (np.empty, the destination) and writes every chunk's bytes
+straight into its box as the chunk arrives: the generator holds the new model once plus one chunk
+in flight. A fetch that breaks keeps what it got; the next `fetch` resumes the same version with
+`have_chunks` (the server skips them), unless a newer version was published meanwhile.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import zlib
+from typing import Any, Callable, Iterator, Optional
+
+import grpc
+import numpy as np
+
+from scalerl_jax.rollout import rollout_pb2 as pb
+from scalerl_jax.rollout import weight_store as ws
+
+FORMAT = "scalerl-params-v1"
+_RESUMABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)
+
+
+def _np_dtype(name: str) -> np.dtype:
+  if name == "bfloat16":
+    import ml_dtypes
+    return np.dtype(ml_dtypes.bfloat16)
+  return np.dtype(name)
+
+
+def _path_key(k) -> str | int:
+  if hasattr(k, "key"):
+    return k.key
+  if hasattr(k, "idx"):
+    return int(k.idx)
+  if hasattr(k, "name"):
+    return k.name
+  raise TypeError(f"unsupported pytree key {k!r}")
+
+
+def flatten(params) -> list[tuple[list, Any]]:
+  """[(path as a list of dict keys / list indices, leaf)] in pytree order."""
+  import jax
+  leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+  return [([_path_key(k) for k in path], leaf) for path, leaf in leaves]
+
+
+def unflatten(paths: list[list], leaves: list) -> Any:
+  """Nested dicts (str keys) / lists (int keys) from `flatten`'s paths."""
+  root: dict = {}
+  for path, leaf in zip(paths, leaves):
+    node = root
+    for k in path[:-1]:
+      node = node.setdefault(k, {})
+    node[path[-1]] = leaf
+
+  def fix(n):
+    if isinstance(n, dict):
+      if n and all(isinstance(k, int) for k in n):
+        return [fix(n[i]) for i in range(len(n))]
+      return {k: fix(v) for k, v in n.items()}
+    return n
+  return fix(root)
+
+
+def _boxes(leaf) -> list[tuple[tuple[int, ...], tuple[int, ...], Any]]:
+  """Distinct shards of a leaf as (start, extent, owner device or None for host arrays)."""
+  shape = tuple(int(d) for d in np.shape(leaf))
+  sharding = getattr(leaf, "sharding", None)
+  if sharding is None:
+    return [((0,) * len(shape), shape, None)]
+  seen: dict = {}
+  for dev, idx in sorted(sharding.devices_indices_map(shape).items(), key=lambda kv: kv[0].id):
+    start = tuple(s.indices(d)[0] for s, d in zip(idx, shape))
+    ext = tuple(len(range(*s.indices(d))) for s, d in zip(idx, shape))
+    seen.setdefault((start, ext), dev)        # the lowest device id holding the box owns it
+  return [(s, e, d) for (s, e), d in seen.items()]
+
+
+def _split(start, ext, itemsize: int, chunk_bytes: int):
+  """Splits a box along its first dimension into pieces of at most chunk_bytes (>= one row)."""
+  if not ext:
+    return [(start, ext)]
+  row = itemsize * math.prod(ext[1:])
+  rows = max(1, chunk_bytes // max(row, 1))
+  out = []
+  for r in range(0, max(ext[0], 1), rows):
+    n = min(rows, ext[0] - r)
+    out.append(((start[0] + r,) + tuple(start[1:]), (n,) + tuple(ext[1:])))
+  return out
+
+
+def build_manifest(params, chunk_bytes: int = 8 << 20, wire_dtype: Optional[str] = None):
+  """(manifest dict, leaves, [(leaf index, box start, box extent, shard start, owner device)]).
+  `wire_dtype="bfloat16"`: float32 leaves travel (and arrive) as bf16 (round-to-nearest-even)."""
+  flat = flatten(params)
+  tensors, chunks, plan = [], [], []
+  for t, (path, leaf) in enumerate(flat):
+    dt = np.dtype(leaf.dtype)
+    if wire_dtype and dt == np.float32:
+      dt = _np_dtype(wire_dtype)
+    tensors.append({"name": path, "dtype": dt.name, "itemsize": dt.itemsize,
+                    "shape": [int(d) for d in np.shape(leaf)]})
+    for bstart, bext, dev in _boxes(leaf):
+      for s, e in _split(bstart, bext, dt.itemsize, chunk_bytes):
+        chunks.append([t, list(s), list(e)])
+        plan.append((t, s, e, bstart, dev))
+  return {"format": FORMAT, "tensors": tensors, "chunks": chunks}, [l for _, l in flat], plan
+
+
+class StreamPublisher:
+  """Streams this host's chunks of one params version to the buffer (see module docstring)."""
+
+  def __init__(self, client, version: int, params, chunk_bytes: int = 8 << 20,
+               process_index: Optional[int] = None, wire_dtype: Optional[str] = None):
+    """`wire_dtype="bfloat16"` halves the bytes of float32 params (e.g. fp32 master weights for a
+    bf16 generator); the generator then receives bf16 arrays."""
+    self.client, self.version = client, int(version)
+    self.manifest, self.leaves, self.plan = build_manifest(params, chunk_bytes, wire_dtype)
+    self._dtypes = [_np_dtype(t["dtype"]) for t in self.manifest["tensors"]]
+    text = json.dumps(self.manifest, separators=(",", ":"))
+    self.sha256 = hashlib.sha256(text.encode()).hexdigest()
+    self.total_bytes = sum(_nbytes(self.manifest, i) for i in range(len(self.plan)))
+    self._first = pb.WeightChunk(version=self.version, total_bytes=self.total_bytes,
+                                 sha256=self.sha256, format=FORMAT, manifest=text
+                                 ).SerializeToString()
+    if process_index is None:
+      import jax
+      process_index = jax.process_index()
+    self.own = [i for i, p in enumerate(self.plan)
+                if p[4] is None or p[4].process_index == process_index]
+    self.sent_chunks = self.sent_bytes = 0
+    self.peak_chunk_bytes = 0            # largest host buffer this publisher held at once
+    self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
+
+  def _host_chunk(self, i: int) -> np.ndarray:
+    t, s, e, bstart, dev = self.plan[i]
+    leaf = self.leaves[t]
+    if dev is not None:
+      shard = next(sh for sh in leaf.addressable_shards if sh.device == dev)
+      rel = tuple(slice(a - b, a - b + n) for a, b, n in zip(s, bstart, e))
+      if dev.platform == "cpu":
+        return np.ascontiguousarray(np.asarray(shard.data)[rel])   # a view unless the box is strided
+      return np.ascontiguousarray(np.asarray(shard.data[rel]))      # device -> host: this chunk only
+    return np.ascontiguousarray(np.asarray(leaf)[tuple(slice(a, a + n) for a, n in zip(s, e))])
+
+  def messages(self, indices) -> Iterator[bytes]:
+    """The manifest message, then one encoded chunk per index (one copy of each chunk's bytes)."""
+    yield self._first
+    for i in indices:
+      if self.on_chunk is not None:
+        self.on_chunk(i)
+      host = self._host_chunk(i)
+      if host.dtype != self._dtypes[self.plan[i][0]]:
+        host = host.astype(self._dtypes[self.plan[i][0]])      # wire cast, one chunk at a time
+      view = memoryview(host.reshape(-1).view(np.uint8))
+      msg = ws.encode_chunk(self.version, i, view, zlib.crc32(view))
+      self.peak_chunk_bytes = max(self.peak_chunk_bytes, len(msg) + (
+          host.nbytes if host.base is None else 0))
+      self.sent_chunks += 1
+      self.sent_bytes += host.nbytes
+      del host, view
+      yield msg
+
+  def missing(self) -> list[int]:
+    """Chunks of this host the buffer still lacks (a manifest-only publish)."""
+    ack = self.client.publish_raw(iter([self._first]))
+    own = set(self.own)
+    return [i for i in ack.missing_chunks if i in own]
+
+  def publish(self, indices=None, retries: int = 5) -> pb.PublishAck:
+    """Sends this host's chunks (or `indices` first), then whatever of this host's chunks the
+    buffer still lacks; after a broken stream only those are resent. Returns the last PublishAck
+    (visible once every host's chunks are in)."""
+    todo = list(self.own if indices is None else indices)
+    for attempt in range(retries + 1):
+      try:
+        ack = self.client.publish_raw(self.messages(todo))
+        own = set(self.own)
+        todo = [i for i in ack.missing_chunks if i in own]
+        if not todo:
+          return ack
+      except grpc.RpcError as e:
+        if e.code() not in _RESUMABLE or attempt == retries:
+          raise
+        todo = self.resume_list()
+    raise IOError(f"version {self.version}: chunks still missing after {retries} retries")
+
+  def resume_list(self) -> list[int]:
+    """Missing chunks of this host, asking the buffer (retrying while it is unavailable)."""
+    return self.client._retry(self.missing)  # pylint: disable=protected-access
+
+
+def _nbytes(manifest, i: int) -> int:
+  t, _, ext = manifest["chunks"][i]
+  return manifest["tensors"][t]["itemsize"] * math.prod(ext)
+
+
+class StreamFetcher:
+  """Fetches streamed versions into freshly allocated arrays; resumable (see module docstring)."""
+
+  def __init__(self, client):
+    self.client = client
+    self._partial: Optional[dict] = None    # version, manifest, dests, have (set of chunk ids)
+    self.received_chunks = self.received_bytes = 0
+    self.peak_message_bytes = 0
+    self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
+    self.blob: Optional[tuple[int, bytes, str]] = None      # a blob-protocol version, if served
+
+  def fetch(self, have_version: int = -1, wait_timeout_s: float = 0.0):
+    """Newest version newer than `have_version` as (version, params pytree), None on timeout.
+    A blob version (old publishers) comes back as (version, None) with `self.blob` set."""
+    p = self._partial
+    req = pb.FetchWeightsRequest(have_version=have_version, wait_timeout_s=wait_timeout_s,
+                                 streamed=True)
+    if p is not None and p["version"] > have_version:
+      req.resume_version, req.have_chunks[:] = p["version"], sorted(p["have"])
+    stream = self.client.fetch_raw(req, timeout=wait_timeout_s + 600)
+    try:
+      return self._consume(stream)
+    finally:
+      stream.cancel()   # no-op once the stream ended; frees the call after a break
+
+  def _consume(self, stream):
+    p = self._partial
+    first = next(stream, None)
+    if first is None:
+      return None
+    m = ws.parse_weight_message(first)
+    if isinstance(m, ws.Malformed):
+      raise IOError(m.err)
+    if not m.head.manifest:
+      return self._blob(m, stream)
+    h = m.head
+    if hashlib.sha256(h.manifest.encode()).hexdigest() != h.sha256:
+      raise IOError(f"version {h.version}: manifest sha256 mismatch")
+    if p is None or p["version"] != h.version or p["sha256"] != h.sha256:
+      manifest = json.loads(h.manifest)
+      dests = [np.empty(t["shape"], _np_dtype(t["dtype"])) for t in manifest["tensors"]]
+      p = self._partial = dict(version=h.version, sha256=h.sha256, manifest=manifest,
+                               dests=dests, have=set())
+    manifest, dests, have = p["manifest"], p["dests"], p["have"]
+    for raw in stream:
+      self.peak_message_bytes = max(self.peak_message_bytes, len(raw))
+      c = ws.parse_weight_message(raw)
+      if isinstance(c, ws.Malformed):
+        raise IOError(c.err)
+      i = c.head.chunk_index
+      if c.head.version != h.version or i >= len(manifest["chunks"]):
+        raise IOError(f"chunk {i} of version {c.head.version} does not fit version {h.version}")
+      if zlib.crc32(c.data) != c.head.crc32:
+        raise IOError(f"version {h.version} chunk {i}: crc32 mismatch after transfer")
+      t, s, e = manifest["chunks"][i]
+      dst = dests[t][tuple(slice(a, a + n) for a, n in zip(s, e)) + (Ellipsis,)]   # a view
+      if c.data.nbytes != dst.nbytes:
+        raise IOError(f"chunk {i}: {c.data.nbytes} bytes for a box of {dst.nbytes}")
+      dst[...] = np.frombuffer(c.data, dst.dtype).reshape(dst.shape)
+      have.add(i)
+      self.received_chunks += 1
+      self.received_bytes += c.data.nbytes
+      del c, raw
+      if self.on_chunk is not None:
+        self.on_chunk(i)
+    if len(have) != len(manifest["chunks"]):
+      raise IOError(f"version {h.version}: stream ended with {len(have)} of "
+                    f"{len(manifest['chunks'])} chunks (fetch again to resume)")
+    self._partial = None
+    names = [t["name"] for t in manifest["tensors"]]
+    return h.version, unflatten(names, dests)
+
+  def _blob(self, m, stream):
+    h, parts = m.head, [m.data]
+    for raw in stream:
+      parts.append(ws.parse_weight_message(raw).data)
+    payload = b"".join(parts)
+    if len(payload) != h.total_bytes or hashlib.sha256(payload).hexdigest() != h.sha256:
+      raise IOError(f"weights version {h.version}: size or sha256 mismatch after transfer")
+    self.blob = (h.version, payload, h.format)
+    return h.version, None
