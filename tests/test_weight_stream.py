@@ -91,7 +91,8 @@ def test_sharded_learner_streams_to_generator_process_bit_exact_bounded_memory(t
   assert lj["rss_growth"] < 0.25 * M, lj["rss_growth"]   # process-wide too (gRPC buffers included)
   # Generator: the new model once, plus a few messages in flight: < 1.2x the model.
   assert M <= gj["traced_peak"] < 1.2 * M, (gj["traced_peak"], M)
-  assert gj["rss_growth"] < 1.5 * M, gj["rss_growth"]    # process-wide, gRPC buffers included
+  # process-wide (gRPC buffers, allocator slack included; sampled peak): measured 1.26-1.44x
+  assert gj["rss_growth"] < 1.75 * M, gj["rss_growth"]
 
 
 def test_multi_host_publish_and_resumable_publisher_and_fetcher():

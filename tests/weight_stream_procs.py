@@ -11,7 +11,6 @@ Both read the buffer token from SCALERL_BUFFER_TOKEN.
 import hashlib
 import json
 import os
-import resource
 import sys
 import time
 import tracemalloc
@@ -29,6 +28,30 @@ def rss_now() -> int:
   """Resident set size now, bytes (peak growth = ru_maxrss afterwards minus this)."""
   with open("/proc/self/status") as f:
     return int(f.read().split("VmRSS:")[1].split()[0]) * 1024
+
+
+class RssPeak:
+  """Samples VmRSS every millisecond in a thread: the peak while the block runs, minus the start.
+
+  (ru_maxrss would also count peaks from before the block, e.g. JAX start-up.)"""
+
+  def __enter__(self):
+    import threading
+    self.start, self.peak, self._stop = rss_now(), 0, threading.Event()
+
+    def poll():
+      while not self._stop.is_set():
+        self.peak = max(self.peak, rss_now())
+        self._stop.wait(0.001)
+    self._t = threading.Thread(target=poll, daemon=True)
+    self._t.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._t.join()
+    self.peak = max(self.peak, rss_now())
+    self.growth = max(0, self.peak - self.start)
 
 
 def leaf_hashes(params):
@@ -54,15 +77,15 @@ def learner(address, version, chunk_bytes):
   c = BufferClient(address, os.environ["SCALERL_BUFFER_TOKEN"])
   # Warm-up: version 1, one small leaf (connects the channel; the generator waits for > 1).
   StreamPublisher(c, 1, {"warm_up": np.zeros(4, np.float32)}).publish()
-  rss0 = rss_now()
   tracemalloc.start()
   t0 = time.perf_counter()
-  pub = StreamPublisher(c, int(version), params, chunk_bytes=int(chunk_bytes))
-  ack = pub.publish()
+  with RssPeak() as rss:
+    pub = StreamPublisher(c, int(version), params, chunk_bytes=int(chunk_bytes))
+    ack = pub.publish()
   dt = time.perf_counter() - t0
   _, peak = tracemalloc.get_traced_memory()
   tracemalloc.stop()
-  rss_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0
+  rss_growth = rss.growth
   print(json.dumps(dict(
       hashes=leaf_hashes(params), rss_growth=rss_growth, model_bytes=model_bytes,
       largest_leaf_bytes=largest,
@@ -79,19 +102,18 @@ def generator(address):
   cfg = model()
   c = BufferClient(address, os.environ["SCALERL_BUFFER_TOKEN"])
   f = StreamFetcher(c)
-  rss0 = rss_now()
   tracemalloc.start()
   t0 = time.perf_counter()
-  version, params = f.fetch(1, wait_timeout_s=60)
+  with RssPeak() as rss:
+    version, params = f.fetch(1, wait_timeout_s=60)
   dt = time.perf_counter() - t0
   _, peak = tracemalloc.get_traced_memory()
   tracemalloc.stop()
-  rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   sampler = JaxSampler(cfg, params, version=version)          # the generator takes them as is
   hashes = leaf_hashes(sampler.params)
   print(json.dumps(dict(version=version, hashes=hashes, fetch_s=dt, traced_peak=peak,
                         received_bytes=f.received_bytes, peak_message_bytes=f.peak_message_bytes,
-                        rss_growth=rss1 * 1024 - rss0, devices=jax.device_count())))
+                        rss_growth=rss.growth, devices=jax.device_count())))
 
 
 if __name__ == "__main__":
