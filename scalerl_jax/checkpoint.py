@@ -151,7 +151,8 @@ class RunCheckpointer:
       self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                       meta=ocp.args.JsonSave(meta)))
       self.manager.wait_until_finished()
-      write_manifest(os.path.join(self.directory, str(step)), step)
+      if jax.process_index() == 0:        # multi-host: orbax saved collectively; one manifest
+        write_manifest(os.path.join(self.directory, str(step)), step)
     except Exception as e:  # noqa: BLE001 - orbax wraps OSError in several exception types
       last = good[-1] if good else None
       raise CheckpointError(

@@ -115,14 +115,57 @@ def prepare_resume(config, workdir: str) -> dict | None:
   return info
 
 
+def _share(values: dict) -> dict:
+  """Process 0's small {name: str | int} values on every process (multi-host learner)."""
+  import jax
+  import numpy as np
+  from scalerl_jax import distributed
+  if jax.process_count() == 1:
+    return values
+  arr = None if values is None else {
+      k: np.frombuffer(json.dumps(v).encode(), np.uint8) for k, v in values.items()}
+  return {k: json.loads(v.tobytes()) for k, v in distributed.broadcast_from_main(arr).items()}
+
+
+def _run_follower(config, workdir: str) -> dict:
+  """Processes 1.. of a multi-host learner: same learner loop, no buffer / generators / logs.
+
+  Process 0 shares the buffer address, auth token and resume step; the SFT base policy is read
+  from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints)."""
+  from jax.experimental import multihost_utils
+  from scalerl_jax.data import build_dataset
+  from scalerl_jax.rollout.client import BufferClient
+  from scalerl_jax.sft import warm_start
+  from scalerl_jax.trainer import Trainer
+  shared = _share(None)
+  dataset = build_dataset(config.data, config.rollout.max_prompt_len)
+  model_cfg = runtime.model_config(config)
+  multihost_utils.sync_global_devices("scalerl:base_policy")
+  params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
+  multihost_utils.sync_global_devices("scalerl:buffer_up")
+  trainer = Trainer(config, workdir, dataset, model_cfg, params,
+                    BufferClient(shared["address"], shared["token"]), gen_devices=0,
+                    progress=False, resume_step=shared["resume_step"])
+  trainer.run()
+  return {}
+
+
 def run(config, workdir: str, progress: bool = True) -> dict:
-  """Runs the job described by `config` in `workdir`; returns the final fit summary."""
+  """Runs the job described by `config` in `workdir`; returns the final fit summary.
+
+  Multi-host (after `distributed.initialize`): every process calls this; process 0 runs the
+  buffer, generators, evaluation and logs, the others only the learner (`_run_follower`)."""
+  import jax
+  from jax.experimental import multihost_utils
   from scalerl_jax.data import build_dataset
   from scalerl_jax.processes import ProcessGroup
   from scalerl_jax.rollout.client import BufferClient
   from scalerl_jax.data.export import write_prompts
   from scalerl_jax.sft import warm_start
   from scalerl_jax.trainer import Trainer
+  multi = jax.process_count() > 1
+  if multi and jax.process_index() != 0:
+    return _run_follower(config, workdir)
   runtime.pin_to_device_cpus(config, "learner")   # before JAX starts its thread pools
   os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
   token = os.environ[config.buffer.auth_token_env]
@@ -146,6 +189,11 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                                                                                       "buffer_wal"),
                                  learner_state=ls_path)
     client = BufferClient(address, token)
+    if multi:   # the other learner processes join: buffer address, token, resume step
+      _share(dict(address=address, token=token,
+                  resume_step=resume["checkpoint_step"] if resume else None))
+      multihost_utils.sync_global_devices("scalerl:base_policy")
+      multihost_utils.sync_global_devices("scalerl:buffer_up")
     trainer = Trainer(config, workdir, dataset, model_cfg, params, client,
                       gen_devices=int(config.generator.num_workers), progress=progress,
                       resume_step=resume["checkpoint_step"] if resume else None,

@@ -93,19 +93,55 @@ class MetricsLog:
       self.tb.close()
 
 
+class _NoLog:
+  """Metrics sink of the non-main processes of a multi-host learner (process 0 logs)."""
+
+  def write(self, record: dict) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
+def make_learner(config, model_cfg, params):
+  """The learner of a run. One device: a plain `Learner`. Several devices (a GPU host, a TPU
+  slice, or several JAX processes): `distributed.MultiHostLearner` over the mesh of
+  `config.mesh.shape` with the rules table's parameter shardings; `params` (host numpy, the same
+  on every process) are placed shard by shard, never gathered on one device."""
+  from scalerl_jax.learner import Learner
+  apply_fn = lambda p, tokens, positions: models.forward(p, model_cfg, tokens, positions)
+  if jax.device_count() == 1:
+    return Learner(apply_fn, jax.tree.map(np.array, params), config,
+                   vocab_size=model_cfg.vocab_size)
+  from scalerl_jax import distributed, sharding
+  mesh = sharding.make_mesh(config.mesh.shape)
+  shardings = sharding.param_shardings(model_cfg, mesh, config.mesh.rules)
+  placed = jax.tree.map(
+      lambda x, sh: jax.make_array_from_callback(np.shape(x), sh, lambda idx: np.asarray(x)[idx]),
+      params, shardings)
+  return distributed.MultiHostLearner(apply_fn, placed, config, mesh=mesh,
+                                      params_sharding=shardings, vocab_size=model_cfg.vocab_size)
+
+
 class Trainer:
-  """Owns the Learner, the buffer client (learner side), the ledger and the logs."""
+  """Owns the Learner, the buffer client (learner side), the ledger and the logs.
+
+  Multi-host (several JAX processes): every process builds a Trainer and runs the same loop.
+  Process 0 (`self.main`) pulls each batch from the buffer and hands it to the others
+  (`distributed.broadcast_from_main`); each process feeds its own rows to the sharded step; every
+  process streams its own parameter shards to the buffer (no gather); evaluation gathers the params
+  and runs on process 0, which alone writes metrics, the checkpoint manifest and the learner-state
+  file. Orbax saves and restores the sharded state collectively.
+  """
 
   def __init__(self, config, workdir, dataset, model_cfg, params, client, *, gen_devices: int,
                progress: bool = True, resume_step: int | None = None,
                learner_state_path: str | None = None):
-    from scalerl_jax.learner import Learner
     from scalerl_jax.rl import PassRateHistory
     self.config, self.workdir, self.dataset, self.model_cfg = config, workdir, dataset, model_cfg
-    self.client, self.progress = client, progress
-    apply_fn = lambda p, tokens, positions: models.forward(p, model_cfg, tokens, positions)
-    self.learner = Learner(apply_fn, jax.tree.map(np.array, params), config,
-                           vocab_size=model_cfg.vocab_size)
+    self.main, self.multi = jax.process_index() == 0, jax.process_count() > 1
+    self.client, self.progress = client, progress and self.main
+    self.learner = make_learner(config, model_cfg, params)
     n_active = _params_active(model_cfg)
     self.ledger = ComputeLedger(train_devices=jax.device_count(), gen_devices=gen_devices,
                                 params_active=n_active)
@@ -122,7 +158,8 @@ class Trainer:
     self.resume_info = None
     if resume_step is not None:
       self._restore(resume_step)
-    self.metrics = MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None)
+    self.metrics = (MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None)
+                    if self.main else _NoLog())
 
   def _restore(self, step: int) -> None:
     """Loads checkpoint `step`: learner state, ledger (the wall time since the save is booked:
@@ -144,15 +181,25 @@ class Trainer:
 
   # ---- pieces ------------------------------------------------------------------------------------
   def publish(self, version: int) -> float:
+    """Streams the params as `version` (weight_stream.py: this process's shards, chunk by chunk,
+    CRC-checked, resumable; the buffer shows the version once every process's chunks arrived)."""
     t = time.time()
-    params = jax.device_get(self.learner.state.params)
-    self.client.publish_weights(version, runtime.params_to_payload(self.model_cfg, params),
-                                runtime.WEIGHTS_FORMAT)
+    self.client.publish_params(version, self.learner.state.params)
     return time.time() - t
 
+  def _eval_params(self):
+    """Params for evaluation: the learner's own (one process) or gathered (collective)."""
+    if not self.multi:
+      return self.learner.state.params
+    from scalerl_jax import distributed
+    return distributed.gather_to_host(self.learner.state.params)
+
   def run_eval(self, step: int) -> dict:
+    params = self._eval_params()          # every process: a collective when multi-host
+    if not self.main:
+      return self.last_eval
     self.ledger.begin_eval()
-    out = evaluate(self.model_cfg, self.learner.state.params, self.dataset, self.eval_spec,
+    out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
                    int(self.config.eval.samples_per_prompt))
     self.ledger.end_eval()
     rec = {"step": step, "kind": "eval", **self.ledger.snapshot(), **out}
@@ -175,11 +222,8 @@ class Trainer:
       if time.time() > deadline:
         raise TimeoutError(f"no batch for step {step} after {self.config.pull_timeout_s} s")
 
-  def train_step(self, step: int) -> dict:
-    t0 = time.time()
-    batch = self._pull(step)
-    t_wait = time.time() - t0
-    arrays = pad_time(batch_to_arrays(batch, pad_id=0))
+  def _book(self, step: int, batch) -> None:
+    """No-Positive-Resampling history and consumption offsets of a pulled batch (process 0)."""
     for g in batch.groups:   # No-Positive-Resampling history (per prompt id)
       self.npr.update(int(g.prompt_id), [r.rewards[0] for r in g.rollouts])
     ids = [r.rollout_id for g in batch.groups for r in g.rollouts]
@@ -188,20 +232,37 @@ class Trainer:
     c["step"], c["groups"], c["rollouts"] = step + 1, c["groups"] + len(batch.groups), \
         c["rollouts"] + len(ids)
     c["recent"][str(step)] = ids
+
+  def train_step(self, step: int) -> dict:
+    t0 = time.time()
+    batch = arrays = None
+    if self.main:
+      batch = self._pull(step)
+      full = pad_time(batch_to_arrays(batch, pad_id=0))
+      self._book(step, batch)
+      arrays = {k: full[k] for k in ("tokens", "gen_logprobs", "loss_mask", "rewards",
+                                     "prompt_ids")}
+    if self.multi:                        # process 0's batch to every process
+      from scalerl_jax import distributed
+      arrays = distributed.broadcast_from_main(arrays)
+    t_wait = time.time() - t0
     t1 = time.time()
-    m = self.learner.step({k: arrays[k] for k in ("tokens", "gen_logprobs", "loss_mask",
-                                                  "rewards", "prompt_ids")})
+    rows = (self.learner.local_rows(arrays["tokens"].shape[0])
+            if hasattr(self.learner, "local_rows") else slice(None))
+    m = self.learner.step({k: v[rows] for k, v in arrays.items()})
     t_train = time.time() - t1
-    lag = list(batch.summary.lag.counts)
     generated = int(arrays["loss_mask"].sum())
     self.ledger.add_tokens(trained=int(m.get("tokens", generated)), generated=generated)
     t_pub = self.publish(step + 1)
+    if not self.main:
+      return {"step": step + 1, "kind": "train", **m}
+    lag = list(batch.summary.lag.counts)
     dump_every = int(self.config.get("debug_dump_every", 0))
     if dump_every and step % dump_every == 0:   # for tests and debugging: the exact batch trained
       os.makedirs(os.path.join(self.workdir, "batches"), exist_ok=True)
       reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
       np.savez(os.path.join(self.workdir, "batches", f"step_{step:06d}.npz"),
-               finish_reason=np.asarray(reasons, np.int32), **arrays)
+               finish_reason=np.asarray(reasons, np.int32), **full)
     rec = {"step": step + 1, "kind": "train", **self.ledger.snapshot(), **m,
            "max_lag": int(batch.summary.lag.max_lag), "lag_hist": lag,
            "mean_reward": float(arrays["rewards"].mean()), "wait_s": t_wait, "train_s": t_train,
@@ -226,7 +287,7 @@ class Trainer:
         "data_sampler": {"shuffle_seed": int(self.config.seed), "next_step": step,
                          "state": "buffer WAL (QUEUE/EPOCH/LEASE records), rewound to next_step"}})
     self.consumed["recent"] = {}
-    if self.learner_state_path:
+    if self.learner_state_path and self.main:
       old = read_learner_state(self.learner_state_path) or {}
       steps = self.ckpt.all_steps()
       write_learner_state(self.learner_state_path, step, min(steps) if steps else step,
@@ -237,9 +298,9 @@ class Trainer:
     resumed; returns the last eval record."""
     start = self.start_step
     self.publish(start)
-    if start == 0:
+    if start == 0 and (params := self._eval_params()) is not None and self.main:
       self.ledger.begin_eval()
-      out = evaluate(self.model_cfg, self.learner.state.params, self.dataset, self.eval_spec,
+      out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
                      int(self.config.eval.samples_per_prompt))
       self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
       self.last_eval = {"step": 0, "kind": "eval", **self.ledger.snapshot(), **out,
@@ -253,14 +314,16 @@ class Trainer:
       rec = self.train_step(s)
       if (s + 1) % every == 0 or s + 1 == total:
         self.run_eval(s + 1)
-      bar.set_postfix(pass_rate=f"{self.last_eval['val_pass_rate']:.3f}",
-                      lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
+      if self.main:
+        bar.set_postfix(pass_rate=f"{self.last_eval['val_pass_rate']:.3f}",
+                        lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
       if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
         self.save(s + 1)
     self.ckpt.close()
     self.metrics.close()
-    with open(os.path.join(self.workdir, "npr_history.json"), "w") as f:
-      json.dump(self.npr.to_dict(), f)
+    if self.main:
+      with open(os.path.join(self.workdir, "npr_history.json"), "w") as f:
+        json.dump(self.npr.to_dict(), f)
     return self.last_eval
 
 
