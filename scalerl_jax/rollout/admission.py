@@ -70,27 +70,15 @@ class PulledBatch:
   num_bytes: int
 
 
-def _varint(n: int) -> bytes:
-  out = bytearray()
-  while True:
-    b = n & 0x7F
-    n >>= 7
-    if n:
-      out.append(b | 0x80)
-    else:
-      out.append(b)
-      return bytes(out)
-
-
 def _group_item_bytes(g: _Group) -> bytes:
   """Serializes `BatchItem{group: Group}` by splicing the stored rollout bytes (one copy, no
   re-encoding of the payload)."""
   parts = [pb.Group(group_id=g.view.group_id, prompt_id=g.view.prompt_id).SerializeToString()]
   for i in range(g.view.group_size):
     raw = g.samples[i].raw
-    parts += (b"\x1a", _varint(len(raw)), raw)   # Group field 3 (rollouts), wire type 2
+    parts += (b"\x1a", wire.varint(len(raw)), raw)   # Group field 3 (rollouts), wire type 2
   inner = sum(len(p) for p in parts)
-  return b"".join([b"\x0a", _varint(inner)] + parts)  # BatchItem field 1 (group), wire type 2
+  return b"".join([b"\x0a", wire.varint(inner)] + parts)  # BatchItem field 1 (group), wire type 2
 
 
 def lag_histogram(counts: Sequence[int], negative: int) -> pb.LagHistogram:

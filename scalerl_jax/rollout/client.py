@@ -34,6 +34,7 @@ from scalerl_jax.rollout import codec
 from scalerl_jax.rollout import rollout_pb2 as pb
 from scalerl_jax.rollout.buffer_server import SERVICE, channel_options
 from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.rollout.wire import varint
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE,)
 
@@ -214,20 +215,11 @@ class BufferClient:
     return self._retry(lambda: self._status(pb.StatusRequest(), metadata=self._md, timeout=30))
 
 
-def _varint(n: int) -> bytes:
-  out = bytearray()
-  while n > 0x7F:
-    out.append((n & 0x7F) | 0x80)
-    n >>= 7
-  out.append(n)
-  return bytes(out)
-
-
 def pack_push_requests(raws: Sequence[bytes], batch_bytes: int = 4 << 20) -> Iterator[bytes]:
   """Packs serialized Rollouts into serialized PushRequests of about `batch_bytes` each."""
   parts, size = [], 0
   for raw in raws:
-    parts += (b"\x0a", _varint(len(raw)), raw)          # PushRequest field 1, wire type 2
+    parts += (b"\x0a", varint(len(raw)), raw)          # PushRequest field 1, wire type 2
     size += len(raw)
     if size >= batch_bytes:
       yield b"".join(parts)

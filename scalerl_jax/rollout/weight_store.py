@@ -35,7 +35,7 @@ MAX_CHUNKS = 1 << 20
 _DATA_TAG = (6 << 3) | 2
 
 
-from scalerl_jax.rollout.wire import Malformed   # one type for every request parser
+from scalerl_jax.rollout.wire import Malformed, read_varint, varint   # shared wire helpers
 
 
 class WeightMsg:
@@ -46,29 +46,6 @@ class WeightMsg:
     self.head, self.data, self.raw = head, data, raw
 
 
-def _varint(view, pos: int) -> tuple[int, int]:
-  result = shift = 0
-  while True:
-    if shift > 63:
-      raise ValueError("varint too long")
-    b = view[pos]
-    pos += 1
-    result |= (b & 0x7F) << shift
-    if not b & 0x80:
-      return result, pos
-    shift += 7
-
-
-def varint_bytes(n: int) -> bytes:
-  """Protobuf base-128 varint encoding of a non-negative int."""
-  out = bytearray()
-  while n > 0x7F:
-    out.append((n & 0x7F) | 0x80)
-    n >>= 7
-  out.append(n)
-  return bytes(out)
-
-
 def parse_weight_message(raw: bytes):
   """Splits a serialized WeightChunk into a WeightMsg without copying `data`; Malformed if invalid
   (bad wire format, unknown or mistyped fields)."""
@@ -76,16 +53,16 @@ def parse_weight_message(raw: bytes):
   try:
     while pos < n:
       start = pos
-      tag, pos = _varint(view, pos)
+      tag, pos = read_varint(view, pos)
       wt = tag & 7
       if wt == 0:
-        _, pos = _varint(view, pos)
+        _, pos = read_varint(view, pos)
       elif wt == 1:
         pos += 8
       elif wt == 5:
         pos += 4
       elif wt == 2:
-        size, pos = _varint(view, pos)
+        size, pos = read_varint(view, pos)
         if tag == _DATA_TAG:
           if pos + size > n:
             return Malformed("WeightChunk: truncated data")
@@ -111,7 +88,7 @@ def encode_chunk(version: int, index: int, data, crc: int) -> bytes:
   """One streamed chunk message: the small header, then `data` as field 6 (one copy of data)."""
   head = pb.WeightChunk(version=version, chunk_index=index, crc32=crc).SerializeToString()
   n = memoryview(data).nbytes
-  return b"".join((head, bytes((_DATA_TAG,)), varint_bytes(n), data))
+  return b"".join((head, bytes((_DATA_TAG,)), varint(n), data))
 
 
 def check_manifest(text: str, max_bytes: int) -> tuple[dict, list[int]]:
@@ -388,7 +365,7 @@ class WeightStore:
     for off in range(0, max(v.total_bytes, 1), chunk):
       h = pb.WeightChunk(offset=off, **head).SerializeToString()
       part = view[off:off + chunk]
-      yield b"".join((h, bytes((_DATA_TAG,)), varint_bytes(len(part)), part))
+      yield b"".join((h, bytes((_DATA_TAG,)), varint(len(part)), part))
 
   def _newest(self, have: int, streamed: bool) -> Optional[Version]:
     """Under cv: the newest version above `have`: the visible one, or for streamed fetchers also a
