@@ -84,6 +84,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.buffer = ml_collections.ConfigDict(dict(
       address="127.0.0.1:0", auth_token_env="SCALERL_BUFFER_TOKEN",
+      external=False,                  # True: connect to a buffer service at `address` (launch/)
+                                       # instead of starting one plus generators (separate jobs)
       max_message_bytes=64 << 20, lease_ttl_s=120.0, max_restarts=3))
 
   c.eval = ml_collections.ConfigDict(dict(

@@ -106,7 +106,8 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "tpu_topology": topology, "node_selector": dict(lp["node_selector"]),
           "machine_type": lp["machine_type"], "arch": lp["arch"], "cpu": lp["cpu"], "memory": lp["memory"],
           "coordinator_port": COORDINATOR_PORT,
-          "command": ["python", "-m", "scalerl_jax.main", *common_args, f"--workdir={s['workdir']}"],
+          "command": ["python", "-m", "scalerl_jax.main", *common_args,
+                      "--config.buffer.external=True", f"--workdir={s['workdir']}"],
           "env": {"SCALERL_ROLE": "learner"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
       },
       "generators": {
@@ -116,7 +117,9 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "node_selector": dict(gp["node_selector"]), "machine_type": gp["machine_type"],
           "arch": gp["arch"],
           "cpu": str(8 * tp), "memory": f"{64 * tp}Gi", "port": VLLM_PORT,
-          "command": ["python", "-m", "scalerl_jax.rollout.vllm_worker", *common_args,
+          # One vLLM engine per pod; generator id = pod name; run config = the same config file.
+          "command": ["python", "-m", "scalerl_jax.rollout.worker", f"--run_config={cfg_file}",
+                      f"--buffer={buffer_addr}", "--backend=vllm", "--workdir=/tmp/scalerl",
                       f"--tensor_parallel={tp}"],
           "env": {"SCALERL_ROLE": "generator"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
       },

@@ -167,6 +167,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   if multi and jax.process_index() != 0:
     return _run_follower(config, workdir)
   runtime.pin_to_device_cpus(config, "learner")   # before JAX starts its thread pools
+  external = bool(config.buffer.get("external", False))   # token checked by recipes.validate
   os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
   token = os.environ[config.buffer.auth_token_env]
   check_writable(workdir)
@@ -184,10 +185,15 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   try:
     # The buffer keeps acknowledged rollouts in a write-ahead log; a crashed buffer is restarted
     # from it by the supervisor, and dead generators are restarted (docs/RELIABILITY.md).
-    address = procs.start_buffer(prompts_path, config,
-                                 wal_dir=config.buffer.get("wal_dir") or os.path.join(workdir,
-                                                                                      "buffer_wal"),
-                                 learner_state=ls_path)
+    if external:   # buffer and generator fleet are their own jobs (launch/): connect only
+      address = config.buffer.address
+      if resume is not None:
+        log.warning("resuming with an external buffer: it does not read %s; restart it with "
+                    "--learner-state pointing at that file so it rewinds", ls_path)
+    else:
+      address = procs.start_buffer(
+          prompts_path, config, learner_state=ls_path,
+          wal_dir=config.buffer.get("wal_dir") or os.path.join(workdir, "buffer_wal"))
     client = BufferClient(address, token)
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,
@@ -199,14 +205,15 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                       resume_step=resume["checkpoint_step"] if resume else None,
                       learner_state_path=ls_path)
     if resume is not None:
-      resume.update(buffer=procs.buffer_info.get("wal", {}).get("resume"),
+      resume.update(buffer=None if external else procs.buffer_info.get("wal", {}).get("resume"),
                     gap_booked_s=trainer.resume_info["gap_booked_s"])
       with open(os.path.join(workdir, "resumes.jsonl"), "a") as f:
         f.write(json.dumps(resume) + "\n")
-    procs.start_workers(int(config.generator.num_workers), config_path, address,
-                        config.generator.backend)
-    procs.start_supervisor(interval_s=1.0)
-    trainer.watchdog = procs.check
+    if not external:
+      procs.start_workers(int(config.generator.num_workers), config_path, address,
+                          config.generator.backend)
+      procs.start_supervisor(interval_s=1.0)
+      trainer.watchdog = procs.check
     last = trainer.run()
   finally:
     procs.close()

@@ -98,6 +98,12 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
                       f"[{r.think_budget_min}, {r.think_budget_max}]")
   if g.backend not in ("jax", "vllm"):
     raise ConfigError(f"generator.backend={g.backend!r}; expected 'jax' or 'vllm'")
+  if config.buffer.get("external", False) and not os.environ.get(config.buffer.auth_token_env):
+    raise ConfigError(f"buffer.external=True: set ${config.buffer.auth_token_env} to the buffer "
+                      f"service's auth token")
+  if config.buffer.get("external", False) and config.buffer.address.endswith(":0"):
+    raise ConfigError(f"buffer.external=True needs buffer.address=HOST:PORT of the buffer service, "
+                      f"got {config.buffer.address!r}")
   if g.num_workers < 1:
     raise ConfigError(f"generator.num_workers must be >= 1, got {g.num_workers}")
   if config.rl.length_control not in ("interrupt", "penalty"):

@@ -102,7 +102,20 @@ def payload_to_named(payload: bytes, fmt: str) -> dict[str, np.ndarray]:
 
 
 def load_run_config(path: str) -> ml_collections.ConfigDict:
-  """Reads the config.json `main` writes into the workdir."""
+  """Reads the config.json `main` writes into the workdir, or a config file `configs/X.py[:ARG]`
+  (its `get_config(ARG)` with the recipe applied, as `main` does) — what a fleet pod started
+  before the learner has (launch/)."""
+  file, _, arg = path.partition(":")
+  if file.endswith(".py"):
+    import importlib.util
+    from scalerl_jax import recipes
+    spec = importlib.util.spec_from_file_location("scalerl_run_config", file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    config = mod.get_config(arg) if arg else mod.get_config()
+    config = recipes.apply_recipe(config)
+    recipes.validate(config)
+    return config
   with open(path) as f:
     d = json.load(f)
   d.pop("_meta", None)

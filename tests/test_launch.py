@@ -160,8 +160,11 @@ def test_manifests_match_configs(variant):
   for flag in (f"--prompts-per-step={r.prompts_per_step}", f"--group-size={r.generations_per_prompt}",
                f"--max-lag={r.max_lag}", f"--mode={r.mode}"):
     assert flag in b["command"]
-  addr = f"--config.buffer.address={name}-buffer.default.svc.cluster.local:{spec_lib.BUFFER_PORT}"
-  assert addr in c["command"] and addr in g["command"]
+  host = f"{name}-buffer.default.svc.cluster.local:{spec_lib.BUFFER_PORT}"
+  assert f"--config.buffer.address={host}" in c["command"] and "--config.buffer.external=True" in c["command"]
+  # the fleet runs the generator worker (vLLM backend) against the same buffer service
+  assert g["command"][:3] == ["python", "-m", "scalerl_jax.rollout.worker"]
+  assert f"--buffer={host}" in g["command"] and "--backend=vllm" in g["command"]
   # every job reads the token from the one Secret, under config.buffer.auth_token_env
   secret = docs[("Secret", spec_lib.SECRET_NAME)]
   assert list(secret["stringData"]) == [spec_lib.SECRET_KEY]

@@ -20,6 +20,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -52,8 +53,17 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
       model_dir, dtype="float32" if model_cfg.dtype == "float32" else "bfloat16",
       head_dtype="float32" if model_cfg.fp32_lm_head else None,
       max_model_len=int(r.max_prompt_len + runtime.max_completion_len(config) + 16),
-      initial_version=version, seed=int(config.seed),
-      **dict(config.generator.get("vllm_args", {})))
+      initial_version=version, seed=int(config.seed), **_vllm_args(config))
+
+
+def _vllm_args(config) -> dict:
+  """config.generator.vllm_args, with generator.tensor_parallel as the engine's TP size."""
+  extra = {k: (v.to_dict() if hasattr(v, "to_dict") else v)
+           for k, v in dict(config.generator.get("vllm_args", {})).items()}
+  tp = int(config.generator.get("tensor_parallel", 1) or 1)
+  if tp > 1:
+    extra["engine_args"] = {"tensor_parallel_size": tp, **dict(extra.get("engine_args") or {})}
+  return extra
 
 
 class Worker:
@@ -213,12 +223,17 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description="scalerl_jax generator worker")
   ap.add_argument("--run_config", required=True)
   ap.add_argument("--buffer", required=True)
-  ap.add_argument("--generator_id", required=True)
+  ap.add_argument("--generator_id", default=None, help="default: the host name (pod name)")
   ap.add_argument("--backend", choices=("jax", "vllm"), default=None)
   ap.add_argument("--workdir", default=None)
+  ap.add_argument("--tensor_parallel", type=int, default=0,
+                  help="vLLM engine tensor-parallel size (overrides config.generator.tensor_parallel)")
   a = ap.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
   config = runtime.load_run_config(a.run_config)
+  a.generator_id = a.generator_id or socket.gethostname()
+  if a.tensor_parallel:
+    config.generator.tensor_parallel = a.tensor_parallel
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
   runtime.pin_to_device_cpus(config, "generator", index)
   w = Worker(config, a.buffer, a.generator_id, a.backend or config.generator.backend,
