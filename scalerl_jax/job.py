@@ -115,16 +115,22 @@ def prepare_resume(config, workdir: str) -> dict | None:
   return info
 
 
-def _share(values: dict) -> dict:
-  """Process 0's small {name: str | int} values on every process (multi-host learner)."""
-  import jax
-  import numpy as np
-  from scalerl_jax import distributed
-  if jax.process_count() == 1:
+_WAIT_MS = 6 * 3600 * 1000   # followers wait this long for process 0 (SFT, buffer start, the fit)
+
+
+def _kv():
+  """jax.distributed's coordination key-value store: waits there never hit a collective timeout
+  (a gloo collective gives up after ~30 s while process 0 is still busy)."""
+  from jax._src import distributed as jd
+  return jd.global_state.client
+
+
+def _share(values: dict | None, key: str = "scalerl/shared") -> dict:
+  """Process 0 posts small JSON values (buffer address, token, resume step); others wait for them."""
+  if values is not None:
+    _kv().key_value_set(key, json.dumps(values))
     return values
-  arr = None if values is None else {
-      k: np.frombuffer(json.dumps(v).encode(), np.uint8) for k, v in values.items()}
-  return {k: json.loads(v.tobytes()) for k, v in distributed.broadcast_from_main(arr).items()}
+  return json.loads(_kv().blocking_key_value_get(key, _WAIT_MS))
 
 
 def _run_follower(config, workdir: str) -> dict:
@@ -132,21 +138,20 @@ def _run_follower(config, workdir: str) -> dict:
 
   Process 0 shares the buffer address, auth token and resume step; the SFT base policy is read
   from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints)."""
-  from jax.experimental import multihost_utils
   from scalerl_jax.data import build_dataset
   from scalerl_jax.rollout.client import BufferClient
   from scalerl_jax.sft import warm_start
   from scalerl_jax.trainer import Trainer
-  shared = _share(None)
+  shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   model_cfg = runtime.model_config(config)
-  multihost_utils.sync_global_devices("scalerl:base_policy")
   params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
-  multihost_utils.sync_global_devices("scalerl:buffer_up")
   trainer = Trainer(config, workdir, dataset, model_cfg, params,
                     BufferClient(shared["address"], shared["token"]), gen_devices=0,
                     progress=False, resume_step=shared["resume_step"])
   trainer.run()
+  # Wait for process 0's fit here, not in jax's shutdown barrier (which times out).
+  _share(None, "scalerl/fit_done")
   return {}
 
 
@@ -156,7 +161,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   Multi-host (after `distributed.initialize`): every process calls this; process 0 runs the
   buffer, generators, evaluation and logs, the others only the learner (`_run_follower`)."""
   import jax
-  from jax.experimental import multihost_utils
   from scalerl_jax.data import build_dataset
   from scalerl_jax.processes import ProcessGroup
   from scalerl_jax.rollout.client import BufferClient
@@ -198,8 +202,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,
                   resume_step=resume["checkpoint_step"] if resume else None))
-      multihost_utils.sync_global_devices("scalerl:base_policy")
-      multihost_utils.sync_global_devices("scalerl:buffer_up")
     trainer = Trainer(config, workdir, dataset, model_cfg, params, client,
                       gen_devices=int(config.generator.num_workers), progress=progress,
                       resume_step=resume["checkpoint_step"] if resume else None,
@@ -218,7 +220,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   finally:
     procs.close()
   logging.info("final held-out pass rate %.3f (%s)", last["val_pass_rate"], sft_info)
-  return fit(workdir, progress)
+  result = fit(workdir, progress)
+  if multi:
+    _share({"done": True}, "scalerl/fit_done")
+  return result
 
 
 def fit(workdir: str, progress: bool) -> dict:

@@ -128,7 +128,8 @@ def check_workdir(workdir: str) -> None:
     raise ConfigError("--workdir is required")
   try:
     os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, ".write_test")
+    probe = os.path.join(workdir, f".write_test.{os.uname().nodename}.{os.getpid()}")  # per process:
+    # the hosts of a multi-host learner validate the same shared workdir at the same time
     with open(probe, "w") as f:
       f.write("ok")
     os.remove(probe)
