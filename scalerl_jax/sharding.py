@@ -128,6 +128,10 @@ def cache_shardings(cache: Any, mesh: Mesh, rules) -> Any:
 
 
 def shard_params(params: Any, cfg: ModelConfig, mesh: Mesh, rules) -> Any:
-  """Places host / single-device params (e.g. from models.load_hf) into their shardings."""
+  """Places host params (e.g. from models.load_hf; the same on every process) into their
+  shardings; each process materialises only the slices its own devices hold (multi-host safe)."""
+  import numpy as np
   shardings = param_shardings(cfg, mesh, rules)
-  return jax.tree.map(jax.device_put, params, shardings)
+  return jax.tree.map(
+      lambda x, sh: jax.make_array_from_callback(np.shape(x), sh, lambda idx: np.asarray(x)[idx]),
+      params, shardings)

@@ -116,9 +116,7 @@ def make_learner(config, model_cfg, params):
   from scalerl_jax import distributed, sharding
   mesh = sharding.make_mesh(config.mesh.shape)
   shardings = sharding.param_shardings(model_cfg, mesh, config.mesh.rules)
-  placed = jax.tree.map(
-      lambda x, sh: jax.make_array_from_callback(np.shape(x), sh, lambda idx: np.asarray(x)[idx]),
-      params, shardings)
+  placed = sharding.shard_params(params, model_cfg, mesh, config.mesh.rules)
   return distributed.MultiHostLearner(apply_fn, placed, config, mesh=mesh,
                                       params_sharding=shardings, vocab_size=model_cfg.vocab_size)
 
