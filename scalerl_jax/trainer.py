@@ -296,7 +296,8 @@ class Trainer:
     resumed; returns the last eval record."""
     start = self.start_step
     self.publish(start)
-    if start == 0 and (params := self._eval_params()) is not None and self.main:
+    params = self._eval_params() if start == 0 else None   # every process: a collective
+    if params is not None and self.main:   # R0: the base policy's evaluation, process 0
       self.ledger.begin_eval()
       out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
                      int(self.config.eval.samples_per_prompt))
