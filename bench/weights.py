@@ -157,9 +157,10 @@ def main(argv=None):
   from scalerl_jax.rollout.generator import PromptSpec
   from scalerl_jax.rollout.sampler import JaxSampler, named_from_safetensors
 
-  cfg = models.get_preset("tiny_llama3", d_model=args.d_model, num_layers=args.layers,
-                          num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=64,
-                          ffn_dim=args.ffn, vocab_size=args.vocab, dtype="float32")
+  cfg_kw = dict(d_model=args.d_model, num_layers=args.layers, num_heads=args.heads,
+                num_kv_heads=args.kv_heads, head_dim=64, ffn_dim=args.ffn, vocab_size=args.vocab,
+                dtype="float32")
+  cfg = models.get_preset("tiny_llama3", **cfg_kw)
   params = jax.jit(models.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
   jax.block_until_ready(params)
   mb = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(params)) / 1e6
@@ -224,6 +225,9 @@ def main(argv=None):
             flush=True)
     from scalerl_jax.rollout.weight_stream import StreamFetcher
     streamed = StreamFetcher(client).fetch(-1)[1]     # the newest streamed version, for vLLM
+    deployed = measure_deployed(server, token, cfg, params, cfg_kw, args.stream_chunk_mb << 20,
+                                args.repeats, 10 * args.repeats + 1)
+    print(f"[bench.weights] deployed layout (s per version): {json.dumps(deployed)}", flush=True)
   finally:
     client.close()
     server.stop()
@@ -233,7 +237,9 @@ def main(argv=None):
     return sum(st[k] for k in common) + st[f"decode_{kind}"] + st[f"load_jax_{kind}"]
   med = lambda xs: float(np.median(xs))
   stream = ("stream_publish", "stream_fetch", "stream_load_jax")
-  ours = mb / med([sum(r["stages_s"][k] for k in stream) for r in runs])
+  ours = mb / med(deployed["learner_hosted"])
+  via_buffer = mb / med(deployed["via_buffer"])
+  stream_summed = mb / med([sum(r["stages_s"][k] for k in stream) for r in runs])
   cpu_total = lambda r, ks: sum(r["stages_s"][k + "_cpu_s"] for k in ks)
   naive = common + ("decode_naive", "load_jax_naive")
   ours_cpu = mb / med([cpu_total(r, stream) for r in runs])
@@ -252,14 +258,22 @@ def main(argv=None):
   print(json.dumps({
       "ours": ours, "peer": peer, "unit": "MB/s", "ratio": ours / peer,
       "vllm_MBps": (vllm or {}).get("e2e_bf16_MBps"), "vllm": vllm, "stages": stages,
-      "blob_zero_copy_MBps": blob_fast, "stream_pipelined_MBps": pipelined,
+      "ours_best": mb / min(deployed["learner_hosted"]),
+      "ours_rounds_MBps": [round(mb / x, 1) for x in deployed["learner_hosted"]],
+      "via_buffer_MBps": via_buffer,
+      "via_buffer_rounds_MBps": [round(mb / x, 1) for x in deployed["via_buffer"]],
+      "publish_s_learner_hosted": med(deployed["publish_s_learner_hosted"]),
+      "publish_s_via_buffer": med(deployed["publish_s_via_buffer"]),
+      "blob_zero_copy_MBps": blob_fast, "stream_pipelined_one_process_MBps": pipelined,
+      "stream_summed_stages_MBps": stream_summed,
       "ours_MB_per_cpu_s": ours_cpu, "peer_MB_per_cpu_s": peer_cpu,
       "cpu_ratio": ours_cpu / peer_cpu,
       "repeats": args.repeats,
       "model_MB": mb, "stream_chunk_MB": args.stream_chunk_mb, "publish_chunk_MB": args.chunk_mb,
       "fetch_chunk_MB": args.fetch_chunk_mb,
-      "ours_impl": "jax params->per-shard CRC-32 chunks->gRPC buffer (pipelined)->in-place arrays"
-                   "->JaxSampler",
+      "ours_impl": "jax params->per-shard CRC-32C chunks staged on the learner's WeightSource->"
+                   "gRPC (one hop, pipelined) to a generator process->aligned arrays->JaxSampler "
+                   "(zero-copy device_put); wall time publish start -> sampler holds it",
       "peer_impl": "params->safetensors->gRPC buffer (sha256 x3)->runtime.payload_to_named->"
                    "JaxSampler.load_weights",
       "cpus": os.cpu_count(), "loadavg": os.getloadavg()}))
@@ -303,6 +317,85 @@ def measure_stream(client, sampler, params, version: int, chunk_bytes: int) -> d
   st.update(stream_pipelined=out["done"] - w0, stream_pipelined_cpu_s=cpu() - c0)
   assert sampler.version == version + 1
   return st
+
+
+def _generator_proc(address, token, cfg_kw, conn):
+  """Generator process of `measure_deployed`: long-polls for each new version, installs it into a
+  JaxSampler, reports (version, wall clock when the sampler holds it), then the params' sha256."""
+  import hashlib
+  import jax
+  from scalerl_jax import models
+  from scalerl_jax.rollout.client import BufferClient
+  from scalerl_jax.rollout.sampler import JaxSampler
+  from scalerl_jax.rollout.weight_stream import StreamFetcher
+  cfg = models.get_preset("tiny_llama3", **cfg_kw)
+  sampler = JaxSampler(cfg, jax.jit(models.init_params, static_argnums=0)(
+      cfg, jax.random.PRNGKey(1)), version=0)
+  f = StreamFetcher(BufferClient(address, token, max_message_bytes=256 << 20))
+  conn.send("ready")
+  have = -1           # first: the version visible now (untimed warm-up), then each new one
+  while True:
+    got = f.fetch(have, wait_timeout_s=120)
+    if got is None:
+      continue
+    have, tree = got
+    sampler.set_params(tree, have)
+    sampler._swap_if_pending()   # what generate() does between chunks  pylint: disable=protected-access
+    jax.block_until_ready(sampler.params)
+    done = time.time()
+    digest = hashlib.sha256(b"".join(np.asarray(x).tobytes()
+                                     for x in jax.tree.leaves(sampler.params))).hexdigest()
+    conn.send((have, done, digest))
+    if conn.poll() and conn.recv() == "stop":
+      return
+
+
+def measure_deployed(server, token, cfg, params, cfg_kw, chunk_bytes, repeats, first_version):
+  """Learner params -> JAX sampler in ANOTHER process (the deployed layout): this process is the
+  learner, the buffer its own process, the generator a third one that long-polls (as
+  `worker._watch_weights` does). Per version: wall seconds from the start of the publish to the
+  generator holding the new params (clocks of one host), and a sha256 check (bit-exact).
+  Learner-hosted (`source=`: one hop, pipelined) and through-buffer (two hops) alternate."""
+  import hashlib
+  import multiprocessing as mp
+  import jax
+  from scalerl_jax.rollout.client import BufferClient
+  from scalerl_jax.rollout.weight_source import WeightSource
+  from scalerl_jax.rollout.weight_stream import StreamPublisher
+  want = hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(params))
+                        ).hexdigest()
+  ctx = mp.get_context("spawn")
+  here, there = ctx.Pipe()
+  gen = ctx.Process(target=_generator_proc, args=(server.address, token, cfg_kw, there),
+                    daemon=True)
+  gen.start()
+  assert here.recv() == "ready"
+  here.recv()          # the generator's warm-up fetch of the version visible now
+  client = BufferClient(server.address, token, max_message_bytes=256 << 20)
+  src = WeightSource(token, max_message_bytes=256 << 20)
+  out = {"learner_hosted": [], "via_buffer": [], "publish_s_learner_hosted": [],
+         "publish_s_via_buffer": []}
+  try:
+    v = first_version
+    for rep in range(repeats):
+      for kind in ("learner_hosted", "via_buffer"):
+        time.sleep(0.5)
+        t0 = time.time()
+        StreamPublisher(client, v, params, chunk_bytes,
+                        source=src if kind == "learner_hosted" else None).publish()
+        out[f"publish_s_{kind}"].append(time.time() - t0)
+        got_v, done, digest = here.recv()
+        assert got_v == v and digest == want, (got_v, v, digest, want)
+        out[kind].append(done - t0)
+        v += 1
+  finally:
+    here.send("stop")
+    gen.join(30)
+    if gen.is_alive():
+      gen.kill()
+    src.stop()
+    client.close()
+  return out
 
 
 def measure_vllm(cfg, tree, mb: float, args) -> dict:

@@ -129,6 +129,22 @@ def gather_to_host(tree):
   return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
+def allgather_strings(value: str, max_bytes: int = 512) -> list[str]:
+  """Every process's `value` (UTF-8, at most `max_bytes`), in process order (a collective)."""
+  import jax
+  if jax.process_count() == 1:
+    return [value]
+  from jax.experimental import multihost_utils
+  raw = value.encode()
+  if len(raw) > max_bytes:
+    raise ValueError(f"{value[:40]!r}...: more than {max_bytes} bytes")
+  buf = np.zeros(max_bytes + 4, np.uint8)
+  buf[:4] = np.frombuffer(np.array([len(raw)], "<u4").tobytes(), np.uint8)
+  buf[4:4 + len(raw)] = np.frombuffer(raw, np.uint8)
+  rows = np.asarray(multihost_utils.process_allgather(buf)).reshape(-1, max_bytes + 4)
+  return [bytes(r[4:4 + int(np.frombuffer(r[:4].tobytes(), "<u4")[0])]).decode() for r in rows]
+
+
 def broadcast_from_main(arrays: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
   """Process 0's {name: numpy array} on every process (others pass None).
 

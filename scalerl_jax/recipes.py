@@ -106,6 +106,10 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
                       f"got {config.buffer.address!r}")
   if g.num_workers < 1:
     raise ConfigError(f"generator.num_workers must be >= 1, got {g.num_workers}")
+  w = config.get("weights")
+  if w is not None and w.get("serve_from", "buffer") not in ("learner", "buffer"):
+    raise ConfigError(f"weights.serve_from={w.serve_from!r}; expected 'learner' (each learner "
+                      f"process serves its shards) or 'buffer'")
   if config.rl.length_control not in ("interrupt", "penalty"):
     raise ConfigError(f"rl.length_control={config.rl.length_control!r}; expected "
                       "'interrupt' or 'penalty'")

@@ -150,6 +150,7 @@ class Trainer:
     self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep))
     self.watchdog = None   # callable raising when a child process died (set by main)
     self.learner_state_path = learner_state_path
+    self.source, self.sources = self._start_weight_source()
     self.start_step = 0
     # Consumption offsets: what the learner trained, as counts and a chained sha256 over the ids.
     self.consumed = dict(step=0, groups=0, rollouts=0, ids_sha256="", recent={})
@@ -178,11 +179,30 @@ class Trainer:
              self.consumed["rollouts"], self.resume_info["gap_booked_s"])
 
   # ---- pieces ------------------------------------------------------------------------------------
+  def _start_weight_source(self):
+    """config.weights.serve_from="learner": this process's WeightSource and every process's
+    source address (a collective when multi-host); else (None, None)."""
+    w = self.config.get("weights")
+    if w is None or w.get("serve_from", "buffer") == "buffer":
+      return None, None
+    if w.serve_from != "learner":
+      raise ValueError(f"weights.serve_from={w.serve_from!r}: expected 'learner' or 'buffer'")
+    from scalerl_jax.rollout.weight_source import WeightSource
+    src = WeightSource(self.client._token, host=w.host, port=int(w.port),  # pylint: disable=protected-access
+                       advertise=w.advertise or None)
+    if not self.multi:
+      return src, [src.address]
+    from scalerl_jax import distributed
+    return src, distributed.allgather_strings(src.address)
+
   def publish(self, version: int) -> float:
-    """Streams the params as `version` (weight_stream.py: this process's shards, chunk by chunk,
-    CRC-checked, resumable; the buffer shows the version once every process's chunks arrived)."""
+    """Publishes the params as `version` (weight_stream.py: this process's shards, chunk by chunk,
+    CRC-32C'd; with a learner weight source they are staged here and the buffer only announces
+    the version, else they stream through the buffer, which shows the version once every
+    process's chunks arrived)."""
     t = time.time()
-    self.client.publish_params(version, self.learner.state.params)
+    self.client.publish_params(version, self.learner.state.params, source=self.source,
+                               sources=self.sources)
     return time.time() - t
 
   def _eval_params(self):
@@ -320,6 +340,8 @@ class Trainer:
         self.save(s + 1)
     self.ckpt.close()
     self.metrics.close()
+    if self.source is not None:   # generators still fetching the last version resume, then stop
+      self.source.stop()
     if self.main:
       with open(os.path.join(self.workdir, "npr_history.json"), "w") as f:
         json.dump(self.npr.to_dict(), f)

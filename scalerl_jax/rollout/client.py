@@ -59,6 +59,7 @@ class BufferClient:
                backoff_s: float = 0.05, max_backoff_s: float = 2.0):
     """retries=None: retry UNAVAILABLE until `retry_budget_s` has passed; retries=N: N retries."""
     self.address = address
+    self._token, self._max_message_bytes = token, max_message_bytes
     self._md = (("authorization", f"Bearer {token}"),)
     # Reconnect quickly once a restarted buffer listens again (gRPC's default backoff grows to 120 s).
     self._ch = grpc.insecure_channel(address, options=channel_options(max_message_bytes) + [
@@ -81,6 +82,11 @@ class BufferClient:
 
   def close(self) -> None:
     self._ch.close()
+
+  def peer(self, address: str, retries: int = 3) -> "BufferClient":
+    """A client for another server of this run (a learner weight source) with the same token."""
+    return BufferClient(address, self._token, max_message_bytes=self._max_message_bytes,
+                        retries=retries, backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s)
 
   def __enter__(self):
     return self
@@ -166,12 +172,15 @@ class BufferClient:
     return self._publish(messages, metadata=self._md, timeout=timeout)
 
   def publish_params(self, version: int, params, chunk_bytes: int = 8 << 20,
-                     wire_dtype: Optional[str] = None) -> pb.PublishAck:
+                     wire_dtype: Optional[str] = None, source=None,
+                     sources: Optional[list] = None) -> pb.PublishAck:
     """Streams a params pytree (sharded jax.Arrays or numpy) as `version`, this host's chunks only
-    (weight_stream.StreamPublisher: per-chunk CRC-32, resumable; wire_dtype="bfloat16" casts
-    float32 leaves chunk by chunk)."""
+    (weight_stream.StreamPublisher: per-chunk CRC-32C, resumable; wire_dtype="bfloat16" casts
+    float32 leaves chunk by chunk; `source`: stage on this process's WeightSource and only
+    announce to the buffer)."""
     from scalerl_jax.rollout.weight_stream import StreamPublisher
-    return StreamPublisher(self, version, params, chunk_bytes, wire_dtype=wire_dtype).publish()
+    return StreamPublisher(self, version, params, chunk_bytes, wire_dtype=wire_dtype,
+                           source=source, sources=sources).publish()
 
   def watch_versions(self, have_version: int = -1) -> Iterator[pb.VersionNotice]:
     """Server-stream of notices, one per newly visible weight version (cancel by closing)."""

@@ -4,11 +4,17 @@ Two protocols share the `WeightChunk` message (rollout.proto):
   blob      one opaque payload (e.g. safetensors), contiguous offsets, one sha256 over the whole;
             the version becomes visible once the sha256 matches (else DATA_LOSS).
   streamed  a JSON manifest (tensors + chunk table, its sha256 in the header) then chunks in any
-            order, each with its own zlib CRC-32, possibly from several publishers (one per host);
-            chunks are kept as they arrive (a broken publish resumes from the missing ones, which
-            PublishAck lists), and the version becomes visible once every chunk is present and
-            verified. Fetchers get the manifest and then the chunks as the publishers' raw message
-            bytes (no re-encoding, no server-side copy); a fetcher resumes with `have_chunks`.
+            order, each with its own checksum (the manifest's "checksum": "crc32c" (Castagnoli,
+            hardware, ~25 GB/s) or "crc32" (zlib, the default when absent)), possibly from several
+            publishers (one per host); chunks are kept as they arrive (a broken publish resumes from
+            the missing ones, which PublishAck lists), and the version becomes visible once every
+            chunk is present and verified. Fetchers get the manifest and then the chunks as the
+            publishers' raw message bytes (no re-encoding, no server-side copy); a fetcher resumes
+            with `have_chunks`.
+  remote    a streamed manifest with "sources" (one learner weight server address per learner
+            process, weight_source.py) and "owners" (the source index of each chunk): the chunks
+            stay on the learner hosts and the buffer only announces the version (visible at once);
+            fetchers read the manifest here and the chunks from the sources.
 
 Requests are split by `parse_weight_message` without copying `data` (a memoryview into the bytes
 gRPC handed over). This module must not import jax.
@@ -23,6 +29,7 @@ import time
 import zlib
 from typing import Optional
 
+import crc32c
 import grpc
 from google.protobuf import message as pb_message
 from google.protobuf import unknown_fields
@@ -32,6 +39,9 @@ from scalerl_jax.rollout import validation as val
 
 STREAM_PREFIX = "stream:"   # WAL format tag of a persisted streamed version
 MAX_CHUNKS = 1 << 20
+MAX_SOURCES = 4096
+# Chunk checksums by manifest name (absent: "crc32", what older publishers sent).
+CHECKSUMS = {"crc32": zlib.crc32, "crc32c": crc32c.crc32c}
 _DATA_TAG = (6 << 3) | 2
 
 
@@ -95,13 +105,24 @@ def check_manifest(text: str, max_bytes: int) -> tuple[dict, list[int]]:
   """Validates a manifest; returns (manifest, nbytes per chunk). Raises ValueError.
 
   {"tensors": [{"name": [...], "dtype": str, "shape": [...]}, ...],
-   "chunks": [[tensor_index, [start per dim], [extent per dim]], ...]} (itemsize from "itemsize")."""
+   "chunks": [[tensor_index, [start per dim], [extent per dim]], ...],   (itemsize from "itemsize")
+   optional "checksum": "crc32" | "crc32c", "sources": ["host:port", ...], "owners": [int, ...]}."""
   m = json.loads(text)
   tensors, chunks = m["tensors"], m["chunks"]
   if not isinstance(tensors, list) or not isinstance(chunks, list) or not chunks:
     raise ValueError("manifest needs non-empty lists 'tensors' and 'chunks'")
   if len(chunks) > MAX_CHUNKS:
     raise ValueError(f"{len(chunks)} chunks > {MAX_CHUNKS}")
+  if m.get("checksum", "crc32") not in CHECKSUMS:
+    raise ValueError(f"unknown checksum {m.get('checksum')!r}; expected one of {sorted(CHECKSUMS)}")
+  if "sources" in m or "owners" in m:
+    src, own = m.get("sources"), m.get("owners")
+    if (not isinstance(src, list) or not 0 < len(src) <= MAX_SOURCES
+        or not all(isinstance(a, str) and 0 < len(a) <= 256 and ":" in a for a in src)):
+      raise ValueError(f"'sources' must be 1..{MAX_SOURCES} 'host:port' strings")
+    if (not isinstance(own, list) or len(own) != len(chunks)
+        or not all(isinstance(o, int) and 0 <= o < len(src) for o in own)):
+      raise ValueError("'owners' must give a source index for every chunk")
   sizes, total = [], 0
   for c in chunks:
     t, start, ext = c
@@ -126,14 +147,20 @@ class Version:
 
   def __init__(self, version: int, fmt: str, sha256: str, total_bytes: int, *, payload=None,
                manifest_raw: Optional[bytes] = None, sizes: Optional[list[int]] = None,
-               crcs=None):
+               manifest: Optional[dict] = None, expected: Optional[int] = None):
+    """`manifest` (parsed) gives the checksum and, with "sources", makes the version remote (no
+    chunks held here); `expected`: how many chunks this holder will have (default: all)."""
     self.version, self.format, self.sha256, self.total_bytes = version, fmt, sha256, total_bytes
     self.payload = payload                      # blob only
     self.manifest_raw = manifest_raw            # streamed: the first message, as sent to fetchers
     self.sizes = sizes or []
-    self.chunks: list[Optional[bytes]] = [None] * len(self.sizes)
+    manifest = manifest or {}
+    self.checksum = CHECKSUMS[manifest.get("checksum", "crc32")]
+    self.remote = "sources" in manifest         # chunks live on the learner hosts
+    self.chunks: list[Optional[bytes]] = [] if self.remote else [None] * len(self.sizes)
     self.order: list[int] = []                  # chunk indices in arrival order (fetchers follow it)
-    self.missing = len(self.sizes)
+    self.expected = 0 if self.remote else len(self.sizes) if expected is None else expected
+    self.missing = self.expected
     self.dropped = False                        # evicted before completion (fetchers give up)
 
   @property
@@ -144,8 +171,9 @@ class Version:
     return [i for i, c in enumerate(self.chunks) if c is None]
 
   def pack(self) -> bytes:
-    """Streamed version as one blob (WAL): u64 count, then u64-length-prefixed messages."""
-    msgs = [self.manifest_raw] + self.chunks
+    """Streamed version as one blob (WAL): u64 count, then u64-length-prefixed messages (a remote
+    version: the manifest only)."""
+    msgs = [self.manifest_raw] + ([] if self.remote else self.chunks)
     return b"".join([struct.pack("<Q", len(msgs))] + [
         x for m in msgs for x in (struct.pack("<Q", len(m)), m)])
 
@@ -157,10 +185,11 @@ class Version:
       msgs.append(bytes(view[pos + 8:pos + 8 + size]))
       pos += 8 + size
     head = parse_weight_message(msgs[0]).head
-    _, sizes = check_manifest(head.manifest, max_bytes)
+    manifest, sizes = check_manifest(head.manifest, max_bytes)
     v = Version(head.version, head.format, head.sha256, head.total_bytes, manifest_raw=msgs[0],
-                sizes=sizes)
-    v.chunks, v.missing, v.order = msgs[1:], 0, list(range(len(msgs) - 1))
+                sizes=sizes, manifest=manifest)
+    if not v.remote:
+      v.chunks, v.missing, v.order = msgs[1:], 0, list(range(len(msgs) - 1))
     return v
 
 
@@ -215,6 +244,8 @@ class WeightStore:
     cur = self.visible
     if cur is not None and version == cur.version and sha256 == cur.sha256:
       return True
+    if cur is not None and cur.remote and version == cur.version:
+      return False      # the same version re-announced from new sources (a restarted learner)
     if cur is not None and version <= cur.version:
       self.srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                       f"version {version} is not newer than published version {cur.version}")
@@ -262,7 +293,7 @@ class WeightStore:
       srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                  "streamed publish: the first message carries only the manifest and its sha256")
     try:
-      _, sizes = check_manifest(h.manifest, srv.max_weight_bytes)
+      manifest, sizes = check_manifest(h.manifest, srv.max_weight_bytes)
     except OverflowError as e:
       srv._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
     except (ValueError, KeyError, TypeError, IndexError) as e:
@@ -280,8 +311,12 @@ class WeightStore:
       if v is None:
         mraw = pb.WeightChunk(version=h.version, total_bytes=h.total_bytes, sha256=h.sha256,
                               format=h.format, manifest=h.manifest).SerializeToString()
-        v = self.pending[h.version] = Version(h.version, h.format, h.sha256, h.total_bytes,
-                                              manifest_raw=mraw, sizes=sizes)
+        v = Version(h.version, h.format, h.sha256, h.total_bytes, manifest_raw=mraw, sizes=sizes,
+                    manifest=manifest)
+        if v.remote:       # announced: the chunks are served by the learner hosts
+          self._make_visible(context, v, None, v.format)
+          return pb.PublishAck(version=h.version, total_bytes=h.total_bytes, visible=True)
+        self.pending[h.version] = v
         for old in sorted(self.pending)[:-self.max_pending]:   # bound memory: newest few only
           self.pending.pop(old).dropped = True
         self.cv.notify_all()                                  # pipelined fetchers may start
@@ -295,8 +330,8 @@ class WeightStore:
       if i >= len(sizes) or len(c.data) != sizes[i]:
         srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
                    f"chunk {i}: index or size does not match the manifest")
-      if zlib.crc32(c.data) != ch.crc32:
-        srv._abort(context, grpc.StatusCode.DATA_LOSS, f"chunk {i}: crc32 mismatch")
+      if v.checksum(c.data) != ch.crc32:
+        srv._abort(context, grpc.StatusCode.DATA_LOSS, f"chunk {i}: checksum mismatch")
       with self.cv:
         if v.dropped:
           srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
@@ -357,8 +392,8 @@ class WeightStore:
       if not r.streamed:
         srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                    f"version {v.version} was streamed; fetch it with streamed=true")
-      yield from self._stream(v, set(r.have_chunks) if r.resume_version == v.version else (),
-                              context, max(timeout, 10.0))
+      yield from stream_chunks(self.cv, v, set(r.have_chunks) if r.resume_version == v.version
+                               else (), context, max(timeout, 10.0))
       return
     view = memoryview(v.payload)
     head = dict(version=v.version, total_bytes=v.total_bytes, sha256=v.sha256, format=v.format)
@@ -377,24 +412,6 @@ class WeightStore:
         best = top
     return best
 
-  def _stream(self, v: Version, skip, context, stall_s: float):
-    """Manifest, then v's chunks in arrival order, waiting for the rest while it is published; ends
-    early (a short stream, which the fetcher resumes) if v is superseded or stalls for stall_s."""
-    yield v.manifest_raw
-    pos, n = 0, len(v.sizes)
-    while pos < n:
-      with self.cv:
-        t_wait = time.time()
-        while pos == len(v.order):
-          if v.dropped or not context.is_active() or time.time() - t_wait > stall_s:
-            return
-          self.cv.wait(0.25)
-        ready = v.order[pos:]
-      pos += len(ready)
-      for i in ready:
-        if i not in skip:
-          yield v.chunks[i]
-
   def watch(self, request, context):
     """WatchVersion handler: one notice per newly visible version."""
     have = self.srv._req(request, context).have_version
@@ -406,3 +423,23 @@ class WeightStore:
           continue
         have = v.version
       yield pb.VersionNotice(version=v.version, total_bytes=v.total_bytes, sha256=v.sha256)
+
+
+def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: float):
+  """Manifest, then v's chunks in arrival order, waiting (on `cv`) for the rest while it is
+  published; ends early (a short stream, which the fetcher resumes) if v is superseded or stalls
+  for stall_s. Shared by the buffer and the learner weight servers (weight_source.py)."""
+  yield v.manifest_raw
+  pos = 0
+  while pos < v.expected:
+    with cv:
+      t_wait = time.time()
+      while pos == len(v.order):
+        if v.dropped or not context.is_active() or time.time() - t_wait > stall_s:
+          return
+        cv.wait(0.25)
+      ready = v.order[pos:]
+    pos += len(ready)
+    for i in ready:
+      if i not in skip:
+        yield v.chunks[i]

@@ -17,17 +17,23 @@ holds one chunk at a time (on CPU a zero-copy view of its shard; on accelerators
 copied device -> host). The buffer makes the version visible once all hosts' chunks arrived and
 their CRC-32s matched.
 
-The fetcher allocates each leaf once (np.empty, the destination) and writes every chunk's bytes
-straight into its box as the chunk arrives: the generator holds the new model once plus one chunk
-in flight. A fetch that breaks keeps what it got; the next `fetch` resumes the same version with
-`have_chunks` (the server skips them), unless a newer version was published meanwhile.
+Chunks carry a CRC-32C (hardware, ~25 GB/s here; manifest "checksum", zlib CRC-32 for old
+publishers). With `source=` (a weight_source.WeightSource in each learner process) the chunks are
+staged on the learner hosts and the buffer only gets the manifest with "sources"/"owners" (a remote
+version): generators fetch each host's chunks from that host, one hop instead of two.
+
+The fetcher allocates each leaf once (64-byte aligned, so on CPU `jax.device_put` adopts it
+without a copy) and writes every chunk's bytes straight into its box as the chunk arrives: the
+generator holds the new model once plus one chunk in flight per source. A fetch that breaks keeps
+what it got; the next `fetch` resumes the same version with `have_chunks` (the server skips them),
+unless a newer version was published meanwhile.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import math
-import zlib
 from typing import Any, Callable, Iterator, Optional
 
 import grpc
@@ -39,6 +45,15 @@ from scalerl_jax.rollout import weight_store as ws
 FORMAT = "scalerl-params-v1"
 _RESUMABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
               grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)
+
+
+def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
+  """np.empty with a 64-byte aligned data pointer (XLA:CPU then aliases it instead of copying)."""
+  dtype = np.dtype(dtype)
+  n = int(math.prod(shape)) * dtype.itemsize
+  raw = np.empty(n + align, np.uint8)
+  off = (-raw.ctypes.data) % align
+  return raw[off:off + n].view(dtype).reshape(shape)
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -132,11 +147,30 @@ class StreamPublisher:
   """Streams this host's chunks of one params version to the buffer (see module docstring)."""
 
   def __init__(self, client, version: int, params, chunk_bytes: int = 8 << 20,
-               process_index: Optional[int] = None, wire_dtype: Optional[str] = None):
+               process_index: Optional[int] = None, wire_dtype: Optional[str] = None,
+               checksum: str = "crc32c", source=None, sources: Optional[list[str]] = None,
+               owners: Optional[list[int]] = None):
     """`wire_dtype="bfloat16"` halves the bytes of float32 params (e.g. fp32 master weights for a
-    bf16 generator); the generator then receives bf16 arrays."""
-    self.client, self.version = client, int(version)
+    bf16 generator); the generator then receives bf16 arrays. `source`: this process's
+    WeightSource (chunks staged there, the buffer only announces the version); `sources`: every
+    learner process's source address in process order (default: just `source.address`);
+    `owners`: the source index of every chunk (default: its owner device's process)."""
+    self.client, self.version, self.source = client, int(version), source
     self.manifest, self.leaves, self.plan = build_manifest(params, chunk_bytes, wire_dtype)
+    self.manifest["checksum"] = checksum
+    self._checksum = ws.CHECKSUMS[checksum]
+    if process_index is None:
+      import jax
+      process_index = jax.process_index()
+    self.process_index = process_index
+    if source is not None:     # host arrays (no device) are served by process 0's source
+      self.manifest["sources"] = list(sources or [source.address])
+      self.manifest["owners"] = list(owners) if owners is not None else [
+          0 if p[4] is None else p[4].process_index for p in self.plan]
+      self.own = [i for i, o in enumerate(self.manifest["owners"]) if o == process_index]
+    else:                      # host arrays are sent by every process (the buffer keeps one)
+      self.own = [i for i, p in enumerate(self.plan)
+                  if p[4] is None or p[4].process_index == process_index]
     self._dtypes = [_np_dtype(t["dtype"]) for t in self.manifest["tensors"]]
     text = json.dumps(self.manifest, separators=(",", ":"))
     self.sha256 = hashlib.sha256(text.encode()).hexdigest()
@@ -144,11 +178,6 @@ class StreamPublisher:
     self._first = pb.WeightChunk(version=self.version, total_bytes=self.total_bytes,
                                  sha256=self.sha256, format=FORMAT, manifest=text
                                  ).SerializeToString()
-    if process_index is None:
-      import jax
-      process_index = jax.process_index()
-    self.own = [i for i, p in enumerate(self.plan)
-                if p[4] is None or p[4].process_index == process_index]
     self.sent_chunks = self.sent_bytes = 0
     self.peak_chunk_bytes = 0            # largest host buffer this publisher held at once
     self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
@@ -164,23 +193,26 @@ class StreamPublisher:
       return np.ascontiguousarray(np.asarray(shard.data[rel]))      # device -> host: this chunk only
     return np.ascontiguousarray(np.asarray(leaf)[tuple(slice(a, a + n) for a, n in zip(s, e))])
 
+  def encode(self, i: int) -> bytes:
+    """Chunk i as one WeightChunk message (its bytes copied once, checksummed once)."""
+    if self.on_chunk is not None:
+      self.on_chunk(i)
+    host = self._host_chunk(i)
+    if host.dtype != self._dtypes[self.plan[i][0]]:
+      host = host.astype(self._dtypes[self.plan[i][0]])      # wire cast, one chunk at a time
+    view = memoryview(host.reshape(-1).view(np.uint8))
+    msg = ws.encode_chunk(self.version, i, view, self._checksum(view))
+    self.peak_chunk_bytes = max(self.peak_chunk_bytes, len(msg) + (
+        host.nbytes if host.base is None else 0))
+    self.sent_chunks += 1
+    self.sent_bytes += host.nbytes
+    return msg
+
   def messages(self, indices) -> Iterator[bytes]:
-    """The manifest message, then one encoded chunk per index (one copy of each chunk's bytes)."""
+    """The manifest message, then one encoded chunk per index."""
     yield self._first
     for i in indices:
-      if self.on_chunk is not None:
-        self.on_chunk(i)
-      host = self._host_chunk(i)
-      if host.dtype != self._dtypes[self.plan[i][0]]:
-        host = host.astype(self._dtypes[self.plan[i][0]])      # wire cast, one chunk at a time
-      view = memoryview(host.reshape(-1).view(np.uint8))
-      msg = ws.encode_chunk(self.version, i, view, zlib.crc32(view))
-      self.peak_chunk_bytes = max(self.peak_chunk_bytes, len(msg) + (
-          host.nbytes if host.base is None else 0))
-      self.sent_chunks += 1
-      self.sent_bytes += host.nbytes
-      del host, view
-      yield msg
+      yield self.encode(i)
 
   def missing(self) -> list[int]:
     """Chunks of this host the buffer still lacks (a manifest-only publish)."""
@@ -192,6 +224,8 @@ class StreamPublisher:
     """Sends this host's chunks (or `indices` first), then whatever of this host's chunks the
     buffer still lacks; after a broken stream only those are resent. Returns the last PublishAck
     (visible once every host's chunks are in)."""
+    if self.source is not None:
+      return self._publish_to_source()
     todo = list(self.own if indices is None else indices)
     for attempt in range(retries + 1):
       try:
@@ -205,6 +239,19 @@ class StreamPublisher:
           raise
         todo = self.resume_list()
     raise IOError(f"version {self.version}: chunks still missing after {retries} retries")
+
+  def _publish_to_source(self) -> pb.PublishAck:
+    """Learner-hosted: this process's source starts holding the version, process 0 announces it
+    to the buffer (fetchers may start at once), then this process's chunks are staged one by one
+    (each is served as soon as it is staged). Returns when all of them are staged."""
+    self.source.begin(self.version, self._first, len(self.own))
+    ack = pb.PublishAck(version=self.version, total_bytes=self.total_bytes, visible=True)
+    if self.process_index == 0:
+      ack = self.client._retry(  # pylint: disable=protected-access
+          lambda: self.client.publish_raw(iter([self._first])))
+    for i in self.own:
+      self.source.add(self.version, i, self.encode(i))
+    return ack
 
   def resume_list(self) -> list[int]:
     """Missing chunks of this host, asking the buffer (retrying while it is unavailable)."""
@@ -221,6 +268,7 @@ class StreamFetcher:
 
   def __init__(self, client):
     self.client = client
+    self._peers: dict = {}                  # learner weight source address -> client
     self._partial: Optional[dict] = None    # version, manifest, dests, have (set of chunk ids)
     self.received_chunks = self.received_bytes = 0
     self.peak_message_bytes = 0
@@ -237,11 +285,11 @@ class StreamFetcher:
       req.resume_version, req.have_chunks[:] = p["version"], sorted(p["have"])
     stream = self.client.fetch_raw(req, timeout=wait_timeout_s + 600)
     try:
-      return self._consume(stream)
+      return self._consume(stream, wait_timeout_s)
     finally:
       stream.cancel()   # no-op once the stream ended; frees the call after a break
 
-  def _consume(self, stream):
+  def _consume(self, stream, wait_timeout_s: float = 0.0):
     p = self._partial
     first = next(stream, None)
     if first is None:
@@ -256,10 +304,25 @@ class StreamFetcher:
       raise IOError(f"version {h.version}: manifest sha256 mismatch")
     if p is None or p["version"] != h.version or p["sha256"] != h.sha256:
       manifest = json.loads(h.manifest)
-      dests = [np.empty(t["shape"], _np_dtype(t["dtype"])) for t in manifest["tensors"]]
+      dests = [aligned_empty(t["shape"], _np_dtype(t["dtype"])) for t in manifest["tensors"]]
       p = self._partial = dict(version=h.version, sha256=h.sha256, manifest=manifest,
                                dests=dests, have=set())
     manifest, dests, have = p["manifest"], p["dests"], p["have"]
+    if "sources" in manifest:
+      self._from_sources(h, p, wait_timeout_s)
+    else:
+      self._take(stream, h, p)
+    if len(have) != len(manifest["chunks"]):
+      raise IOError(f"version {h.version}: stream ended with {len(have)} of "
+                    f"{len(manifest['chunks'])} chunks (fetch again to resume)")
+    self._partial = None
+    names = [t["name"] for t in manifest["tensors"]]
+    return h.version, unflatten(names, dests)
+
+  def _take(self, stream, h, p) -> None:
+    """Writes every chunk message of `stream` into its box of p's arrays (checksum verified)."""
+    manifest, dests, have = p["manifest"], p["dests"], p["have"]
+    checksum = ws.CHECKSUMS[manifest.get("checksum", "crc32")]
     for raw in stream:
       self.peak_message_bytes = max(self.peak_message_bytes, len(raw))
       c = ws.parse_weight_message(raw)
@@ -268,8 +331,8 @@ class StreamFetcher:
       i = c.head.chunk_index
       if c.head.version != h.version or i >= len(manifest["chunks"]):
         raise IOError(f"chunk {i} of version {c.head.version} does not fit version {h.version}")
-      if zlib.crc32(c.data) != c.head.crc32:
-        raise IOError(f"version {h.version} chunk {i}: crc32 mismatch after transfer")
+      if checksum(c.data) != c.head.crc32:
+        raise IOError(f"version {h.version} chunk {i}: checksum mismatch after transfer")
       t, s, e = manifest["chunks"][i]
       dst = dests[t][tuple(slice(a, a + n) for a, n in zip(s, e)) + (Ellipsis,)]   # a view
       if c.data.nbytes != dst.nbytes:
@@ -281,12 +344,43 @@ class StreamFetcher:
       del c, raw
       if self.on_chunk is not None:
         self.on_chunk(i)
-    if len(have) != len(manifest["chunks"]):
-      raise IOError(f"version {h.version}: stream ended with {len(have)} of "
-                    f"{len(manifest['chunks'])} chunks (fetch again to resume)")
-    self._partial = None
-    names = [t["name"] for t in manifest["tensors"]]
-    return h.version, unflatten(names, dests)
+
+  def _peer(self, address: str):
+    if address not in self._peers:
+      self._peers[address] = self.client.peer(address)
+    return self._peers[address]
+
+  def _from_sources(self, h, p, wait_timeout_s: float) -> None:
+    """A remote version: each learner source's chunks from that source (in parallel), resuming
+    with the chunks already held. A source that no longer holds the version answers NOT_FOUND."""
+    manifest, have = p["manifest"], p["have"]
+    by_src: dict[int, list[int]] = {}
+    for i, o in enumerate(manifest["owners"]):
+      by_src.setdefault(o, []).append(i)
+
+    def one(o: int) -> None:
+      got = [i for i in by_src[o] if i in have]
+      if len(got) == len(by_src[o]):
+        return
+      req = pb.FetchWeightsRequest(have_version=h.version - 1, resume_version=h.version,
+                                   streamed=True, have_chunks=got,
+                                   wait_timeout_s=min(max(wait_timeout_s, 60.0), 600.0))
+      stream = self._peer(manifest["sources"][o]).fetch_raw(req, timeout=1200)
+      try:
+        first = next(stream, None)
+        m = None if first is None else ws.parse_weight_message(first)
+        if m is None or isinstance(m, ws.Malformed) or m.head.sha256 != h.sha256:
+          raise IOError(f"version {h.version}: source {manifest['sources'][o]} sent another "
+                        f"manifest")
+        self._take(stream, h, p)
+      finally:
+        stream.cancel()
+    if len(by_src) == 1:
+      one(next(iter(by_src)))
+      return
+    with concurrent.futures.ThreadPoolExecutor(min(len(by_src), 16)) as ex:
+      for f in [ex.submit(one, o) for o in by_src]:
+        f.result()
 
   def _blob(self, m, stream):
     h, parts = m.head, [m.data]

@@ -1,0 +1,157 @@
+"""Learner-hosted weight serving: generators fetch each learner host's chunks from that host.
+
+The buffer path (weight_store.py) moves every weight byte twice: learner -> buffer -> generator.
+With a `WeightSource` in each learner process the buffer only announces a version (a "remote"
+manifest: chunk table + "sources", one address per learner process, + "owners", the source of each
+chunk) and the generators fetch the chunks straight from the learner hosts: one hop, and the load
+is spread over every learner host's NIC instead of one buffer host (docs/SCALE.md).
+
+Learner (weight_stream.StreamPublisher does this when given `source=`):
+  src = WeightSource(token)                      # a gRPC server on this host (FetchWeights only)
+  src.begin(version, manifest_msg, n_own)        # fetchers may connect from now on ...
+  src.add(version, index, chunk_msg) ...         # ... and get each chunk as soon as it is staged
+Generator: weight_stream.StreamFetcher follows a remote manifest's sources by itself.
+
+A source serves exactly the version asked for (`FetchWeightsRequest.resume_version`, skipping
+`have_chunks`): the chunks of one version must all come from the same version on every host. It
+keeps the newest `keep` versions; asked for an older one it answers NOT_FOUND (the fetcher then asks
+the buffer for the newest). Staged chunk messages are copies (encoded once, CRC'd once), so the
+learner may update its params while generators still fetch. Every RPC needs the buffer's bearer
+token (UNAUTHENTICATED otherwise); requests are parsed strictly (INVALID_ARGUMENT). This module must
+not import jax.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import socket
+import threading
+import time
+from typing import Optional
+
+import grpc
+
+from scalerl_jax.rollout import rollout_pb2 as pb
+from scalerl_jax.rollout import validation as val
+from scalerl_jax.rollout import weight_store as ws
+from scalerl_jax.rollout.wire import Malformed, parser, serialize
+
+log = logging.getLogger("scalerl.weight_source")
+
+
+def advertised_host(bind: str) -> str:
+  """The host name generators should dial for a server bound to `bind` (a wildcard bind is
+  advertised as this host's resolved address)."""
+  if bind not in ("0.0.0.0", "::", "[::]", ""):
+    return bind
+  try:
+    return socket.gethostbyname(socket.gethostname())
+  except OSError:
+    return socket.gethostname()
+
+
+class WeightSource:
+  """A FetchWeights-only gRPC server in a learner process; see the module docstring."""
+
+  def __init__(self, token: str, *, host: str = "127.0.0.1", port: int = 0,
+               advertise: Optional[str] = None, keep: int = 2, max_message_bytes: int = 64 << 20,
+               stall_s: float = 60.0, max_workers: int = 64):
+    """`advertise`: the host part generators dial (default: `host`, or this host's address for a
+    wildcard bind). `keep`: versions held (the newest, plus older ones still being fetched)."""
+    from scalerl_jax.rollout.buffer_server import SERVICE, _AuthInterceptor, channel_options
+    if not token:
+      raise ValueError("an auth token is required")
+    self.keep, self.stall_s = max(1, int(keep)), float(stall_s)
+    self.limits = val.Limits()
+    self.cv = threading.Condition()
+    self.versions: dict[int, ws.Version] = {}
+    self.rejected = 0
+    self.served_chunks = 0
+    self._server = grpc.server(
+        concurrent.futures.ThreadPoolExecutor(max_workers=max_workers,
+                                              thread_name_prefix="weight-source"),
+        interceptors=[_AuthInterceptor(token, self._count_reject)],
+        options=channel_options(max_message_bytes), maximum_concurrent_rpcs=max_workers)
+    self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {
+        "FetchWeights": grpc.unary_stream_rpc_method_handler(
+            self._fetch, parser(pb.FetchWeightsRequest), serialize)})])
+    bind = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    self.port = self._server.add_insecure_port(f"{bind}:{port}")
+    if not self.port:
+      raise OSError(f"weight source: cannot bind {host}:{port}")
+    self.address = f"{advertise or advertised_host(host)}:{self.port}"
+    self._server.start()
+
+  def stop(self, grace: float = 0.0) -> None:
+    """Stops serving (fetches in progress end; their fetchers resume elsewhere)."""
+    with self.cv:
+      for v in self.versions.values():
+        v.dropped = True
+      self.cv.notify_all()
+    self._server.stop(grace)
+
+  def _count_reject(self, code: grpc.StatusCode) -> None:
+    with self.cv:
+      self.rejected += 1
+
+  # ---- staging (the learner) ---------------------------------------------------------------------
+  def begin(self, version: int, manifest_msg: bytes, own: int, max_bytes: int = 1 << 50) -> None:
+    """Starts holding `version` (its manifest message as sent to fetchers, `own` = how many of its
+    chunks this host will add). Versions older than the newest `keep` are dropped."""
+    head = ws.parse_weight_message(manifest_msg)
+    if isinstance(head, Malformed):
+      raise ValueError(head.err)
+    h = head.head
+    manifest, sizes = ws.check_manifest(h.manifest, max_bytes)
+    local = dict(manifest)
+    local.pop("sources", None)      # this holder has chunks: not remote here
+    v = ws.Version(h.version, h.format, h.sha256, h.total_bytes, manifest_raw=manifest_msg,
+                   sizes=sizes, manifest=local, expected=int(own))
+    with self.cv:
+      self.versions[int(version)] = v
+      for old in sorted(self.versions)[:-self.keep]:
+        self.versions.pop(old).dropped = True
+      self.cv.notify_all()
+
+  def add(self, version: int, index: int, msg: bytes) -> None:
+    """Adds one encoded chunk message (weight_store.encode_chunk) of a begun version."""
+    with self.cv:
+      v = self.versions.get(int(version))
+      if v is None:
+        return                       # superseded while staging: nobody will ask for it
+      if v.chunks[index] is None:
+        v.chunks[index] = msg
+        v.order.append(index)
+        v.missing -= 1
+      self.cv.notify_all()
+
+  def held(self) -> list[int]:
+    """Versions held, oldest first."""
+    with self.cv:
+      return sorted(self.versions)
+
+  # ---- serving (the generators) ------------------------------------------------------------------
+  def _fetch(self, request, context):
+    if isinstance(request, Malformed):
+      self._count_reject(grpc.StatusCode.INVALID_ARGUMENT)
+      context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.err)
+    try:
+      wait = val.check_timeout(request.wait_timeout_s, "wait_timeout_s", self.limits)
+    except val.RejectError as e:
+      self._count_reject(e.code)
+      context.abort(e.code, e.message)
+    want, end = int(request.resume_version), time.time() + max(wait, 1.0)
+    with self.cv:
+      while want not in self.versions:
+        newest = max(self.versions, default=-1)
+        if newest > want or time.time() > end or not context.is_active():
+          self.rejected += 1
+          context.abort(grpc.StatusCode.NOT_FOUND,
+                        f"version {want} is not held by this learner weight source "
+                        f"(held: {sorted(self.versions)})")
+        self.cv.wait(0.25)
+      v = self.versions[want]
+    for k, msg in enumerate(ws.stream_chunks(self.cv, v, set(request.have_chunks), context,
+                                             self.stall_s)):
+      self.served_chunks += k > 0          # the manifest message is not a chunk
+      yield msg
