@@ -1,4 +1,4 @@
-"""Weight-push bandwidth: learner params -> gRPC buffer -> JAX sampler / vLLM, stage by stage.
+"""Weight-push bandwidth: learner params -> JAX sampler / vLLM (learner-hosted, via the buffer, blob).
 
   python -m bench.weights [--d-model 1024] [--layers 8] [--ffn 1280] [--vocab 8192] [--repeats 3]
                           [--stream-chunk-mb 8] [--skip-vllm] [--vllm-eager] [--in-process-buffer]
@@ -7,7 +7,7 @@ Model: a random `tiny_llama3`-shaped Llama (defaults: d 1024, 8 layers, 16 heads
 head_dim 64, ffn 1280, vocab 8192: ~73M parameters, ~290 MB float32), learner params as jax arrays.
 The buffer (`buffer_server`, with an auth token) runs as its own process on loopback.
 
-Stages of the real path (each timed separately; MB = float32 payload bytes / 1e6):
+Old blob path, stage by stage (the peer; MB = float32 payload bytes / 1e6):
   to_host   learner params (jax) -> HF-named numpy arrays (`models.hf_named_arrays`, contiguous)
   encode    -> safetensors payload (`runtime.params_to_payload`'s format)
   publish   `BufferClient.publish_weights` (sha256 + client-streamed chunks; visible once verified)
@@ -16,33 +16,36 @@ Stages of the real path (each timed separately; MB = float32 payload bytes / 1e6
             and `sampler.named_from_safetensors` (zero-copy views; what `JaxSampler.load_payload`
             uses)
   load_jax  `JaxSampler.load_weights` (HF layout -> our params, host -> device) + the swap
-  load_vllm `VLLMGenerator.load_weights` (socket to the vLLM worker, float32 and bf16 on the wire)
 Reference rows (not part of the path): `encode_direct_proposed` (same format in one copy, a
 proposed runtime.params_to_payload; checked to decode to the same tensors) and `sha256_once_ref`
 (one sha256 pass over the payload: publish hashes twice (client + server), fetch once).
 
-Streamed path (weight_stream.py; what `ours` measures):
+Streamed path through the buffer (weight_stream.py), stage by stage (reference rows):
   stream_publish  `StreamPublisher.publish`: per-shard chunks of the jax params (zero-copy host views
-                  on CPU), CRC-32 each, client-streamed; the buffer verifies and keeps the raw messages
-  stream_fetch    `StreamFetcher.fetch`: raw messages forwarded by the buffer, CRC-32 checked, copied
-                  straight into preallocated arrays (the params pytree, our layout)
-  stream_load_jax `JaxSampler.set_params` + the swap (no layout change)
-  stream_pipelined  wall time of the pipelined chain: the fetcher long-polls first, so the buffer
-                  forwards each chunk as it arrives (publish and fetch overlap), then the load.
-                  Here learner and generator are threads of ONE process (they share the GIL and
-                  these CPUs), unlike the deployed layout (three processes).
-  *_cpu_s rows: CPU seconds (all threads) of this process plus the buffer process: the cost,
-                  much less sensitive to a loaded machine than wall time.
-ours_MB_per_cpu_s / peer_MB_per_cpu_s: model MB per CPU-second of the same two chains.
-The buffer runs as its own process (as deployed; `--in-process-buffer` for the old layout).
+                  on CPU), CRC-32C each, client-streamed; the buffer verifies and keeps the raw messages
+  stream_fetch    `StreamFetcher.fetch`: raw messages forwarded by the buffer, checksum checked,
+                  copied straight into preallocated 64-byte aligned arrays (the params pytree)
+  stream_load_jax `JaxSampler.set_params` + the swap (no layout change; zero-copy device_put)
+  stream_pipelined  publish and a long-polling fetch as threads of ONE process (shared GIL).
+  *_cpu_s rows: CPU seconds (all threads) of this process plus the buffer process.
 
-ours = MB/s learner params -> JAX sampler over the streamed path: stream_publish + stream_fetch +
-       stream_load_jax (summed stage seconds like peer, median of the repeats).
+ours = the deployed layout (`measure_deployed`): this process is the learner, the buffer its own
+       process, the generator a THIRD process that long-polls like `worker._watch_weights`. The
+       learner publishes with its `WeightSource` (weight_source.py: chunks staged on the learner,
+       the buffer only announces the version, the generator fetches them from the learner in one
+       hop while they are being staged). MB/s = model MB / wall seconds from the start of the
+       publish to the generator's JaxSampler holding the new params (one host, one clock),
+       median of --repeats; every version is checked bit-exact (sha256) in the generator.
+       `via_buffer_MBps`: the same measurement with the chunks going through the buffer (2 hops).
 peer = the blob chain as it was before this bench: to_host + safetensors encode + publish + fetch
        (sha256 thrice) + `runtime.payload_to_named` + load_weights (summed stage seconds, median).
-blob_zero_copy_MBps: the blob chain with the zero-copy decode (the previous `ours`).
-vLLM: the streamed params -> `models.hf_named_arrays` (views) -> `VLLMGenerator.load_weights`,
-float32 and bf16 on the wire (`--skip-vllm` to skip).
+blob_zero_copy_MBps: the blob chain with the zero-copy decode.
+vLLM: the streamed params -> `models.hf_named_arrays` (views) -> `VLLMGenerator.load_weights`
+(`--skip-vllm` to skip): transports "shm" (chunks of whole layers written once into reused
+/dev/shm files that vLLM's worker maps; the default) and "socket" (frames + vLLM's RPC), float32
+and bf16 (cast on our side); MB/s of float32 model bytes. `vllm_MBps` = shm + bf16, what a bf16
+fleet engine uses; `vllm_chain_MBps` = learner -> generator process (ours) then -> vLLM, sequential
+(the worker loads a version into vLLM once it is complete).
 Last stdout line: {"ours", "peer", "unit": "MB/s", "ratio", "vllm_MBps", "stages": {...}}.
 """
 from __future__ import annotations
@@ -258,6 +261,7 @@ def main(argv=None):
   print(json.dumps({
       "ours": ours, "peer": peer, "unit": "MB/s", "ratio": ours / peer,
       "vllm_MBps": (vllm or {}).get("e2e_bf16_MBps"), "vllm": vllm, "stages": stages,
+      "vllm_chain_MBps": (1 / (1 / ours + 1 / vllm["e2e_bf16_MBps"])) if vllm else None,
       "ours_best": mb / min(deployed["learner_hosted"]),
       "ours_rounds_MBps": [round(mb / x, 1) for x in deployed["learner_hosted"]],
       "via_buffer_MBps": via_buffer,
@@ -413,19 +417,21 @@ def measure_vllm(cfg, tree, mb: float, args) -> dict:
   out = {}
   with VLLMGenerator(d, enforce_eager=args.vllm_eager, max_model_len=256,
                      kv_cache_bytes=64 << 20) as gen:
-    for wire in (None, "bfloat16"):
-      times, stats = [], []
-      for _ in range(3):
-        t0 = time.perf_counter()
-        st = gen.load_weights(models.hf_named_arrays(cfg, tree), gen.version + 1, wire_dtype=wire)
-        times.append(time.perf_counter() - t0)
-        stats.append(st)
-      i = int(np.argsort(times)[len(times) // 2])       # the median repeat
-      key = "fp32" if wire is None else "bf16"
-      out[f"e2e_{key}_MBps"] = mb / times[i]    # float32-model MB per second of convert + load
-      out[f"{key}_wire_MBps"] = stats[i]["mb_per_s"]
-      out[f"{key}_wall_s"] = stats[i]["wall_s"]
-      out[f"{key}_load_s"] = stats[i]["load_s"]
+    for transport in ("shm", "socket"):
+      for wire in (None, "bfloat16"):
+        times, stats = [], []
+        for _ in range(3):
+          t0 = time.perf_counter()
+          st = gen.load_weights(models.hf_named_arrays(cfg, tree), gen.version + 1,
+                                wire_dtype=wire, transport=transport)
+          times.append(time.perf_counter() - t0)
+          stats.append(st)
+        i = int(np.argsort(times)[len(times) // 2])       # the median repeat
+        key = ("fp32" if wire is None else "bf16") + ("" if transport == "shm" else "_socket")
+        out[f"e2e_{key}_MBps"] = mb / times[i]    # float32-model MB per second of convert + load
+        out[f"{key}_wire_MBps"] = stats[i]["mb_per_s"]
+        out[f"{key}_wall_s"] = stats[i]["wall_s"]
+        out[f"{key}_load_s"] = stats[i]["load_s"]
   return out
 
 

@@ -1,4 +1,5 @@
 """Fast tests of the vLLM worker's wire protocol and pure helpers (no vLLM engine needed)."""
+import os
 import socket
 
 import numpy as np
@@ -71,3 +72,23 @@ def test_interruption_helpers():
   with pytest.raises(ValueError):
     draw_budget({**spec, "think_budget_max": 5}, 0, 0)
   assert request_seed(spec, 1, 0, 0) != request_seed(spec, 1, 1, 0) != request_seed(spec, 1, 1, 1)
+
+
+def test_shm_slots_roundtrip_and_reject_paths():
+  """ShmSlots writes (with the bf16 cast fused) what read_shm maps back; paths outside /dev/shm
+  and inconsistent metadata are refused."""
+  slots = P.ShmSlots(2)
+  try:
+    x = np.random.default_rng(0).standard_normal((33, 7)).astype(np.float32)
+    y = np.arange(10, dtype=np.int32)
+    path, metas = slots.write(3, [("x", x), ("y", y)], {"x": "bfloat16"})
+    assert path == slots.slots[1]["path"] and all(m["offset"] % 64 == 0 for m in metas)
+    got = P.read_shm(path, metas)
+    assert np.array_equal(got["x"], P.f32_to_bf16_bits(x)) and np.array_equal(got["y"], y)
+    with pytest.raises(P.ProtocolError):
+      P.read_shm("/etc/passwd", metas)
+    with pytest.raises(P.ProtocolError):
+      P.read_shm(path, [dict(metas[1], nbytes=999)])
+  finally:
+    slots.close()
+  assert not os.path.exists(path)

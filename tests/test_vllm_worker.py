@@ -123,6 +123,27 @@ def test_logprob_parity_gate_fp32_vs_bf16_head(gen, ckpts):
   assert wrong["mean_abs"] > 1.0
 
 
+def test_shm_transport_loads_the_same_weights_as_the_socket(gen, ckpts):
+  """Weights pushed through /dev/shm (one layer per chunk: every slot reused many times; also with
+  bf16 cast on our side) sample exactly what the socket-pushed weights sample, and pass the gate."""
+  spec = SamplingSpec(temperature=1.0, think_budget_min=32, think_budget_max=32, answer_budget=0,
+                      seed=5)
+  prompts = _prompts(4, seed=9)
+  digests = {}
+  _push(gen, ckpts["A"])
+  start = gen.param_digest()
+  for transport, cb, wire in (("socket", 64 << 20, None), ("shm", 1, None),
+                              ("socket", 64 << 20, "bfloat16"), ("shm", 1 << 20, "bfloat16")):
+    st = _push(gen, ckpts["B"], transport=transport, chunk_bytes=cb, wire_dtype=wire)
+    assert st["transport"] == transport and st["names"] == 39
+    digests[(transport, wire)] = gen.param_digest()
+  # Bit-identical engine weights whichever way they travelled (bf16: our cast == vLLM's cast).
+  assert len(set(digests.values())) == 1 and start not in digests.values(), digests
+  res = VP.run_gate(gen, ckpts["B"], spec, prompts, n=2)
+  res.pop("groups")
+  assert res["mean_abs"] < 0.03 and res["kl_k3"] < 1e-3, res
+
+
 def test_parity_gate_fp32_engine_isolates_the_head(ckpts):
   """float32 engine: the only bf16 left is the LM head when switched off -> its effect alone."""
   _require_vllm()

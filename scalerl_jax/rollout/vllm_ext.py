@@ -54,8 +54,27 @@ class ScaleRLWorkerExtension:
 
   def scalerl_load_weights(self, tensors: list) -> dict:
     """Loads [(hf_name, dtype, shape, bytes)] into the model (between reload_begin and _end)."""
+    return self._scalerl_load_pairs([(name, _to_tensor(dt, shape, data))
+                                     for name, dt, shape, data in tensors])
+
+  def scalerl_load_shm(self, path: str, metas: list) -> dict:
+    """Loads the tensors of one /dev/shm chunk (vllm_protocol.ShmSlots) into the model: torch views
+    of the mapped file, copied once by vLLM's loader (chunks hold whole layers, so the layerwise
+    reload finishes with them before the client reuses the file)."""
+    import warnings
+    from scalerl_jax.rollout.vllm_protocol import BF16, read_shm
+    cache = self.__dict__.setdefault("_scalerl_shm_maps", {})
+    views = read_shm(path, metas, cache)
+    pairs = []
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")          # read-only mapping: vLLM only reads (copies) it
+      for m in metas:
+        t = torch.from_numpy(views[m["name"]])
+        pairs.append((m["name"], t.view(torch.bfloat16) if m["dtype"] == BF16 else t))
+    return self._scalerl_load_pairs(pairs)
+
+  def _scalerl_load_pairs(self, pairs: list) -> dict:
     model = self._scalerl_model()
-    pairs = [(name, _to_tensor(dt, shape, data)) for name, dt, shape, data in tensors]
     known = _hf_names(model)
     unknown = [n for n, _ in pairs
                if known is not None and n not in known and "rotary_emb.inv_freq" not in n]
@@ -82,6 +101,20 @@ class ScaleRLWorkerExtension:
       logits = model.compute_logits(h)
     info["logits_dtype"] = str(logits.dtype).replace("torch.", "")
     return info
+
+  def scalerl_param_digest(self) -> str:
+    """sha256 over every parameter and buffer of the served model (names + bytes, name order):
+    equal digests = bit-identical weights (tests compare weight transports with it)."""
+    import hashlib
+    h = hashlib.sha256()
+    model = self._scalerl_model()
+    tensors = dict(model.named_parameters())
+    tensors.update(dict(model.named_buffers()))
+    for name in sorted(tensors):
+      t = tensors[name].detach().contiguous().cpu()
+      h.update(name.encode())
+      h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
   def scalerl_set_head_dtype(self, dtype: str) -> str:
     """Test hook: switches the LM-head projection dtype at run time ("model" = the model dtype)."""

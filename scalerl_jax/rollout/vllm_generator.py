@@ -83,6 +83,7 @@ class VLLMGenerator(Generator):
     if not py.exists():
       raise VLLMWorkerError(f"vLLM venv interpreter {py} not found; run scripts/setup_vllm_venv.sh")
     self._dir = tempfile.mkdtemp(prefix="scalerl_vllm_")
+    self._shm = None         # P.ShmSlots once a weight update uses shared memory (False: unusable)
     sock_path = os.path.join(self._dir, "worker.sock")
     self.log_path = str(log_path or os.path.join(self._dir, "worker.log"))
     cfg = dict(model=str(model_dir), dtype=dtype, head_dtype=head_dtype, max_model_len=max_model_len,
@@ -242,23 +243,47 @@ class VLLMGenerator(Generator):
           policy_mask=arrays["policy_mask"][sl].copy(), finish_reason=m["finish_reason"]))
     return out
 
+  def _shm_slots(self):
+    """The /dev/shm slots of the shared-memory transport, or None where /dev/shm is unusable."""
+    if self._shm is None:
+      try:
+        self._shm = P.ShmSlots(2)
+      except OSError:
+        self._shm = False
+    return self._shm or None
+
   def load_weights(self, weights: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
                    version: int, *, chunk_bytes: int = 64 << 20,
-                   wire_dtype: str | None = None) -> dict:
+                   wire_dtype: str | None = None, transport: str = "auto") -> dict:
     """Pushes HF-named weights in chunks and makes them policy `version`, while generation runs.
 
     Generation is paused (mode "keep") for the duration; in-flight sequences then continue with
     the new weights and their old KV cache. `wire_dtype="bfloat16"` converts float32 arrays to
     bf16 before sending (round-to-nearest-even, bit-identical to vLLM's own cast; half the bytes).
-    Returns (and stores in `last_update_stats`) bytes, seconds and MB/s of the transfer."""
+    `transport`: "shm" (chunks written once into two reused /dev/shm files that vLLM's worker
+    maps; whole layers per chunk), "socket" (the bytes travel in frames and vLLM's RPC), "auto"
+    (shm where /dev/shm works). Returns (and stores in `last_update_stats`) bytes, seconds and
+    MB/s of the transfer."""
+    if transport not in ("auto", "shm", "socket"):
+      raise ValueError(f"transport={transport!r}; expected 'auto', 'shm' or 'socket'")
     with self._update_lock:
+      shm = self._shm_slots() if transport != "socket" else None
+      if transport == "shm" and shm is None:
+        raise VLLMWorkerError("transport='shm' but /dev/shm is not usable here")
       t0 = time.perf_counter()
       self._call("weights_begin", {"version": int(version)})
       pending, nbytes, names, error = [], 0, 0, None
       try:
-        for chunk in P.chunk_weights(weights, chunk_bytes):
+        for i, chunk in enumerate(P.chunk_weights(weights, chunk_bytes,
+                                                  P.hf_layer_key if shm else None)):
           dtypes = {n: wire_dtype for n, a in chunk if wire_dtype and a.dtype == np.float32}
-          pending.append(self._send("weights_chunk", {}, chunk, dtypes))
+          if shm is not None:
+            if len(pending) >= len(shm.slots):    # that slot's previous chunk must be loaded
+              self._wait(pending[-len(shm.slots)])
+            path, metas = shm.write(i, chunk, dtypes)
+            pending.append(self._send("weights_shm", {"path": path, "shm_arrays": metas}))
+          else:
+            pending.append(self._send("weights_chunk", {}, chunk, dtypes))
           nbytes += sum(a.nbytes // (2 if n in dtypes else 1) for n, a in chunk)
           names += len(chunk)
         for p in pending:
@@ -275,6 +300,7 @@ class VLLMGenerator(Generator):
       stats = {k: header[k] for k in ("bytes", "names", "pause_s", "load_s", "paused_total_s",
                                       "prefix_cache_reset")}
       stats.update(wall_s=wall, wire_bytes=nbytes, names_sent=names,
+                   transport="shm" if shm is not None else "socket",
                    mb_per_s=nbytes / 1e6 / wall if wall > 0 else float("inf"))
       self.last_update_stats = stats
       return stats
@@ -284,6 +310,11 @@ class VLLMGenerator(Generator):
     """Engine facts: vLLM version, engine/LM-head dtypes and the dtype of logits actually produced."""
     header, _ = self._call("info", timeout=120)
     return {k: v for k, v in header.items() if k not in ("op", "id", "arrays")}
+
+  def param_digest(self) -> str:
+    """sha256 over the engine's current parameters (equal digests: bit-identical weights)."""
+    header, _ = self._call("param_digest", timeout=300)
+    return header["digest"]
 
   def set_head_dtype(self, dtype: str) -> str:
     """Test hook: LM-head projection dtype at run time ("float32", "bfloat16", or "model")."""
@@ -315,6 +346,8 @@ class VLLMGenerator(Generator):
     for s in (self._sock, self._listener):
       if s is not None:
         s.close()
+    if self._shm:
+      self._shm.close()
     self._log.close()
 
   def __enter__(self):

@@ -17,9 +17,13 @@ Ops (client -> worker; the worker answers each with {"op": "ok"|"error", "id": s
                  (concatenated in the meta order).
   weights_begin  header: version. Pauses generation (mode "keep": in-flight sequences keep their KV).
   weights_chunk  arrays: HF-named parameters. Loaded into the model at once (engine is paused).
+  weights_shm    header: path (a file in /dev/shm written by the client) + `arrays` metadata as in
+                 a frame, no payload: vLLM's worker maps the file and loads the tensors from it
+                 (no socket or RPC copy of the bytes; `ShmSlots`). Same semantics as weights_chunk.
   weights_end    header: version. Stamps the new version and resumes generation.
   info           reply: engine/model facts (vLLM version, dtypes, logits dtype probe, ...).
   set_head_dtype header: dtype ("float32" | "bfloat16" | "model"); test hook for the parity gate.
+  param_digest   reply: digest, a sha256 over the served model's parameters and buffers.
   shutdown       stops the engine; the worker exits after replying.
 The worker sends one unsolicited {"op": "ready", "id": 0, ...} once its engine is up, or
 {"op": "fatal", "id": 0, "error": ...} if it cannot start.
@@ -27,6 +31,7 @@ The worker sends one unsolicited {"op": "ready", "id": 0, ...} once its engine i
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 from typing import Iterable, Iterator, Mapping
@@ -155,17 +160,129 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
   return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def hf_layer_key(name: str) -> str:
+  """The module a HF tensor name belongs to for chunking: "model.layers.7" for layer tensors, else
+  the name itself."""
+  parts = name.split(".")
+  if "layers" in parts:
+    i = parts.index("layers")
+    return ".".join(parts[:i + 2])
+  return name
+
+
 def chunk_weights(weights: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
-                  chunk_bytes: int) -> Iterator[list[tuple[str, np.ndarray]]]:
-  """Groups (hf_name, array) pairs into chunks of at most ~chunk_bytes (one big tensor may exceed it)."""
+                  chunk_bytes: int, group=None) -> Iterator[list[tuple[str, np.ndarray]]]:
+  """Groups (hf_name, array) pairs into chunks of at most ~chunk_bytes (one big tensor may exceed
+  it). `group(name)`: consecutive tensors with the same key never straddle two chunks (a chunk then
+  holds whole layers: vLLM's layerwise reload finishes each layer within one load call)."""
   items = weights.items() if isinstance(weights, Mapping) else weights
-  chunk, size = [], 0
+  chunk, size, pending, psize, key = [], 0, [], 0, object()
   for name, arr in items:
-    arr = np.asarray(arr)
-    if chunk and size + arr.nbytes > chunk_bytes:
+    arr, k = np.asarray(arr), (group(str(name)) if group else object())
+    if pending and k != key:      # a group is complete: it goes into the current chunk or the next
+      if chunk and size + psize > chunk_bytes:
+        yield chunk
+        chunk, size = [], 0
+      chunk += pending
+      size += psize
+      pending, psize = [], 0
+    key = k
+    pending.append((str(name), arr))
+    psize += arr.nbytes
+  if pending:
+    if chunk and size + psize > chunk_bytes:
       yield chunk
       chunk, size = [], 0
-    chunk.append((str(name), arr))
-    size += arr.nbytes
+    chunk += pending
   if chunk:
     yield chunk
+
+
+# ----------------------------------------------------------------------------- shared memory
+class ShmSlots:
+  """Weight chunks handed to the vLLM worker through files in /dev/shm instead of the socket.
+
+  `nslots` files are mapped once and reused (no page faults after the first update); the client
+  writes chunk i into slot i % nslots (the bf16 cast fused into that one copy) and sends only the
+  path and metadata; it must wait for chunk i's reply before reusing its slot. The worker side maps
+  the file read-only (`read_shm`). Files are 0600, removed on `close`."""
+
+  def __init__(self, nslots: int = 2, directory: str = "/dev/shm"):
+    import mmap
+    import tempfile
+    self._mmap, self.dir = mmap, directory
+    self.slots = []
+    for _ in range(nslots):
+      fd, path = tempfile.mkstemp(prefix="scalerl-weights-", dir=directory)
+      self.slots.append({"path": path, "fd": fd, "size": 0, "map": None})
+
+  def write(self, i: int, chunk, dtypes=None) -> tuple[str, list[dict]]:
+    """Writes chunk i's arrays into its slot; returns (path, array metadata as in a frame)."""
+    slot = self.slots[i % len(self.slots)]
+    plan, off = [], 0
+    for name, arr in chunk:
+      arr = np.asarray(arr)
+      wname = (dtypes or {}).get(name) or arr.dtype.name
+      if arr.dtype.name == BF16:
+        wname = BF16
+      if wname not in _ALLOWED:
+        raise ProtocolError(f"dtype {wname!r} is not supported on the wire")
+      item = 2 if wname == BF16 else np.dtype(wname).itemsize
+      off = -(-off // 64) * 64                  # 64-byte aligned tensors
+      plan.append((name, arr, wname, off, arr.size * item))
+      off += arr.size * item
+    if off > slot["size"]:
+      if slot["map"] is not None:
+        slot["map"].close()
+      os.ftruncate(slot["fd"], off)
+      slot["map"] = self._mmap.mmap(slot["fd"], off)
+      slot["size"] = off
+    metas = []
+    for name, arr, wname, o, n in plan:
+      wdt = np.dtype(np.uint16 if wname == BF16 else wname).newbyteorder("<")
+      dst = np.frombuffer(slot["map"], dtype=wdt, count=arr.size, offset=o).reshape(arr.shape)
+      if wname == BF16 and arr.dtype.name != BF16:
+        dst[...] = f32_to_bf16_bits(arr)
+      elif arr.dtype.name == BF16:
+        dst[...] = arr.view(np.uint16)
+      else:
+        np.copyto(dst, arr, casting="same_kind")
+      metas.append({"name": name, "dtype": wname, "shape": list(arr.shape), "offset": o,
+                    "nbytes": n})
+    return slot["path"], metas
+
+  def close(self) -> None:
+    """Unmaps and removes the files (idempotent)."""
+    for slot in self.slots:
+      if slot["map"] is not None:
+        slot["map"].close()
+        slot["map"] = None
+      if slot["fd"] is not None:
+        os.close(slot["fd"])
+        slot["fd"] = None
+        try:
+          os.unlink(slot["path"])
+        except FileNotFoundError:
+          pass
+
+
+def read_shm(path: str, metas: list[dict], cache: dict | None = None) -> dict[str, np.ndarray]:
+  """The worker side of `ShmSlots`: {name: read-only view} of the arrays in `path` (bf16 as uint16
+  bit patterns). `cache` (path -> mapping) keeps files mapped across calls."""
+  import mmap
+  if not path.startswith("/dev/shm/") or ".." in path:
+    raise ProtocolError(f"weights_shm path {path!r} is not a file in /dev/shm")
+  cache = {} if cache is None else cache
+  size = os.path.getsize(path)
+  m = cache.get(path)
+  if m is None or len(m) != size:
+    with open(path, "rb") as f:
+      m = cache[path] = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+  out = {}
+  for a in metas:
+    dt = np.dtype(np.uint16 if a["dtype"] == BF16 else a["dtype"]).newbyteorder("<")
+    count = int(np.prod(a["shape"], dtype=np.int64))
+    if count * dt.itemsize != a["nbytes"] or a["offset"] + a["nbytes"] > size:
+      raise ProtocolError(f"array {a['name']!r}: inconsistent size/offset for {path}")
+    out[a["name"]] = np.frombuffer(m, dtype=dt, count=count, offset=a["offset"]).reshape(a["shape"])
+  return out

@@ -137,8 +137,9 @@ class Worker:
         t.add_done_callback(self.tasks.discard)
         continue
       handler = {"weights_begin": self.weights_begin, "weights_chunk": self.weights_chunk,
+                 "weights_shm": self.weights_shm,
                  "weights_end": self.weights_end, "info": self.info,
-                 "set_head_dtype": self.set_head_dtype}.get(op)
+                 "set_head_dtype": self.set_head_dtype, "param_digest": self.param_digest}.get(op)
       if op == "shutdown":
         await self.send({"op": "ok", "id": rid})
         return
@@ -164,6 +165,9 @@ class Worker:
 
   async def info(self, header, arrays):
     return {"version": self.version, **await self._info()}, ()
+
+  async def param_digest(self, header, arrays):
+    return {"digest": await self.rpc("scalerl_param_digest")}, ()
 
   async def set_head_dtype(self, header, arrays):
     return {"head_dtype": await self.rpc("scalerl_set_head_dtype", header["dtype"])}, ()
@@ -191,6 +195,18 @@ class Worker:
     res = await self.rpc("scalerl_load_weights", tensors)
     self._update["load_s"] += time.perf_counter() - t0
     self._update["bytes"] += sum(a.nbytes for a in arrays.values())
+    self._update["names"] += res["n"]
+    return {"n": res["n"]}, ()
+
+  async def weights_shm(self, header, arrays):
+    """A chunk in a /dev/shm file (vllm_protocol.ShmSlots): only its path and metadata travel;
+    vLLM's worker maps the file and loads straight from it."""
+    if self._update is None:
+      raise RuntimeError("weights_shm without weights_begin")
+    t0 = time.perf_counter()
+    res = await self.rpc("scalerl_load_shm", header["path"], header["shm_arrays"])
+    self._update["load_s"] += time.perf_counter() - t0
+    self._update["bytes"] += sum(int(m["nbytes"]) for m in header["shm_arrays"])
     self._update["names"] += res["n"]
     return {"n": res["n"]}, ()
 
