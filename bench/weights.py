@@ -268,6 +268,8 @@ def main(argv=None):
       "via_buffer_rounds_MBps": [round(mb / x, 1) for x in deployed["via_buffer"]],
       "publish_s_learner_hosted": med(deployed["publish_s_learner_hosted"]),
       "publish_s_via_buffer": med(deployed["publish_s_via_buffer"]),
+      "fetched_s_learner_hosted": med(deployed["fetched_s_learner_hosted"]),
+      "fetched_s_via_buffer": med(deployed["fetched_s_via_buffer"]),
       "blob_zero_copy_MBps": blob_fast, "stream_pipelined_one_process_MBps": pipelined,
       "stream_summed_stages_MBps": stream_summed,
       "ours_MB_per_cpu_s": ours_cpu, "peer_MB_per_cpu_s": peer_cpu,
@@ -343,13 +345,14 @@ def _generator_proc(address, token, cfg_kw, conn):
     if got is None:
       continue
     have, tree = got
+    fetched = time.time()
     sampler.set_params(tree, have)
     sampler._swap_if_pending()   # what generate() does between chunks  pylint: disable=protected-access
     jax.block_until_ready(sampler.params)
     done = time.time()
     digest = hashlib.sha256(b"".join(np.asarray(x).tobytes()
                                      for x in jax.tree.leaves(sampler.params))).hexdigest()
-    conn.send((have, done, digest))
+    conn.send((have, done, digest, fetched))
     if conn.poll() and conn.recv() == "stop":
       return
 
@@ -378,7 +381,7 @@ def measure_deployed(server, token, cfg, params, cfg_kw, chunk_bytes, repeats, f
   client = BufferClient(server.address, token, max_message_bytes=256 << 20)
   src = WeightSource(token, max_message_bytes=256 << 20)
   out = {"learner_hosted": [], "via_buffer": [], "publish_s_learner_hosted": [],
-         "publish_s_via_buffer": []}
+         "publish_s_via_buffer": [], "fetched_s_learner_hosted": [], "fetched_s_via_buffer": []}
   try:
     v = first_version
     for rep in range(repeats):
@@ -388,9 +391,10 @@ def measure_deployed(server, token, cfg, params, cfg_kw, chunk_bytes, repeats, f
         StreamPublisher(client, v, params, chunk_bytes,
                         source=src if kind == "learner_hosted" else None).publish()
         out[f"publish_s_{kind}"].append(time.time() - t0)
-        got_v, done, digest = here.recv()
+        got_v, done, digest, fetched = here.recv()
         assert got_v == v and digest == want, (got_v, v, digest, want)
         out[kind].append(done - t0)
+        out[f"fetched_s_{kind}"].append(fetched - t0)
         v += 1
   finally:
     here.send("stop")

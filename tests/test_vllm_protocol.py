@@ -40,9 +40,14 @@ def test_bf16_wire_conversion_is_bit_identical_to_torch():
   rng = np.random.default_rng(0)
   x = (rng.standard_normal(200_000) * 10.0 ** rng.integers(-30, 30, 200_000)).astype(np.float32)
   x[:4] = [0.0, -0.0, np.inf, -np.inf]
+  x[4:9] = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0x00008000],   # ties, max,
+                    np.uint32).view(np.float32)                                    # subnormal
   ours = P.f32_to_bf16_bits(x)
   ref = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-  np.testing.assert_array_equal(ours, ref)
+  np.testing.assert_array_equal(ours, ref)                          # ml_dtypes path
+  np.testing.assert_array_equal(P._f32_to_bf16_bits_np(x), ref)     # the NumPy fallback (vLLM venv)
+  nan = np.array([np.nan, -np.nan], np.float32)
+  np.testing.assert_array_equal(P.f32_to_bf16_bits(nan), P._f32_to_bf16_bits_np(nan))
   np.testing.assert_array_equal(P.bf16_bits_to_f32(ours),
                                 torch.from_numpy(x).to(torch.bfloat16).float().numpy())
   a, b = socket.socketpair()
@@ -81,10 +86,15 @@ def test_shm_slots_roundtrip_and_reject_paths():
   try:
     x = np.random.default_rng(0).standard_normal((33, 7)).astype(np.float32)
     y = np.arange(10, dtype=np.int32)
-    path, metas = slots.write(3, [("x", x), ("y", y)], {"x": "bfloat16"})
+    t = np.random.default_rng(1).standard_normal((5, 12)).astype(np.float32).T   # a [12, 5] view
+    path, metas = slots.write(3, [("x", x), ("y", y), ("t", t), ("tb", t)],
+                              {"x": "bfloat16", "tb": "bfloat16"})
     assert path == slots.slots[1]["path"] and all(m["offset"] % 64 == 0 for m in metas)
+    assert [m.get("transposed", False) for m in metas] == [False, False, True, True]
     got = P.read_shm(path, metas)
     assert np.array_equal(got["x"], P.f32_to_bf16_bits(x)) and np.array_equal(got["y"], y)
+    assert got["t"].shape == (12, 5) and np.array_equal(got["t"], t)
+    assert np.array_equal(got["tb"], P.f32_to_bf16_bits(np.ascontiguousarray(t)))
     with pytest.raises(P.ProtocolError):
       P.read_shm("/etc/passwd", metas)
     with pytest.raises(P.ProtocolError):

@@ -254,8 +254,10 @@ class JaxSampler(Generator):
     """Queues our-layout params as policy `version`; applied between decode chunks.
 
     The host -> device conversion happens here, in the caller's thread, so the swap between
-    chunks is a pointer swap and does not stall decoding."""
-    params = jax.tree.map(jnp.asarray, params)
+    chunks is a pointer swap and does not stall decoding. It is `jax.device_put`: on CPU a
+    64-byte aligned numpy leaf (weight_stream's fetch arrays) is adopted without a copy, so the
+    caller must not modify such arrays afterwards."""
+    params = jax.tree.map(jax.device_put, params)
     with self._lock:
       self._pending = (params, int(version))
 

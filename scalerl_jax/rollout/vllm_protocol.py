@@ -145,8 +145,33 @@ def recv_msg(sock: socket.socket) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 # ----------------------------------------------------------------------------- numeric helpers
-def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-  """float32 -> bfloat16 bit patterns (uint16), round-to-nearest-even like torch's `.to(bfloat16)`."""
+def f32_to_bf16_bits(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+  """float32 -> bfloat16 bit patterns (uint16), round-to-nearest-even like torch's `.to(bfloat16)`.
+
+  Uses ml_dtypes' cast (one pass, ~9 GB/s) where it is importable (the JAX venv), else NumPy
+  integer arithmetic (~0.5 GB/s); NaNs keep their sign and payload bits (quieted) either way.
+  `out`: an existing uint16 array of x's shape to write into."""
+  x = np.asarray(x, dtype=np.float32)
+  try:
+    import ml_dtypes
+  except ImportError:
+    ml_dtypes = None
+  if ml_dtypes is not None:
+    if out is None:
+      out = np.empty(x.shape, np.uint16)
+    np.copyto(out.view(ml_dtypes.bfloat16), x, casting="unsafe")
+    nan = np.isnan(x)
+    if nan.any():
+      out[nan] = ((x[nan].view(np.uint32) >> 16) | 0x40).astype(np.uint16)
+    return out
+  bits = _f32_to_bf16_bits_np(x)
+  if out is not None:
+    out[...] = bits
+    return out
+  return bits
+
+
+def _f32_to_bf16_bits_np(x: np.ndarray) -> np.ndarray:
   u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
   rounded = ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
   nan = np.isnan(x)
@@ -239,16 +264,20 @@ class ShmSlots:
       slot["size"] = off
     metas = []
     for name, arr, wname, o, n in plan:
+      meta = {"name": name, "dtype": wname, "shape": list(arr.shape), "offset": o, "nbytes": n}
+      # A transposed view (our [in, out] params as HF's [out, in]) is stored in its contiguous
+      # order and flagged: a memcpy here, and vLLM's loader reads it through a transposed view.
+      if arr.ndim == 2 and not arr.flags.c_contiguous and arr.T.flags.c_contiguous:
+        arr, meta["transposed"] = arr.T, True
       wdt = np.dtype(np.uint16 if wname == BF16 else wname).newbyteorder("<")
       dst = np.frombuffer(slot["map"], dtype=wdt, count=arr.size, offset=o).reshape(arr.shape)
       if wname == BF16 and arr.dtype.name != BF16:
-        dst[...] = f32_to_bf16_bits(arr)
+        f32_to_bf16_bits(arr, out=dst)
       elif arr.dtype.name == BF16:
         dst[...] = arr.view(np.uint16)
       else:
         np.copyto(dst, arr, casting="same_kind")
-      metas.append({"name": name, "dtype": wname, "shape": list(arr.shape), "offset": o,
-                    "nbytes": n})
+      metas.append(meta)
     return slot["path"], metas
 
   def close(self) -> None:
@@ -284,5 +313,12 @@ def read_shm(path: str, metas: list[dict], cache: dict | None = None) -> dict[st
     count = int(np.prod(a["shape"], dtype=np.int64))
     if count * dt.itemsize != a["nbytes"] or a["offset"] + a["nbytes"] > size:
       raise ProtocolError(f"array {a['name']!r}: inconsistent size/offset for {path}")
-    out[a["name"]] = np.frombuffer(m, dtype=dt, count=count, offset=a["offset"]).reshape(a["shape"])
+    shape = list(a["shape"])
+    if a.get("transposed"):
+      if len(shape) != 2:
+        raise ProtocolError(f"array {a['name']!r}: only 2-D arrays can be transposed")
+      out[a["name"]] = np.frombuffer(m, dtype=dt, count=count, offset=a["offset"]).reshape(
+          shape[::-1]).T
+    else:
+      out[a["name"]] = np.frombuffer(m, dtype=dt, count=count, offset=a["offset"]).reshape(shape)
   return out
