@@ -106,8 +106,11 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "tpu_topology": topology, "node_selector": dict(lp["node_selector"]),
           "machine_type": lp["machine_type"], "arch": lp["arch"], "cpu": lp["cpu"], "memory": lp["memory"],
           "coordinator_port": COORDINATOR_PORT,
+          # Every learner pod serves its own weight shards to the fleet (rollout/weight_source.py):
+          # it listens on all interfaces and advertises its pod IP (the hostname's address).
           "command": ["python", "-m", "scalerl_jax.main", *common_args,
-                      "--config.buffer.external=True", f"--workdir={s['workdir']}"],
+                      "--config.buffer.external=True", "--config.weights.host=0.0.0.0",
+                      f"--workdir={s['workdir']}"],
           "env": {"SCALERL_ROLE": "learner"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
       },
       "generators": {
