@@ -13,7 +13,7 @@
   with the new weights and their old KV cache, and every later token is stamped with the new version.
 
 Decode speed on CPU (bench.sampler, numbers in docs/VLLM.md): the KV cache is held as one
-[B,K,S,H] buffer per layer (split_cache): XLA updates each in place inside the fori_loop (a stacked
+[B,K,S,H] key and [B,K,H,S] value buffer per layer (split_cache): XLA updates each in place inside the fori_loop (a stacked
 [L,B,S,K,H] cache was copied whole several times per step) and decode attention is two batched
 matmuls over (B,K) reading it in place. The cache grows with the sequences (_cache_capacity) so
 early steps do not attend over empty slots; cache, prefill and decode state are built by one jitted
@@ -215,15 +215,17 @@ def named_from_safetensors(payload: bytes | bytearray | memoryview) -> dict[str,
 
 
 def split_cache(cache):
-  """models.init_cache layout -> the same cache with k, v as tuples of per-layer [B,K,S,H] arrays.
+  """models.init_cache layout -> the same cache with k, v as tuples of per-layer arrays, keys
+  [B,K,S,H] and values transposed [B,K,H,S] (both decode dots then contract the stored last axis:
+  XLA:CPU copied a [B,K,S,H] value cache into [B,K,H,S] every step).
 
   The (unscanned) model accepts either form and returns the form it was given. Per-layer buffers
   are updated in place inside the decode loop (a stacked [L,...] cache was copied whole several
   times per step), and the heads-major [B,K,S,H] layout makes decode attention two batched matmuls
   over (B,K) reading the cache in place (the [B,S,K,H] layout needs a transpose or a broadcast
   multiply-reduce: ~2x slower per cache slot on CPU)."""
-  heads = lambda a: tuple(jnp.swapaxes(x, 1, 2) for x in a)
-  return dict(cache, k=heads(cache["k"]), v=heads(cache["v"]))
+  return dict(cache, k=tuple(jnp.transpose(x, (0, 2, 1, 3)) for x in cache["k"]),
+              v=tuple(jnp.transpose(x, (0, 2, 3, 1)) for x in cache["v"]))
 
 
 def _rows_mesh(devices) -> jax.sharding.Mesh | None:
@@ -261,7 +263,7 @@ def _grow_cache(cache, size: int):
     widths[axis] = (0, size - a.shape[axis])
     return jnp.pad(a, widths, constant_values=fill)
   return dict(cache, k=tuple(pad(a, 0, 2) for a in cache["k"]),
-              v=tuple(pad(a, 0, 2) for a in cache["v"]), pos=pad(cache["pos"], -1, 1))
+              v=tuple(pad(a, 0, 3) for a in cache["v"]), pos=pad(cache["pos"], -1, 1))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 8, 9, 10, 11, 12, 13))
@@ -285,7 +287,7 @@ def _start_rows(params, tokens, mask, budget, end_think, rng, version, *, cfg, c
   B = tokens.shape[0]
   cache = models.init_cache(cfg, B, cap, dtype=kv_dtype)
   if split:
-    cache = split_cache(cache)   # per-layer [B,K,S,H] buffers, updated in place
+    cache = split_cache(cache)   # per-layer buffers, updated in place
   logits, cache = models.prefill(params, cfg, tokens, cache, mask)
   z = lambda dt: jnp.zeros((B,), dt)
   return dict(
