@@ -173,9 +173,9 @@ def main(argv=None):
   if args.xla_threads == 1:   # must precede the first jax import (make_ours imports it lazily)
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
                                "=false intra_op_parallelism_threads=1").strip()
-  if args.devices > 1:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={args.devices}").strip()
+  if args.devices > 1:   # first: XLA stops reading flags at the bare word above
+    os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={args.devices} " +
+                               os.environ.get("XLA_FLAGS", "")).strip()
   load_start = os.getloadavg()
 
   from scalerl_jax.rollout.vllm_parity import make_tiny_llama
