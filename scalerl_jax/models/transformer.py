@@ -69,7 +69,7 @@ class Transformer(nn.Module):
 
   Args of __call__: tokens int32 [B,T]; positions int32 [B,T] (-1 = padding); kv_pos int32 [B,S]
   positions of every key slot (S = T without cache); kv = (k, v) [L,B,S,K,H], or tuples of
-  per-layer [B,K,S,H] buffers (the sampler's split cache, unscanned models only), or None; index =
+  per-layer [B,K,S,H] / [B,K,H,S] k / v buffers (the sampler's split cache, unscanned models only), or None; index =
   cache slot where the T new tokens are written.
   """
   cfg: ModelConfig
@@ -96,7 +96,7 @@ class Transformer(nn.Module):
           vs.append(nkv[1])
       if kv is None:
         new_kv = None
-      elif split:  # per-layer [B,K,S,H] cache buffers (see `split_cache`)
+      elif split:  # per-layer heads-major cache buffers (see `split_cache`)
         new_kv = (tuple(ks), tuple(vs))
       else:
         new_kv = (jnp.stack(ks), jnp.stack(vs))

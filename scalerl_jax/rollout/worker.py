@@ -42,8 +42,10 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
       model_cfg, weights["named"].__getitem__)
   if backend == "jax":
     from scalerl_jax.rollout.sampler import JaxSampler
+    n_dev = int(config.generator.get("jax_devices", 1))   # see cpu_decode_devices
     return JaxSampler(model_cfg, params, version=version,
-                      chunk_steps=int(config.generator.get("chunk_steps", 16)))
+                      chunk_steps=int(config.generator.get("chunk_steps", 16)),
+                      devices=n_dev if n_dev > 1 else None)
   from scalerl_jax import models
   from scalerl_jax.rollout.vllm_generator import VLLMGenerator
   model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
@@ -219,6 +221,21 @@ class Worker:
     self.client.close()
 
 
+def cpu_decode_devices(config, pinned) -> int:
+  """`config.generator.jax_devices` = N > 1 (default 1): the JAX sampler decodes data-parallel over
+  N XLA:CPU devices (bench.sampler --devices 2 on 2 cores: ~1.2-1.3x one device). Sets
+  --xla_force_host_platform_device_count before JAX starts; a generator pinned to one CPU
+  (`pin_cpus`) keeps one device. Returns the device count used."""
+  n = int(config.generator.get("jax_devices", 1))
+  if n > 1 and pinned:
+    log.warning("generator.jax_devices=%d ignored: this generator is pinned to CPU %s", n, pinned)
+    config.generator.jax_devices = n = 1
+  if n > 1:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={n}").strip()
+  return n
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description="scalerl_jax generator worker")
   ap.add_argument("--run_config", required=True)
@@ -235,7 +252,9 @@ def main(argv=None):
   if a.tensor_parallel:
     config.generator.tensor_parallel = a.tensor_parallel
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
-  runtime.pin_to_device_cpus(config, "generator", index)
+  pinned = runtime.pin_to_device_cpus(config, "generator", index)
+  if (a.backend or config.generator.backend) == "jax":
+    cpu_decode_devices(config, pinned)
   w = Worker(config, a.buffer, a.generator_id, a.backend or config.generator.backend,
              a.workdir or os.path.dirname(os.path.abspath(a.run_config)))
   def on_term(*_):

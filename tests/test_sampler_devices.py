@@ -1,0 +1,88 @@
+"""JaxSampler(devices=2): the batch decoded data-parallel over two local CPU devices gives the same
+completions as one device (run in a subprocess: the device count is fixed when JAX starts)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+_SCRIPT = r"""
+import json
+import jax, jax.numpy as jnp, numpy as np
+from scalerl_jax import models
+from scalerl_jax.rollout.generator import PromptSpec, SamplingSpec
+from scalerl_jax.rollout.sampler import JaxSampler
+assert jax.local_device_count() == 2, jax.local_devices()
+cfg = models.get_preset("tiny_llama3", vocab_size=64, num_layers=2, d_model=128, ffn_dim=256,
+                        dtype="float32")
+assert cfg.num_kv_heads < cfg.num_heads            # GQA
+params = models.init_params(cfg, jax.random.PRNGKey(0))
+prompts = [PromptSpec(0, np.array([1, 7, 8, 9], np.int32)), PromptSpec(1, np.array([1, 3], np.int32)),
+           PromptSpec(2, np.array([4, 5, 6, 7, 8, 9, 10], np.int32))]
+# 3 prompts x 1: an odd batch (one padding row); 9..12 thinking tokens, 4 interruption tokens and
+# 40 answer tokens: the cache grows past 32 slots.
+spec = SamplingSpec(temperature=1.0, think_budget_min=9, think_budget_max=12, answer_budget=40,
+                    think_end_tokens=(5,), interruption_tokens=(40, 41, 42, 5),
+                    seed=3)
+out = {}
+for name, devices in (("one", None), ("two", 2)):
+  s = JaxSampler(cfg, params, version=2, chunk_steps=5, devices=devices)
+  out[name + "_devices"] = s.num_devices
+  groups = s.generate(prompts, 1, spec)
+  out[name] = [dict(tokens=c.tokens.tolist(), logprobs=c.logprobs.tolist(),
+                    versions=c.versions.tolist(), policy=c.policy_mask.tolist(),
+                    finish=c.finish_reason) for g in groups for c in g]
+  # The learner's log-probs of the same completions.
+  ref = []
+  for p, g in zip(prompts, groups):
+    c = g[0]
+    seq = jnp.asarray(np.concatenate([p.tokens, c.tokens])[None])
+    lp = jax.nn.log_softmax(models.forward(params, cfg, seq)[0].astype(jnp.float32), -1)
+    P = len(p.tokens)
+    ref.append([float(lp[P - 1 + t, c.tokens[t]]) for t in range(len(c.tokens))])
+  out[name + "_learner"] = ref
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_two_devices_match_one_device():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  out = json.loads(line[len("RESULT "):])
+  assert out["one_devices"] == 1 and out["two_devices"] == 2
+  assert len(out["one"]) == len(out["two"]) == 3
+  n_interrupted = 0
+  for a, b, ref in zip(out["one"], out["two"], out["two_learner"]):
+    # Same uniforms for every row: same tokens, phases and versions; log-probs to f32 rounding.
+    assert a["tokens"] == b["tokens"] and a["finish"] == b["finish"]
+    assert a["policy"] == b["policy"] and b["versions"] == [2] * len(b["tokens"])
+    assert len(b["tokens"]) > 32                   # the cache grew past its first 32 slots
+    np.testing.assert_allclose(b["logprobs"], a["logprobs"], atol=1e-5)
+    pol = np.array(b["policy"])
+    n_interrupted += int(not pol.all())            # interrupted: forced tokens have log-prob 0
+    np.testing.assert_allclose(np.array(b["logprobs"])[pol], np.array(ref)[pol], atol=2e-5)
+    assert np.all(np.array(b["logprobs"])[~pol] == 0.0)
+  assert n_interrupted >= 2
+
+
+def test_worker_cpu_decode_devices_flag(monkeypatch):
+  """generator.jax_devices=2 adds the XLA:CPU device-count flag; a pinned generator keeps one."""
+  import ml_collections
+  from scalerl_jax.rollout.worker import cpu_decode_devices
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+  config = ml_collections.ConfigDict({"generator": {"jax_devices": 2}})
+  assert cpu_decode_devices(config, pinned=[1]) == 1
+  assert config.generator.jax_devices == 1
+  assert os.environ["XLA_FLAGS"] == "--xla_cpu_multi_thread_eigen=false"
+  config.generator.jax_devices = 2
+  assert cpu_decode_devices(config, pinned=None) == 2
+  assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_multi_thread_eigen=false",
+                                             "--xla_force_host_platform_device_count=2"]
+  assert cpu_decode_devices(ml_collections.ConfigDict({"generator": {}}), None) == 1
