@@ -8,7 +8,8 @@ Same shape as bench.buffer, nothing else: P producer processes stream opaque `by
 one consumer process (this process) over a server-streaming call. So every byte makes the same two
 gRPC hops as a rollout through the buffer; anything the buffer adds is on top of this.
 Also reported: one hop alone (producers -> server, server discards), the pull hop alone (server ->
-consumer, one stream), single-thread memcpy GB/s and CPU-seconds per GB of every process.
+consumer, one stream), the same two hops as raw TCP with no protocol (`raw_tcp_two_hops`: what the
+kernel alone costs any server), single-thread memcpy GB/s and CPU-seconds per GB of every process.
 Env FLOOR_GRPC_OPTIONS='[["grpc.some_arg", value], ...]' adds channel options (experiments).
 Last stdout line is JSON (MB = 1e6 B).
 """
@@ -172,6 +173,82 @@ def _pull_only(count, size, streams):
     srv.wait()
 
 
+def _tcp_producer(port, nbytes, chunk, ready, go):
+  import socket
+  s = socket.create_connection(("127.0.0.1", port))
+  buf = np.random.default_rng(0).bytes(chunk)
+  ready.put(1)
+  go.wait()
+  c0 = time.process_time()
+  for _ in range(nbytes // chunk):
+    s.sendall(buf)
+  s.close()
+  ready.put(time.process_time() - c0)
+
+
+def _tcp_relay(port_q, chunk, producers, cpu_q):
+  """Accepts the consumer, then the producers; forwards every byte received to the consumer."""
+  import selectors
+  import socket
+  ls = socket.socket()
+  ls.bind(("127.0.0.1", 0))
+  ls.listen(producers + 1)
+  port_q.put(ls.getsockname()[1])
+  out = ls.accept()[0]
+  ins = [ls.accept()[0] for _ in range(producers)]
+  sel = selectors.DefaultSelector()
+  for s in ins:
+    sel.register(s, selectors.EVENT_READ)
+  view, left = memoryview(bytearray(chunk)), producers
+  c0 = time.process_time()
+  while left:
+    for key, _ in sel.select():
+      n = key.fileobj.recv_into(view)
+      if n == 0:
+        sel.unregister(key.fileobj)
+        left -= 1
+        continue
+      out.sendall(view[:n])
+  out.close()
+  cpu_q.put(time.process_time() - c0)
+
+
+def raw_tcp_two_hops(total_bytes: int, producers: int = 2, chunk: int = 4 << 20) -> dict:
+  """The same two hops with no protocol at all: producer processes write raw bytes over TCP to a
+  relay process that forwards them to this process (recv_into / sendall, 4 MiB buffers). What any
+  server, in any language, pays in the kernel on this machine; CPU-s of every process."""
+  import socket
+  ctx = mp.get_context("spawn")
+  port_q, cpu_q, ready, go = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event()
+  relay = ctx.Process(target=_tcp_relay, args=(port_q, chunk, producers, cpu_q))
+  relay.start()
+  port = port_q.get(timeout=60)
+  sink = socket.create_connection(("127.0.0.1", port))
+  per = total_bytes // producers
+  procs = [ctx.Process(target=_tcp_producer, args=(port, per, chunk, ready, go))
+           for _ in range(producers)]
+  for p in procs:
+    p.start()
+  for _ in procs:
+    ready.get(timeout=60)
+  view, got = memoryview(bytearray(chunk)), 0
+  c0, t0 = time.process_time(), time.perf_counter()
+  go.set()
+  while True:
+    n = sink.recv_into(view)
+    if not n:
+      break
+    got += n
+  wall, ccpu = time.perf_counter() - t0, time.process_time() - c0
+  cpu = {"consumer": round(ccpu, 2), "relay": round(cpu_q.get(timeout=60), 2)}
+  cpu.update({f"producer{i}": round(ready.get(timeout=60), 2) for i in range(producers)})
+  for p in procs + [relay]:
+    p.join(30)
+  sink.close()
+  return dict(MB_per_s=round(got / wall / 1e6, 1), wall_s=round(wall, 3), cpu_s=cpu,
+              cpu_s_per_GB=round(sum(cpu.values()) / (got / 1e9), 2))
+
+
 def run_two_hops(total_bytes: int, msg_bytes: int, producers: int) -> dict:
   """Bare two-hop forwarding of `total_bytes` in `msg_bytes` messages (see the module docstring)."""
   return _run(max(producers, total_bytes // msg_bytes), msg_bytes, producers, True)
@@ -209,11 +286,16 @@ def main(argv=None):
   print("one hop (producers -> server):", one, flush=True)
   pull1 = _pull_only(count, size, 1)
   print("one hop (server -> consumer, 1 stream):", pull1, flush=True)
+  tcp = raw_tcp_two_hops(count * size, a.producers)
+  print("raw TCP two hops (no protocol, relay process):", tcp, flush=True)
   print(json.dumps({"two_hops_MB_per_s": two["MB_per_s"], "one_hop_MB_per_s": one["MB_per_s"],
                     "two_hops_cpu_s_per_GB": two["cpu_s_per_GB"],
                     "one_hop_cpu_s_per_GB": one["cpu_s_per_GB"],
                     "pull_hop_MB_per_s": pull1["MB_per_s"],
-                    "pull_hop_cpu_s_per_GB": pull1["cpu_s_per_GB"], "memcpy_GB_per_s": memcpy_gbps(),
+                    "pull_hop_cpu_s_per_GB": pull1["cpu_s_per_GB"],
+                    "raw_tcp_two_hops_MB_per_s": tcp["MB_per_s"],
+                    "raw_tcp_two_hops_cpu_s_per_GB": tcp["cpu_s_per_GB"],
+                    "memcpy_GB_per_s": memcpy_gbps(),
                     "msg_bytes": size, "producers": a.producers, "cpus": os.cpu_count(),
                     "loadavg_1m": round(os.getloadavg()[0], 2)}))
 
