@@ -35,7 +35,8 @@ ours = the deployed layout (`measure_deployed`): this process is the learner, th
        the buffer only announces the version, the generator fetches them from the learner in one
        hop while they are being staged). MB/s = model MB / wall seconds from the start of the
        publish to the generator's JaxSampler holding the new params (one host, one clock),
-       median of --repeats; every version is checked bit-exact (sha256) in the generator.
+       median of --repeats after one untimed warm-up version; every version is checked
+       bit-exact (sha256) in the generator.
        `via_buffer_MBps`: the same measurement with the chunks going through the buffer (2 hops).
 peer = the blob chain as it was before this bench: to_host + safetensors encode + publish + fetch
        (sha256 thrice) + `runtime.payload_to_named` + load_weights (summed stage seconds, median).
@@ -334,6 +335,8 @@ def _generator_proc(address, token, cfg_kw, conn):
   from scalerl_jax.rollout.client import BufferClient
   from scalerl_jax.rollout.sampler import JaxSampler
   from scalerl_jax.rollout.weight_stream import StreamFetcher
+  from scalerl_jax.rollout.wire import tune_malloc
+  tune_malloc()        # as the worker process does
   cfg = models.get_preset("tiny_llama3", **cfg_kw)
   sampler = JaxSampler(cfg, jax.jit(models.init_params, static_argnums=0)(
       cfg, jax.random.PRNGKey(1)), version=0)
@@ -384,17 +387,19 @@ def measure_deployed(server, token, cfg, params, cfg_kw, chunk_bytes, repeats, f
          "publish_s_via_buffer": [], "fetched_s_learner_hosted": [], "fetched_s_via_buffer": []}
   try:
     v = first_version
-    for rep in range(repeats):
+    for rep in range(repeats + 1):          # round 0: untimed warm-up (channels, heap growth)
       for kind in ("learner_hosted", "via_buffer"):
         time.sleep(0.5)
         t0 = time.time()
         StreamPublisher(client, v, params, chunk_bytes,
                         source=src if kind == "learner_hosted" else None).publish()
-        out[f"publish_s_{kind}"].append(time.time() - t0)
+        if rep:
+          out[f"publish_s_{kind}"].append(time.time() - t0)
         got_v, done, digest, fetched = here.recv()
         assert got_v == v and digest == want, (got_v, v, digest, want)
-        out[kind].append(done - t0)
-        out[f"fetched_s_{kind}"].append(fetched - t0)
+        if rep:
+          out[kind].append(done - t0)
+          out[f"fetched_s_{kind}"].append(fetched - t0)
         v += 1
   finally:
     here.send("stop")

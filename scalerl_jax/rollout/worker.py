@@ -247,6 +247,8 @@ def main(argv=None):
                   help="vLLM engine tensor-parallel size (overrides config.generator.tensor_parallel)")
   a = ap.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+  from scalerl_jax.rollout.wire import tune_malloc
+  tune_malloc()    # multi-MB weight chunks / rollout buffers reuse heap memory, not fresh mmaps
   config = runtime.load_run_config(a.run_config)
   a.generator_id = a.generator_id or socket.gethostname()
   if a.tensor_parallel:
