@@ -110,6 +110,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if w is not None and w.get("serve_from", "buffer") not in ("learner", "buffer"):
     raise ConfigError(f"weights.serve_from={w.serve_from!r}; expected 'learner' (each learner "
                       f"process serves its shards) or 'buffer'")
+  if w is not None and not 0 <= int(w.get("port", 0)) <= 65535:
+    raise ConfigError(f"weights.port={w.port} is not a TCP port (0 = any free port)")
   if config.rl.length_control not in ("interrupt", "penalty"):
     raise ConfigError(f"rl.length_control={config.rl.length_control!r}; expected "
                       "'interrupt' or 'penalty'")

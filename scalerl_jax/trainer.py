@@ -188,8 +188,12 @@ class Trainer:
     if w.serve_from != "learner":
       raise ValueError(f"weights.serve_from={w.serve_from!r}: expected 'learner' or 'buffer'")
     from scalerl_jax.rollout.weight_source import WeightSource
-    src = WeightSource(self.client._token, host=w.host, port=int(w.port),  # pylint: disable=protected-access
+    # Reachable from other hosts unless this is one process with its own local buffer and fleet.
+    local = not self.multi and not self.config.buffer.get("external", False)
+    host = w.host or ("127.0.0.1" if local else "0.0.0.0")
+    src = WeightSource(self.client._token, host=host, port=int(w.port),  # pylint: disable=protected-access
                        advertise=w.advertise or None)
+    log.info("weight source serving this process's shards at %s", src.address)
     if not self.multi:
       return src, [src.address]
     from scalerl_jax import distributed

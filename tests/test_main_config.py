@@ -23,6 +23,8 @@ def _main(tmp_path, *overrides, workdir=None):
     ("--config.rollout.batch_size=60", "batch_size=60 is not divisible by"),
     ("--config.generator.backend=tpu", "generator.backend='tpu'"),
     ("--config.rl.loss=nope", "rl: "),
+    ("--config.weights.serve_from=disk", "weights.serve_from='disk'"),
+    ("--config.weights.port=70000", "weights.port=70000 is not a TCP port"),
 ])
 def test_bad_config_fails_fast_with_one_line(tmp_path, override, needle):
   r = _main(tmp_path, override)
