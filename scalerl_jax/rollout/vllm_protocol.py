@@ -52,18 +52,43 @@ class ProtocolError(RuntimeError):
   """A malformed frame or an unexpected message."""
 
 
-def _wire_dtype(arr: np.ndarray, dtype: str | None) -> tuple[str, np.ndarray]:
-  """Returns (dtype name on the wire, little-endian contiguous array holding the bytes)."""
+def _wire_name(arr: np.ndarray, dtype: str | None) -> str:
+  """The dtype name `arr` travels as (`dtype` requested, e.g. "bfloat16" for a float32 array)."""
   name = dtype or arr.dtype.name
   if arr.dtype.name == BF16 or (name == BF16 and arr.dtype == np.uint16):  # ml_dtypes / raw bits
-    return BF16, np.ascontiguousarray(arr).view(np.uint16)
-  if name == BF16:                              # wire-side conversion (halves the bytes)
-    return BF16, f32_to_bf16_bits(np.asarray(arr, dtype=np.float32))
-  if name not in _ALLOWED:
+    return BF16
+  if name != BF16 and name not in _ALLOWED:
     raise ProtocolError(f"dtype {name!r} is not supported on the wire (allowed: {sorted(_ALLOWED)})")
+  return name
+
+
+def _wire_dtype(arr: np.ndarray, dtype: str | None) -> tuple[str, np.ndarray]:
+  """Returns (dtype name on the wire, little-endian contiguous array holding the bytes)."""
+  name = _wire_name(arr, dtype)
+  if name == BF16:
+    if arr.dtype.name == BF16 or arr.dtype == np.uint16:
+      return BF16, np.ascontiguousarray(arr).view(np.uint16)
+    return BF16, f32_to_bf16_bits(np.asarray(arr, dtype=np.float32))   # halves the bytes
   arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1
                              else arr.dtype)
   return name, arr
+
+
+def _views(metas: list[dict], buf, where: str) -> dict[str, np.ndarray]:
+  """{name: zero-copy view} of the arrays `metas` describe in `buf` (frame payload or mapped
+  file); bf16 as uint16 bit patterns; "transposed" arrays are stored in their transpose's order."""
+  out = {}
+  for m in metas:
+    dt = np.dtype(np.uint16 if m["dtype"] == BF16 else m["dtype"]).newbyteorder("<")
+    count = int(np.prod(m["shape"], dtype=np.int64))
+    if count * dt.itemsize != m["nbytes"] or m["offset"] + m["nbytes"] > len(buf):
+      raise ProtocolError(f"array {m['name']!r}: inconsistent size/offset in {where}")
+    shape = list(m["shape"])
+    if m.get("transposed") and len(shape) != 2:
+      raise ProtocolError(f"array {m['name']!r}: only 2-D arrays can be transposed")
+    flat = np.frombuffer(buf, dtype=dt, count=count, offset=m["offset"])
+    out[m["name"]] = flat.reshape(shape[::-1]).T if m.get("transposed") else flat.reshape(shape)
+  return out
 
 
 def encode(header: Mapping, arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]] = (),
@@ -104,15 +129,7 @@ def decode(hbytes: bytes, payload: bytes | bytearray | memoryview) -> tuple[dict
   Arrays are zero-copy views of `payload`; bfloat16 arrays come back as their uint16 bit patterns
   (see `bf16_bits_to_f32`). `header["arrays"]` keeps the per-array metadata (wire dtype names)."""
   header = json.loads(hbytes)
-  arrays = {}
-  for m in header.get("arrays", []):
-    dt = np.dtype(np.uint16 if m["dtype"] == BF16 else m["dtype"]).newbyteorder("<")
-    count = int(np.prod(m["shape"], dtype=np.int64))
-    if count * dt.itemsize != m["nbytes"] or m["offset"] + m["nbytes"] > len(payload):
-      raise ProtocolError(f"array {m['name']!r}: inconsistent size/offset in header")
-    arrays[m["name"]] = np.frombuffer(payload, dtype=dt, count=count,
-                                      offset=m["offset"]).reshape(m["shape"])
-  return header, arrays
+  return header, _views(header.get("arrays", []), payload, "header")
 
 
 # ----------------------------------------------------------------------------- blocking sockets
@@ -247,11 +264,7 @@ class ShmSlots:
     plan, off = [], 0
     for name, arr in chunk:
       arr = np.asarray(arr)
-      wname = (dtypes or {}).get(name) or arr.dtype.name
-      if arr.dtype.name == BF16:
-        wname = BF16
-      if wname not in _ALLOWED:
-        raise ProtocolError(f"dtype {wname!r} is not supported on the wire")
+      wname = _wire_name(arr, (dtypes or {}).get(name))
       item = 2 if wname == BF16 else np.dtype(wname).itemsize
       off = -(-off // 64) * 64                  # 64-byte aligned tensors
       plan.append((name, arr, wname, off, arr.size * item))
@@ -271,9 +284,9 @@ class ShmSlots:
         arr, meta["transposed"] = arr.T, True
       wdt = np.dtype(np.uint16 if wname == BF16 else wname).newbyteorder("<")
       dst = np.frombuffer(slot["map"], dtype=wdt, count=arr.size, offset=o).reshape(arr.shape)
-      if wname == BF16 and arr.dtype.name != BF16:
+      if wname == BF16 and arr.dtype.name != BF16 and arr.dtype != np.uint16:
         f32_to_bf16_bits(arr, out=dst)
-      elif arr.dtype.name == BF16:
+      elif wname == BF16:
         dst[...] = arr.view(np.uint16)
       else:
         np.copyto(dst, arr, casting="same_kind")
@@ -307,18 +320,4 @@ def read_shm(path: str, metas: list[dict], cache: dict | None = None) -> dict[st
   if m is None or len(m) != size:
     with open(path, "rb") as f:
       m = cache[path] = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
-  out = {}
-  for a in metas:
-    dt = np.dtype(np.uint16 if a["dtype"] == BF16 else a["dtype"]).newbyteorder("<")
-    count = int(np.prod(a["shape"], dtype=np.int64))
-    if count * dt.itemsize != a["nbytes"] or a["offset"] + a["nbytes"] > size:
-      raise ProtocolError(f"array {a['name']!r}: inconsistent size/offset for {path}")
-    shape = list(a["shape"])
-    if a.get("transposed"):
-      if len(shape) != 2:
-        raise ProtocolError(f"array {a['name']!r}: only 2-D arrays can be transposed")
-      out[a["name"]] = np.frombuffer(m, dtype=dt, count=count, offset=a["offset"]).reshape(
-          shape[::-1]).T
-    else:
-      out[a["name"]] = np.frombuffer(m, dtype=dt, count=count, offset=a["offset"]).reshape(shape)
-  return out
+  return _views(metas, m, path)

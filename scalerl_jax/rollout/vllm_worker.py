@@ -186,29 +186,29 @@ class Worker:
                     "load_s": 0.0}
     return {"pause_s": self._update["pause_s"]}, ()
 
-  async def weights_chunk(self, header, arrays):
+  async def _load_chunk(self, op: str, nbytes: int, method: str, *args):
+    """One chunk of an open update: the RPC into vLLM's worker, counted in the update's stats."""
     if self._update is None:
-      raise RuntimeError("weights_chunk without weights_begin")
-    metas = {m["name"]: m["dtype"] for m in header["arrays"]}
-    tensors = [(name, metas[name], list(a.shape), a.tobytes()) for name, a in arrays.items()]
+      raise RuntimeError(f"{op} without weights_begin")
     t0 = time.perf_counter()
-    res = await self.rpc("scalerl_load_weights", tensors)
+    res = await self.rpc(method, *args)
     self._update["load_s"] += time.perf_counter() - t0
-    self._update["bytes"] += sum(a.nbytes for a in arrays.values())
+    self._update["bytes"] += nbytes
     self._update["names"] += res["n"]
     return {"n": res["n"]}, ()
+
+  async def weights_chunk(self, header, arrays):
+    metas = {m["name"]: m["dtype"] for m in header["arrays"]}
+    tensors = [(name, metas[name], list(a.shape), a.tobytes()) for name, a in arrays.items()]
+    return await self._load_chunk("weights_chunk", sum(a.nbytes for a in arrays.values()),
+                                  "scalerl_load_weights", tensors)
 
   async def weights_shm(self, header, arrays):
     """A chunk in a /dev/shm file (vllm_protocol.ShmSlots): only its path and metadata travel;
     vLLM's worker maps the file and loads straight from it."""
-    if self._update is None:
-      raise RuntimeError("weights_shm without weights_begin")
-    t0 = time.perf_counter()
-    res = await self.rpc("scalerl_load_shm", header["path"], header["shm_arrays"])
-    self._update["load_s"] += time.perf_counter() - t0
-    self._update["bytes"] += sum(int(m["nbytes"]) for m in header["shm_arrays"])
-    self._update["names"] += res["n"]
-    return {"n": res["n"]}, ()
+    metas = header["shm_arrays"]
+    return await self._load_chunk("weights_shm", sum(int(m["nbytes"]) for m in metas),
+                                  "scalerl_load_shm", header["path"], metas)
 
   async def weights_end(self, header, arrays):
     if self._update is None:
