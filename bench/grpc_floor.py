@@ -97,6 +97,16 @@ def _producer(address, count, size, ready, go):
   ch.close()
 
 
+def _start_producers(ctx, target, args, n: int, ready, timeout: float = 120):
+  """Starts n producer processes target(*args) and waits until each has put its "ready" mark."""
+  procs = [ctx.Process(target=target, args=args) for _ in range(n)]
+  for p in procs:
+    p.start()
+  for _ in procs:
+    ready.get(timeout=timeout)
+  return procs
+
+
 def _run(count, size, producers, forward):
   import grpc
   srv = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", "--serve",
@@ -108,12 +118,7 @@ def _run(count, size, producers, forward):
     ctx = mp.get_context("spawn")
     ready, go = ctx.Queue(), ctx.Event()
     per = count // producers
-    procs = [ctx.Process(target=_producer, args=(address, per, size, ready, go))
-             for _ in range(producers)]
-    for p in procs:
-      p.start()
-    for _ in procs:
-      ready.get(timeout=120)
+    procs = _start_producers(ctx, _producer, (address, per, size, ready, go), producers, ready)
     ch = grpc.insecure_channel(address, options=_opts())
     pull = ch.unary_stream(f"/{SERVICE}/Pull", _ident, _ident)
     pids = [os.getpid(), srv.pid]
@@ -225,12 +230,8 @@ def raw_tcp_two_hops(total_bytes: int, producers: int = 2, chunk: int = 4 << 20)
   port = port_q.get(timeout=60)
   sink = socket.create_connection(("127.0.0.1", port))
   per = total_bytes // producers
-  procs = [ctx.Process(target=_tcp_producer, args=(port, per, chunk, ready, go))
-           for _ in range(producers)]
-  for p in procs:
-    p.start()
-  for _ in procs:
-    ready.get(timeout=60)
+  procs = _start_producers(ctx, _tcp_producer, (port, per, chunk, ready, go), producers, ready,
+                          timeout=60)
   view, got = memoryview(bytearray(chunk)), 0
   c0, t0 = time.process_time(), time.perf_counter()
   go.set()

@@ -229,7 +229,7 @@ def main(argv=None):
             flush=True)
     from scalerl_jax.rollout.weight_stream import StreamFetcher
     streamed = StreamFetcher(client).fetch(-1)[1]     # the newest streamed version, for vLLM
-    deployed = measure_deployed(server, token, cfg, params, cfg_kw, args.stream_chunk_mb << 20,
+    deployed = measure_deployed(server, token, params, cfg_kw, args.stream_chunk_mb << 20,
                                 args.repeats, 10 * args.repeats + 1)
     print(f"[bench.weights] deployed layout (s per version): {json.dumps(deployed)}", flush=True)
   finally:
@@ -360,7 +360,7 @@ def _generator_proc(address, token, cfg_kw, conn):
       return
 
 
-def measure_deployed(server, token, cfg, params, cfg_kw, chunk_bytes, repeats, first_version):
+def measure_deployed(server, token, params, cfg_kw, chunk_bytes, repeats, first_version):
   """Learner params -> JAX sampler in ANOTHER process (the deployed layout): this process is the
   learner, the buffer its own process, the generator a third one that long-polls (as
   `worker._watch_weights` does). Per version: wall seconds from the start of the publish to the

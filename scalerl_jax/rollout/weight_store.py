@@ -42,6 +42,11 @@ MAX_CHUNKS = 1 << 20
 MAX_SOURCES = 4096
 # Chunk checksums by manifest name (absent: "crc32", what older publishers sent).
 CHECKSUMS = {"crc32": zlib.crc32, "crc32c": crc32c.crc32c}
+
+
+def checksum_of(manifest: dict):
+  """The chunk checksum function a (checked) manifest names."""
+  return CHECKSUMS[manifest.get("checksum", "crc32")]
 _DATA_TAG = (6 << 3) | 2
 
 
@@ -155,7 +160,7 @@ class Version:
     self.manifest_raw = manifest_raw            # streamed: the first message, as sent to fetchers
     self.sizes = sizes or []
     manifest = manifest or {}
-    self.checksum = CHECKSUMS[manifest.get("checksum", "crc32")]
+    self.checksum = checksum_of(manifest)
     self.remote = "sources" in manifest         # chunks live on the learner hosts
     self.chunks: list[Optional[bytes]] = [] if self.remote else [None] * len(self.sizes)
     self.order: list[int] = []                  # chunk indices in arrival order (fetchers follow it)

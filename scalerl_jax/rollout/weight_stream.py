@@ -15,7 +15,7 @@ without any communication. A box belongs to the lowest-id device that holds it; 
 boxes whose owner device is one of its own (`process_index`), so no host ever gathers the model: it
 holds one chunk at a time (on CPU a zero-copy view of its shard; on accelerators the chunk's slice is
 copied device -> host). The buffer makes the version visible once all hosts' chunks arrived and
-their CRC-32s matched.
+their checksums matched.
 
 Chunks carry a CRC-32C (hardware, ~25 GB/s here; manifest "checksum", zlib CRC-32 for old
 publishers). With `source=` (a weight_source.WeightSource in each learner process) the chunks are
@@ -322,7 +322,7 @@ class StreamFetcher:
   def _take(self, stream, h, p) -> None:
     """Writes every chunk message of `stream` into its box of p's arrays (checksum verified)."""
     manifest, dests, have = p["manifest"], p["dests"], p["have"]
-    checksum = ws.CHECKSUMS[manifest.get("checksum", "crc32")]
+    checksum = ws.checksum_of(manifest)
     for raw in stream:
       self.peak_message_bytes = max(self.peak_message_bytes, len(raw))
       c = ws.parse_weight_message(raw)
