@@ -1,6 +1,7 @@
 """Streamed weight updates (issue #7 item 6): a sharded learner on 8 simulated devices streams its
 params in per-shard chunks to a generator process; bit-exact, bounded memory, resumable, multi-host.
 """
+import contextlib
 import json
 import os
 import subprocess
@@ -32,6 +33,18 @@ class Boom(Exception):
 def _server(**kw):
   return BufferServer([PromptSpec(0, np.array([1, 2], np.int32))], token=TOKEN,
                       prompts_per_step=1, group_size=1, max_lag=1, **kw).start()
+
+
+@contextlib.contextmanager
+def _serving(**kw):
+  """An in-process buffer and a client to it, both closed afterwards."""
+  srv = _server(**kw)
+  c = BufferClient(srv.address, TOKEN)
+  try:
+    yield srv, c
+  finally:
+    c.close()
+    srv.stop()
 
 
 def _params(seed=0):
@@ -98,9 +111,7 @@ def test_sharded_learner_streams_to_generator_process_bit_exact_bounded_memory(t
 def test_multi_host_publish_and_resumable_publisher_and_fetcher():
   """Two "hosts" each send their half of the chunks (visible only when both are in); a publisher
   broken mid-stream resends only the missing chunks; a fetcher broken mid-stream resumes."""
-  srv = _server(max_message_bytes=8 << 20)
-  c = BufferClient(srv.address, TOKEN)
-  try:
+  with _serving(max_message_bytes=8 << 20) as (srv, c):
     params = _params(1)
     a = StreamPublisher(c, 1, params, chunk_bytes=2048, process_index=0)
     b = StreamPublisher(c, 1, params, chunk_bytes=2048, process_index=0)
@@ -153,17 +164,12 @@ def test_multi_host_publish_and_resumable_publisher_and_fetcher():
     f.on_chunk, f.received_chunks = None, 0
     v, got = f.fetch(1, wait_timeout_s=5)
     assert v == 2 and f.received_chunks == total - 4 and _same(got, params2)
-  finally:
-    c.close()
-    srv.stop()
 
 
 def test_streamed_chunks_are_validated():
   """Corrupt chunk -> DATA_LOSS (and it is not stored); bad manifest / index / size -> INVALID_ARGUMENT;
   an old version -> FAILED_PRECONDITION; a blob-only fetcher is told to use the streamed protocol."""
-  srv = _server(max_message_bytes=8 << 20, max_weight_bytes=1 << 20)
-  c = BufferClient(srv.address, TOKEN)
-  try:
+  with _serving(max_message_bytes=8 << 20, max_weight_bytes=1 << 20) as (srv, c):
     p = StreamPublisher(c, 5, _params(3), chunk_bytes=4096, process_index=0)
     msgs = list(p.messages([0, 1]))
     data = ws.parse_weight_message(msgs[1]).data
@@ -198,9 +204,6 @@ def test_streamed_chunks_are_validated():
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     again = StreamPublisher(c, 5, _params(3), chunk_bytes=4096, process_index=0)
     assert again.publish().visible                      # idempotent re-publish of the same version
-  finally:
-    c.close()
-    srv.stop()
 
 
 def test_streamed_version_survives_buffer_restart_from_wal(tmp_path):
@@ -233,9 +236,7 @@ def test_worker_takes_streamed_and_blob_versions():
   cfg = models.get_preset("tiny_llama3", vocab_size=128, d_model=64, num_layers=2, num_heads=2,
                           num_kv_heads=1, head_dim=32, ffn_dim=96, dtype="float32")
   params = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(1)))
-  srv = _server(max_message_bytes=8 << 20)
-  c = BufferClient(srv.address, TOKEN)
-  try:
+  with _serving(max_message_bytes=8 << 20) as (srv, c):
     w = W.Worker.__new__(W.Worker)
     w.fetcher, w.model_cfg = StreamFetcher(c), cfg
     c.publish_weights(0, runtime.params_to_payload(cfg, params), runtime.WEIGHTS_FORMAT)
@@ -251,18 +252,13 @@ def test_worker_takes_streamed_and_blob_versions():
     w.gen.set_params(weights["params"], v)
     w.gen._swap_if_pending()
     assert w.gen.version == 1 and _same(jax.tree.map(np.asarray, w.gen.params), new)
-  finally:
-    c.close()
-    srv.stop()
 
 
 def test_bf16_on_the_wire():
   """wire_dtype="bfloat16": float32 leaves arrive as bf16, equal to ml_dtypes' cast bit for bit,
   and the wire carries half the bytes."""
   import ml_dtypes
-  srv = _server(max_message_bytes=8 << 20)
-  c = BufferClient(srv.address, TOKEN)
-  try:
+  with _serving(max_message_bytes=8 << 20) as (srv, c):
     params = _params(9)
     p = StreamPublisher(c, 1, params, chunk_bytes=4096, process_index=0, wire_dtype="bfloat16")
     assert p.publish().visible
@@ -274,17 +270,12 @@ def test_bf16_on_the_wire():
             "scale": params["scale"].astype(ml_dtypes.bfloat16)}
     assert v == 1 and _same(got, want)
     assert f.received_bytes * 2 == sum(x.nbytes for _, x in flatten(params))
-  finally:
-    c.close()
-    srv.stop()
 
 
 def test_incomplete_version_superseded_by_a_newer_one():
   """A version still missing chunks when a newer one becomes visible is dropped: its publisher gets
   FAILED_PRECONDITION and the newer version stays visible."""
-  srv = _server(max_message_bytes=8 << 20)
-  c = BufferClient(srv.address, TOKEN)
-  try:
+  with _serving(max_message_bytes=8 << 20) as (srv, c):
     old = StreamPublisher(c, 1, _params(1), chunk_bytes=2048, process_index=0)
     ack = c.publish_raw(old.messages(old.own[:3]))          # a stream that ends 3 chunks in
     assert not ack.visible and len(ack.missing_chunks) == len(old.own) - 3
@@ -294,6 +285,3 @@ def test_incomplete_version_superseded_by_a_newer_one():
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     v, got = StreamFetcher(c).fetch(0, wait_timeout_s=5)
     assert v == 2 and _same(got, _params(2)) and srv.weights.version == 2
-  finally:
-    c.close()
-    srv.stop()
