@@ -199,3 +199,53 @@ def test_from_config_uses_rollout_and_buffer_sections():
     assert st.admission_capacity == (0 + 5 - 0 + 1) * 3
   finally:
     srv.stop()
+
+
+def test_waiting_pull_and_lease_end_when_the_caller_goes_or_the_server_stops(tmp_path):
+  """A PullBatch / LeasePrompts waiting for its batch / admission ends as soon as its caller is gone
+  (CANCELLED, the state untouched), and a buffer process told to stop (SIGTERM, what PDEATHSIG
+  sends when the learner dies) exits at once instead of holding a handler thread for the rest of a
+  600 s pull timeout."""
+  from scalerl_jax.rollout import admission
+  from scalerl_jax.rollout import validation as val
+  st = admission.BufferState([PromptSpec(0, np.array([1, 2], np.int32), "a")], prompts_per_step=1,
+                             group_size=2, max_lag=0)
+  st.lease("g", 1, 0.0)                        # k=0: nothing more is admitted until step 1
+  t0 = time.time()
+  for call in (lambda: st.pull(0, 600.0, alive=lambda: False),
+               lambda: st.lease("g2", 1, 600.0, alive=lambda: False)):
+    with pytest.raises(val.RejectError) as e:
+      call()
+    assert e.value.code == grpc.StatusCode.CANCELLED
+  assert time.time() - t0 < 1.0 and st.ns == 0
+
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text('{"prompt_id": 0, "tokens": [1, 2], "answer": "x"}\n')
+  env = dict(os.environ, SCALERL_BUFFER_TOKEN=TOKEN)
+  srv = subprocess.Popen([sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--port", "0",
+                          "--prompts", str(prompts), "--prompts-per-step", "1", "--group-size", "2",
+                          "--max-lag", "0"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+  try:
+    import json
+    address = json.loads(srv.stdout.readline())["address"]
+    c = BufferClient(address, TOKEN, retries=0)     # no reconnect attempts once it is gone
+    errors = []
+    def pull():
+      try:
+        c.pull_batch(0, timeout_s=600)
+      except grpc.RpcError as e:
+        errors.append(e.code())
+    t = threading.Thread(target=pull, daemon=True)
+    t.start()
+    time.sleep(1.0)                              # the pull is waiting inside the server
+    t0 = time.time()
+    srv.terminate()
+    assert srv.wait(timeout=30) is not None
+    assert time.time() - t0 < 10, "the buffer process lingered after SIGTERM"
+    t.join(30)
+    assert errors and errors[0] != grpc.StatusCode.DEADLINE_EXCEEDED
+    c.close()
+  finally:
+    if srv.poll() is None:
+      srv.kill()

@@ -70,6 +70,12 @@ class PulledBatch:
   num_bytes: int
 
 
+def _check_alive(alive: Callable[[], bool], what: str) -> None:
+  if not alive():
+    raise val.RejectError(grpc.StatusCode.CANCELLED,
+                          f"{what}: the caller went away or the server is stopping")
+
+
 def _group_item_bytes(g: _Group) -> bytes:
   """Serializes `BatchItem{group: Group}` by splicing the stored rollout bytes (one copy, no
   re-encoding of the payload)."""
@@ -169,8 +175,10 @@ class BufferState(WalStateMixin):
       self._wal_append(walmod.EPOCH, dict(order=[int(p) for p in order], rng=self._rng_state()))
     return self._prompts[self._queue.popleft()]
 
-  def lease(self, generator_id: str, max_groups: int, wait_timeout_s: float) -> list[pb.Assignment]:
-    """Leases up to `max_groups` groups, waiting up to `wait_timeout_s` for admission."""
+  def lease(self, generator_id: str, max_groups: int, wait_timeout_s: float,
+            alive: Callable[[], bool] = lambda: True) -> list[pb.Assignment]:
+    """Leases up to `max_groups` groups, waiting up to `wait_timeout_s` for admission (CANCELLED
+    once `alive()` is False: the caller went away or the server is stopping)."""
     val.check_id(generator_id, "generator_id", self.limits)
     if not 1 <= max_groups <= self.limits.max_lease_groups:
       raise val.invalid(f"max_groups={max_groups} must be in [1, {self.limits.max_lease_groups}]")
@@ -185,6 +193,7 @@ class BufferState(WalStateMixin):
         left = end - self.clock()
         if left <= 0:
           return []
+        _check_alive(alive, "LeasePrompts")
         self.cv.wait(min(left, 0.25))
       out, new = [], []
       now = self.clock()
@@ -347,8 +356,11 @@ class BufferState(WalStateMixin):
                   key=lambda x: (x.deadline, x.completed_seq))
     return done[:self.B] if len(done) >= self.B else None
 
-  def pull(self, step: int, timeout_s: float) -> PulledBatch:
-    """Returns the batch for learner step `step`, waiting up to `timeout_s` for it to be complete."""
+  def pull(self, step: int, timeout_s: float,
+           alive: Callable[[], bool] = lambda: True) -> PulledBatch:
+    """Returns the batch for learner step `step`, waiting up to `timeout_s` for it to be complete
+    (CANCELLED once `alive()` is False: a dead learner's pull must not hold a server thread, and
+    the process's exit, for the rest of its timeout)."""
     val.check_timeout(timeout_s, "timeout_s", self.limits)
     end = self.clock() + timeout_s
     with self.cv:
@@ -367,6 +379,7 @@ class BufferState(WalStateMixin):
           raise val.RejectError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 f"no complete batch for step {step} within {timeout_s}s "
                                 f"(version {self.version}, {len(self._groups)} groups outstanding)")
+        _check_alive(alive, "PullBatch")
         self.cv.wait(min(left, 0.25))
       return self._deliver(step, batch, "live")
 

@@ -230,7 +230,8 @@ class BufferServer:
   # ---- handlers ----------------------------------------------------------------------------------
   def _lease(self, request, context):
     r = self._req(request, context)
-    got = self._call(context, self.state.lease, r.generator_id, r.max_groups, r.wait_timeout_s)
+    got = self._call(context, self.state.lease, r.generator_id, r.max_groups, r.wait_timeout_s,
+                     context.is_active)
     return pb.LeaseResponse(assignments=got, current_version=self.state.version)
 
   def _push(self, request_iterator, context):
@@ -246,7 +247,7 @@ class BufferServer:
     r = self._req(request, context)
     if r.learner_id:
       self._call(context, val.check_id, r.learner_id, "learner_id", self.limits)
-    batch = self._call(context, self.state.pull, r.step, r.timeout_s)
+    batch = self._call(context, self.state.pull, r.step, r.timeout_s, context.is_active)
     yield from batch.groups          # pre-serialized BatchItem{group} messages
     with self._mlock:
       self._bytes_out += batch.num_bytes
