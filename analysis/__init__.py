@@ -8,18 +8,18 @@ No JAX. See docs/ANALYSIS.md and docs/METRICS.md. Main entry points::
 from analysis.errors import AnalysisError
 from analysis.metrics import RunData, append_metrics, read_run, write_config
 from analysis.scaling import (FitResult, Grids, default_grids, fit_power_law, fit_sigmoid, fit_sigmoid_free,
-                              paper_grids, sigmoid_curve)
+               paper_grids, sigmoid_curve)
 from analysis.uncertainty import bootstrap, extrapolate
 from analysis.compare import compare_runs, comparison_markdown
 
 
 def fit_runs(*args, **kwargs):
-    """Fit, bootstrap, extrapolate and compare run directories; see ``analysis.fit.fit_runs``."""
-    from analysis.fit import fit_runs as _fit_runs  # lazy: imports matplotlib
+  """Fit, bootstrap, extrapolate and compare run directories; see ``analysis.fit.fit_runs``."""
+  from analysis.fit import fit_runs as _fit_runs  # lazy: imports matplotlib
 
-    return _fit_runs(*args, **kwargs)
+  return _fit_runs(*args, **kwargs)
 
 
 __all__ = ["AnalysisError", "RunData", "append_metrics", "read_run", "write_config", "FitResult", "Grids",
-           "default_grids", "paper_grids", "fit_sigmoid", "fit_sigmoid_free", "fit_power_law", "sigmoid_curve",
-           "bootstrap", "extrapolate", "compare_runs", "comparison_markdown", "fit_runs"]
+      "default_grids", "paper_grids", "fit_sigmoid", "fit_sigmoid_free", "fit_power_law", "sigmoid_curve",
+      "bootstrap", "extrapolate", "compare_runs", "comparison_markdown", "fit_runs"]

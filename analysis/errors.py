@@ -6,42 +6,42 @@ Every error is a ``ValueError`` subclass whose message is one line naming the pr
 from __future__ import annotations
 
 __all__ = [
-    "AnalysisError",
-    "MetricsFormatError",
-    "TooFewPointsError",
-    "NonFiniteError",
-    "NonIncreasingComputeError",
-    "PassRateRangeError",
-    "NoImprovementError",
+  "AnalysisError",
+  "MetricsFormatError",
+  "TooFewPointsError",
+  "NonFiniteError",
+  "NonIncreasingComputeError",
+  "PassRateRangeError",
+  "NoImprovementError",
 ]
 
 
 class AnalysisError(ValueError):
-    """Base class of all analysis errors (a ``ValueError``)."""
+  """Base class of all analysis errors (a ``ValueError``)."""
 
-    def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))  # force a single line
+  def __init__(self, message: str):
+    super().__init__(" ".join(str(message).split()))  # force a single line
 
 
 class MetricsFormatError(AnalysisError):
-    """metrics.jsonl / config.json is missing or malformed."""
+  """metrics.jsonl / config.json is missing or malformed."""
 
 
 class TooFewPointsError(AnalysisError):
-    """Not enough evaluation points in the fit window."""
+  """Not enough evaluation points in the fit window."""
 
 
 class NonFiniteError(AnalysisError):
-    """NaN or infinite compute / metric values."""
+  """NaN or infinite compute / metric values."""
 
 
 class NonIncreasingComputeError(AnalysisError):
-    """compute_hours does not strictly increase from one evaluation to the next."""
+  """compute_hours does not strictly increase from one evaluation to the next."""
 
 
 class PassRateRangeError(AnalysisError):
-    """A metric value lies outside its declared range (``[0, 1]`` for pass rates)."""
+  """A metric value lies outside its declared range (``[0, 1]`` for pass rates)."""
 
 
 class NoImprovementError(AnalysisError):
-    """The metric never rises above R0, so Eq. 1 (A > R0) cannot be fitted."""
+  """The metric never rises above R0, so Eq. 1 (A > R0) cannot be fitted."""

@@ -22,96 +22,96 @@ __all__ = ["fit_runs", "main"]
 
 
 def fit_runs(run_dirs, out_dir, fit_until: float | None = None, cutoff: float | None = None, *,
-             n_boot: int = 1000, seed: int = 0, grid: str = "auto", tol: float = A_TOLERANCE,
-             progress: bool = True, names=None) -> list[dict]:
-    """Fit every run, bootstrap CIs, extrapolate past ``fit_until``, compare; write the outputs.
+       n_boot: int = 1000, seed: int = 0, grid: str = "auto", tol: float = A_TOLERANCE,
+       progress: bool = True, names=None) -> list[dict]:
+  """Fit every run, bootstrap CIs, extrapolate past ``fit_until``, compare; write the outputs.
 
     Returns the list written to ``out_dir/fit.json``: per run ``run``, ``run_dir``, ``A``, ``B``,
     ``C_mid``, ``R0``, ``r2``, ``sse``, ``n_points``, ``c_range``, ``grid_winner``, ``ci``
     ({A, B, C_mid} -> [lo, hi]), ``power_law`` and, with ``fit_until``, ``prediction``.
     """
-    if grid not in ("auto", "paper"):
-        raise ValueError(f"grid={grid!r} is unknown; use 'auto' (from the data) or 'paper'")
-    run_dirs = [Path(d) for d in run_dirs]
-    if not run_dirs:
-        raise ValueError("no run directories given; pass at least one RUN_DIR holding metrics.jsonl")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    grids = paper_grids() if grid == "paper" else None
-    runs = [read_run(d, name=(names[i] if names else None)) for i, d in enumerate(run_dirs)]
-    if len({r.name for r in runs}) != len(runs):  # disambiguate equal basenames
-        for i, r in enumerate(runs):
-            r.name = f"{i}:{r.name}"
-    results, entries, fits = [], [], []
-    for run in runs:
-        if fit_until is not None:
-            ex = extrapolate(*run.window(cutoff), run.r0, fit_until, n_boot=n_boot, seed=seed, grids=grids,
-                             progress=progress)
-            fit, boot, pred = ex["fit"], ex["bootstrap"], ex["prediction"]
-        else:
-            Cw, yw = run.window(cutoff)
-            fit = fit_sigmoid(Cw, yw, run.r0, grids=grids)
-            boot = bootstrap(Cw, yw, run.r0, n_boot=n_boot, seed=seed, grids=grids, fit=fit, progress=progress)
-            pred = None
-        pl = fit_power_law(*run.window(cutoff, fit_until))
-        rec = {"run": run.name, "run_dir": run.run_dir, "A": fit.A, "B": fit.B, "C_mid": fit.C_mid, "R0": fit.R0,
-               "r2": fit.r2, "sse": fit.sse, "n_points": fit.n_points, "c_range": list(fit.c_range),
-               "cutoff": cutoff, "fit_until": fit_until, "grid": grid, "grid_winner": fit.grid_winner,
-               "ci": boot["ci"], "ci_level": boot["level"], "n_boot": n_boot,
-               "power_law": {"A": pl.A, "B": pl.B, "D": pl.D, "r2": pl.r2}}
-        if pred is not None:
-            rec["prediction"] = pred
-        results.append(rec)
-        fits.append(fit)
-        entries.append({"run": run, "fit": fit, "prediction": pred, "cutoff": cutoff, "fit_until": fit_until})
-    plot_curves(entries, out / "curves.png")
-    if len(runs) > 1:
-        cmp = compare_runs(runs, fits, tol=tol, cutoff=cutoff, fit_until=fit_until, grids=grids)
-        (out / "compare.md").write_text(comparison_markdown(cmp), encoding="utf-8")
-        ci = {r["run"]: r["ci"] for r in results}
-        if cmp["mode"] == "shared_A":  # B intervals at the shared A
-            for run in runs:
-                b = bootstrap(*run.window(cutoff, fit_until), run.r0, n_boot=max(100, n_boot // 5), seed=seed,
-                              grids=grids, A=cmp["A_shared"], progress=progress)
-                ci[run.name] = b["ci"]
-                cmp["rows"][[r["run"] for r in cmp["rows"]].index(run.name)]["ci_B_shared"] = b["ci"]["B"]
-        plot_comparison(runs, fits, cmp, out / "compare.png", ci=ci)
-        for rec in results:
-            row = next(r for r in cmp["rows"] if r["run"] == rec["run"])
-            rec["comparison"] = {k: v for k, v in row.items() if k != "run"} | {
-                "mode": cmp["mode"], "A_shared": cmp["A_shared"], "winner": cmp["winner"]}
-    (out / "fit.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return results
+  if grid not in ("auto", "paper"):
+    raise ValueError(f"grid={grid!r} is unknown; use 'auto' (from the data) or 'paper'")
+  run_dirs = [Path(d) for d in run_dirs]
+  if not run_dirs:
+    raise ValueError("no run directories given; pass at least one RUN_DIR holding metrics.jsonl")
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  grids = paper_grids() if grid == "paper" else None
+  runs = [read_run(d, name=(names[i] if names else None)) for i, d in enumerate(run_dirs)]
+  if len({r.name for r in runs}) != len(runs):  # disambiguate equal basenames
+    for i, r in enumerate(runs):
+      r.name = f"{i}:{r.name}"
+  results, entries, fits = [], [], []
+  for run in runs:
+    if fit_until is not None:
+      ex = extrapolate(*run.window(cutoff), run.r0, fit_until, n_boot=n_boot, seed=seed, grids=grids,
+               progress=progress)
+      fit, boot, pred = ex["fit"], ex["bootstrap"], ex["prediction"]
+    else:
+      Cw, yw = run.window(cutoff)
+      fit = fit_sigmoid(Cw, yw, run.r0, grids=grids)
+      boot = bootstrap(Cw, yw, run.r0, n_boot=n_boot, seed=seed, grids=grids, fit=fit, progress=progress)
+      pred = None
+    pl = fit_power_law(*run.window(cutoff, fit_until))
+    rec = {"run": run.name, "run_dir": run.run_dir, "A": fit.A, "B": fit.B, "C_mid": fit.C_mid, "R0": fit.R0,
+        "r2": fit.r2, "sse": fit.sse, "n_points": fit.n_points, "c_range": list(fit.c_range),
+        "cutoff": cutoff, "fit_until": fit_until, "grid": grid, "grid_winner": fit.grid_winner,
+        "ci": boot["ci"], "ci_level": boot["level"], "n_boot": n_boot,
+        "power_law": {"A": pl.A, "B": pl.B, "D": pl.D, "r2": pl.r2}}
+    if pred is not None:
+      rec["prediction"] = pred
+    results.append(rec)
+    fits.append(fit)
+    entries.append({"run": run, "fit": fit, "prediction": pred, "cutoff": cutoff, "fit_until": fit_until})
+  plot_curves(entries, out / "curves.png")
+  if len(runs) > 1:
+    cmp = compare_runs(runs, fits, tol=tol, cutoff=cutoff, fit_until=fit_until, grids=grids)
+    (out / "compare.md").write_text(comparison_markdown(cmp), encoding="utf-8")
+    ci = {r["run"]: r["ci"] for r in results}
+    if cmp["mode"] == "shared_A":  # B intervals at the shared A
+      for run in runs:
+        b = bootstrap(*run.window(cutoff, fit_until), run.r0, n_boot=max(100, n_boot // 5), seed=seed,
+               grids=grids, A=cmp["A_shared"], progress=progress)
+        ci[run.name] = b["ci"]
+        cmp["rows"][[r["run"] for r in cmp["rows"]].index(run.name)]["ci_B_shared"] = b["ci"]["B"]
+    plot_comparison(runs, fits, cmp, out / "compare.png", ci=ci)
+    for rec in results:
+      row = next(r for r in cmp["rows"] if r["run"] == rec["run"])
+      rec["comparison"] = {k: v for k, v in row.items() if k != "run"} | {
+        "mode": cmp["mode"], "A_shared": cmp["A_shared"], "winner": cmp["winner"]}
+  (out / "fit.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+  return results
 
 
 def main(argv=None) -> int:
-    """Command-line entry point (see the module docstring)."""
-    ap = argparse.ArgumentParser(prog="python -m analysis.fit", description=__doc__.splitlines()[0])
-    ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.jsonl")
-    ap.add_argument("--fit-until", type=float, default=None, help="fit on compute <= HOURS, predict beyond")
-    ap.add_argument("--cutoff", type=float, default=None, help="drop points with compute < HOURS (paper: 1500)")
-    ap.add_argument("--out", required=True, help="output directory")
-    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    ap.add_argument("--grid", choices=("auto", "paper"), default="auto", help="search grids (default: from data)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tol", type=float, default=A_TOLERANCE, help="A tolerance for the shared-A comparison")
-    ap.add_argument("--no-progress", action="store_true", help="hide the bootstrap progress bar")
-    args = ap.parse_args(argv)
-    try:
-        res = fit_runs(args.run_dirs, args.out, fit_until=args.fit_until, cutoff=args.cutoff, n_boot=args.n_boot,
-                       seed=args.seed, grid=args.grid, tol=args.tol, progress=not args.no_progress)
-    except AnalysisError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for r in res:
-        line = f"{r['run']}: A={r['A']:.4f} B={r['B']:.3f} C_mid={r['C_mid']:.5g} R2={r['r2']:.4f}"
-        if "prediction" in r:
-            p = r["prediction"]
-            line += f" | final true {p['final_true']:.4f} pred {p['final_pred']:.4f} (|err| {p['abs_error']:.4f})"
-        print(line)
-    print(f"wrote {Path(args.out) / 'fit.json'}")
-    return 0
+  """Command-line entry point (see the module docstring)."""
+  ap = argparse.ArgumentParser(prog="python -m analysis.fit", description=__doc__.splitlines()[0])
+  ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.jsonl")
+  ap.add_argument("--fit-until", type=float, default=None, help="fit on compute <= HOURS, predict beyond")
+  ap.add_argument("--cutoff", type=float, default=None, help="drop points with compute < HOURS (paper: 1500)")
+  ap.add_argument("--out", required=True, help="output directory")
+  ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+  ap.add_argument("--grid", choices=("auto", "paper"), default="auto", help="search grids (default: from data)")
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--tol", type=float, default=A_TOLERANCE, help="A tolerance for the shared-A comparison")
+  ap.add_argument("--no-progress", action="store_true", help="hide the bootstrap progress bar")
+  args = ap.parse_args(argv)
+  try:
+    res = fit_runs(args.run_dirs, args.out, fit_until=args.fit_until, cutoff=args.cutoff, n_boot=args.n_boot,
+            seed=args.seed, grid=args.grid, tol=args.tol, progress=not args.no_progress)
+  except AnalysisError as exc:
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
+  for r in res:
+    line = f"{r['run']}: A={r['A']:.4f} B={r['B']:.3f} C_mid={r['C_mid']:.5g} R2={r['r2']:.4f}"
+    if "prediction" in r:
+      p = r["prediction"]
+      line += f" | final true {p['final_true']:.4f} pred {p['final_pred']:.4f} (|err| {p['abs_error']:.4f})"
+    print(line)
+  print(f"wrote {Path(args.out) / 'fit.json'}")
+  return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+  sys.exit(main())

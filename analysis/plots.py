@@ -12,94 +12,94 @@ from matplotlib.figure import Figure
 
 
 def _figure(**kw):
-    fig = Figure(**kw)
-    FigureCanvasAgg(fig)
-    return fig
+  fig = Figure(**kw)
+  FigureCanvasAgg(fig)
+  return fig
 
 __all__ = ["plot_curves", "plot_comparison"]
 
 
 def _label(name, fit):
-    return f"{name}: A={fit.A:.3f}, B={fit.B:.2f}, C_mid={fit.C_mid:.4g}"
+  return f"{name}: A={fit.A:.3f}, B={fit.B:.2f}, C_mid={fit.C_mid:.4g}"
 
 
 def plot_curves(entries: list[dict], path, *, title: str = "Eq. 1 fits") -> str:
-    """One axis, one color per run. Each entry: ``run`` (RunData), ``fit`` (FitResult), optional
+  """One axis, one color per run. Each entry: ``run`` (RunData), ``fit`` (FitResult), optional
     ``prediction`` (extrapolate()['prediction']), ``cutoff``, ``fit_until``. Saves a PNG at ``path``."""
-    fig = _figure(figsize=(8, 5.2), dpi=110)
-    ax = fig.subplots()
-    for i, e in enumerate(entries):
-        run, fit, color = e["run"], e["fit"], f"C{i % 10}"
-        C, y = run.compute, run.value
-        lo = max(C[C > 0].min() if (C > 0).any() else 1.0, 1e-9)
-        used = (C > 0) & (C >= (e.get("cutoff") or 0)) & (C <= (e.get("fit_until") or np.inf))
-        ax.scatter(C[used], y[used], s=9, color=color, alpha=0.75)
-        if (~used & (C > 0)).any():
-            ax.scatter(C[~used & (C > 0)], y[~used & (C > 0)], s=11, facecolors="none", edgecolors=color,
-                       alpha=0.8)
-        grid = np.geomspace(lo, C.max() * 1.05, 300)
-        split = e.get("fit_until") or np.inf
-        ax.plot(grid[grid <= split], fit.predict(grid[grid <= split]), color=color, lw=2, label=_label(run.name, fit))
-        if (grid > split).any():  # extrapolation
-            ax.plot(grid[grid >= split], fit.predict(grid[grid >= split]), color=color, lw=2, ls="--")
-        pred = e.get("prediction")
-        if pred:
-            pc = np.asarray(pred["compute"])
-            band = np.asarray(pred["band"])
-            pband = np.asarray(pred["pred_band"])
-            ax.fill_between(pc, pband[:, 0], pband[:, 1], color=color, alpha=0.12, lw=0)
-            ax.fill_between(pc, band[:, 0], band[:, 1], color=color, alpha=0.3, lw=0)
-            ax.axvline(pred["fit_until"], color=color, ls=":", lw=1)
-        ax.axhline(fit.A, color=color, ls="--", lw=0.8, alpha=0.6)
-    ax.set_xscale("log")
-    ax.set_xlabel("compute (accelerator-hours)")
-    ax.set_ylabel("validation pass rate")
-    ax.set_title(title + "  (filled: fit window; hollow: held out / cut; bands: 95% curve & prediction)",
-                 fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    return str(path)
+  fig = _figure(figsize=(8, 5.2), dpi=110)
+  ax = fig.subplots()
+  for i, e in enumerate(entries):
+    run, fit, color = e["run"], e["fit"], f"C{i % 10}"
+    C, y = run.compute, run.value
+    lo = max(C[C > 0].min() if (C > 0).any() else 1.0, 1e-9)
+    used = (C > 0) & (C >= (e.get("cutoff") or 0)) & (C <= (e.get("fit_until") or np.inf))
+    ax.scatter(C[used], y[used], s=9, color=color, alpha=0.75)
+    if (~used & (C > 0)).any():
+      ax.scatter(C[~used & (C > 0)], y[~used & (C > 0)], s=11, facecolors="none", edgecolors=color,
+            alpha=0.8)
+    grid = np.geomspace(lo, C.max() * 1.05, 300)
+    split = e.get("fit_until") or np.inf
+    ax.plot(grid[grid <= split], fit.predict(grid[grid <= split]), color=color, lw=2, label=_label(run.name, fit))
+    if (grid > split).any():  # extrapolation
+      ax.plot(grid[grid >= split], fit.predict(grid[grid >= split]), color=color, lw=2, ls="--")
+    pred = e.get("prediction")
+    if pred:
+      pc = np.asarray(pred["compute"])
+      band = np.asarray(pred["band"])
+      pband = np.asarray(pred["pred_band"])
+      ax.fill_between(pc, pband[:, 0], pband[:, 1], color=color, alpha=0.12, lw=0)
+      ax.fill_between(pc, band[:, 0], band[:, 1], color=color, alpha=0.3, lw=0)
+      ax.axvline(pred["fit_until"], color=color, ls=":", lw=1)
+    ax.axhline(fit.A, color=color, ls="--", lw=0.8, alpha=0.6)
+  ax.set_xscale("log")
+  ax.set_xlabel("compute (accelerator-hours)")
+  ax.set_ylabel("validation pass rate")
+  ax.set_title(title + "  (filled: fit window; hollow: held out / cut; bands: 95% curve & prediction)",
+         fontsize=9)
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8, loc="lower right")
+  fig.tight_layout()
+  fig.savefig(path)
+  return str(path)
 
 
 def plot_comparison(runs, fits, cmp: dict, path, ci: dict | None = None) -> str:
-    """Left: data and curves (shared-A refits in shared-A mode); right: B (shared A) or A per run
+  """Left: data and curves (shared-A refits in shared-A mode); right: B (shared A) or A per run
     with bootstrap intervals when ``ci`` ({run: {param: [lo, hi]}}) is given. Saves a PNG."""
-    fig = _figure(figsize=(12, 4.8), dpi=110)
-    ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-    shared = cmp.get("shared_fits") or {}
-    for i, (run, fit) in enumerate(zip(runs, fits)):
-        color = f"C{i % 10}"
-        f = shared.get(run.name, fit)
-        m = run.compute > 0
-        ax.scatter(run.compute[m], run.value[m], s=8, color=color, alpha=0.6)
-        grid = np.geomspace(run.compute[m].min(), run.compute.max() * 1.05, 300)
-        ax.plot(grid, f.predict(grid), color=color, lw=2, label=_label(run.name, f))
-    ax.set_xscale("log")
-    ax.set_xlabel("compute (accelerator-hours)")
-    ax.set_ylabel("validation pass rate")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title(f"shared A = {cmp['A_shared']:.3f}" if cmp["mode"] == "shared_A" else "independent fits",
-                 fontsize=10)
-    rows = cmp["rows"]
-    key = cmp["key"]
-    vals = [r[key] for r in rows]
-    names = [r["run"] for r in rows]
-    colors = [f"C{[x.name for x in runs].index(n) % 10}" for n in names]
-    err = None
-    if ci:
-        p = "B" if key == "B_shared" else "A"
-        lo = [max(0.0, v - ci[n][p][0]) for n, v in zip(names, vals)]
-        hi = [max(0.0, ci[n][p][1] - v) for n, v in zip(names, vals)]
-        err = np.array([lo, hi])
-    bx.bar(range(len(vals)), vals, color=colors, yerr=err, capsize=4)
-    bx.set_xticks(range(len(vals)), names, rotation=20, fontsize=8)
-    bx.set_ylabel("B at shared A" if key == "B_shared" else "A")
-    if key == "A":
-        bx.set_ylim(min(vals) - 0.05, max(vals) + 0.03)
-    bx.set_title(f"winner: {cmp['winner']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    return str(path)
+  fig = _figure(figsize=(12, 4.8), dpi=110)
+  ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+  shared = cmp.get("shared_fits") or {}
+  for i, (run, fit) in enumerate(zip(runs, fits)):
+    color = f"C{i % 10}"
+    f = shared.get(run.name, fit)
+    m = run.compute > 0
+    ax.scatter(run.compute[m], run.value[m], s=8, color=color, alpha=0.6)
+    grid = np.geomspace(run.compute[m].min(), run.compute.max() * 1.05, 300)
+    ax.plot(grid, f.predict(grid), color=color, lw=2, label=_label(run.name, f))
+  ax.set_xscale("log")
+  ax.set_xlabel("compute (accelerator-hours)")
+  ax.set_ylabel("validation pass rate")
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8, loc="lower right")
+  ax.set_title(f"shared A = {cmp['A_shared']:.3f}" if cmp["mode"] == "shared_A" else "independent fits",
+         fontsize=10)
+  rows = cmp["rows"]
+  key = cmp["key"]
+  vals = [r[key] for r in rows]
+  names = [r["run"] for r in rows]
+  colors = [f"C{[x.name for x in runs].index(n) % 10}" for n in names]
+  err = None
+  if ci:
+    p = "B" if key == "B_shared" else "A"
+    lo = [max(0.0, v - ci[n][p][0]) for n, v in zip(names, vals)]
+    hi = [max(0.0, ci[n][p][1] - v) for n, v in zip(names, vals)]
+    err = np.array([lo, hi])
+  bx.bar(range(len(vals)), vals, color=colors, yerr=err, capsize=4)
+  bx.set_xticks(range(len(vals)), names, rotation=20, fontsize=8)
+  bx.set_ylabel("B at shared A" if key == "B_shared" else "A")
+  if key == "A":
+    bx.set_ylim(min(vals) - 0.05, max(vals) + 0.03)
+  bx.set_title(f"winner: {cmp['winner']}", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path)
+  return str(path)

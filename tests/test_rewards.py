@@ -9,7 +9,7 @@ from scalerl_jax import rewards
 
 def test_registry():
   assert {"math", "code", "synthetic"} <= set(rewards.names())
-  with pytest.raises(KeyError, match="unknown reward 'nope'"):
+  with pytest.raises(ValueError, match="unknown reward 'nope'"):
     rewards.get("nope")
   with pytest.raises(ValueError, match="already registered"):
     rewards.register("math")(lambda c, a: 0.0)

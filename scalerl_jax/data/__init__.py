@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from scalerl_jax import rewards
 from scalerl_jax.rollout.generator import PromptSpec
 
 KINDS = ("synthetic", "polaris", "deepcoder")
@@ -45,7 +46,6 @@ class Dataset:
 
   def reward(self, completion_tokens_or_text, answer: str) -> float:
     """Scores one completion (token ids are decoded with this dataset's tokenizer)."""
-    from scalerl_jax import rewards
     text = (completion_tokens_or_text if isinstance(completion_tokens_or_text, str)
             else self.tokenizer.decode(completion_tokens_or_text))
     return rewards.compute_reward(self.reward_name, text, answer)

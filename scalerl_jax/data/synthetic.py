@@ -29,8 +29,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
-THINK, END_THINK = "<think>", "</think>"
+from scalerl_jax.rewards import synthetic as rewards_synthetic
+
+BOS, UNK, THINK = "<bos>", "<unk>", "<think>"
+PAD, EOS, END_THINK = rewards_synthetic.PAD, rewards_synthetic.EOS, rewards_synthetic.END_THINK
 INTERRUPTION_TEXT = ("Okay, time is up. Let me stop thinking and formulate a final answer now. "
                      "</think>")
 DIGITS = tuple(str(i) for i in range(10))
@@ -240,16 +242,10 @@ def pad_batch(examples: Sequence[SFTExample], length: int | None = None) -> tupl
 def extract_answer(completion: str | Sequence[int] | np.ndarray) -> str | None:
   """The answer text after the last `</think>`, cut at `<eos>`; None when there is no `</think>`."""
   text = completion if isinstance(completion, str) else TOKENIZER.decode(completion)
-  words = text.split()
-  if END_THINK not in words:
-    return None
-  after = words[len(words) - 1 - words[::-1].index(END_THINK) + 1:]
-  if EOS in after:
-    after = after[:after.index(EOS)]
-  return " ".join(w for w in after if w != PAD)
+  return rewards_synthetic.extract_answer(text)
 
 
 def reward(completion: str | Sequence[int] | np.ndarray, answer: str) -> float:
   """1.0 iff the text after the last `</think>` (up to `<eos>`) is exactly the answer digit."""
-  got = extract_answer(completion)
-  return 1.0 if got is not None and got == str(answer).strip() else 0.0
+  text = completion if isinstance(completion, str) else TOKENIZER.decode(completion)
+  return rewards_synthetic.synthetic_reward(text, answer)

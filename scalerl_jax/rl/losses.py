@@ -28,6 +28,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from scalerl_jax.registry import Registry
+
 
 class LossOut(NamedTuple):
   sum: jax.Array            # Σ_tokens w·term
@@ -50,28 +52,18 @@ class LossHParams:
 
 
 LossFn = Callable[..., LossOut]
-_REGISTRY: dict[str, LossFn] = {}
-
-
-def register_loss(name: str):
-  """Decorator: adds a loss function to the registry under `name`."""
-  def deco(fn):
-    if name in _REGISTRY:
-      raise ValueError(f"loss {name!r} registered twice")
-    _REGISTRY[name] = fn
-    return fn
-  return deco
+LOSSES: Registry[LossFn] = Registry("loss")
+register_loss = LOSSES.register     # decorator: adds a loss function under a name
 
 
 def get_loss(name: str) -> LossFn:
-  try:
-    return _REGISTRY[name]
-  except KeyError:
-    raise ValueError(f"unknown loss {name!r}; registered: {sorted(_REGISTRY)}") from None
+  """The loss registered as `name` (ValueError listing the registered ones otherwise)."""
+  return LOSSES.get(name)
 
 
 def registered_losses() -> tuple[str, ...]:
-  return tuple(sorted(_REGISTRY))
+  """Names of the registered losses, sorted."""
+  return LOSSES.names()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -117,22 +109,27 @@ def cispo(logp, gen_logp, adv, weights, loss_mask, hp: LossHParams) -> LossOut:
   return _reduce(term, weights, act, jnp.zeros_like(act), truncated)
 
 
+def clipped_ratio_loss(logp, gen_logp, adv, weights, loss_mask, eps_low: float,
+                       eps_high: float) -> LossOut:
+  """The clipped surrogate with the clip range [1 − ε_low, 1 + ε_high] (PPO: ε_low = ε_high)."""
+  act = _active(weights, loss_mask)
+  ratio = jnp.exp(_safe_log_ratio(logp, gen_logp, act))
+  term, lo, hi = _clipped_surrogate(ratio, adv[:, None], eps_low, eps_high)
+  return _reduce(term, weights, act, lo, hi)
+
+
 @register_loss("ppo")
 def ppo(logp, gen_logp, adv, weights, loss_mask, hp: LossHParams) -> LossOut:
   """PPO / GRPO clipped surrogate, symmetric ε = hp.clip_eps_low."""
-  act = _active(weights, loss_mask)
-  ratio = jnp.exp(_safe_log_ratio(logp, gen_logp, act))
-  term, lo, hi = _clipped_surrogate(ratio, adv[:, None], hp.clip_eps_low, hp.clip_eps_low)
-  return _reduce(term, weights, act, lo, hi)
+  return clipped_ratio_loss(logp, gen_logp, adv, weights, loss_mask, hp.clip_eps_low,
+                            hp.clip_eps_low)
 
 
 @register_loss("dapo")
 def dapo(logp, gen_logp, adv, weights, loss_mask, hp: LossHParams) -> LossOut:
   """DAPO clip-higher: asymmetric clip [1 − ε_low, 1 + ε_high]."""
-  act = _active(weights, loss_mask)
-  ratio = jnp.exp(_safe_log_ratio(logp, gen_logp, act))
-  term, lo, hi = _clipped_surrogate(ratio, adv[:, None], hp.clip_eps_low, hp.clip_eps_high)
-  return _reduce(term, weights, act, lo, hi)
+  return clipped_ratio_loss(logp, gen_logp, adv, weights, loss_mask, hp.clip_eps_low,
+                            hp.clip_eps_high)
 
 
 @register_loss("gspo")

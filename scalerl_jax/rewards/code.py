@@ -1,12 +1,4 @@
-"""Reward registry: verifiers by name, each `fn(completion_text, answer) -> float` in [0, 1].
-
-  compute_reward("math", completion, "\\frac{1}{2}")   # Math-Verify on the text after </think>
-  compute_reward("synthetic", completion, "7")          # scalerl_jax.data.synthetic verifier
-  compute_reward("code", completion, tests_json)        # DeepCoder-style unit tests in a subprocess
-
-Every verifier first removes the thinking part: everything up to and including the LAST `</think>`;
-a completion without `</think>` gets 0 (the paper checks answers after removing the trace).
-The length-penalty transform lives in scalerl_jax/rollout/interruption.py, not here.
+"""Code rewards: DeepCoder-style unit tests run on the program after the thinking trace.
 
 Code answers (`answer` for "code") are JSON, either a list of tests or an object:
   [{"input": "1 2\\n", "output": "3\\n"}, ...]                          stdin/stdout tests
@@ -23,82 +15,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
-from typing import Callable
 
-END_THINK = "</think>"
-_REGISTRY: dict[str, Callable[[str, str], float]] = {}
+from scalerl_jax.rewards.registry import register
+from scalerl_jax.rewards.text import strip_thinking
 
-
-def register(name: str):
-  """Decorator: registers `fn(completion_text, answer) -> float` under `name` (unique)."""
-  def deco(fn):
-    if name in _REGISTRY:
-      raise ValueError(f"reward {name!r} is already registered")
-    _REGISTRY[name] = fn
-    return fn
-  return deco
-
-
-def get(name: str) -> Callable[[str, str], float]:
-  if name not in _REGISTRY:
-    raise KeyError(f"unknown reward {name!r}; registered: {sorted(_REGISTRY)}")
-  return _REGISTRY[name]
-
-
-def names() -> list[str]:
-  return sorted(_REGISTRY)
-
-
-def compute_reward(name: str, completion_text: str, answer: str) -> float:
-  return float(get(name)(completion_text, answer))
-
-
-def strip_thinking(text: str) -> str | None:
-  """Text after the last `</think>`; None when the completion never closed its thinking."""
-  i = text.rfind(END_THINK)
-  return None if i < 0 else text[i + len(END_THINK):]
-
-
-# ------------------------------------------------------------------------------------------ math
-def _in_main_thread() -> bool:
-  return threading.current_thread() is threading.main_thread()
-
-
-def _parse_gold(answer: str):
-  from math_verify import parse
-  timeout = 5 if _in_main_thread() else None   # math-verify's timeout uses signal.alarm (main only)
-  a = answer.strip()
-  if "$" not in a and "\\boxed" not in a and "\\(" not in a:
-    gold = parse("$" + a + "$", parsing_timeout=timeout)
-    if gold:
-      return gold
-  return parse(a, parsing_timeout=timeout)
-
-
-@register("math")
-def math_reward(completion_text: str, answer: str) -> float:
-  """1.0 iff Math-Verify says the answer part (after </think>) equals the gold answer."""
-  from math_verify import parse, verify
-  tail = strip_thinking(completion_text)
-  if tail is None or not tail.strip():
-    return 0.0
-  main = _in_main_thread()
-  gold = _parse_gold(answer)
-  pred = parse(tail, parsing_timeout=5 if main else None)
-  if not gold or not pred:
-    return 0.0
-  return 1.0 if verify(gold, pred, timeout_seconds=5 if main else None) else 0.0
-
-
-# ------------------------------------------------------------------------------------- synthetic
-@register("synthetic")
-def synthetic_reward(completion_text: str, answer: str) -> float:
-  from scalerl_jax.data import synthetic
-  return synthetic.reward(completion_text, answer)
-
-
-# ------------------------------------------------------------------------------------------ code
 _CODE_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.S)
 
 _FUNCTIONAL_HARNESS = r'''
