@@ -55,7 +55,8 @@ def _cpu_now(pids) -> float:
 
 
 def _rollout_parts(tokens: int, prompt_len: int, seed: int = 0):
-  from scalerl_jax.rollout import codec, rollout_pb2 as pb
+  from scalerl_jax.protocol import codec
+  from scalerl_jax.protocol import rollout_pb2 as pb
   rng = np.random.default_rng(seed)
   return dict(
       prompt=codec.encode(np.arange(prompt_len, dtype=np.int32), pb.INT32),
@@ -65,7 +66,7 @@ def _rollout_parts(tokens: int, prompt_len: int, seed: int = 0):
 
 
 def _make_rollout(parts, version_tensor, rid, prompt_id, group_id, sample, gen_id):
-  from scalerl_jax.rollout import rollout_pb2 as pb
+  from scalerl_jax.protocol import rollout_pb2 as pb
   return pb.Rollout(rollout_id=rid, prompt_id=prompt_id, group_id=group_id, sample_index=sample,
                     prompt_tokens=parts["prompt"], completion_tokens=parts["toks"],
                     logprobs=parts["lps"], versions=version_tensor, policy_mask=parts["mask"],
@@ -75,14 +76,15 @@ def _make_rollout(parts, version_tensor, rid, prompt_id, group_id, sample, gen_i
 
 # ---- ours ------------------------------------------------------------------------------------------
 def _tune():
-  from scalerl_jax.rollout.wire import tune_malloc
+  from scalerl_jax.protocol.wire import tune_malloc
   tune_malloc()
 
 
 def _our_producer(address, idx, tokens, prompt_len, stop_evt, ready, go, push_bytes):
   _tune()
-  from scalerl_jax.rollout import codec, rollout_pb2 as pb
-  from scalerl_jax.rollout.client import BufferClient
+  from scalerl_jax.protocol import codec
+  from scalerl_jax.protocol import rollout_pb2 as pb
+  from scalerl_jax.protocol.client import BufferClient
   parts = _rollout_parts(tokens, prompt_len, idx)
   vcache = {}
   c = BufferClient(address, TOKEN)
@@ -114,7 +116,7 @@ def _our_producer(address, idx, tokens, prompt_len, stop_evt, ready, go, push_by
 def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4, extra_args=(),
                 push_bytes=4 << 20):
   extra_args = list(extra_args)
-  from scalerl_jax.rollout.client import BufferClient
+  from scalerl_jax.protocol.client import BufferClient
   tmp = tempfile.mkdtemp()
   ppath = os.path.join(tmp, "prompts.jsonl")
   with open(ppath, "w") as f:
@@ -122,7 +124,7 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4, extra
       f.write(json.dumps({"prompt_id": i, "tokens": list(range(prompt_len)), "answer": "x"}) + "\n")
   env = dict(os.environ, SCALERL_BENCH_TOKEN=TOKEN)
   srv = subprocess.Popen(
-      [sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--port", "0", "--token-env",
+      [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--token-env",
        "SCALERL_BENCH_TOKEN", "--prompts", ppath, "--prompts-per-step", str(B), "--group-size",
        str(G), "--max-lag", str(k), "--max-completion-tokens", str(tokens)] + extra_args,
       stdout=subprocess.PIPE, env=env, text=True)
@@ -179,7 +181,8 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4, extra
 def _redis_producer(port, idx, count, tokens, prompt_len, ready, go, batch):
   _tune()
   import redis
-  from scalerl_jax.rollout import codec, rollout_pb2 as pb
+  from scalerl_jax.protocol import codec
+  from scalerl_jax.protocol import rollout_pb2 as pb
   parts = _rollout_parts(tokens, prompt_len, idx)
   v = codec.encode(np.zeros(tokens, np.int32), pb.INT32)
   r = redis.Redis(port=port)
@@ -285,7 +288,7 @@ def main(argv=None):
                   help="also run the bare gRPC two-hop forwarder (bench.grpc_floor) each round")
   ap.add_argument("--push-mb", type=int, default=4, help="MiB of rollouts per PushRequest / XADD batch")
   ap.add_argument("--server-args", default="--switch-interval-s 0.0005",
-                  help="extra buffer_server flags, space-separated")
+                  help="extra buffer server flags, space-separated")
   a = ap.parse_args(argv)
   _tune()
   size = len(_make_rollout(_rollout_parts(a.tokens, a.prompt_len),

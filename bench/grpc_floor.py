@@ -32,7 +32,7 @@ SERVICE = "floor.Floor"
 
 
 def _opts():
-  from scalerl_jax.rollout.buffer_server import channel_options
+  from scalerl_jax.protocol.rpc import channel_options
   extra = json.loads(os.environ.get("FLOOR_GRPC_OPTIONS", "[]"))   # experiments: [[key, value]]
   return channel_options(256 << 20) + [tuple(x) for x in extra]
 
@@ -50,7 +50,7 @@ def _cpu(pid: int) -> float:
 def serve(forward: bool) -> None:
   """Server process: prints its port, then serves until killed."""
   import grpc
-  from scalerl_jax.rollout.wire import tune_malloc
+  from scalerl_jax.protocol.wire import tune_malloc
   tune_malloc()
   q: "queue.Queue[bytes]" = queue.Queue(maxsize=64)
 
@@ -83,7 +83,7 @@ def serve(forward: bool) -> None:
 
 def _producer(address, count, size, ready, go):
   import grpc
-  from scalerl_jax.rollout.wire import tune_malloc
+  from scalerl_jax.protocol.wire import tune_malloc
   tune_malloc()
   ch = grpc.insecure_channel(address, options=_opts())
   call = ch.stream_stream(f"/{SERVICE}/Push", _ident, _ident)
@@ -277,7 +277,7 @@ def main(argv=None):
   a = ap.parse_args(argv)
   if a.serve:
     return serve(a.forward)
-  from scalerl_jax.rollout.wire import tune_malloc
+  from scalerl_jax.protocol.wire import tune_malloc
   tune_malloc()
   size = a.msg_kb << 10
   count = max(a.producers, (a.mb << 20) // size)

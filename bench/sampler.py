@@ -15,7 +15,7 @@ each); `--sequential` restores the old protocol (one side after the other, best 
 CPU use: vLLM's processes (frontend, EngineCore, model worker with 1 bound OMP thread, our socket
 worker) used 2.5-2.9 CPU-s per 1.4-1.8 s call (~1.7 cores); the JAX sampler uses the XLA:CPU
 thread pool (`--xla-threads 1`: one thread).
-  ours: `scalerl_jax.rollout.sampler.JaxSampler` in this process (float32, jitted KV-cache decode).
+  ours: `scalerl_jax.generation.sampler.JaxSampler` in this process (float32, jitted KV-cache decode).
   peer: `VLLMGenerator` -> vLLM AsyncLLM in .venv-vllm (bf16 weights, FP32 LM head, prefix cache,
         torch.compile unless --eager), i.e. the production generator path incl. our socket hop.
 Any `Generator` can be plugged in via `GENERATORS` (name -> factory(model_dir, args)).
@@ -34,14 +34,15 @@ import time
 
 import numpy as np
 
-from scalerl_jax.rollout.generator import Generator, PromptSpec, SamplingSpec
+from scalerl_jax.generation.generator import Generator
+from scalerl_jax.types import PromptSpec, SamplingSpec
 
 
 def make_ours(model_dir: str, args) -> Generator | None:
   """The JAX sampler, or None if it is not importable."""
   try:
     from scalerl_jax import models
-    from scalerl_jax.rollout.sampler import JaxSampler
+    from scalerl_jax.generation.sampler import JaxSampler
   except ImportError as e:
     print(f"[bench.sampler] JAX sampler unavailable: {e}", file=sys.stderr)
     return None
@@ -51,7 +52,7 @@ def make_ours(model_dir: str, args) -> Generator | None:
 
 
 def make_peer(model_dir: str, args) -> Generator:
-  from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  from scalerl_jax.generation.vllm.generator import VLLMGenerator
   return VLLMGenerator(model_dir, dtype=args.dtype, head_dtype="float32",
                        enforce_eager=args.eager, omp_threads_bind=args.omp_bind,
                        max_model_len=max(512, args.prompt_len + args.gen_len + 16),
@@ -124,8 +125,8 @@ def measure_interleaved(names, model_dir, args, prompts, spec) -> dict:
 
 def measure_push(tmp: str) -> dict:
   """Weight-push bandwidth into vLLM on a ~160M-parameter random Llama (640 MB float32)."""
-  from scalerl_jax.rollout import vllm_parity as VP
-  from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  from scalerl_jax.generation.vllm import parity as VP
+  from scalerl_jax.generation.vllm.generator import VLLMGenerator
   d = VP.make_tiny_llama(os.path.join(tmp, "medium"), vocab_size=32768, hidden_size=1024,
                          intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
                          num_key_value_heads=8, head_dim=64, lm_head_std=0.02)
@@ -178,7 +179,7 @@ def main(argv=None):
                                os.environ.get("XLA_FLAGS", "")).strip()
   load_start = os.getloadavg()
 
-  from scalerl_jax.rollout.vllm_parity import make_tiny_llama
+  from scalerl_jax.generation.vllm.parity import make_tiny_llama
   tmp = tempfile.mkdtemp(prefix="bench_sampler_")
   model_dir = make_tiny_llama(os.path.join(tmp, "tiny_llama3"), seed=0)
   rng = np.random.default_rng(0)

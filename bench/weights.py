@@ -5,7 +5,7 @@
 
 Model: a random `tiny_llama3`-shaped Llama (defaults: d 1024, 8 layers, 16 heads, 8 KV heads,
 head_dim 64, ffn 1280, vocab 8192: ~73M parameters, ~290 MB float32), learner params as jax arrays.
-The buffer (`buffer_server`, with an auth token) runs as its own process on loopback.
+The buffer (`scalerl_jax.buffer.server`, with an auth token) runs as its own process on loopback.
 
 Old blob path, stage by stage (the peer; MB = float32 payload bytes / 1e6):
   to_host   learner params (jax) -> HF-named numpy arrays (`models.hf_named_arrays`, contiguous)
@@ -92,7 +92,7 @@ def encode_direct(named) -> bytearray:
 
 
 class _BufferProcess:
-  """`python -m scalerl_jax.rollout.buffer_server` as its own process (the deployed layout)."""
+  """`python -m scalerl_jax.buffer.server` as its own process (the deployed layout)."""
 
   def __init__(self, token: str, max_message_bytes: int, weight_chunk_bytes: int):
     import subprocess
@@ -101,7 +101,7 @@ class _BufferProcess:
     with open(prompts, "w") as f:
       f.write(json.dumps({"prompt_id": 0, "tokens": [1, 2], "answer": ""}) + "\n")
     self.proc = subprocess.Popen(
-        [sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--prompts", prompts,
+        [sys.executable, "-m", "scalerl_jax.buffer.server", "--prompts", prompts,
          "--prompts-per-step", "1", "--group-size", "1", "--max-lag", "1",
          "--max-message-bytes", str(max_message_bytes),
          "--weight-chunk-bytes", str(weight_chunk_bytes)],
@@ -156,10 +156,10 @@ def main(argv=None):
 
   import jax
   from scalerl_jax import models, runtime
-  from scalerl_jax.rollout.buffer_server import BufferServer
-  from scalerl_jax.rollout.client import BufferClient
-  from scalerl_jax.rollout.generator import PromptSpec
-  from scalerl_jax.rollout.sampler import JaxSampler, named_from_safetensors
+  from scalerl_jax.buffer.server import BufferServer
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.types import PromptSpec
+  from scalerl_jax.generation.sampler import JaxSampler, named_from_safetensors
 
   cfg_kw = dict(d_model=args.d_model, num_layers=args.layers, num_heads=args.heads,
                 num_kv_heads=args.kv_heads, head_dim=64, ffn_dim=args.ffn, vocab_size=args.vocab,
@@ -171,7 +171,7 @@ def main(argv=None):
   print(f"[bench.weights] model {mb:.1f} MB float32, "
         f"{sum(x.size for x in jax.tree.leaves(params)) / 1e6:.1f}M params", flush=True)
 
-  from scalerl_jax.rollout.buffer_server import tune_malloc
+  from scalerl_jax.buffer.server import tune_malloc
   tune_malloc()   # what the buffer process does; multi-MB messages are then recycled, not re-faulted
   token = secrets.token_hex(16)
   max_bytes = int(mb * 1e6 * 1.1) + (64 << 20)
@@ -216,7 +216,7 @@ def main(argv=None):
         assert fast[k].dtype == naive[k].dtype and np.array_equal(fast[k], naive[k]), k
       def load(named):
         sampler.load_weights(named, version)
-        sampler._swap_if_pending()   # what generate() does between chunks  pylint: disable=protected-access
+        sampler.apply_pending()   # what generate() does between chunks
         jax.block_until_ready(sampler.params)
       _ = _t(st, "load_jax_naive", lambda: load(naive))
       del naive
@@ -227,7 +227,7 @@ def main(argv=None):
       runs.append({"stages_s": st, "named": None})
       print(f"[bench.weights] rep {rep}: " + json.dumps({k: round(x, 4) for k, x in st.items()}),
             flush=True)
-    from scalerl_jax.rollout.weight_stream import StreamFetcher
+    from scalerl_jax.weights.stream import StreamFetcher
     streamed = StreamFetcher(client).fetch(-1)[1]     # the newest streamed version, for vLLM
     deployed = measure_deployed(server, token, params, cfg_kw, args.stream_chunk_mb << 20,
                                 args.repeats, 10 * args.repeats + 1)
@@ -290,7 +290,7 @@ def measure_stream(client, sampler, params, version: int, chunk_bytes: int) -> d
   """Streamed path, sequential (publish, then fetch, then load) and pipelined (fetcher waiting)."""
   import threading
   import jax
-  from scalerl_jax.rollout.weight_stream import StreamFetcher, StreamPublisher
+  from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher
   st, clock, cpu = {}, time.perf_counter, cpu_s
   w0, c0 = clock(), cpu()
   StreamPublisher(client, version, params, chunk_bytes).publish()
@@ -298,7 +298,7 @@ def measure_stream(client, sampler, params, version: int, chunk_bytes: int) -> d
   v, tree = StreamFetcher(client).fetch(version - 1)
   w2, c2 = clock(), cpu()
   sampler.set_params(tree, v)
-  sampler._swap_if_pending()   # pylint: disable=protected-access
+  sampler.apply_pending()   # pylint: disable=protected-access
   jax.block_until_ready(sampler.params)
   w3, c3 = clock(), cpu()
   st.update(stream_publish=w1 - w0, stream_fetch=w2 - w1, stream_load_jax=w3 - w2,
@@ -312,7 +312,7 @@ def measure_stream(client, sampler, params, version: int, chunk_bytes: int) -> d
   def fetch():
     got = StreamFetcher(client).fetch(version, wait_timeout_s=60)
     sampler.set_params(got[1], got[0])
-    sampler._swap_if_pending()   # pylint: disable=protected-access
+    sampler.apply_pending()   # pylint: disable=protected-access
     jax.block_until_ready(sampler.params)
     out["done"] = clock()
   t = threading.Thread(target=fetch)
@@ -332,10 +332,10 @@ def _generator_proc(address, token, cfg_kw, conn):
   import hashlib
   import jax
   from scalerl_jax import models
-  from scalerl_jax.rollout.client import BufferClient
-  from scalerl_jax.rollout.sampler import JaxSampler
-  from scalerl_jax.rollout.weight_stream import StreamFetcher
-  from scalerl_jax.rollout.wire import tune_malloc
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.generation.sampler import JaxSampler
+  from scalerl_jax.weights.stream import StreamFetcher
+  from scalerl_jax.protocol.wire import tune_malloc
   tune_malloc()        # as the worker process does
   cfg = models.get_preset("tiny_llama3", **cfg_kw)
   sampler = JaxSampler(cfg, jax.jit(models.init_params, static_argnums=0)(
@@ -350,7 +350,7 @@ def _generator_proc(address, token, cfg_kw, conn):
     have, tree = got
     fetched = time.time()
     sampler.set_params(tree, have)
-    sampler._swap_if_pending()   # what generate() does between chunks  pylint: disable=protected-access
+    sampler.apply_pending()   # what generate() does between chunks
     jax.block_until_ready(sampler.params)
     done = time.time()
     digest = hashlib.sha256(b"".join(np.asarray(x).tobytes()
@@ -369,9 +369,9 @@ def measure_deployed(server, token, params, cfg_kw, chunk_bytes, repeats, first_
   import hashlib
   import multiprocessing as mp
   import jax
-  from scalerl_jax.rollout.client import BufferClient
-  from scalerl_jax.rollout.weight_source import WeightSource
-  from scalerl_jax.rollout.weight_stream import StreamPublisher
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.weights.source import WeightSource
+  from scalerl_jax.weights.stream import StreamPublisher
   want = hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(params))
                         ).hexdigest()
   ctx = mp.get_context("spawn")
@@ -415,8 +415,8 @@ def measure_vllm(cfg, tree, mb: float, args) -> dict:
   """Streamed params (our layout, as fetched) -> `models.hf_named_arrays` (views) ->
   VLLMGenerator.load_weights, float32 and bf16 on the wire."""
   from scalerl_jax import models
-  from scalerl_jax.rollout import vllm_parity as VP
-  from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  from scalerl_jax.generation.vllm import parity as VP
+  from scalerl_jax.generation.vllm.generator import VLLMGenerator
   tmp = tempfile.mkdtemp(prefix="bench_weights_")
   d = VP.make_tiny_llama(os.path.join(tmp, "model"), vocab_size=cfg.vocab_size,
                          hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,

@@ -89,7 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
       max_message_bytes=64 << 20, lease_ttl_s=120.0, max_restarts=3))
 
   # Weight updates (docs/ROLLOUT.md "Weights"): serve_from="learner": every learner process serves
-  # its own shards (rollout/weight_source.py, one hop; host/port: where it listens, "" = 127.0.0.1
+  # its own shards (weights/source.py, one hop; host/port: where it listens, "" = 127.0.0.1
   # for one process with its own buffer, else 0.0.0.0; advertise: the host generators dial, default
   # the listening host, or this host's address for 0.0.0.0); "buffer": chunks go through the
   # buffer (two hops, the buffer host holds the model).

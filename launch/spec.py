@@ -3,7 +3,7 @@
 Three jobs, sized from the config (PAPER_NOTES §4: 80 GB200 per run, 16 training + 64 generating):
   learner     `python -m scalerl_jax.main` on `train_chips` accelerators (TPU v5p slice or GPU hosts)
   generators  the vLLM fleet: `generator.num_workers` GPUs, `tensor_parallel` GPUs per vLLM engine
-  buffer      the gRPC rollout buffer (scalerl_jax.rollout.buffer_server), CPU only, auth token Secret
+  buffer      the gRPC rollout buffer (scalerl_jax.buffer.server), CPU only, auth token Secret
 
 Launch knobs are not in configs/common.py; an optional `config.launch` ConfigDict overrides
 `LAUNCH_DEFAULTS` key by key (and the xm_launch / render flags override both).
@@ -106,7 +106,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "tpu_topology": topology, "node_selector": dict(lp["node_selector"]),
           "machine_type": lp["machine_type"], "arch": lp["arch"], "cpu": lp["cpu"], "memory": lp["memory"],
           "coordinator_port": COORDINATOR_PORT,
-          # Every learner pod serves its own weight shards to the fleet (rollout/weight_source.py):
+          # Every learner pod serves its own weight shards to the fleet (weights/source.py):
           # it listens on all interfaces and advertises its pod IP (the hostname's address).
           "command": ["python", "-m", "scalerl_jax.main", *common_args,
                       "--config.buffer.external=True", "--config.weights.host=0.0.0.0",
@@ -121,7 +121,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "arch": gp["arch"],
           "cpu": str(8 * tp), "memory": f"{64 * tp}Gi", "port": VLLM_PORT,
           # One vLLM engine per pod; generator id = pod name; run config = the same config file.
-          "command": ["python", "-m", "scalerl_jax.rollout.worker", f"--run_config={cfg_file}",
+          "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_file}",
                       f"--buffer={buffer_addr}", "--backend=vllm", "--workdir=/tmp/scalerl",
                       f"--tensor_parallel={tp}"],
           "env": {"SCALERL_ROLE": "generator"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
@@ -131,7 +131,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "address": buffer_addr, "cpu": "8", "memory": "32Gi", "prompts_file": "/prompts/prompts.jsonl",
           "export_command": ["python", "-m", "scalerl_jax.data.export", f"--config={cfg_file}",
                              "--out=/prompts/prompts.jsonl"],
-          "command": ["python", "-m", "scalerl_jax.rollout.buffer_server", "--host=0.0.0.0",
+          "command": ["python", "-m", "scalerl_jax.buffer.server", "--host=0.0.0.0",
                       f"--port={BUFFER_PORT}", f"--token-env={token_env}",
                       "--prompts=/prompts/prompts.jsonl",
                       f"--prompts-per-step={r.prompts_per_step}",

@@ -86,9 +86,9 @@ def truncate_metrics(workdir: str, step: int) -> dict:
 def prepare_resume(config, workdir: str) -> dict | None:
   """Finds the checkpoint to resume from (None: start over) and makes the workdir consistent
   with it: metrics truncated to its step, a resume record in WORKDIR/resumes.jsonl, and the
-  learner-state file that tells the buffer to rewind (rollout/wal_state.py)."""
+  learner-state file that tells the buffer to rewind (buffer/replay.py)."""
   from scalerl_jax import checkpoint
-  from scalerl_jax.rollout.wal_state import write_learner_state
+  from scalerl_jax.buffer.replay import write_learner_state
   mode = str(config.get("resume", "auto"))
   if mode not in RESUME_MODES:
     raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
@@ -139,7 +139,7 @@ def _run_follower(config, workdir: str) -> dict:
   Process 0 shares the buffer address, auth token and resume step; the SFT base policy is read
   from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints)."""
   from scalerl_jax.data import build_dataset
-  from scalerl_jax.rollout.client import BufferClient
+  from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.sft import warm_start
   from scalerl_jax.trainer import Trainer
   shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
@@ -147,7 +147,8 @@ def _run_follower(config, workdir: str) -> dict:
   model_cfg = runtime.model_config(config)
   params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
   trainer = Trainer(config, workdir, dataset, model_cfg, params,
-                    BufferClient(shared["address"], shared["token"]), gen_devices=0,
+                    BufferClient(shared["address"], shared["token"]), token=shared["token"],
+                    gen_devices=0,
                     progress=False, resume_step=shared["resume_step"])
   trainer.run()
   # Wait for process 0's fit here, not in jax's shutdown barrier (which times out).
@@ -163,7 +164,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   import jax
   from scalerl_jax.data import build_dataset
   from scalerl_jax.processes import ProcessGroup
-  from scalerl_jax.rollout.client import BufferClient
+  from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.data.export import write_prompts
   from scalerl_jax.sft import warm_start
   from scalerl_jax.trainer import Trainer
@@ -202,7 +203,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,
                   resume_step=resume["checkpoint_step"] if resume else None))
-    trainer = Trainer(config, workdir, dataset, model_cfg, params, client,
+    trainer = Trainer(config, workdir, dataset, model_cfg, params, client, token=token,
                       gen_devices=int(config.generator.num_workers), progress=progress,
                       resume_step=resume["checkpoint_step"] if resume else None,
                       learner_state_path=ls_path)

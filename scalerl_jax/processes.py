@@ -93,10 +93,10 @@ class ProcessGroup:
 
     With `wal_dir` (or `config.buffer.wal_dir`) the buffer keeps a write-ahead log there and
     `supervise()` may restart it (same port, state replayed from the log). `learner_state` is the
-    learner's checkpoint/resume file, read at every buffer start (rollout/wal_state.py)."""
+    learner's checkpoint/resume file, read at every buffer start (buffer/replay.py)."""
     r = config.rollout
     host, _, port = config.buffer.address.rpartition(":")
-    argv = [sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--host", host or "127.0.0.1",
+    argv = [sys.executable, "-m", "scalerl_jax.buffer.server", "--host", host or "127.0.0.1",
             "--port", port or "0", "--token-env", config.buffer.auth_token_env,
             "--prompts", prompts_path, "--prompts-per-step", str(r.prompts_per_step),
             "--group-size", str(r.generations_per_prompt), "--max-lag", str(r.max_lag),
@@ -146,7 +146,7 @@ class ProcessGroup:
 
   def start_workers(self, n: int, run_config: str, address: str, backend: str) -> None:
     for i in range(n):
-      self.start(f"gen-{i}", [sys.executable, "-m", "scalerl_jax.rollout.worker",
+      self.start(f"gen-{i}", [sys.executable, "-m", "scalerl_jax.generation.worker",
                               "--run_config", run_config, "--buffer", address,
                               "--generator_id", f"gen-{i}", "--backend", backend])
 

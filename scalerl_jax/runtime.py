@@ -13,7 +13,7 @@ import os
 import ml_collections
 import numpy as np
 
-from scalerl_jax.rollout.generator import SamplingSpec
+from scalerl_jax.types import SamplingSpec
 
 WEIGHTS_FORMAT = "safetensors"
 _NOT_MODEL_FIELDS = ("preset", "hf_checkpoint")

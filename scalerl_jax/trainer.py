@@ -27,8 +27,9 @@ from tqdm import tqdm
 
 from scalerl_jax import models, runtime
 from scalerl_jax.ledger import ComputeLedger
-from scalerl_jax.rollout.client import batch_to_arrays
-from scalerl_jax.rollout.sampler import JaxSampler
+from scalerl_jax.protocol.client import batch_to_arrays
+from scalerl_jax.generation.sampler import JaxSampler
+from scalerl_jax.weights.stream import StreamPublisher
 
 log = logging.getLogger("scalerl.trainer")
 _T_BUCKET = 32
@@ -132,13 +133,15 @@ class Trainer:
   file. Orbax saves and restores the sharded state collectively.
   """
 
-  def __init__(self, config, workdir, dataset, model_cfg, params, client, *, gen_devices: int,
+  def __init__(self, config, workdir, dataset, model_cfg, params, client, *, token: str,
+               gen_devices: int,
                progress: bool = True, resume_step: int | None = None,
                learner_state_path: str | None = None):
     from scalerl_jax.rl import PassRateHistory
     self.config, self.workdir, self.dataset, self.model_cfg = config, workdir, dataset, model_cfg
     self.main, self.multi = jax.process_index() == 0, jax.process_count() > 1
     self.client, self.progress = client, progress and self.main
+    self.token = token       # the buffer's bearer token, also required by this process's weight source
     self.learner = make_learner(config, model_cfg, params)
     n_active = _params_active(model_cfg)
     self.ledger = ComputeLedger(train_devices=jax.device_count(), gen_devices=gen_devices,
@@ -187,12 +190,11 @@ class Trainer:
       return None, None
     if w.serve_from != "learner":
       raise ValueError(f"weights.serve_from={w.serve_from!r}: expected 'learner' or 'buffer'")
-    from scalerl_jax.rollout.weight_source import WeightSource
+    from scalerl_jax.weights.source import WeightSource
     # Reachable from other hosts unless this is one process with its own local buffer and fleet.
     local = not self.multi and not self.config.buffer.get("external", False)
     host = w.host or ("127.0.0.1" if local else "0.0.0.0")
-    src = WeightSource(self.client._token, host=host, port=int(w.port),  # pylint: disable=protected-access
-                       advertise=w.advertise or None)
+    src = WeightSource(self.token, host=host, port=int(w.port), advertise=w.advertise or None)
     log.info("weight source serving this process's shards at %s", src.address)
     if not self.multi:
       return src, [src.address]
@@ -205,8 +207,8 @@ class Trainer:
     the version, else they stream through the buffer, which shows the version once every
     process's chunks arrived)."""
     t = time.time()
-    self.client.publish_params(version, self.learner.state.params, source=self.source,
-                               sources=self.sources)
+    StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
+                    sources=self.sources).publish()
     return time.time() - t
 
   def _eval_params(self):
@@ -269,8 +271,7 @@ class Trainer:
       arrays = distributed.broadcast_from_main(arrays)
     t_wait = time.time() - t0
     t1 = time.time()
-    rows = (self.learner.local_rows(arrays["tokens"].shape[0])
-            if hasattr(self.learner, "local_rows") else slice(None))
+    rows = self.learner.local_rows(arrays["tokens"].shape[0])
     m = self.learner.step({k: v[rows] for k, v in arrays.items()})
     t_train = time.time() - t1
     generated = int(arrays["loss_mask"].sum())
@@ -300,7 +301,7 @@ class Trainer:
     the seeds (generation is seeded per lease from (seed, version, prompts); evaluation from
     `eval_seed`), the data sampler's reference (its position lives in the buffer's WAL and is
     rewound from `consumed.step` on resume). Then tells the buffer the new checkpoint step."""
-    from scalerl_jax.rollout.wal_state import read_learner_state, write_learner_state
+    from scalerl_jax.buffer.replay import read_learner_state, write_learner_state
     self.ckpt.save(step, self.learner.state, {
         "ledger": self.ledger.state_dict(), "npr": self.npr.to_dict(),
         "last_eval": self.last_eval, "consumed": self.consumed,

@@ -2,7 +2,7 @@
 # Idempotent installer for the vLLM generator venv (.venv-vllm), kept apart from the JAX venv (.venv).
 #
 # vLLM pins its own torch; JAX, flax and the learner never load there. The project side talks to the
-# worker process over a local socket (scalerl_jax/rollout/vllm_protocol.py), so the two venvs share
+# worker process over a local socket (scalerl_jax/generation/vllm/protocol.py), so the two venvs share
 # only pure-numpy code.
 #
 # Usage:  bash scripts/setup_vllm_venv.sh          (≈2.5-4 min the first time, <1 s afterwards)

@@ -3,11 +3,12 @@ import grpc
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout import admission, codec
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout import validation as val
-from scalerl_jax.rollout.fake import random_completion
-from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.buffer import state as admission
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import validation as val
+from scalerl_jax.generation.fake import random_completion
+from scalerl_jax.types import PromptSpec
 
 
 class Clock:

@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout import codec
-from scalerl_jax.rollout.buffer_server import BufferServer
-from scalerl_jax.rollout.client import BufferClient, batch_to_arrays
-from scalerl_jax.rollout.fake import run_fake_generator
-from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.protocol import codec
+from scalerl_jax.buffer.server import BufferServer
+from scalerl_jax.protocol.client import BufferClient, batch_to_arrays
+from scalerl_jax.generation.fake import run_fake_generator
+from scalerl_jax.types import PromptSpec
 
 TOKEN = "test-token-" + "x" * 16
 B, G = 3, 4

@@ -11,12 +11,12 @@ import grpc
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout import codec
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout.buffer_server import BufferServer
-from scalerl_jax.rollout.client import BufferClient, assignment_prompt, pack_push_requests
-from scalerl_jax.rollout.fake import random_completion
-from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.buffer.server import BufferServer
+from scalerl_jax.protocol.client import BufferClient, assignment_prompt, pack_push_requests
+from scalerl_jax.generation.fake import random_completion
+from scalerl_jax.types import PromptSpec
 
 TOKEN = "rpc-test-token"
 
@@ -149,14 +149,14 @@ def test_pull_blocks_then_delivers_and_lease_waits_for_admission():
 
 
 def test_generated_stubs_are_current_and_work(tmp_path):
-  from scalerl_jax.rollout import rollout_pb2_grpc
+  from scalerl_jax.protocol import rollout_pb2_grpc
   here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      "scalerl_jax", "rollout")
+                      "scalerl_jax", "protocol")
   subprocess.run(["bash", os.path.join(here, "gen_proto.sh")], check=True, capture_output=True,
                  env=dict(os.environ, OUT_DIR=str(tmp_path), PY=sys.executable))
   for name in ("rollout_pb2.py", "rollout_pb2.pyi", "rollout_pb2_grpc.py"):
     with open(os.path.join(here, name)) as a, open(tmp_path / name) as b:
-      assert a.read() == b.read(), f"{name} is stale: run scalerl_jax/rollout/gen_proto.sh"
+      assert a.read() == b.read(), f"{name} is stale: run scalerl_jax/protocol/gen_proto.sh"
   srv = _server()
   try:
     with grpc.insecure_channel(srv.address) as ch:
@@ -168,7 +168,7 @@ def test_generated_stubs_are_current_and_work(tmp_path):
 
 
 def test_buffer_server_does_not_import_jax():
-  code = ("import sys, scalerl_jax.rollout.buffer_server, scalerl_jax.rollout.client; "
+  code = ("import sys, scalerl_jax.buffer.server, scalerl_jax.protocol.client; "
           "print(sorted(m for m in ('jax', 'jaxlib', 'flax', 'torch') if m in sys.modules))")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
@@ -181,7 +181,7 @@ def test_cli_requires_token(tmp_path):
   p.write_text('{"prompt_id": 1, "tokens": [1, 2]}\n')
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {k: v for k, v in os.environ.items() if k != "NO_SUCH_TOKEN_VAR"}
-  r = subprocess.run([sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--prompts", str(p),
+  r = subprocess.run([sys.executable, "-m", "scalerl_jax.buffer.server", "--prompts", str(p),
                       "--token-env", "NO_SUCH_TOKEN_VAR"], capture_output=True, text=True,
                      env=dict(env, PYTHONPATH=root), timeout=60)
   assert r.returncode != 0 and "NO_SUCH_TOKEN_VAR" in r.stderr
@@ -206,8 +206,8 @@ def test_waiting_pull_and_lease_end_when_the_caller_goes_or_the_server_stops(tmp
   (CANCELLED, the state untouched), and a buffer process told to stop (SIGTERM, what PDEATHSIG
   sends when the learner dies) exits at once instead of holding a handler thread for the rest of a
   600 s pull timeout."""
-  from scalerl_jax.rollout import admission
-  from scalerl_jax.rollout import validation as val
+  from scalerl_jax.buffer import state as admission
+  from scalerl_jax.protocol import validation as val
   st = admission.BufferState([PromptSpec(0, np.array([1, 2], np.int32), "a")], prompts_per_step=1,
                              group_size=2, max_lag=0)
   st.lease("g", 1, 0.0)                        # k=0: nothing more is admitted until step 1
@@ -222,7 +222,7 @@ def test_waiting_pull_and_lease_end_when_the_caller_goes_or_the_server_stops(tmp
   prompts = tmp_path / "prompts.jsonl"
   prompts.write_text('{"prompt_id": 0, "tokens": [1, 2], "answer": "x"}\n')
   env = dict(os.environ, SCALERL_BUFFER_TOKEN=TOKEN)
-  srv = subprocess.Popen([sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--port", "0",
+  srv = subprocess.Popen([sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0",
                           "--prompts", str(prompts), "--prompts-per-step", "1", "--group-size", "2",
                           "--max-lag", "0"], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True)

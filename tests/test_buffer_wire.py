@@ -1,8 +1,11 @@
-"""The rollout data path's wire helpers (scalerl_jax/rollout/wire.py) and WAL record parts."""
+"""The rollout data path's wire helpers (scalerl_jax/protocol/wire.py) and WAL record parts."""
 import numpy as np
 
-from scalerl_jax.rollout import codec, rollout_pb2 as pb, wal, wire
-from scalerl_jax.rollout.client import pack_push_requests
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.buffer import wal
+from scalerl_jax.protocol import wire
+from scalerl_jax.protocol.client import pack_push_requests
 
 
 def _rollout(i: int) -> bytes:

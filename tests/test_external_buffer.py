@@ -44,7 +44,7 @@ def test_learner_buffer_and_fleet_as_separate_jobs(tmp_path):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   buffer = subprocess.Popen(
-      [sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--host=127.0.0.1",
+      [sys.executable, "-m", "scalerl_jax.buffer.server", "--host=127.0.0.1",
        f"--port={port}", "--token-env=SCALERL_BUFFER_TOKEN", f"--prompts={prompts}",
        "--prompts-per-step=8", "--group-size=8", "--max-lag=8"],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -52,7 +52,7 @@ def test_learner_buffer_and_fleet_as_separate_jobs(tmp_path):
   try:
     assert json.loads(buffer.stdout.readline())["port"] == port
     worker = subprocess.Popen(
-        [sys.executable, "-m", "scalerl_jax.rollout.worker", "--run_config=configs/tiny.py",
+        [sys.executable, "-m", "scalerl_jax.generation.worker", "--run_config=configs/tiny.py",
          f"--buffer=127.0.0.1:{port}", "--backend=jax", f"--workdir={tmp_path}"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     learner = subprocess.run(

@@ -1,4 +1,4 @@
-"""Buffer crash faults: the write-ahead log (scalerl_jax/rollout/wal.py) and client reconnects.
+"""Buffer crash faults: the write-ahead log (scalerl_jax/buffer/wal.py) and client reconnects.
 
 Numbers observed here are tabulated in docs/RELIABILITY.md (run with -s to print them).
 """
@@ -14,12 +14,13 @@ import pytest
 
 import test_fault_common as fc
 from scalerl_jax.processes import ProcessGroup
-from scalerl_jax.rollout import codec, wal
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout.buffer_server import BufferServer
-from scalerl_jax.rollout.client import BufferClient, assignment_prompt
-from scalerl_jax.rollout.fake import random_completion
-from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.protocol import codec
+from scalerl_jax.buffer import wal
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.buffer.server import BufferServer
+from scalerl_jax.protocol.client import BufferClient, assignment_prompt
+from scalerl_jax.generation.fake import random_completion
+from scalerl_jax.types import PromptSpec
 
 TOKEN = fc.TOKEN
 

@@ -32,7 +32,7 @@ def write_prompts(path, n=24):
 
 
 def buffer_argv(prompts, wal_dir, B, G, k, ttl, mode="pipeline"):
-  argv = [sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--port", "0",
+  argv = [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0",
           "--prompts", prompts, "--prompts-per-step", str(B), "--group-size", str(G),
           "--max-lag", str(k), "--lease-ttl-s", str(ttl), "--mode", mode, "--max-workers", "32",
           "--no-tune-malloc"]
@@ -62,9 +62,9 @@ def read_log(path):
 
 def _main(argv=None):
   import grpc
-  from scalerl_jax.rollout import codec
-  from scalerl_jax.rollout.client import BufferClient, assignment_prompt
-  from scalerl_jax.rollout.fake import random_completion
+  from scalerl_jax.protocol import codec
+  from scalerl_jax.protocol.client import BufferClient, assignment_prompt
+  from scalerl_jax.generation.fake import random_completion
   ap = argparse.ArgumentParser()
   ap.add_argument("address")
   ap.add_argument("gen_id")

@@ -12,8 +12,8 @@ import pytest
 
 import test_fault_common as fc
 from scalerl_jax.processes import ProcessGroup
-from scalerl_jax.rollout import codec
-from scalerl_jax.rollout.client import BufferClient
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol.client import BufferClient
 
 TOKEN = fc.TOKEN
 

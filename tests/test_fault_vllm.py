@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from scalerl_jax.rollout.vllm_generator import vllm_python
+from scalerl_jax.generation.vllm.generator import vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

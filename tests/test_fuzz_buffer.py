@@ -1,4 +1,4 @@
-"""Fuzz the live buffer (a `python -m scalerl_jax.rollout.buffer_server` process on 127.0.0.1) with
+"""Fuzz the live buffer (a `python -m scalerl_jax.buffer.server` process on 127.0.0.1) with
 malformed, oversize, wrong-type, NaN, future-version and unauthenticated requests.
 
 Every request must get its expected status code, the server must not crash (no handler exception,
@@ -15,10 +15,10 @@ import grpc
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout import codec
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout.client import BufferClient, assignment_prompt, pack_push_requests
-from scalerl_jax.rollout.fake import random_completion
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol.client import BufferClient, assignment_prompt, pack_push_requests
+from scalerl_jax.generation.fake import random_completion
 
 TOKEN = "fuzz-secret-0123456789"
 SVC = "/scalerl.rollout.v1.RolloutBuffer/"
@@ -40,7 +40,7 @@ def server(tmp_path_factory):
                                          "answer": "4"}) + "\n" for i in range(4)))
   env = dict(os.environ, FUZZ_TOKEN=TOKEN, PYTHONPATH=ROOT)
   proc = subprocess.Popen(
-      [sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--port", "0", "--token-env",
+      [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--token-env",
        "FUZZ_TOKEN", "--prompts", str(prompts), "--prompts-per-step", "2", "--group-size", "2",
        "--max-lag", "1", "--max-message-bytes", str(MAX_MSG), "--max-completion-tokens",
        str(MAX_TOKENS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)

@@ -64,7 +64,7 @@ def test_xm_job_requirements():
   assert set(jobs) == {"learner", "generators", "buffer"}
   assert "tpu_v5p=xm.Topology('2x2x4')" in repr(jobs["learner"]["requirements"])
   assert jobs["generators"]["requirements"].replicas == 64
-  assert jobs["buffer"]["args"][:2] == ["-m", "scalerl_jax.rollout.buffer_server"]
+  assert jobs["buffer"]["args"][:2] == ["-m", "scalerl_jax.buffer.server"]
   assert all(j["env_vars"]["SCALERL_BUFFER_TOKEN"] == "t0ken" for j in jobs.values())
 
 
@@ -163,7 +163,7 @@ def test_manifests_match_configs(variant):
   host = f"{name}-buffer.default.svc.cluster.local:{spec_lib.BUFFER_PORT}"
   assert f"--config.buffer.address={host}" in c["command"] and "--config.buffer.external=True" in c["command"]
   # the fleet runs the generator worker (vLLM backend) against the same buffer service
-  assert g["command"][:3] == ["python", "-m", "scalerl_jax.rollout.worker"]
+  assert g["command"][:3] == ["python", "-m", "scalerl_jax.generation.worker"]
   assert f"--buffer={host}" in g["command"] and "--backend=vllm" in g["command"]
   # every job reads the token from the one Secret, under config.buffer.auth_token_env
   secret = docs[("Secret", spec_lib.SECRET_NAME)]

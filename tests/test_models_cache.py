@@ -89,7 +89,7 @@ def test_multi_chunk_prefill_and_errors():
 def test_split_heads_major_cache_equals_forward(kv_dtype, tol):
   """The sampler's per-layer [B,K,S,H] cache (rollout.sampler.split_cache) decodes like the full
   forward: float32 within TOL; a bfloat16 cache within its rounding (measured 2.0e-3 rel)."""
-  from scalerl_jax.rollout.sampler import split_cache
+  from scalerl_jax.generation.sampler import split_cache
   cfg = _cfg("tiny_llama3")
   params = models.init_params(cfg, jax.random.PRNGKey(4))
   tokens = np.random.RandomState(3).randint(0, cfg.vocab_size, (2, 17))

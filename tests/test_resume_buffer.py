@@ -1,4 +1,4 @@
-"""The buffer's side of a learner resume (rollout/wal_state.py), in process and fast.
+"""The buffer's side of a learner resume (buffer/replay.py), in process and fast.
 
 The learner trained steps 0..1 and checkpointed at step 2, then went on (step 2 delivered, version
 3 published, more groups generated) and died. The restarted buffer must re-queue exactly the
@@ -9,13 +9,13 @@ import json
 
 import numpy as np
 
-from scalerl_jax.rollout import codec
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout.buffer_server import BufferServer
-from scalerl_jax.rollout.client import BufferClient, assignment_prompt
-from scalerl_jax.rollout.fake import random_completion
-from scalerl_jax.rollout.generator import PromptSpec
-from scalerl_jax.rollout.wal_state import write_learner_state, read_learner_state
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.buffer.server import BufferServer
+from scalerl_jax.protocol.client import BufferClient, assignment_prompt
+from scalerl_jax.generation.fake import random_completion
+from scalerl_jax.types import PromptSpec
+from scalerl_jax.buffer.replay import write_learner_state, read_learner_state
 
 TOKEN = "resume-test-token"
 

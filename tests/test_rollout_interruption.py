@@ -1,9 +1,9 @@
-"""Unit tests for scalerl_jax.rollout.interruption (budgets, injected tokens, length penalty)."""
+"""Unit tests for scalerl_jax.generation.interruption (budgets, injected tokens, length penalty)."""
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout import interruption as it
-from scalerl_jax.rollout.generator import FINISH_INTERRUPTED, SamplingSpec
+from scalerl_jax.generation import interruption as it
+from scalerl_jax.types import FINISH_INTERRUPTED, SamplingSpec
 
 
 def test_budget_uniform_within_range():

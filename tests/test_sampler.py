@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from scalerl_jax import models
-from scalerl_jax.rollout.generator import FINISH_INTERRUPTED, FINISH_STOP, PromptSpec, SamplingSpec
-from scalerl_jax.rollout.sampler import JaxSampler
+from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_STOP, PromptSpec, SamplingSpec
+from scalerl_jax.generation.sampler import JaxSampler
 
 END_THINK, EOS = 5, 2
 INTERRUPT = (40, 41, 42, END_THINK)
@@ -140,7 +140,7 @@ def test_load_payload_zero_copy_decode_matches_safetensors(model):
   """The buffer's safetensors payload decodes zero-copy to the same arrays; load_payload swaps."""
   from safetensors.numpy import load
   from scalerl_jax import runtime
-  from scalerl_jax.rollout.sampler import named_from_safetensors
+  from scalerl_jax.generation.sampler import named_from_safetensors
   cfg, params = model
   payload = runtime.params_to_payload(cfg, params)
   ref, got = load(payload), named_from_safetensors(payload)
@@ -152,7 +152,7 @@ def test_load_payload_zero_copy_decode_matches_safetensors(model):
     named_from_safetensors(payload[:-4])          # truncated data
   sampler = JaxSampler(cfg, params, version=0)
   sampler.load_payload(memoryview(payload), 7)
-  sampler._swap_if_pending()
+  sampler.apply_pending()
   assert sampler.version == 7
   for a, b in zip(jax.tree.leaves(sampler.params), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -174,7 +174,7 @@ def test_growing_cache_long_generation_matches_learner(model):
 
 def test_cache_capacity_buckets():
   """Cache sizes: multiples of max(32, 2^(bits-3)), capped by the total; never below `needed`."""
-  from scalerl_jax.rollout.sampler import _cache_capacity
+  from scalerl_jax.generation.sampler import _cache_capacity
   assert [_cache_capacity(n, 10_000) for n in (1, 32, 33, 64, 65, 100, 129, 300, 1000, 3000)] == \
       [32, 32, 64, 64, 96, 128, 160, 320, 1024, 3072]
   assert _cache_capacity(150, 144) == 144

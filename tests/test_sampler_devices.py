@@ -11,8 +11,8 @@ _SCRIPT = r"""
 import json
 import jax, jax.numpy as jnp, numpy as np
 from scalerl_jax import models
-from scalerl_jax.rollout.generator import PromptSpec, SamplingSpec
-from scalerl_jax.rollout.sampler import JaxSampler
+from scalerl_jax.types import PromptSpec, SamplingSpec
+from scalerl_jax.generation.sampler import JaxSampler
 assert jax.local_device_count() == 2, jax.local_devices()
 cfg = models.get_preset("tiny_llama3", vocab_size=64, num_layers=2, d_model=128, ffn_dim=256,
                         dtype="float32")
@@ -75,7 +75,7 @@ def test_two_devices_match_one_device():
 def test_worker_cpu_decode_devices_flag(monkeypatch):
   """generator.jax_devices=2 adds the XLA:CPU device-count flag; a pinned generator keeps one."""
   import ml_collections
-  from scalerl_jax.rollout.worker import cpu_decode_devices
+  from scalerl_jax.generation.worker import cpu_decode_devices
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
   config = ml_collections.ConfigDict({"generator": {"jax_devices": 2}})
   assert cpu_decode_devices(config, pinned=[1]) == 1

@@ -5,8 +5,8 @@ import socket
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout import vllm_protocol as P
-from scalerl_jax.rollout.vllm_worker import draw_budget, find_subsequence, request_seed
+from scalerl_jax.generation.vllm import protocol as P
+from scalerl_jax.generation.vllm.worker import draw_budget, find_subsequence, request_seed
 
 
 def test_frame_roundtrip_keeps_dtypes_shapes_and_values():

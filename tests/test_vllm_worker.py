@@ -12,10 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout.generator import (FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP,
-                                           PromptSpec, SamplingSpec)
-from scalerl_jax.rollout import vllm_parity as VP
-from scalerl_jax.rollout.vllm_generator import VLLMGenerator, VLLMWorkerError, vllm_python
+from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, PromptSpec, SamplingSpec
+from scalerl_jax.generation.vllm import parity as VP
+from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMWorkerError, vllm_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 

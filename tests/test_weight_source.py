@@ -1,4 +1,4 @@
-"""Learner-hosted weight serving (rollout/weight_source.py): the buffer announces, the learner hosts
+"""Learner-hosted weight serving (weights/source.py): the buffer announces, the learner hosts
 serve their chunks, generators fetch one hop; multi-source, resumable, authenticated, checksummed."""
 import threading
 import time
@@ -8,13 +8,13 @@ import jax
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout import weight_store as ws
-from scalerl_jax.rollout.buffer_server import BufferServer
-from scalerl_jax.rollout.client import BufferClient
-from scalerl_jax.rollout.generator import PromptSpec
-from scalerl_jax.rollout.weight_source import WeightSource
-from scalerl_jax.rollout.weight_stream import StreamFetcher, StreamPublisher, flatten
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import weight_chunks as ws
+from scalerl_jax.buffer.server import BufferServer
+from scalerl_jax.protocol.client import BufferClient
+from scalerl_jax.types import PromptSpec
+from scalerl_jax.weights.source import WeightSource
+from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher, flatten
 
 TOKEN = "source-test-token"
 

@@ -14,12 +14,12 @@ import grpc
 import numpy as np
 import pytest
 
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout import weight_store as ws
-from scalerl_jax.rollout.buffer_server import BufferServer
-from scalerl_jax.rollout.client import BufferClient
-from scalerl_jax.rollout.generator import PromptSpec
-from scalerl_jax.rollout.weight_stream import StreamFetcher, StreamPublisher, flatten
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import weight_chunks as ws
+from scalerl_jax.buffer.server import BufferServer
+from scalerl_jax.protocol.client import BufferClient
+from scalerl_jax.types import PromptSpec
+from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher, flatten
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "stream-test-token"
@@ -68,7 +68,7 @@ def test_sharded_learner_streams_to_generator_process_bit_exact_bounded_memory(t
   prompts = tmp_path / "prompts.jsonl"
   prompts.write_text(json.dumps({"prompt_id": 0, "tokens": [1, 2], "answer": "x"}) + "\n")
   env = dict(os.environ, SCALERL_BUFFER_TOKEN=TOKEN, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  buf = subprocess.Popen([sys.executable, "-m", "scalerl_jax.rollout.buffer_server", "--port", "0",
+  buf = subprocess.Popen([sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0",
                           "--prompts", str(prompts), "--prompts-per-step", "1", "--group-size", "1",
                           "--max-lag", "1", "--max-workers", "16"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -232,7 +232,7 @@ def test_worker_takes_streamed_and_blob_versions():
   import jax
   import ml_collections
   from scalerl_jax import models, runtime
-  from scalerl_jax.rollout import worker as W
+  from scalerl_jax.generation import worker as W
   cfg = models.get_preset("tiny_llama3", vocab_size=128, d_model=64, num_layers=2, num_heads=2,
                           num_kv_heads=1, head_dim=32, ffn_dim=96, dtype="float32")
   params = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(1)))
@@ -250,7 +250,7 @@ def test_worker_takes_streamed_and_blob_versions():
     v, weights = w._fetch(0, 5)
     assert v == 1 and weights["kind"] == "params" and _same(weights["params"], new)
     w.gen.set_params(weights["params"], v)
-    w.gen._swap_if_pending()
+    w.gen.apply_pending()
     assert w.gen.version == 1 and _same(jax.tree.map(np.asarray, w.gen.params), new)
 
 

@@ -55,7 +55,7 @@ class RssPeak:
 
 
 def leaf_hashes(params):
-  from scalerl_jax.rollout.weight_stream import flatten
+  from scalerl_jax.weights.stream import flatten
   return {"/".join(map(str, p)): hashlib.sha256(np.ascontiguousarray(np.asarray(x)).tobytes()
                                                 ).hexdigest() for p, x in flatten(params)}
 
@@ -64,8 +64,8 @@ def learner(address, version, chunk_bytes):
   import jax
   from configs.common import DEFAULT_RULES
   from scalerl_jax import sharding
-  from scalerl_jax.rollout.client import BufferClient
-  from scalerl_jax.rollout.weight_stream import StreamPublisher
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.weights.stream import StreamPublisher
   cfg = model()
   mesh = sharding.make_mesh((("data", 1), ("fsdp", 4), ("tensor", 2), ("expert", 1)))
   params, _ = sharding.sharded_init(cfg, jax.random.PRNGKey(int(version)), mesh, DEFAULT_RULES)
@@ -96,9 +96,9 @@ def learner(address, version, chunk_bytes):
 
 def generator(address):
   import jax
-  from scalerl_jax.rollout.client import BufferClient
-  from scalerl_jax.rollout.sampler import JaxSampler
-  from scalerl_jax.rollout.weight_stream import StreamFetcher
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.generation.sampler import JaxSampler
+  from scalerl_jax.weights.stream import StreamFetcher
   cfg = model()
   c = BufferClient(address, os.environ["SCALERL_BUFFER_TOKEN"])
   f = StreamFetcher(c)

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Callable
 
 from scalerl_jax import rewards
-from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.types import PromptSpec
 
 KINDS = ("synthetic", "polaris", "deepcoder")
 REWARD_FOR_KIND = {"synthetic": "synthetic", "polaris": "math", "deepcoder": "code"}

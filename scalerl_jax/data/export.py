@@ -2,7 +2,7 @@
 
   python -m scalerl_jax.data.export --config=configs/tiny.py --out=/tmp/prompts.jsonl [--split=train]
 
-The buffer (scalerl_jax.rollout.buffer_server --prompts=FILE) reads this format.
+The buffer (scalerl_jax.buffer.server --prompts=FILE) reads this format.
 """
 from __future__ import annotations
 

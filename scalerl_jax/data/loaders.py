@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.types import PromptSpec
 
 
 class DataError(ValueError):

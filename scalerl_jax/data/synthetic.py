@@ -129,7 +129,7 @@ class Problem:
     return np.asarray(TOKENIZER.encode(self.gold_completion_text), np.int32)
 
   def to_prompt_spec(self):
-    from scalerl_jax.rollout.generator import PromptSpec
+    from scalerl_jax.types import PromptSpec
     return PromptSpec(prompt_id=self.prompt_id, tokens=self.prompt_tokens, answer=self.answer)
 
 

@@ -98,6 +98,12 @@ class Learner:
     from scalerl_jax import sharding  # the model-side rules machinery
     return sharding.use_mesh(self.mesh, self.rules)
 
+  def local_rows(self, global_rows: int | None = None) -> slice:
+    """The rows of the global batch this process feeds: all of them on one process (a multi-host
+    learner feeds its own slice)."""
+    del global_rows
+    return slice(None)
+
   def device_batch(self, batch: Mapping[str, Any]) -> dict:
     """Validates on the host and places the batch (sharded over the batch axes if meshed)."""
     validate_batch(batch, self.microbatches, self.vocab_size)

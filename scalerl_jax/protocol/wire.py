@@ -14,8 +14,7 @@ from typing import Optional
 from google.protobuf import message as pb_message
 from google.protobuf import unknown_fields
 
-from scalerl_jax.rollout import rollout_pb2 as pb
-
+from scalerl_jax.protocol import rollout_pb2 as pb
 _ROLLOUT_SUBMESSAGES = ("prompt_tokens", "completion_tokens", "logprobs", "versions",
                         "policy_mask", "timing")
 _PARSE_ERRORS = (pb_message.DecodeError, ValueError, RuntimeError, IndexError)

@@ -31,10 +31,11 @@ from typing import Optional
 
 import grpc
 
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout import validation as val
-from scalerl_jax.rollout import weight_store as ws
-from scalerl_jax.rollout.wire import Malformed, parser, serialize
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol.rpc import SERVICE, AuthInterceptor, channel_options
+from scalerl_jax.protocol import validation as val
+from scalerl_jax.protocol import weight_chunks as ws
+from scalerl_jax.protocol.wire import Malformed, parser, serialize
 
 log = logging.getLogger("scalerl.weight_source")
 
@@ -58,7 +59,6 @@ class WeightSource:
                stall_s: float = 60.0, max_workers: int = 64):
     """`advertise`: the host part generators dial (default: `host`, or this host's address for a
     wildcard bind). `keep`: versions held (the newest, plus older ones still being fetched)."""
-    from scalerl_jax.rollout.buffer_server import SERVICE, _AuthInterceptor, channel_options
     if not token:
       raise ValueError("an auth token is required")
     self.keep, self.stall_s = max(1, int(keep)), float(stall_s)
@@ -70,7 +70,7 @@ class WeightSource:
     self._server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=max_workers,
                                               thread_name_prefix="weight-source"),
-        interceptors=[_AuthInterceptor(token, self._count_reject)],
+        interceptors=[AuthInterceptor(token, self._count_reject)],
         options=channel_options(max_message_bytes), maximum_concurrent_rpcs=max_workers)
     self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {
         "FetchWeights": grpc.unary_stream_rpc_method_handler(
@@ -114,7 +114,7 @@ class WeightSource:
       self.cv.notify_all()
 
   def add(self, version: int, index: int, msg: bytes) -> None:
-    """Adds one encoded chunk message (weight_store.encode_chunk) of a begun version."""
+    """Adds one encoded chunk message (weight_chunks.encode_chunk) of a begun version."""
     with self.cv:
       v = self.versions.get(int(version))
       if v is None:

@@ -12,9 +12,9 @@ from typing import Optional
 import grpc
 import numpy as np
 
-from scalerl_jax.rollout import codec
-from scalerl_jax.rollout.client import BufferClient, assignment_prompt
-from scalerl_jax.rollout.generator import FINISH_LENGTH, FINISH_STOP, Completion
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol.client import BufferClient, assignment_prompt
+from scalerl_jax.types import FINISH_LENGTH, FINISH_STOP, Completion
 
 
 def random_completion(rng: np.random.Generator, prompt_id: int, length: int, version: int,

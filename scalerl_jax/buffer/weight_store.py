@@ -22,180 +22,16 @@ gRPC handed over). This module must not import jax.
 from __future__ import annotations
 
 import hashlib
-import json
-import struct
 import threading
 import time
-import zlib
 from typing import Optional
 
-import crc32c
 import grpc
-from google.protobuf import message as pb_message
-from google.protobuf import unknown_fields
 
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout import validation as val
-
-STREAM_PREFIX = "stream:"   # WAL format tag of a persisted streamed version
-MAX_CHUNKS = 1 << 20
-MAX_SOURCES = 4096
-# Chunk checksums by manifest name (absent: "crc32", what older publishers sent).
-CHECKSUMS = {"crc32": zlib.crc32, "crc32c": crc32c.crc32c}
-
-
-def checksum_of(manifest: dict):
-  """The chunk checksum function a (checked) manifest names."""
-  return CHECKSUMS[manifest.get("checksum", "crc32")]
-_DATA_TAG = (6 << 3) | 2
-
-
-from scalerl_jax.rollout.wire import Malformed, read_varint, varint   # shared wire helpers
-
-
-class WeightMsg:
-  """A parsed WeightChunk: `head` (every field but data), `data` (memoryview), `raw` (the bytes)."""
-  __slots__ = ("head", "data", "raw")
-
-  def __init__(self, head, data, raw):
-    self.head, self.data, self.raw = head, data, raw
-
-
-def parse_weight_message(raw: bytes):
-  """Splits a serialized WeightChunk into a WeightMsg without copying `data`; Malformed if invalid
-  (bad wire format, unknown or mistyped fields)."""
-  view, pos, n, head, data = memoryview(raw), 0, len(raw), [], memoryview(b"")
-  try:
-    while pos < n:
-      start = pos
-      tag, pos = read_varint(view, pos)
-      wt = tag & 7
-      if wt == 0:
-        _, pos = read_varint(view, pos)
-      elif wt == 1:
-        pos += 8
-      elif wt == 5:
-        pos += 4
-      elif wt == 2:
-        size, pos = read_varint(view, pos)
-        if tag == _DATA_TAG:
-          if pos + size > n:
-            return Malformed("WeightChunk: truncated data")
-          data, pos = view[pos:pos + size], pos + size
-          continue
-        pos += size
-      else:
-        return Malformed(f"WeightChunk: unsupported wire type {wt}")
-      if pos > n:
-        return Malformed("WeightChunk: truncated field")
-      head.append(view[start:pos])
-    m = pb.WeightChunk.FromString(b"".join(head))
-  except (pb_message.DecodeError, ValueError, RuntimeError, IndexError) as e:
-    return Malformed(f"cannot parse WeightChunk: {e}")
-  u = unknown_fields.UnknownFieldSet(m)
-  if len(u):
-    return Malformed(f"WeightChunk: unknown or mistyped field number(s) "
-                     f"{sorted({f.field_number for f in u})[:8]}")
-  return WeightMsg(m, data, raw)
-
-
-def encode_chunk(version: int, index: int, data, crc: int) -> bytes:
-  """One streamed chunk message: the small header, then `data` as field 6 (one copy of data)."""
-  head = pb.WeightChunk(version=version, chunk_index=index, crc32=crc).SerializeToString()
-  n = memoryview(data).nbytes
-  return b"".join((head, bytes((_DATA_TAG,)), varint(n), data))
-
-
-def check_manifest(text: str, max_bytes: int) -> tuple[dict, list[int]]:
-  """Validates a manifest; returns (manifest, nbytes per chunk). Raises ValueError.
-
-  {"tensors": [{"name": [...], "dtype": str, "shape": [...]}, ...],
-   "chunks": [[tensor_index, [start per dim], [extent per dim]], ...],   (itemsize from "itemsize")
-   optional "checksum": "crc32" | "crc32c", "sources": ["host:port", ...], "owners": [int, ...]}."""
-  m = json.loads(text)
-  tensors, chunks = m["tensors"], m["chunks"]
-  if not isinstance(tensors, list) or not isinstance(chunks, list) or not chunks:
-    raise ValueError("manifest needs non-empty lists 'tensors' and 'chunks'")
-  if len(chunks) > MAX_CHUNKS:
-    raise ValueError(f"{len(chunks)} chunks > {MAX_CHUNKS}")
-  if m.get("checksum", "crc32") not in CHECKSUMS:
-    raise ValueError(f"unknown checksum {m.get('checksum')!r}; expected one of {sorted(CHECKSUMS)}")
-  if "sources" in m or "owners" in m:
-    src, own = m.get("sources"), m.get("owners")
-    if (not isinstance(src, list) or not 0 < len(src) <= MAX_SOURCES
-        or not all(isinstance(a, str) and 0 < len(a) <= 256 and ":" in a for a in src)):
-      raise ValueError(f"'sources' must be 1..{MAX_SOURCES} 'host:port' strings")
-    if (not isinstance(own, list) or len(own) != len(chunks)
-        or not all(isinstance(o, int) and 0 <= o < len(src) for o in own)):
-      raise ValueError("'owners' must give a source index for every chunk")
-  sizes, total = [], 0
-  for c in chunks:
-    t, start, ext = c
-    td = tensors[t]
-    shape, item = td["shape"], int(td["itemsize"])
-    if not (len(start) == len(ext) == len(shape)) or item not in (1, 2, 4, 8):
-      raise ValueError(f"chunk {c}: rank or itemsize does not match tensor {t}")
-    if any(s < 0 or e < 0 or s + e > d for s, e, d in zip(start, ext, shape)):
-      raise ValueError(f"chunk {c}: outside tensor {t} of shape {shape}")
-    nb = item
-    for e in ext:
-      nb *= int(e)
-    sizes.append(nb)
-    total += nb
-    if total > max_bytes:
-      raise OverflowError(f"manifest total bytes exceed {max_bytes}")
-  return m, sizes
-
-
-class Version:
-  """One weight version: a blob payload, or a streamed manifest + chunk messages as received."""
-
-  def __init__(self, version: int, fmt: str, sha256: str, total_bytes: int, *, payload=None,
-               manifest_raw: Optional[bytes] = None, sizes: Optional[list[int]] = None,
-               manifest: Optional[dict] = None, expected: Optional[int] = None):
-    """`manifest` (parsed) gives the checksum and, with "sources", makes the version remote (no
-    chunks held here); `expected`: how many chunks this holder will have (default: all)."""
-    self.version, self.format, self.sha256, self.total_bytes = version, fmt, sha256, total_bytes
-    self.payload = payload                      # blob only
-    self.manifest_raw = manifest_raw            # streamed: the first message, as sent to fetchers
-    self.sizes = sizes or []
-    manifest = manifest or {}
-    self.checksum = checksum_of(manifest)
-    self.remote = "sources" in manifest         # chunks live on the learner hosts
-    self.chunks: list[Optional[bytes]] = [] if self.remote else [None] * len(self.sizes)
-    self.order: list[int] = []                  # chunk indices in arrival order (fetchers follow it)
-    self.expected = 0 if self.remote else len(self.sizes) if expected is None else expected
-    self.missing = self.expected
-    self.dropped = False                        # evicted before completion (fetchers give up)
-
-  @property
-  def streamed(self) -> bool:
-    return self.manifest_raw is not None
-
-  def missing_list(self) -> list[int]:
-    return [i for i, c in enumerate(self.chunks) if c is None]
-
-  def pack(self) -> bytes:
-    """Streamed version as one blob (WAL): u64 count, then u64-length-prefixed messages (a remote
-    version: the manifest only)."""
-    msgs = [self.manifest_raw] + ([] if self.remote else self.chunks)
-    return b"".join([struct.pack("<Q", len(msgs))] + [
-        x for m in msgs for x in (struct.pack("<Q", len(m)), m)])
-
-  @staticmethod
-  def unpack(blob: bytes, max_bytes: int) -> "Version":
-    view, (n,), pos, msgs = memoryview(blob), struct.unpack_from("<Q", blob, 0), 8, []
-    for _ in range(n):
-      (size,) = struct.unpack_from("<Q", blob, pos)
-      msgs.append(bytes(view[pos + 8:pos + 8 + size]))
-      pos += 8 + size
-    head = parse_weight_message(msgs[0]).head
-    manifest, sizes = check_manifest(head.manifest, max_bytes)
-    v = Version(head.version, head.format, head.sha256, head.total_bytes, manifest_raw=msgs[0],
-                sizes=sizes, manifest=manifest)
-    if not v.remote:
-      v.chunks, v.missing, v.order = msgs[1:], 0, list(range(len(msgs) - 1))
-    return v
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import validation as val
+from scalerl_jax.protocol.weight_chunks import (STREAM_PREFIX, Version, check_manifest,
+                                                stream_chunks, with_data)
 
 
 class WeightStore:
@@ -405,7 +241,7 @@ class WeightStore:
     for off in range(0, max(v.total_bytes, 1), chunk):
       h = pb.WeightChunk(offset=off, **head).SerializeToString()
       part = view[off:off + chunk]
-      yield b"".join((h, bytes((_DATA_TAG,)), varint(len(part)), part))
+      yield with_data(h, part)
 
   def _newest(self, have: int, streamed: bool) -> Optional[Version]:
     """Under cv: the newest version above `have`: the visible one, or for streamed fetchers also a
@@ -428,23 +264,3 @@ class WeightStore:
           continue
         have = v.version
       yield pb.VersionNotice(version=v.version, total_bytes=v.total_bytes, sha256=v.sha256)
-
-
-def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: float):
-  """Manifest, then v's chunks in arrival order, waiting (on `cv`) for the rest while it is
-  published; ends early (a short stream, which the fetcher resumes) if v is superseded or stalls
-  for stall_s. Shared by the buffer and the learner weight servers (weight_source.py)."""
-  yield v.manifest_raw
-  pos = 0
-  while pos < v.expected:
-    with cv:
-      t_wait = time.time()
-      while pos == len(v.order):
-        if v.dropped or not context.is_active() or time.time() - t_wait > stall_s:
-          return
-        cv.wait(0.25)
-      ready = v.order[pos:]
-    pos += len(ready)
-    for i in ready:
-      if i not in skip:
-        yield v.chunks[i]

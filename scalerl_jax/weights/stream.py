@@ -39,9 +39,8 @@ from typing import Any, Callable, Iterator, Optional
 import grpc
 import numpy as np
 
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout import weight_store as ws
-
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import weight_chunks as ws
 FORMAT = "scalerl-params-v1"
 _RESUMABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
               grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)

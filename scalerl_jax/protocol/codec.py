@@ -10,13 +10,12 @@ import uuid
 
 import numpy as np
 
-from scalerl_jax.rollout import generator as gen
-from scalerl_jax.rollout import rollout_pb2 as pb
-
+from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion
+from scalerl_jax.protocol import rollout_pb2 as pb
 _NP_DTYPES = {pb.INT32: np.dtype("<i4"), pb.FLOAT32: np.dtype("<f4")}
 
-FINISH_TO_PB = {gen.FINISH_STOP: pb.FINISH_STOP, gen.FINISH_LENGTH: pb.FINISH_LENGTH,
-                gen.FINISH_INTERRUPTED: pb.FINISH_INTERRUPTED}
+FINISH_TO_PB = {FINISH_STOP: pb.FINISH_STOP, FINISH_LENGTH: pb.FINISH_LENGTH,
+                FINISH_INTERRUPTED: pb.FINISH_INTERRUPTED}
 FINISH_FROM_PB = {v: k for k, v in FINISH_TO_PB.items()}
 
 
@@ -64,7 +63,7 @@ def decode(t: pb.Tensor, dtype: int, name: str, max_len: int, unpack_bits: bool 
   return np.frombuffer(data, _NP_DTYPES[dtype])
 
 
-def completion_to_rollout(c: gen.Completion, *, group_id: int, sample_index: int,
+def completion_to_rollout(c: Completion, *, group_id: int, sample_index: int,
                           prompt_tokens: np.ndarray, generator_id: str,
                           rewards: tuple[float, ...] | None = None, rollout_id: str | None = None,
                           start_unix_s: float = 0.0, end_unix_s: float | None = None) -> pb.Rollout:
@@ -81,14 +80,14 @@ def completion_to_rollout(c: gen.Completion, *, group_id: int, sample_index: int
                        end_unix_s=time.time() if end_unix_s is None else end_unix_s))
 
 
-def rollout_to_completion(r: pb.Rollout) -> gen.Completion:
+def rollout_to_completion(r: pb.Rollout) -> Completion:
   """Decodes a (validated) wire rollout back into a `Completion` (arrays are read-only views)."""
   big = 1 << 31
-  return gen.Completion(
+  return Completion(
       prompt_id=int(r.prompt_id),
       tokens=decode(r.completion_tokens, pb.INT32, "completion_tokens", big),
       logprobs=decode(r.logprobs, pb.FLOAT32, "logprobs", big),
       versions=decode(r.versions, pb.INT32, "versions", big),
       policy_mask=decode(r.policy_mask, pb.BITS, "policy_mask", big),
-      finish_reason=FINISH_FROM_PB.get(r.finish_reason, gen.FINISH_STOP),
+      finish_reason=FINISH_FROM_PB.get(r.finish_reason, FINISH_STOP),
       reward=float(r.rewards[0]) if r.rewards else 0.0)

@@ -13,9 +13,8 @@ from typing import Callable, Optional
 import grpc
 import numpy as np
 
-from scalerl_jax.rollout import codec
-from scalerl_jax.rollout import rollout_pb2 as pb
-
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol import rollout_pb2 as pb
 # verifier(prompt_id, answer, completion_tokens) -> reward; None disables re-verification.
 Verifier = Callable[[int, str, np.ndarray], float]
 

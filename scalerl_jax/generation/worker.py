@@ -1,6 +1,6 @@
 """Generator worker process: lease prompts from the buffer, generate groups, score, push rollouts.
 
-    python -m scalerl_jax.rollout.worker --run_config=WORKDIR/config.json --buffer=HOST:PORT \
+    python -m scalerl_jax.generation.worker --run_config=WORKDIR/config.json --buffer=HOST:PORT \
         --generator_id=gen-0 [--backend=jax|vllm]
 
 The auth token comes from the environment variable named by `config.buffer.auth_token_env`.
@@ -28,9 +28,10 @@ import time
 import grpc
 
 from scalerl_jax import runtime
-from scalerl_jax.rollout import codec, interruption
-from scalerl_jax.rollout.client import BufferClient, assignment_prompt
-from scalerl_jax.rollout.weight_stream import StreamFetcher
+from scalerl_jax.protocol import codec
+from scalerl_jax.generation import interruption
+from scalerl_jax.protocol.client import BufferClient, assignment_prompt
+from scalerl_jax.weights.stream import StreamFetcher
 
 log = logging.getLogger("scalerl.worker")
 
@@ -38,16 +39,19 @@ log = logging.getLogger("scalerl.worker")
 def _make_generator(backend, config, model_cfg, weights, version, workdir):
   """`weights`: our-layout params (a streamed version) or HF-named arrays (a blob version)."""
   from scalerl_jax.models import hf_io
-  params = weights["params"] if weights["kind"] == "params" else hf_io.params_from_hf_tensors(
-      model_cfg, weights["named"].__getitem__)
+  if weights["kind"] == "params":
+    params = weights["params"]
+  else:
+    named = runtime.payload_to_named(weights["payload"], weights["fmt"])
+    params = hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
   if backend == "jax":
-    from scalerl_jax.rollout.sampler import JaxSampler
+    from scalerl_jax.generation.sampler import JaxSampler
     n_dev = int(config.generator.get("jax_devices", 1))   # see cpu_decode_devices
     return JaxSampler(model_cfg, params, version=version,
                       chunk_steps=int(config.generator.get("chunk_steps", 16)),
                       devices=n_dev if n_dev > 1 else None)
   from scalerl_jax import models
-  from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  from scalerl_jax.generation.vllm.generator import VLLMGenerator
   model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
   models.save_hf(model_cfg, params, model_dir)
   r = config.rollout
@@ -119,10 +123,7 @@ class Worker:
       return version, {"kind": "params", "params": params}
     _, payload, fmt = self.fetcher.blob
     self.fetcher.blob = None
-    if hasattr(getattr(self, "gen", None), "load_payload"):   # decoded zero-copy by the sampler
-      return version, {"kind": "blob", "payload": payload, "fmt": fmt}
-    return version, {"kind": "blob", "named": runtime.payload_to_named(payload, fmt),
-                     "payload": payload, "fmt": fmt}
+    return version, {"kind": "blob", "payload": payload, "fmt": fmt}
 
   def _watch_weights(self):
     """Fetches each newly published version and installs it (applied between decode chunks).
@@ -142,21 +143,14 @@ class Worker:
         continue
       version, w = got
       if w["kind"] == "params":
-        if hasattr(self.gen, "set_params"):      # JAX sampler: our layout, no conversion
-          self.gen.set_params(w["params"], version)
-        else:                                    # vLLM: HF names/layout, sent tensor by tensor
-          from scalerl_jax import models
-          self.gen.load_weights(models.hf_named_arrays(self.model_cfg, w["params"]), version)
-      elif hasattr(self.gen, "load_payload"):   # JAX sampler: zero-copy decode of the payload
-        self.gen.load_payload(w["payload"], version, w["fmt"])
+        self.gen.load_params(w["params"], version, self.model_cfg)
       else:
-        self.gen.load_weights(w["named"], version)
+        self.gen.load_payload(w["payload"], version, w["fmt"])
       have = version
 
   def _wait_for_version(self, min_version: int):
     while self.gen.version < min_version and not self._stop.is_set():
-      if hasattr(self.gen, "_swap_if_pending"):
-        self.gen._swap_if_pending()
+      self.gen.apply_pending()
       time.sleep(0.01)
 
   def rewards(self, completion, answer: str) -> float:
@@ -183,8 +177,7 @@ class Worker:
       # The version cap of these leases (PPO-off-policy rounds pin one version) is set before
       # waiting for their minimum version, so a pending newer version can be swapped in.
       caps = [a.max_version for a in assignments if a.max_version >= 0]
-      if hasattr(self.gen, "max_version"):
-        self.gen.max_version = min(caps) if caps else None
+      self.gen.max_version = min(caps) if caps else None
       self._wait_for_version(max(a.min_version for a in assignments))
       prompts = [assignment_prompt(a) for a in assignments]
       # Seeded per (version, prompts): a resumed run regenerates the same rollouts (RELIABILITY.md).
@@ -247,7 +240,7 @@ def main(argv=None):
                   help="vLLM engine tensor-parallel size (overrides config.generator.tensor_parallel)")
   a = ap.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-  from scalerl_jax.rollout.wire import tune_malloc
+  from scalerl_jax.protocol.wire import tune_malloc
   tune_malloc()    # multi-MB weight chunks / rollout buffers reuse heap memory, not fresh mmaps
   config = runtime.load_run_config(a.run_config)
   a.generator_id = a.generator_id or socket.gethostname()

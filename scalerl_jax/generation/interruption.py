@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from scalerl_jax.rollout.generator import FINISH_INTERRUPTED, Completion, SamplingSpec
+from scalerl_jax.types import FINISH_INTERRUPTED, Completion, SamplingSpec
 
 
 def draw_think_budget(rng: np.random.Generator, lo: int, hi: int) -> int:

@@ -2,9 +2,9 @@
 
 Runs in the vLLM venv, never in the JAX venv (it imports vllm/torch, never jax):
 
-    .venv-vllm/bin/python -m scalerl_jax.rollout.vllm_worker --socket /tmp/x.sock --config '{...}'
+    .venv-vllm/bin/python -m scalerl_jax.generation.vllm.worker --socket /tmp/x.sock --config '{...}'
 
-`VLLMGenerator` (scalerl_jax/rollout/vllm_generator.py) spawns it, listens on the Unix socket, and
+`VLLMGenerator` (scalerl_jax/generation/vllm/generator.py) spawns it, listens on the Unix socket, and
 speaks `vllm_protocol` to it. What the worker does (docs/VLLM.md has the details and numbers):
 
 * token-id prompts (`skip_tokenizer_init`), n samples per prompt (one request each, so every sample
@@ -33,10 +33,9 @@ import traceback
 
 import numpy as np
 
-from scalerl_jax.rollout import vllm_protocol as P
-
+from scalerl_jax.generation.vllm import protocol as P
 FINISH_STOP, FINISH_LENGTH, FINISH_INTERRUPTED = "stop", "length", "interrupted"
-EXT_CLS = "scalerl_jax.rollout.vllm_ext.ScaleRLWorkerExtension"
+EXT_CLS = "scalerl_jax.generation.vllm.ext.ScaleRLWorkerExtension"
 
 DEFAULTS = {
     "model": None, "dtype": "bfloat16", "head_dtype": "float32", "max_model_len": 4096,

@@ -10,7 +10,7 @@
   from the generator's own samples (k1 = E[log π_gen − log π_ref], k3 = E[r − 1 − log r] with
   r = π_ref/π_gen, unbiased and >= 0).
 
-Run `python -m scalerl_jax.rollout.vllm_parity` for the full report (fp32 and bf16 engines).
+Run `python -m scalerl_jax.generation.vllm.parity` for the full report (fp32 and bf16 engines).
 """
 from __future__ import annotations
 
@@ -139,8 +139,8 @@ def main(argv=None):
   """Parity report for each engine dtype x LM-head dtype (run in the JAX venv)."""
   import argparse
   import tempfile
-  from scalerl_jax.rollout.generator import PromptSpec, SamplingSpec
-  from scalerl_jax.rollout.vllm_generator import VLLMGenerator
+  from scalerl_jax.types import PromptSpec, SamplingSpec
+  from scalerl_jax.generation.vllm.generator import VLLMGenerator
   ap = argparse.ArgumentParser(description="vLLM vs reference log-prob parity")
   ap.add_argument("--engine-dtypes", default="bfloat16,float32")
   ap.add_argument("--head-dtypes", default="float32,bfloat16")

@@ -1,13 +1,11 @@
-"""The one small interface every generator backend implements (JAX sampler, vLLM worker).
+"""Types shared by every process of a run (no JAX): prompts, completions, sampling settings.
 
-A generator turns prompts into groups of completions, stamping every generated token with the policy
-version that produced it, and accepts new weights while generation is in flight.
+The learner, the buffer, the generators and the data loaders all speak these; keeping them here (and
+not in any one process's package) is what lets dependencies point one way.
 """
 from __future__ import annotations
 
-import abc
 import dataclasses
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -48,25 +46,3 @@ class SamplingSpec:
   think_end_tokens: tuple[int, ...] = ()     # e.g. tokens of "</think>"; ends thinking naturally
   interruption_tokens: tuple[int, ...] = ()  # injected when the thinking budget is exhausted
   seed: int = 0
-
-
-class Generator(abc.ABC):
-  """Generates groups of completions and takes weight updates in flight."""
-
-  @abc.abstractmethod
-  def generate(self, prompts: Sequence[PromptSpec], n: int,
-               spec: SamplingSpec) -> list[list[Completion]]:
-    """Returns, for each prompt, `n` completions (one group)."""
-
-  @abc.abstractmethod
-  def load_weights(self, weights: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
-                   version: int) -> None:
-    """Installs new weights (HF parameter names) as policy `version`; in-flight sequences continue."""
-
-  @property
-  @abc.abstractmethod
-  def version(self) -> int:
-    """The policy version currently used for new tokens."""
-
-  def close(self) -> None:
-    """Releases processes and memory."""

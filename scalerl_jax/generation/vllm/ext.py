@@ -62,7 +62,7 @@ class ScaleRLWorkerExtension:
     of the mapped file, copied once by vLLM's loader (chunks hold whole layers, so the layerwise
     reload finishes with them before the client reuses the file)."""
     import warnings
-    from scalerl_jax.rollout.vllm_protocol import BF16, read_shm
+    from scalerl_jax.generation.vllm.protocol import BF16, read_shm
     cache = self.__dict__.setdefault("_scalerl_shm_maps", {})
     views = read_shm(path, metas, cache)
     pairs = []

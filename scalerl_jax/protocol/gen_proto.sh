@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates rollout_pb2.py / rollout_pb2.pyi / rollout_pb2_grpc.py from rollout.proto.
 # The generated files are committed; run this after editing the .proto:
-#   bash scalerl_jax/rollout/gen_proto.sh            # writes next to rollout.proto
-#   OUT_DIR=/tmp/x bash scalerl_jax/rollout/gen_proto.sh   # writes elsewhere (used by the tests)
+#   bash scalerl_jax/protocol/gen_proto.sh            # writes next to rollout.proto
+#   OUT_DIR=/tmp/x bash scalerl_jax/protocol/gen_proto.sh   # writes elsewhere (used by the tests)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"

@@ -1,7 +1,7 @@
 """`VLLMGenerator`: the project-side `Generator` backed by a real vLLM engine in another process.
 
 The engine runs in the vLLM venv (`.venv-vllm`, see scripts/setup_vllm_venv.sh) as
-`python -m scalerl_jax.rollout.vllm_worker`; this class (JAX venv, no vllm/torch import) spawns it,
+`python -m scalerl_jax.generation.vllm.worker`; this class (JAX venv, no vllm/torch import) spawns it,
 listens on a private Unix socket and talks `vllm_protocol` (JSON headers + raw little-endian array
 bytes, never pickle). Thread-safe: `generate` may run in one thread while another thread calls
 `load_weights` (that is the in-flight update: sequences being generated continue with the new
@@ -28,8 +28,9 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from scalerl_jax.rollout import vllm_protocol as P
-from scalerl_jax.rollout.generator import Completion, Generator, PromptSpec, SamplingSpec
+from scalerl_jax.generation.vllm import protocol as P
+from scalerl_jax.generation.generator import Generator
+from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
@@ -109,7 +110,7 @@ class VLLMGenerator(Generator):
     self._listener.listen(1)
     self._log = open(self.log_path, "ab")
     self._proc = subprocess.Popen(
-        [str(py), "-m", "scalerl_jax.rollout.vllm_worker", "--socket", sock_path,
+        [str(py), "-m", "scalerl_jax.generation.vllm.worker", "--socket", sock_path,
          "--config", json.dumps(cfg)], cwd=str(REPO_ROOT), env=env, stdout=self._log,
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     self._sock: socket.socket | None = None

@@ -1,6 +1,6 @@
 """Embedded JAX sampler: batched, jitted decoding on the models' KV-cache path.
 
-`JaxSampler` implements the `Generator` interface (rollout/generator.py):
+`JaxSampler` implements the `Generator` interface (generation/generator.py):
 
 * all G samples of all prompts decode together as one batch (prompts left-padded, bucketed to a
   multiple of 16 so few shapes compile);
@@ -37,8 +37,8 @@ import numpy as np
 
 from scalerl_jax import models
 from scalerl_jax.models import hf_io
-from scalerl_jax.rollout.generator import (FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP,
-                                           Completion, Generator, PromptSpec, SamplingSpec)
+from scalerl_jax.generation.generator import Generator
+from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion, PromptSpec, SamplingSpec
 
 _THINK, _FORCE, _ANSWER = 0, 1, 2
 _BUCKET = 16
@@ -335,9 +335,6 @@ class JaxSampler(Generator):
     self.chunk_steps = int(chunk_steps)
     self.end_think_token = end_think_token
     self.on_chunk = None  # optional callback(chunk_index) for tests / in-flight update hooks
-    # PPO-off-policy leases cap the version (tokens must come from <= max_version): newer
-    # weights wait until the cap is lifted.
-    self.max_version: int | None = None
 
   @property
   def num_devices(self) -> int:
@@ -358,6 +355,11 @@ class JaxSampler(Generator):
   @property
   def params(self):
     return self._params
+
+  def load_params(self, params, version: int, model_cfg=None) -> None:
+    """Our layout already: queued as is (`set_params`); `model_cfg` is unused."""
+    del model_cfg
+    self.set_params(params, version)
 
   def set_params(self, params, version: int) -> None:
     """Queues our-layout params as policy `version`; applied between decode chunks.
@@ -391,7 +393,8 @@ class JaxSampler(Generator):
       raise ValueError(f"unsupported weight payload format {fmt!r}; expected 'safetensors'")
     self.load_weights(named_from_safetensors(payload), version)
 
-  def _swap_if_pending(self) -> None:
+  def apply_pending(self) -> None:
+    """Swaps in the newest queued version (within `max_version`); called between decode chunks."""
     with self._lock:
       pending = self._pending
       if pending is None or (self.max_version is not None and pending[1] > self.max_version):
@@ -410,7 +413,7 @@ class JaxSampler(Generator):
     if spec.think_budget_min > spec.think_budget_max or spec.think_budget_min < 0:
       raise ValueError(f"bad thinking budget range [{spec.think_budget_min}, "
                        f"{spec.think_budget_max}]")
-    self._swap_if_pending()
+    self.apply_pending()
     rows = [p for p in prompts for _ in range(n)]
     B = len(rows)
     B_pad = -(-B // self.num_devices) * self.num_devices   # rows split evenly over devices
@@ -464,7 +467,7 @@ class JaxSampler(Generator):
         self.on_chunk(chunk)
       if np.asarray(all_done).all():
         break
-      self._swap_if_pending()
+      self.apply_pending()
     host = jax.device_get({k: state[k] for k in ("tokens", "logprobs", "versions", "policy",
                                                  "length", "interrupted", "stopped")})
     groups: list[list[Completion]] = [[] for _ in prompts]

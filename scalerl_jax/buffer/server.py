@@ -1,9 +1,9 @@
-"""gRPC rollout buffer: one `RolloutBuffer` service (scalerl.rollout.v1) over `admission.BufferState`.
+"""gRPC rollout buffer: one `RolloutBuffer` service (scalerl.rollout.v1) over `state.BufferState`.
 
 In-process:  srv = BufferServer(prompts, token="...", prompts_per_step=B, group_size=G, max_lag=k)
              srv.start(); srv.port; ...; srv.stop()
 As a process:
-  python -m scalerl_jax.rollout.buffer_server --port 0 --token-env SCALERL_BUFFER_TOKEN \
+  python -m scalerl_jax.buffer.server --port 0 --token-env SCALERL_BUFFER_TOKEN \
       --prompts prompts.jsonl --prompts-per-step 48 --group-size 16 --max-lag 8
   (prints one JSON line {"port": ...} once serving; prompts.jsonl: {"prompt_id", "tokens", "answer"}).
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
-import hmac
 import json
 import logging
 import os
@@ -32,57 +31,18 @@ from typing import Optional, Sequence
 import grpc
 import numpy as np
 
-from scalerl_jax.rollout import admission
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout import validation as val
-from scalerl_jax.rollout import wal as walmod
-from scalerl_jax.rollout import wal_state
-from scalerl_jax.rollout import weight_store
-from scalerl_jax.rollout.generator import PromptSpec
-from scalerl_jax.rollout.wire import Malformed, parse_push, parser, serialize, tune_malloc
+from scalerl_jax.buffer.state import MODES, BufferState
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import validation as val
+from scalerl_jax.buffer import wal as walmod
+from scalerl_jax.buffer import replay
+from scalerl_jax.buffer import weight_store
+from scalerl_jax.protocol.weight_chunks import parse_weight_message
+from scalerl_jax.types import PromptSpec
+from scalerl_jax.protocol.rpc import SERVICE, AuthInterceptor, channel_options
+from scalerl_jax.protocol.wire import Malformed, parse_push, parser, serialize, tune_malloc
 
-SERVICE = "scalerl.rollout.v1.RolloutBuffer"
 log = logging.getLogger("scalerl.buffer")
-
-
-def channel_options(max_message_bytes: int) -> list:
-  """Shared server/client channel options: message limits and large HTTP/2 windows/frames."""
-  return [("grpc.max_receive_message_length", max_message_bytes),
-          ("grpc.max_send_message_length", max_message_bytes),
-          ("grpc.http2.max_frame_size", 16 * 1024 * 1024 - 1),
-          ("grpc.http2.bdp_probe", 1),
-          ("grpc.so_reuseport", 0)]
-
-
-
-
-class _AuthInterceptor(grpc.ServerInterceptor):
-  """Rejects any call without `authorization: Bearer <token>` before its handler runs."""
-
-  def __init__(self, token: str, on_reject):
-    self._expected = f"Bearer {token}".encode()
-    self._on_reject = on_reject
-
-  def intercept_service(self, continuation, details):
-    for key, value in details.invocation_metadata or ():
-      if key == "authorization":
-        got = value.encode() if isinstance(value, str) else bytes(value)
-        if hmac.compare_digest(got, self._expected):
-          return continuation(details)
-        break
-    handler = continuation(details)
-    if handler is None:
-      return None
-    self._on_reject(grpc.StatusCode.UNAUTHENTICATED)
-
-    def deny(request, context):
-      context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-
-    kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
-             (False, True): grpc.unary_stream_rpc_method_handler,
-             (True, False): grpc.stream_unary_rpc_method_handler,
-             (True, True): grpc.stream_stream_rpc_method_handler}
-    return kinds[(handler.request_streaming, handler.response_streaming)](deny)
 
 
 class BufferServer:
@@ -99,7 +59,7 @@ class BufferServer:
                wal_fsync_interval_s: float = 1.0, learner_state: Optional[dict] = None):
     if not token:
       raise ValueError("an auth token is required")
-    self.state = admission.BufferState(
+    self.state = BufferState(
         prompts, prompts_per_step=prompts_per_step, group_size=group_size, max_lag=max_lag,
         mode=mode, lease_ttl_s=lease_ttl_s, limits=limits, verifier=verifier,
         shuffle_seed=shuffle_seed, npr_threshold=npr_threshold)
@@ -117,7 +77,7 @@ class BufferServer:
     self._mlock = threading.Lock()
     self._server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="buffer"),
-        interceptors=[_AuthInterceptor(token, self._count_reject)],
+        interceptors=[AuthInterceptor(token, self._count_reject)],
         options=channel_options(max_message_bytes), maximum_concurrent_rpcs=max_workers)
     self._server.add_generic_rpc_handlers([self._handlers()])
     self.port = self._server.add_insecure_port(f"{host}:{port}")
@@ -147,7 +107,7 @@ class BufferServer:
   def _open_wal(self, wal_dir: str, fsync: str, interval_s: float,
                 learner_state: Optional[dict] = None) -> None:
     """Replays `wal_dir` (truncating a torn tail), reloads the latest weights, applies the
-    learner's resume state (wal_state.py), compacts the state into a fresh segment and logs every
+    learner's resume state (replay.py), compacts the state into a fresh segment and logs every
     later change (docs/RELIABILITY.md)."""
     os.makedirs(wal_dir, exist_ok=True)
     self._wal_lock = walmod.lock_dir(wal_dir)
@@ -196,7 +156,7 @@ class BufferServer:
         "PullBatch": grpc.unary_stream_rpc_method_handler(
             self._pull, parser(pb.PullRequest), serialize),
         "PublishWeights": grpc.stream_unary_rpc_method_handler(
-            self.weights.publish, weight_store.parse_weight_message, serialize),
+            self.weights.publish, parse_weight_message, serialize),
         "FetchWeights": grpc.unary_stream_rpc_method_handler(
             self.weights.fetch, parser(pb.FetchWeightsRequest), serialize),
         "WatchVersion": grpc.unary_stream_rpc_method_handler(
@@ -293,7 +253,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   ap.add_argument("--prompts-per-step", type=int, default=48)
   ap.add_argument("--group-size", type=int, default=16)
   ap.add_argument("--max-lag", type=int, default=8)
-  ap.add_argument("--mode", choices=admission.MODES, default="pipeline")
+  ap.add_argument("--mode", choices=MODES, default="pipeline")
   ap.add_argument("--max-message-bytes", type=int, default=64 << 20)
   ap.add_argument("--lease-ttl-s", type=float, default=120.0)
   ap.add_argument("--max-weight-bytes", type=int, default=64 << 30)
@@ -314,7 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   ap.add_argument("--wal-fsync-interval-s", type=float, default=1.0)
   ap.add_argument("--learner-state", default=None,
                   help="JSON file the learner keeps (checkpoint step, resume request); read at "
-                       "startup to rewind after a learner resume (rollout/wal_state.py)")
+                       "startup to rewind after a learner resume (buffer/replay.py)")
   ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
   ap.add_argument("--switch-interval-s", type=float, default=0.0,
                   help="sys.setswitchinterval for the server process (0: Python's default 5 ms)")
@@ -334,7 +294,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
                      npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
                      wal_fsync_interval_s=a.wal_fsync_interval_s,
-                     learner_state=wal_state.read_learner_state(a.learner_state),
+                     learner_state=replay.read_learner_state(a.learner_state),
                      max_weight_bytes=a.max_weight_bytes,
                      weight_chunk_bytes=a.weight_chunk_bytes).start()
   out = {"port": srv.port, "address": srv.address}

@@ -30,11 +30,11 @@ from typing import Iterable, Iterator, Optional, Sequence
 import grpc
 import numpy as np
 
-from scalerl_jax.rollout import codec
-from scalerl_jax.rollout import rollout_pb2 as pb
-from scalerl_jax.rollout.buffer_server import SERVICE, channel_options
-from scalerl_jax.rollout.generator import PromptSpec
-from scalerl_jax.rollout.wire import varint
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol.rpc import SERVICE, channel_options
+from scalerl_jax.types import PromptSpec
+from scalerl_jax.protocol.wire import varint
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE,)
 
@@ -146,7 +146,7 @@ class BufferClient:
   def fetch_weights(self, have_version: int = -1, wait_timeout_s: float = 0.0
                     ) -> Optional[tuple[int, bytes, str]]:
     """Newest weights newer than `have_version` as (version, payload, format), or None on timeout.
-    The sha256 is verified here as well. Blob versions only: a streamed version (publish_params)
+    The sha256 is verified here as well. Blob versions only: a streamed version (weights.stream.StreamPublisher)
     raises FAILED_PRECONDITION; use weight_stream.StreamFetcher, which takes both."""
     def once():
       req = pb.FetchWeightsRequest(have_version=have_version, wait_timeout_s=wait_timeout_s)
@@ -170,17 +170,6 @@ class BufferClient:
   def publish_raw(self, messages: Iterable[bytes], timeout: float = 600) -> pb.PublishAck:
     """PublishWeights from serialized WeightChunks (no retry; weight_stream.StreamPublisher)."""
     return self._publish(messages, metadata=self._md, timeout=timeout)
-
-  def publish_params(self, version: int, params, chunk_bytes: int = 8 << 20,
-                     wire_dtype: Optional[str] = None, source=None,
-                     sources: Optional[list] = None) -> pb.PublishAck:
-    """Streams a params pytree (sharded jax.Arrays or numpy) as `version`, this host's chunks only
-    (weight_stream.StreamPublisher: per-chunk CRC-32C, resumable; wire_dtype="bfloat16" casts
-    float32 leaves chunk by chunk; `source`: stage on this process's WeightSource and only
-    announce to the buffer)."""
-    from scalerl_jax.rollout.weight_stream import StreamPublisher
-    return StreamPublisher(self, version, params, chunk_bytes, wire_dtype=wire_dtype,
-                           source=source, sources=sources).publish()
 
   def watch_versions(self, have_version: int = -1) -> Iterator[pb.VersionNotice]:
     """Server-stream of notices, one per newly visible weight version (cancel by closing)."""

@@ -1,0 +1,13 @@
+"""The generator process: the `Generator` interface every backend implements, the embedded JAX
+sampler, the worker loop (lease -> generate -> reward -> push, weights swapped in flight), the
+length-control helpers, and `vllm/` (the vLLM backend, whose engine runs in its own venv).
+
+A new generator backend: subclass `Generator` (generator.py) and add it to worker._make_generator.
+Public names load lazily: the vLLM venv imports `generation.vllm.worker` without JAX.
+"""
+from scalerl_jax import lazy
+
+__getattr__, __all__ = lazy.exports(__name__, {
+    "Generator": "generator", "JaxSampler": "sampler", "Worker": "worker",
+    "run_fake_generator": "fake",
+})

@@ -1,0 +1,60 @@
+"""The one small interface every generator backend implements (JAX sampler, vLLM worker).
+
+A generator turns prompts into groups of completions, stamping every generated token with the policy
+version that produced it, and accepts new weights while generation is in flight.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
+
+class Generator(abc.ABC):
+  """Generates groups of completions and takes weight updates in flight.
+
+  The worker (generation/worker.py) calls exactly this surface: `generate`, the three loaders
+  (`load_weights` for HF-named arrays, `load_params` for our layout, `load_payload` for a published
+  blob), `apply_pending`, `max_version`, `version` and `close`. Backends override what they can
+  do faster; the defaults convert to HF names and call `load_weights`.
+  """
+
+  # Cap on the policy version applied to new tokens (PPO-off-policy leases pin one version);
+  # None = the newest. The worker sets it before waiting for a lease's minimum version.
+  max_version: int | None = None
+
+  @abc.abstractmethod
+  def generate(self, prompts: Sequence[PromptSpec], n: int,
+               spec: SamplingSpec) -> list[list[Completion]]:
+    """Returns, for each prompt, `n` completions (one group)."""
+
+  @abc.abstractmethod
+  def load_weights(self, weights: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+                   version: int) -> None:
+    """Installs new weights (HF parameter names) as policy `version`; in-flight sequences continue."""
+
+  @property
+  @abc.abstractmethod
+  def version(self) -> int:
+    """The policy version currently used for new tokens."""
+
+  def close(self) -> None:
+    """Releases processes and memory."""
+
+  def load_params(self, params: Any, version: int, model_cfg: Any) -> None:
+    """Installs our-layout params (a streamed version) as policy `version`.
+
+    Default: HF names via `models.hf_named_arrays`, then `load_weights`."""
+    from scalerl_jax import models   # JAX stays out of this module's import (vLLM client side)
+    self.load_weights(models.hf_named_arrays(model_cfg, params), version)
+
+  def load_payload(self, payload: bytes | bytearray | memoryview, version: int,
+                   fmt: str = "safetensors") -> None:
+    """Installs a published weight blob (runtime.params_to_payload format) as policy `version`."""
+    from scalerl_jax import runtime   # JAX stays out of this module's import (vLLM client side)
+    self.load_weights(runtime.payload_to_named(payload, fmt), version)
+
+  def apply_pending(self) -> None:
+    """Applies a queued weight update now if the backend queues them (default: nothing queued)."""

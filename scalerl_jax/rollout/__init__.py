@@ -1,1 +1,0 @@
-"""Rollout system: protocol, gRPC buffer, generators (JAX sampler, vLLM worker), interruption."""
