@@ -25,7 +25,7 @@ from analysis.metrics import validate_curve
 
 __all__ = ["sigmoid_curve", "power_law_curve", "FitResult", "Grids", "default_grids", "paper_grids",
       "fit_sigmoid", "fit_sigmoid_many", "fit_sigmoid_free", "fit_power_law", "r_squared",
-      "sse_surface", "MIN_POINTS"]
+      "sse_surface", "sigmoid_basis", "prepare_window", "MIN_POINTS"]
 
 MIN_POINTS = 5
 B_RANGE = (0.05, 20.0)
@@ -124,7 +124,7 @@ class FitResult:
 
 
 # ----------------------------------------------------------------------------------------- grid core
-def _basis(C, cm_grid, b_grid, c_slice=slice(None)):
+def sigmoid_basis(C, cm_grid, b_grid, c_slice=slice(None)):
   """s[c, b, i] = 1 / (1 + (C_mid_c / C_i)^B_b) as a 2-D array (rows: C_mid-major, B-minor)."""
   L = np.log(cm_grid[c_slice])[:, None] - np.log(C)[None, :]
   with np.errstate(over="ignore"):
@@ -138,7 +138,7 @@ def _basis(C, cm_grid, b_grid, c_slice=slice(None)):
 def _basis_sums(C, Yp, W, cm_grid, b_grid, basis=None):
   """S1[k,c,b] = sum_i W[k,i] Yp[k,i] s[c,b,i] and S2[k,c,b] = sum_i W[k,i] s[c,b,i]^2.
 
-    ``basis``: optional precomputed ``(s, s^2)`` from ``_basis`` (reused across bootstrap chunks)."""
+    ``basis``: optional precomputed ``(s, s^2)`` from ``sigmoid_basis`` (reused across bootstrap chunks)."""
   K, n = Yp.shape
   nc, nb = len(cm_grid), len(b_grid)
   WY = Yp if W is None else W * Yp
@@ -152,7 +152,7 @@ def _basis_sums(C, Yp, W, cm_grid, b_grid, basis=None):
   step = max(1, _MAX_ELEMS // (nb * n))
   for c0 in range(0, nc, step):
     sl = slice(c0, min(nc, c0 + step))
-    s = _basis(C, cm_grid, b_grid, sl)
+    s = sigmoid_basis(C, cm_grid, b_grid, sl)
     S1[:, sl] = (WY @ s.T).reshape(K, -1, nb)
     s *= s
     S2[:, sl] = (s.sum(1)[None] if W is None else W @ s.T).reshape(-1, sl.stop - sl.start, nb)
@@ -251,7 +251,7 @@ def fit_sigmoid_many(C, Y, r0, grids: Grids, *, W=None, refine: bool = True, pol
 
     Returns one dict per row: A, B, C_mid, R0, sse and the grid winner. Used for bootstrap and
     multi-seed studies; ``fit_sigmoid`` is the validated single-curve entry point. ``basis``:
-    optional ``(s, s**2)`` from ``_basis(C, grids.C_mid, grids.B)`` to reuse across calls.
+    optional ``(s, s**2)`` from ``sigmoid_basis(C, grids.C_mid, grids.B)`` to reuse across calls.
     """
   C = np.asarray(C, float)
   Y = np.atleast_2d(np.asarray(Y, float))
@@ -289,7 +289,9 @@ def fit_sigmoid_many(C, Y, r0, grids: Grids, *, W=None, refine: bool = True, pol
   return out
 
 
-def _prepare(C, y, r0, cutoff, value_range, grids, A_fixed=None):
+def prepare_window(C, y, r0, cutoff, value_range, grids, A_fixed=None):
+  """The fit window of a curve: validated points with C > 0 (and >= `cutoff`), and grids whose A
+  range fits the metric (A pinned to `A_fixed` when given)."""
   C, y = validate_curve(C, y, value_range=value_range, min_points=1, what="fit input")
   m = C > 0 if cutoff is None else (C > 0) & (C >= cutoff)
   C, y = C[m], y[m]
@@ -312,7 +314,7 @@ def fit_sigmoid(C, y, r0: float, *, cutoff: float | None = None, grids: Grids | 
     ``A``: fix the asymptote (used by the shared-A comparison). ``refine``: continuous least-squares
     polish within two grid cells of the winner (otherwise the grid winner with its fitted B).
     """
-  C, y, grids = _prepare(C, y, r0, cutoff, value_range, grids, A_fixed=A)
+  C, y, grids = prepare_window(C, y, r0, cutoff, value_range, grids, A_fixed=A)
   res = fit_sigmoid_many(C, y[None], float(r0), grids, refine=refine)[0]
   pred = sigmoid_curve(C, res["A"], res["B"], res["C_mid"], res["R0"])
   return FitResult(kind="sigmoid", A=res["A"], B=res["B"], C_mid=res["C_mid"], R0=res["R0"], D=None,
@@ -324,7 +326,7 @@ def fit_sigmoid_free(C, y, r0: float, *, cutoff: float | None = None, grids: Gri
            value_range=(0.0, 1.0)) -> FitResult:
   """Free 4-parameter fit (R0 also fitted), started from the R0-fixed grid fit."""
   start = fit_sigmoid(C, y, r0, cutoff=cutoff, grids=grids, value_range=value_range)
-  C, y, grids = _prepare(C, y, r0, cutoff, value_range, grids)
+  C, y, grids = prepare_window(C, y, r0, cutoff, value_range, grids)
   lo, hi = value_range if value_range is not None else (-np.inf, np.inf)
   bounds = {"A": (lo, hi), "logC_mid": (np.log(grids.C_mid[0]), np.log(grids.C_mid[-1])), "B": B_RANGE,
        "R0": (lo, hi)}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis.scaling import FitResult, Grids, _basis, _prepare, fit_sigmoid, fit_sigmoid_many, sigmoid_curve
+from analysis.scaling import (FitResult, Grids, fit_sigmoid, fit_sigmoid_many, prepare_window,
+                              sigmoid_basis, sigmoid_curve)
 from analysis.errors import TooFewPointsError
 
 __all__ = ["bootstrap", "extrapolate"]
@@ -36,7 +37,7 @@ def bootstrap(C, y, r0: float, *, n_boot: int = 1000, method: str = "pairs", lev
     raise ValueError(f"bootstrap method {method!r} is unknown; use 'pairs' or 'residual'")
   if not n_boot >= 1:
     raise ValueError(f"n_boot={n_boot} must be >= 1; use e.g. 1000")
-  Cw, yw, grids = _prepare(C, y, r0, cutoff, value_range, grids, A_fixed=A)
+  Cw, yw, grids = prepare_window(C, y, r0, cutoff, value_range, grids, A_fixed=A)
   fit = fit or fit_sigmoid(Cw, yw, r0, grids=grids, A=A, value_range=value_range)
   rng = np.random.default_rng(seed)
   n = len(Cw)
@@ -44,7 +45,7 @@ def bootstrap(C, y, r0: float, *, n_boot: int = 1000, method: str = "pairs", lev
   samples = np.empty((n_boot, 3))
   basis = None
   if len(grids.C_mid) * len(grids.B) * n <= _BASIS_CACHE_ELEMS:  # reuse s and s^2 across chunks
-    s = _basis(Cw, grids.C_mid, grids.B)
+    s = sigmoid_basis(Cw, grids.C_mid, grids.B)
     basis = (s, s * s)
   wrap = _tqdm(progress, n_boot, "bootstrap")
   bar = wrap(range(n_boot)) if wrap else None

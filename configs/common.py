@@ -81,12 +81,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.generator = ml_collections.ConfigDict(dict(
       backend="vllm", num_workers=64, temperature=1.0, top_p=1.0, heartbeat_s=10.0,
       retry_budget_s=60.0, max_restarts=3))
+  c.generator.jax_devices = 1        # JAX backend: decode data-parallel over N XLA:CPU devices
+  c.generator.chunk_steps = 16       # JAX backend: decode steps per jitted chunk (weight swaps between)
+  c.generator.groups_per_lease = 4   # groups a worker leases (and generates) at once
+  c.generator.tensor_parallel = 1    # vLLM engine tensor-parallel size (devices per generator)
+  c.generator.decode_batch = 64      # plan tool: sequences in the generator's KV cache
+  c.generator.vllm_args = ml_collections.ConfigDict()   # extra VLLMGenerator kwargs (engine_args...)
 
   c.buffer = ml_collections.ConfigDict(dict(
       address="127.0.0.1:0", auth_token_env="SCALERL_BUFFER_TOKEN",
       external=False,                  # True: connect to a buffer service at `address` (launch/)
                                        # instead of starting one plus generators (separate jobs)
       max_message_bytes=64 << 20, lease_ttl_s=120.0, max_restarts=3))
+  c.buffer.wal_dir = ""              # the buffer's write-ahead log on local disk; "" = WORKDIR/buffer_wal
+  c.buffer.wal_fsync = "batch"       # batch (fsync per request) | interval | none (buffer/wal.py)
 
   # Weight updates (docs/ROLLOUT.md "Weights"): serve_from="learner": every learner process serves
   # its own shards (weights/source.py, one hop; host/port: where it listens, "" = 127.0.0.1
@@ -112,6 +120,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict(dict(
       kind="polaris", path="", tokenizer_path="", heldout=1000, split_seed=0))
+  c.data.system_prompt = ""          # HF chat datasets: system message before each prompt
+  c.data.synthetic_n_train = 4096    # synthetic task: train prompts
+  c.data.synthetic_num_terms = 8     # synthetic task: digits per problem
+  c.data.synthetic_step_noise = 0.15  # synthetic task: SFT trace step-error probability
   return c
 
 

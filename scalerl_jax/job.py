@@ -41,22 +41,6 @@ def _set_aside_previous_run(workdir: str) -> None:
                   "moved its outputs to %s and starting over", workdir, dest)
 
 
-def check_writable(workdir: str) -> None:
-  """Fails fast with a clear message when the workdir cannot be written (e.g. read-only or full)."""
-  probe = os.path.join(workdir, f".write-probe-{os.getpid()}")
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    with open(probe, "wb") as f:
-      f.write(b"x" * 4096)
-      f.flush()
-      os.fsync(f.fileno())
-    os.remove(probe)
-  except OSError as e:
-    raise OSError(e.errno, f"workdir {workdir} is not writable ({e.strerror}); checkpoints, "
-                  f"metrics and the buffer WAL go there — fix it and rerun the same command "
-                  f"(a run with a checkpoint there resumes from it)") from e
-
-
 def truncate_metrics(workdir: str, step: int) -> dict:
   """Drops the metrics.jsonl lines logged after checkpoint `step` (and torn lines), atomically.
   Returns {"dropped_lines", "last_step", "last_time"} of the crashed run's tail."""
@@ -175,7 +159,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   external = bool(config.buffer.get("external", False))   # token checked by recipes.validate
   os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
   token = os.environ[config.buffer.auth_token_env]
-  check_writable(workdir)
   resume = prepare_resume(config, workdir)
   ls_path = os.path.join(workdir, "learner_state.json")
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
@@ -198,7 +181,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     else:
       address = procs.start_buffer(
           prompts_path, config, learner_state=ls_path,
-          wal_dir=config.buffer.get("wal_dir") or os.path.join(workdir, "buffer_wal"))
+          wal_dir=config.buffer.wal_dir or os.path.join(workdir, "buffer_wal"))
     client = BufferClient(address, token)
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,

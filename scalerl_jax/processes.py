@@ -105,9 +105,9 @@ class ProcessGroup:
     if config.rl.no_positive_resampling:
       argv += ["--npr-threshold", str(config.rl.npr_threshold)]
     b = config.buffer
-    wal_dir = wal_dir or b.get("wal_dir", None)
+    wal_dir = wal_dir or b.wal_dir
     if wal_dir:
-      argv += ["--wal-dir", wal_dir, "--wal-fsync", str(b.get("wal_fsync", "batch"))]
+      argv += ["--wal-dir", wal_dir, "--wal-fsync", str(b.wal_fsync)]
     if learner_state:
       argv += ["--learner-state", learner_state]
     if b.get("lease_ttl_s", None) is not None:

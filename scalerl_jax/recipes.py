@@ -129,15 +129,20 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
 
 
 def check_workdir(workdir: str) -> None:
-  """Creates `workdir` if needed and proves it is writable (ConfigError otherwise)."""
+  """Creates `workdir` if needed and proves it is writable: a 4 KiB probe written and fsync'd, so a
+  read-only or full disk fails here, at start-up, with a clear ConfigError (the one workdir probe)."""
   if not workdir:
     raise ConfigError("--workdir is required")
   try:
     os.makedirs(workdir, exist_ok=True)
     probe = os.path.join(workdir, f".write_test.{os.uname().nodename}.{os.getpid()}")  # per process:
     # the hosts of a multi-host learner validate the same shared workdir at the same time
-    with open(probe, "w") as f:
-      f.write("ok")
+    with open(probe, "wb") as f:
+      f.write(b"x" * 4096)
+      f.flush()
+      os.fsync(f.fileno())
     os.remove(probe)
   except OSError as e:
-    raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None
+    raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}; checkpoints, "
+                      "metrics and the buffer WAL go there: fix it and rerun the same command "
+                      "(a run with a checkpoint there resumes from it)") from None

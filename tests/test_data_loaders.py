@@ -1,7 +1,8 @@
 """Real-data loaders (Polaris / DeepCoder style) on small files the tests write, with a local tokenizer."""
 import json
 
-import ml_collections
+
+from configs import common
 import numpy as np
 import pytest
 
@@ -27,9 +28,9 @@ def write_jsonl(path, rows):
 
 
 def cfg(**kw):
-  base = dict(kind="polaris", path="", tokenizer_path="", heldout=10, split_seed=0)
-  base.update(kw)
-  return ml_collections.ConfigDict(base)
+  data = common.base_config().data
+  data.update({**dict(kind="polaris", path="", tokenizer_path="", heldout=10, split_seed=0), **kw})
+  return data
 
 
 def test_hf_tokenizer_chat_template(tok_path):

@@ -57,12 +57,13 @@ def test_failed_checkpoint_write_is_a_clear_error_and_keeps_the_last_good_one(tm
 
 
 def test_unwritable_workdir_is_refused_with_a_clear_message(tmp_path):
-  from scalerl_jax.job import check_writable
+  from scalerl_jax.recipes import ConfigError, check_workdir
   with _FileSizeLimit(0):
-    with pytest.raises(OSError, match=r"workdir .* is not writable \(File too large\)"):
-      check_writable(str(tmp_path / "wd"))
+    with pytest.raises(ConfigError, match=r"workdir .* is not writable: File too large"):
+      check_workdir(str(tmp_path / "wd"))
   blocker = tmp_path / "file"
   blocker.write_text("x")
-  with pytest.raises(OSError, match=r"is not writable"):
-    check_writable(str(blocker / "wd"))        # a path under a regular file
-  check_writable(str(tmp_path / "ok"))
+  with pytest.raises(ConfigError, match=r"is not writable"):
+    check_workdir(str(blocker / "wd"))        # a path under a regular file
+  check_workdir(str(tmp_path / "ok"))
+  assert os.listdir(tmp_path / "ok") == []    # the probe is gone

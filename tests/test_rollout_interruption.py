@@ -3,13 +3,12 @@ import numpy as np
 import pytest
 
 from scalerl_jax.generation import interruption as it
-from scalerl_jax.types import FINISH_INTERRUPTED, SamplingSpec
+from scalerl_jax.types import SamplingSpec
 
 
 def test_budget_uniform_within_range():
-  rng = np.random.default_rng(0)
   lo, hi = 10, 19
-  draws = np.array([it.draw_think_budget(rng, lo, hi) for _ in range(20000)])
+  draws = np.array([it.think_budget(3, pid, j, lo, hi) for pid in range(2000) for j in range(10)])
   assert draws.min() == lo and draws.max() == hi            # both ends inclusive, nothing outside
   counts = np.bincount(draws - lo, minlength=hi - lo + 1)
   expected = len(draws) / (hi - lo + 1)
@@ -17,38 +16,25 @@ def test_budget_uniform_within_range():
   assert chi2 < 27.9                                        # chi-square, 9 dof, p = 0.001
 
 
-def test_budgets_paper_range_and_vectorized():
+def test_budgets_paper_range_and_reproducible_per_sample():
   spec = SamplingSpec()
-  b = it.draw_think_budgets(np.random.default_rng(1), spec, 5000)
-  assert b.dtype == np.int32 and b.min() >= 10240 and b.max() <= 12288
+  b = np.array([it.think_budget(1, pid, 0, spec.think_budget_min, spec.think_budget_max)
+                for pid in range(5000)])
+  assert b.min() >= 10240 and b.max() <= 12288
   assert abs(b.mean() - (10240 + 12288) / 2) < 30
-  with pytest.raises(ValueError):
-    it.draw_think_budget(np.random.default_rng(0), 5, 4)
+  # the same (seed, prompt, sample) gets the same budget; another sample or seed another one
+  assert it.think_budget(7, 42, 3, 10, 10_000) == it.think_budget(7, 42, 3, 10, 10_000)
+  assert len({it.think_budget(7, 42, j, 10, 10_000) for j in range(8)}) == 8
+  assert it.think_budget(8, 42, 3, 10, 10_000) != it.think_budget(7, 42, 3, 10, 10_000)
+  with pytest.raises(ValueError, match="think_budget_min <= think_budget_max"):
+    it.think_budget(0, 0, 0, 5, 4)
 
 
-def test_must_interrupt():
-  assert it.must_interrupt(100, 100, thinking_ended=False)
-  assert not it.must_interrupt(99, 100, thinking_ended=False)
-  assert not it.must_interrupt(500, 100, thinking_ended=True)
-
-
-def test_injected_tokens_flagged_not_policy():
-  think = np.arange(5, dtype=np.int32)
-  inj = np.array([900, 901, 902], np.int32)
-  ans = np.array([7, 8], np.int32)
-  c = it.interrupted_completion(3, think, -np.ones(5, np.float32), np.array([1, 1, 2, 2, 2]), inj,
-                                ans, np.full(2, -0.5, np.float32), np.array([3, 3]), reward=1.0)
-  assert c.finish_reason == FINISH_INTERRUPTED and c.prompt_id == 3 and c.reward == 1.0
-  np.testing.assert_array_equal(c.tokens, [0, 1, 2, 3, 4, 900, 901, 902, 7, 8])
-  np.testing.assert_array_equal(c.policy_mask, [1, 1, 1, 1, 1, 0, 0, 0, 1, 1])
-  np.testing.assert_array_equal(c.logprobs[5:8], 0.0)
-  np.testing.assert_array_equal(c.versions, [1, 1, 2, 2, 2, 2, 2, 2, 3, 3])
-  assert c.tokens.dtype == np.int32 and c.logprobs.dtype == np.float32
-  assert len({len(c.tokens), len(c.logprobs), len(c.versions), len(c.policy_mask)}) == 1
-  with pytest.raises(ValueError):
-    it.interrupted_completion(0, think, np.zeros(4), np.zeros(5), inj, ans, np.zeros(2), np.zeros(2))
-  with pytest.raises(ValueError):
-    it.interrupted_completion(0, think, np.zeros(5), np.zeros(5), [], ans, np.zeros(2), np.zeros(2))
+def test_both_backends_draw_budgets_here():
+  """The JAX sampler and the vLLM worker import the one budget function (no copies)."""
+  from scalerl_jax.generation import sampler
+  from scalerl_jax.generation.vllm import worker
+  assert sampler.think_budget is it.think_budget and worker.think_budget is it.think_budget
 
 
 @pytest.mark.parametrize("length,expected", [

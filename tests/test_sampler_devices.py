@@ -74,10 +74,9 @@ def test_two_devices_match_one_device():
 
 def test_worker_cpu_decode_devices_flag(monkeypatch):
   """generator.jax_devices=2 adds the XLA:CPU device-count flag; a pinned generator keeps one."""
-  import ml_collections
   from scalerl_jax.generation.worker import cpu_decode_devices
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
-  config = ml_collections.ConfigDict({"generator": {"jax_devices": 2}})
+  config = _config(jax_devices=2)
   assert cpu_decode_devices(config, pinned=[1]) == 1
   assert config.generator.jax_devices == 1
   assert os.environ["XLA_FLAGS"] == "--xla_cpu_multi_thread_eigen=false"
@@ -85,4 +84,12 @@ def test_worker_cpu_decode_devices_flag(monkeypatch):
   assert cpu_decode_devices(config, pinned=None) == 2
   assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_multi_thread_eigen=false",
                                              "--xla_force_host_platform_device_count=2"]
-  assert cpu_decode_devices(ml_collections.ConfigDict({"generator": {}}), None) == 1
+  assert cpu_decode_devices(_config(), None) == 1
+
+
+def _config(**generator):
+  """A full run config (every knob declared) with `generator` overrides."""
+  from configs import common
+  c = common.base_config()
+  c.generator.update(generator)
+  return c

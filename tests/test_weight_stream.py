@@ -242,7 +242,7 @@ def test_worker_takes_streamed_and_blob_versions():
     c.publish_weights(0, runtime.params_to_payload(cfg, params), runtime.WEIGHTS_FORMAT)
     v, weights = w._fetch(-1, 5)
     assert v == 0 and weights["kind"] == "blob"
-    conf = ml_collections.ConfigDict({"generator": {"chunk_steps": 4}})
+    conf = _config(chunk_steps=4)
     w.gen = W._make_generator("jax", conf, cfg, weights, v, "/tmp")
     assert _same(w.gen.params, params)
     new = jax.tree.map(lambda x: x + np.float32(1), params)
@@ -285,3 +285,11 @@ def test_incomplete_version_superseded_by_a_newer_one():
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     v, got = StreamFetcher(c).fetch(0, wait_timeout_s=5)
     assert v == 2 and _same(got, _params(2)) and srv.weights.version == 2
+
+
+def _config(**generator):
+  """A full run config (every knob declared) with `generator` overrides."""
+  from configs import common
+  c = common.base_config()
+  c.generator.update(generator)
+  return c

@@ -4,8 +4,8 @@
   kind=polaris    Polaris-53K-style math JSONL/Parquet (`problem`, `answer`) + local HF tokenizer
   kind=deepcoder  DeepCoder-style code JSONL/Parquet (`problem`, `tests`) + local HF tokenizer
 
-Optional config.data keys (read with .get, defaults in brackets): synthetic_n_train [4096],
-synthetic_num_terms [8], system_prompt [""]. See docs/DATA.md.
+Every config.data key is declared in configs/common.py base_config (one-line comments there).
+See docs/DATA.md.
 """
 from __future__ import annotations
 
@@ -51,28 +51,25 @@ class Dataset:
     return rewards.compute_reward(self.reward_name, text, answer)
 
 
-def _get(cfg, key, default):
-  return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-
-
 def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
-  """Builds the dataset named by `data_cfg.kind` (synthetic | polaris | deepcoder)."""
-  kind = _get(data_cfg, "kind", None)
+  """Builds the dataset named by `data_cfg.kind` (synthetic | polaris | deepcoder); `data_cfg` is
+  a run config's `data` section (every key declared in configs/common.py base_config)."""
+  kind = data_cfg.kind
   if kind not in KINDS:
     raise ValueError(f"config.data.kind={kind!r}; expected one of {KINDS}")
-  heldout = int(_get(data_cfg, "heldout", 1000))
-  seed = int(_get(data_cfg, "split_seed", 0))
+  heldout = int(data_cfg.heldout)
+  seed = int(data_cfg.split_seed)
   if kind == "synthetic":
     from scalerl_jax.data import synthetic
-    num_terms = _get(data_cfg, "synthetic_num_terms", synthetic.DEFAULT_NUM_TERMS)
-    train, held = synthetic.make_split(seed, int(_get(data_cfg, "synthetic_n_train", 4096)),
+    num_terms = data_cfg.synthetic_num_terms
+    train, held = synthetic.make_split(seed, int(data_cfg.synthetic_n_train),
                                        heldout, num_terms)
     specs = [p.to_prompt_spec() for p in train], [p.to_prompt_spec() for p in held]
     longest = max(len(s.tokens) for s in specs[0] + specs[1])
     if longest > max_prompt_len:
       raise ValueError(f"synthetic prompts are up to {longest} tokens > max_prompt_len={max_prompt_len}")
     tok = synthetic.TOKENIZER
-    noise = float(_get(data_cfg, "synthetic_step_noise", synthetic.DEFAULT_STEP_NOISE))
+    noise = float(data_cfg.synthetic_step_noise)
 
     def sft(n, sft_seed, step_noise=None):
       if n > len(train):
@@ -84,11 +81,11 @@ def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
                    {"train": len(specs[0]), "heldout": len(specs[1])}, sft)
 
   from scalerl_jax.data import hf_tokenizer, loaders
-  path = _get(data_cfg, "path", "")
+  path = data_cfg.path
   if not path:
     raise ValueError(f"config.data.path is empty (kind={kind} needs a JSONL or Parquet file)")
-  tok = hf_tokenizer.HFTokenizer(_get(data_cfg, "tokenizer_path", ""),
-                                 system_prompt=_get(data_cfg, "system_prompt", ""))
+  tok = hf_tokenizer.HFTokenizer(data_cfg.tokenizer_path,
+                                 system_prompt=data_cfg.system_prompt)
   if kind == "polaris":
     records, unsupported = loaders.load_math(path), 0
   else:

@@ -38,6 +38,7 @@ import numpy as np
 from scalerl_jax import models
 from scalerl_jax.models import hf_io
 from scalerl_jax.generation.generator import Generator
+from scalerl_jax.generation.interruption import think_budget
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion, PromptSpec, SamplingSpec
 
 _THINK, _FORCE, _ANSWER = 0, 1, 2
@@ -410,9 +411,6 @@ class JaxSampler(Generator):
     """Samples `n` completions for each prompt; returns one group (list) per prompt."""
     if n <= 0 or not prompts:
       raise ValueError(f"need n > 0 and at least one prompt (got n={n}, {len(prompts)} prompts)")
-    if spec.think_budget_min > spec.think_budget_max or spec.think_budget_min < 0:
-      raise ValueError(f"bad thinking budget range [{spec.think_budget_min}, "
-                       f"{spec.think_budget_max}]")
     self.apply_pending()
     rows = [p for p in prompts for _ in range(n)]
     B = len(rows)
@@ -433,8 +431,9 @@ class JaxSampler(Generator):
         raise ValueError(f"prompt {p.prompt_id}: tokens must be a non-empty 1-D array")
       tokens[i, P - len(t):] = t
       mask[i, P - len(t):] = True
-    rng = np.random.default_rng(spec.seed)
-    budget = rng.integers(spec.think_budget_min, spec.think_budget_max + 1, size=B)
+    sample_index = [j for _ in prompts for j in range(n)]
+    budget = np.array([think_budget(spec.seed, p.prompt_id, j, spec.think_budget_min,
+                                    spec.think_budget_max) for p, j in zip(rows, sample_index)])
     budget = np.concatenate([budget, budget[-1:].repeat(B_pad - B)])
     end_think = (spec.think_end_tokens[0] if spec.think_end_tokens
                  else (self.end_think_token if self.end_think_token is not None else -1))

@@ -46,9 +46,9 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
     params = hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
   if backend == "jax":
     from scalerl_jax.generation.sampler import JaxSampler
-    n_dev = int(config.generator.get("jax_devices", 1))   # see cpu_decode_devices
+    n_dev = int(config.generator.jax_devices)   # see cpu_decode_devices
     return JaxSampler(model_cfg, params, version=version,
-                      chunk_steps=int(config.generator.get("chunk_steps", 16)),
+                      chunk_steps=int(config.generator.chunk_steps),
                       devices=n_dev if n_dev > 1 else None)
   from scalerl_jax import models
   from scalerl_jax.generation.vllm.generator import VLLMGenerator
@@ -65,8 +65,8 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
 def _vllm_args(config) -> dict:
   """config.generator.vllm_args, with generator.tensor_parallel as the engine's TP size."""
   extra = {k: (v.to_dict() if hasattr(v, "to_dict") else v)
-           for k, v in dict(config.generator.get("vllm_args", {})).items()}
-  tp = int(config.generator.get("tensor_parallel", 1) or 1)
+           for k, v in dict(config.generator.vllm_args).items()}
+  tp = int(config.generator.tensor_parallel or 1)
   if tp > 1:
     extra["engine_args"] = {"tensor_parallel_size": tp, **dict(extra.get("engine_args") or {})}
   return extra
@@ -164,7 +164,7 @@ class Worker:
   def run(self, max_groups: int = 0) -> int:
     """Serves until stopped (or `max_groups` groups pushed, for tests). Returns groups pushed."""
     done = 0
-    n_lease = int(self.config.generator.get("groups_per_lease", 4))
+    n_lease = int(self.config.generator.groups_per_lease)
     while not self._stop.is_set() and (not max_groups or done < max_groups):
       try:
         assignments = self.client.lease(self.lease_id, max_groups=n_lease, wait_timeout_s=2.0)
@@ -219,7 +219,7 @@ def cpu_decode_devices(config, pinned) -> int:
   N XLA:CPU devices (bench.sampler --devices 2 on 2 cores: ~1.2-1.3x one device). Sets
   --xla_force_host_platform_device_count before JAX starts; a generator pinned to one CPU
   (`pin_cpus`) keeps one device. Returns the device count used."""
-  n = int(config.generator.get("jax_devices", 1))
+  n = int(config.generator.jax_devices)
   if n > 1 and pinned:
     log.warning("generator.jax_devices=%d ignored: this generator is pinned to CPU %s", n, pinned)
     config.generator.jax_devices = n = 1

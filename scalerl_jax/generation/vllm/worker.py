@@ -33,6 +33,7 @@ import traceback
 
 import numpy as np
 
+from scalerl_jax.generation.interruption import think_budget
 from scalerl_jax.generation.vllm import protocol as P
 FINISH_STOP, FINISH_LENGTH, FINISH_INTERRUPTED = "stop", "length", "interrupted"
 EXT_CLS = "scalerl_jax.generation.vllm.ext.ScaleRLWorkerExtension"
@@ -55,15 +56,6 @@ def find_subsequence(seq, sub) -> int:
     if list(seq[i:i + m]) == list(sub):
       return i + m
   return -1
-
-
-def draw_budget(spec: dict, prompt_id: int, sample: int) -> int:
-  """Thinking budget ~ U{think_budget_min..think_budget_max}, reproducible per (seed, prompt, sample)."""
-  lo, hi = int(spec["think_budget_min"]), int(spec["think_budget_max"])
-  if hi < lo:
-    raise ValueError(f"think_budget_max ({hi}) < think_budget_min ({lo})")
-  rng = np.random.default_rng([int(spec["seed"]) & 0xFFFFFFFF, prompt_id & 0xFFFFFFFF, sample])
-  return int(rng.integers(lo, hi + 1))
 
 
 def request_seed(spec: dict, prompt_id: int, sample: int, phase: int) -> int:
@@ -276,7 +268,8 @@ class Worker:
     inj = list(spec["interruption_tokens"])
     answer = int(spec["answer_budget"])
     # Without interruption tokens there is no thinking phase: think_budget_max + answer_budget.
-    budget = draw_budget(spec, pid, j) if inj else int(spec["think_budget_max"])
+    budget = (think_budget(spec["seed"], pid, j, int(spec["think_budget_min"]),
+                           int(spec["think_budget_max"])) if inj else int(spec["think_budget_max"]))
     if len(prompt) + budget + answer + len(inj) > self.cfg["max_model_len"]:
       raise ValueError(f"prompt ({len(prompt)}) + thinking budget ({budget}) + answer budget "
                        f"({answer}) + injected ({len(inj)}) exceeds max_model_len "

@@ -1,0 +1,155 @@
+"""The package structure's rules, checked from the source: no import cycle among the project's
+modules, no import of another module's private (`_x`) name, and the buffer and protocol packages
+(and the vLLM worker's modules) importable with JAX blocked."""
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("scalerl_jax", "analysis", "launch", "bench", "configs")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  mods = {}
+  for pkg in PACKAGES:
+    for path in (ROOT / pkg).rglob("*.py"):
+      parts = list(path.relative_to(ROOT).with_suffix("").parts)
+      if parts[-1] == "__init__":
+        parts = parts[:-1]
+      mods[".".join(parts)] = path
+  return mods
+
+
+def _resolve(module: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+  if not node.level:
+    return node.module or ""
+  base = module.split(".") if is_pkg else module.split(".")[:-1]
+  base = base[:len(base) - (node.level - 1)]
+  return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_graph():
+  """(edges: module -> set of project modules it imports, private: list of offending imports)."""
+  mods = _modules()
+  edges, private = {}, []
+  for name, path in mods.items():
+    tree = ast.parse(path.read_text(), str(path))
+    is_pkg = path.name == "__init__.py"
+    out, aliases = set(), {}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        for a in node.names:
+          if a.name in mods:
+            out.add(a.name)
+            aliases[a.asname or a.name] = a.name
+      elif isinstance(node, ast.ImportFrom):
+        src = _resolve(name, is_pkg, node)
+        for a in node.names:
+          full = f"{src}.{a.name}"
+          if full in mods:                       # a submodule
+            out.add(full)
+            aliases[a.asname or a.name] = full
+          elif src in mods:                      # an attribute of a project module
+            out.add(src)
+            if a.name.startswith("_") and not a.name.startswith("__"):
+              private.append(f"{name}: from {src} import {a.name}")
+    for node in ast.walk(tree):                  # mod._private through an imported module
+      if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+          and node.value.id in aliases and node.attr.startswith("_")
+          and not node.attr.startswith("__")):
+        private.append(f"{name}: {aliases[node.value.id]}.{node.attr}")
+    out.discard(name)
+    edges[name] = out
+  return edges, private
+
+
+def cycles(edges) -> list[list[str]]:
+  """Strongly connected components with more than one module (Tarjan)."""
+  index, low, stack, on, comps, counter = {}, {}, [], set(), [], [0]
+
+  def visit(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in edges.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        comps.append(sorted(comp))
+
+  sys.setrecursionlimit(10000)
+  for v in sorted(edges):
+    if v not in index:
+      visit(v)
+  return comps
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+  edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+  assert cycles(edges) == [["a", "b", "c"]]
+  assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+  edges, _ = import_graph()
+  assert len(edges) > 100          # the whole project was read
+  assert cycles(edges) == []
+
+
+def test_no_private_name_imported_from_another_module():
+  _, private = import_graph()
+  assert private == []
+
+
+_BLOCK_JAX = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in ("jax", "jaxlib", "flax", "optax", "orbax"):
+      raise ImportError(f"{name} is blocked: this process must not import JAX")
+sys.meta_path.insert(0, Block())
+import importlib
+for m in sys.argv[1:]:
+  importlib.import_module(m)
+assert not any(k.split(".")[0] in ("jax", "flax") for k in sys.modules)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("modules", [
+    ["scalerl_jax.buffer", "scalerl_jax.buffer.server", "scalerl_jax.buffer.replay"],
+    ["scalerl_jax.protocol", "scalerl_jax.protocol.codec", "scalerl_jax.protocol.weight_chunks"],
+    ["scalerl_jax.generation.vllm.worker", "scalerl_jax.generation.vllm.protocol",
+     "scalerl_jax.types", "scalerl_jax.rewards"],
+])
+def test_jax_free_packages_import_with_jax_blocked(modules):
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  out = subprocess.run([sys.executable, "-c", _BLOCK_JAX, *modules], capture_output=True,
+                       text=True, env=env, cwd=ROOT, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "ok"
+
+
+def test_the_blocker_blocks():
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  out = subprocess.run([sys.executable, "-c", _BLOCK_JAX, "scalerl_jax.generation.sampler"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+  assert out.returncode != 0 and "must not import JAX" in out.stderr
