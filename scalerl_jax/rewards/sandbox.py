@@ -5,7 +5,8 @@
 
 Every program gets its own sandbox (no state is shared between two runs):
   - namespaces: user (uid/gid 65534, no capabilities, no nested user namespaces), PID (the program
-    sees bwrap's init and itself), IPC, UTS, cgroup, network (an isolated loopback, no interface);
+    is the namespace's pid 1, --as-pid-1: when it exits the kernel kills everything it left, and
+    there is no bwrap init for it to ptrace), IPC, UTS, cgroup, network (an isolated loopback);
   - filesystem: a read-only root holding only the interpreter (`/usr/bin/python3` bound from the
     host's system python) and `/usr/lib`, `/usr/lib64`; fresh /proc, minimal read-only /dev, a
     private size-limited tmpfs at /tmp; nothing of the host's workdir, home, /tmp or environment;
@@ -15,10 +16,11 @@ Every program gets its own sandbox (no state is shared between two runs):
     RLIMIT_CPU, RLIMIT_NPROC (counted per uid inside the sandbox's user namespace, so it bounds
     only the sandbox's own processes and threads), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps;
     the grader enforces wall time and stdout bytes and SIGKILLs the outer bwrap on either. bwrap
-    runs with --die-with-parent: its PID-namespace init is killed with it, and the kernel then
+    runs with --die-with-parent: the namespace's pid 1 is killed with it, and the kernel then
     kills every process left in the namespace (setsid / double-fork daemons included);
-  - when the grader runs as root, bwrap itself is started as uid/gid 65534 on the host: root is
-    exempt from RLIMIT_NPROC, an unprivileged sandbox owner is not.
+  - when the grader runs as root, bwrap itself is started as uid/gid 65534 on the host (setpriv):
+    root is exempt from RLIMIT_NPROC, an unprivileged sandbox owner is not;
+  - bwrap gets an empty environment: the grader's (auth tokens) never enters the sandbox.
 There is no fallback: if bwrap is missing or the kernel refuses namespaces, `check_sandbox` raises
 and `run_program` returns status "sandbox_error" (the program never runs). Running unsandboxed
 needs `configure(mode="none")` (config.rewards.code_sandbox="none"), with a loud warning.
@@ -81,6 +83,7 @@ class RunResult:
   sandboxed: bool
   wall_s: float
   detail: str = ""
+  pid_ns: int = 0                   # inode of the sandbox's PID namespace (0: none was made)
 
 
 _settings = Settings()
@@ -198,7 +201,7 @@ def bwrap_command(bwrap: str, python: str, limits: Limits, status_fd: int) -> li
   return [bwrap,
           "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
           "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-          "--die-with-parent", "--new-session", "--clearenv",
+          "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1",
           "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
           *_root_binds(python),
           "--proc", "/proc", "--dev", "/dev",
@@ -206,6 +209,21 @@ def bwrap_command(bwrap: str, python: str, limits: Limits, status_fd: int) -> li
           "--remount-ro", "/dev", "--remount-ro", "/",
           "--chdir", "/tmp", "--json-status-fd", str(status_fd),
           "/usr/bin/python3"]
+
+
+def _as_nobody_if_root(cmd: list[str]) -> tuple[list[str], dict]:
+  """Root is exempt from RLIMIT_NPROC, so as root bwrap runs as uid/gid 65534 on the host: via
+  setpriv (keeps subprocess's vfork: no fork of a large, gRPC-threaded grader), else Popen(user=)."""
+  if os.geteuid() != 0:
+    return cmd, {}
+  setpriv = _SETPRIV or shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+  if setpriv:
+    u = str(SANDBOX_UID)
+    return [setpriv, "--reuid", u, "--regid", u, "--clear-groups", "--"] + cmd, {}
+  return cmd, dict(user=SANDBOX_UID, group=SANDBOX_UID, extra_groups=[])
+
+
+_SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -264,9 +282,7 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
       "-I", "-S", "-c", LAUNCHER, str(src_fd), str(limits.memory_bytes), str(cpu), str(limits.nproc),
       str(limits.file_bytes), str(limits.nofile), "functional" if fn_name else "stdin"] + (
       [fn_name] if fn_name else [])
-  kw = {}
-  if os.geteuid() == 0:   # root is exempt from RLIMIT_NPROC: own the sandbox as nobody instead
-    kw = dict(user=SANDBOX_UID, group=SANDBOX_UID, extra_groups=[])
+  cmd, kw = _as_nobody_if_root(cmd)
   try:
     proc = subprocess.Popen(cmd, stdin=in_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             pass_fds=(src_fd, status_w), close_fds=True,
@@ -279,12 +295,14 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
                      f"cannot start {bwrap}: {e}")
   for fd in (src_fd, in_fd, status_w):
     os.close(fd)
+  killed = True
   try:
     status, out, err = _collect(proc, limits, t0)
     if status is not None:
       _kill(proc)
     try:
       rc = proc.wait(timeout=max(0.05, t0 + limits.wall_s - time.monotonic()))
+      killed = status is not None
     except subprocess.TimeoutExpired:
       status = "timeout"
       _kill(proc)
@@ -297,14 +315,42 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
     proc.stderr.close()
     with os.fdopen(status_r, "rb") as f:
       info = f.read()
-  wall = time.monotonic() - t0
-  if b'"child-pid"' not in info:     # bwrap failed before the program started
-    return RunResult("sandbox_error", rc, b"", True, wall,
+  status_doc = _parse_status(info)
+  if "child-pid" not in status_doc:    # bwrap failed before the program started
+    return RunResult("sandbox_error", rc, b"", True, time.monotonic() - t0,
                      f"bwrap exited {rc} before starting the program: "
                      f"{err.decode('utf-8', 'replace').strip()[:500]}")
+  if killed:   # the namespace's init dies with bwrap; it exits only once every member is gone
+    _wait_gone(int(status_doc["child-pid"]), 5.0)
   if status is None:
     status = _classify(rc)
-  return RunResult(status, rc, out, True, wall)
+  return RunResult(status, rc, out, True, time.monotonic() - t0,
+                   pid_ns=int(status_doc.get("pid-namespace", 0)))
+
+
+def _parse_status(info: bytes) -> dict:
+  """Merges bwrap's --json-status-fd documents (one JSON object per line)."""
+  doc = {}
+  for line in info.decode("utf-8", "replace").splitlines():
+    try:
+      doc.update(json.loads(line))
+    except (json.JSONDecodeError, TypeError, ValueError):
+      pass
+  return doc
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+  """Waits until `pid` (the sandbox's init, seen from the host) has exited (gone or zombie)."""
+  end = time.monotonic() + timeout_s
+  while time.monotonic() < end:
+    try:
+      with open(f"/proc/{pid}/stat", "rb") as f:
+        if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+          return
+    except OSError:
+      return
+    time.sleep(0.005)
+  log.warning("sandbox init %d still alive %.1f s after its bwrap was killed", pid, timeout_s)
 
 
 def _classify(rc: int) -> str:
