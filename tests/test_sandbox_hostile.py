@@ -17,9 +17,9 @@ import pytest
 
 from scalerl_jax import rewards
 from scalerl_jax.rewards import sandbox
-from scalerl_jax.rollout.buffer_server import BufferServer
-from scalerl_jax.rollout.client import BufferClient
-from scalerl_jax.rollout.generator import PromptSpec
+from scalerl_jax.buffer.server import BufferServer
+from scalerl_jax.protocol.client import BufferClient
+from scalerl_jax.types import PromptSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN_ENV = "SCALERL_BUFFER_TOKEN"
