@@ -121,3 +121,22 @@ def test_other_rewards_grade_with_reasons():
   assert rewards.grade("synthetic", "1 2 </think> 7 <eos>", "7").reason == "pass"
   assert rewards.grade("synthetic", "1 2 </think> 3 <eos>", "7").reason == "wrong_answer"
   assert rewards.grade("synthetic", "1 2 3", "7").reason == "no_answer"
+
+
+def test_code_job_refuses_to_start_without_sandbox(tmp_path):
+  """job.run on a code dataset stops at start-up (before SFT, buffer or generators) when the
+  sandbox cannot start."""
+  from configs import tiny
+  from scalerl_jax import job
+  from scalerl_jax.data.tiny_hf_tokenizer import write_tiny_tokenizer
+  rows = [{"problem": f"print {i}", "tests": [{"input": "", "output": f"{i}\n"}]} for i in range(8)]
+  data = tmp_path / "code.jsonl"
+  data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  c = tiny.get_config()
+  c.data.kind, c.data.path, c.data.heldout = "deepcoder", str(data), 2
+  c.data.tokenizer_path = write_tiny_tokenizer(str(tmp_path / "tok"))
+  c.rewards.code_bwrap = "/bin/false"
+  workdir = tmp_path / "run"
+  with pytest.raises(rewards.SandboxUnavailable, match="did not start"):
+    job.run(c, str(workdir), progress=False)
+  assert not (workdir / "config.json").exists() and not (workdir / "base_policy").exists()
