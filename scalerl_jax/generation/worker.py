@@ -90,6 +90,9 @@ class Worker:
     self.client = BufferClient(address, token,
                                retry_budget_s=float(config.generator.get("retry_budget_s", 60.0)))
     self.dataset = build_dataset(config.data, config.rollout.max_prompt_len)
+    if self.dataset.reward_name == "code":   # this process grades: its sandbox must work
+      from scalerl_jax import rewards
+      rewards.prepare_code_rewards(config)
     self.model_cfg = runtime.model_config(config)
     self.fetcher = StreamFetcher(self.client)
     got = None

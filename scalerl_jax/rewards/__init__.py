@@ -2,7 +2,8 @@
 
   compute_reward("math", completion, "\\frac{1}{2}")   # Math-Verify on the text after </think>
   compute_reward("synthetic", completion, "7")          # the digit-sum task's exact-match verifier
-  compute_reward("code", completion, tests_json)        # DeepCoder-style unit tests in a subprocess
+  compute_reward("code", completion, tests_json)        # DeepCoder-style unit tests, bwrap sandbox
+  grade("code", completion, tests_json)                 # Grade(reward, reason, sandboxed, ...)
 
 Every verifier first removes the thinking part: everything up to and including the LAST `</think>`;
 a completion without `</think>` gets 0 (the paper checks answers after removing the trace).
@@ -11,10 +12,12 @@ The length-penalty transform lives in scalerl_jax/generation/interruption.py, no
 A new reward: a module in this package with `@register("name")` on `fn(completion_text, answer)`,
 imported below. `scalerl_jax.data` depends on this package, never the other way round.
 """
-from scalerl_jax.rewards.registry import REWARDS, compute_reward, get, names, register
+from scalerl_jax.rewards.registry import REWARDS, Grade, compute_reward, get, grade, names, register
 from scalerl_jax.rewards.text import END_THINK, strip_thinking
-from scalerl_jax.rewards import code, math, synthetic  # noqa: F401  (registers the verifiers)
-from scalerl_jax.rewards.code import extract_code, parse_tests, run_tests
+from scalerl_jax.rewards import code, math, sandbox, synthetic  # noqa: F401  (registers verifiers)
+from scalerl_jax.rewards.code import extract_code, grade_code, parse_tests, run_tests
+from scalerl_jax.rewards.sandbox import SandboxUnavailable, check_sandbox, prepare_code_rewards
 
-__all__ = ["REWARDS", "register", "get", "names", "compute_reward", "END_THINK", "strip_thinking",
-           "extract_code", "parse_tests", "run_tests"]
+__all__ = ["REWARDS", "Grade", "register", "get", "grade", "names", "compute_reward", "END_THINK",
+           "strip_thinking", "extract_code", "grade_code", "parse_tests", "run_tests", "sandbox",
+           "SandboxUnavailable", "check_sandbox", "prepare_code_rewards"]

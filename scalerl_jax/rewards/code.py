@@ -5,37 +5,20 @@ Code answers (`answer` for "code") are JSON, either a list of tests or an object
   {"tests": [...], "fn_name": "add"}                                     + call-based tests:
   {"input": "1\\n2", "output": "3", "testtype": "functional"}         input = one JSON arg per line
 The program is the last ```python (or bare ```) block after </think>. Reward 1 iff all tests pass.
+Each test runs in its own bubblewrap sandbox (scalerl_jax/rewards/sandbox.py, docs/SANDBOX.md);
+`grade_code` also returns the recorded reason and whether the program ran sandboxed.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import tempfile
 
-from scalerl_jax.rewards.registry import register
+from scalerl_jax.rewards import sandbox
+from scalerl_jax.rewards.registry import Grade, register
 from scalerl_jax.rewards.text import strip_thinking
 
 _CODE_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.S)
-
-_FUNCTIONAL_HARNESS = r'''
-import json, sys
-src = open(sys.argv[1]).read()
-fn_name = sys.argv[2]
-ns = {"__name__": "__solution__"}
-exec(compile(src, "solution.py", "exec"), ns)
-if fn_name in ns:
-  fn = ns[fn_name]
-elif "Solution" in ns:
-  fn = getattr(ns["Solution"](), fn_name)
-else:
-  raise SystemExit("function %r not defined" % fn_name)
-args = [json.loads(line) for line in sys.stdin.read().splitlines() if line.strip()]
-print(json.dumps(fn(*args)))
-'''
 
 
 def extract_code(completion_text: str) -> str | None:
@@ -67,37 +50,6 @@ def parse_tests(answer: str) -> tuple[list[dict], str | None]:
   return spec, fn_name
 
 
-# Sets resource limits, then execs the real command: no preexec_fn, so it is safe in threaded callers.
-_LIMITED_EXEC = (
-    "import os, resource, sys\n"
-    "mem, cpu = int(sys.argv[1]), int(sys.argv[2])\n"
-    "resource.setrlimit(resource.RLIMIT_AS, (mem, mem))\n"
-    "resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))\n"
-    "resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))\n"
-    "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
-    "os.execv(sys.argv[3], sys.argv[3:])\n")
-
-
-def _run_limited(cmd: list[str], stdin: str, cwd: str, env: dict, timeout_s: float,
-                 memory_bytes: int) -> tuple[int | None, str]:
-  """(returncode, stdout); returncode None on timeout. The whole process group is killed."""
-  full = [sys.executable, "-I", "-c", _LIMITED_EXEC, str(memory_bytes), str(int(timeout_s) + 1), *cmd]
-  proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, cwd=cwd, env=env, text=True,
-                          start_new_session=True)
-  try:
-    out, _ = proc.communicate(stdin, timeout=timeout_s)
-    return proc.returncode, out
-  except subprocess.TimeoutExpired:
-    return None, ""
-  finally:
-    try:
-      os.killpg(proc.pid, signal.SIGKILL)   # also stray children the program spawned
-    except OSError:
-      pass
-    proc.wait()
-
-
 def _outputs_match(got: str, want: str) -> bool:
   a, b = got.split(), want.split()
   if a == b:
@@ -115,41 +67,71 @@ def _outputs_match(got: str, want: str) -> bool:
   return True
 
 
+def _check_output(stdout: bytes, test: dict, functional: bool) -> bool:
+  text = stdout.decode("utf-8", "replace")
+  if functional:
+    try:
+      want = test["output"]
+      want = json.loads(want) if isinstance(want, str) else want
+      return json.loads(text) == want
+    except (json.JSONDecodeError, ValueError):
+      return False
+  return _outputs_match(text, str(test["output"]))
+
+
+# RunResult.status -> recorded reason of a failed test ("ok" is pass or wrong_answer).
+_REASON = {"exit": "runtime_error", "timeout": "timeout", "memory": "memory",
+           "output_limit": "output_limit", "file_limit": "file_limit",
+           "sandbox_error": "sandbox_error"}
+
+
+def run_tests_detailed(code: str, tests: list[dict], fn_name: str | None = None,
+                       limits: sandbox.Limits | None = None) -> tuple[str, int, bool, str]:
+  """Runs `code` on each test in its own sandbox (sandbox.run_program), stopping at the first
+  failure. Returns (reason, tests passed, sandboxed, detail); reason "pass" iff all passed."""
+  limits = limits or sandbox.Limits()
+  sandboxed = True
+  for i, t in enumerate(tests):
+    functional = t.get("testtype", "stdin") == "functional"
+    want = len(str(t["output"]))
+    lim = limits if want * 2 + 4096 <= limits.output_bytes else dataclasses.replace(
+        limits, output_bytes=want * 2 + 4096)
+    r = sandbox.run_program(code, str(t["input"]), fn_name if functional else None, lim)
+    sandboxed = sandboxed and r.sandboxed
+    if r.status != "ok":
+      return _REASON[r.status], i, sandboxed, r.detail
+    if not _check_output(r.stdout, t, functional):
+      return "wrong_answer", i, sandboxed, f"test {i}"
+  return "pass", len(tests), sandboxed, ""
+
+
 def run_tests(code: str, tests: list[dict], fn_name: str | None = None, timeout_s: float = 6.0,
               memory_bytes: int = 1 << 30) -> bool:
-  """Runs `code` on every test in a fresh, resource-limited `python -I` subprocess; all must pass."""
-  with tempfile.TemporaryDirectory(prefix="scalerl_code_") as tmp:
-    sol = os.path.join(tmp, "solution.py")
-    with open(sol, "w") as f:
-      f.write(code)
-    harness = os.path.join(tmp, "harness.py")
-    with open(harness, "w") as f:
-      f.write(_FUNCTIONAL_HARNESS)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
-    for t in tests:
-      functional = t.get("testtype", "stdin") == "functional"
-      cmd = [sys.executable, "-I"] + ([harness, sol, fn_name] if functional else [sol])
-      code_rc, stdout = _run_limited(cmd, str(t["input"]), tmp, env, timeout_s, memory_bytes)
-      if code_rc != 0:
-        return False
-      if functional:
-        try:
-          want = t["output"]
-          want = json.loads(want) if isinstance(want, str) else want
-          if json.loads(stdout) != want:
-            return False
-        except (json.JSONDecodeError, ValueError):
-          return False
-      elif not _outputs_match(stdout, str(t["output"])):
-        return False
-  return True
+  """True iff `code` passes every test, each run in a fresh sandbox (sandbox.run_program)."""
+  limits = sandbox.Limits(memory_bytes=memory_bytes, wall_s=timeout_s)
+  return run_tests_detailed(code, tests, fn_name, limits)[0] == "pass"
 
 
-@register("code")
-def code_reward(completion_text: str, answer: str) -> float:
-  """1.0 iff the last code block after </think> passes all tests in `answer`."""
+def grade_code(completion_text: str, answer: str, limits: sandbox.Limits | None = None) -> Grade:
+  """Grade(reward, reason, sandboxed, ...) of one completion; never raises. Reasons: pass,
+  wrong_answer, runtime_error, timeout, memory, output_limit, file_limit, sandbox_error,
+  bad_tests (the answer is not valid test JSON; detail says why), no_code."""
+  try:
+    tests, fn_name = parse_tests(answer)
+  except ValueError as e:
+    return Grade(0.0, "bad_tests", False, detail=str(e))
   code = extract_code(completion_text)
   if code is None:
-    return 0.0
-  tests, fn_name = parse_tests(answer)
-  return 1.0 if run_tests(code, tests, fn_name) else 0.0
+    return Grade(0.0, "no_code", False, tests_total=len(tests))
+  reason, passed, sandboxed, detail = run_tests_detailed(code, tests, fn_name, limits)
+  return Grade(1.0 if reason == "pass" else 0.0, reason, sandboxed, passed, len(tests), detail)
+
+
+@register("code", grader=grade_code)
+def code_reward(completion_text: str, answer: str) -> float:
+  """1.0 iff the last code block after </think> passes all tests in `answer` (run sandboxed);
+  raises ValueError when `answer` is not valid test JSON (grade_code records "bad_tests")."""
+  g = grade_code(completion_text, answer)
+  if g.reason == "bad_tests":
+    raise ValueError(g.detail)
+  return g.reward

@@ -1,13 +1,52 @@
-"""The reward table (scalerl_jax.registry.Registry) and name-based scoring."""
+"""The reward table (scalerl_jax.registry.Registry) and name-based scoring.
+
+  compute_reward(name, text, answer) -> float               what the learner trains on
+  grade(name, text, answer) -> Grade(reward, reason, sandboxed, ...)   the same, with why
+"""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from scalerl_jax.registry import Registry
+from scalerl_jax.rewards.text import strip_thinking
 
 RewardFn = Callable[[str, str], float]
 REWARDS: Registry[RewardFn] = Registry("reward")
-register = REWARDS.register   # decorator: `@register("name")` on fn(completion_text, answer)
+
+
+@dataclasses.dataclass(frozen=True)
+class Grade:
+  """One graded completion: `reward` in [0, 1], the recorded `reason` (pass, wrong_answer,
+  no_answer, ...; code adds runtime_error, timeout, memory, output_limit, file_limit,
+  sandbox_error, bad_tests, no_code) and whether model code ran inside the sandbox."""
+  reward: float
+  reason: str
+  sandboxed: bool = False
+  tests_passed: int = 0
+  tests_total: int = 0
+  detail: str = ""
+
+  def as_record(self) -> dict:
+    """The fields a reward log keeps (JSON-serialisable)."""
+    return dataclasses.asdict(self)
+
+
+GradeFn = Callable[[str, str], Grade]
+_GRADERS: dict[str, GradeFn] = {}
+
+
+def register(name: str, grader: GradeFn | None = None) -> Callable[[RewardFn], RewardFn]:
+  """Decorator: `@register("name")` on fn(completion_text, answer) -> float; `grader` (optional)
+  returns the Grade with its reason for `grade(name, ...)`."""
+  deco = REWARDS.register(name)
+
+  def wrap(fn: RewardFn) -> RewardFn:
+    deco(fn)
+    if grader is not None:
+      _GRADERS[name] = grader
+    return fn
+  return wrap
 
 
 def get(name: str) -> RewardFn:
@@ -23,3 +62,18 @@ def names() -> tuple[str, ...]:
 def compute_reward(name: str, completion_text: str, answer: str) -> float:
   """Scores one completion text against `answer` with the verifier `name`."""
   return float(get(name)(completion_text, answer))
+
+
+def grade(name: str, completion_text: str, answer: str) -> Grade:
+  """Like compute_reward, plus the recorded reason. Verifiers without their own grader get
+  reason pass (reward 1), no_answer (no `</think>`), wrong_answer (0) or partial."""
+  if name in _GRADERS:
+    return _GRADERS[name](completion_text, answer)
+  r = compute_reward(name, completion_text, answer)
+  if r >= 1.0:
+    reason = "pass"
+  elif r > 0.0:
+    reason = "partial"
+  else:
+    reason = "no_answer" if strip_thinking(completion_text) is None else "wrong_answer"
+  return Grade(r, reason)

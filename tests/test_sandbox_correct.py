@@ -1,0 +1,121 @@
+"""Correct programs still pass inside the sandbox, in DeepCoder's formats (lcbv5 stdin and
+functional tests with metadata.func_name, codeforces stdin, PrimeIntellect stdin_stdout, the
+APPS/TACO inputs/outputs layout), loaded through scalerl_jax.data.loaders like a real run."""
+import json
+
+import pytest
+
+from scalerl_jax import rewards
+from scalerl_jax.data import loaders
+from scalerl_jax.rewards import sandbox
+
+
+def _stdin(*pairs):
+  return [{"input": i, "output": o, "testtype": "stdin"} for i, o in pairs]
+
+
+def _fn(*pairs):
+  return [{"input": "\n".join(json.dumps(a) for a in args), "output": json.dumps(out),
+           "testtype": "functional"} for args, out in pairs]
+
+
+# (id, dataset row as DeepCoder ships it, program)
+CORRECT = [
+    ("lcb_stdin_sum", {"tests": json.dumps(_stdin(("1 2\n", "3\n"), ("-5 5\n", "0\n")))},
+     "a, b = map(int, input().split())\nprint(a + b)\n"),
+    ("lcb_stdin_multicase", {"tests": json.dumps(_stdin(("3\n1\n2\n3\n", "1\n4\n9\n")))},
+     "import sys\nt, *xs = map(int, sys.stdin.read().split())\nprint('\\n'.join(str(x * x) for x in xs))\n"),
+    ("codeforces_fast_io", {"tests": _stdin(("5\n5 4 3 2 1\n", "1 2 3 4 5\n"))},
+     "import sys\ninput = sys.stdin.buffer.readline\nn = int(input())\n"
+     "a = sorted(map(int, input().split()))\nsys.stdout.write(' '.join(map(str, a)) + '\\n')\n"),
+    ("codeforces_float_tolerance", {"tests": _stdin(("1 3\n", "0.333333333\n"))},
+     "a, b = map(int, input().split())\nprint('%.12f' % (a / b))\n"),
+    ("primeintellect_stdin_stdout", {"tests": json.dumps(
+        [{"type": "stdin_stdout", "input": "abc\n", "output": "cba\n"}])},
+     "print(input()[::-1])\n"),
+    ("apps_inputs_outputs", {"tests": {"inputs": ["4\n", "7\n"], "outputs": ["YES\n", "NO\n"]}},
+     "print('YES' if int(input()) % 2 == 0 else 'NO')\n"),
+    ("main_guard", {"tests": _stdin(("10\n", "55\n"))},
+     "def main():\n  n = int(input())\n  print(n * (n + 1) // 2)\n\nif __name__ == '__main__':\n  main()\n"),
+    ("deep_recursion_in_thread", {"tests": _stdin(("50000\n", "1250025000\n"))},
+     "import sys, threading\nsys.setrecursionlimit(1 << 20)\nthreading.stack_size(256 << 20)\n"
+     "def f(n):\n  return 0 if n == 0 else n + f(n - 1)\n"
+     "def main():\n  print(f(int(input())))\nt = threading.Thread(target=main)\nt.start()\nt.join()\n"),
+    ("stdlib_heavy", {"tests": _stdin(("6\n3 1 4 1 5 9\n", "1 1 3 4 5 9\n2\n[(1, 2)]\n"))},
+     "import heapq, collections, itertools, bisect, math, fractions, functools, re\n"
+     "n = int(input()); a = list(map(int, input().split()))\nh = a[:]; heapq.heapify(h)\n"
+     "print(*[heapq.heappop(h) for _ in range(n)])\nc = collections.Counter(a)\n"
+     "print(max(c.values()))\nprint(collections.Counter(a).most_common(1))\n"),
+    ("big_input_1mb", {"tests": _stdin((" ".join(["7"] * 200000) + "\n", "1400000\n"))},
+     "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n"),
+    ("big_output_1mb", {"tests": _stdin(("200000\n", "\n".join(str(i) for i in range(200000)) + "\n"))},
+     "import sys\nn = int(input())\nsys.stdout.write('\\n'.join(map(str, range(n))) + '\\n')\n"),
+    ("uses_tmp_file", {"tests": _stdin(("hi\n", "hi\n"))},
+     "s = input()\nopen('/tmp/scratch', 'w').write(s)\nprint(open('/tmp/scratch').read())\n"),
+    ("numeric_300mb", {"tests": _stdin(("\n", "ok\n"))},
+     "x = bytearray(300 << 20)\nx[-1] = 1\nprint('ok')\n"),
+    ("unicode_output", {"tests": _stdin(("\n", "héllo → ✓\n"))}, "print('héllo → ✓')\n"),
+    ("lcb_functional_top_level", {"metadata": {"func_name": "add"},
+                                  "tests": _fn(([1, 2], 3), ([10, -4], 6))},
+     "def add(a, b):\n  return a + b\n"),
+    ("lcb_functional_solution_class", {"metadata": json.dumps({"func_name": "twoSum"}),
+                                       "tests": _fn(([[2, 7, 11, 15], 9], [0, 1]), ([[3, 2, 4], 6], [1, 2]))},
+     "from typing import List\nclass Solution:\n  def twoSum(self, nums: List[int], target: int) -> List[int]:\n"
+     "    seen = {}\n    for i, x in enumerate(nums):\n      if target - x in seen:\n"
+     "        return [seen[target - x], i]\n      seen[x] = i\n"),
+    ("functional_strings", {"fn_name": "longestPalindrome",
+                            "tests": _fn((["babad"], "bab"), (["cbbd"], "bb"))},
+     "class Solution:\n  def longestPalindrome(self, s: str) -> str:\n    best = ''\n"
+     "    for i in range(len(s)):\n      for j in (i, i + 1):\n        l, r = i, j\n"
+     "        while l >= 0 and r < len(s) and s[l] == s[r]:\n          l, r = l - 1, r + 1\n"
+     "        if r - l - 1 > len(best):\n          best = s[l + 1:r]\n    return best\n"),
+    ("functional_nested_lists", {"fn_name": "transpose", "tests": _fn(([[[1, 2], [3, 4]]], [[1, 3], [2, 4]]))},
+     "def transpose(m):\n  return [list(r) for r in zip(*m)]\n"),
+    ("functional_bool_and_none", {"fn_name": "f", "tests": _fn(([3], True), ([4], False))},
+     "def f(n):\n  return n % 2 == 1\n"),
+    ("functional_with_main_guard_and_prints_to_stderr", {"fn_name": "g", "tests": _fn(([2, 3], 8))},
+     "import sys\ndef g(a, b):\n  print('debug', file=sys.stderr)\n  return a ** b\n"
+     "if __name__ == '__main__':\n  print('not run')\n"),
+    ("mixed_stdin_and_functional", {"fn_name": "sq", "tests": _fn(([4], 16)) + _stdin(("4\n", "16\n"))},
+     "def sq(x):\n  return x * x\nif __name__ == '__main__':\n  print(sq(int(input())))\n"),
+    ("uses_subprocess_free_multiprocessing_pool_of_threads", {"tests": _stdin(("4\n", "30\n"))},
+     "from concurrent.futures import ThreadPoolExecutor\nn = int(input())\n"
+     "with ThreadPoolExecutor(2) as ex:\n  print(sum(ex.map(lambda x: x * x, range(n + 1))))\n"),
+]
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory):
+  path = tmp_path_factory.mktemp("deepcoder") / "rows.jsonl"
+  with open(path, "w") as f:
+    for name, row, _ in CORRECT:
+      f.write(json.dumps({"problem": name, **row}) + "\n")
+  records, skipped = loaders.load_code(str(path))
+  assert skipped == 0 and len(records) == len(CORRECT)
+  return {r.problem: r.answer for r in records}
+
+
+@pytest.mark.parametrize("name,row,program", CORRECT, ids=[c[0] for c in CORRECT])
+def test_correct_program_passes(name, row, program, answers):
+  completion = f"let me think </think>\n```python\n{program}```\n"
+  g = rewards.grade("code", completion, answers[name])
+  assert (g.reward, g.reason, g.sandboxed) == (1.0, "pass", True), g
+  assert g.tests_passed == g.tests_total == len(json.loads(answers[name])["tests"])
+  assert rewards.compute_reward("code", completion, answers[name]) == 1.0
+
+
+def test_suite_is_big_enough():
+  assert len(CORRECT) >= 20 and len({c[0] for c in CORRECT}) == len(CORRECT)
+
+
+def test_wrong_programs_fail_with_reasons(answers):
+  a = answers["lcb_stdin_sum"]
+  cases = {"wrong_answer": "print(0)\n", "runtime_error": "raise ValueError\n",
+           "timeout": "while True: pass\n", "memory": "x = bytearray(8 << 30)\n"}
+  for reason, prog in cases.items():
+    g = rewards.grade_code(f"</think>```python\n{prog}```", a, sandbox.Limits(wall_s=1.5))
+    assert (g.reward, g.reason, g.sandboxed, g.tests_passed) == (0.0, reason, True, 0), (reason, g)
+  g = rewards.grade("code", "no thinking end ```python\nprint(3)\n```", a)
+  assert (g.reward, g.reason, g.sandboxed) == (0.0, "no_code", False)
+  rec = rewards.grade("code", "</think>```python\nprint(0)\n```", a).as_record()
+  assert json.loads(json.dumps(rec))["reason"] == "wrong_answer" and rec["sandboxed"] is True
