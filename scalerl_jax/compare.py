@@ -12,10 +12,16 @@ import os
 import shutil
 import sys
 
-from absl import app, flags
+from absl import app
+from absl import flags
 from ml_collections import config_flags
 
+from analysis.fit import fit_runs
+from scalerl_jax import job as run_main
 from scalerl_jax import recipes
+from scalerl_jax import runtime
+from scalerl_jax import sft
+from scalerl_jax.data import build_dataset
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Base run config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
@@ -24,10 +30,6 @@ _RECIPES = flags.DEFINE_list("recipes", ["scalerl", "qwen_dapo"], "Recipes to co
 
 def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
   """Runs each recipe of `names` on `config` under `workdir`; returns analysis.fit_runs' list."""
-  from analysis.fit import fit_runs
-  from scalerl_jax import job as run_main
-  from scalerl_jax import runtime, sft
-  from scalerl_jax.data import build_dataset
   recipes.check_workdir(workdir)
   runs = []
   for name in names:

@@ -26,6 +26,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from scalerl_jax.learner import Learner
+from scalerl_jax.learner.batch import validate_batch
+
 ENV_COORDINATOR = "SCALERL_COORDINATOR"
 ENV_NUM_PROCESSES = "SCALERL_NUM_PROCESSES"
 ENV_PROCESS_ID = "SCALERL_PROCESS_ID"
@@ -157,6 +160,7 @@ def broadcast_from_main(arrays: Mapping[str, Any] | None) -> dict[str, np.ndarra
   if jax.process_count() == 1:
     return dict(arrays)
   import json
+
   from jax.experimental import multihost_utils
   if jax.process_index() == 0:
     arrs = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
@@ -180,8 +184,6 @@ def broadcast_from_main(arrays: Mapping[str, Any] | None) -> dict[str, np.ndarra
 
 
 def _make_learner_class():
-  from scalerl_jax.learner import Learner
-  from scalerl_jax.learner.batch import validate_batch
 
   class MultiHostLearner(Learner):
     """Learner whose `step` takes THIS host's rows of the batch (see `local_rows`).

@@ -18,8 +18,18 @@ import sys
 import time
 import uuid
 
+from analysis.fit import fit_runs
+from analysis.metrics import read_run
+from scalerl_jax import checkpoint
+from scalerl_jax import rewards
 from scalerl_jax import runtime
-
+from scalerl_jax.buffer.replay import write_learner_state
+from scalerl_jax.data import build_dataset
+from scalerl_jax.data.export import write_prompts
+from scalerl_jax.processes import ProcessGroup
+from scalerl_jax.protocol.client import BufferClient
+from scalerl_jax.sft import warm_start
+from scalerl_jax.trainer import Trainer
 
 _RUN_OUTPUTS = ("metrics.jsonl", "tb", "checkpoints", "buffer_wal", "batches", "fit", "logs",
                 "npr_history.json", "learner_state.json", "resumes.jsonl", "checkpoints_invalid")
@@ -71,8 +81,6 @@ def prepare_resume(config, workdir: str) -> dict | None:
   """Finds the checkpoint to resume from (None: start over) and makes the workdir consistent
   with it: metrics truncated to its step, a resume record in WORKDIR/resumes.jsonl, and the
   learner-state file that tells the buffer to rewind (buffer/replay.py)."""
-  from scalerl_jax import checkpoint
-  from scalerl_jax.buffer.replay import write_learner_state
   mode = str(config.get("resume", "auto"))
   if mode not in RESUME_MODES:
     raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
@@ -122,10 +130,6 @@ def _run_follower(config, workdir: str) -> dict:
 
   Process 0 shares the buffer address, auth token and resume step; the SFT base policy is read
   from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints)."""
-  from scalerl_jax.data import build_dataset
-  from scalerl_jax.protocol.client import BufferClient
-  from scalerl_jax.sft import warm_start
-  from scalerl_jax.trainer import Trainer
   shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   model_cfg = runtime.model_config(config)
@@ -146,12 +150,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   Multi-host (after `distributed.initialize`): every process calls this; process 0 runs the
   buffer, generators, evaluation and logs, the others only the learner (`_run_follower`)."""
   import jax
-  from scalerl_jax.data import build_dataset
-  from scalerl_jax.processes import ProcessGroup
-  from scalerl_jax.protocol.client import BufferClient
-  from scalerl_jax.data.export import write_prompts
-  from scalerl_jax.sft import warm_start
-  from scalerl_jax.trainer import Trainer
   multi = jax.process_count() > 1
   if multi and jax.process_index() != 0:
     return _run_follower(config, workdir)
@@ -163,7 +161,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   ls_path = os.path.join(workdir, "learner_state.json")
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   if dataset.reward_name == "code":   # no run without a working sandbox (docs/SANDBOX.md)
-    from scalerl_jax import rewards
     rewards.prepare_code_rewards(config)
   model_cfg = runtime.model_config(config)
   config_path = os.path.join(workdir, "config.json")
@@ -215,8 +212,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
 def fit(workdir: str, progress: bool) -> dict:
   """Fits Eq. 1 to this run (and extrapolates from its first half) into WORKDIR/fit/."""
-  from analysis.fit import fit_runs
-  from analysis.metrics import read_run
   run = read_run(workdir)
   out = os.path.join(workdir, "fit")
   try:

@@ -14,6 +14,8 @@ import os
 
 import ml_collections
 
+from scalerl_jax.learner import RLSpec
+
 # Batch 80 x 16 (Qwen2.5 / MiniMax) relative to ScaleRL's 48 x 16.
 _BIG_BATCH = 80 / 48
 
@@ -119,7 +121,6 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(f"total_steps must be >= 1, got {config.total_steps}")
   if config.eval.every_steps < 1:
     raise ConfigError(f"eval.every_steps must be >= 1, got {config.eval.every_steps}")
-  from scalerl_jax.learner import RLSpec   # validates loss / aggregation / adv_norm names
   try:
     RLSpec.from_config(config.rl)
   except ValueError as e:

@@ -13,6 +13,8 @@ import os
 import ml_collections
 import numpy as np
 
+from scalerl_jax import models
+from scalerl_jax import recipes
 from scalerl_jax.types import SamplingSpec
 
 WEIGHTS_FORMAT = "safetensors"
@@ -25,7 +27,6 @@ def model_config(config):
   With `config.model.hf_checkpoint` set, the architecture comes from that checkpoint's config.json
   and only the numerics fields (dtypes, fp32 head, scan, remat) apply.
   """
-  from scalerl_jax import models
   fields = {f.name for f in dataclasses.fields(models.ModelConfig)}
   m = config.model.to_dict() if hasattr(config.model, "to_dict") else dict(config.model)
   unknown = [k for k in m if k not in fields and k not in _NOT_MODEL_FIELDS]
@@ -93,7 +94,6 @@ def max_completion_len(config) -> int:
 def params_to_payload(model_cfg, params) -> bytes:
   """Serializes params as one safetensors blob in HF naming (the weight interchange format)."""
   from safetensors.numpy import save
-  from scalerl_jax import models
   return save({k: np.ascontiguousarray(v) for k, v in models.hf_named_arrays(model_cfg, params)})
 
 
@@ -112,7 +112,6 @@ def load_run_config(path: str) -> ml_collections.ConfigDict:
   file, _, arg = path.partition(":")
   if file.endswith(".py"):
     import importlib.util
-    from scalerl_jax import recipes
     spec = importlib.util.spec_from_file_location("scalerl_run_config", file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

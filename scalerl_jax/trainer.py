@@ -25,10 +25,21 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from scalerl_jax import models, runtime
+from analysis.metrics import append_metrics
+from scalerl_jax import distributed
+from scalerl_jax import models
+from scalerl_jax import runtime
+from scalerl_jax import sharding
+from scalerl_jax.buffer.replay import read_learner_state
+from scalerl_jax.buffer.replay import write_learner_state
+from scalerl_jax.checkpoint import RunCheckpointer
+from scalerl_jax.generation.sampler import JaxSampler
+from scalerl_jax.learner import Learner
 from scalerl_jax.ledger import ComputeLedger
 from scalerl_jax.protocol.client import batch_to_arrays
-from scalerl_jax.generation.sampler import JaxSampler
+from scalerl_jax.rl import PassRateHistory
+from scalerl_jax.tools.describe import count_params
+from scalerl_jax.weights.source import WeightSource
 from scalerl_jax.weights.stream import StreamPublisher
 
 log = logging.getLogger("scalerl.trainer")
@@ -72,11 +83,11 @@ class MetricsLog:
   """metrics.jsonl (docs/METRICS.md) + TensorBoard event files."""
 
   def __init__(self, workdir: str, purge_step: int | None = None):
-    from analysis.metrics import append_metrics
     self._append = append_metrics
     self.workdir = workdir
     try:
       from tensorboardX import SummaryWriter
+
       # purge_step: a resumed run hides the events the crashed run logged after its checkpoint.
       self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge_step)
     except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
@@ -109,12 +120,10 @@ def make_learner(config, model_cfg, params):
   slice, or several JAX processes): `distributed.MultiHostLearner` over the mesh of
   `config.mesh.shape` with the rules table's parameter shardings; `params` (host numpy, the same
   on every process) are placed shard by shard, never gathered on one device."""
-  from scalerl_jax.learner import Learner
   apply_fn = lambda p, tokens, positions: models.forward(p, model_cfg, tokens, positions)
   if jax.device_count() == 1:
     return Learner(apply_fn, jax.tree.map(np.array, params), config,
                    vocab_size=model_cfg.vocab_size)
-  from scalerl_jax import distributed, sharding
   mesh = sharding.make_mesh(config.mesh.shape)
   shardings = sharding.param_shardings(model_cfg, mesh, config.mesh.rules)
   placed = sharding.shard_params(params, model_cfg, mesh, config.mesh.rules)
@@ -137,7 +146,6 @@ class Trainer:
                gen_devices: int,
                progress: bool = True, resume_step: int | None = None,
                learner_state_path: str | None = None):
-    from scalerl_jax.rl import PassRateHistory
     self.config, self.workdir, self.dataset, self.model_cfg = config, workdir, dataset, model_cfg
     self.main, self.multi = jax.process_index() == 0, jax.process_count() > 1
     self.client, self.progress = client, progress and self.main
@@ -149,7 +157,6 @@ class Trainer:
     self.npr = PassRateHistory(threshold=config.rl.npr_threshold)
     self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345, temperature=1.0)
     self.last_eval = None
-    from scalerl_jax.checkpoint import RunCheckpointer
     self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep))
     self.watchdog = None   # callable raising when a child process died (set by main)
     self.learner_state_path = learner_state_path
@@ -166,7 +173,6 @@ class Trainer:
   def _restore(self, step: int) -> None:
     """Loads checkpoint `step`: learner state, ledger (the wall time since the save is booked:
     crash, lost work and restart held the devices), NPR history, consumption offsets."""
-    from scalerl_jax.rl import PassRateHistory
     state, meta = self.ckpt.restore(self.learner.state, step)
     self.learner.state = state
     self.ledger = ComputeLedger.resume(meta["ledger"], saved_at=meta["saved_at_unix_s"],
@@ -190,7 +196,6 @@ class Trainer:
       return None, None
     if w.serve_from != "learner":
       raise ValueError(f"weights.serve_from={w.serve_from!r}: expected 'learner' or 'buffer'")
-    from scalerl_jax.weights.source import WeightSource
     # Reachable from other hosts unless this is one process with its own local buffer and fleet.
     local = not self.multi and not self.config.buffer.get("external", False)
     host = w.host or ("127.0.0.1" if local else "0.0.0.0")
@@ -198,7 +203,6 @@ class Trainer:
     log.info("weight source serving this process's shards at %s", src.address)
     if not self.multi:
       return src, [src.address]
-    from scalerl_jax import distributed
     return src, distributed.allgather_strings(src.address)
 
   def publish(self, version: int) -> float:
@@ -215,7 +219,6 @@ class Trainer:
     """Params for evaluation: the learner's own (one process) or gathered (collective)."""
     if not self.multi:
       return self.learner.state.params
-    from scalerl_jax import distributed
     return distributed.gather_to_host(self.learner.state.params)
 
   def run_eval(self, step: int) -> dict:
@@ -267,7 +270,6 @@ class Trainer:
       arrays = {k: full[k] for k in ("tokens", "gen_logprobs", "loss_mask", "rewards",
                                      "prompt_ids")}
     if self.multi:                        # process 0's batch to every process
-      from scalerl_jax import distributed
       arrays = distributed.broadcast_from_main(arrays)
     t_wait = time.time() - t0
     t1 = time.time()
@@ -301,7 +303,6 @@ class Trainer:
     the seeds (generation is seeded per lease from (seed, version, prompts); evaluation from
     `eval_seed`), the data sampler's reference (its position lives in the buffer's WAL and is
     rewound from `consumed.step` on resume). Then tells the buffer the new checkpoint step."""
-    from scalerl_jax.buffer.replay import read_learner_state, write_learner_state
     self.ckpt.save(step, self.learner.state, {
         "ledger": self.ledger.state_dict(), "npr": self.npr.to_dict(),
         "last_eval": self.last_eval, "consumed": self.consumed,
@@ -354,5 +355,4 @@ class Trainer:
 
 
 def _params_active(model_cfg) -> float:
-  from scalerl_jax.tools.describe import count_params
   return float(count_params(model_cfg)["params_active"])

@@ -13,6 +13,9 @@ import dataclasses
 from typing import Any, Callable
 
 from scalerl_jax import rewards
+from scalerl_jax.data import hf_tokenizer
+from scalerl_jax.data import loaders
+from scalerl_jax.data import synthetic
 from scalerl_jax.types import PromptSpec
 
 KINDS = ("synthetic", "polaris", "deepcoder")
@@ -60,7 +63,6 @@ def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
   heldout = int(data_cfg.heldout)
   seed = int(data_cfg.split_seed)
   if kind == "synthetic":
-    from scalerl_jax.data import synthetic
     num_terms = data_cfg.synthetic_num_terms
     train, held = synthetic.make_split(seed, int(data_cfg.synthetic_n_train),
                                        heldout, num_terms)
@@ -80,7 +82,6 @@ def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
     return Dataset(kind, specs[0], specs[1], tok, "synthetic", (tok.eos_id,), (tok.end_think_id,),
                    {"train": len(specs[0]), "heldout": len(specs[1])}, sft)
 
-  from scalerl_jax.data import hf_tokenizer, loaders
   path = data_cfg.path
   if not path:
     raise ValueError(f"config.data.path is empty (kind={kind} needs a JSONL or Parquet file)")

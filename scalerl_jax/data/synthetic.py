@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from scalerl_jax.rewards import synthetic as rewards_synthetic
+from scalerl_jax.types import PromptSpec
 
 BOS, UNK, THINK = "<bos>", "<unk>", "<think>"
 PAD, EOS, END_THINK = rewards_synthetic.PAD, rewards_synthetic.EOS, rewards_synthetic.END_THINK
@@ -129,7 +130,6 @@ class Problem:
     return np.asarray(TOKENIZER.encode(self.gold_completion_text), np.int32)
 
   def to_prompt_spec(self):
-    from scalerl_jax.types import PromptSpec
     return PromptSpec(prompt_id=self.prompt_id, tokens=self.prompt_tokens, answer=self.answer)
 
 

@@ -27,10 +27,18 @@ import time
 
 import grpc
 
+from scalerl_jax import models
+from scalerl_jax import rewards
 from scalerl_jax import runtime
-from scalerl_jax.protocol import codec
+from scalerl_jax.data import build_dataset
 from scalerl_jax.generation import interruption
-from scalerl_jax.protocol.client import BufferClient, assignment_prompt
+from scalerl_jax.generation.sampler import JaxSampler
+from scalerl_jax.generation.vllm.generator import VLLMGenerator
+from scalerl_jax.models import hf_io
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol.client import assignment_prompt
+from scalerl_jax.protocol.client import BufferClient
+from scalerl_jax.protocol.wire import tune_malloc
 from scalerl_jax.weights.stream import StreamFetcher
 
 log = logging.getLogger("scalerl.worker")
@@ -38,20 +46,16 @@ log = logging.getLogger("scalerl.worker")
 
 def _make_generator(backend, config, model_cfg, weights, version, workdir):
   """`weights`: our-layout params (a streamed version) or HF-named arrays (a blob version)."""
-  from scalerl_jax.models import hf_io
   if weights["kind"] == "params":
     params = weights["params"]
   else:
     named = runtime.payload_to_named(weights["payload"], weights["fmt"])
     params = hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
   if backend == "jax":
-    from scalerl_jax.generation.sampler import JaxSampler
     n_dev = int(config.generator.jax_devices)   # see cpu_decode_devices
     return JaxSampler(model_cfg, params, version=version,
                       chunk_steps=int(config.generator.chunk_steps),
                       devices=n_dev if n_dev > 1 else None)
-  from scalerl_jax import models
-  from scalerl_jax.generation.vllm.generator import VLLMGenerator
   model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
   models.save_hf(model_cfg, params, model_dir)
   r = config.rollout
@@ -76,7 +80,6 @@ class Worker:
   """One generator process's loop (see module docstring)."""
 
   def __init__(self, config, address: str, generator_id: str, backend: str, workdir: str):
-    from scalerl_jax.data import build_dataset
     self.config, self.id = config, generator_id
     # Leases and heartbeats use a per-process identity: a restarted worker must not keep its dead
     # predecessor's half-done groups alive with its heartbeats (they expire and are re-leased).
@@ -91,7 +94,6 @@ class Worker:
                                retry_budget_s=float(config.generator.get("retry_budget_s", 60.0)))
     self.dataset = build_dataset(config.data, config.rollout.max_prompt_len)
     if self.dataset.reward_name == "code":   # this process grades: its sandbox must work
-      from scalerl_jax import rewards
       rewards.prepare_code_rewards(config)
     self.model_cfg = runtime.model_config(config)
     self.fetcher = StreamFetcher(self.client)
@@ -243,7 +245,6 @@ def main(argv=None):
                   help="vLLM engine tensor-parallel size (overrides config.generator.tensor_parallel)")
   a = ap.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-  from scalerl_jax.protocol.wire import tune_malloc
   tune_malloc()    # multi-MB weight chunks / rollout buffers reuse heap memory, not fresh mmaps
   config = runtime.load_run_config(a.run_config)
   a.generator_id = a.generator_id or socket.gethostname()

@@ -11,14 +11,19 @@ import logging
 from typing import Any, Mapping
 
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from scalerl_jax.learner.batch import RLSpec, validate_batch
-from scalerl_jax.learner.optimizer import make_optimizer, warmup_constant_schedule
+from scalerl_jax import sharding
+from scalerl_jax.learner.batch import RLSpec
+from scalerl_jax.learner.batch import validate_batch
+from scalerl_jax.learner.optimizer import make_optimizer
+from scalerl_jax.learner.optimizer import warmup_constant_schedule
 from scalerl_jax.learner.state import LearnerState
-from scalerl_jax.learner.train_step import ApplyFn, make_train_step
+from scalerl_jax.learner.train_step import ApplyFn
+from scalerl_jax.learner.train_step import make_train_step
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +100,6 @@ class Learner:
     """Mesh + logical-axis rules active while tracing/running (model activation constraints)."""
     if self.mesh is None:
       return contextlib.nullcontext()
-    from scalerl_jax import sharding  # the model-side rules machinery
     return sharding.use_mesh(self.mesh, self.rules)
 
   def local_rows(self, global_rows: int | None = None) -> slice:

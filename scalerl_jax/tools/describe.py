@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import math
 
+from absl import app
 import jax
 import ml_collections
-from absl import app
 from ml_collections import config_flags
 
-from scalerl_jax.models.config import ModelConfig, get_preset
+from scalerl_jax import runtime
+from scalerl_jax.models.config import get_preset
+from scalerl_jax.models.config import ModelConfig
 from scalerl_jax.sharding import abstract_params
 
 _CONFIG = None   # the --config flag, defined only when run as a program (importable as a library)
@@ -28,7 +30,6 @@ _ROUTED = ("gate", "up", "down")
 
 def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
   """The ModelConfig of a run config (one place: scalerl_jax.runtime.model_config)."""
-  from scalerl_jax import runtime
   return runtime.model_config(c)
 
 

@@ -29,8 +29,22 @@ import os
 import sys
 import time
 
-from absl import app, flags
+from absl import app
+from absl import flags
 from ml_collections import config_flags
+
+from scalerl_jax import models
+from scalerl_jax import runtime
+from scalerl_jax import sharding
+from scalerl_jax import topologies
+from scalerl_jax.learner import jit_train_step
+from scalerl_jax.learner import LearnerState
+from scalerl_jax.learner import make_optimizer
+from scalerl_jax.learner import make_train_step
+from scalerl_jax.learner import RLSpec
+from scalerl_jax.learner import state_shardings
+from scalerl_jax.learner import warmup_constant_schedule
+from scalerl_jax.learner.learner import batch_axes
 
 _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
@@ -76,11 +90,8 @@ def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int):
   Returns (compiled, info) where info holds the abstract state/batch, their shardings and timings.
   """
   import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
-  from scalerl_jax import models, sharding
-  from scalerl_jax.learner import (LearnerState, RLSpec, jit_train_step, make_optimizer,
-                                   make_train_step, state_shardings, warmup_constant_schedule)
-  from scalerl_jax.learner.learner import batch_axes
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
 
   rules = tuple(config.mesh.rules)
   microbatches = int(config.optim.microbatches)
@@ -125,8 +136,8 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
   devices; returns per-device bytes and compile time."""
   import jax
   import jax.numpy as jnp
-  from jax.sharding import NamedSharding, PartitionSpec as P
-  from scalerl_jax import models, sharding
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
 
   # Generators decode with unscanned layers (the model's in-place cache-update decode path).
   gen_cfg = model_cfg.replace(param_dtype="bfloat16", dtype="bfloat16", remat="none",
@@ -158,7 +169,6 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
 def plan(config, seq_len: int | None = None, with_generator: bool = True) -> dict:
   """The plan JSON of `config` on `config.topology` (needs that many jax devices)."""
   import jax
-  from scalerl_jax import runtime, sharding, topologies
 
   topo = topologies.get_topology(config.topology)
   devices = jax.devices()
@@ -233,7 +243,6 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config=configs/NAME.py is required")
-  from scalerl_jax import topologies
   if _TOPOLOGY.value:
     topologies.apply_layout(config, _TOPOLOGY.value)
   elif "layouts" in config:
