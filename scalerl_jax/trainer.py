@@ -317,6 +317,16 @@ class Trainer:
       write_learner_state(self.learner_state_path, step, min(steps) if steps else step,
                           old.get("resume"))
 
+  def export_policy(self) -> str:
+    """Writes the current policy as an HF checkpoint (config.json + safetensors in the params'
+    dtype, so it equals the last checkpoint's params bit for bit) to WORKDIR/final_policy.
+    Every process calls it (a collective gather when multi-host); process 0 writes."""
+    params = self._eval_params()
+    path = os.path.join(self.workdir, "final_policy")
+    if self.main:
+      models.save_hf(self.model_cfg, jax.tree.map(np.asarray, params), path)
+    return path
+
   def run(self) -> dict:
     """Trains up to `config.total_steps` steps (evaluating on schedule), from `start_step` when
     resumed; returns the last eval record."""
@@ -344,6 +354,7 @@ class Trainer:
                         lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
       if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
         self.save(s + 1)
+    self.export_policy()
     self.ckpt.close()
     self.metrics.close()
     if self.source is not None:   # generators still fetching the last version resume, then stop
