@@ -34,8 +34,8 @@ import traceback
 import numpy as np
 
 from scalerl_jax.generation.interruption import think_budget
+from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP
 from scalerl_jax.generation.vllm import protocol as P
-FINISH_STOP, FINISH_LENGTH, FINISH_INTERRUPTED = "stop", "length", "interrupted"
 EXT_CLS = "scalerl_jax.generation.vllm.ext.ScaleRLWorkerExtension"
 
 DEFAULTS = {
