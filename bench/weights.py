@@ -20,7 +20,7 @@ Reference rows (not part of the path): `encode_direct_proposed` (same format in 
 proposed runtime.params_to_payload; checked to decode to the same tensors) and `sha256_once_ref`
 (one sha256 pass over the payload: publish hashes twice (client + server), fetch once).
 
-Streamed path through the buffer (weight_stream.py), stage by stage (reference rows):
+Streamed path through the buffer (weights/stream.py), stage by stage (reference rows):
   stream_publish  `StreamPublisher.publish`: per-shard chunks of the jax params (zero-copy host views
                   on CPU), CRC-32C each, client-streamed; the buffer verifies and keeps the raw messages
   stream_fetch    `StreamFetcher.fetch`: raw messages forwarded by the buffer, checksum checked,
@@ -31,7 +31,7 @@ Streamed path through the buffer (weight_stream.py), stage by stage (reference r
 
 ours = the deployed layout (`measure_deployed`): this process is the learner, the buffer its own
        process, the generator a THIRD process that long-polls like `worker._watch_weights`. The
-       learner publishes with its `WeightSource` (weight_source.py: chunks staged on the learner,
+       learner publishes with its `WeightSource` (weights/source.py: chunks staged on the learner,
        the buffer only announces the version, the generator fetches them from the learner in one
        hop while they are being staged). MB/s = model MB / wall seconds from the start of the
        publish to the generator's JaxSampler holding the new params (one host, one clock),

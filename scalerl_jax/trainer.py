@@ -206,7 +206,7 @@ class Trainer:
     return src, distributed.allgather_strings(src.address)
 
   def publish(self, version: int) -> float:
-    """Publishes the params as `version` (weight_stream.py: this process's shards, chunk by chunk,
+    """Publishes the params as `version` (weights/stream.py: this process's shards, chunk by chunk,
     CRC-32C'd; with a learner weight source they are staged here and the buffer only announces
     the version, else they stream through the buffer, which shows the version once every
     process's chunks arrived)."""

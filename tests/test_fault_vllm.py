@@ -55,7 +55,7 @@ def test_kill9_vllm_generator_is_restarted_and_the_run_finishes(tmp_path):
       time.sleep(0.05)
     gen = [c for c in _children(p.pid) if "--generator_id gen-0" in _cmdline(c)]
     assert len(gen) == 1
-    engines = [c for c in _children(gen[0]) if "vllm_worker" in _cmdline(c)]
+    engines = [c for c in _children(gen[0]) if "generation.vllm.worker" in _cmdline(c)]
     assert engines, "no vLLM engine process under the generator"
     os.kill(gen[0], signal.SIGKILL)
     t_kill = time.time()

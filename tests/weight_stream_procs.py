@@ -1,4 +1,4 @@
-"""Processes of tests/test_weight_stream.py (run as `python tests/weight_stream_procs.py ROLE ...`).
+"""Processes of tests/test_weights/stream.py (run as `python tests/weight_stream_procs.py ROLE ...`).
 
 learner ADDRESS VERSION CHUNK_BYTES: publishes a warm-up version 1, then a sharded tiny Llama on 8
   simulated CPU devices (XLA_FLAGS set by the test) streams its params as VERSION; prints JSON with

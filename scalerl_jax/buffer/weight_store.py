@@ -12,7 +12,7 @@ Two protocols share the `WeightChunk` message (rollout.proto):
             publishers' raw message bytes (no re-encoding, no server-side copy); a fetcher resumes
             with `have_chunks`.
   remote    a streamed manifest with "sources" (one learner weight server address per learner
-            process, weight_source.py) and "owners" (the source index of each chunk): the chunks
+            process, weights/source.py) and "owners" (the source index of each chunk): the chunks
             stay on the learner hosts and the buffer only announces the version (visible at once);
             fetchers read the manifest here and the chunks from the sources.
 

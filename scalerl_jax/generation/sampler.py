@@ -367,7 +367,7 @@ class JaxSampler(Generator):
 
     The host -> device conversion happens here, in the caller's thread, so the swap between
     chunks is a pointer swap and does not stall decoding. It is `jax.device_put`: on CPU a
-    64-byte aligned numpy leaf (weight_stream's fetch arrays) is adopted without a copy, so the
+    64-byte aligned numpy leaf (weights.stream's fetch arrays) is adopted without a copy, so the
     caller must not modify such arrays afterwards."""
     params = self._place(params)
     with self._lock:

@@ -147,7 +147,7 @@ class BufferClient:
                     ) -> Optional[tuple[int, bytes, str]]:
     """Newest weights newer than `have_version` as (version, payload, format), or None on timeout.
     The sha256 is verified here as well. Blob versions only: a streamed version (weights.stream.StreamPublisher)
-    raises FAILED_PRECONDITION; use weight_stream.StreamFetcher, which takes both."""
+    raises FAILED_PRECONDITION; use weights.stream.StreamFetcher, which takes both."""
     def once():
       req = pb.FetchWeightsRequest(have_version=have_version, wait_timeout_s=wait_timeout_s)
       parts, head = [], None
@@ -164,11 +164,11 @@ class BufferClient:
     return head.version, payload, head.format
 
   def fetch_raw(self, request: pb.FetchWeightsRequest, timeout: float):
-    """FetchWeights without parsing (serialized WeightChunks; weight_stream.StreamFetcher)."""
+    """FetchWeights without parsing (serialized WeightChunks; weights.stream.StreamFetcher)."""
     return self._fetch_raw(request, metadata=self._md, timeout=timeout)
 
   def publish_raw(self, messages: Iterable[bytes], timeout: float = 600) -> pb.PublishAck:
-    """PublishWeights from serialized WeightChunks (no retry; weight_stream.StreamPublisher)."""
+    """PublishWeights from serialized WeightChunks (no retry; weights.stream.StreamPublisher)."""
     return self._publish(messages, metadata=self._md, timeout=timeout)
 
   def watch_versions(self, have_version: int = -1) -> Iterator[pb.VersionNotice]:

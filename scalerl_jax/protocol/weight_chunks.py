@@ -187,7 +187,7 @@ class Version:
 def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: float):
   """Manifest, then v's chunks in arrival order, waiting (on `cv`) for the rest while it is
   published; ends early (a short stream, which the fetcher resumes) if v is superseded or stalls
-  for stall_s. Shared by the buffer and the learner weight servers (weight_source.py)."""
+  for stall_s. Shared by the buffer and the learner weight servers (weights/source.py)."""
   yield v.manifest_raw
   pos = 0
   while pos < v.expected:

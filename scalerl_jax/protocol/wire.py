@@ -3,7 +3,7 @@
 PushRollouts is registered with `parse_push` as its request deserializer, so the handler receives
 the raw PushRequest bytes split into (Rollout, bytes view) pairs: each Rollout is parsed once (upb)
 for validation, and the bytes that were validated are what the buffer stores, writes to the WAL and
-splices unchanged into the learner's `BatchItem{group}` responses (admission.py), so a rollout's
+splices unchanged into the learner's `BatchItem{group}` responses (buffer/state.py), so a rollout's
 payload is never re-encoded on the server. Tensor payloads are checked through `np.frombuffer` views.
 This module must not import jax (the buffer server process does not).
 """

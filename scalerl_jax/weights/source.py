@@ -6,11 +6,11 @@ manifest: chunk table + "sources", one address per learner process, + "owners", 
 chunk) and the generators fetch the chunks straight from the learner hosts: one hop, and the load
 is spread over every learner host's NIC instead of one buffer host (docs/SCALE.md).
 
-Learner (weight_stream.StreamPublisher does this when given `source=`):
+Learner (weights.stream.StreamPublisher does this when given `source=`):
   src = WeightSource(token)                      # a gRPC server on this host (FetchWeights only)
   src.begin(version, manifest_msg, n_own)        # fetchers may connect from now on ...
   src.add(version, index, chunk_msg) ...         # ... and get each chunk as soon as it is staged
-Generator: weight_stream.StreamFetcher follows a remote manifest's sources by itself.
+Generator: weights.stream.StreamFetcher follows a remote manifest's sources by itself.
 
 A source serves exactly the version asked for (`FetchWeightsRequest.resume_version`, skipping
 `have_chunks`): the chunks of one version must all come from the same version on every host. It

@@ -18,7 +18,7 @@ copied device -> host). The buffer makes the version visible once all hosts' chu
 their checksums matched.
 
 Chunks carry a CRC-32C (hardware, ~25 GB/s here; manifest "checksum", zlib CRC-32 for old
-publishers). With `source=` (a weight_source.WeightSource in each learner process) the chunks are
+publishers). With `source=` (a weights.source.WeightSource in each learner process) the chunks are
 staged on the learner hosts and the buffer only gets the manifest with "sources"/"owners" (a remote
 version): generators fetch each host's chunks from that host, one hop instead of two.
 

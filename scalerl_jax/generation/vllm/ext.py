@@ -58,7 +58,7 @@ class ScaleRLWorkerExtension:
                                      for name, dt, shape, data in tensors])
 
   def scalerl_load_shm(self, path: str, metas: list) -> dict:
-    """Loads the tensors of one /dev/shm chunk (vllm_protocol.ShmSlots) into the model: torch views
+    """Loads the tensors of one /dev/shm chunk (vllm.protocol.ShmSlots) into the model: torch views
     of the mapped file, copied once by vLLM's loader (chunks hold whole layers, so the layerwise
     reload finishes with them before the client reuses the file)."""
     import warnings

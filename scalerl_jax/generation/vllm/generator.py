@@ -2,7 +2,7 @@
 
 The engine runs in the vLLM venv (`.venv-vllm`, see scripts/setup_vllm_venv.sh) as
 `python -m scalerl_jax.generation.vllm.worker`; this class (JAX venv, no vllm/torch import) spawns it,
-listens on a private Unix socket and talks `vllm_protocol` (JSON headers + raw little-endian array
+listens on a private Unix socket and talks `vllm/protocol.py` (JSON headers + raw little-endian array
 bytes, never pickle). Thread-safe: `generate` may run in one thread while another thread calls
 `load_weights` (that is the in-flight update: sequences being generated continue with the new
 weights and their old KV cache; every token carries the version that produced it).

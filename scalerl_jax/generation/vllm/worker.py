@@ -5,7 +5,7 @@ Runs in the vLLM venv, never in the JAX venv (it imports vllm/torch, never jax):
     .venv-vllm/bin/python -m scalerl_jax.generation.vllm.worker --socket /tmp/x.sock --config '{...}'
 
 `VLLMGenerator` (scalerl_jax/generation/vllm/generator.py) spawns it, listens on the Unix socket, and
-speaks `vllm_protocol` to it. What the worker does (docs/VLLM.md has the details and numbers):
+speaks `vllm/protocol.py` to it. What the worker does (docs/VLLM.md has the details and numbers):
 
 * token-id prompts (`skip_tokenizer_init`), n samples per prompt (one request each, so every sample
   draws its own thinking budget and seed), temperature/top_p, stop token ids;
@@ -195,7 +195,7 @@ class Worker:
                                   "scalerl_load_weights", tensors)
 
   async def weights_shm(self, header, arrays):
-    """A chunk in a /dev/shm file (vllm_protocol.ShmSlots): only its path and metadata travel;
+    """A chunk in a /dev/shm file (vllm.protocol.ShmSlots): only its path and metadata travel;
     vLLM's worker maps the file and loads straight from it."""
     metas = header["shm_arrays"]
     return await self._load_chunk("weights_shm", sum(int(m["nbytes"]) for m in metas),
@@ -329,7 +329,7 @@ def main(argv=None) -> int:
   cfg = {**DEFAULTS, **json.loads(args.config)}
   unknown = set(cfg) - set(DEFAULTS)
   if unknown or not cfg["model"]:
-    print(f"vllm_worker: bad config (unknown keys {sorted(unknown)}, model={cfg['model']!r})",
+    print(f"vllm worker: bad config (unknown keys {sorted(unknown)}, model={cfg['model']!r})",
           file=sys.stderr)
     return 2
   return asyncio.run(_amain(args.socket, cfg))
