@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from scalerl_jax.generation.vllm import protocol as P
-from scalerl_jax.generation.vllm.worker import draw_budget, find_subsequence, request_seed
+from scalerl_jax.generation.interruption import think_budget
+from scalerl_jax.generation.vllm.worker import find_subsequence, request_seed
 
 
 def test_frame_roundtrip_keeps_dtypes_shapes_and_values():
@@ -70,12 +71,14 @@ def test_interruption_helpers():
   assert find_subsequence([5, 1, 3], [1, 2]) == -1
   assert find_subsequence([1, 2], []) == -1
   spec = {"think_budget_min": 10, "think_budget_max": 20, "seed": 3}
-  budgets = [draw_budget(spec, pid, j) for pid in range(50) for j in range(4)]
+  draw = lambda s, pid, j: think_budget(s["seed"], pid, j, s["think_budget_min"],
+                                        s["think_budget_max"])      # what the worker calls
+  budgets = [draw(spec, pid, j) for pid in range(50) for j in range(4)]
   assert min(budgets) >= 10 and max(budgets) <= 20 and len(set(budgets)) > 5
-  assert budgets == [draw_budget(spec, pid, j) for pid in range(50) for j in range(4)]
-  assert draw_budget({**spec, "think_budget_min": 7, "think_budget_max": 7}, 0, 0) == 7
+  assert budgets == [draw(spec, pid, j) for pid in range(50) for j in range(4)]
+  assert draw({**spec, "think_budget_min": 7, "think_budget_max": 7}, 0, 0) == 7
   with pytest.raises(ValueError):
-    draw_budget({**spec, "think_budget_max": 5}, 0, 0)
+    draw({**spec, "think_budget_max": 5}, 0, 0)
   assert request_seed(spec, 1, 0, 0) != request_seed(spec, 1, 1, 0) != request_seed(spec, 1, 1, 1)
 
 
