@@ -556,7 +556,8 @@ class BufferState:
   def apply(self, rtype: int, body) -> bool:
     """Applies one WAL record (see wal.py) to the state; False when it was a duplicate and skipped.
     The record types' meanings live in replay.HANDLERS."""
-    return replay.HANDLERS[rtype](self, walmod.decode_body(rtype, body), body) is not False
+    with self.cv:                               # re-entrant: restore() holds it too
+      return replay.HANDLERS[rtype](self, walmod.decode_body(rtype, body), body) is not False
 
   def restore(self, records) -> dict:
     """Rebuilds the state from WAL records; call before serving. Returns counts."""
