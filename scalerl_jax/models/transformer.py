@@ -42,6 +42,13 @@ def build_masks(cfg: ModelConfig, q_pos: jax.Array, kv_pos: jax.Array) -> dict[s
   return masks
 
 
+def _layer_mask(cfg: ModelConfig, masks, i: int):
+  """Layer i's [B,T,S] decode mask (None on the cache-free training path)."""
+  if masks is None:
+    return None
+  return masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
+
+
 class Block(nn.Module):
   """`period` consecutive layers of the repeating layer pattern (the unit nn.scan iterates)."""
   cfg: ModelConfig
@@ -53,9 +60,10 @@ class Block(nn.Module):
     new_k, new_v = [], []
     for j in range(p):  # block b holds layers b*p + j; the layer pattern has period p
       i = j
-      mask = masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
+      mask = _layer_mask(cfg, masks, i)
       layer_kv = None if kv is None else (kv[0][j], kv[1][j])
-      x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), name=f"layer_{j}")(
+      x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i),
+                   chunked=cfg.layer_is_chunked(i), name=f"layer_{j}")(
           x, positions, mask, layer_kv, index)
       if nkv is not None:
         new_k.append(nkv[0])
@@ -79,7 +87,9 @@ class Transformer(nn.Module):
     cfg = self.cfg
     emb = param(self, "embed", (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
     x = constrain(jnp.take(emb, tokens, axis=0), ("batch", "seq", "act_embed"))
-    masks = build_masks(cfg, positions, kv_pos)
+    # The cached-decode path takes [B,T,S] masks; the training path builds its masks per key
+    # block from `positions` inside the attention kernel (models/attention.py).
+    masks = None if kv is None else build_masks(cfg, positions, kv_pos)
     if cfg.scan_layers:
       x, new_kv = self._scanned(x, positions, masks, kv, index)
     else:
@@ -87,10 +97,11 @@ class Transformer(nn.Module):
       split = kv is not None and isinstance(kv[0], (list, tuple))
       ks, vs = [], []
       for i in range(cfg.num_layers):
-        mask = masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
+        mask = _layer_mask(cfg, masks, i)
         layer_kv = None if kv is None else (kv[0][i], kv[1][i])
         x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), split,
-                     name=f"layers_{i}")(x, positions, mask, layer_kv, index)
+                     chunked=cfg.layer_is_chunked(i), name=f"layers_{i}")(
+                         x, positions, mask, layer_kv, index)
         if nkv is not None:
           ks.append(nkv[0])
           vs.append(nkv[1])
