@@ -91,7 +91,7 @@ def ours(cfg, params, batch, config):
   import jax.numpy as jnp
   from scalerl_jax import models
   from scalerl_jax.learner import Learner
-  learner = Learner(lambda p, tok, pos: models.forward(p, cfg, tok, pos),
+  learner = Learner(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
                     jax.tree.map(jnp.asarray, params), config, with_entropy=False)
   dev_batch = learner.device_batch(batch)
 

@@ -47,6 +47,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       preset="llama3_8b", param_dtype="float32", dtype="bfloat16",
       fp32_lm_head=True, scan_layers=True, remat="full", hf_checkpoint=""))
+  # Training-path attention backend (models/attention.py): auto = cuDNN flash attention on GPU,
+  # Pallas splash on TPU, blockwise (pure-JAX flash) elsewhere; xla_einsum = materialised scores.
+  c.model.attention_impl = "auto"
+  c.model.attention_block = 512      # key-block size of the blockwise backend
+  c.model.logits_chunk = 1024        # learner log-probs over sequence chunks of this many positions
 
   c.mesh = ml_collections.ConfigDict(dict(
       shape=(("data", 1), ("fsdp", -1), ("tensor", 1), ("expert", 1)),

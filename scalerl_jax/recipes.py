@@ -119,6 +119,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(f"total_steps must be >= 1, got {config.total_steps}")
   if config.eval.every_steps < 1:
     raise ConfigError(f"eval.every_steps must be >= 1, got {config.eval.every_steps}")
+  check_attention(config)
   from scalerl_jax.learner import RLSpec   # validates loss / aggregation / adv_norm names
   try:
     RLSpec.from_config(config.rl)
@@ -126,6 +127,23 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(f"rl: {e}") from None
   if workdir is not None:
     check_workdir(workdir)
+
+
+def check_attention(config, platform: str | None = None) -> None:
+  """ConfigError when `model.attention_impl` is unknown or needs a platform this process lacks
+  (cudnn without a GPU, splash without a TPU), instead of a wrong answer or a late crash.
+
+  The platform is read without initialising a JAX backend (validate runs before
+  jax.distributed.initialize): $JAX_PLATFORMS, else the installed plugins."""
+  from scalerl_jax.models import attention
+  m = config.model
+  impl = m.get("attention_impl", "auto")
+  try:
+    attention.check_available(impl, platform or attention.installed_platform())
+  except ValueError as e:
+    raise ConfigError(f"model.{e}") from None
+  if int(m.get("attention_block", 512)) < 1 or int(m.get("logits_chunk", 1024)) < 1:
+    raise ConfigError("model.attention_block and model.logits_chunk must be >= 1")
 
 
 def check_workdir(workdir: str) -> None:

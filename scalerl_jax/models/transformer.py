@@ -78,12 +78,14 @@ class Transformer(nn.Module):
   Args of __call__: tokens int32 [B,T]; positions int32 [B,T] (-1 = padding); kv_pos int32 [B,S]
   positions of every key slot (S = T without cache); kv = (k, v) [L,B,S,K,H], or tuples of
   per-layer [B,K,S,H] / [B,K,H,S] k / v buffers (the sampler's split cache, unscanned models only), or None; index =
-  cache slot where the T new tokens are written.
+  cache slot where the T new tokens are written. Without a cache kv_pos must equal positions.
+  hidden_only=True returns ((final hidden [B,T,D], LM head kernel [D,V]), kv), both in the head
+  dtype, instead of the logits.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens, positions, kv_pos, kv=None, index=None):
+  def __call__(self, tokens, positions, kv_pos, kv=None, index=None, hidden_only=False):
     cfg = self.cfg
     emb = param(self, "embed", (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
     x = constrain(jnp.take(emb, tokens, axis=0), ("batch", "seq", "act_embed"))
@@ -112,6 +114,8 @@ class Transformer(nn.Module):
       else:
         new_kv = (jnp.stack(ks), jnp.stack(vs))
     x = RMSNorm(cfg, name="final_norm")(x)
+    if hidden_only:   # the learner's chunked LM head (learner/logprobs.py) applies w itself
+      return self._head(emb, x), new_kv
     head_dtype = jnp.float32 if cfg.fp32_lm_head else dtype_of(cfg.dtype)
     if cfg.tie_embeddings:
       w = emb.astype(head_dtype)
@@ -121,6 +125,18 @@ class Transformer(nn.Module):
       logits = jnp.einsum("BTD,DV->BTV", x.astype(head_dtype), w.astype(head_dtype))
     logits = constrain(logits, ("batch", "seq", "act_vocab"))
     return logits.astype(jnp.float32), new_kv
+
+  def _head(self, emb, x):
+    """(x [B,T,D], kernel [D,V]) in the head dtype (float32 with fp32_lm_head): the operands of
+    the logits einsum of `__call__`."""
+    cfg = self.cfg
+    head_dtype = jnp.float32 if cfg.fp32_lm_head else dtype_of(cfg.dtype)
+    if cfg.tie_embeddings:
+      w = emb.astype(head_dtype).T
+    else:
+      w = param(self, "lm_head", (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
+      w = w.astype(head_dtype)
+    return x.astype(head_dtype), w
 
   def _scanned(self, x, positions, masks, kv, index):
     cfg, p = self.cfg, self.cfg.scan_period
@@ -169,6 +185,26 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
     positions = jnp.where(mask, positions, -1).astype(jnp.int32)
   logits, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions)
   return logits
+
+
+def forward_hidden(params: Params, cfg: ModelConfig, tokens: jax.Array,
+                   positions: jax.Array | None = None, mask: jax.Array | None = None
+                   ) -> tuple[jax.Array, jax.Array]:
+  """`forward` without the LM head: (hidden [B,T,D], kernel [D,V]), both in the head dtype
+  (float32 with fp32_lm_head); logits = hidden @ kernel. For the learner's sequence-chunked
+  log-probs (learner/logprobs.py), so [B,T,V] logits never exist whole."""
+  tokens = jnp.asarray(tokens)
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be [B,T], got shape {tokens.shape}")
+  if mask is None:
+    mask = jnp.ones(tokens.shape, bool)
+  if positions is None:
+    positions = _positions_from_mask(mask)
+  else:
+    positions = jnp.where(mask, positions, -1).astype(jnp.int32)
+  out, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
+                                  hidden_only=True)
+  return out
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> Cache:
