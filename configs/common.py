@@ -138,5 +138,6 @@ def scale_out_config(preset: str, layouts: dict, topology: str) -> ml_collection
   c.distributed = ml_collections.ConfigDict(dict(
       coordinator_address="", num_processes=-1, process_id=-1, cpu_collectives="gloo", auto=False))
   c.layouts = topologies.layouts_to_config(layouts)
-  c.topology = topology
+  c.topology = topology   # hardware target (scalerl_jax.topologies)
+  c.layout = topology     # key of config.layouts applied (a layout may name its topology)
   return topologies.apply_layout(c)

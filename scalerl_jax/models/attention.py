@@ -162,8 +162,11 @@ def _key_blocks(x, block):
   return jnp.moveaxis(x.reshape(b, s // block, block, *x.shape[2:]), 1, 0)
 
 
-def _tile_mask(qp, kp, chunk_size):
-  """bool [B,1,1,T,s] of one key block (broadcast over K, G)."""
+def _tile_mask(qp, kv_pos, i, block, chunk_size):
+  """bool [B,1,1,T,block] of key block i (broadcast over K, G). The block's positions are sliced
+  with the carried index i, so XLA cannot precompute every block's mask as one [nb,...,T,block]
+  array outside the loop (it did when they came in as scanned inputs)."""
+  kp = jax.lax.dynamic_slice_in_dim(kv_pos, i * block, block, axis=1)
   return position_mask(qp, kp, chunk_size)[:, None, None]
 
 
@@ -173,22 +176,22 @@ def _flash_fwd_impl(qg, k, v, q_pos, kv_pos, chunk_size, block, scale):
   f32 = jnp.float32
 
   def step(carry, xs):
-    m, l, acc = carry
-    kb, vb, kp = xs
+    i, m, l, acc = carry
+    kb, vb = xs
     s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, kb, preferred_element_type=f32) * scale
-    s = jnp.where(_tile_mask(q_pos, kp, chunk_size), s, -jnp.inf)
+    s = jnp.where(_tile_mask(q_pos, kv_pos, i, block, chunk_size), s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
     m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
     p = jnp.exp(s - m_safe[..., None])                                   # masked -> 0
     corr = jnp.exp(m - m_safe)                                           # m = -inf -> 0
     l = l * corr + jnp.sum(p, axis=-1)
     pv = jnp.einsum("BKGTS,BSKH->BKGTH", p.astype(vb.dtype), vb, preferred_element_type=f32)
-    return (m_new, l, acc * corr[..., None] + pv), None
+    return (i + 1, m_new, l, acc * corr[..., None] + pv), None
 
-  init = (jnp.full((B, K, G, T), -jnp.inf, f32), jnp.zeros((B, K, G, T), f32),
-          jnp.zeros((B, K, G, T, H), f32))
-  xs = (_key_blocks(k, block), _key_blocks(v, block), _key_blocks(kv_pos, block))
-  (m, l, acc), _ = jax.lax.scan(step, init, xs)
+  init = (jnp.zeros((), jnp.int32), jnp.full((B, K, G, T), -jnp.inf, f32),
+          jnp.zeros((B, K, G, T), f32), jnp.zeros((B, K, G, T, H), f32))
+  xs = (_key_blocks(k, block), _key_blocks(v, block))
+  (_, m, l, acc), _ = jax.lax.scan(step, init, xs)
   seen = l > 0
   out = acc / jnp.where(seen, l, 1.0)[..., None]
   lse = jnp.where(seen, jnp.where(jnp.isfinite(m), m, 0.0) + jnp.log(jnp.where(seen, l, 1.0)),
@@ -215,19 +218,21 @@ def _flash_bwd(chunk_size, block, scale, res, dout):
   delta = jnp.einsum("BTKGH,BTKGH->BKGT", do, out.astype(f32))          # rowsum(dO * O)
   do_c = dout.astype(v.dtype)
 
-  def step(dq, xs):
-    kb, vb, kp = xs
+  def step(carry, xs):
+    i, dq = carry
+    kb, vb = xs
     s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, kb, preferred_element_type=f32) * scale
-    p = jnp.where(_tile_mask(q_pos, kp, chunk_size), jnp.exp(s - lse[..., None]), 0.0)
+    p = jnp.where(_tile_mask(q_pos, kv_pos, i, block, chunk_size), jnp.exp(s - lse[..., None]),
+                  0.0)
     dv = jnp.einsum("BKGTS,BTKGH->BSKH", p.astype(do_c.dtype), do_c, preferred_element_type=f32)
     dp = jnp.einsum("BTKGH,BSKH->BKGTS", do_c, vb, preferred_element_type=f32)
     ds = (p * (dp - delta[..., None])).astype(qg.dtype)
     dq = dq + jnp.einsum("BKGTS,BSKH->BTKGH", ds, kb, preferred_element_type=f32) * scale
     dk = jnp.einsum("BKGTS,BTKGH->BSKH", ds, qg, preferred_element_type=f32) * scale
-    return dq, (dk, dv)
+    return (i + 1, dq), (dk, dv)
 
-  xs = (_key_blocks(k, block), _key_blocks(v, block), _key_blocks(kv_pos, block))
-  dq, (dk, dv) = jax.lax.scan(step, jnp.zeros(qg.shape, f32), xs)
+  xs = (_key_blocks(k, block), _key_blocks(v, block))
+  (_, dq), (dk, dv) = jax.lax.scan(step, (jnp.zeros((), jnp.int32), jnp.zeros(qg.shape, f32)), xs)
   unblock = lambda x: jnp.moveaxis(x, 0, 1).reshape(k.shape)
   return (dq.astype(qg.dtype), unblock(dk).astype(k.dtype), unblock(dv).astype(v.dtype),
           None, None)

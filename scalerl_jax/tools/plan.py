@@ -183,7 +183,8 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True) -> dic
   seq_split = math.prod(mesh.shape[a] for a in seq_axes)
   rows_mb = batch_rows // m
   out = dict(
-      model=config.model.preset, topology=topo.name, devices=topo.num_devices,
+      model=config.model.preset, topology=topo.name, layout=config.get("layout", topo.name),
+      devices=topo.num_devices,
       mesh={k: int(v) for k, v in mesh.shape.items()},
       param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.dtype, remat=model_cfg.remat,
       scan_layers=model_cfg.scan_layers, batch_rows=batch_rows, seq_len=seq_len,
