@@ -43,13 +43,13 @@ def _args(argv=None):
   p.add_argument("--no_peer", action="store_true", help="skip the PyTorch side")
   p.add_argument("--peer_attn", default="sdpa", help="HF attention implementation: sdpa | eager")
   p.add_argument("--attention", default="auto",
-                 help="our attention_impl: einsum | fused (auto = einsum; see docs/LEARNER.md, H200)")
+                 help="our attention_impl: auto | xla_einsum | blockwise | cudnn | splash (models/attention.py)")
   return p.parse_args(argv)
 
 
 def model_config(preset: str, width_div: int, backend: str, attention: str = "auto"):
   from scalerl_jax import models
-  impl = "einsum" if attention == "auto" else attention
+  impl = attention
   if preset != "llama3_8b_slice":
     return models.get_preset(preset, dtype="float32", param_dtype="float32", attention_impl=impl)
   div = width_div or (1 if backend == "gpu" else 8)
@@ -91,7 +91,7 @@ def ours(cfg, params, batch, config):
   import jax.numpy as jnp
   from scalerl_jax import models
   from scalerl_jax.learner import Learner
-  learner = Learner(lambda p, tok, pos: models.forward(p, cfg, tok, pos),
+  learner = Learner(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
                     jax.tree.map(jnp.asarray, params), config, with_entropy=False)
   dev_batch = learner.device_batch(batch)
 

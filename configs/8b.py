@@ -26,6 +26,12 @@ LAYOUTS = {
     "h100_16": dict(mesh=(("data", 1), ("fsdp", 2), ("tensor", 8), ("expert", 1)),
                     microbatches=384, remat="full", scan_layers=True,
                     note="tensor = the 8 NVLink GPUs of a node, fsdp across the 2 nodes"),
+    # No tensor parallelism: with flash (blockwise / cuDNN) attention and the chunked LM head a
+    # 16k sequence no longer needs its heads split; one sequence per device per micro-batch.
+    "h100_16_fsdp": dict(topology="h100_16",
+                         mesh=(("data", 1), ("fsdp", 16), ("tensor", 1), ("expert", 1)),
+                         microbatches=48, remat="full", scan_layers=True,
+                         note="pure FSDP over both nodes"),
     "tpu_v5p_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)),
                        microbatches=192, remat="full", scan_layers=True),
     "tpu_v5p_64": dict(mesh=(("data", 1), ("fsdp", 16), ("tensor", 4), ("expert", 1)),

@@ -47,6 +47,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       preset="llama3_8b", param_dtype="float32", dtype="bfloat16",
       fp32_lm_head=True, scan_layers=True, remat="full", hf_checkpoint=""))
+  # Training-path attention backend (models/attention.py): auto = cuDNN flash attention on GPU,
+  # Pallas splash on TPU, blockwise (pure-JAX flash) elsewhere; xla_einsum = materialised scores.
+  c.model.attention_impl = "auto"
+  c.model.attention_block = 512      # key-block size of the blockwise backend
+  c.model.logits_chunk = 1024        # learner log-probs over sequence chunks of this many positions
 
   c.mesh = ml_collections.ConfigDict(dict(
       shape=(("data", 1), ("fsdp", -1), ("tensor", 1), ("expert", 1)),
@@ -153,5 +158,6 @@ def scale_out_config(preset: str, layouts: dict, topology: str) -> ml_collection
   c.distributed = ml_collections.ConfigDict(dict(
       coordinator_address="", num_processes=-1, process_id=-1, cpu_collectives="gloo", auto=False))
   c.layouts = topologies.layouts_to_config(layouts)
-  c.topology = topology
+  c.topology = topology   # hardware target (scalerl_jax.topologies)
+  c.layout = topology     # key of config.layouts applied (a layout may name its topology)
   return topologies.apply_layout(c)

@@ -15,6 +15,7 @@ import os
 import ml_collections
 
 from scalerl_jax.learner import RLSpec
+from scalerl_jax.models import attention
 
 # Batch 80 x 16 (Qwen2.5 / MiniMax) relative to ScaleRL's 48 x 16.
 _BIG_BATCH = 80 / 48
@@ -121,12 +122,29 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(f"total_steps must be >= 1, got {config.total_steps}")
   if config.eval.every_steps < 1:
     raise ConfigError(f"eval.every_steps must be >= 1, got {config.eval.every_steps}")
+  check_attention(config)
   try:
     RLSpec.from_config(config.rl)
   except ValueError as e:
     raise ConfigError(f"rl: {e}") from None
   if workdir is not None:
     check_workdir(workdir)
+
+
+def check_attention(config, platform: str | None = None) -> None:
+  """ConfigError when `model.attention_impl` is unknown or needs a platform this process lacks
+  (cudnn without a GPU, splash without a TPU), instead of a wrong answer or a late crash.
+
+  The platform is read without initialising a JAX backend (validate runs before
+  jax.distributed.initialize): $JAX_PLATFORMS, else the installed plugins."""
+  m = config.model
+  impl = m.get("attention_impl", "auto")
+  try:
+    attention.check_available(impl, platform or attention.installed_platform())
+  except ValueError as e:
+    raise ConfigError(f"model.{e}") from None
+  if int(m.get("attention_block", 512)) < 1 or int(m.get("logits_chunk", 1024)) < 1:
+    raise ConfigError("model.attention_block and model.logits_chunk must be >= 1")
 
 
 def check_workdir(workdir: str) -> None:

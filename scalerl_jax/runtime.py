@@ -18,7 +18,7 @@ from scalerl_jax import recipes
 from scalerl_jax.types import SamplingSpec
 
 WEIGHTS_FORMAT = "safetensors"
-_NOT_MODEL_FIELDS = ("preset", "hf_checkpoint")
+_NOT_MODEL_FIELDS = ("preset", "hf_checkpoint", "logits_chunk")
 
 
 def model_config(config):
@@ -38,7 +38,8 @@ def model_config(config):
     import os
     with open(os.path.join(m["hf_checkpoint"], "config.json")) as f:
       numerics = {k: overrides[k] for k in ("param_dtype", "dtype", "fp32_lm_head", "scan_layers",
-                                            "remat") if k in overrides}
+                                            "remat", "attention_impl", "attention_block")
+                  if k in overrides}
       return models.from_hf_config(json.load(f), **numerics)
   return models.get_preset(m["preset"], **overrides)
 

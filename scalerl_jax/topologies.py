@@ -2,7 +2,8 @@
 
 A *topology* is hardware: how many accelerators the learner gets and how much memory each has.
 A *layout* is a model's choice on that hardware: mesh shape over (data, fsdp, tensor, expert),
-micro-batches, remat / scan. Layouts live in the config files (`configs/8b.py`, `configs/scout.py`,
+micro-batches, remat / scan. A layout is named after its topology, or names it in a `topology`
+field (e.g. `h100_16_fsdp` on `h100_16`). Layouts live in the config files (`configs/8b.py`, `configs/scout.py`,
 `LAYOUTS`), are copied into `config.layouts`, and `apply_layout(config)` makes `config.topology`
 take effect (so `--config.topology=NAME` works for any tool that calls it; `get_config("NAME")`
 applies it directly).
@@ -95,9 +96,14 @@ def mesh_size(shape) -> int:
   return n
 
 
+def layout_topology(name: str, layout: Mapping[str, Any]) -> str:
+  """The topology a layout runs on: its `topology` field, else its own name."""
+  return str(layout.get("topology") or name)
+
+
 def check_layout(name: str, layout: Mapping[str, Any]) -> None:
   """A layout must name a known topology and use exactly its device count."""
-  topo = get_topology(name)
+  topo = get_topology(layout_topology(name, layout))
   n = mesh_size(layout["mesh"])
   if n != topo.num_devices:
     raise ValueError(f"layout {name!r}: mesh {tuple(layout['mesh'])} uses {n} devices, "
@@ -106,15 +112,17 @@ def check_layout(name: str, layout: Mapping[str, Any]) -> None:
 
 def apply_layout(config, name: str | None = None):
   """Sets config.mesh.shape / optim.microbatches / model.{remat,scan_layers} (and the batch / seq
-  rules for sequence-parallel layouts) from
-  `config.layouts[name or config.topology]`. Returns config (modified in place)."""
+  rules for sequence-parallel layouts) from `config.layouts[name or config.topology]`;
+  config.topology becomes the layout's topology, config.layout its name. Returns config
+  (modified in place)."""
   name = name or config.topology
   layouts = config.layouts
   if name not in layouts:
     raise ValueError(f"config has no layout for topology {name!r}; has {sorted(layouts)}")
   layout = layouts[name]
   check_layout(name, layout)
-  config.topology = name
+  config.topology = layout_topology(name, layout)
+  config.layout = name
   config.mesh.shape = tuple((str(a), int(s)) for a, s in layout["mesh"])
   config.optim.microbatches = int(layout["microbatches"])
   config.model.remat = str(layout["remat"])
@@ -135,7 +143,7 @@ def layouts_to_config(layouts: Mapping[str, Mapping[str, Any]]):
         mesh=tuple(tuple(x) for x in layout["mesh"]), microbatches=int(layout["microbatches"]),
         remat=str(layout["remat"]), scan_layers=bool(layout["scan_layers"]),
         sequence_parallel=bool(layout.get("sequence_parallel", False)),
-        note=str(layout.get("note", ""))))
+        topology=layout_topology(name, layout), note=str(layout.get("note", ""))))
   return out
 
 

@@ -120,7 +120,8 @@ def make_learner(config, model_cfg, params):
   slice, or several JAX processes): `distributed.MultiHostLearner` over the mesh of
   `config.mesh.shape` with the rules table's parameter shardings; `params` (host numpy, the same
   on every process) are placed shard by shard, never gathered on one device."""
-  apply_fn = lambda p, tokens, positions: models.forward(p, model_cfg, tokens, positions)
+  # (hidden, head kernel): the learner computes log-probs over sequence chunks (logits_chunk).
+  apply_fn = lambda p, tokens, positions: models.forward_hidden(p, model_cfg, tokens, positions)
   if jax.device_count() == 1:
     return Learner(apply_fn, jax.tree.map(np.array, params), config,
                    vocab_size=model_cfg.vocab_size)

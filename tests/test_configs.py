@@ -46,9 +46,10 @@ def test_every_layout_divides(name):
   assert REQUIRED[name] <= set(c.layouts)
   for topo in c.layouts:
     c = _get(name, topo)
-    t = topologies.get_topology(topo)
+    t = topologies.get_topology(c.topology)   # a layout may name its topology (h100_16_fsdp)
     mesh = dict(c.mesh.shape)
-    assert c.topology == topo and math.prod(mesh.values()) == t.num_devices
+    assert c.layout == topo and c.topology == c.layouts[topo].topology
+    assert math.prod(mesh.values()) == t.num_devices
     batch = c.rollout.prompts_per_step * c.rollout.generations_per_prompt
     m = c.optim.microbatches
     assert batch == 768 and batch % m == 0
@@ -78,6 +79,10 @@ def test_topology_selection_and_errors():
   topologies.apply_layout(c)
   assert dict(c.mesh.shape)["tensor"] == 8 and c.optim.microbatches == 384
   assert _get("8b").topology == "h100_16" and _get("scout").topology == "gb200_32"
+  c = _get("8b", "h100_16_fsdp")                           # a named layout on h100_16
+  assert (c.topology, c.layout) == ("h100_16", "h100_16_fsdp")
+  assert dict(c.mesh.shape) == dict(data=1, fsdp=16, tensor=1, expert=1)
+  assert c.optim.microbatches == 48
   s = _get("scout", "gb200_16")                            # sequence-parallel rules follow
   assert dict(s.mesh.rules)["seq"] == "fsdp" and s.optim.microbatches == 768
   s.layouts.gb200_16.sequence_parallel = False

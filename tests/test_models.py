@@ -41,25 +41,28 @@ def test_llama3_parity(kv_heads, tied, rope):
   assert _parity(cfg) <= TOL
 
 
+@pytest.mark.parametrize("impl", ["xla_einsum", "blockwise"])
 @pytest.mark.parametrize("kv_heads", [4, 1])
-def test_fused_attention_parity_and_gradient(kv_heads):
-  """attention_impl='fused' (jax.nn.dot_product_attention; cuDNN flash attention on GPU) matches
-  HF and our einsum path in value and in the gradient of a log-prob sum; chunked configs refuse it."""
-  cfg = _small("tiny_llama3", num_kv_heads=kv_heads, attention_impl="fused")
+def test_attention_backends_parity_and_gradient(kv_heads, impl):
+  """Each CPU attention backend (blockwise with 16-slot key blocks, so 3 blocks) matches HF and
+  the xla_einsum reference in value and in the gradient of a log-prob sum; cudnn / splash are
+  refused on CPU."""
+  cfg = _small("tiny_llama3", num_kv_heads=kv_heads, attention_impl=impl, attention_block=16)
   assert _parity(cfg) <= TOL
-  ein = _small("tiny_llama3", num_kv_heads=kv_heads)
-  params = models.init_params(ein, jax.random.PRNGKey(1))
-  tokens = np.random.RandomState(1).randint(0, ein.vocab_size, (2, 40))
+  ref = _small("tiny_llama3", num_kv_heads=kv_heads, attention_impl="xla_einsum")
+  params = models.init_params(ref, jax.random.PRNGKey(1))
+  tokens = np.random.RandomState(1).randint(0, ref.vocab_size, (2, 40))
 
   def lp(p, c):
     logits = models.forward(p, c, tokens)
     return jax.numpy.sum(jax.nn.log_softmax(logits)[..., 0])
-  g_f, g_e = (jax.grad(lp)(params, c) for c in (cfg, ein))
+  g_f, g_e = (jax.grad(lp)(params, c) for c in (cfg, ref))
   scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(g_e))
   err = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(g_f), jax.tree.leaves(g_e)))
   assert err / scale <= 1e-5, err / scale
-  with pytest.raises(ValueError, match="chunked attention"):
-    _small("tiny_llama4", attention_chunk_size=32, attention_impl="fused")
+  for unavailable in ("cudnn", "splash"):
+    with pytest.raises(ValueError, match="needs a"):
+      _fwd(params, ref.replace(attention_impl=unavailable), tokens)
 
 
 @pytest.mark.parametrize("top_k", [1, 2])

@@ -84,8 +84,10 @@ class Learner:
       state_sh = state_shardings(self.optimizer, params, params_sharding, mesh)
       params = jax.device_put(params, params_sharding)
     self.batch_sharding = batch_sh
+    model = config.get("model") or {}
     step_fn = make_train_step(apply_fn, self.optimizer, self.spec, self.microbatches,
                               lr_schedule=self.lr_schedule, with_entropy=with_entropy,
+                              logits_chunk=int(model.get("logits_chunk", 1024)),
                               batch_partition=partition, mesh=mesh)
     create = lambda p: LearnerState.create(p, self.optimizer)
     if mesh is None:

@@ -28,3 +28,40 @@ def token_logprobs(logits, tokens, with_entropy: bool = True):
   log_probs = sg_logits - sg_lse[..., None]
   ent = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)   # no lse − E[logit] cancellation
   return logp, jnp.concatenate([pad, ent], axis=1)
+
+
+def chunked_token_logprobs(hidden, kernel, tokens, chunk: int = 1024, with_entropy: bool = True):
+  """`token_logprobs` of logits = hidden @ kernel, computed over sequence chunks of `chunk`.
+
+  hidden [B,T,D] and kernel [D,V] in the head dtype (float32 for the FP32 LM head; see
+  models.forward_hidden). Each chunk's [B,chunk,V] float32 logits exist only inside one step of a
+  lax.map whose body is jax.checkpoint'ed, so the backward pass recomputes them chunk by chunk too:
+  the [B,T,V] logits (8.4 GB for one 16k sequence of a 128,256 vocabulary) never exist whole.
+  Same values as token_logprobs(hidden @ kernel, tokens); T need not divide by `chunk`.
+  """
+  B, T, _ = hidden.shape
+  tokens = jnp.asarray(tokens, jnp.int32)
+  c = int(max(1, min(chunk, T)))
+  n = -(-T // c)
+  pad = n * c - T
+  # Position t's logits predict token t+1 (the last position predicts nothing: target 0, dropped).
+  tgt = jnp.concatenate([tokens[:, 1:], jnp.zeros((B, 1 + pad), jnp.int32)], axis=1)
+  h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+  hc = jnp.swapaxes(h.reshape(B, n, c, -1), 0, 1)                        # [n,B,c,D]
+  tc = jnp.swapaxes(tgt.reshape(B, n, c), 0, 1)                          # [n,B,c]
+
+  @jax.checkpoint
+  def one(h_c, t_c):
+    logits = jnp.einsum("BcD,DV->BcV", h_c, kernel).astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
+    if not with_entropy:
+      return picked - lse, None
+    log_probs = jax.lax.stop_gradient(logits - lse[..., None])
+    return picked - lse, -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+
+  lp, ent = jax.lax.map(lambda xs: one(*xs), (hc, tc))                  # [n,B,c]
+  pad0 = jnp.zeros((B, 1), jnp.float32)
+  unchunk = lambda x: jnp.concatenate([pad0, jnp.swapaxes(x, 0, 1).reshape(B, n * c)[:, :T - 1]],
+                                      axis=1)
+  return unchunk(lp), (None if ent is None else unchunk(ent))

@@ -24,10 +24,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from scalerl_jax import rl
 from scalerl_jax.learner import metrics as metrics_lib
 from scalerl_jax.learner.batch import RLSpec, prepare, split_microbatches
-from scalerl_jax.learner.logprobs import token_logprobs
+from scalerl_jax.learner.logprobs import chunked_token_logprobs, token_logprobs
 from scalerl_jax.learner.state import LearnerState
 
-ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]   # (params, tokens, positions) -> logits
+# (params, tokens, positions) -> float32 logits [B,T,V], or (hidden [B,T,D], head kernel [D,V])
+# (models.forward_hidden): then log-probs are computed over sequence chunks (logits_chunk).
+ApplyFn = Callable[[Any, jax.Array, jax.Array], Any]
 SKIP_EMPTY, SKIP_NONFINITE = 1.0, 2.0
 
 
@@ -41,16 +43,22 @@ def _positions(batch):
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
                     microbatches: int = 1, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
-                    mesh=None) -> Callable:
+                    mesh=None, logits_chunk: int = 1024) -> Callable:
   """Builds the un-jitted step function ``(state, batch) -> (state, metrics)``.
+
+  When ``apply_fn`` returns (hidden, head kernel), log-probs and entropies are computed over
+  sequence chunks of ``logits_chunk`` positions (learner/logprobs.chunked_token_logprobs).
 
   ``batch_partition`` (with ``mesh``) constrains each micro-batch's rows to the batch mesh axes.
   """
   loss_fn = rl.get_loss(spec.loss)
 
   def objective(params, mb):
-    logits = apply_fn(params, mb["tokens"], mb["positions"])
-    logp, ent = token_logprobs(logits, mb["tokens"], with_entropy)
+    out = apply_fn(params, mb["tokens"], mb["positions"])
+    if isinstance(out, tuple):
+      logp, ent = chunked_token_logprobs(*out, mb["tokens"], logits_chunk, with_entropy)
+    else:
+      logp, ent = token_logprobs(out, mb["tokens"], with_entropy)
     mask = mb["loss_mask"].astype(bool)
     out = loss_fn(logp, mb["gen_logprobs"], mb["adv"], mb["weights"], mask, spec.hp)
     stats = metrics_lib.token_stats(logp, mb["gen_logprobs"], ent, mb["weights"], mask, out.stats)

@@ -8,6 +8,7 @@ Public API (stable; other parts code against exactly this):
   Transformer(cfg)                 the flax.linen module (apply-level API, see transformer.py)
   init_params(cfg, rng, boxed=False) -> params (plain dict; boxed=True keeps logical-axis boxes)
   forward(params, cfg, tokens, positions=None, mask=None) -> float32 logits [B,T,V]
+  forward_hidden(params, cfg, tokens, positions=None, mask=None) -> (hidden [B,T,D], head [D,V])
   init_cache(cfg, batch, max_len)  -> cache dict {k, v [L,B,S,K,H], pos [B,S], index [], next_pos [B]}
   prefill(params, cfg, tokens [B,T], cache, mask=None) -> (float32 logits [B,T,V], cache)
   decode_step(params, cfg, tokens [B], cache) -> (float32 logits [B,V], cache)
@@ -28,10 +29,10 @@ so padding is never attended to and Llama-4 chunks are counted from each row's f
 from scalerl_jax.models.config import ModelConfig, PRESETS, from_hf_config, get_preset, to_hf_config
 from scalerl_jax.models.hf_io import hf_named_arrays, load_hf, save_hf
 from scalerl_jax.models.transformer import (CACHE_LOGICAL_AXES, Transformer, decode_step, forward,
-                                            init_cache, init_params, prefill)
+                                            forward_hidden, init_cache, init_params, prefill)
 
 __all__ = [
     "ModelConfig", "PRESETS", "get_preset", "from_hf_config", "to_hf_config", "Transformer",
-    "init_params", "forward", "init_cache", "prefill", "decode_step", "load_hf", "save_hf",
+    "init_params", "forward", "forward_hidden", "init_cache", "prefill", "decode_step", "load_hf", "save_hf",
     "hf_named_arrays", "CACHE_LOGICAL_AXES",
 ]

@@ -11,6 +11,9 @@ from typing import Any, Mapping
 
 FAMILIES = ("llama3", "llama4")
 REMAT_POLICIES = ("none", "full", "dots")
+# Training-path attention backends (models/attention.py): auto = cudnn on GPU, splash on TPU,
+# blockwise elsewhere; xla_einsum = the materialised-scores reference.
+ATTENTION_IMPLS = ("auto", "xla_einsum", "blockwise", "cudnn", "splash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,20 +59,21 @@ class ModelConfig:
   fp32_lm_head: bool = True              # LM head in float32 -> float32 logits
   scan_layers: bool = False              # nn.scan over repeating blocks of the layer pattern
   remat: str = "none"                    # none | full | dots
-  # einsum: scores materialised (any mask: causal, chunked, padding; the KV-cache path always).
-  # fused: jax.nn.dot_product_attention with is_causal (cuDNN flash attention on GPU) for the
-  # cache-free forward; assumes positions 0..T-1 per row (the learner's right-padded batches).
-  attention_impl: str = "einsum"
+  # Cache-free (training / scoring) attention backend, one of ATTENTION_IMPLS (models/attention.py);
+  # the KV-cache decode path always materialises its scores.
+  attention_impl: str = "auto"
+  attention_block: int = 512             # key-block size of the blockwise (flash) backend
 
   def __post_init__(self):
     if self.family not in FAMILIES:
       raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
-    if self.attention_impl not in ("einsum", "fused"):
-      raise ValueError(f"attention_impl must be 'einsum' or 'fused', got {self.attention_impl!r}")
-    if self.attention_impl == "fused" and self.attention_chunk_size is not None:
-      raise ValueError("attention_impl='fused' is causal only; chunked attention needs 'einsum'")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got "
+                       f"{self.attention_impl!r}")
+    if self.attention_block <= 0:
+      raise ValueError(f"attention_block must be positive, got {self.attention_block}")
     if self.moe_impl not in ("dense", "ragged"):
       raise ValueError(f"moe_impl must be 'dense' or 'ragged', got {self.moe_impl!r}")
     if self.rope_type not in ("default", "llama3"):

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scalerl_jax.models import attention as attention_lib
 from scalerl_jax.models.config import ModelConfig, rope_inv_freq
 
 INIT_STD = 0.02  # HF initializer_range
@@ -97,28 +98,45 @@ def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Arra
 
 
 class Attention(nn.Module):
-  """GQA self-attention over the current tokens plus (optionally) a KV cache.
+  """GQA self-attention: a training path (no cache) and a cached-decode path.
 
-  mask [B,T,S] says which key slots each query may see (causal / chunked / padding, built from
-  positions by the caller). With a cache (k,v [B,S,K,H]; or when `heads_major`, k [B,K,S,H] and
-  v [B,K,H,S]) the new keys are written at slot `index`. The heads-major layout (the sampler's
+  Training / scoring (`kv is None`): `attention.attention` with masks from positions (causal, and
+  chunked-local when `chunked`), backend `cfg.attention_impl` (blockwise flash attention on CPU,
+  cuDNN on GPU, splash on TPU; see models/attention.py); `mask` is unused.
+
+  Cached decode (`kv` given): mask [B,T,S] says which key slots each query may see (built from
+  positions by the caller); the new keys are written at slot `index` of the cache (k,v [B,S,K,H];
+  or when `heads_major`, k [B,K,S,H] and v [B,K,H,S]). The heads-major layout (the sampler's
   per-layer cache) lets decode attention run as two batched matmuls over (B,K) that read the cache
   in place: both contract the stored last axis (H for keys, S for the transposed values).
   """
   cfg: ModelConfig
   use_rope: bool = True
   heads_major: bool = False
+  chunked: bool = False   # Llama-4 chunked-local layer (training path; decode gets it in `mask`)
 
   @nn.compact
   def __call__(self, x, positions, mask, kv=None, index=None):
     cfg = self.cfg
     D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    B, T, _ = x.shape
     wq = param(self, "q", (D, N, H), ("embed", "heads", "head_dim"))
     wk = param(self, "k", (D, K, H), ("embed", "kv_heads", "head_dim"))
     wv = param(self, "v", (D, K, H), ("embed", "kv_heads", "head_dim"))
     wo = param(self, "o", (N, H, D), ("heads", "head_dim", "embed"))
-    # One fused projection: [D, N+2K, H] (one matmul instead of three).
+    q, k, v = self._qkv(x, positions, wq, wk, wv)
+    if kv is None:
+      out, new_kv = self._train(q, k, v, positions), None
+    elif self.heads_major:
+      out, new_kv = self._decode_heads_major(q, k, v, mask, kv, index)
+    else:
+      out, new_kv = self._decode(q, k, v, mask, kv, index)
+    out = constrain(out, ("batch", "seq", "act_heads", "head_dim"))
+    return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
+
+  def _qkv(self, x, positions, wq, wk, wv):
+    """Fused projection [D, N+2K, H] (one matmul), then RoPE + QK-norm or NoPE temperature."""
+    cfg = self.cfg
+    N, K = cfg.num_heads, cfg.num_kv_heads
     qkv = jnp.einsum("BTD,DMH->BTMH", x, jnp.concatenate([wq, wk, wv], axis=1))
     q, k, v = qkv[:, :, :N], qkv[:, :, N:N + K], qkv[:, :, N + K:]
     q = constrain(q, ("batch", "seq", "act_heads", "head_dim"))
@@ -132,35 +150,49 @@ class Attention(nn.Module):
       pos = positions.astype(jnp.float32)
       scale = jnp.log1p(jnp.floor((pos + 1.0) / cfg.floor_scale)) * cfg.attn_scale + 1.0
       q = (q.astype(jnp.float32) * scale[:, :, None, None]).astype(q.dtype)
-    new_kv = None
+    return q, k, v
+
+  def _train(self, q, k, v, positions):
+    """Cache-free attention over the T tokens themselves (keys = queries = `positions`)."""
+    cfg = self.cfg
+    chunk = cfg.attention_chunk_size if self.chunked else None
+    return attention_lib.attention(q, k, v, positions, positions, impl=cfg.attention_impl,
+                                   chunk_size=chunk, block=cfg.attention_block)
+
+  def _decode_heads_major(self, q, k, v, mask, kv, index):
+    """Cache k [B,K,S,H], v [B,K,H,S] (the sampler's per-layer buffers), updated at `index`."""
+    B, T, N, H = q.shape
+    K = k.shape[2]
     qg = q.reshape(B, T, K, N // K, H)
-    if kv is not None and self.heads_major:
-      k_cache, v_cache = kv                                          # [B,K,S,H], [B,K,H,S]
-      k = jax.lax.dynamic_update_slice(
-          k_cache, jnp.swapaxes(k, 1, 2).astype(k_cache.dtype), (0, 0, index, 0))
-      v = jax.lax.dynamic_update_slice(
-          v_cache, jnp.transpose(v, (0, 2, 3, 1)).astype(v_cache.dtype), (0, 0, 0, index))
-      new_kv = (k, v)
-      # (XLA:CPU has no bf16 x bf16 -> f32 dot: a bf16 cache is upcast, as in the stacked path.)
-      k, v = k.astype(q.dtype), v.astype(q.dtype)
-      # Both dots contract the cache's last axis in its stored layout (no per-step cache copy):
-      # scores [B,K,S,G*T] = K . q, out [B,K,H,G*T] = V^T . probs.
-      qc = jnp.transpose(qg, (0, 2, 4, 3, 1)).reshape(B, K, H, -1)     # [B,K,H,G*T]
-      scores = jnp.einsum("BKSH,BKHM->BKSM", k, qc).astype(jnp.float32) * (H ** -0.5)
-      m = jnp.transpose(mask, (0, 2, 1))[:, None, :, None, :]         # [B,1,S,1,T]
-      scores = jnp.where(m, scores.reshape(B, K, -1, N // K, T), _MASKED)
-      probs = jax.nn.softmax(scores, axis=2).astype(v.dtype).reshape(B, K, -1, N // K * T)
-      out = jnp.einsum("BKHS,BKSM->BKHM", v, probs).reshape(B, K, H, N // K, T)
-      out = jnp.transpose(out, (0, 4, 1, 3, 2)).reshape(B, T, N, H)
-      out = constrain(out, ("batch", "seq", "act_heads", "head_dim"))
-      return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
-    if kv is not None:
-      k_cache, v_cache = kv
-      k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
-      v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
-      new_kv = (k, v)
-      k, v = k.astype(q.dtype), v.astype(q.dtype)
-    if T == 1 and kv is not None:
+    k_cache, v_cache = kv                                              # [B,K,S,H], [B,K,H,S]
+    k = jax.lax.dynamic_update_slice(
+        k_cache, jnp.swapaxes(k, 1, 2).astype(k_cache.dtype), (0, 0, index, 0))
+    v = jax.lax.dynamic_update_slice(
+        v_cache, jnp.transpose(v, (0, 2, 3, 1)).astype(v_cache.dtype), (0, 0, 0, index))
+    new_kv = (k, v)
+    # (XLA:CPU has no bf16 x bf16 -> f32 dot: a bf16 cache is upcast, as in the stacked path.)
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+    # Both dots contract the cache's last axis in its stored layout (no per-step cache copy):
+    # scores [B,K,S,G*T] = K . q, out [B,K,H,G*T] = V^T . probs.
+    qc = jnp.transpose(qg, (0, 2, 4, 3, 1)).reshape(B, K, H, -1)       # [B,K,H,G*T]
+    scores = jnp.einsum("BKSH,BKHM->BKSM", k, qc).astype(jnp.float32) * (H ** -0.5)
+    m = jnp.transpose(mask, (0, 2, 1))[:, None, :, None, :]           # [B,1,S,1,T]
+    scores = jnp.where(m, scores.reshape(B, K, -1, N // K, T), _MASKED)
+    probs = jax.nn.softmax(scores, axis=2).astype(v.dtype).reshape(B, K, -1, N // K * T)
+    out = jnp.einsum("BKHS,BKSM->BKHM", v, probs).reshape(B, K, H, N // K, T)
+    return jnp.transpose(out, (0, 4, 1, 3, 2)).reshape(B, T, N, H), new_kv
+
+  def _decode(self, q, k, v, mask, kv, index):
+    """Stacked cache k, v [B,S,K,H] updated at `index`; T == 1 is the one-token decode step."""
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    qg = q.reshape(B, T, K, N // K, H)
+    k_cache, v_cache = kv
+    k = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), (0, index, 0, 0))
+    v = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), (0, index, 0, 0))
+    new_kv = (k, v)
+    k, v = k.astype(q.dtype), v.astype(q.dtype)
+    if T == 1:
       # Decode (one query per row): broadcast-multiply + reduce reads the cache once in its
       # [B,S,K,H] layout; XLA:CPU lowers the batched einsum below with a transpose of the cache.
       q1 = qg[:, 0]                                                          # [B,K,G,H]
@@ -168,18 +200,11 @@ class Attention(nn.Module):
       scores = jnp.where(mask[:, 0, :, None, None], scores, _MASKED)         # [B,S,K,G]
       probs = jax.nn.softmax(scores, axis=1).astype(v.dtype)
       out = jnp.sum(probs[..., None] * v[:, :, :, None], axis=1)             # [B,K,G,H]
-      out = constrain(out.reshape(B, T, N, H), ("batch", "seq", "act_heads", "head_dim"))
-      return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
-    if kv is None and cfg.attention_impl == "fused":   # causal; flash attention on GPU
-      out = jax.nn.dot_product_attention(q, k, v, scale=H ** -0.5, is_causal=True)
-      out = constrain(out, ("batch", "seq", "act_heads", "head_dim"))
-      return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
+      return out.reshape(B, T, N, H), new_kv
     scores = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k).astype(jnp.float32) * (H ** -0.5)
     scores = jnp.where(mask[:, None, None, :, :], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(B, T, N, H)
-    out = constrain(out, ("batch", "seq", "act_heads", "head_dim"))
-    return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
+    return jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(B, T, N, H), new_kv
 
 
 class MLP(nn.Module):
@@ -258,11 +283,12 @@ class DecoderLayer(nn.Module):
   use_rope: bool = True
   is_moe: bool = False
   heads_major: bool = False  # KV-cache layout k [B,K,S,H], v [B,K,H,S] (see Attention)
+  chunked: bool = False      # chunked-local attention (training path; decode gets it in `mask`)
 
   @nn.compact
   def __call__(self, x, positions, mask, kv=None, index=None):
     cfg = self.cfg
-    h, new_kv = Attention(cfg, self.use_rope, self.heads_major, name="attn")(
+    h, new_kv = Attention(cfg, self.use_rope, self.heads_major, self.chunked, name="attn")(
         RMSNorm(cfg, name="attn_norm")(x), positions, mask, kv, index)
     x = constrain(x + h, ("batch", "seq", "act_embed"))
     y = RMSNorm(cfg, name="ffn_norm")(x)

@@ -42,6 +42,13 @@ def build_masks(cfg: ModelConfig, q_pos: jax.Array, kv_pos: jax.Array) -> dict[s
   return masks
 
 
+def _layer_mask(cfg: ModelConfig, masks, i: int):
+  """Layer i's [B,T,S] decode mask (None on the cache-free training path)."""
+  if masks is None:
+    return None
+  return masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
+
+
 class Block(nn.Module):
   """`period` consecutive layers of the repeating layer pattern (the unit nn.scan iterates)."""
   cfg: ModelConfig
@@ -53,9 +60,10 @@ class Block(nn.Module):
     new_k, new_v = [], []
     for j in range(p):  # block b holds layers b*p + j; the layer pattern has period p
       i = j
-      mask = masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
+      mask = _layer_mask(cfg, masks, i)
       layer_kv = None if kv is None else (kv[0][j], kv[1][j])
-      x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), name=f"layer_{j}")(
+      x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i),
+                   chunked=cfg.layer_is_chunked(i), name=f"layer_{j}")(
           x, positions, mask, layer_kv, index)
       if nkv is not None:
         new_k.append(nkv[0])
@@ -70,16 +78,20 @@ class Transformer(nn.Module):
   Args of __call__: tokens int32 [B,T]; positions int32 [B,T] (-1 = padding); kv_pos int32 [B,S]
   positions of every key slot (S = T without cache); kv = (k, v) [L,B,S,K,H], or tuples of
   per-layer [B,K,S,H] / [B,K,H,S] k / v buffers (the sampler's split cache, unscanned models only), or None; index =
-  cache slot where the T new tokens are written.
+  cache slot where the T new tokens are written. Without a cache kv_pos must equal positions.
+  hidden_only=True returns ((final hidden [B,T,D], LM head kernel [D,V]), kv), both in the head
+  dtype, instead of the logits.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens, positions, kv_pos, kv=None, index=None):
+  def __call__(self, tokens, positions, kv_pos, kv=None, index=None, hidden_only=False):
     cfg = self.cfg
     emb = param(self, "embed", (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
     x = constrain(jnp.take(emb, tokens, axis=0), ("batch", "seq", "act_embed"))
-    masks = build_masks(cfg, positions, kv_pos)
+    # The cached-decode path takes [B,T,S] masks; the training path builds its masks per key
+    # block from `positions` inside the attention kernel (models/attention.py).
+    masks = None if kv is None else build_masks(cfg, positions, kv_pos)
     if cfg.scan_layers:
       x, new_kv = self._scanned(x, positions, masks, kv, index)
     else:
@@ -87,10 +99,11 @@ class Transformer(nn.Module):
       split = kv is not None and isinstance(kv[0], (list, tuple))
       ks, vs = [], []
       for i in range(cfg.num_layers):
-        mask = masks["chunked"] if cfg.layer_is_chunked(i) else masks["full"]
+        mask = _layer_mask(cfg, masks, i)
         layer_kv = None if kv is None else (kv[0][i], kv[1][i])
         x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), split,
-                     name=f"layers_{i}")(x, positions, mask, layer_kv, index)
+                     chunked=cfg.layer_is_chunked(i), name=f"layers_{i}")(
+                         x, positions, mask, layer_kv, index)
         if nkv is not None:
           ks.append(nkv[0])
           vs.append(nkv[1])
@@ -101,6 +114,8 @@ class Transformer(nn.Module):
       else:
         new_kv = (jnp.stack(ks), jnp.stack(vs))
     x = RMSNorm(cfg, name="final_norm")(x)
+    if hidden_only:   # the learner's chunked LM head (learner/logprobs.py) applies w itself
+      return self._head(emb, x), new_kv
     head_dtype = jnp.float32 if cfg.fp32_lm_head else dtype_of(cfg.dtype)
     if cfg.tie_embeddings:
       w = emb.astype(head_dtype)
@@ -110,6 +125,18 @@ class Transformer(nn.Module):
       logits = jnp.einsum("BTD,DV->BTV", x.astype(head_dtype), w.astype(head_dtype))
     logits = constrain(logits, ("batch", "seq", "act_vocab"))
     return logits.astype(jnp.float32), new_kv
+
+  def _head(self, emb, x):
+    """(x [B,T,D], kernel [D,V]) in the head dtype (float32 with fp32_lm_head): the operands of
+    the logits einsum of `__call__`."""
+    cfg = self.cfg
+    head_dtype = jnp.float32 if cfg.fp32_lm_head else dtype_of(cfg.dtype)
+    if cfg.tie_embeddings:
+      w = emb.astype(head_dtype).T
+    else:
+      w = param(self, "lm_head", (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
+      w = w.astype(head_dtype)
+    return x.astype(head_dtype), w
 
   def _scanned(self, x, positions, masks, kv, index):
     cfg, p = self.cfg, self.cfg.scan_period
@@ -158,6 +185,26 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
     positions = jnp.where(mask, positions, -1).astype(jnp.int32)
   logits, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions)
   return logits
+
+
+def forward_hidden(params: Params, cfg: ModelConfig, tokens: jax.Array,
+                   positions: jax.Array | None = None, mask: jax.Array | None = None
+                   ) -> tuple[jax.Array, jax.Array]:
+  """`forward` without the LM head: (hidden [B,T,D], kernel [D,V]), both in the head dtype
+  (float32 with fp32_lm_head); logits = hidden @ kernel. For the learner's sequence-chunked
+  log-probs (learner/logprobs.py), so [B,T,V] logits never exist whole."""
+  tokens = jnp.asarray(tokens)
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must be [B,T], got shape {tokens.shape}")
+  if mask is None:
+    mask = jnp.ones(tokens.shape, bool)
+  if positions is None:
+    positions = _positions_from_mask(mask)
+  else:
+    positions = jnp.where(mask, positions, -1).astype(jnp.int32)
+  out, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
+                                  hidden_only=True)
+  return out
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> Cache:

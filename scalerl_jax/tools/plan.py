@@ -106,11 +106,12 @@ def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int):
   partition = P(batch_axes(rules))
   batch_sh = NamedSharding(mesh, partition)
   batch = abstract_batch(batch_rows, seq_len, batch_sh)
-  apply_fn = lambda p, tok, pos: models.forward(p, model_cfg, tok, pos)
+  apply_fn = lambda p, tok, pos: models.forward_hidden(p, model_cfg, tok, pos)
   step_fn = make_train_step(apply_fn, optimizer, RLSpec.from_config(config.rl), microbatches,
                             lr_schedule=warmup_constant_schedule(config.optim.lr,
                                                                  config.optim.warmup_steps),
-                            batch_partition=partition, mesh=mesh)
+                            batch_partition=partition, mesh=mesh,
+                            logits_chunk=int(config.model.get("logits_chunk", 1024)))
   jitted = jit_train_step(step_fn, mesh=mesh, state_sharding=state_sh, batch_sharding=batch_sh)
   t0 = time.perf_counter()
   with sharding.use_mesh(mesh, rules):
@@ -192,7 +193,8 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True) -> dic
   seq_split = math.prod(mesh.shape[a] for a in seq_axes)
   rows_mb = batch_rows // m
   out = dict(
-      model=config.model.preset, topology=topo.name, devices=topo.num_devices,
+      model=config.model.preset, topology=topo.name, layout=config.get("layout", topo.name),
+      devices=topo.num_devices,
       mesh={k: int(v) for k, v in mesh.shape.items()},
       param_dtype=model_cfg.param_dtype, compute_dtype=model_cfg.dtype, remat=model_cfg.remat,
       scan_layers=model_cfg.scan_layers, batch_rows=batch_rows, seq_len=seq_len,

@@ -1,0 +1,133 @@
+"""Training-path attention backends vs the einsum reference, and the chunked LM-head log-probs.
+
+Every backend that runs on CPU must equal `einsum_attention` (f32 scores materialised) to <= 1e-5
+in fp32, in the output and in the gradient w.r.t. q, k and v, at T = 300 with key blocks of 64
+(so blocks are partial and a chunk boundary falls inside a block). Gradients use a random
+cotangent on real (non-padding) queries only: the loss never reads padding outputs.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scalerl_jax import recipes
+from scalerl_jax.learner.logprobs import chunked_token_logprobs, token_logprobs
+from scalerl_jax.models import attention as A
+
+B, T, N, K, H = 2, 300, 4, 2, 16
+BLOCK = 64
+
+
+def _inputs(seed=0):
+  r = np.random.default_rng(seed)
+  return [jnp.asarray(r.normal(size=s), jnp.float32) for s in ((B, T, N, H), (B, T, K, H),
+                                                                (B, T, K, H), (B, T, N, H))]
+
+
+def _positions(kind):
+  slots = np.arange(T)[None].repeat(B, 0)
+  lens = np.array([[T], [217]])
+  if kind == "right":
+    return np.where(slots < lens, slots, -1).astype(np.int32)
+  if kind == "left":
+    return np.where(slots >= T - lens, slots - (T - lens), -1).astype(np.int32)
+  return slots.astype(np.int32)
+
+
+def _temperature(q, pos, floor_scale=32, attn_scale=0.1):
+  """Llama-4 NoPE temperature tuning of q (as models/layers.py applies it before the kernel)."""
+  scale = jnp.log1p(jnp.floor((pos.astype(jnp.float32) + 1.0) / floor_scale)) * attn_scale + 1.0
+  return q * scale[:, :, None, None]
+
+
+CASES = {   # name: (positions, chunk size, NoPE temperature tuning)
+    "causal": ("slots", None, False),
+    "chunked_boundary_in_block": ("slots", 100, False),   # 100 falls inside block [64, 128)
+    "nope_temperature": ("slots", None, True),
+    "right_padding": ("right", None, False),
+    "left_padding": ("left", None, False),
+    "left_padding_chunked": ("left", 100, False),
+}
+
+
+def _check(fn, case, tol=1e-5):
+  kind, chunk, temp = CASES[case]
+  q, k, v, ct = _inputs()
+  pos = jnp.asarray(_positions(kind))
+  if temp:
+    q = _temperature(q, pos)
+  ct = ct * (pos >= 0)[..., None, None]
+  run = lambda f: lambda q, k, v: jnp.sum(f(q, k, v, pos, pos, chunk_size=chunk) * ct)
+  ref_out = A.einsum_attention(q, k, v, pos, pos, chunk_size=chunk)
+  out = fn(q, k, v, pos, pos, chunk_size=chunk)
+  valid = (pos >= 0)[..., None, None]
+  errs = [float(jnp.max(jnp.abs((out - ref_out) * valid)))]
+  g_ref = jax.grad(run(A.einsum_attention), argnums=(0, 1, 2))(q, k, v)
+  g = jax.grad(run(fn), argnums=(0, 1, 2))(q, k, v)
+  errs += [float(jnp.max(jnp.abs(a - b)) / max(1.0, float(jnp.max(jnp.abs(b)))))
+           for a, b in zip(g, g_ref)]
+  print(case, "out, dq, dk, dv errors", errs)
+  assert max(errs) <= tol, errs
+  return errs
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_blockwise_matches_einsum(case):
+  _check(lambda *a, **kw: A.blockwise_attention(*a, block=BLOCK, **kw), case)
+
+
+@pytest.mark.parametrize("case", ["causal", "chunked_boundary_in_block", "right_padding"])
+def test_cudnn_wrapper_matches_einsum(case):
+  """The cudnn backend's slot-layout wrapper (chunk folding, sequence lengths), run with
+  jax.nn.dot_product_attention's XLA implementation on CPU (cuDNN itself needs a GPU)."""
+  fn = lambda *a, **kw: A.dot_product_attention_slots(*a, implementation="xla", **kw)
+  _check(fn, case)
+
+
+def test_splash_interpret_matches_einsum():
+  """Pallas splash attention (TPU kernel) in interpret mode on CPU, right padding."""
+  fn = lambda *a, **kw: A.splash_attention_slots(*a, interpret=True, **kw)
+  _check(fn, "right_padding")
+
+
+def test_slot_layout_detects_what_the_fast_kernels_assume():
+  pos = {k: jnp.asarray(_positions(k)) for k in ("slots", "right", "left")}
+  assert bool(A.slot_layout(pos["slots"], pos["slots"]))
+  assert bool(A.slot_layout(pos["right"], pos["right"]))
+  assert not bool(A.slot_layout(pos["left"], pos["left"]))   # -> blockwise fallback
+
+
+def test_unavailable_backend_is_a_config_error():
+  cfg = lambda impl: type("C", (), {"model": {"attention_impl": impl}})()
+  for impl, platform in (("cudnn", "cpu"), ("splash", "cpu"), ("splash", "gpu"),
+                         ("cudnn", "tpu"), ("flash", "cpu")):
+    with pytest.raises(recipes.ConfigError, match="attention_impl"):
+      recipes.check_attention(cfg(impl), platform)
+  for impl, platform in (("auto", "cpu"), ("blockwise", "cpu"), ("cudnn", "gpu"),
+                         ("splash", "tpu"), ("xla_einsum", "gpu")):
+    recipes.check_attention(cfg(impl), platform)
+  assert A.resolve("auto", "gpu") == "cudnn" and A.resolve("auto", "tpu") == "splash"
+  assert A.resolve("auto", "cpu") == "blockwise"
+
+
+@pytest.mark.parametrize("chunk", [8, 37, 64])
+def test_chunked_logprobs_equal_whole_logits(chunk):
+  """Chunks of 8 (not dividing T = 37), exactly T, and more than T: log-probs, entropies and
+  the gradient w.r.t. hidden and kernel equal the whole-logits path to <= 1e-6 (scaled error
+  max|a - b| / max(1, max|b|); the chunked matmuls round differently in the last bit)."""
+  r = np.random.default_rng(1)
+  Bn, Tn, D, V = 3, 37, 16, 50
+  hidden = jnp.asarray(r.normal(size=(Bn, Tn, D)), jnp.float32)
+  kernel = jnp.asarray(r.normal(size=(D, V)) * 0.5, jnp.float32)
+  tokens = jnp.asarray(r.integers(0, V, size=(Bn, Tn)), jnp.int32)
+  w = jnp.asarray(r.normal(size=(Bn, Tn)), jnp.float32)
+  whole = token_logprobs(jnp.einsum("BTD,DV->BTV", hidden, kernel), tokens)
+  chunked = chunked_token_logprobs(hidden, kernel, tokens, chunk)
+  for a, b in zip(chunked, whole):
+    assert a.shape == b.shape == (Bn, Tn)
+    assert float(jnp.max(jnp.abs(a - b))) / max(1.0, float(jnp.max(jnp.abs(b)))) <= 1e-6
+  f_whole = lambda h, k: jnp.sum(token_logprobs(jnp.einsum("BTD,DV->BTV", h, k), tokens)[0] * w)
+  f_chunk = lambda h, k: jnp.sum(chunked_token_logprobs(h, k, tokens, chunk)[0] * w)
+  for a, b in zip(jax.grad(f_chunk, (0, 1))(hidden, kernel),
+                  jax.grad(f_whole, (0, 1))(hidden, kernel)):
+    assert float(jnp.max(jnp.abs(a - b))) / max(1.0, float(jnp.max(jnp.abs(b)))) <= 1e-6
