@@ -155,7 +155,9 @@ class Trainer:
     self.ledger = ComputeLedger(train_devices=jax.device_count(), gen_devices=gen_devices,
                                 params_active=n_active)
     self.npr = PassRateHistory(threshold=config.rl.npr_threshold)
-    self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345, temperature=1.0)
+    self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345,
+                                           temperature=float(config.eval.get("temperature", 1.0)),
+                                           top_p=float(config.eval.get("top_p", 1.0)))
     self.last_eval = None
     self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep))
     self.watchdog = None   # callable raising when a child process died (set by main)

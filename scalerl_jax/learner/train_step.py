@@ -41,8 +41,11 @@ def _positions(batch):
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
                     microbatches: int = 1, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
-                    mesh=None) -> Callable:
+                    mesh=None, temperature: float = 1.0) -> Callable:
   """Builds the un-jitted step function ``(state, batch) -> (state, metrics)``.
+
+  ``temperature``: the generators' sampling temperature T; learner log-probs are
+  log_softmax(logits / T), the distribution ``gen_logprobs`` come from (else every IS ratio is biased).
 
   ``batch_partition`` (with ``mesh``) constrains each micro-batch's rows to the batch mesh axes.
   """
@@ -50,7 +53,7 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
 
   def objective(params, mb):
     logits = apply_fn(params, mb["tokens"], mb["positions"])
-    logp, ent = token_logprobs(logits, mb["tokens"], with_entropy)
+    logp, ent = token_logprobs(logits, mb["tokens"], with_entropy, temperature=temperature)
     mask = mb["loss_mask"].astype(bool)
     out = loss_fn(logp, mb["gen_logprobs"], mb["adv"], mb["weights"], mask, spec.hp)
     stats = metrics_lib.token_stats(logp, mb["gen_logprobs"], ent, mb["weights"], mask, out.stats)
