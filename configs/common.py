@@ -106,6 +106,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.weights = ml_collections.ConfigDict(dict(serve_from="learner", host="", port=0,
                                              advertise=""))
 
+  # TLS on every gRPC channel (buffer, learner weight sources, all clients; protocol/rpc.py TLS,
+  # docs/ROLLOUT.md "TLS"). All empty = plaintext (the bearer token is checked either way).
+  c.tls = ml_collections.ConfigDict()
+  c.tls.cert = ""            # PEM certificate chain of this run's servers (and clients with mutual)
+  c.tls.key = ""             # PEM private key of tls.cert
+  c.tls.ca = ""              # PEM CA that clients verify servers with ("" = system roots)
+  c.tls.mutual = False       # servers also require client certificates signed by tls.ca (mTLS)
+  c.tls.server_name = ""     # name clients check in server certificates ("" = the dialed host)
+
   c.eval = ml_collections.ConfigDict(dict(
       every_steps=100, num_prompts=1000, samples_per_prompt=16))
   c.eval.temperature = 1.0   # evaluation sampling temperature (training uses generator.temperature)

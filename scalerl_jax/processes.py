@@ -172,6 +172,8 @@ class ProcessGroup:
       argv += ["--wal-dir", wal_dir, "--wal-fsync", str(b.wal_fsync)]
     if learner_state:
       argv += ["--learner-state", learner_state]
+    from scalerl_jax.protocol.rpc import TLS      # no JAX, no gRPC channel: just its flags
+    argv += TLS.from_config(config).argv()
     if b.get("lease_ttl_s", None) is not None:
       argv += ["--lease-ttl-s", str(b.lease_ttl_s)]
     self.max_restarts["buffer"] = int(b.get("max_restarts", 3))

@@ -110,6 +110,12 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if not (0.0 < config.eval.get("top_p", 1.0) <= 1.0 and config.eval.get("temperature", 1.0) > 0):
     raise ConfigError(f"eval.top_p must be in (0, 1] and eval.temperature > 0, got "
                       f"{config.eval.get('top_p', 1.0)} / {config.eval.get('temperature', 1.0)}")
+  from scalerl_jax.protocol.rpc import TLS
+  try:
+    tls = TLS.from_config(config)
+    tls.check(server=tls.enabled)    # the learner serves weights (and runs the buffer) over TLS too
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   if g.backend not in ("jax", "vllm"):
     raise ConfigError(f"generator.backend={g.backend!r}; expected 'jax' or 'vllm'")
   if config.buffer.get("external", False) and not os.environ.get(config.buffer.auth_token_env):
