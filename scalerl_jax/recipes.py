@@ -102,7 +102,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(f"generator.temperature={g.temperature}: training rollouts need T > 0 (the "
                       f"learner computes log_softmax(logits / T) for the importance ratios)")
   if g.top_p < 1.0 or g.get("top_k", 0):
-    raise ConfigError(f"generator.top_p={g.top_p}{' / top_k=' + str(g.top_k) if g.get('top_k', 0) else ''}: "
+    top_k = f" / top_k={g.top_k}" if g.get("top_k", 0) else ""
+    raise ConfigError(f"generator.top_p={g.top_p}{top_k}: "
                       "truncated sampling is refused for training rollouts: the generators' "
                       "log-probs would be renormalised over the kept tokens while the learner's "
                       "are over the whole vocabulary, which biases every importance ratio; use "
