@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from scalerl_jax.protocol.rpc import TLS
+
 _PR_SET_PDEATHSIG = 1
 GRACE_ENV = "SCALERL_CHILD_GRACE_S"   # seconds a child may take to exit after its parent died
 DEFAULT_GRACE_S = 10.0                # > the generator worker's own 5 s SIGTERM grace
@@ -172,7 +174,6 @@ class ProcessGroup:
       argv += ["--wal-dir", wal_dir, "--wal-fsync", str(b.wal_fsync)]
     if learner_state:
       argv += ["--learner-state", learner_state]
-    from scalerl_jax.protocol.rpc import TLS      # no JAX, no gRPC channel: just its flags
     argv += TLS.from_config(config).argv()
     if b.get("lease_ttl_s", None) is not None:
       argv += ["--lease-ttl-s", str(b.lease_ttl_s)]

@@ -15,6 +15,7 @@ import os
 import ml_collections
 
 from scalerl_jax.learner import RLSpec
+from scalerl_jax.protocol.rpc import TLS
 
 # Batch 80 x 16 (Qwen2.5 / MiniMax) relative to ScaleRL's 48 x 16.
 _BIG_BATCH = 80 / 48
@@ -111,7 +112,6 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if not (0.0 < config.eval.get("top_p", 1.0) <= 1.0 and config.eval.get("temperature", 1.0) > 0):
     raise ConfigError(f"eval.top_p must be in (0, 1] and eval.temperature > 0, got "
                       f"{config.eval.get('top_p', 1.0)} / {config.eval.get('temperature', 1.0)}")
-  from scalerl_jax.protocol.rpc import TLS
   try:
     tls = TLS.from_config(config)
     tls.check(server=tls.enabled)    # the learner serves weights (and runs the buffer) over TLS too

@@ -7,13 +7,13 @@ generator / vLLM worker goes through); the child installs a SIGTERM handler that
 then blocks forever in a C call: `pthread_mutex_lock` on a mutex it already holds, once through
 `ctypes.CDLL` (GIL released: Python threads still run, the handler does not) and once through
 `ctypes.PyDLL` (GIL held: nothing in the interpreter runs, so no watchdog *thread* could help).
+Both processes are in tests/child_watchdog_procs.py.
 The parent is SIGKILLed; the child must be gone within grace + slack, and not before its SIGTERM
 grace (it proves the handler really could not run and the reaper did the work)."""
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -22,24 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRACE_S = 1.0
 SLACK_S = 6.0     # process exit + polling on a loaded 2-core box
 
-STUCK = textwrap.dedent("""\
-    import ctypes, os, signal, sys
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))   # would exit at once, if it could run
-    lib = ctypes.{dll}("libc.so.6")
-    mutex = ctypes.create_string_buffer(64)                 # PTHREAD_MUTEX_INITIALIZER (zeros)
-    lib.pthread_mutex_lock(mutex)
-    open(sys.argv[1], "w").close()                          # ready: about to block for good
-    lib.pthread_mutex_lock(mutex)                           # self-deadlock: never returns
-    """)
-
-PARENT = textwrap.dedent("""\
-    import sys, time
-    from scalerl_jax.processes import ProcessGroup
-    g = ProcessGroup(sys.argv[1])
-    p = g.start("stuck", [sys.executable, "-c", sys.argv[2], sys.argv[3]])
-    print(p.pid, flush=True)
-    time.sleep(600)
-    """)
+PROCS = os.path.join(ROOT, "tests", "child_watchdog_procs.py")
 
 
 def _state(pid):
@@ -69,8 +52,8 @@ def _descendants(pid):
 def test_child_stuck_in_a_c_call_dies_after_its_parent_is_killed(tmp_path, dll):
   ready = tmp_path / "ready"
   env = {**os.environ, "PYTHONPATH": ROOT, "SCALERL_CHILD_GRACE_S": str(GRACE_S)}
-  parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path), STUCK.format(dll=dll),
-                             str(ready)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+  parent = subprocess.Popen([sys.executable, PROCS, "parent", str(tmp_path), dll, str(ready)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
   try:
     child = int(parent.stdout.readline())
     end = time.time() + 60
