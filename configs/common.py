@@ -86,6 +86,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.generator = ml_collections.ConfigDict(dict(
       backend="vllm", num_workers=64, temperature=1.0, top_p=1.0, heartbeat_s=10.0,
       retry_budget_s=60.0, max_restarts=3))
+  # generator.temperature T also sets the learner's log-probs (log_softmax(logits / T));
+  # generator.top_p must stay 1 for training (recipes.validate refuses truncated sampling).
   c.generator.jax_devices = 1        # JAX backend: decode data-parallel over N XLA:CPU devices
   c.generator.chunk_steps = 16       # JAX backend: decode steps per jitted chunk (weight swaps between)
   c.generator.groups_per_lease = 4   # groups a worker leases (and generates) at once
@@ -109,8 +111,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.weights = ml_collections.ConfigDict(dict(serve_from="learner", host="", port=0,
                                              advertise=""))
 
+  # TLS on every gRPC channel (buffer, learner weight sources, all clients; protocol/rpc.py TLS,
+  # docs/ROLLOUT.md "TLS"). All empty = plaintext (the bearer token is checked either way).
+  c.tls = ml_collections.ConfigDict()
+  c.tls.cert = ""            # PEM certificate chain of this run's servers (and clients with mutual)
+  c.tls.key = ""             # PEM private key of tls.cert
+  c.tls.ca = ""              # PEM CA that clients verify servers with ("" = system roots)
+  c.tls.mutual = False       # servers also require client certificates signed by tls.ca (mTLS)
+  c.tls.server_name = ""     # name clients check in server certificates ("" = the dialed host)
+
   c.eval = ml_collections.ConfigDict(dict(
       every_steps=100, num_prompts=1000, samples_per_prompt=16))
+  c.eval.temperature = 1.0   # evaluation sampling temperature (training uses generator.temperature)
+  c.eval.top_p = 1.0         # evaluation nucleus; generator.top_p < 1 is refused (biased IS ratios)
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=50, keep=3))
 

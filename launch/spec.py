@@ -18,6 +18,13 @@ VLLM_PORT = 8000
 COORDINATOR_PORT = 8476
 SECRET_NAME = "scalerl-buffer-token"
 SECRET_KEY = "token"
+# TLS (docs/ROLLOUT.md "TLS"): one certificate for every gRPC server of the run (the buffer service
+# and the learner pods' weight sources, dialed by pod IP), its key and the CA, from one Secret
+# mounted read-only in every pod; clients check the buffer service's DNS name in the certificate
+# (config.tls.server_name), so the certificate needs just that name as a SAN.
+TLS_SECRET_NAME = "scalerl-tls"
+TLS_MOUNT = "/etc/scalerl/tls"
+TLS_FILES = {"cert": "tls.crt", "key": "tls.key", "ca": "ca.crt"}
 
 # Accelerator platforms: what one host (pod) of each offers and how GKE names it.
 PLATFORMS: dict[str, dict[str, Any]] = {
@@ -45,6 +52,7 @@ LAUNCH_DEFAULTS = dict(
     workdir="gs://BUCKET/scalerl/run",
     data_pvc="scalerl-data",           # read-only volume with config.data.path and tokenizer_path
     config_file="configs/8b.py",
+    tls=True,                          # TLS on every gRPC channel, certificates from TLS_SECRET_NAME
 )
 # vLLM tensor parallelism per engine: bf16 weights + KV cache must fit.
 TP_BY_PRESET = {"llama3_8b": 1, "llama4_scout_17b_16e": 4}
@@ -92,6 +100,18 @@ def resolve(config, overrides: dict | None = None) -> dict:
   token_env = config.buffer.auth_token_env
   common_args = [f"--config={cfg_file}", f"--config.buffer.address={buffer_addr}"]
   r = config.rollout
+  tls = None
+  if s["tls"]:
+    paths = {k: f"{TLS_MOUNT}/{f}" for k, f in TLS_FILES.items()}
+    server_name = buffer_addr.rpartition(":")[0]
+    tls = {"secret": TLS_SECRET_NAME, "mount": TLS_MOUNT, "files": dict(TLS_FILES),
+           "server_name": server_name,
+           "learner_args": [f"--config.tls.{k}={v}" for k, v in paths.items()] +
+                           [f"--config.tls.server_name={server_name}"],
+           "generator_args": [f"--tls_{k}={v}" for k, v in paths.items()] +
+                             [f"--tls_server_name={server_name}"],
+           "buffer_args": [f"--tls-{k}={v}" for k, v in paths.items()]}
+  tls_args = lambda role: list(tls[f"{role}_args"]) if tls else []
   learner_role = "learner-tpu" if lp["kind"] == "tpu" else "learner-gpu"
   return {
       "name": name,
@@ -110,7 +130,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
           # it listens on all interfaces and advertises its pod IP (the hostname's address).
           "command": ["python", "-m", "scalerl_jax.main", *common_args,
                       "--config.buffer.external=True", "--config.weights.host=0.0.0.0",
-                      f"--workdir={s['workdir']}"],
+                      *tls_args("learner"), f"--workdir={s['workdir']}"],
           "env": {"SCALERL_ROLE": "learner"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
       },
       "generators": {
@@ -123,7 +143,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
           # One vLLM engine per pod; generator id = pod name; run config = the same config file.
           "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_file}",
                       f"--buffer={buffer_addr}", "--backend=vllm", "--workdir=/tmp/scalerl",
-                      f"--tensor_parallel={tp}"],
+                      f"--tensor_parallel={tp}", *tls_args("generator")],
           "env": {"SCALERL_ROLE": "generator"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
       },
       "buffer": {
@@ -138,10 +158,11 @@ def resolve(config, overrides: dict | None = None) -> dict:
                       f"--group-size={r.generations_per_prompt}", f"--max-lag={r.max_lag}",
                       f"--mode={r.mode}", f"--max-message-bytes={config.buffer.max_message_bytes}",
                       f"--max-completion-tokens={r.think_budget_max + r.answer_budget + 64}",
-                      f"--shuffle-seed={config.seed}"],
+                      f"--shuffle-seed={config.seed}", *tls_args("buffer")],
           "env": {"SCALERL_ROLE": "buffer"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
       },
       "secret": {"name": SECRET_NAME, "key": SECRET_KEY, "env": token_env},
+      "tls": tls,
       "data_pvc": s["data_pvc"],
   }
 

@@ -28,6 +28,7 @@ from scalerl_jax.data import build_dataset
 from scalerl_jax.data.export import write_prompts
 from scalerl_jax.processes import ProcessGroup
 from scalerl_jax.protocol.client import BufferClient
+from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.sft import warm_start
 from scalerl_jax.trainer import Trainer
 
@@ -135,7 +136,8 @@ def _run_follower(config, workdir: str) -> dict:
   model_cfg = runtime.model_config(config)
   params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
   trainer = Trainer(config, workdir, dataset, model_cfg, params,
-                    BufferClient(shared["address"], shared["token"]), token=shared["token"],
+                    BufferClient(shared["address"], shared["token"], tls=TLS.from_config(config)),
+                    token=shared["token"],
                     gen_devices=0,
                     progress=False, resume_step=shared["resume_step"])
   trainer.run()
@@ -182,7 +184,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
       address = procs.start_buffer(
           prompts_path, config, learner_state=ls_path,
           wal_dir=config.buffer.wal_dir or os.path.join(workdir, "buffer_wal"))
-    client = BufferClient(address, token)
+    client = BufferClient(address, token, tls=TLS.from_config(config))
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,
                   resume_step=resume["checkpoint_step"] if resume else None))

@@ -21,8 +21,73 @@ from ml_collections import config_flags
 
 from scalerl_jax import distributed, job, recipes, topologies
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Run config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (created if missing).")
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (required).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (required; created if missing).")
+USAGE_ERROR = 2        # exit status of a bad command line (missing flag, malformed value)
+
+
+def _usage_error(message: str):
+  """One line on stderr and exit status 2: never a traceback for a bad command line."""
+  print(f"error: {message} (python -m scalerl_jax.main --config=FILE --workdir=DIR "
+        f"[--config.a.b=value ...]; --helpshort for the flags)", file=sys.stderr)
+  sys.exit(USAGE_ERROR)
+
+
+def _one_line(e: BaseException) -> str:
+  return " ".join(str(e).split()) or type(e).__name__
+
+
+def _config_error(e: BaseException, argv) -> str:
+  """One line for an exception raised while loading the config file or applying overrides."""
+  if isinstance(e, (KeyError, AttributeError)):     # ml_collections: an unknown field
+    key = str(e.args[0] if e.args else e).strip("\"'")
+    bad = [a.split("=")[0] for a in argv if a.startswith("--config.") and
+           a.split("=")[0].rsplit(".", 1)[-1] == key]
+    where = f" ({bad[0]})" if bad else ""
+    return f"unknown config field {key!r}{where}: not declared in the config file / base_config"
+  return f"bad --config: {_one_line(e)}"
+
+
+def _flag_value(argv, name: str) -> str:
+  vals = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+  return vals[-1] if vals else ""
+
+
+def parse_flags(argv):
+  """absl's flag parsing + the config file load and overrides, each failure one clear line.
+
+  Runs before any JAX work: a missing `--workdir`/`--config`, a nonexistent config file, an
+  unknown `--config.x` key or a malformed value (`--config.rollout.max_lag=abc`) exit with status 2."""
+  for name in ("config", "workdir"):
+    if not any(a == f"--{name}" or a.startswith(f"--{name}=") for a in argv[1:]):
+      _usage_error(f"--{name} is required")
+  errors = (OSError, KeyError, AttributeError, TypeError, ValueError, SyntaxError)
+  try:
+    rest = flags.FLAGS(argv)
+  except flags.Error as e:
+    lines = [l for l in str(e).splitlines() if l.strip()]
+    if any(l.startswith("Traceback") for l in lines):   # an exception inside the config file
+      lines = [lines[0].split("Traceback")[0].strip() + " " + lines[-1].strip()]
+    _usage_error(_one_line(" ".join(lines)))
+  except errors as e:
+    _usage_error(_config_error(e, argv))
+  try:
+    config = _CONFIG.value              # a failed file load is reported on first use
+    if config is not None:
+      config.keys()
+  except errors as e:
+    cause = e.__cause__ or e
+    if isinstance(cause, OSError) and cause.__cause__ is not None:
+      cause = cause.__cause__
+    last = [l.strip() for l in str(cause).splitlines() if l.strip()][-1:] or [_one_line(cause)]
+    _usage_error(f"cannot load --config={_flag_value(argv, 'config')}: {last[0]}")
+  if config is None:
+    _usage_error("--config is required")
+  if not _WORKDIR.value:
+    _usage_error("--workdir must not be empty")
+  if len(rest) > 1:
+    _usage_error(f"unexpected positional arguments {rest[1:]}")
+  return rest
 
 
 def main(argv):
@@ -40,4 +105,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

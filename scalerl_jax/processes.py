@@ -1,8 +1,10 @@
 """Child processes of a run (buffer server, generator workers): start, watch, stop — no orphans.
 
 Every child is started in its own process group (session) with PR_SET_PDEATHSIG=SIGTERM (set by a
-tiny exec launcher, see `_LAUNCH`), so it dies with the main process even on SIGKILL;
-`ProcessGroup.close()` sends SIGTERM, waits, then SIGKILLs.
+tiny exec launcher, see `_LAUNCH`), so it dies with the main process even on SIGKILL; a reaper
+process per child SIGKILLs the child's group `SCALERL_CHILD_GRACE_S` (10 s) after the parent died,
+even if the child is stuck in a C call where its SIGTERM handler cannot run (docs/RELIABILITY.md
+"Children never outlive their parent"). `ProcessGroup.close()` sends SIGTERM, waits, then SIGKILLs.
 
 Supervision (docs/RELIABILITY.md): `supervise()` (or `start_supervisor()`, a background thread)
 restarts a dead generator up to `config.generator.max_restarts` times (default 3) and a dead buffer
@@ -19,18 +21,82 @@ import sys
 import threading
 import time
 
+from scalerl_jax.protocol.rpc import TLS
+
 _PR_SET_PDEATHSIG = 1
+GRACE_ENV = "SCALERL_CHILD_GRACE_S"   # seconds a child may take to exit after its parent died
+DEFAULT_GRACE_S = 10.0                # > the generator worker's own 5 s SIGTERM grace
 
 # Children are started through this launcher instead of a `preexec_fn`: a preexec_fn forces a plain
 # fork() that runs gRPC's fork handlers in the child before exec, which can abort the child
 # ("epoll_wait error: Bad file descriptor") while the parent has gRPC calls in flight. Without one,
 # subprocess uses vfork+exec; the launcher then sets PR_SET_PDEATHSIG itself (kept across exec) and
 # exits if the parent already died. start_new_session gives the child its own process group.
-_LAUNCH = ("import ctypes, os, signal, sys\n"
-           "try:\n  ctypes.CDLL('libc.so.6').prctl(%d, signal.SIGTERM)\n"
-           "except OSError:\n  pass\n"
-           "if os.getppid() != int(os.environ['SCALERL_PARENT_PID']):\n  sys.exit(1)\n"
-           "os.execvp(sys.argv[1], sys.argv[1:])\n" % _PR_SET_PDEATHSIG)
+#
+# PDEATHSIG=SIGTERM alone is not a bound: a Python handler runs only when the main thread is between
+# bytecodes, so a child inside a long C call (XLA, a blocking lock, a C extension holding the GIL)
+# outlives its parent until that call returns (the "child outlived the killed learner" CI flake).
+# A watchdog *thread* would not be enough either (it needs the GIL). So before exec the launcher
+# forks a reaper, a separate single-threaded process that shares nothing with the child's
+# interpreter: it waits on a pidfd of the parent (poll of `kill(parent, 0)` where pidfds are
+# unavailable), gives the child `SCALERL_CHILD_GRACE_S` (default 10 s) to exit on its SIGTERM,
+# then SIGKILLs the child's whole process group (the child, its own children such as vLLM engine
+# processes, and itself). The reaper has PDEATHSIG=SIGKILL towards the child, so a child that exits
+# normally takes its reaper with it; close() / killpg of the group reach it as well.
+_LAUNCH = """\
+import ctypes, os, select, signal, sys, time
+parent = int(os.environ['SCALERL_PARENT_PID'])
+grace = float(os.environ.get('%(grace_env)s') or %(grace)r)
+try:
+  prctl = ctypes.CDLL('libc.so.6').prctl
+  prctl(%(pdeathsig)d, signal.SIGTERM)
+except OSError:
+  prctl = None
+try:
+  pidfd = os.pidfd_open(parent)
+except (AttributeError, OSError):
+  pidfd = None
+if os.getppid() != parent:
+  sys.exit(1)
+child = os.getpid()
+if os.fork() == 0:
+  try:
+    if prctl is not None:
+      prctl(%(pdeathsig)d, signal.SIGKILL)
+    if os.getppid() == child:
+      for s in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+      if pidfd is not None:
+        select.select([pidfd], [], [])
+      else:
+        while True:
+          time.sleep(0.25)
+          try:
+            os.kill(parent, 0)
+          except ProcessLookupError:
+            break
+      time.sleep(grace)
+      if os.getpgid(child) == child:
+        os.killpg(child, signal.SIGKILL)
+      os.kill(child, signal.SIGKILL)
+  finally:
+    os._exit(0)
+if pidfd is not None:
+  os.close(pidfd)
+os.execvp(sys.argv[1], sys.argv[1:])
+""" % dict(grace_env=GRACE_ENV, grace=DEFAULT_GRACE_S, pdeathsig=_PR_SET_PDEATHSIG)
+
+
+def launcher_argv(argv: list[str], python: str | None = None) -> list[str]:
+  """`argv` wrapped in the exec launcher (PDEATHSIG + reaper, see `_LAUNCH`); `python` runs the
+  launcher (stdlib only: any interpreter, e.g. the vLLM venv's). Start it with `child_env(...)` and
+  `start_new_session=True`."""
+  return [python or sys.executable, "-c", _LAUNCH] + list(argv)
+
+
+def child_env(env: dict | None = None) -> dict:
+  """The environment of a launched child: `env` (default os.environ) + this process as its parent."""
+  return {**(os.environ if env is None else env), "SCALERL_PARENT_PID": str(os.getpid())}
 
 
 _spawner = None
@@ -71,10 +137,8 @@ class ProcessGroup:
 
   def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
     log = open(os.path.join(self.logdir, f"{name}.log"), "ab")
-    p = _popen([sys.executable, "-c", _LAUNCH] + list(argv),
-               stdout=subprocess.PIPE if name == "buffer" else log, stderr=log,
-               env={**os.environ, **(env or {}), "SCALERL_PARENT_PID": str(os.getpid())},
-               start_new_session=True)
+    p = _popen(launcher_argv(argv), stdout=subprocess.PIPE if name == "buffer" else log,
+               stderr=log, env=child_env({**os.environ, **(env or {})}), start_new_session=True)
     log.close()   # the child holds its own descriptor
     self.procs[name] = p
     self.argv[name] = (list(argv), env)
@@ -110,6 +174,7 @@ class ProcessGroup:
       argv += ["--wal-dir", wal_dir, "--wal-fsync", str(b.wal_fsync)]
     if learner_state:
       argv += ["--learner-state", learner_state]
+    argv += TLS.from_config(config).argv()
     if b.get("lease_ttl_s", None) is not None:
       argv += ["--lease-ttl-s", str(b.lease_ttl_s)]
     self.max_restarts["buffer"] = int(b.get("max_restarts", 3))

@@ -16,6 +16,7 @@ import ml_collections
 
 from scalerl_jax.learner import RLSpec
 from scalerl_jax.models import attention
+from scalerl_jax.protocol.rpc import TLS
 
 # Batch 80 x 16 (Qwen2.5 / MiniMax) relative to ScaleRL's 48 x 16.
 _BIG_BATCH = 80 / 48
@@ -99,6 +100,24 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if not 0 <= r.think_budget_min <= r.think_budget_max:
     raise ConfigError(f"need 0 <= think_budget_min <= think_budget_max, got "
                       f"[{r.think_budget_min}, {r.think_budget_max}]")
+  if not g.temperature > 0:
+    raise ConfigError(f"generator.temperature={g.temperature}: training rollouts need T > 0 (the "
+                      f"learner computes log_softmax(logits / T) for the importance ratios)")
+  if g.top_p < 1.0 or g.get("top_k", 0):
+    top_k = f" / top_k={g.top_k}" if g.get("top_k", 0) else ""
+    raise ConfigError(f"generator.top_p={g.top_p}{top_k}: "
+                      "truncated sampling is refused for training rollouts: the generators' "
+                      "log-probs would be renormalised over the kept tokens while the learner's "
+                      "are over the whole vocabulary, which biases every importance ratio; use "
+                      "eval.top_p / eval.temperature for evaluation only")
+  if not (0.0 < config.eval.get("top_p", 1.0) <= 1.0 and config.eval.get("temperature", 1.0) > 0):
+    raise ConfigError(f"eval.top_p must be in (0, 1] and eval.temperature > 0, got "
+                      f"{config.eval.get('top_p', 1.0)} / {config.eval.get('temperature', 1.0)}")
+  try:
+    tls = TLS.from_config(config)
+    tls.check(server=tls.enabled)    # the learner serves weights (and runs the buffer) over TLS too
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   if g.backend not in ("jax", "vllm"):
     raise ConfigError(f"generator.backend={g.backend!r}; expected 'jax' or 'vllm'")
   if config.buffer.get("external", False) and not os.environ.get(config.buffer.auth_token_env):

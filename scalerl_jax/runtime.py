@@ -44,13 +44,15 @@ def model_config(config):
   return models.get_preset(m["preset"], **overrides)
 
 
-def sampling_spec(config, dataset, seed: int, temperature: float | None = None) -> SamplingSpec:
-  """Generation settings: budgets, interruption tokens, stop tokens (config.rollout/generator)."""
+def sampling_spec(config, dataset, seed: int, temperature: float | None = None,
+                  top_p: float | None = None) -> SamplingSpec:
+  """Generation settings: budgets, interruption tokens, stop tokens (config.rollout/generator);
+  `temperature` / `top_p` override the generator's (evaluation: config.eval)."""
   r, g = config.rollout, config.generator
   interrupt = config.rl.length_control == "interrupt"
   return SamplingSpec(
       temperature=float(g.temperature if temperature is None else temperature),
-      top_p=float(g.top_p), stop_tokens=tuple(dataset.stop_tokens),
+      top_p=float(g.top_p if top_p is None else top_p), stop_tokens=tuple(dataset.stop_tokens),
       think_budget_min=int(r.think_budget_min), think_budget_max=int(r.think_budget_max),
       answer_budget=int(r.answer_budget), think_end_tokens=tuple(dataset.think_end_tokens),
       interruption_tokens=(tuple(dataset.interruption_tokens(r.interruption_text))

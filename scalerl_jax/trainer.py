@@ -37,6 +37,7 @@ from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner
 from scalerl_jax.ledger import ComputeLedger
 from scalerl_jax.protocol.client import batch_to_arrays
+from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.tools.describe import count_params
 from scalerl_jax.weights.source import WeightSource
@@ -156,7 +157,9 @@ class Trainer:
     self.ledger = ComputeLedger(train_devices=jax.device_count(), gen_devices=gen_devices,
                                 params_active=n_active)
     self.npr = PassRateHistory(threshold=config.rl.npr_threshold)
-    self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345, temperature=1.0)
+    self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345,
+                                           temperature=float(config.eval.get("temperature", 1.0)),
+                                           top_p=float(config.eval.get("top_p", 1.0)))
     self.last_eval = None
     self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep))
     self.watchdog = None   # callable raising when a child process died (set by main)
@@ -200,7 +203,8 @@ class Trainer:
     # Reachable from other hosts unless this is one process with its own local buffer and fleet.
     local = not self.multi and not self.config.buffer.get("external", False)
     host = w.host or ("127.0.0.1" if local else "0.0.0.0")
-    src = WeightSource(self.token, host=host, port=int(w.port), advertise=w.advertise or None)
+    src = WeightSource(self.token, host=host, port=int(w.port), advertise=w.advertise or None,
+                       tls=TLS.from_config(self.config))
     log.info("weight source serving this process's shards at %s", src.address)
     if not self.multi:
       return src, [src.address]

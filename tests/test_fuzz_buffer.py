@@ -4,7 +4,8 @@ malformed, oversize, wrong-type, NaN, future-version and unauthenticated request
 Every request must get its expected status code, the server must not crash (no handler exception,
 process alive, still serving), and the buffer contents (digest over everything stored) must not
 change. Random cases come from a fixed seed; a table adds targeted ones and raw garbage bytes sent
-through a generic channel call."""
+through a generic channel call. The whole fuzz runs twice: plaintext and over TLS (the server with a
+certificate from tests/tls_certs.py, every client verifying it with the CA)."""
 import json
 import math
 import os
@@ -19,6 +20,8 @@ from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol.client import BufferClient, assignment_prompt, pack_push_requests
 from scalerl_jax.generation.fake import random_completion
+from scalerl_jax.protocol.rpc import TLS, open_channel
+import tls_certs
 
 TOKEN = "fuzz-secret-0123456789"
 SVC = "/scalerl.rollout.v1.RolloutBuffer/"
@@ -32,9 +35,13 @@ KINDS = {"LeasePrompts": "uu", "PushRollouts": "ss", "PullBatch": "us", "Publish
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["plaintext", "tls"])
+def server(tmp_path_factory, request):
   d = tmp_path_factory.mktemp("fuzz")
+  tls = TLS()
+  if request.param == "tls":
+    certs = tls_certs.make_certs(str(d / "certs"))
+    tls = TLS(cert=certs["cert"], key=certs["key"], ca=certs["ca"])
   prompts = d / "prompts.jsonl"
   prompts.write_text("".join(json.dumps({"prompt_id": 7 + i, "tokens": [1, 2, 3 + i],
                                          "answer": "4"}) + "\n" for i in range(4)))
@@ -43,11 +50,11 @@ def server(tmp_path_factory):
       [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--token-env",
        "FUZZ_TOKEN", "--prompts", str(prompts), "--prompts-per-step", "2", "--group-size", "2",
        "--max-lag", "1", "--max-message-bytes", str(MAX_MSG), "--max-completion-tokens",
-       str(MAX_TOKENS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+       str(MAX_TOKENS)] + tls.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
   line = proc.stdout.readline()
   assert line, proc.stderr.read()
   port = json.loads(line)["port"]
-  yield proc, f"127.0.0.1:{port}"
+  yield proc, f"127.0.0.1:{port}", tls
   proc.terminate()
   proc.wait(timeout=10)
 
@@ -153,13 +160,13 @@ def _mutations(a):
 
 
 def test_fuzz_live_server(server):
-  proc, address = server
-  c = BufferClient(address, TOKEN)
+  proc, address, tls = server
+  c = BufferClient(address, TOKEN, tls=tls)
   c.publish_weights(0, b"w0")
   (a,) = c.lease("fuzz-gen", 1, 5)
   assert c.push([_valid_rollout(a, 0, "stored-0")])[0].rollout_id == "stored-0"
   before = c.status().contents
-  ch = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20)])
+  ch = open_channel(address, tls, [("grpc.max_send_message_length", 64 << 20)])
   cases = []                                        # (name, method, payload, metadata|None, codes)
 
   # -- unauthenticated: every method, missing / wrong / malformed bearer

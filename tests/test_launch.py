@@ -99,7 +99,7 @@ def as_job(jobset):
 def test_manifests_validate_against_kubernetes_schemas(variant):
   docs = load_variant(variant)
   kinds = sorted(k for k, _ in docs)
-  assert kinds == ["Deployment", "Deployment", "JobSet", "Secret", "Service", "Service"]
+  assert kinds == ["Deployment", "Deployment", "JobSet", "Secret", "Secret", "Service", "Service"]
   for (kind, _), d in docs.items():
     if kind == "JobSet":
       assert d["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
@@ -173,3 +173,19 @@ def test_manifests_match_configs(variant):
             and "secretKeyRef" in e["valueFrom"]}
     assert refs == {config.buffer.auth_token_env: {"name": spec_lib.SECRET_NAME,
                                                    "key": spec_lib.SECRET_KEY}}
+  # TLS: every pod mounts the one TLS Secret read-only and its command points at the mounted files
+  tls = docs[("Secret", spec_lib.TLS_SECRET_NAME)]
+  assert tls["type"] == "kubernetes.io/tls" and sorted(tls["stringData"]) == sorted(
+      spec_lib.TLS_FILES.values())
+  for doc, container in ((js, c), (dep, g), (bdep, b)):
+    vols = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+    assert vols["tls"]["secret"]["secretName"] == spec_lib.TLS_SECRET_NAME
+    assert {"name": "tls", "mountPath": spec_lib.TLS_MOUNT, "readOnly": True} in \
+        container["volumeMounts"]
+  files = {k: f"{spec_lib.TLS_MOUNT}/{f}" for k, f in spec_lib.TLS_FILES.items()}
+  server_name = host.rpartition(":")[0]
+  assert all(f"--config.tls.{k}={v}" in c["command"] for k, v in files.items())
+  assert f"--config.tls.server_name={server_name}" in c["command"]
+  assert all(f"--tls_{k}={v}" in g["command"] for k, v in files.items())
+  assert f"--tls_server_name={server_name}" in g["command"]
+  assert all(f"--tls-{k}={v}" in b["command"] for k, v in files.items())

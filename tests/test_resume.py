@@ -52,6 +52,29 @@ def _children(pid):
   return out
 
 
+def _descendants(pid):
+  """Children of `pid` and theirs (generator workers, the buffer, their reapers, vLLM engines)."""
+  kids = _children(pid)
+  return kids + [g for k in kids for g in _descendants(k)]
+
+
+def _cmdline(pid):
+  try:
+    return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:300]
+  except OSError:
+    return "?"
+
+
+def _wait_children_gone(kids, timeout_s=30.0):
+  """Waits for `kids` to exit; names every survivor (pid and command line) in the failure."""
+  end = time.time() + timeout_s
+  while any(_alive(k) for k in kids) and time.time() < end:
+    time.sleep(0.05)
+  left = [k for k in kids if _alive(k)]
+  assert not left, "a child outlived the killed learner: " + "; ".join(
+      f"pid {k} [{_cmdline(k)}]" for k in left)
+
+
 def _alive(pid):
   try:
     st = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
@@ -87,15 +110,12 @@ def runs(tmp_path_factory):
     assert p.poll() is None, open(os.path.join(b, "first.log")).read()[-4000:]
     assert time.time() - t0 < 600
     time.sleep(0.01)
-  kids = _children(p.pid)
+  kids = _descendants(p.pid)
   os.kill(p.pid, signal.SIGKILL)                # the learner (main process) dies without warning
   p.wait()
   t_kill = time.time()
   steps_at_kill = max(l["step"] for l in _lines(b))
-  end = time.time() + 30
-  while any(_alive(k) for k in kids) and time.time() < end:   # children follow (PDEATHSIG)
-    time.sleep(0.05)
-  assert not any(_alive(k) for k in kids), "a child outlived the killed learner"
+  _wait_children_gone(kids)      # PDEATHSIG, then each child's reaper (SCALERL_CHILD_GRACE_S)
   t_children = time.time() - t_kill
   r = subprocess.run(_cmd(b), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-4000:]
@@ -198,12 +218,10 @@ def test_async_two_generators_kill9_learner_resumes_without_training_a_rollout_t
                 for l in (_lines(wd) if os.path.exists(os.path.join(wd, "metrics.jsonl")) else [])):
     assert p.poll() is None and time.time() - t0 < 600
     time.sleep(0.01)
-  kids = _children(p.pid)
+  kids = _descendants(p.pid)
   os.kill(p.pid, signal.SIGKILL)
   p.wait()
-  end = time.time() + 30
-  while any(_alive(k) for k in kids) and time.time() < end:
-    time.sleep(0.05)
+  _wait_children_gone(kids)
   r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-4000:]
   res = [json.loads(l) for l in open(os.path.join(wd, "resumes.jsonl"))]

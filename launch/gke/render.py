@@ -4,7 +4,8 @@
   python -m launch.gke.render --config=configs/8b.py --learner_platform=gpu-gb200 --out=DIR
 
 Per variant directory: learner-jobset.yaml (JobSet), generators.yaml (Deployment + headless Service),
-buffer.yaml (Deployment + Service, gRPC port), secret.yaml (Secret template for the buffer token).
+buffer.yaml (Deployment + Service, gRPC port), secret.yaml (Secret templates: the buffer token and,
+with TLS (the default), the certificate / key / CA every pod mounts read-only at spec.TLS_MOUNT).
 """
 from __future__ import annotations
 
@@ -55,6 +56,15 @@ def _tolerations(job):
   return tol
 
 
+def _tls_mounts(specs):
+  """(volumeMounts, volumes) of the TLS Secret, empty without TLS."""
+  t = specs.get("tls")
+  if not t:
+    return [], []
+  return ([{"name": "tls", "mountPath": t["mount"], "readOnly": True}],
+          [{"name": "tls", "secret": {"secretName": t["secret"], "defaultMode": 0o440}}])
+
+
 def _data_volume(specs):
   return {"name": "data", "persistentVolumeClaim": {"claimName": specs["data_pvc"], "readOnly": True}}
 
@@ -85,9 +95,10 @@ def learner_jobset(specs):
               "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
                                          job["accelerator_resource"]: n},
                             "limits": {job["accelerator_resource"]: n}},
-              "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+              "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}] +
+                              _tls_mounts(specs)[0],
           }],
-          "volumes": [_data_volume(specs)],
+          "volumes": [_data_volume(specs)] + _tls_mounts(specs)[1],
       },
   }
   return {
@@ -126,9 +137,11 @@ def generators(specs):
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
                                              job["accelerator_resource"]: n},
                                 "limits": {job["accelerator_resource"]: n}},
-                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}] +
+                                  _tls_mounts(specs)[0],
               }],
-              "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+              "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}] +
+                         _tls_mounts(specs)[1],
           }},
       },
   }
@@ -163,9 +176,11 @@ def buffer(specs):
                   "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10},
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"]},
                                 "limits": {"memory": job["memory"]}},
-                  "volumeMounts": [{"name": "prompts", "mountPath": "/prompts", "readOnly": True}],
+                  "volumeMounts": [{"name": "prompts", "mountPath": "/prompts", "readOnly": True}] +
+                                  _tls_mounts(specs)[0],
               }],
-              "volumes": [_data_volume(specs), {"name": "prompts", "emptyDir": {}}],
+              "volumes": [_data_volume(specs), {"name": "prompts", "emptyDir": {}}] +
+                         _tls_mounts(specs)[1],
           }},
       },
   }
@@ -184,10 +199,20 @@ def secret(specs):
           "stringData": {s["key"]: SECRET_PLACEHOLDER}}
 
 
+def tls_secret(specs):
+  """The TLS Secret template: certificate (SAN: the buffer service name), key and CA, as PEM."""
+  t = specs["tls"]
+  return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+          "metadata": _meta(specs, t["secret"], "tls"),
+          "stringData": {f: f"{SECRET_PLACEHOLDER} (PEM; certificate SAN {t['server_name']})"
+                         for f in t["files"].values()}}
+
+
 def manifests(specs) -> dict[str, list[dict]]:
   """{file name: [documents]} for one variant."""
+  secrets = [secret(specs)] + ([tls_secret(specs)] if specs.get("tls") else [])
   return {"learner-jobset.yaml": [learner_jobset(specs)], "generators.yaml": generators(specs),
-          "buffer.yaml": buffer(specs), "secret.yaml": [secret(specs)]}
+          "buffer.yaml": buffer(specs), "secret.yaml": secrets}
 
 
 def render_text(docs: list[dict], header: str) -> str:

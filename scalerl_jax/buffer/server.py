@@ -8,7 +8,7 @@ As a process:
   (prints one JSON line {"port": ...} once serving; prompts.jsonl: {"prompt_id", "tokens", "answer"}).
 
 Security: every RPC needs `authorization: Bearer <token>` (checked by a server interceptor before any
-handler runs). Requests are parsed by our own deserializers so garbage bytes become INVALID_ARGUMENT,
+handler runs); with `--tls-cert/--tls-key` (`config.tls`) it is served over TLS only (rpc.TLS). Requests are parsed by our own deserializers so garbage bytes become INVALID_ARGUMENT,
 and every field is validated (validation.py). Rollout payloads are stored as the bytes received and
 spliced unchanged into the learner's batches (no re-encoding; the fast path is in wire.py). The
 weight RPCs (PublishWeights, FetchWeights, WatchVersion) live in weight_store.py. This module must
@@ -39,7 +39,7 @@ from scalerl_jax.buffer import replay
 from scalerl_jax.buffer import weight_store
 from scalerl_jax.protocol.weight_chunks import parse_weight_message
 from scalerl_jax.types import PromptSpec
-from scalerl_jax.protocol.rpc import SERVICE, AuthInterceptor, channel_options
+from scalerl_jax.protocol.rpc import SERVICE, TLS, AuthInterceptor, add_port, channel_options
 from scalerl_jax.protocol.wire import Malformed, parse_push, parser, serialize, tune_malloc
 
 log = logging.getLogger("scalerl.buffer")
@@ -56,7 +56,9 @@ class BufferServer:
                verifier: Optional[val.Verifier] = None, max_workers: int = 256,
                shuffle_seed: Optional[int] = None, npr_threshold: Optional[float] = None,
                wal_dir: Optional[str] = None, wal_fsync: str = "batch",
-               wal_fsync_interval_s: float = 1.0, learner_state: Optional[dict] = None):
+               wal_fsync_interval_s: float = 1.0, learner_state: Optional[dict] = None,
+               tls: Optional[TLS] = None):
+    """`tls` (rpc.TLS): serve over TLS (server certificate; client certificates with mutual)."""
     if not token:
       raise ValueError("an auth token is required")
     self.state = BufferState(
@@ -80,7 +82,8 @@ class BufferServer:
         interceptors=[AuthInterceptor(token, self._count_reject)],
         options=channel_options(max_message_bytes), maximum_concurrent_rpcs=max_workers)
     self._server.add_generic_rpc_handlers([self._handlers()])
-    self.port = self._server.add_insecure_port(f"{host}:{port}")
+    self.tls = tls or TLS()
+    self.port = add_port(self._server, f"{host}:{port}", self.tls)
     if self.port == 0:
       raise RuntimeError(f"could not bind {host}:{port}")
     self.address = f"{host}:{self.port}"
@@ -100,7 +103,7 @@ class BufferServer:
     kw = dict(token=token, prompts_per_step=r.prompts_per_step,
               group_size=r.generations_per_prompt, max_lag=r.max_lag, mode=r.mode,
               host=host or "127.0.0.1", port=int(port or 0),
-              max_message_bytes=config.buffer.max_message_bytes)
+              max_message_bytes=config.buffer.max_message_bytes, tls=TLS.from_config(config))
     kw.update(overrides)
     return cls(prompts, **kw)
 
@@ -275,6 +278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   ap.add_argument("--learner-state", default=None,
                   help="JSON file the learner keeps (checkpoint step, resume request); read at "
                        "startup to rewind after a learner resume (buffer/replay.py)")
+  TLS.add_arguments(ap)
   ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
   ap.add_argument("--switch-interval-s", type=float, default=0.0,
                   help="sys.setswitchinterval for the server process (0: Python's default 5 ms)")
@@ -287,6 +291,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   token = os.environ.get(a.token_env, "")
   if not token:
     sys.exit(f"error: environment variable {a.token_env} (the auth token) is empty or unset")
+  tls = TLS.from_args(a)
+  try:
+    tls.check(server=tls.enabled)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   srv = BufferServer(load_prompts(a.prompts), token=token, prompts_per_step=a.prompts_per_step,
                      group_size=a.group_size, max_lag=a.max_lag, mode=a.mode, host=a.host,
                      port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
@@ -296,7 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      wal_fsync_interval_s=a.wal_fsync_interval_s,
                      learner_state=replay.read_learner_state(a.learner_state),
                      max_weight_bytes=a.max_weight_bytes,
-                     weight_chunk_bytes=a.weight_chunk_bytes).start()
+                     weight_chunk_bytes=a.weight_chunk_bytes, tls=tls).start()
   out = {"port": srv.port, "address": srv.address}
   if srv.wal is not None or srv.wal_report:
     out["wal"] = srv.wal_report

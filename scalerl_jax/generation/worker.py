@@ -38,6 +38,7 @@ from scalerl_jax.models import hf_io
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol.client import assignment_prompt
 from scalerl_jax.protocol.client import BufferClient
+from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.protocol.wire import tune_malloc
 from scalerl_jax.weights.stream import StreamFetcher
 
@@ -90,7 +91,7 @@ class Worker:
     token = os.environ.get(config.buffer.auth_token_env, "")
     if not token:
       raise SystemExit(f"error: env var {config.buffer.auth_token_env} (buffer token) is unset")
-    self.client = BufferClient(address, token,
+    self.client = BufferClient(address, token, tls=TLS.from_config(config),
                                retry_budget_s=float(config.generator.get("retry_budget_s", 60.0)))
     self.dataset = build_dataset(config.data, config.rollout.max_prompt_len)
     if self.dataset.reward_name == "code":   # this process grades: its sandbox must work
@@ -243,10 +244,18 @@ def main(argv=None):
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--tensor_parallel", type=int, default=0,
                   help="vLLM engine tensor-parallel size (overrides config.generator.tensor_parallel)")
+  ap.add_argument("--tls_cert", default=None, help="PEM certificate (overrides config.tls.cert)")
+  ap.add_argument("--tls_key", default=None, help="PEM key (overrides config.tls.key)")
+  ap.add_argument("--tls_ca", default=None,
+                  help="PEM CA the buffer's certificate is verified with (overrides config.tls.ca)")
+  ap.add_argument("--tls_server_name", default=None, help="overrides config.tls.server_name")
   a = ap.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
   tune_malloc()    # multi-MB weight chunks / rollout buffers reuse heap memory, not fresh mmaps
   config = runtime.load_run_config(a.run_config)
+  for name in ("cert", "key", "ca", "server_name"):   # a fleet pod's mounted certificates
+    if getattr(a, f"tls_{name}") is not None:
+      config.tls[name] = getattr(a, f"tls_{name}")
   a.generator_id = a.generator_id or socket.gethostname()
   if a.tensor_parallel:
     config.generator.tensor_parallel = a.tensor_parallel

@@ -66,8 +66,14 @@ class Learner:
   """
 
   def __init__(self, apply_fn: ApplyFn, params, config, *, mesh=None, params_sharding=None,
-               vocab_size: int | None = None, with_entropy: bool = True, donate: bool = True):
+               vocab_size: int | None = None, with_entropy: bool = True, donate: bool = True,
+               temperature: float | None = None):
+    """`temperature`: the generators' sampling temperature (default `config.generator.temperature`,
+    1 without a generator section): learner log-probs are log_softmax(logits / T)."""
     self.spec = RLSpec.from_config(config.rl)
+    if temperature is None:
+      temperature = float(config.generator.get("temperature", 1.0)) if "generator" in config else 1.0
+    self.temperature = float(temperature)
     self.microbatches = int(config.optim.microbatches)
     self.vocab_size = vocab_size
     self.optimizer = make_optimizer(config.optim)
@@ -88,7 +94,7 @@ class Learner:
     step_fn = make_train_step(apply_fn, self.optimizer, self.spec, self.microbatches,
                               lr_schedule=self.lr_schedule, with_entropy=with_entropy,
                               logits_chunk=int(model.get("logits_chunk", 1024)),
-                              batch_partition=partition, mesh=mesh)
+                              batch_partition=partition, mesh=mesh, temperature=self.temperature)
     create = lambda p: LearnerState.create(p, self.optimizer)
     if mesh is None:
       self.state = jax.jit(create)(params)

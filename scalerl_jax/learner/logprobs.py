@@ -9,14 +9,18 @@ import jax
 import jax.numpy as jnp
 
 
-def token_logprobs(logits, tokens, with_entropy: bool = True):
+def token_logprobs(logits, tokens, with_entropy: bool = True, temperature: float = 1.0):
   """Returns (logp [B,T], entropy [B,T] or None), both float32.
 
+  `temperature` T: the log-probs of the distribution the generator sampled from,
+  log_softmax(logits / T) (docs/LEARNER.md "Sampling temperature"); T = 1 leaves the logits as is.
   logp[b, t] = log_softmax(logits[b, t−1])[tokens[b, t]] for t ≥ 1, computed in float32 as
   logit − logsumexp (never materialising a softmax in the forward). entropy[b, t] is the entropy of
   the distribution that produced token t, under stop_gradient (a metric, not a loss term).
   """
   logits = jnp.asarray(logits, jnp.float32)[:, :-1]                       # predicts tokens[:, 1:]
+  if float(temperature) != 1.0:
+    logits = logits / jnp.float32(temperature)
   tgt = jnp.asarray(tokens)[:, 1:]
   lse = jax.nn.logsumexp(logits, axis=-1)
   picked = jnp.take_along_axis(logits, tgt[..., None].astype(jnp.int32), axis=-1)[..., 0]
@@ -30,14 +34,16 @@ def token_logprobs(logits, tokens, with_entropy: bool = True):
   return logp, jnp.concatenate([pad, ent], axis=1)
 
 
-def chunked_token_logprobs(hidden, kernel, tokens, chunk: int = 1024, with_entropy: bool = True):
+def chunked_token_logprobs(hidden, kernel, tokens, chunk: int = 1024, with_entropy: bool = True,
+                           temperature: float = 1.0):
   """`token_logprobs` of logits = hidden @ kernel, computed over sequence chunks of `chunk`.
 
   hidden [B,T,D] and kernel [D,V] in the head dtype (float32 for the FP32 LM head; see
   models.forward_hidden). Each chunk's [B,chunk,V] float32 logits exist only inside one step of a
   lax.map whose body is jax.checkpoint'ed, so the backward pass recomputes them chunk by chunk too:
   the [B,T,V] logits (8.4 GB for one 16k sequence of a 128,256 vocabulary) never exist whole.
-  Same values as token_logprobs(hidden @ kernel, tokens); T need not divide by `chunk`.
+  Same values as token_logprobs(hidden @ kernel, tokens, temperature=temperature); T need not
+  divide by `chunk`.
   """
   B, T, _ = hidden.shape
   tokens = jnp.asarray(tokens, jnp.int32)
@@ -53,6 +59,8 @@ def chunked_token_logprobs(hidden, kernel, tokens, chunk: int = 1024, with_entro
   @jax.checkpoint
   def one(h_c, t_c):
     logits = jnp.einsum("BcD,DV->BcV", h_c, kernel).astype(jnp.float32)
+    if float(temperature) != 1.0:
+      logits = logits / jnp.float32(temperature)
     lse = jax.nn.logsumexp(logits, axis=-1)
     picked = jnp.take_along_axis(logits, t_c[..., None], axis=-1)[..., 0]
     if not with_entropy:

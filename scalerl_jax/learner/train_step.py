@@ -43,11 +43,13 @@ def _positions(batch):
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
                     microbatches: int = 1, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
-                    mesh=None, logits_chunk: int = 1024) -> Callable:
+                    mesh=None, logits_chunk: int = 1024, temperature: float = 1.0) -> Callable:
   """Builds the un-jitted step function ``(state, batch) -> (state, metrics)``.
 
   When ``apply_fn`` returns (hidden, head kernel), log-probs and entropies are computed over
   sequence chunks of ``logits_chunk`` positions (learner/logprobs.chunked_token_logprobs).
+  ``temperature``: the generators' sampling temperature T; learner log-probs are
+  log_softmax(logits / T), the distribution ``gen_logprobs`` come from (else every IS ratio is biased).
 
   ``batch_partition`` (with ``mesh``) constrains each micro-batch's rows to the batch mesh axes.
   """
@@ -56,9 +58,10 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
   def objective(params, mb):
     out = apply_fn(params, mb["tokens"], mb["positions"])
     if isinstance(out, tuple):
-      logp, ent = chunked_token_logprobs(*out, mb["tokens"], logits_chunk, with_entropy)
+      logp, ent = chunked_token_logprobs(*out, mb["tokens"], logits_chunk, with_entropy,
+                                         temperature=temperature)
     else:
-      logp, ent = token_logprobs(out, mb["tokens"], with_entropy)
+      logp, ent = token_logprobs(out, mb["tokens"], with_entropy, temperature=temperature)
     mask = mb["loss_mask"].astype(bool)
     out = loss_fn(logp, mb["gen_logprobs"], mb["adv"], mb["weights"], mask, spec.hp)
     stats = metrics_lib.token_stats(logp, mb["gen_logprobs"], ent, mb["weights"], mask, out.stats)

@@ -32,7 +32,7 @@ import numpy as np
 
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
-from scalerl_jax.protocol.rpc import SERVICE, channel_options
+from scalerl_jax.protocol.rpc import SERVICE, TLS, channel_options, open_channel
 from scalerl_jax.types import PromptSpec
 from scalerl_jax.protocol.wire import varint
 
@@ -56,13 +56,14 @@ class BufferClient:
 
   def __init__(self, address: str, token: str, *, max_message_bytes: int = 256 << 20,
                retries: Optional[int] = None, retry_budget_s: float = 60.0,
-               backoff_s: float = 0.05, max_backoff_s: float = 2.0):
-    """retries=None: retry UNAVAILABLE until `retry_budget_s` has passed; retries=N: N retries."""
+               backoff_s: float = 0.05, max_backoff_s: float = 2.0, tls: Optional[TLS] = None):
+    """retries=None: retry UNAVAILABLE until `retry_budget_s` has passed; retries=N: N retries.
+    `tls` (rpc.TLS, e.g. `TLS.from_config(config)`): verify the server over TLS (plaintext if None)."""
     self.address = address
-    self._token, self._max_message_bytes = token, max_message_bytes
+    self._token, self._max_message_bytes, self.tls = token, max_message_bytes, tls or TLS()
     self._md = (("authorization", f"Bearer {token}"),)
     # Reconnect quickly once a restarted buffer listens again (gRPC's default backoff grows to 120 s).
-    self._ch = grpc.insecure_channel(address, options=channel_options(max_message_bytes) + [
+    self._ch = open_channel(address, self.tls, channel_options(max_message_bytes) + [
         ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", int(max_backoff_s * 1000))])
     self.retries, self.retry_budget_s = retries, retry_budget_s
@@ -84,9 +85,10 @@ class BufferClient:
     self._ch.close()
 
   def peer(self, address: str, retries: int = 3) -> "BufferClient":
-    """A client for another server of this run (a learner weight source) with the same token."""
+    """A client for another server of this run (a learner weight source), same token and TLS."""
     return BufferClient(address, self._token, max_message_bytes=self._max_message_bytes,
-                        retries=retries, backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s)
+                        retries=retries, backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s,
+                        tls=self.tls)
 
   def __enter__(self):
     return self

@@ -32,7 +32,7 @@ from typing import Optional
 import grpc
 
 from scalerl_jax.protocol import rollout_pb2 as pb
-from scalerl_jax.protocol.rpc import SERVICE, AuthInterceptor, channel_options
+from scalerl_jax.protocol.rpc import SERVICE, TLS, AuthInterceptor, add_port, channel_options
 from scalerl_jax.protocol import validation as val
 from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.protocol.wire import Malformed, parser, serialize
@@ -56,9 +56,10 @@ class WeightSource:
 
   def __init__(self, token: str, *, host: str = "127.0.0.1", port: int = 0,
                advertise: Optional[str] = None, keep: int = 2, max_message_bytes: int = 64 << 20,
-               stall_s: float = 60.0, max_workers: int = 64):
+               stall_s: float = 60.0, max_workers: int = 64, tls: Optional[TLS] = None):
     """`advertise`: the host part generators dial (default: `host`, or this host's address for a
-    wildcard bind). `keep`: versions held (the newest, plus older ones still being fetched)."""
+    wildcard bind). `keep`: versions held (the newest, plus older ones still being fetched).
+    `tls` (rpc.TLS): serve over TLS, like the buffer (`TLS.from_config(config)`)."""
     if not token:
       raise ValueError("an auth token is required")
     self.keep, self.stall_s = max(1, int(keep)), float(stall_s)
@@ -76,7 +77,7 @@ class WeightSource:
         "FetchWeights": grpc.unary_stream_rpc_method_handler(
             self._fetch, parser(pb.FetchWeightsRequest), serialize)})])
     bind = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    self.port = self._server.add_insecure_port(f"{bind}:{port}")
+    self.port = add_port(self._server, f"{bind}:{port}", tls)
     if not self.port:
       raise OSError(f"weight source: cannot bind {host}:{port}")
     self.address = f"{advertise or advertised_host(host)}:{self.port}"

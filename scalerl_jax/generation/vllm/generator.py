@@ -30,6 +30,7 @@ import numpy as np
 
 from scalerl_jax.generation.vllm import protocol as P
 from scalerl_jax.generation.generator import Generator
+from scalerl_jax.processes import child_env, launcher_argv
 from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -109,9 +110,12 @@ class VLLMGenerator(Generator):
     self._listener.bind(sock_path)
     self._listener.listen(1)
     self._log = open(self.log_path, "ab")
+    # Through the exec launcher: dies with this process (PDEATHSIG, then its reaper's SIGKILL of
+    # the engine's process group after SCALERL_CHILD_GRACE_S), even inside a long engine step.
     self._proc = subprocess.Popen(
-        [str(py), "-m", "scalerl_jax.generation.vllm.worker", "--socket", sock_path,
-         "--config", json.dumps(cfg)], cwd=str(REPO_ROOT), env=env, stdout=self._log,
+        launcher_argv([str(py), "-m", "scalerl_jax.generation.vllm.worker", "--socket", sock_path,
+                       "--config", json.dumps(cfg)], python=str(py)),
+        cwd=str(REPO_ROOT), env=child_env(env), stdout=self._log,
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     self._sock: socket.socket | None = None
     self._pending: dict[int, _Pending] = {}

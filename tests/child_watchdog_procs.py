@@ -1,0 +1,36 @@
+"""Processes of tests/test_child_watchdog.py (run as `python tests/child_watchdog_procs.py ROLE ...`).
+
+parent WORKDIR DLL READY: starts one child (`stuck DLL READY`) through `ProcessGroup.start` (the exec
+  launcher every buffer / generator goes through), prints its pid, then sleeps until it is killed.
+stuck DLL READY: installs a SIGTERM handler that would exit at once, touches READY, then deadlocks
+  in `pthread_mutex_lock` on a mutex it already holds, called through `ctypes.DLL` (CDLL: the GIL
+  is released, Python threads run but the main thread never returns to the interpreter; PyDLL: the
+  GIL is held, nothing in the interpreter runs).
+"""
+import ctypes
+import os
+import signal
+import sys
+import time
+
+
+def parent(workdir: str, dll: str, ready: str) -> None:
+  from scalerl_jax.processes import ProcessGroup
+  g = ProcessGroup(workdir)
+  p = g.start("stuck", [sys.executable, os.path.abspath(__file__), "stuck", dll, ready])
+  print(p.pid, flush=True)
+  time.sleep(600)
+
+
+def stuck(dll: str, ready: str) -> None:
+  signal.signal(signal.SIGTERM, lambda *_: os._exit(0))   # would exit at once, if it could run
+  lib = getattr(ctypes, dll)("libc.so.6")
+  mutex = ctypes.create_string_buffer(64)                 # PTHREAD_MUTEX_INITIALIZER (zeros)
+  lib.pthread_mutex_lock(mutex)
+  open(ready, "w").close()                                # about to block for good
+  lib.pthread_mutex_lock(mutex)                           # self-deadlock: never returns
+
+
+if __name__ == "__main__":
+  role, args = sys.argv[1], sys.argv[2:]
+  {"parent": parent, "stuck": stuck}[role](*args)
