@@ -66,7 +66,8 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
   """Forecast one run (``analysis.metrics.RunData``) at ``budget`` hours; returns (record, posterior).
 
     The record holds ``run``, ``budget``, ``pred``, ``lo``, ``hi`` (the ``level`` band of the pass
-    rate at the budget), ``identifiable``, ``verdict``, ``A``, ``B``, ``C_mid`` (posterior medians),
+    rate at the budget, i.e. of the run's curve), ``pred_lo``, ``pred_hi`` (the band of one
+    evaluation there: the curve plus evaluation noise), ``identifiable``, ``verdict``, ``A``, ``B``, ``C_mid`` (posterior medians),
     ``ci`` ({A, B, C_mid} -> [lo, hi]), ``noise`` and, with ``target``, ``hours_to_target``
     ({pred, lo, hi}, hi None when the band reaches "never"; None when not reachable) and
     ``p_A_below_target``.
@@ -75,10 +76,12 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
   _check_request(run, C, budget, target)
   post = fit_posterior(C, y, run.r0, n_samples=n_samples, seed=seed, n_draws=n_draws)
   band = post.band([budget], level)
+  mband = post.band([budget], level, measurement=True, seed=seed)
   ident = post.identifiability(level=level)
   rec = {"run": run.name, "run_dir": run.run_dir, "budget": float(budget), "until": until,
          "n_evals": int(len(C)), "last_compute": float(C[-1]), "last_value": float(y[-1]), "R0": run.r0,
          "pred": float(band["pred"][0]), "lo": float(band["lo"][0]), "hi": float(band["hi"][0]), "level": level,
+         "pred_lo": float(mband["lo"][0]), "pred_hi": float(mband["hi"][0]),
          "identifiable": ident["identifiable"],
          "verdict": "identifiable" if ident["identifiable"] else "not yet identifiable",
          "reasons": ident["reasons"], "p_cmid_beyond_last": ident["p_cmid_beyond_last"],
