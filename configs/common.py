@@ -101,6 +101,18 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=50, keep=3))
 
+  # Run health (scalerl_jax/health.py has each threshold's source). A crossing logs a warning and a
+  # health/* metric; signals named in abort_on (comma-separated) stop the run: checkpoint, non-zero exit.
+  c.health = ml_collections.ConfigDict(dict(
+      max_length_cut_frac=0.15,     # generations cut at the answer budget (paper: unstable at 10-15 %)
+      max_truncated_frac=0.05,      # tokens whose CISPO IS weight is truncated at eps_max
+      max_kl=0.1,                   # KL(generator || learner), k3 estimator, staleness included
+      min_entropy=0.05,             # mean token entropy (nats): entropy collapse below
+      max_consecutive_skipped=3,    # learner steps skipped in a row (non-finite / empty)
+      abort_on=""))                 # e.g. "truncated_frac,kl"
+  # Live forecast (analysis/posterior.py) after each evaluation, on a background thread.
+  c.forecast = ml_collections.ConfigDict(dict(enabled=True, n_draws=4000))
+
   # Supervised warm start (only for datasets that ship SFT traces, e.g. the synthetic task; real
   # runs start from an SFT checkpoint via model.hf_checkpoint).
   c.sft = ml_collections.ConfigDict(dict(clean_steps=0, steps=0, batch_size=64, lr=1e-3,

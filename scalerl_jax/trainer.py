@@ -72,9 +72,11 @@ class MetricsLog:
   """metrics.jsonl (docs/METRICS.md) + TensorBoard event files."""
 
   def __init__(self, workdir: str, purge_step: int | None = None):
+    import threading
     from analysis.metrics import append_metrics
     self._append = append_metrics
     self.workdir = workdir
+    self.lock = threading.Lock()   # the live forecast writes (and reads the file) from its thread
     try:
       from tensorboardX import SummaryWriter
       # purge_step: a resumed run hides the events the crashed run logged after its checkpoint.
@@ -83,11 +85,12 @@ class MetricsLog:
       self.tb = None
 
   def write(self, record: dict) -> None:
-    self._append(self.workdir, record)
-    if self.tb is not None:
-      for k, v in record.items():
-        if isinstance(v, (int, float)) and k != "step":
-          self.tb.add_scalar(k, v, record["step"])
+    with self.lock:
+      self._append(self.workdir, record)
+      if self.tb is not None:
+        for k, v in record.items():
+          if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+            self.tb.add_scalar(k, v, record["step"])
 
   def close(self):
     if self.tb is not None:
@@ -96,6 +99,8 @@ class MetricsLog:
 
 class _NoLog:
   """Metrics sink of the non-main processes of a multi-host learner (process 0 logs)."""
+
+  lock = None
 
   def write(self, record: dict) -> None:
     pass
@@ -162,6 +167,12 @@ class Trainer:
       self._restore(resume_step)
     self.metrics = (MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None)
                     if self.main else _NoLog())
+    from scalerl_jax.health import HealthMonitor, LiveForecast
+    self.health = HealthMonitor(config.health) if config.get("health") is not None else None
+    fc = config.get("forecast")
+    self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
+                                  lock=self.metrics.lock)
+                     if self.main and fc is not None and fc.enabled else None)
 
   def _restore(self, step: int) -> None:
     """Loads checkpoint `step`: learner state, ledger (the wall time since the save is booked:
@@ -229,6 +240,8 @@ class Trainer:
     rec = {"step": step, "kind": "eval", **self.ledger.snapshot(), **out}
     self.metrics.write(rec)
     self.last_eval = rec
+    if self.forecast is not None:   # refit on a background thread: off the learner's critical path
+      self.forecast.submit(step, rec["compute_hours"], int(self.config.total_steps))
     return rec
 
   def _pull(self, step: int):
@@ -286,12 +299,26 @@ class Trainer:
       reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
       np.savez(os.path.join(self.workdir, "batches", f"step_{step:06d}.npz"),
                finish_reason=np.asarray(reasons, np.int32), **full)
+    from scalerl_jax.protocol import rollout_pb2 as pb
+    reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
     rec = {"step": step + 1, "kind": "train", **self.ledger.snapshot(), **m,
+           "length_cut_frac": float(np.mean([f == pb.FINISH_LENGTH for f in reasons])) if reasons else 0.0,
+           "interrupted_frac": float(np.mean([f == pb.FINISH_INTERRUPTED for f in reasons])) if reasons else 0.0,
            "max_lag": int(batch.summary.lag.max_lag), "lag_hist": lag,
            "mean_reward": float(arrays["rewards"].mean()), "wait_s": t_wait, "train_s": t_train,
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
            "policy_tokens": generated, "time": time.time()}
+    abort = None
+    if self.health is not None:
+      from scalerl_jax.health import RunUnhealthy
+      try:
+        rec.update(self.health.check(rec))
+      except RunUnhealthy as e:
+        rec.update(e.metrics)
+        abort = e
     self.metrics.write(rec)
+    if abort is not None:
+      raise abort
     return rec
 
   def save(self, step: int) -> None:
@@ -334,8 +361,21 @@ class Trainer:
     total = int(self.config.total_steps)
     bar = tqdm(range(start, total), desc="RL", disable=not self.progress, dynamic_ncols=True,
                initial=start, total=total)
+    from scalerl_jax.health import RunUnhealthy
     for s in bar:
-      rec = self.train_step(s)
+      try:
+        rec = self.train_step(s)
+      except RunUnhealthy as e:   # stop cleanly: a loadable checkpoint, the reason, then non-zero exit
+        log.error("stopping the run: %s", e.reason)
+        if self.forecast is not None:
+          self.forecast.wait()
+        self.save(s + 1)
+        self.metrics.write({"step": s + 1, "kind": "health_abort", "reason": e.reason})
+        self.ckpt.close()
+        self.metrics.close()
+        if self.source is not None:
+          self.source.stop()
+        raise
       if (s + 1) % every == 0 or s + 1 == total:
         self.run_eval(s + 1)
       if self.main:
@@ -343,6 +383,8 @@ class Trainer:
                         lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
       if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
         self.save(s + 1)
+    if self.forecast is not None:
+      self.forecast.wait()
     self.ckpt.close()
     self.metrics.close()
     if self.source is not None:   # generators still fetching the last version resume, then stop
