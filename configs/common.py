@@ -112,6 +112,9 @@ def base_config() -> ml_collections.ConfigDict:
       abort_on=""))                 # e.g. "truncated_frac,kl"
   # Live forecast (analysis/posterior.py) after each evaluation, on a background thread.
   c.forecast = ml_collections.ConfigDict(dict(enabled=True, n_draws=4000))
+  # Weights & Biases beside TensorBoard (scalerl_jax/wandb_sink.py): on when project is set;
+  # mode "auto" = online with WANDB_API_KEY, else offline files under WORKDIR/wandb/.
+  c.wandb = ml_collections.ConfigDict(dict(project="", entity="", name="", mode="auto"))
 
   # Supervised warm start (only for datasets that ship SFT traces, e.g. the synthetic task; real
   # runs start from an SFT checkpoint via model.hf_checkpoint).

@@ -69,9 +69,10 @@ def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
 
 
 class MetricsLog:
-  """metrics.jsonl (docs/METRICS.md) + TensorBoard event files."""
+  """metrics.jsonl (docs/METRICS.md) + TensorBoard event files (+ W&B with `wandb_cfg.project`)."""
 
-  def __init__(self, workdir: str, purge_step: int | None = None):
+  def __init__(self, workdir: str, purge_step: int | None = None, wandb_cfg=None,
+               run_config: dict | None = None):
     import threading
     from analysis.metrics import append_metrics
     self._append = append_metrics
@@ -83,6 +84,10 @@ class MetricsLog:
       self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge_step)
     except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
       self.tb = None
+    self.wandb = None
+    if wandb_cfg is not None and wandb_cfg.get("project"):
+      from scalerl_jax.wandb_sink import WandbSink
+      self.wandb = WandbSink(workdir, wandb_cfg, run_config)
 
   def write(self, record: dict) -> None:
     with self.lock:
@@ -91,10 +96,24 @@ class MetricsLog:
         for k, v in record.items():
           if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
             self.tb.add_scalar(k, v, record["step"])
+      if self.wandb is not None:
+        self.wandb.log(record)
+
+  def log_images(self, images: dict, step: int) -> None:
+    """End-of-run plots (fit, forecast) to W&B."""
+    if self.wandb is not None:
+      with self.lock:
+        self.wandb.log_images(images, step)
 
   def close(self):
+    """Closes TensorBoard; the W&B run stays open for the end-of-run plots (`finish`)."""
     if self.tb is not None:
       self.tb.close()
+
+  def finish(self):
+    if self.wandb is not None:
+      self.wandb.finish()
+      self.wandb = None
 
 
 class _NoLog:
@@ -105,7 +124,13 @@ class _NoLog:
   def write(self, record: dict) -> None:
     pass
 
+  def log_images(self, images: dict, step: int) -> None:
+    pass
+
   def close(self) -> None:
+    pass
+
+  def finish(self) -> None:
     pass
 
 
@@ -165,7 +190,8 @@ class Trainer:
     self.resume_info = None
     if resume_step is not None:
       self._restore(resume_step)
-    self.metrics = (MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None)
+    self.metrics = (MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None,
+                               wandb_cfg=config.get("wandb"), run_config=config.to_dict())
                     if self.main else _NoLog())
     from scalerl_jax.health import HealthMonitor, LiveForecast
     self.health = HealthMonitor(config.health) if config.get("health") is not None else None
@@ -373,6 +399,7 @@ class Trainer:
         self.metrics.write({"step": s + 1, "kind": "health_abort", "reason": e.reason})
         self.ckpt.close()
         self.metrics.close()
+        self.metrics.finish()
         if self.source is not None:
           self.source.stop()
         raise

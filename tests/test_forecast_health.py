@@ -131,3 +131,38 @@ def test_live_forecast_thread_writes_metrics_and_tensorboard(tmp_path):
   tb = _tb_scalars(tmp_path / "tb")
   assert tb["forecast/A"] == [(40, pytest.approx(fc[0]["forecast/A"], rel=1e-6))]
   assert tb["forecast/R_at_budget"][0][1] == pytest.approx(fc[0]["forecast/R_at_budget"], rel=1e-6)
+
+
+def test_wandb_offline_holds_the_same_scalars_as_metrics_jsonl(tmp_path, monkeypatch):
+  pytest.importorskip("wandb")
+  from scalerl_jax.trainer import MetricsLog
+  from scalerl_jax.wandb_sink import read_offline_history
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  cfg = ml_collections.ConfigDict(dict(project="scalerl-test", entity="", name="", mode="auto"))
+  log = MetricsLog(str(tmp_path), wandb_cfg=cfg, run_config={"lr": 3e-5})
+  assert log.wandb.mode == "offline"
+  recs = [{"step": 0, "kind": "eval", "compute_hours": 0.0, "val_pass_rate": 0.25},
+          {"step": 1, "kind": "train", "compute_hours": 0.01, "loss": -0.5, "health/kl": 0.002, "lag_hist": [1, 2]},
+          {"step": 1, "kind": "forecast", "forecast/A": 0.8, "forecast/verdict": "identifiable",
+           "forecast/identifiable": 1}]
+  for r in recs:
+    log.write(r)
+  png = tmp_path / "p.png"
+  from analysis.plots import _figure
+  _figure(figsize=(1, 1)).savefig(png)
+  log.log_images({"fit/curves": str(png)}, step=2)
+  log.close()
+  log.finish()
+  for _ in range(100):   # wandb-core may still be flushing the offline file after finish()
+    rows = read_offline_history(str(tmp_path))
+    if len(rows) >= 4:
+      break
+    time.sleep(0.2)
+  lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  want = [{k: v for k, v in l.items() if isinstance(v, (int, float)) and k != "step"} for l in lines]
+  got = [{k: v for k, v in r.items() if not k.startswith("_") and k != "trainer_step"} for r in rows[:3]]
+  assert got == want
+  assert [r["trainer_step"] for r in rows[:3]] == [0, 1, 1]
+  assert rows[3]["trainer_step"] == 2 and rows[3]["fit/curves"]["_type"] == "image-file"
+  assert (tmp_path / "wandb_id.txt").is_file()
