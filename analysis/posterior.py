@@ -31,7 +31,7 @@ from analysis.errors import AnalysisError, NoImprovementError, TooFewPointsError
 from analysis.metrics import validate_curve
 from analysis.scaling import MIN_POINTS, fit_sigmoid, sigmoid_curve
 
-__all__ = ["Posterior", "fit_posterior", "estimate_noise", "MIN_EVALS", "B_PRIOR", "LEVEL", "MODEL_ERROR"]
+__all__ = ["Posterior", "fit_posterior", "estimate_noise", "whiten", "ar1_matrix", "ar1_excess_ml", "MIN_EVALS", "B_PRIOR", "LEVEL", "MODEL_ERROR"]
 
 MIN_EVALS = 4            # evaluations after step 0 needed for any forecast
 B_PRIOR = (0.2, 10.0)
@@ -42,13 +42,13 @@ MODEL_ERROR = 1.3
 _RHOS = np.array([0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95])
 
 
-def _ar1(n: int, rho: float) -> np.ndarray:
-  """The AR(1) correlation matrix rho^|j-k| (tests and documentation; the fits use ``_whiten``)."""
+def ar1_matrix(n: int, rho: float) -> np.ndarray:
+  """The AR(1) correlation matrix rho^|j-k| (tests and documentation; the fits use ``whiten``)."""
   idx = np.arange(n)
   return rho ** np.abs(idx[:, None] - idx[None, :])
 
 
-def _whiten(M, d, s2, rho):
+def whiten(M, d, s2, rho):
   """Innovations of the Kalman filter of ``y = x + e``, ``e ~ N(0, d)``, ``x`` AR(1) with variance
     ``s2`` and lag-one correlation ``rho``: a linear map W with ``W Sigma W^T = I`` for
     ``Sigma = d I + s2 R(rho)``, applied to every row of ``M`` (R, n). ``d, s2, rho``: arrays of
@@ -76,7 +76,7 @@ def _whiten(M, d, s2, rho):
   return out, logdet
 
 
-def _noise_ml(resid: np.ndarray, d: float, n_params: int = 3) -> tuple[float, float, float]:
+def ar1_excess_ml(resid: np.ndarray, d: float, n_params: int = 3) -> tuple[float, float, float]:
   """ML estimate of (s^2, rho) in Sigma = d I + s^2 R(rho) from residuals; returns (s2, rho, inflate)."""
   n = len(resid)
   s2_grid = np.concatenate([[0.0], np.geomspace(1e-8, 1.0, 120)])
@@ -84,7 +84,7 @@ def _noise_ml(resid: np.ndarray, d: float, n_params: int = 3) -> tuple[float, fl
   S2, RH = S2.ravel(), RH.ravel()
   ok = (S2 > 0) | (d > 0)
   S2, RH = S2[ok], RH[ok]
-  wr, logdet = _whiten(resid[None], np.full(len(S2), d), S2, RH)
+  wr, logdet = whiten(resid[None], np.full(len(S2), d), S2, RH)
   nll = 0.5 * (logdet + np.sum(wr[:, 0] ** 2, axis=1))
   j = int(np.argmin(nll))
   return float(S2[j]), float(RH[j]), n / max(n - n_params, 1)
@@ -183,7 +183,7 @@ def _cell_stats(C, yp, cm, bg, noise, v0):
   S = _basis(C, cm, bg)
   f = noise["inflate"]
   n = len(C)
-  W, _ = _whiten(np.vstack([yp[None], np.ones((1, n)), S]), f * noise["d"], f * noise["s2"], noise["rho"])
+  W, _ = whiten(np.vstack([yp[None], np.ones((1, n)), S]), f * noise["d"], f * noise["s2"], noise["rho"])
   yt, ot, St = W[0, 0], W[0, 1], W[0, 2:]
   Ut = ot[None] - St                                     # whitened (1 - s)
   ss = np.einsum("gi,gi->g", St, St)
@@ -246,7 +246,7 @@ def _laplace_box(C, y, r0, noise, prior_c, prior_b, k=8.0):
   g = 1.0 / (1.0 + u)
   J = np.stack([g, -a * g * g * u * b, -a * g * g * u * (lc - np.log(C)) * b], 0)   # d/d(a, logC, logB)
   f = noise["inflate"]
-  Jw, _ = _whiten(J, f * noise["d"], f * noise["s2"], noise["rho"])
+  Jw, _ = whiten(J, f * noise["d"], f * noise["s2"], noise["rho"])
   H = Jw[0] @ Jw[0].T
   try:
     cov = np.linalg.inv(H)
@@ -284,7 +284,7 @@ def estimate_noise(C, y, r0: float, n_samples: float | None = None) -> dict:
   resid = y - fit
   m_fit = float(np.clip(np.mean(fit), 0, 1))
   d = m_fit * (1 - m_fit) / float(n_samples) if n_samples else 0.0
-  s2, rho, inflate = _noise_ml(resid, d)
+  s2, rho, inflate = ar1_excess_ml(resid, d)
   if d == 0.0 and s2 == 0.0:        # a perfect fit with no known noise: a tiny floor, stays finite
     s2 = max(float(np.var(resid)), 1e-10)
   d0 = r0 * (1 - r0) / float(n_samples) if n_samples else 0.0

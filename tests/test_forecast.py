@@ -12,7 +12,7 @@ from scipy import linalg
 from analysis.errors import ForecastInputError, TooFewPointsError
 from analysis.forecast import forecast_runs, main
 from analysis.metrics import append_metrics, read_run
-from analysis.posterior import _ar1, _noise_ml, _whiten, fit_posterior
+from analysis.posterior import ar1_matrix, ar1_excess_ml, whiten, fit_posterior
 from analysis.scaling import sigmoid_curve
 from analysis.synthetic import write_synthetic_run
 
@@ -24,9 +24,9 @@ DEMO = REPO / "tests" / "data" / "demo_run"
 def test_whiten_is_the_cholesky_solve_of_the_dense_covariance():
   rng = np.random.default_rng(0)
   n, d, s2, rho = 40, 2e-5, 3e-5, 0.8
-  Sigma = d * np.eye(n) + s2 * _ar1(n, rho)
+  Sigma = d * np.eye(n) + s2 * ar1_matrix(n, rho)
   M = rng.normal(size=(5, n))
-  W, logdet = _whiten(M, [d], [s2], [rho])
+  W, logdet = whiten(M, [d], [s2], [rho])
   ref = linalg.solve_triangular(np.linalg.cholesky(Sigma), M.T, lower=True).T
   np.testing.assert_allclose(W[0], ref, rtol=1e-9, atol=1e-9)
   np.testing.assert_allclose(logdet[0], np.linalg.slogdet(Sigma)[1], rtol=1e-10)
@@ -40,7 +40,7 @@ def test_noise_ml_recovers_ar1_excess_over_binomial():
   for k in range(1, n):
     x[k] = rho * x[k - 1] + rng.normal(0, np.sqrt(s2 * (1 - rho ** 2)))
   e = x + rng.normal(0, np.sqrt(d), n)
-  s2_hat, rho_hat, inflate = _noise_ml(e, d)
+  s2_hat, rho_hat, inflate = ar1_excess_ml(e, d)
   assert abs(rho_hat - rho) <= 0.1 and abs(s2_hat / s2 - 1) < 0.25
   assert inflate == pytest.approx(n / (n - 3))
 

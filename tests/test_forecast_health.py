@@ -1,7 +1,6 @@
 """Run health thresholds and the live forecast (issue #17), without a training run."""
 
 import json
-import struct
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from analysis.posterior import fit_posterior
 from analysis.synthetic import write_synthetic_run
 from configs import common
 from scalerl_jax.health import HealthMonitor, LiveForecast, RunUnhealthy
+from tb_events import tb_scalars
 
 
 def _cfg(**kw):
@@ -64,22 +64,6 @@ def test_abort_on_names_only_known_signals_and_stops_with_reason():
   assert e.value.metrics["health/truncated_frac_alarm"] == 1
 
 
-def _tb_scalars(tb_dir):
-  """Scalars of tensorboardX event files, parsed from the TFRecord framing (no tensorboard needed)."""
-  from tensorboardX.proto import event_pb2
-  out = {}
-  for f in Path(tb_dir).glob("events.out.tfevents.*"):
-    data = f.read_bytes()
-    i = 0
-    while i < len(data):
-      (n,) = struct.unpack("<Q", data[i:i + 8])
-      ev = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
-      i += 12 + n + 4
-      for v in ev.summary.value:
-        out.setdefault(v.tag, []).append((ev.step, v.simple_value))
-  return out
-
-
 def _demo_like_run(path, n_evals=31):
   """A run shaped like the tiny demo: 31 evaluations of mean@16 on 64 prompts (1,024 samples)."""
   rng = np.random.default_rng(0)
@@ -128,7 +112,7 @@ def test_live_forecast_thread_writes_metrics_and_tensorboard(tmp_path):
   for key in ("forecast/A", "forecast/A_lo", "forecast/A_hi", "forecast/R_at_budget", "forecast/identifiable"):
     assert key in fc[0]
   assert fc[0]["forecast/identifiable"] == 0                # four points never pin a curve down
-  tb = _tb_scalars(tmp_path / "tb")
+  tb = tb_scalars(tmp_path / "tb")
   assert tb["forecast/A"] == [(40, pytest.approx(fc[0]["forecast/A"], rel=1e-6))]
   assert tb["forecast/R_at_budget"][0][1] == pytest.approx(fc[0]["forecast/R_at_budget"], rel=1e-6)
 
@@ -149,8 +133,8 @@ def test_wandb_offline_holds_the_same_scalars_as_metrics_jsonl(tmp_path, monkeyp
   for r in recs:
     log.write(r)
   png = tmp_path / "p.png"
-  from analysis.plots import _figure
-  _figure(figsize=(1, 1)).savefig(png)
+  from matplotlib.figure import Figure
+  Figure(figsize=(1, 1)).savefig(png)
   log.log_images({"fit/curves": str(png)}, step=2)
   log.close()
   log.finish()
