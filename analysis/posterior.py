@@ -232,14 +232,29 @@ def _box(cm, bg, logw, pad=1):
           [lb[max(ib[0] - pad, 0)], lb[min(ib[-1] + pad, len(bg) - 1)]])
 
 
+def _ls_fit(C, y, r0):
+  """``analysis.scaling.fit_sigmoid`` (least squares, R0 fixed), memoised on the data: the noise
+    estimate and the Laplace box use the same fit. None with too few points or no fit."""
+  key = (C.tobytes(), y.tobytes(), float(r0))
+  if _LS_CACHE.get("key") != key:
+    fit = None
+    if len(C) >= MIN_POINTS:
+      try:
+        fit = fit_sigmoid(C, y, r0)
+      except AnalysisError:
+        fit = None
+    _LS_CACHE.update(key=key, fit=fit)
+  return _LS_CACHE["fit"]
+
+
+_LS_CACHE: dict = {}
+
+
 def _laplace_box(C, y, r0, noise, prior_c, prior_b, k=8.0):
   """(log C_mid, log B) box of +-k sd around the least-squares fit (Laplace approximation with the
     whitened Jacobian), or None without a fit; keeps a thin ridge inside the fine grid."""
-  if len(C) < MIN_POINTS:
-    return None
-  try:
-    fit = fit_sigmoid(C, y, r0)
-  except AnalysisError:
+  fit = _ls_fit(C, y, r0)
+  if fit is None:
     return None
   lc, b, a = np.log(fit.C_mid), fit.B, fit.A - r0
   u = np.exp(np.clip(b * (lc - np.log(C)), -700, 700))
@@ -263,11 +278,9 @@ def _laplace_box(C, y, r0, noise, prior_c, prior_b, k=8.0):
 def _point_fit(C, y, r0):
   """Least-squares Eq. 1 curve at the evaluations (residuals for the noise estimate):
     ``analysis.scaling.fit_sigmoid`` with 5+ points, else the best cell of a coarse grid."""
-  if len(C) >= MIN_POINTS:
-    try:
-      return fit_sigmoid(C, y, r0).predict(C)
-    except AnalysisError:
-      pass
+  fit = _ls_fit(C, y, r0)
+  if fit is not None:
+    return fit.predict(C)
   cm = np.geomspace(C[0] / 10.0, 1000.0 * C[-1], _COARSE[0])
   bg = np.geomspace(*B_PRIOR, _COARSE[1])
   st = _cell_stats(C, y - r0, cm, bg, {"d": 1.0, "s2": 0.0, "rho": 0.0, "inflate": 1.0}, 0.0)
