@@ -13,6 +13,7 @@ __all__ = [
   "NonIncreasingComputeError",
   "PassRateRangeError",
   "NoImprovementError",
+  "ForecastInputError",
 ]
 
 
@@ -45,3 +46,7 @@ class PassRateRangeError(AnalysisError):
 
 class NoImprovementError(AnalysisError):
   """The metric never rises above R0, so Eq. 1 (A > R0) cannot be fitted."""
+
+
+class ForecastInputError(AnalysisError):
+  """A forecast request that cannot be answered (budget below the data, target out of range)."""

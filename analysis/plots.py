@@ -16,7 +16,7 @@ def _figure(**kw):
   FigureCanvasAgg(fig)
   return fig
 
-__all__ = ["plot_curves", "plot_comparison"]
+__all__ = ["plot_curves", "plot_comparison", "plot_forecast"]
 
 
 def _label(name, fit):
@@ -100,6 +100,45 @@ def plot_comparison(runs, fits, cmp: dict, path, ci: dict | None = None) -> str:
   if key == "A":
     bx.set_ylim(min(vals) - 0.05, max(vals) + 0.03)
   bx.set_title(f"winner: {cmp['winner']}", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path)
+  return str(path)
+
+
+def plot_forecast(runs, posts, recs, path, *, budget: float, target: float | None = None,
+                  until: float | None = None, level: float = 0.9) -> str:
+  """Forecast figure: data (filled: used; hollow: after ``until``), posterior median curve and
+    ``level`` band up to past the budget, the budget line and the target line. Saves a PNG."""
+  fig = _figure(figsize=(8, 5.2), dpi=110)
+  ax = fig.subplots()
+  c_hi = budget
+  for rec in recs:
+    h = rec.get("hours_to_target")
+    if h and h.get("hi") and h["hi"] < 5 * budget:
+      c_hi = max(c_hi, h["hi"])
+  for i, (run, post, rec) in enumerate(zip(runs, posts, recs)):
+    color = f"C{i % 10}"
+    C, y = run.compute, run.value
+    used = (C > 0) & (C <= (until if until is not None else np.inf))
+    ax.scatter(C[used], y[used], s=9, color=color, alpha=0.75)
+    if (~used & (C > 0)).any():
+      ax.scatter(C[~used & (C > 0)], y[~used & (C > 0)], s=11, facecolors="none", edgecolors=color, alpha=0.8)
+    grid = np.geomspace(C[C > 0].min(), 1.15 * max(c_hi, C.max()), 200)
+    b = post.band(grid, level)
+    tag = "" if rec["identifiable"] else " (not yet identifiable)"
+    ax.plot(grid, b["pred"], color=color, lw=2,
+            label=f"{rec['run']}: {rec['pred']:.3f} [{rec['lo']:.3f}, {rec['hi']:.3f}] at budget{tag}")
+    ax.fill_between(grid, b["lo"], b["hi"], color=color, alpha=0.2, lw=0)
+  ax.axvline(budget, color="k", ls="--", lw=1, label=f"budget {budget:.4g} h")
+  if target is not None:
+    ax.axhline(target, color="k", ls=":", lw=1, label=f"target {target:.3f}")
+  ax.set_xscale("log")
+  ax.set_xlabel("compute (accelerator-hours)")
+  ax.set_ylabel("validation pass rate")
+  ax.set_title(f"Forecast: posterior median and {level:.0%} band (filled: evaluations used; hollow: later)",
+               fontsize=9)
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=7, loc="lower right")
   fig.tight_layout()
   fig.savefig(path)
   return str(path)

@@ -127,6 +127,28 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=50, keep=3))
 
+  # Run health (scalerl_jax/health.py has each threshold's source). A crossing logs a warning and a
+  # health/* metric; signals named in abort_on (comma-separated) stop the run: checkpoint, non-zero exit.
+  c.health = ml_collections.ConfigDict(dict(
+      max_length_cut_frac=0.15,     # generations cut at the answer budget (paper: unstable at 10-15 %)
+      max_truncated_frac=0.05,      # tokens whose CISPO IS weight is truncated at eps_max
+      max_kl=0.1,                   # KL(generator || learner), k3 estimator, staleness included
+      min_entropy=0.05,             # mean token entropy (nats): entropy collapse below
+      max_consecutive_skipped=3,    # learner steps skipped in a row (non-finite / empty)
+      abort_on="",                  # e.g. "truncated_frac,kl" ("parity": a failed re-score)
+      # Log-prob parity gate: the first batch is scored by the learner and compared with the
+      # generator's log-probs before step 1 (a failure stops the run); re-scored on the tokens of
+      # the current version every parity_every steps. Limits: docs/VLLM.md (bf16 engine + fp32 head).
+      parity_gate="vllm",           # "vllm" (vLLM generators), "always", "off"
+      parity_every=50,
+      parity_max_mean_abs=0.03,     # mean |log p_gen - log p_learner| per policy token
+      parity_max_kl=1e-3))          # KL(gen || learner), k3 estimator
+  # Live forecast (analysis/posterior.py) after each evaluation, on a background thread.
+  c.forecast = ml_collections.ConfigDict(dict(enabled=True, n_draws=4000))
+  # Weights & Biases beside TensorBoard (scalerl_jax/wandb_sink.py): on when project is set;
+  # mode "auto" = online with WANDB_API_KEY, else offline files under WORKDIR/wandb/.
+  c.wandb = ml_collections.ConfigDict(dict(project="", entity="", name="", mode="auto"))
+
   # Supervised warm start (only for datasets that ship SFT traces, e.g. the synthetic task; real
   # runs start from an SFT checkpoint via model.hf_checkpoint).
   c.sft = ml_collections.ConfigDict(dict(clean_steps=0, steps=0, batch_size=64, lr=1e-3,

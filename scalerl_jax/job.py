@@ -207,6 +207,11 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     procs.close()
   logging.info("final held-out pass rate %.3f (%s)", last["val_pass_rate"], sft_info)
   result = fit(workdir, progress)
+  out = os.path.join(workdir, "fit")
+  trainer.metrics.log_images({"fit/curves": os.path.join(out, "curves.png"),
+                              "fit/forecast": os.path.join(out, "forecast.png")},
+                             step=int(config.total_steps))
+  trainer.metrics.finish()
   if multi:
     _share({"done": True}, "scalerl/fit_done")
   return result
@@ -224,6 +229,13 @@ def fit(workdir: str, progress: bool) -> dict:
     return {}
   print(f"Eq. 1 fit: A={res['A']:.3f} B={res['B']:.2f} C_mid={res['C_mid']:.3g} "
         f"R2={res['r2']:.3f} -> {out}/fit.json, {out}/curves.png")
+  from analysis.forecast import forecast_runs   # what the first half would have forecast
+  try:
+    fc = forecast_runs([workdir], float(run.compute[-1]), None, out, until=float(run.compute[-1]) / 2)[0]
+    print(f"forecast from the first half: {fc['pred']:.3f} [{fc['lo']:.3f}, {fc['hi']:.3f}] at "
+          f"{fc['budget']:.3g} h ({fc['verdict']}); measured {run.value[-1]:.3f} -> {out}/forecast.png")
+  except ValueError as e:
+    logging.warning("forecast skipped: %s", e)
   return res
 
 

@@ -101,7 +101,14 @@ def main(argv):
     distributed.initialize(config)    # multi-host: before any JAX computation (no-op for one)
   except (recipes.ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
-  job.run(config, _WORKDIR.value)
+  from scalerl_jax.health import ParityError, RunUnhealthy
+  try:
+    job.run(config, _WORKDIR.value)
+  except ParityError as e:    # start-up gate: nothing trained, nothing to keep
+    sys.exit(f"run stopped at start-up: {e}")
+  except RunUnhealthy as e:   # the trainer wrote a checkpoint; exit non-zero with the reason
+    sys.exit(f"run stopped by the health check: {e.reason} (checkpoint at step {e.step} in "
+             f"{_WORKDIR.value}/checkpoints; resume with the same command after fixing the cause)")
 
 
 if __name__ == "__main__":

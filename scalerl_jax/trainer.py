@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 
 import jax
@@ -65,6 +66,24 @@ def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
           "val_interrupted": float(np.mean(interrupted)), "val_samples": len(rewards)}
 
 
+def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0) -> np.ndarray:
+  """logp[b, t] = log pi_learner(tokens[b, t] | tokens[b, <t]) at `temperature`, float32 (0 at t=0):
+  the learner's side of the IS ratio, for the parity gate."""
+  from scalerl_jax.learner.logprobs import token_logprobs
+  tokens = np.asarray(tokens, np.int32)
+  positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32)[None], tokens.shape)
+  fn = _LOGP_FNS.get(id(model_cfg))
+  if fn is None:
+    def fn(p, tok, pos, t):
+      logits = models.forward(p, model_cfg, tok, pos)
+      return token_logprobs(logits.astype(jax.numpy.float32) / t, tok, with_entropy=False)[0]
+    fn = _LOGP_FNS[id(model_cfg)] = jax.jit(fn)
+  return np.asarray(fn(params, tokens, positions, np.float32(temperature)))
+
+
+_LOGP_FNS = {}
+
+
 def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
   """Right-pads the token axis to a power-of-two multiple of `bucket` (few shapes ever compile)."""
   T = arrays["tokens"].shape[1]
@@ -81,11 +100,13 @@ def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
 
 
 class MetricsLog:
-  """metrics.jsonl (docs/METRICS.md) + TensorBoard event files."""
+  """metrics.jsonl (docs/METRICS.md) + TensorBoard event files (+ W&B with `wandb_cfg.project`)."""
 
-  def __init__(self, workdir: str, purge_step: int | None = None):
+  def __init__(self, workdir: str, purge_step: int | None = None, wandb_cfg=None,
+               run_config: dict | None = None):
     self._append = append_metrics
     self.workdir = workdir
+    self.lock = threading.Lock()   # the live forecast writes (and reads the file) from its thread
     try:
       from tensorboardX import SummaryWriter
 
@@ -93,26 +114,53 @@ class MetricsLog:
       self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge_step)
     except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
       self.tb = None
+    self.wandb = None
+    if wandb_cfg is not None and wandb_cfg.get("project"):
+      from scalerl_jax.wandb_sink import WandbSink
+      self.wandb = WandbSink(workdir, wandb_cfg, run_config)
 
   def write(self, record: dict) -> None:
-    self._append(self.workdir, record)
-    if self.tb is not None:
-      for k, v in record.items():
-        if isinstance(v, (int, float)) and k != "step":
-          self.tb.add_scalar(k, v, record["step"])
+    with self.lock:
+      self._append(self.workdir, record)
+      if self.tb is not None:
+        for k, v in record.items():
+          if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+            self.tb.add_scalar(k, v, record["step"])
+      if self.wandb is not None:
+        self.wandb.log(record)
+
+  def log_images(self, images: dict, step: int) -> None:
+    """End-of-run plots (fit, forecast) to W&B."""
+    if self.wandb is not None:
+      with self.lock:
+        self.wandb.log_images(images, step)
 
   def close(self):
+    """Closes TensorBoard; the W&B run stays open for the end-of-run plots (`finish`)."""
     if self.tb is not None:
       self.tb.close()
+
+  def finish(self):
+    if self.wandb is not None:
+      self.wandb.finish()
+      self.wandb = None
 
 
 class _NoLog:
   """Metrics sink of the non-main processes of a multi-host learner (process 0 logs)."""
 
+  lock = None
+
   def write(self, record: dict) -> None:
     pass
 
+  def log_images(self, images: dict, step: int) -> None:
+    pass
+
   def close(self) -> None:
+    pass
+
+  def finish(self) -> None:
     pass
 
 
@@ -171,8 +219,15 @@ class Trainer:
     self.resume_info = None
     if resume_step is not None:
       self._restore(resume_step)
-    self.metrics = (MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None)
+    self.metrics = (MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None,
+                               wandb_cfg=config.get("wandb"), run_config=config.to_dict())
                     if self.main else _NoLog())
+    from scalerl_jax.health import HealthMonitor, LiveForecast
+    self.health = HealthMonitor(config.health) if config.get("health") is not None else None
+    fc = config.get("forecast")
+    self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
+                                  lock=self.metrics.lock)
+                     if self.main and fc is not None and fc.enabled else None)
 
   def _restore(self, step: int) -> None:
     """Loads checkpoint `step`: learner state, ledger (the wall time since the save is booked:
@@ -237,6 +292,8 @@ class Trainer:
     rec = {"step": step, "kind": "eval", **self.ledger.snapshot(), **out}
     self.metrics.write(rec)
     self.last_eval = rec
+    if self.forecast is not None:   # refit on a background thread: off the learner's critical path
+      self.forecast.submit(step, rec["compute_hours"], int(self.config.total_steps))
     return rec
 
   def _pull(self, step: int):
@@ -265,6 +322,29 @@ class Trainer:
         c["rollouts"] + len(ids)
     c["recent"][str(step)] = ids
 
+  def _parity_on(self) -> bool:
+    h = self.config.get("health")
+    if h is None or self.multi:
+      return False
+    mode = h.get("parity_gate", "off")
+    return mode == "always" or (mode == "vllm" and self.config.generator.backend == "vllm")
+
+  def _parity(self, step: int, full: dict) -> dict:
+    """The log-prob parity gate: at this process's first step (before any update) the whole batch,
+    later every `health.parity_every` steps the tokens generated by the current version."""
+    from scalerl_jax.health import RunUnhealthy, parity_check
+    first = step == self.start_step
+    every = int(self.config.health.get("parity_every", 0) or 0)
+    if not self._parity_on() or not (first or (every and step % every == 0)):
+      return {}
+    mask = full["loss_mask"].astype(bool) & (full["versions"] == step)
+    lp = learner_token_logprobs(self.model_cfg, self.learner.state.params, full["tokens"],
+                                float(self.config.generator.temperature))
+    out = parity_check(lp, full["gen_logprobs"], mask, self.config.health, version=step, startup=first)
+    if out.get("health/parity_alarm") and "parity" in (self.health.abort_on if self.health else ()):
+      raise RunUnhealthy(f"health.abort_on: parity re-score failed at step {step}", step, out)
+    return out
+
   def train_step(self, step: int) -> dict:
     t0 = time.time()
     batch = arrays = None
@@ -277,6 +357,7 @@ class Trainer:
     if self.multi:                        # process 0's batch to every process
       arrays = distributed.broadcast_from_main(arrays)
     t_wait = time.time() - t0
+    parity = self._parity(step, full) if self.main else {}
     t1 = time.time()
     rows = self.learner.local_rows(arrays["tokens"].shape[0])
     m = self.learner.step({k: v[rows] for k, v in arrays.items()})
@@ -293,12 +374,26 @@ class Trainer:
       reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
       np.savez(os.path.join(self.workdir, "batches", f"step_{step:06d}.npz"),
                finish_reason=np.asarray(reasons, np.int32), **full)
+    from scalerl_jax.protocol import rollout_pb2 as pb
+    reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
     rec = {"step": step + 1, "kind": "train", **self.ledger.snapshot(), **m,
+           "length_cut_frac": float(np.mean([f == pb.FINISH_LENGTH for f in reasons])) if reasons else 0.0,
+           "interrupted_frac": float(np.mean([f == pb.FINISH_INTERRUPTED for f in reasons])) if reasons else 0.0,
            "max_lag": int(batch.summary.lag.max_lag), "lag_hist": lag,
            "mean_reward": float(arrays["rewards"].mean()), "wait_s": t_wait, "train_s": t_train,
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
-           "policy_tokens": generated, "time": time.time()}
+           "policy_tokens": generated, "time": time.time(), **parity}
+    abort = None
+    if self.health is not None:
+      from scalerl_jax.health import RunUnhealthy
+      try:
+        rec.update(self.health.check(rec))
+      except RunUnhealthy as e:
+        rec.update(e.metrics)
+        abort = e
     self.metrics.write(rec)
+    if abort is not None:
+      raise abort
     return rec
 
   def save(self, step: int) -> None:
@@ -350,8 +445,22 @@ class Trainer:
     total = int(self.config.total_steps)
     bar = tqdm(range(start, total), desc="RL", disable=not self.progress, dynamic_ncols=True,
                initial=start, total=total)
+    from scalerl_jax.health import RunUnhealthy
     for s in bar:
-      rec = self.train_step(s)
+      try:
+        rec = self.train_step(s)
+      except RunUnhealthy as e:   # stop cleanly: a loadable checkpoint, the reason, then non-zero exit
+        log.error("stopping the run: %s", e.reason)
+        if self.forecast is not None:
+          self.forecast.wait()
+        self.save(s + 1)
+        self.metrics.write({"step": s + 1, "kind": "health_abort", "reason": e.reason})
+        self.ckpt.close()
+        self.metrics.close()
+        self.metrics.finish()
+        if self.source is not None:
+          self.source.stop()
+        raise
       if (s + 1) % every == 0 or s + 1 == total:
         self.run_eval(s + 1)
       if self.main:
@@ -360,6 +469,8 @@ class Trainer:
       if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
         self.save(s + 1)
     self.export_policy()
+    if self.forecast is not None:
+      self.forecast.wait()
     self.ckpt.close()
     self.metrics.close()
     if self.source is not None:   # generators still fetching the last version resume, then stop

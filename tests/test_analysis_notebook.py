@@ -31,6 +31,7 @@ def test_notebook_executes(tmp_path, monkeypatch):
   text = "\n".join(o.get("text", "") for o in outs)
   assert f"python: {sys.executable}" in text
   assert "A = " in text and "95% CI" in text and "final (" in text and "power law: A = " in text
-  assert sum("image/png" in o.get("data", {}) for o in outs) >= 3
+  assert "P(highest at the budget): scalerl" in text and "after 700 h: not yet identifiable" in text
+  assert sum("image/png" in o.get("data", {}) for o in outs) >= 4
   md = [o["data"]["text/markdown"] for o in outs if "text/markdown" in o.get("data", {})]
   assert any("higher B wins: scalerl" in m for m in md) and any("higher A wins: batch_2048" in m for m in md)

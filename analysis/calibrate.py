@@ -1,0 +1,205 @@
+"""Calibration and identifiability of the forecast on simulated runs (issue #17).
+
+``python -m analysis.calibrate [--runs 200] [--pairs 200] [--seed 0] [--out DIR] [--only STUDY]`` prints the tables
+pasted into docs/ANALYSIS.md ("Forecast: calibration"). Runs are simulated by
+``analysis.simulation`` (Table-1 rows in turn, mean@16 on 1,000 held-out prompts of unequal
+difficulty, AR(1) policy wander, A spread +-0.015 run to run); each is forecast from the first half
+of its budget with ``analysis.posterior.fit_posterior`` exactly as ``analysis.forecast`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from analysis.errors import NoImprovementError
+from analysis.posterior import LEVEL, fit_posterior
+from analysis.simulation import NoiseSpec, heldout_offsets, simulate_run
+from analysis.synthetic import TABLE1
+
+__all__ = ["coverage_study", "pairs_study", "identifiability_study", "main"]
+
+ROWS = tuple(TABLE1)
+PREFIX_RATIOS = (0.25, 1.0, 2.0)
+
+
+def _half_fit(run, spec, seed, n_draws=20000):
+  budget = float(run.C[-1])
+  m = (run.C > 0) & (run.C <= budget / 2)
+  post = fit_posterior(run.C[m], run.y[m], float(run.y[0]), n_samples=spec.n_prompts * spec.samples,
+                       seed=seed, n_draws=n_draws)
+  return post, budget
+
+
+def coverage_study(n_runs: int = 200, seed: int = 0, spec: NoiseSpec = NoiseSpec(),
+                   level: float = LEVEL) -> dict:
+  """Forecast each simulated run from the first half of its budget; coverage of the ``level`` band
+    at the full budget for the noise-free value and for the measured final evaluation."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for i in range(n_runs):
+    name = ROWS[i % len(ROWS)]
+    run = simulate_run(rng, name, spec)
+    post, budget = _half_fit(run, spec, seed + i)
+    b = post.band([budget], level)
+    bm = post.band([budget], level, measurement=True, seed=i)
+    lo, hi, pred = float(b["lo"][0]), float(b["hi"][0]), float(b["pred"][0])
+    rows.append({"row": name, "truth": float(run.truth[-1]), "measured": float(run.y[-1]), "pred": pred,
+                 "lo": lo, "hi": hi, "m_lo": float(bm["lo"][0]), "m_hi": float(bm["hi"][0]),
+                 "identifiable": post.identifiability()["identifiable"]})
+  cov_t = np.mean([r["lo"] <= r["truth"] <= r["hi"] for r in rows])
+  cov_m = np.mean([r["lo"] <= r["measured"] <= r["hi"] for r in rows])
+  cov_mm = np.mean([r["m_lo"] <= r["measured"] <= r["m_hi"] for r in rows])
+  cov_mt = np.mean([r["m_lo"] <= r["truth"] <= r["m_hi"] for r in rows])
+  per_row = {}
+  for name in ROWS:
+    rr = [r for r in rows if r["row"] == name]
+    if rr:
+      per_row[name] = {"n": len(rr), "cov_truth": float(np.mean([r["lo"] <= r["truth"] <= r["hi"] for r in rr])),
+                       "cov_measured": float(np.mean([r["lo"] <= r["measured"] <= r["hi"] for r in rr])),
+                       "mband_cov_measured": float(np.mean([r["m_lo"] <= r["measured"] <= r["m_hi"] for r in rr])),
+                       "median_width": float(np.median([r["hi"] - r["lo"] for r in rr])),
+                       "median_abs_err": float(np.median([abs(r["pred"] - r["truth"]) for r in rr]))}
+  return {"n_runs": n_runs, "level": level, "coverage_truth": float(cov_t), "coverage_measured": float(cov_m),
+          "measurement_band_covers_measured": float(cov_mm), "measurement_band_covers_truth": float(cov_mt),
+          "median_width": float(np.median([r["hi"] - r["lo"] for r in rows])), "per_row": per_row,
+          "runs": rows}
+
+
+def pairs_study(n_pairs: int = 200, seed: int = 1, spec: NoiseSpec = NoiseSpec(), max_gap: float = 0.04,
+                edges=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0)) -> dict:
+  """Pairs of recipes of one Table-1 row whose A differ by U(0, max_gap) (each run with its own
+    +-0.015 spread, one shared held-out set): P(first ends higher at the budget) from the two
+    half-budget forecasts, against which one does (noise-free values), in buckets of probability."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n_pairs):
+    name = ROWS[i % len(ROWS)]
+    gap = rng.uniform(0.0, max_gap) * rng.choice([-1.0, 1.0])
+    z = heldout_offsets(rng, spec)
+    r1 = simulate_run(rng, name, spec, z=z)
+    r2 = simulate_run(rng, name, spec, z=z, A_shift=gap)
+    p1, budget = _half_fit(r1, spec, seed + 2 * i, n_draws=8000)
+    p2, _ = _half_fit(r2, spec, seed + 2 * i + 1, n_draws=8000)
+    c1 = p1.curves([budget])[:, 0]
+    c2 = p2.curves([budget])[:, 0]
+    prob = float(np.mean(c1[:, None] > c2[None, ::7]))   # independent posteriors: all pairs of draws (thinned)
+    out.append({"row": name, "gap_A": float(gap), "p_first": prob,
+                "first_wins": bool(r1.truth[-1] > r2.truth[-1])})
+  p = np.array([o["p_first"] for o in out])
+  w = np.array([o["first_wins"] for o in out], float)
+  # each pair read both ways (first vs second and second vs first): buckets symmetric about 0.5
+  p2, w2 = np.concatenate([p, 1 - p]), np.concatenate([w, 1 - w])
+  buckets = []
+  for lo, hi in zip(edges[:-1], edges[1:]):
+    m = (p2 >= lo) & ((p2 < hi) if hi < 1 else (p2 <= hi))
+    if m.any():
+      buckets.append({"lo": lo, "hi": hi, "n": int(m.sum()), "mean_p": float(p2[m].mean()),
+                      "observed": float(w2[m].mean())})
+  brier = float(np.mean((p - w) ** 2))
+  return {"n_pairs": n_pairs, "max_gap": max_gap, "buckets": buckets, "brier": brier, "pairs": out}
+
+
+def identifiability_study(n_runs: int = 200, seed: int = 2, spec: NoiseSpec = NoiseSpec(),
+                          ratios=PREFIX_RATIOS) -> dict:
+  """Share of simulated runs whose verdict is 'identifiable' on prefixes ending at ``ratio x C_mid``
+    (ratio < 1: the last evaluation before it; ratio >= 1: the first evaluation at or past it)."""
+  rng = np.random.default_rng(seed)
+  hits = {r: [] for r in ratios}
+  no_rise = {r: 0 for r in ratios}
+  for i in range(n_runs):
+    name = ROWS[i % len(ROWS)]
+    run = simulate_run(rng, name, spec)
+    for ratio in ratios:
+      end = ratio * run.C_mid
+      if ratio < 1:
+        m = (run.C > 0) & (run.C < end)
+      else:
+        k = int(np.searchsorted(run.C, end))
+        m = (run.C > 0) & (np.arange(len(run.C)) <= k)
+      try:
+        post = fit_posterior(run.C[m], run.y[m], float(run.y[0]), n_samples=spec.n_prompts * spec.samples,
+                             seed=seed + i, n_draws=8000)
+      except NoImprovementError:   # no rise above R0 yet: the forecast says so (exit 2), no verdict
+        hits[ratio].append(False)
+        no_rise[ratio] += 1
+        continue
+      hits[ratio].append(post.identifiability()["identifiable"])
+  return {"n_runs": n_runs, "share_identifiable": {str(r): float(np.mean(v)) for r, v in hits.items()},
+          "no_rise_yet": {str(r): v for r, v in no_rise.items()}}
+
+
+def markdown_coverage(cov: dict) -> str:
+  """The coverage study as markdown."""
+  L = [f"{cov['n_runs']} runs fitted on the first half of the budget, {cov['level']:.0%} bands at the full budget. "
+       f"Curve band (`lo`/`hi`): covers the noise-free value in **{cov['coverage_truth']:.1%}**, the measured final "
+       f"evaluation in {cov['coverage_measured']:.1%} (median width {cov['median_width']:.4f}). "
+       f"Measurement band (`pred_lo`/`pred_hi`): covers the measured final evaluation in "
+       f"**{cov['measurement_band_covers_measured']:.1%}**, the noise-free value in "
+       f"{cov['measurement_band_covers_truth']:.1%}.", "",
+       "| Table-1 row | runs | curve band covers noise-free | curve band covers measured | measurement band "
+       "covers measured | median curve-band width | median abs. error |",
+       "|---|---|---|---|---|---|---|"]
+  for name, r in cov["per_row"].items():
+    L.append(f"| {name} | {r['n']} | {r['cov_truth']:.0%} | {r['cov_measured']:.0%} | {r['mband_cov_measured']:.0%} "
+             f"| {r['median_width']:.4f} | {r['median_abs_err']:.4f} |")
+  return "\n".join(L) + "\n"
+
+
+def markdown_pairs(pairs: dict) -> str:
+  """The pairs study as markdown."""
+  L = [f"Which recipe wins, {pairs['n_pairs']} pairs with true A {pairs['max_gap']:.2f} apart at most "
+       f"(each pair read both ways; Brier score {pairs['brier']:.3f}):", "",
+       "| predicted P(wins) | n | mean predicted | observed win rate | difference |", "|---|---|---|---|---|"]
+  for b in pairs["buckets"]:
+    L.append(f"| {b['lo']:.1f}-{b['hi']:.1f} | {b['n']} | {b['mean_p']:.3f} | {b['observed']:.3f} | "
+             f"{b['observed'] - b['mean_p']:+.3f} |")
+  return "\n".join(L) + "\n"
+
+
+def markdown_ident(ident: dict) -> str:
+  """The identifiability study as markdown."""
+  L = [f"Identifiability verdict on prefixes, {ident['n_runs']} runs:", "",
+       "| prefix ends at | share 'identifiable' | no rise above R0 yet (counted not identifiable) |", "|---|---|---|"]
+  for r, v in ident["share_identifiable"].items():
+    L.append(f"| {'before' if float(r) < 1 else 'first eval past'} {r} x C_mid | {v:.1%} | "
+             f"{ident['no_rise_yet'][r]} |")
+  return "\n".join(L) + "\n"
+
+
+def main(argv=None) -> int:
+  """Command-line entry point (see the module docstring)."""
+  ap = argparse.ArgumentParser(prog="python -m analysis.calibrate", description=__doc__.splitlines()[0])
+  ap.add_argument("--runs", type=int, default=200, help="simulated runs for coverage and identifiability")
+  ap.add_argument("--pairs", type=int, default=200, help="simulated pairs of recipes")
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--out", default=None, help="directory for calibration.json and calibration.md")
+  ap.add_argument("--only", choices=("coverage", "pairs", "ident"), default=None,
+                  help="run one study (the three are independent; run them as three processes)")
+  args = ap.parse_args(argv)
+  out = Path(args.out) if args.out else None
+  if out:
+    out.mkdir(parents=True, exist_ok=True)
+  studies = {"coverage": (lambda: coverage_study(args.runs, seed=args.seed), markdown_coverage),
+             "pairs": (lambda: pairs_study(args.pairs, seed=args.seed + 1), markdown_pairs),
+             "ident": (lambda: identifiability_study(args.runs, seed=args.seed + 2), markdown_ident)}
+  for name, (run, md) in studies.items():
+    if args.only and name != args.only:
+      continue
+    t0 = time.time()
+    res = run()
+    text = md(res)
+    print(text + f"({name}: {time.time() - t0:.0f} s)\n", flush=True)
+    if out:
+      (out / f"{name}.md").write_text(text, encoding="utf-8")
+      (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,244 @@
+"""Forecast runs from what they have measured so far (issue #17).
+
+``python -m analysis.forecast RUN_DIR [RUN_DIR ...] --budget HOURS [--target R] [--out DIR] [--until HOURS]``
+
+For each run: the pass rate predicted at ``--budget`` with a 90 % band, the compute needed to reach
+``--target`` (or "not reachable", with P(A < target)), A, B, C_mid with 90 % intervals, and an
+identifiability verdict. For several runs: P(each ends highest at the budget), the compute at which
+their predicted curves cross, and the paper's shared-A rule. Writes ``forecast.json`` and
+``forecast.png`` to ``--out`` (default: the current directory). ``--until`` uses only evaluations up
+to that compute (what the run had then). The uncertainty model is ``analysis.posterior`` (calibration
+in docs/ANALYSIS.md). Exit status 2 with a one-line ``error: ...`` on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from analysis.compare import A_TOLERANCE, compare_runs
+from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
+from analysis.metrics import METRICS_FILE, RunData, read_metrics_lines, read_run
+from analysis.posterior import LEVEL, MIN_EVALS, Posterior, fit_posterior
+
+__all__ = ["forecast_run", "forecast_runs", "format_table", "eval_samples", "main"]
+
+
+def eval_samples(run_dir) -> float | None:
+  """Generations behind one evaluation (``val_samples`` of the last evaluation line), or None."""
+  try:
+    lines = read_metrics_lines(Path(run_dir) / METRICS_FILE)
+  except AnalysisError:
+    return None
+  for rec in reversed(lines):
+    if "val_pass_rate" in rec and isinstance(rec.get("val_samples"), (int, float)) and rec["val_samples"] > 0:
+      return float(rec["val_samples"])
+  return None
+
+
+def _finite_or_none(x):
+  return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _check_request(run: RunData, C, budget: float, target: float | None):
+  if len(C) < MIN_EVALS:
+    raise TooFewPointsError(f"{run.name}: {len(C)} evaluations after step 0, a forecast needs at least "
+                            f"{MIN_EVALS}; wait for more evaluations (or evaluate more often)")
+  if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
+    raise ForecastInputError(f"--budget {budget} is not a positive number of accelerator-hours")
+  if budget < C[-1]:
+    raise ForecastInputError(f"{run.name}: --budget {budget:g} h is below the last measured compute "
+                             f"{C[-1]:g} h; a forecast looks ahead, pass a budget >= {C[-1]:g} h "
+                             "(use analysis.fit --fit-until to back-test instead)")
+  if target is not None and not (math.isfinite(target) and run.r0 <= target <= 1.0):
+    raise ForecastInputError(f"{run.name}: --target {target} is outside [R0, 1] = [{run.r0:.4g}, 1]; "
+                             "give a pass rate (a fraction) above the run's step-0 value")
+
+
+def forecast_run(run: RunData, budget: float, target: float | None = None, *, until: float | None = None,
+                 n_samples: float | None = None, seed: int = 0, n_draws: int = 20000,
+                 level: float = LEVEL) -> tuple[dict, Posterior]:
+  """Forecast one run (``analysis.metrics.RunData``) at ``budget`` hours; returns (record, posterior).
+
+    The record holds ``run``, ``budget``, ``pred``, ``lo``, ``hi`` (the ``level`` band of the pass
+    rate at the budget, i.e. of the run's curve), ``pred_lo``, ``pred_hi`` (the band of one
+    evaluation there: the curve plus evaluation noise), ``identifiable``, ``verdict``, ``A``, ``B``, ``C_mid`` (posterior medians),
+    ``ci`` ({A, B, C_mid} -> [lo, hi]), ``noise`` and, with ``target``, ``hours_to_target``
+    ({pred, lo, hi}, hi None when the band reaches "never"; None when not reachable) and
+    ``p_A_below_target``.
+    """
+  C, y = run.window(None, until)
+  _check_request(run, C, budget, target)
+  post = fit_posterior(C, y, run.r0, n_samples=n_samples, seed=seed, n_draws=n_draws)
+  band = post.band([budget], level)
+  mband = post.band([budget], level, measurement=True, seed=seed)
+  ident = post.identifiability(level=level)
+  rec = {"run": run.name, "run_dir": run.run_dir, "budget": float(budget), "until": until,
+         "n_evals": int(len(C)), "last_compute": float(C[-1]), "last_value": float(y[-1]), "R0": run.r0,
+         "pred": float(band["pred"][0]), "lo": float(band["lo"][0]), "hi": float(band["hi"][0]), "level": level,
+         "pred_lo": float(mband["lo"][0]), "pred_hi": float(mband["hi"][0]),
+         "identifiable": ident["identifiable"],
+         "verdict": "identifiable" if ident["identifiable"] else "not yet identifiable",
+         "reasons": ident["reasons"], "p_cmid_beyond_last": ident["p_cmid_beyond_last"],
+         "A": float(np.median(post.A)), "B": float(np.median(post.B)), "C_mid": float(np.median(post.C_mid)),
+         "ci": {p: post.interval(p, level) for p in ("A", "B", "C_mid")}, "ci_level": level,
+         "map": post.map, "noise": {k: float(v) for k, v in post.noise.items()}, "n_samples": n_samples}
+  if target is not None:
+    h = post.hours_to(target, level)
+    rec["target"] = float(target)
+    rec["p_A_below_target"] = h["p_unreachable"]
+    rec["hours_to_target"] = (None if h["p_unreachable"] >= 0.5 else
+                              {"pred": h["pred"], "lo": h["lo"], "hi": _finite_or_none(h["hi"])})
+  return rec, post
+
+
+def _crossings(names, posts, c_from, c_to):
+  """Compute values where the median predicted curves of two runs cross, between c_from and c_to."""
+  grid = np.geomspace(c_from, c_to, 400)
+  med = [np.median(p.curves(grid), axis=0) for p in posts]
+  out = []
+  for i in range(len(posts)):
+    for j in range(i + 1, len(posts)):
+      d = med[i] - med[j]
+      idx = np.flatnonzero(np.sign(d[:-1]) * np.sign(d[1:]) < 0)
+      for k in idx:
+        t = d[k] / (d[k] - d[k + 1])
+        c = float(np.exp(np.log(grid[k]) + t * (np.log(grid[k + 1]) - np.log(grid[k]))))
+        out.append({"runs": [names[i], names[j]], "compute": c,
+                    "leader_after": names[i] if d[k + 1] > 0 else names[j]})
+  return out
+
+
+def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=None, *,
+                  until: float | None = None, n_samples: float | None = None, seed: int = 0,
+                  n_draws: int = 20000, tol: float = A_TOLERANCE, names=None, plot: bool = True) -> list[dict]:
+  """Forecast every run; with several, add ``p_best``, ``crossings`` and the shared-A ``comparison``.
+
+    Writes ``out_dir/forecast.json`` and ``out_dir/forecast.png`` when ``out_dir`` is given.
+    ``n_samples``: generations per evaluation; default: each run's ``val_samples``.
+    """
+  run_dirs = [Path(d) for d in run_dirs]
+  if not run_dirs:
+    raise ForecastInputError("no run directories given; pass at least one RUN_DIR holding metrics.jsonl")
+  runs = []
+  for i, d in enumerate(run_dirs):
+    try:
+      runs.append(read_run(d, name=(names[i] if names else None)))
+    except TooFewPointsError:
+      raise TooFewPointsError(f"{d}: fewer than 2 evaluations; a forecast needs the step-0 evaluation and "
+                              f"at least {MIN_EVALS} more") from None
+  if len({r.name for r in runs}) != len(runs):
+    for i, r in enumerate(runs):
+      r.name = f"{i}:{r.name}"
+  recs, posts = [], []
+  for i, run in enumerate(runs):
+    ns = n_samples if n_samples is not None else eval_samples(run.run_dir)
+    rec, post = forecast_run(run, budget, target, until=until, n_samples=ns, seed=seed + i, n_draws=n_draws)
+    recs.append(rec)
+    posts.append(post)
+  if len(runs) > 1:
+    at = np.stack([p.curves([budget])[:, 0] for p in posts])       # independent draws, one column a joint draw
+    best = np.bincount(np.argmax(at, axis=0), minlength=len(runs)) / at.shape[1]
+    cross = _crossings([r.name for r in runs], posts, max(rec["last_compute"] for rec in recs), 10 * budget)
+    try:
+      cmp = compare_runs(runs, tol=tol, fit_until=until)
+    except (AnalysisError, ValueError) as exc:
+      cmp = {"error": str(exc)}
+    for i, rec in enumerate(recs):
+      rec["p_best"] = float(best[i])
+      rec["crossings"] = [c for c in cross if rec["run"] in c["runs"]]
+      if "error" in cmp:
+        rec["comparison"] = {"error": cmp["error"]}
+      else:
+        row = next(r for r in cmp["rows"] if r["run"] == rec["run"])
+        rec["comparison"] = {k: v for k, v in row.items() if k != "run"} | {
+          "mode": cmp["mode"], "A_shared": cmp["A_shared"], "winner": cmp["winner"]}
+  if out_dir is not None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "forecast.json").write_text(json.dumps(recs, indent=2) + "\n", encoding="utf-8")
+    if plot:
+      from analysis.plots import plot_forecast
+      plot_forecast(runs, posts, recs, out / "forecast.png", budget=budget, target=target, until=until)
+  return recs
+
+
+def format_table(recs: list[dict]) -> str:
+  """The forecast as a plain-text table plus one line per warning / comparison."""
+  lvl = f"{recs[0]['level']:.0%}" if recs else "90%"
+  head = (f"{'run':<18} {'evals':>5} {'last h':>9} {'budget h':>9}  {'R@budget [' + lvl + ' band]':<26} "
+          f"{'A [' + lvl + ']':<22} {'B':>5} {'C_mid':>9}  verdict")
+  lines = [head, "-" * len(head)]
+  for r in recs:
+    band = f"{r['pred']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
+    if not r["identifiable"]:
+      band = f"~{r['pred']:.2f} [{r['lo']:.3f}, {r['hi']:.3f}]"
+    a = f"{r['A']:.3f} [{r['ci']['A'][0]:.3f}, {r['ci']['A'][1]:.3f}]"
+    lines.append(f"{r['run'][:18]:<18} {r['n_evals']:>5} {r['last_compute']:>9.4g} {r['budget']:>9.4g}  "
+                 f"{band:<26} {a:<22} {r['B']:>5.2f} {r['C_mid']:>9.4g}  {r['verdict']}")
+  for r in recs:
+    if not r["identifiable"]:
+      lines.append(f"! {r['run']}: NOT YET IDENTIFIABLE - " + "; ".join(r["reasons"]) +
+                   ". The band is wide on purpose: do not read the median as a prediction.")
+    if "target" in r:
+      h = r["hours_to_target"]
+      if h is None:
+        lines.append(f"  {r['run']}: target {r['target']:.3f} not reachable "
+                     f"(P(A < target) = {r['p_A_below_target']:.2f})")
+      else:
+        hi = "never" if h["hi"] is None else f"{h['hi']:.4g} h"
+        lines.append(f"  {r['run']}: target {r['target']:.3f} reached at {h['pred']:.4g} h "
+                     f"[{h['lo']:.4g} h, {hi}] (P(A < target) = {r['p_A_below_target']:.2f})")
+  if len(recs) > 1:
+    lines.append("  P(highest at the budget): " + ", ".join(f"{r['run']} {r['p_best']:.2f}" for r in recs))
+    seen = set()
+    for r in recs:
+      for c in r.get("crossings", []):
+        key = (tuple(c["runs"]), round(c["compute"], 6))
+        if key not in seen:
+          seen.add(key)
+          lines.append(f"  curves of {c['runs'][0]} and {c['runs'][1]} cross at {c['compute']:.4g} h "
+                       f"({c['leader_after']} ahead after)")
+    if not seen:
+      lines.append("  the predicted curves do not cross before 10 x the budget")
+    cmp = recs[0].get("comparison", {})
+    if "error" in cmp:
+      lines.append(f"  shared-A rule: not applicable ({cmp['error']})")
+    elif cmp.get("mode") == "shared_A":
+      lines.append(f"  shared-A rule: all A within {A_TOLERANCE} -> refit at A = {cmp['A_shared']:.3f}, "
+                   f"higher B wins: {cmp['winner']}")
+    elif cmp:
+      lines.append(f"  shared-A rule: A differ by more than {A_TOLERANCE} -> higher A wins: {cmp['winner']}")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  """Command-line entry point (see the module docstring)."""
+  ap = argparse.ArgumentParser(prog="python -m analysis.forecast", description=__doc__.splitlines()[0])
+  ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.jsonl")
+  ap.add_argument("--budget", type=float, required=True, help="planned compute (accelerator-hours)")
+  ap.add_argument("--target", type=float, default=None, help="pass rate to reach (a fraction in [R0, 1])")
+  ap.add_argument("--out", default=".", help="directory for forecast.json and forecast.png (default: .)")
+  ap.add_argument("--until", type=float, default=None, help="use only evaluations with compute <= HOURS")
+  ap.add_argument("--eval-samples", type=float, default=None,
+                  help="generations per evaluation (held-out prompts x samples); default: val_samples")
+  ap.add_argument("--seed", type=int, default=0)
+  args = ap.parse_args(argv)
+  try:
+    recs = forecast_runs(args.run_dirs, args.budget, args.target, args.out, until=args.until,
+                         n_samples=args.eval_samples, seed=args.seed)
+  except AnalysisError as exc:
+    print(f"error: {exc}", file=sys.stderr)
+    return 2
+  print(format_table(recs))
+  print(f"wrote {Path(args.out) / 'forecast.json'} and {Path(args.out) / 'forecast.png'}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,109 @@
+"""Weights & Biases as a second metrics sink beside TensorBoard (issue #17).
+
+`config.wandb.project` set: the trainer logs every numeric scalar of every metrics.jsonl record to
+W&B (x-axis `trainer_step`, so records logged late by the live forecast's thread are kept), and the
+end-of-run fit and forecast plots as images. Without `WANDB_API_KEY` (or with `config.wandb.mode =
+"offline"`) the run is written offline under WORKDIR/wandb/ (sync later with `wandb sync`), so it
+works on machines without network. The run id is kept in WORKDIR/wandb_id.txt: a resumed run logs
+to the same W&B run. `read_offline_history` reads an offline run back (tests).
+"""
+from __future__ import annotations
+
+import glob
+import secrets
+import os
+import struct
+
+_BLOCK = 32768
+_HEADER = 7
+
+
+class WandbSink:
+  """One W&B run for one workdir."""
+
+  def __init__(self, workdir: str, cfg, run_config: dict | None = None):
+    import wandb
+    self._wandb = wandb
+    mode = cfg.get("mode", "auto") or "auto"
+    if mode == "auto":
+      mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    id_path = os.path.join(workdir, "wandb_id.txt")
+    if os.path.exists(id_path):
+      run_id = open(id_path).read().strip()
+    else:
+      run_id = secrets.token_hex(4)
+      with open(id_path, "w") as f:
+        f.write(run_id + "\n")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    self.run = wandb.init(project=cfg.project, entity=cfg.get("entity") or None, dir=workdir, id=run_id,
+                          resume="allow", mode=mode, config=run_config or {},
+                          name=cfg.get("name") or os.path.basename(os.path.abspath(workdir)))
+    self.run.define_metric("trainer_step")
+    self.run.define_metric("*", step_metric="trainer_step")
+    self.mode = mode
+
+  def log(self, record: dict) -> None:
+    """The record's numeric scalars (bools and strings are left out, like TensorBoard)."""
+    row = {k: v for k, v in record.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+    if row:
+      self.run.log({"trainer_step": int(record["step"]), **row})
+
+  def log_images(self, images: dict, step: int) -> None:
+    """PNG files as W&B images, e.g. {"fit/curves": path}."""
+    row = {k: self._wandb.Image(p) for k, p in images.items() if p and os.path.exists(p)}
+    if row:
+      self.run.log({"trainer_step": int(step), **row})
+
+  def finish(self) -> None:
+    self.run.finish()
+
+
+def _records(path: str):
+  """Raw records of a .wandb file (a LevelDB-style log: 7-byte file header, 32 KiB blocks, chunks
+  with a 7-byte header: crc32, little-endian length, type FULL=1 FIRST=2 MIDDLE=3 LAST=4)."""
+  data = open(path, "rb").read()
+  if data[:4] != b":W&B":
+    raise ValueError(f"{path} is not a W&B run file")
+  pos, buf = _HEADER, b""
+  while pos + _HEADER <= len(data):
+    left = _BLOCK - pos % _BLOCK
+    if left < _HEADER:
+      pos += left
+      continue
+    _, n, kind = struct.unpack("<IHB", data[pos:pos + _HEADER])
+    if n == 0 and kind == 0:
+      pos += left
+      continue
+    chunk = data[pos + _HEADER:pos + _HEADER + n]
+    pos += _HEADER + n
+    if kind == 1:
+      yield chunk
+    elif kind == 2:
+      buf = chunk
+    elif kind == 3:
+      buf += chunk
+    elif kind == 4:
+      yield buf + chunk
+      buf = b""
+
+
+def read_offline_history(workdir: str) -> list[dict]:
+  """History rows of the offline W&B runs under WORKDIR/wandb/ (in file order)."""
+  import json
+  from wandb.proto import wandb_internal_pb2 as pb
+  rows = []
+  for path in sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))):
+    for raw in _records(path):
+      rec = pb.Record()
+      rec.ParseFromString(raw)
+      if rec.WhichOneof("record_type") == "history":
+        row = {}
+        for i in rec.history.item:
+          keys = [i.key] if i.key else list(i.nested_key)
+          d = row
+          for k in keys[:-1]:
+            d = d.setdefault(k, {})
+          d[keys[-1]] = json.loads(i.value_json)
+        rows.append(row)
+  return rows

@@ -1,0 +1,67 @@
+"""The tiny run with a forced instability (issue #17): the live forecast is logged after each
+evaluation (metrics.jsonl and TensorBoard), and `health.abort_on=truncated_frac` stops the run at
+the crossing with a loadable checkpoint and a non-zero exit status naming the reason."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LR_100X = 3e-3      # 100 x configs/tiny.py's RL learning rate (3e-5)
+
+
+@pytest.fixture(scope="module")
+def unstable_run(tmp_path_factory):
+  wd = tmp_path_factory.mktemp("unstable")
+  cmd = [sys.executable, "-m", "scalerl_jax.main", "--config=configs/tiny.py", f"--workdir={wd}",
+         "--config.total_steps=40", "--config.sft.steps=40", "--config.sft.clean_steps=40",
+         "--config.eval.every_steps=2", "--config.eval.samples_per_prompt=2", "--config.data.heldout=16",
+         f"--config.optim.lr={LR_100X}", "--config.optim.warmup_steps=1",
+         "--config.health.abort_on=truncated_frac", "--config.checkpoint.every_steps=100"]
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+  return wd, r
+
+
+def _lines(wd):
+  return [json.loads(l) for l in open(os.path.join(wd, "metrics.jsonl"))]
+
+
+def test_abort_on_truncated_frac_exits_nonzero_with_reason(unstable_run):
+  wd, r = unstable_run
+  assert r.returncode != 0, r.stderr[-3000:]
+  assert "run stopped by the health check" in r.stderr and "truncated_frac" in r.stderr
+  lines = _lines(wd)
+  abort = [l for l in lines if l.get("kind") == "health_abort"]
+  assert len(abort) == 1 and "truncated_frac" in abort[0]["reason"]
+  last_train = [l for l in lines if l.get("kind") == "train"][-1]
+  assert last_train["health/truncated_frac_alarm"] == 1 and last_train["truncated_frac"] > 0.05
+  assert last_train["step"] == abort[0]["step"] < 40
+
+
+def test_abort_leaves_a_loadable_checkpoint(unstable_run):
+  wd, _ = unstable_run
+  step = [l for l in _lines(wd) if l.get("kind") == "health_abort"][0]["step"]
+  from scalerl_jax.checkpoint import find_valid
+  found = find_valid(str(wd))          # what `config.resume=auto` loads: manifest + sha256 of every file
+  assert found is not None and found[0] == step and not found[2]
+  assert found[1]["step"] == step and found[1]["last_eval"]["step"] <= step
+
+
+def test_live_forecast_in_metrics_and_tensorboard(unstable_run):
+  wd, _ = unstable_run
+  lines = _lines(wd)
+  fc = [l for l in lines if l.get("kind") == "forecast"]
+  evals = [l for l in lines if l.get("kind") == "eval"]
+  if len(evals) < 5:
+    pytest.skip(f"the run stopped after {len(evals)} evaluations, before a forecast is possible")
+  assert fc, "no forecast record"
+  for key in ("forecast/A", "forecast/A_lo", "forecast/A_hi", "forecast/R_at_budget", "forecast/identifiable",
+              "forecast/refit_s", "forecast/learner_s"):
+    assert key in fc[-1]
+  assert max(l["forecast/learner_s"] for l in fc if "forecast/learner_s" in l) < 0.5
+  assert any(f.name.startswith("events.out.tfevents") for f in os.scandir(os.path.join(wd, "tb")))
+  from tb_events import tb_scalars
+  tb = tb_scalars(os.path.join(wd, "tb"))
+  assert [s for s, _ in tb["forecast/A"]] == [l["step"] for l in fc]
