@@ -162,7 +162,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   resume = prepare_resume(config, workdir)
   ls_path = os.path.join(workdir, "learner_state.json")
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
-  if dataset.reward_name == "code":   # no run without a working sandbox (docs/SANDBOX.md)
+  if dataset.needs_sandbox:   # no run without a working sandbox (docs/SANDBOX.md)
     from scalerl_jax import rewards
     rewards.prepare_code_rewards(config)
   model_cfg = runtime.model_config(config)

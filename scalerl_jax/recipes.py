@@ -119,6 +119,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(f"total_steps must be >= 1, got {config.total_steps}")
   if config.eval.every_steps < 1:
     raise ConfigError(f"eval.every_steps must be >= 1, got {config.eval.every_steps}")
+  check_data(config.data)
   from scalerl_jax.learner import RLSpec   # validates loss / aggregation / adv_norm names
   try:
     RLSpec.from_config(config.rl)
@@ -126,6 +127,21 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(f"rl: {e}") from None
   if workdir is not None:
     check_workdir(workdir)
+
+
+def check_data(data) -> None:
+  """The data section's shape, before anything loads: the mixture (shares, task names) and every
+  mixed task's kind (the data itself is loaded and checked by build_dataset at job start)."""
+  from scalerl_jax.data import KINDS, mixture
+  try:
+    mix = mixture.parse_mixture(data)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  for name, _ in mix or [("", 1.0)]:
+    kind = data.tasks[name].kind if name else data.kind
+    if kind not in KINDS:
+      where = f"data.tasks.{name}.kind" if name else "data.kind"
+      raise ConfigError(f"{where}={kind!r}; expected one of {KINDS}")
 
 
 def check_workdir(workdir: str) -> None:
