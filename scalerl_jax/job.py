@@ -214,19 +214,32 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
 
 def fit(workdir: str, progress: bool) -> dict:
-  """Fits Eq. 1 to this run (and extrapolates from its first half) into WORKDIR/fit/."""
-  from analysis.fit import fit_runs
-  from analysis.metrics import read_run
+  """Fits Eq. 1 to this run (and extrapolates from its first half) into WORKDIR/fit/; a task
+  mixture's run also gets one fit per task (`val_pass_rate/<task>`), side by side in curves.png.
+  Returns the overall fit, with `per_task` = {task: fit} for a mixture."""
+  from analysis.fit import PER_TASK, fit_runs, metric_slug
+  from analysis.metrics import read_run, task_metric_keys
   run = read_run(workdir)
   out = os.path.join(workdir, "fit")
+  kw = dict(fit_until=float(run.compute[-1]) / 2, n_boot=200, progress=progress)
+  per_task = bool(task_metric_keys(workdir))
   try:
-    res = fit_runs([workdir], out, fit_until=float(run.compute[-1]) / 2, n_boot=200,
-                   progress=progress)[0]
+    try:
+      results = fit_runs([workdir], out, metrics=PER_TASK if per_task else None, **kw)
+    except ValueError as e:
+      if not per_task:
+        raise
+      logging.warning("per-task Eq. 1 fits skipped (%s); fitting the overall pass rate only", e)
+      results = fit_runs([workdir], out, **kw)
   except ValueError as e:   # e.g. too few evaluation points for a fit
     logging.warning("Eq. 1 fit skipped: %s", e)
     return {}
-  print(f"Eq. 1 fit: A={res['A']:.3f} B={res['B']:.2f} C_mid={res['C_mid']:.3g} "
-        f"R2={res['r2']:.3f} -> {out}/fit.json, {out}/curves.png")
+  for r in results:
+    tag = "" if r["metric"] == "val_pass_rate" else f" [{metric_slug(r['metric'])}]"
+    print(f"Eq. 1 fit{tag}: A={r['A']:.3f} B={r['B']:.2f} C_mid={r['C_mid']:.3g} "
+          f"R2={r['r2']:.3f}")
+  print(f"-> {out}/fit.json, {out}/curves.png")
+  res = dict(results[0])
+  if len(results) > 1:
+    res["per_task"] = {metric_slug(r["metric"]): r for r in results[1:]}
   return res
-
-
