@@ -114,8 +114,12 @@ def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
   for name in names:
     try:
       parts.append(_build_task(data_cfg.tasks[name], max_prompt_len))
-    except (ValueError, FileNotFoundError) as e:
-      raise type(e)(f"data.tasks.{name}: {e}") from None
+    except (ValueError, FileNotFoundError) as e:   # name the task section in the message
+      try:
+        err = type(e)(f"data.tasks.{name}: {e}")
+      except TypeError:                               # an exception type with other arguments
+        err = ValueError(f"data.tasks.{name}: {e}")
+      raise err from None
   tok = mixture.shared_tokenizer(names, [d.tokenizer for d in parts])
   seed = int(data_cfg.split_seed)
   keep = mixture.trimmed_counts([len(d.train) for d in parts], [s for _, s in mix])
@@ -155,7 +159,7 @@ def _mixture_sft(mix, parts, pad_id: int):
   return sft
 
 
-def _check_answers(kind: str, reward: str, prompts: list[PromptSpec]) -> None:
+def check_answers(kind: str, reward: str, prompts: list[PromptSpec]) -> None:
   """Start-up check of a sandboxed reward's answers: each must be valid test JSON."""
   if reward not in rewards.SANDBOXED_REWARDS:
     return
@@ -194,7 +198,7 @@ def _build_task(data_cfg, max_prompt_len: int) -> Dataset:
   stats.unsupported = counts.get("unsupported", 0)
   stats.malformed = counts.get("malformed", 0)
   stats.records += stats.unsupported + stats.malformed
-  _check_answers(kind, REWARD_FOR_KIND[kind], train + held)
+  check_answers(kind, REWARD_FOR_KIND[kind], train + held)
   return Dataset(kind, train, held, tok, REWARD_FOR_KIND[kind], (tok.eos_id,), tok.think_end_ids,
                  dataclasses.asdict(stats))
 
@@ -218,7 +222,7 @@ def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed) -> Dataset:
     q = noise if step_noise is None else step_noise
     return synthetic.pad_batch(mod.sft_examples(train[:n], sft_seed, q))
 
-  _check_answers(kind, REWARD_FOR_KIND[kind], specs[0] + specs[1])
+  check_answers(kind, REWARD_FOR_KIND[kind], specs[0] + specs[1])
   return Dataset(kind, specs[0], specs[1], tok, REWARD_FOR_KIND[kind], (tok.eos_id,),
                  (tok.end_think_id,), {"train": len(specs[0]), "heldout": len(specs[1])}, sft)
 
@@ -237,4 +241,4 @@ def stats_metrics(dataset: Dataset) -> dict:
   return out
 
 
-__all__ = ["Dataset", "build_dataset", "stats_metrics", "KINDS", "REWARD_FOR_KIND", "MIXTURE"]
+__all__ = ["Dataset", "build_dataset", "stats_metrics", "check_answers", "KINDS", "REWARD_FOR_KIND", "MIXTURE"]
