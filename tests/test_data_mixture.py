@@ -191,3 +191,24 @@ def test_mixed_tokenizers_are_refused(tmp_path):
   with pytest.raises(ValueError, match="not a prefix"):
     mixture.shared_tokenizer(["a", "b"], [synthetic.TOKENIZER,
                                           synthetic.SyntheticTokenizer(("x",) + synthetic.VOCAB)])
+
+
+def test_mixture_with_code_refuses_to_start_without_sandbox(tmp_path):
+  """A mixture with a sandboxed task stops at job start (before config.json, SFT, buffer) when the
+  sandbox cannot start; the digit-sum task alone needs no sandbox."""
+  import dataclasses
+  from scalerl_jax import job
+  from scalerl_jax.rewards import sandbox
+  saved = sandbox.settings()
+  try:
+    c = _small(_multitask())
+    c.rewards.code_bwrap = "/bin/false"
+    workdir = tmp_path / "run"
+    recipes.validate(c, str(workdir))
+    with pytest.raises(rewards.SandboxUnavailable, match="did not start"):
+      job.run(c, str(workdir), progress=False)
+    assert not (workdir / "config.json").exists() and not (workdir / "base_policy").exists()
+    c.data.mixture = "math:1.0"
+    assert not build_dataset(c.data, 32).needs_sandbox
+  finally:
+    sandbox.configure(**dataclasses.asdict(saved))
