@@ -30,8 +30,10 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 EVAL_KEYS = ("step", "compute_hours", "val_pass_rate")
 
+TASK_PREFIX = "val_pass_rate/"   # per-task pass rates of a task mixture: val_pass_rate/<task>
+
 __all__ = ["RunData", "read_run", "read_metrics_lines", "append_metrics", "write_config",
-      "validate_curve", "METRICS_FILE", "CONFIG_FILE"]
+      "validate_curve", "task_metric_keys", "METRICS_FILE", "CONFIG_FILE", "TASK_PREFIX"]
 
 
 def _to_builtin(value: Any) -> Any:
@@ -219,3 +221,13 @@ def read_run(run_dir: str | os.PathLike, *, name: str | None = None,
       raise MetricsFormatError(f"{cfg_path}: not valid JSON ({exc.msg}); rewrite it with write_config") from None
   return RunData(name=name or run_dir.resolve().name, compute=c, value=v, step=step, r0=float(v[0]),
           config=config, run_dir=str(run_dir))
+
+
+def task_metric_keys(run_dir: str | os.PathLike) -> list[str]:
+  """The per-task pass-rate keys (``val_pass_rate/<task>``) of a run's evaluation lines, in the
+    order they first appear ([] for a one-task run)."""
+  keys: list[str] = []
+  for rec in read_metrics_lines(Path(run_dir) / METRICS_FILE):
+    if "val_pass_rate" in rec:
+      keys += [k for k in rec if k.startswith(TASK_PREFIX) and k not in keys]
+  return keys

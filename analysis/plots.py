@@ -16,7 +16,7 @@ def _figure(**kw):
   FigureCanvasAgg(fig)
   return fig
 
-__all__ = ["plot_curves", "plot_comparison", "plot_forecast"]
+__all__ = ["plot_curves", "plot_curve_panels", "plot_comparison", "plot_forecast"]
 
 
 def _label(name, fit):
@@ -28,6 +28,32 @@ def plot_curves(entries: list[dict], path, *, title: str = "Eq. 1 fits") -> str:
     ``prediction`` (extrapolate()['prediction']), ``cutoff``, ``fit_until``. Saves a PNG at ``path``."""
   fig = _figure(figsize=(8, 5.2), dpi=110)
   ax = fig.subplots()
+  _draw_curves(ax, entries)
+  ax.set_title(title + "  (filled: fit window; hollow: held out / cut; bands: 95% curve & prediction)",
+         fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path)
+  return str(path)
+
+
+def plot_curve_panels(panels: list[tuple[str, list[dict]]], path, *,
+                      title: str = "Eq. 1 fits per task") -> str:
+  """Side by side, one panel per metric (e.g. overall, math, code, as the paper's math+code figure):
+    ``panels`` = [(metric name, entries as for plot_curves), ...]. Saves a PNG at ``path``."""
+  fig = _figure(figsize=(5.2 * len(panels), 4.8), dpi=110)
+  axes = np.atleast_1d(fig.subplots(1, len(panels), squeeze=False)[0])
+  for ax, (name, entries) in zip(axes, panels):
+    _draw_curves(ax, entries)
+    ax.set_title(name, fontsize=10)
+  fig.suptitle(title + "  (filled: fit window; hollow: held out / cut; bands: 95% curve & "
+               "prediction)", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path)
+  return str(path)
+
+
+def _draw_curves(ax, entries: list[dict]) -> None:
+  """Data, fit, extrapolation and bands of each entry on one axis (see plot_curves)."""
   for i, e in enumerate(entries):
     run, fit, color = e["run"], e["fit"], f"C{i % 10}"
     C, y = run.compute, run.value
@@ -54,13 +80,8 @@ def plot_curves(entries: list[dict], path, *, title: str = "Eq. 1 fits") -> str:
   ax.set_xscale("log")
   ax.set_xlabel("compute (accelerator-hours)")
   ax.set_ylabel("validation pass rate")
-  ax.set_title(title + "  (filled: fit window; hollow: held out / cut; bands: 95% curve & prediction)",
-         fontsize=9)
   ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=8, loc="lower right")
-  fig.tight_layout()
-  fig.savefig(path)
-  return str(path)
 
 
 def plot_comparison(runs, fits, cmp: dict, path, ci: dict | None = None) -> str:

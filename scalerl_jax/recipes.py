@@ -14,6 +14,8 @@ import os
 
 import ml_collections
 
+from scalerl_jax.data import KINDS
+from scalerl_jax.data import mixture
 from scalerl_jax.learner import RLSpec
 from scalerl_jax.models import attention
 from scalerl_jax.protocol.rpc import TLS
@@ -142,6 +144,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if config.eval.every_steps < 1:
     raise ConfigError(f"eval.every_steps must be >= 1, got {config.eval.every_steps}")
   check_attention(config)
+  check_data(config.data)
   try:
     RLSpec.from_config(config.rl)
   except ValueError as e:
@@ -164,6 +167,20 @@ def check_attention(config, platform: str | None = None) -> None:
     raise ConfigError(f"model.{e}") from None
   if int(m.get("attention_block", 512)) < 1 or int(m.get("logits_chunk", 1024)) < 1:
     raise ConfigError("model.attention_block and model.logits_chunk must be >= 1")
+
+
+def check_data(data) -> None:
+  """The data section's shape, before anything loads: the mixture (shares, task names) and every
+  mixed task's kind (the data itself is loaded and checked by build_dataset at job start)."""
+  try:
+    mix = mixture.parse_mixture(data)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  for name, _ in mix or [("", 1.0)]:
+    kind = data.tasks[name].kind if name else data.kind
+    if kind not in KINDS:
+      where = f"data.tasks.{name}.kind" if name else "data.kind"
+      raise ConfigError(f"{where}={kind!r}; expected one of {KINDS}")
 
 
 def check_workdir(workdir: str) -> None:

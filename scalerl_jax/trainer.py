@@ -50,20 +50,30 @@ _T_BUCKET = 32
 
 def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
              batch_prompts: int = 64) -> dict:
-  """mean@`samples` pass rate on the held-out prompts (temperature from `spec`)."""
+  """mean@`samples` pass rate on the held-out prompts (temperature from `spec`), each graded with
+  its task's reward; a mixture adds `val_pass_rate/<task>` (and `val_samples/<task>`) per task
+  beside the overall `val_pass_rate` (the mean over all held-out samples)."""
   prompts = list(dataset.heldout if prompts is None else prompts)
   sampler = JaxSampler(model_cfg, params)
-  rewards, lengths, interrupted = [], [], []
+  rewards, lengths, interrupted, tasks = [], [], [], []
   for i in range(0, len(prompts), batch_prompts):
     chunk = prompts[i:i + batch_prompts]
     groups = sampler.generate(chunk, samples, dataclasses.replace(spec, seed=spec.seed + i))
     for p, group in zip(chunk, groups):
       for c in group:
-        rewards.append(dataset.reward(c.tokens, p.answer))
+        rewards.append(dataset.reward(c.tokens, p.answer, p.task))
         lengths.append(len(c.tokens))
         interrupted.append(c.finish_reason == "interrupted")
-  return {"val_pass_rate": float(np.mean(rewards)), "val_len": float(np.mean(lengths)),
-          "val_interrupted": float(np.mean(interrupted)), "val_samples": len(rewards)}
+        tasks.append(p.task)
+  out = {"val_pass_rate": float(np.mean(rewards)), "val_len": float(np.mean(lengths)),
+         "val_interrupted": float(np.mean(interrupted)), "val_samples": len(rewards)}
+  if dataset.is_mixture:
+    r, t = np.asarray(rewards), np.asarray(tasks)
+    for name in dataset.tasks:
+      if (t == name).any():
+        out[f"val_pass_rate/{name}"] = float(r[t == name].mean())
+        out[f"val_samples/{name}"] = int((t == name).sum())
+  return out
 
 
 def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0) -> np.ndarray:
@@ -380,7 +390,8 @@ class Trainer:
            "length_cut_frac": float(np.mean([f == pb.FINISH_LENGTH for f in reasons])) if reasons else 0.0,
            "interrupted_frac": float(np.mean([f == pb.FINISH_INTERRUPTED for f in reasons])) if reasons else 0.0,
            "max_lag": int(batch.summary.lag.max_lag), "lag_hist": lag,
-           "mean_reward": float(arrays["rewards"].mean()), "wait_s": t_wait, "train_s": t_train,
+           "mean_reward": float(arrays["rewards"].mean()), **self._task_rewards(batch),
+           "wait_s": t_wait, "train_s": t_train,
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
            "policy_tokens": generated, "time": time.time(), **parity}
     abort = None
@@ -395,6 +406,22 @@ class Trainer:
     if abort is not None:
       raise abort
     return rec
+
+  def _task_rewards(self, batch) -> dict:
+    """A mixture's `mean_reward/<task>` and `prompts/<task>` of a pulled batch (task by prompt id)."""
+    if not self.dataset.is_mixture:
+      return {}
+    by, groups = {}, {}
+    for g in batch.groups:
+      task = self.dataset.task_of(g.prompt_id)
+      by.setdefault(task, []).extend(r.rewards[0] for r in g.rollouts)
+      groups[task] = groups.get(task, 0) + 1
+    out = {}
+    for name in self.dataset.tasks:
+      out[f"prompts/{name}"] = groups.get(name, 0)
+      if name in by:
+        out[f"mean_reward/{name}"] = float(np.mean(by[name]))
+    return out
 
   def save(self, step: int) -> None:
     """Checkpoints the whole run state: learner state (params, optimizer, step) through orbax;
@@ -434,6 +461,8 @@ class Trainer:
     self.publish(start)
     params = self._eval_params() if start == 0 else None   # every process: a collective
     if params is not None and self.main:   # R0: the base policy's evaluation, process 0
+      from scalerl_jax.data import stats_metrics
+      self.metrics.write({"step": 0, "kind": "data", **stats_metrics(self.dataset)})
       self.ledger.begin_eval()
       out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
                      int(self.config.eval.samples_per_prompt))

@@ -16,10 +16,12 @@ FINISH_INTERRUPTED = "interrupted"
 
 @dataclasses.dataclass(frozen=True)
 class PromptSpec:
-  """One prompt to sample from. `answer` is the verifier's reference (never shown to the model)."""
+  """One prompt to sample from. `answer` is the verifier's reference (never shown to the model);
+  `task` names its task in a mixture (config.data.mixture; "" for a one-task dataset)."""
   prompt_id: int
   tokens: np.ndarray          # int32 [P]
   answer: str = ""
+  task: str = ""
 
 
 @dataclasses.dataclass

@@ -118,3 +118,28 @@ def test_hf_checkpoint_sets_architecture(tmp_path):
   assert (cfg.num_layers, cfg.vocab_size, cfg.d_model) == (3, 100, small.d_model)
   assert (cfg.param_dtype, cfg.dtype, cfg.remat, cfg.scan_layers) == ("float32", "bfloat16",
                                                                       "full", True)
+
+
+def test_8b_math_code_is_the_paper_math_code_run():
+  """configs/8b_math_code.py: configs/8b.py's settings on Polaris + DeepCoder, half the prompts each,
+  1,000 held-out prompts per task, and the same learner layouts."""
+  c, base = _get("8b_math_code"), _get("8b")
+  assert c.data.mixture == "math:0.5,code:0.5"
+  assert (c.data.tasks.math.kind, c.data.tasks.code.kind) == ("polaris", "deepcoder")
+  assert c.data.tasks.math.heldout == c.data.tasks.code.heldout == 1000
+  assert c.data.tasks.math.path == c.data.tasks.code.path == ""    # --config.data.tasks.X.path=
+  for section in ("model", "rl", "optim", "rollout", "mesh"):
+    assert c[section].to_dict() == base[section].to_dict(), section
+  assert set(c.layouts) == set(base.layouts) and c.rewards.code_sandbox == "bwrap"
+  assert dict(_get("8b_math_code", "tpu_v5p_64").mesh.shape)["fsdp"] == 16
+  recipes.validate(c)
+
+
+def test_tiny_multitask_config():
+  c, tiny = _get("tiny_multitask"), _get("tiny")
+  assert c.data.mixture == "math:0.5,code:0.5"
+  assert (c.data.tasks.math.kind, c.data.tasks.code.kind) == ("synthetic", "tiny_code")
+  assert (c.data.tasks.math.heldout, c.data.tasks.code.heldout) == (64, 32)
+  assert c.model.vocab_size == 40 and c.rollout.answer_budget == 20
+  assert c.rl.to_dict() == tiny.rl.to_dict() and c.total_steps == tiny.total_steps == 300
+  recipes.validate(c)

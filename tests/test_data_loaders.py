@@ -52,7 +52,7 @@ def test_polaris_jsonl(tmp_path, tok_path):
   path = write_jsonl(tmp_path / "polaris.jsonl", rows)
   d = build_dataset(cfg(path=path, tokenizer_path=tok_path), max_prompt_len=24)
   assert d.reward_name == "math" and d.kind == "polaris"
-  assert d.stats == {"records": 62, "unsupported": 0, "too_long": 1, "duplicates": 1, "train": 50,
+  assert d.stats == {"records": 62, "unsupported": 0, "malformed": 0, "too_long": 1, "duplicates": 1, "train": 50,
                      "heldout": 10}
   assert len(d.heldout) == 10 and len(d.train) == 50
   assert not {p.prompt_id for p in d.train} & {p.prompt_id for p in d.heldout}

@@ -127,7 +127,7 @@ def test_code_job_refuses_to_start_without_sandbox(tmp_path):
   """job.run on a code dataset stops at start-up (before SFT, buffer or generators) when the
   sandbox cannot start."""
   from configs import tiny
-  from scalerl_jax import job
+  from scalerl_jax import job, recipes
   from scalerl_jax.data.tiny_hf_tokenizer import write_tiny_tokenizer
   rows = [{"problem": f"print {i}", "tests": [{"input": "", "output": f"{i}\n"}]} for i in range(8)]
   data = tmp_path / "code.jsonl"
@@ -137,6 +137,7 @@ def test_code_job_refuses_to_start_without_sandbox(tmp_path):
   c.data.tokenizer_path = write_tiny_tokenizer(str(tmp_path / "tok"))
   c.rewards.code_bwrap = "/bin/false"
   workdir = tmp_path / "run"
+  recipes.check_workdir(str(workdir))      # what main's recipes.validate does first
   with pytest.raises(rewards.SandboxUnavailable, match="did not start"):
     job.run(c, str(workdir), progress=False)
   assert not (workdir / "config.json").exists() and not (workdir / "base_policy").exists()

@@ -1,8 +1,11 @@
 """Prompt sets for RL: `build_dataset(config.data, max_prompt_len)` -> `Dataset`.
 
   kind=synthetic  the built-in running-digit-sum task (scalerl_jax.data.synthetic), no files
+  kind=tiny_code  the built-in tiny code task (scalerl_jax.data.tiny_code): programs run sandboxed
   kind=polaris    Polaris-53K-style math JSONL/Parquet (`problem`, `answer`) + local HF tokenizer
   kind=deepcoder  DeepCoder-style code JSONL/Parquet (`problem`, `tests`) + local HF tokenizer
+  mixture         config.data.mixture="math:0.5,code:0.5" over the sections of config.data.tasks
+                  (scalerl_jax/data/mixture.py): one Dataset, every prompt tagged with its task
 
 Every config.data key is declared in configs/common.py base_config (one-line comments there).
 See docs/DATA.md.
@@ -12,29 +15,67 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import numpy as np
+
 from scalerl_jax import rewards
 from scalerl_jax.data import hf_tokenizer
 from scalerl_jax.data import loaders
 from scalerl_jax.data import synthetic
+from scalerl_jax.data import tiny_code
+from scalerl_jax.data import mixture
 from scalerl_jax.types import PromptSpec
 
-KINDS = ("synthetic", "polaris", "deepcoder")
-REWARD_FOR_KIND = {"synthetic": "synthetic", "polaris": "math", "deepcoder": "code"}
+KINDS = ("synthetic", "tiny_code", "polaris", "deepcoder")
+REWARD_FOR_KIND = {"synthetic": "synthetic", "tiny_code": "tiny_code", "polaris": "math",
+                   "deepcoder": "code"}
+MIXTURE = "mixture"
 
 
 @dataclasses.dataclass
 class Dataset:
-  """Train and held-out prompts plus everything needed to sample and score them."""
+  """Train and held-out prompts plus everything needed to sample and score them.
+
+  `task_rewards` maps each task name to its reward ({"": reward_name} for a one-task dataset);
+  `PromptSpec.task` of every prompt is one of its keys and `task_of(prompt_id)` recovers it from
+  an id alone (mixture id ranges), which is how generators grade leased prompts."""
   kind: str
   train: list[PromptSpec]
   heldout: list[PromptSpec]
   tokenizer: Any                  # .encode(text) -> list[int], .decode(ids) -> str, .eos_id, .pad_id
-  reward_name: str                # key in scalerl_jax.rewards
+  reward_name: str                # key in scalerl_jax.rewards ("mixture": see task_rewards)
   stop_tokens: tuple[int, ...]
   think_end_tokens: tuple[int, ...]
   stats: dict
   # (n, seed, step_noise) -> (tokens [n,T], loss_mask [n,T]); step_noise None = the default
   sft: Callable[..., tuple] | None = None
+  task_rewards: dict = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    if not self.task_rewards:
+      self.task_rewards = {"": self.reward_name}
+
+  @property
+  def tasks(self) -> tuple[str, ...]:
+    """Task names in mixture order (("",) for a one-task dataset)."""
+    return tuple(self.task_rewards)
+
+  @property
+  def is_mixture(self) -> bool:
+    return self.kind == MIXTURE
+
+  @property
+  def needs_sandbox(self) -> bool:
+    """True when some task's reward runs model-written programs (rewards.SANDBOXED_REWARDS)."""
+    return any(r in rewards.SANDBOXED_REWARDS for r in self.task_rewards.values())
+
+  def task_of(self, prompt_id: int) -> str:
+    """The task of a prompt id (mixture id ranges; "" for a one-task dataset)."""
+    if not self.is_mixture:
+      return ""
+    i = int(prompt_id) // mixture.TASK_ID_STRIDE
+    if not 0 <= i < len(self.task_rewards):
+      raise ValueError(f"prompt id {prompt_id} is outside every task's id range")
+    return self.tasks[i]
 
   def sft_batch(self, n: int, seed: int = 0, step_noise: float | None = None):
     """SFT traces for the warm start: (tokens int32 [n,T], loss_mask bool [n,T])."""
@@ -47,55 +88,159 @@ class Dataset:
     """Token ids of the forced-interruption phrase (config.rollout.interruption_text)."""
     return tuple(self.tokenizer.encode(text))
 
-  def reward(self, completion_tokens_or_text, answer: str) -> float:
-    """Scores one completion (token ids are decoded with this dataset's tokenizer)."""
-    text = (completion_tokens_or_text if isinstance(completion_tokens_or_text, str)
+  def _text(self, completion_tokens_or_text) -> str:
+    return (completion_tokens_or_text if isinstance(completion_tokens_or_text, str)
             else self.tokenizer.decode(completion_tokens_or_text))
-    return rewards.compute_reward(self.reward_name, text, answer)
+
+  def grade(self, completion_tokens_or_text, answer: str, task: str = "") -> rewards.Grade:
+    """Grades one completion with its task's reward: Grade(reward, reason, sandboxed, ...)."""
+    if task not in self.task_rewards:
+      raise ValueError(f"unknown task {task!r}; this dataset's tasks are {list(self.tasks)}")
+    return rewards.grade(self.task_rewards[task], self._text(completion_tokens_or_text), answer)
+
+  def reward(self, completion_tokens_or_text, answer: str, task: str = "") -> float:
+    """Scores one completion (token ids are decoded with this dataset's tokenizer)."""
+    if task not in self.task_rewards:
+      raise ValueError(f"unknown task {task!r}; this dataset's tasks are {list(self.tasks)}")
+    return rewards.compute_reward(self.task_rewards[task], self._text(completion_tokens_or_text),
+                                  answer)
 
 
 def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
-  """Builds the dataset named by `data_cfg.kind` (synthetic | polaris | deepcoder); `data_cfg` is
-  a run config's `data` section (every key declared in configs/common.py base_config)."""
+  """Builds the dataset of a run config's `data` section: the mixture `data_cfg.mixture` over
+  `data_cfg.tasks` when set, else the one task named by `data_cfg.kind` (synthetic | tiny_code |
+  polaris | deepcoder). Every key is declared in configs/common.py base_config."""
+  mix = mixture.parse_mixture(data_cfg)
+  if not mix:
+    return _build_task(data_cfg, max_prompt_len)
+  names = [n for n, _ in mix]
+  parts = []
+  for name in names:
+    try:
+      parts.append(_build_task(data_cfg.tasks[name], max_prompt_len))
+    except (ValueError, FileNotFoundError) as e:   # name the task section in the message
+      try:
+        err = type(e)(f"data.tasks.{name}: {e}")
+      except TypeError:                               # an exception type with other arguments
+        err = ValueError(f"data.tasks.{name}: {e}")
+      raise err from None
+  tok = mixture.shared_tokenizer(names, [d.tokenizer for d in parts])
+  seed = int(data_cfg.split_seed)
+  keep = mixture.trimmed_counts([len(d.train) for d in parts], [s for _, s in mix])
+  train, held, stats = [], [], {"tasks": {}}
+  for i, ((name, share), d, n) in enumerate(zip(mix, parts, keep)):
+    train += mixture.relabel(mixture.trim(d.train, n, seed), i, name)
+    held += mixture.relabel(d.heldout, i, name)
+    stats["tasks"][name] = dict(d.stats, kind=d.kind, reward=d.reward_name, share=share,
+                                train=n, trimmed=len(d.train) - n)
+  stats.update(train=len(train), heldout=len(held))
+  if any(d.sft is not None for d in parts):
+    sft = _mixture_sft(mix, parts, tok.pad_id)
+  else:
+    sft = None
+  return Dataset(MIXTURE, train, held, tok, MIXTURE, tuple(parts[0].stop_tokens),
+                 tuple(parts[0].think_end_tokens), stats, sft,
+                 task_rewards={name: d.reward_name for name, d in zip(names, parts)})
+
+
+def _mixture_sft(mix, parts, pad_id: int):
+  """SFT traces of a mixture: each task's share of `n`, padded to one length, shuffled."""
+  def sft(n, seed, step_noise=None):
+    toks, masks = [], []
+    for (name, share), d in zip(mix, parts):
+      if d.sft is None:
+        raise ValueError(f"task {name!r} ({d.kind}) ships no SFT traces; start from an SFT "
+                         "checkpoint (config.model.hf_checkpoint)")
+      t, m = d.sft(max(1, int(round(n * share))), seed, step_noise)
+      toks.append(t)
+      masks.append(m)
+    T = max(t.shape[1] for t in toks)
+    tokens = np.concatenate([np.pad(t, ((0, 0), (0, T - t.shape[1])), constant_values=pad_id)
+                             for t in toks])
+    mask = np.concatenate([np.pad(m, ((0, 0), (0, T - m.shape[1]))) for m in masks])
+    order = np.random.default_rng([seed, 0x5F7, 7]).permutation(len(tokens))
+    return tokens[order], mask[order]
+  return sft
+
+
+def check_answers(kind: str, reward: str, prompts: list[PromptSpec]) -> None:
+  """Start-up check of a sandboxed reward's answers: each must be valid test JSON."""
+  if reward not in rewards.SANDBOXED_REWARDS:
+    return
+  for p in prompts:
+    try:
+      rewards.parse_tests(p.answer)
+    except ValueError as e:
+      raise ValueError(f"{kind} prompt {p.prompt_id}: the answer is not valid test JSON ({e})") \
+          from None
+
+
+def _build_task(data_cfg, max_prompt_len: int) -> Dataset:
+  """One task's dataset from a data section (config.data, or one of config.data.tasks)."""
   kind = data_cfg.kind
   if kind not in KINDS:
     raise ValueError(f"config.data.kind={kind!r}; expected one of {KINDS}")
   heldout = int(data_cfg.heldout)
   seed = int(data_cfg.split_seed)
-  if kind == "synthetic":
-    num_terms = data_cfg.synthetic_num_terms
-    train, held = synthetic.make_split(seed, int(data_cfg.synthetic_n_train),
-                                       heldout, num_terms)
-    specs = [p.to_prompt_spec() for p in train], [p.to_prompt_spec() for p in held]
-    longest = max(len(s.tokens) for s in specs[0] + specs[1])
-    if longest > max_prompt_len:
-      raise ValueError(f"synthetic prompts are up to {longest} tokens > max_prompt_len={max_prompt_len}")
-    tok = synthetic.TOKENIZER
-    noise = float(data_cfg.synthetic_step_noise)
-
-    def sft(n, sft_seed, step_noise=None):
-      if n > len(train):
-        raise ValueError(f"asked for {n} SFT traces but the train split has {len(train)} prompts")
-      q = noise if step_noise is None else step_noise
-      return synthetic.pad_batch(synthetic.sft_examples(train[:n], sft_seed, q))
-
-    return Dataset(kind, specs[0], specs[1], tok, "synthetic", (tok.eos_id,), (tok.end_think_id,),
-                   {"train": len(specs[0]), "heldout": len(specs[1])}, sft)
-
+  if kind in ("synthetic", "tiny_code"):
+    return _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed)
   path = data_cfg.path
   if not path:
     raise ValueError(f"config.data.path is empty (kind={kind} needs a JSONL or Parquet file)")
   tok = hf_tokenizer.HFTokenizer(data_cfg.tokenizer_path,
                                  system_prompt=data_cfg.system_prompt)
+  counts = {}
   if kind == "polaris":
-    records, unsupported = loaders.load_math(path), 0
+    records = loaders.load_math(path)
   else:
-    records, unsupported = loaders.load_code(path, skip_unsupported=True)
+    records, _ = loaders.load_code(path, skip_unsupported=True, skip_malformed=True,
+                                   counts=counts)
+  if kind == "deepcoder" and not records:
+    raise loaders.DataError(f"{path}: every record was skipped ({counts}); nothing to train on")
   train, held, stats = loaders.split_prompts(records, tok.encode_prompt, max_prompt_len, heldout, seed)
-  stats.unsupported = unsupported
-  stats.records += unsupported
+  stats.unsupported = counts.get("unsupported", 0)
+  stats.malformed = counts.get("malformed", 0)
+  stats.records += stats.unsupported + stats.malformed
+  check_answers(kind, REWARD_FOR_KIND[kind], train + held)
   return Dataset(kind, train, held, tok, REWARD_FOR_KIND[kind], (tok.eos_id,), tok.think_end_ids,
                  dataclasses.asdict(stats))
 
 
-__all__ = ["Dataset", "build_dataset", "KINDS", "REWARD_FOR_KIND"]
+def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed) -> Dataset:
+  """The generated tasks (no files): the digit-sum task or the tiny code task."""
+  mod = synthetic if kind == "synthetic" else tiny_code
+  num_terms = data_cfg.synthetic_num_terms
+  train, held = mod.make_split(seed, int(data_cfg.synthetic_n_train), heldout, num_terms)
+  specs = [p.to_prompt_spec() for p in train], [p.to_prompt_spec() for p in held]
+  longest = max(len(s.tokens) for s in specs[0] + specs[1])
+  if longest > max_prompt_len:
+    raise ValueError(f"{kind} prompts are up to {longest} tokens > max_prompt_len={max_prompt_len}")
+  tok = mod.TOKENIZER
+  noise = float(data_cfg.synthetic_step_noise)
+
+  def sft(n, sft_seed, step_noise=None):
+    if n > len(train):
+      raise ValueError(f"asked for {n} SFT traces but the train split has {len(train)} prompts")
+    q = noise if step_noise is None else step_noise
+    return synthetic.pad_batch(mod.sft_examples(train[:n], sft_seed, q))
+
+  check_answers(kind, REWARD_FOR_KIND[kind], specs[0] + specs[1])
+  return Dataset(kind, specs[0], specs[1], tok, REWARD_FOR_KIND[kind], (tok.eos_id,),
+                 (tok.end_think_id,), {"train": len(specs[0]), "heldout": len(specs[1])}, sft)
+
+
+def stats_metrics(dataset: Dataset) -> dict:
+  """The dataset's numeric stats as flat metric keys (`data/<key>`, mixture:
+  `data/<task>/<key>`), e.g. data/code/malformed: prompts skipped for a malformed test case."""
+  out = {}
+  for k, v in dataset.stats.items():
+    if k == "tasks":
+      for name, st in v.items():
+        out.update({f"data/{name}/{kk}": vv for kk, vv in st.items()
+                    if isinstance(vv, (int, float)) and not isinstance(vv, bool)})
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+      out[f"data/{k}"] = v
+  return out
+
+
+__all__ = ["Dataset", "build_dataset", "stats_metrics", "check_answers", "KINDS", "REWARD_FOR_KIND", "MIXTURE"]

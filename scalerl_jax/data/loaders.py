@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from typing import Any, Iterator
 
@@ -31,6 +32,11 @@ class DataError(ValueError):
 
 class UnsupportedRecord(DataError):
   """A well-formed record in a layout the verifier cannot run (skippable)."""
+
+
+class MalformedTest(DataError):
+  """One test case of a code record is malformed (not {input, output}, bad testtype, functional
+  without fn_name); `load_code(skip_malformed=True)` skips the record and counts it."""
 
 
 def iter_records(path: str) -> Iterator[tuple[str, dict]]:
@@ -129,29 +135,41 @@ def _code_answer(loc: str, rec: dict) -> str:
       t = {k: v for k, v in t.items() if k != "type"}
     norm.append(t)
     if not isinstance(t, dict) or "input" not in t or "output" not in t:
-      raise DataError(f"{loc}: tests[{j}] must be an object with 'input' and 'output'")
+      raise MalformedTest(f"{loc}: tests[{j}] must be an object with 'input' and 'output'")
     if t.get("testtype", "stdin") not in ("stdin", "functional"):
-      raise DataError(f"{loc}: tests[{j}].testtype must be 'stdin' or 'functional'")
+      raise MalformedTest(f"{loc}: tests[{j}].testtype must be 'stdin' or 'functional'")
     if t.get("testtype") == "functional" and not fn_name:
-      raise DataError(f"{loc}: tests[{j}] is functional but there is no 'fn_name'/'metadata.func_name'")
+      raise MalformedTest(f"{loc}: tests[{j}] is functional but there is no "
+                          "'fn_name'/'metadata.func_name'")
   return json.dumps({"tests": norm, "fn_name": fn_name})
 
 
-def load_code(path: str, skip_unsupported: bool = False) -> tuple[list[Record], int]:
+def load_code(path: str, skip_unsupported: bool = False, skip_malformed: bool = False,
+              counts: dict | None = None) -> tuple[list[Record], int]:
   """DeepCoder-style records (see module docstring) -> (records, number skipped).
 
-  Malformed records always raise `DataError`; records whose tests use a layout the `code` reward
-  cannot run (e.g. PrimeIntellect `function_call`) raise too unless `skip_unsupported`.
+  A malformed record (no problem, `tests` missing, not JSON or not a non-empty list) always raises
+  `DataError`; records whose tests use a layout the `code` reward cannot run (e.g. PrimeIntellect
+  `function_call`) raise `UnsupportedRecord` unless `skip_unsupported`; a record with a malformed
+  test case raises `MalformedTest` unless `skip_malformed`. Skips are counted in `counts`
+  ({"unsupported": n, "malformed": n}) when given, and logged once per reason.
   """
   out, skipped = [], 0
+  first: dict[str, str] = {}
   for i, (loc, rec) in enumerate(iter_records(path)):
     problem = _text_field(loc, rec, "problem")
     try:
       out.append(Record(i, loc, problem, _code_answer(loc, rec)))
-    except UnsupportedRecord:
-      if not skip_unsupported:
+    except (UnsupportedRecord, MalformedTest) as e:
+      reason = "unsupported" if isinstance(e, UnsupportedRecord) else "malformed"
+      if not (skip_unsupported if reason == "unsupported" else skip_malformed):
         raise
       skipped += 1
+      first.setdefault(reason, str(e))
+      if counts is not None:
+        counts[reason] = counts.get(reason, 0) + 1
+  for reason, msg in first.items():
+    logging.getLogger(__name__).warning("skipped %s code records (first: %s)", reason, msg)
   return out, skipped
 
 
@@ -159,6 +177,7 @@ def load_code(path: str, skip_unsupported: bool = False) -> tuple[list[Record], 
 class SplitStats:
   records: int = 0
   unsupported: int = 0
+  malformed: int = 0          # code records skipped for a malformed test case
   too_long: int = 0
   duplicates: int = 0
   train: int = 0

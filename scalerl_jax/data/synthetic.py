@@ -52,11 +52,14 @@ assert len(set(VOCAB)) == len(VOCAB), "duplicate vocabulary entries"
 
 
 class SyntheticTokenizer:
-  """Fixed word-level tokenizer: `encode` splits on whitespace; digit runs ("307") split per digit."""
+  """Fixed word-level tokenizer: `encode` splits on whitespace; digit runs ("307") split per digit.
 
-  def __init__(self):
-    self.vocab = VOCAB
-    self._ids = {w: i for i, w in enumerate(VOCAB)}
+  `vocab` defaults to this task's 32 words; a task that extends it (data/tiny_code.py) passes a
+  superset whose first 32 words are these, so token ids mean the same in both."""
+
+  def __init__(self, vocab: tuple[str, ...] = VOCAB):
+    self.vocab = tuple(vocab)
+    self._ids = {w: i for i, w in enumerate(self.vocab)}
     self.pad_id, self.bos_id, self.eos_id = self._ids[PAD], self._ids[BOS], self._ids[EOS]
     self.unk_id = self._ids[UNK]
     self.think_id, self.end_think_id = self._ids[THINK], self._ids[END_THINK]

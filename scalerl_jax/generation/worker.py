@@ -6,8 +6,12 @@
 The auth token comes from the environment variable named by `config.buffer.auth_token_env`.
 Weights arrive through the buffer (FetchWeights); a watcher thread fetches every newly published
 version and hands it to the generator, which swaps it in while sequences are in flight
-(PipelineRL). Rewards are computed here, on the generator side, with the dataset's verifier; the
-length-penalty alternative (`rl.length_control=penalty`) is applied to them here as well.
+(PipelineRL). Rewards are computed here, on the generator side, each completion with its task's
+verifier (the task follows from the prompt id: data/mixture.py); the length-penalty alternative
+(`rl.length_control=penalty`) is applied to them here as well. With `rewards.log` (default) every
+grade is appended to WORKDIR/logs/rewards-<generator_id>.jsonl: one JSON object per completion,
+{"t", "gen", "version", "prompt_id", "task", "reward" (before the length penalty), "reason",
+"sandboxed", "cached"} (docs/METRICS.md "Reward log").
 
 Faults (docs/RELIABILITY.md): a heartbeat thread keeps this worker's leases alive while it generates
 (`generator.heartbeat_s`, default 10 s, well under the buffer's lease TTL); the client retries for
@@ -17,6 +21,7 @@ is ridden out. A restarted worker starts by fetching the newest published weight
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -94,8 +99,12 @@ class Worker:
     self.client = BufferClient(address, token, tls=TLS.from_config(config),
                                retry_budget_s=float(config.generator.get("retry_budget_s", 60.0)))
     self.dataset = build_dataset(config.data, config.rollout.max_prompt_len)
-    if self.dataset.reward_name == "code":   # this process grades: its sandbox must work
+    if self.dataset.needs_sandbox:   # this process grades model programs: its sandbox must work
       rewards.prepare_code_rewards(config)
+    self.reward_log = None
+    if config.rewards.get("log", True):
+      os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
+      self.reward_log = open(os.path.join(workdir, "logs", f"rewards-{generator_id}.jsonl"), "a")
     self.model_cfg = runtime.model_config(config)
     self.fetcher = StreamFetcher(self.client)
     got = None
@@ -159,8 +168,18 @@ class Worker:
       self.gen.apply_pending()
       time.sleep(0.01)
 
-  def rewards(self, completion, answer: str) -> float:
-    r = self.dataset.reward(completion.tokens, answer)
+  def rewards(self, completion, answer: str, prompt_id: int | None = None,
+              log: list | None = None) -> float:
+    """The reward of one completion: graded with the task of `prompt_id`; the Grade is appended
+    to `log` (reward-log lines) when given."""
+    task = self.dataset.task_of(prompt_id) if prompt_id is not None else ""
+    g = self.dataset.grade(completion.tokens, answer, task)
+    r = g.reward
+    if log is not None:
+      log.append({"t": round(time.time(), 3), "gen": self.id, "version": int(self.gen.version),
+                  "prompt_id": int(prompt_id) if prompt_id is not None else -1, "task": task,
+                  "reward": float(r), "reason": g.reason, "sandboxed": bool(g.sandboxed),
+                  "cached": bool(g.cached)})
     if self.config.rl.length_control == "penalty":
       r = float(interruption.apply_length_penalty(
           r, len(completion.tokens), self.config.rl.length_penalty_max,
@@ -192,12 +211,14 @@ class Worker:
           [a.prompt_id for a in assignments]))
       t0 = time.time()
       groups = self.gen.generate(prompts, int(assignments[0].group_size), spec)
-      rollouts = []
+      rollouts, graded = [], []
       for a, p, group in zip(assignments, prompts, groups):
         for i, c in enumerate(group):
           rollouts.append(codec.completion_to_rollout(
               c, group_id=a.group_id, sample_index=i, prompt_tokens=p.tokens,
-              generator_id=self.id, rewards=(self.rewards(c, a.answer),), start_unix_s=t0))
+              generator_id=self.id, rewards=(self.rewards(c, a.answer, a.prompt_id, graded),),
+              start_unix_s=t0))
+      self._log_grades(graded)
       try:
         self.client.push(rollouts)
       except grpc.RpcError as e:   # e.g. a lease expired: the buffer re-assigns the group
@@ -206,6 +227,13 @@ class Worker:
         continue
       done += len(assignments)
     return done
+
+  def _log_grades(self, lines: list) -> None:
+    """Appends one reward-log line per graded completion (flushed per lease batch)."""
+    if self.reward_log is None or not lines:
+      return
+    self.reward_log.write("".join(json.dumps(l) + "\n" for l in lines))
+    self.reward_log.flush()
 
   def _abandon(self):
     self._incarnation += 1
@@ -218,6 +246,8 @@ class Worker:
     self.stop()
     self.gen.close()
     self.client.close()
+    if self.reward_log is not None:
+      self.reward_log.close()
 
 
 def cpu_decode_devices(config, pinned) -> int:

@@ -3,6 +3,7 @@
   compute_reward("math", completion, "\\frac{1}{2}")   # Math-Verify on the text after </think>
   compute_reward("synthetic", completion, "7")          # the digit-sum task's exact-match verifier
   compute_reward("code", completion, tests_json)        # DeepCoder-style unit tests, bwrap sandbox
+  compute_reward("tiny_code", completion, tests_json)   # the tiny code task: answer words = program
   grade("code", completion, tests_json)                 # Grade(reward, reason, sandboxed, ...)
 
 Every verifier first removes the thinking part: everything up to and including the LAST `</think>`;
@@ -14,10 +15,14 @@ imported below. `scalerl_jax.data` depends on this package, never the other way 
 """
 from scalerl_jax.rewards.registry import REWARDS, Grade, compute_reward, get, grade, names, register
 from scalerl_jax.rewards.text import END_THINK, strip_thinking
-from scalerl_jax.rewards import code, math, sandbox, synthetic  # noqa: F401  (registers verifiers)
+from scalerl_jax.rewards import code, math, sandbox, synthetic, tiny_code  # noqa: F401  (registers verifiers)
 from scalerl_jax.rewards.code import extract_code, grade_code, parse_tests, run_tests
 from scalerl_jax.rewards.sandbox import SandboxUnavailable, check_sandbox, prepare_code_rewards
 
+# Rewards that run model-written programs: a job using any of them needs a working sandbox
+# (prepare_code_rewards at start-up) and answers that are valid test JSON (parse_tests).
+SANDBOXED_REWARDS = ("code", "tiny_code")
+
 __all__ = ["REWARDS", "Grade", "register", "get", "grade", "names", "compute_reward", "END_THINK",
            "strip_thinking", "extract_code", "grade_code", "parse_tests", "run_tests", "sandbox",
-           "SandboxUnavailable", "check_sandbox", "prepare_code_rewards"]
+           "SandboxUnavailable", "check_sandbox", "prepare_code_rewards", "SANDBOXED_REWARDS"]

@@ -26,6 +26,7 @@ class Grade:
   tests_passed: int = 0
   tests_total: int = 0
   detail: str = ""
+  cached: bool = False        # a memoized grade of the same program (rewards/tiny_code.py)
 
   def as_record(self) -> dict:
     """The fields a reward log keeps (JSON-serialisable)."""
