@@ -52,16 +52,16 @@ def test_abort_leaves_a_loadable_checkpoint(unstable_run):
 def test_live_forecast_in_metrics_and_tensorboard(unstable_run):
   wd, _ = unstable_run
   lines = _lines(wd)
+  evals = [l["step"] for l in lines if l.get("kind") == "eval"]
   fc = [l for l in lines if l.get("kind") == "forecast"]
-  evals = [l for l in lines if l.get("kind") == "eval"]
-  if len(evals) < 5:
-    pytest.skip(f"the run stopped after {len(evals)} evaluations, before a forecast is possible")
-  assert fc, "no forecast record"
-  for key in ("forecast/A", "forecast/A_lo", "forecast/A_hi", "forecast/R_at_budget", "forecast/identifiable",
-              "forecast/refit_s", "forecast/learner_s"):
-    assert key in fc[-1]
-  assert max(l["forecast/learner_s"] for l in fc if "forecast/learner_s" in l) < 0.5
-  assert any(f.name.startswith("events.out.tfevents") for f in os.scandir(os.path.join(wd, "tb")))
+  assert len(evals) >= 5, evals                      # R0 + 4 evaluations before the abort at step ~10
+  assert [l["step"] for l in fc] == evals[4:]         # one record per evaluation from the 4th on
+  for l in fc:
+    assert l["forecast/learner_s"] < 0.5 and l["forecast/refit_s"] < 30
+    assert "forecast/A" in l or l["forecast/verdict"].startswith("no forecast")
+    if "forecast/A" in l:
+      assert l["forecast/A_lo"] <= l["forecast/A"] <= l["forecast/A_hi"]
   from tb_events import tb_scalars
   tb = tb_scalars(os.path.join(wd, "tb"))
-  assert [s for s, _ in tb["forecast/A"]] == [l["step"] for l in fc]
+  assert [s for s, _ in tb["forecast/identifiable"]] == [l["step"] for l in fc]
+  assert [s for s, _ in tb["health/truncated_frac"]] == [l["step"] for l in lines if l.get("kind") == "train"]
