@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LR_100X = 3e-3      # 100 x configs/tiny.py's RL learning rate (3e-5)
 
@@ -19,8 +20,10 @@ def unstable_run(tmp_path_factory):
          "--config.total_steps=40", "--config.sft.steps=40", "--config.sft.clean_steps=40",
          "--config.eval.every_steps=2", "--config.eval.samples_per_prompt=2", "--config.data.heldout=16",
          f"--config.optim.lr={LR_100X}", "--config.optim.warmup_steps=1",
-         "--config.health.abort_on=truncated_frac", "--config.checkpoint.every_steps=100"]
-  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+         "--config.health.abort_on=truncated_frac", "--config.checkpoint.every_steps=100",
+         "--config.wandb.project=scalerl-e2e"]
+  env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}   # offline files, no network
+  r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env)
   return wd, r
 
 
@@ -65,3 +68,17 @@ def test_live_forecast_in_metrics_and_tensorboard(unstable_run):
   tb = tb_scalars(os.path.join(wd, "tb"))
   assert [s for s, _ in tb["forecast/identifiable"]] == [l["step"] for l in fc]
   assert [s for s, _ in tb["health/truncated_frac"]] == [l["step"] for l in lines if l.get("kind") == "train"]
+
+
+def test_wandb_offline_run_has_the_scalars_of_metrics_jsonl(unstable_run):
+  pytest.importorskip("wandb")
+  wd, _ = unstable_run
+  from scalerl_jax.wandb_sink import read_offline_history
+  rows = read_offline_history(str(wd))
+  want = [{k: v for k, v in l.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+          for l in _lines(wd)]
+  want = [w for w in want if w]
+  got = [{k: v for k, v in r.items() if not k.startswith("_") and k != "trainer_step"} for r in rows]
+  assert got[:len(want)] == want
+  assert [r["trainer_step"] for r in rows[:len(want)]] == [l["step"] for l in _lines(wd) if any(
+    isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step" for k, v in l.items())]
