@@ -37,8 +37,9 @@ MIN_EVALS = 4            # evaluations after step 0 needed for any forecast
 B_PRIOR = (0.2, 10.0)
 LEVEL = 0.9              # the band the forecast reports
 #: Widening of the noise model (sd factor) for what it leaves out: the mean of a fixed held-out set
-#: is not exactly Eq. 1. Set on the calibration seed of analysis.calibrate, checked on a fresh one.
-MODEL_ERROR = 1.3
+#: is not exactly Eq. 1. 1.3 from seed 5 (80 runs) gave 84.5 % on seed 0 (200 runs); 1.5 is set
+#: from those, and checked on the fresh seed 1 (docs/ANALYSIS.md).
+MODEL_ERROR = 1.5
 _RHOS = np.array([0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95])
 
 
@@ -141,25 +142,25 @@ class Posterior:
     """P(C_mid > c)."""
     return float(np.mean(self.C_mid > c))
 
-  def identifiability(self, *, a_width: float = 0.1, cmid_factor: float = 2.0,
-                      level: float = LEVEL) -> dict:
-    """Verdict: identifiable when the curvature has been seen, i.e. C_mid is bracketed (its
-    upper ``level`` quantile is at most ``cmid_factor`` x the last evaluated compute) and A's
-    ``level`` interval is at most ``a_width`` wide. Returns the verdict and its reasons."""
+  def identifiability(self, *, cmid_factor: float = 5.0, level: float = LEVEL) -> dict:
+    """Verdict: identifiable once the run has shown its curvature, i.e. C_mid is bracketed: the
+    upper ``level`` bound of C_mid is at most ``cmid_factor`` x the last evaluated compute. (On
+    simulated runs that bound is 1.4-3.9 x the last compute at the first evaluation past C_mid and
+    16-750 x before C_mid/4: analysis.calibrate.) A's interval is reported, not judged: the band
+    carries it. Returns the verdict, its reasons and the numbers."""
     c_last = float(self.C[-1])
     a_lo, a_hi = self.interval("A", level)
     _, c_hi = self.interval("C_mid", level)
     bracketed = c_hi <= cmid_factor * c_last
-    narrow = (a_hi - a_lo) <= a_width
     reasons = []
     if not bracketed:
       reasons.append(f"C_mid not bracketed yet (P(C_mid > last eval {c_last:.4g} h) = "
-                     f"{self.p_cmid_beyond(c_last):.2f}, upper {level:.0%} bound {c_hi:.4g} h)")
-    if not narrow:
-      reasons.append(f"A not pinned down ({level:.0%} interval {a_lo:.3f}-{a_hi:.3f})")
-    return {"identifiable": bool(bracketed and narrow), "reasons": reasons,
+                     f"{self.p_cmid_beyond(c_last):.2f}, upper {level:.0%} bound {c_hi:.4g} h = "
+                     f"{c_hi / c_last:.3g} x the last eval, needs <= {cmid_factor:g} x)")
+      reasons.append(f"A anywhere in {a_lo:.3f}-{a_hi:.3f} ({level:.0%})")
+    return {"identifiable": bool(bracketed), "reasons": reasons,
             "p_cmid_beyond_last": self.p_cmid_beyond(c_last), "a_width": a_hi - a_lo,
-            "cmid_hi": c_hi}
+            "cmid_hi_over_last": c_hi / c_last}
 
 
 _LOGW_SPAN = 30.0     # grid cells below exp(-30) x the largest posterior weight hold no mass

@@ -139,7 +139,8 @@ class LiveForecast:
   `forecast/budget_hours` (the planned compute: hours so far x total_steps / step),
   `forecast/refit_s` (the refit's own wall time, on its thread) and `forecast/learner_s` (what
   submitting it cost the learner: waiting for the previous refit + starting the thread). A refit still running when the next one is
-  submitted makes that one wait (never two at once).
+  submitted makes that one wait (never two at once). When no forecast is possible yet (no rise
+  above R0), the record says so in `forecast/verdict` with `forecast/identifiable` 0 and no numbers.
   """
 
   def __init__(self, workdir: str, write, *, n_draws: int = 4000, lock: threading.Lock | None = None):
@@ -180,9 +181,10 @@ class LiveForecast:
     budget = max(float(compute_hours) * total_steps / step, float(C[-1]))
     try:
       post = fit_posterior(C, y, run.r0, n_samples=eval_samples(self.workdir), n_draws=self.n_draws)
-    except AnalysisError as e:
-      log.info("live forecast skipped at step %d: %s", step, e)
-      return None
+    except AnalysisError as e:   # e.g. no rise above R0 yet: say so, with no numbers
+      log.info("live forecast at step %d: %s", step, e)
+      return {"step": step, "kind": "forecast", "forecast/identifiable": 0, "forecast/budget_hours": budget,
+              "forecast/verdict": f"no forecast: {e}", "forecast/refit_s": time.perf_counter() - t0}
     band = post.band([budget])
     a_lo, a_hi = post.interval("A")
     ident = post.identifiability()
@@ -205,7 +207,8 @@ class LiveForecast:
         rec["forecast/learner_s"] = self._cost
       self.last = rec
       self.write(rec)
-      log.info("forecast at step %d: A %.3f [%.3f, %.3f], R at budget %.3f h: %.3f (%s, refit %.2f s)",
-               step, rec["forecast/A"], rec["forecast/A_lo"], rec["forecast/A_hi"],
-               rec["forecast/budget_hours"], rec["forecast/R_at_budget"], rec["forecast/verdict"],
-               rec["forecast/refit_s"])
+      if "forecast/A" in rec:
+        log.info("forecast at step %d: A %.3f [%.3f, %.3f], R at budget %.3f h: %.3f (%s, refit %.2f s)",
+                 step, rec["forecast/A"], rec["forecast/A_lo"], rec["forecast/A_hi"],
+                 rec["forecast/budget_hours"], rec["forecast/R_at_budget"], rec["forecast/verdict"],
+                 rec["forecast/refit_s"])

@@ -111,7 +111,11 @@ def test_live_forecast_thread_writes_metrics_and_tensorboard(tmp_path):
   assert fc[0]["forecast/budget_hours"] == pytest.approx(0.5 * 300 / 40)
   for key in ("forecast/A", "forecast/A_lo", "forecast/A_hi", "forecast/R_at_budget", "forecast/identifiable"):
     assert key in fc[0]
-  assert fc[0]["forecast/identifiable"] == 0                # four points never pin a curve down
+  C = [0.4 / 3 * k for k in range(1, 4)] + [0.5]
+  y = [json.loads(l)["val_pass_rate"] for l in open(tmp_path / "metrics.jsonl") if "val_pass_rate" in l]
+  offline = fit_posterior(C, y[1:], y[0], n_samples=1024, n_draws=4000)
+  assert fc[0]["forecast/identifiable"] == int(offline.identifiability()["identifiable"])
+  assert fc[0]["forecast/A"] == pytest.approx(np.median(offline.A), abs=5e-3)
   tb = tb_scalars(tmp_path / "tb")
   assert tb["forecast/A"] == [(40, pytest.approx(fc[0]["forecast/A"], rel=1e-6))]
   assert tb["forecast/R_at_budget"][0][1] == pytest.approx(fc[0]["forecast/R_at_budget"], rel=1e-6)
