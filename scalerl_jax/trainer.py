@@ -39,6 +39,7 @@ from scalerl_jax.learner import Learner
 from scalerl_jax.ledger import ComputeLedger
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
+from scalerl_jax.rewards import sandbox_still_works
 from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.tools.describe import count_params
 from scalerl_jax.weights.source import WeightSource
@@ -61,7 +62,10 @@ def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
     groups = sampler.generate(chunk, samples, dataclasses.replace(spec, seed=spec.seed + i))
     for p, group in zip(chunk, groups):
       for c in group:
-        rewards.append(dataset.reward(c.tokens, p.answer, p.task))
+        g = dataset.grade(c.tokens, p.answer, p.task)
+        if g.reason == "sandbox_error":   # raises when the sandbox broke mid-run
+          sandbox_still_works(g.detail)
+        rewards.append(g.reward)
         lengths.append(len(c.tokens))
         interrupted.append(c.finish_reason == "interrupted")
         tasks.append(p.task)

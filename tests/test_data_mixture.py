@@ -1,5 +1,6 @@
 """Task mixtures and the tiny code task (issue 16 part 2): config shape and start-up errors, shares,
 task ids, per-task held-out sets and rewards, SFT traces, sandboxed grading, skipped records."""
+import dataclasses
 import importlib
 import json
 
@@ -7,9 +8,11 @@ import numpy as np
 import pytest
 
 from configs import common
-from scalerl_jax import recipes, rewards
-from scalerl_jax.data import build_dataset, loaders, mixture, stats_metrics, synthetic, tiny_code
+from scalerl_jax import job, recipes, rewards
+from scalerl_jax.data import (build_dataset, check_answers, loaders, mixture, stats_metrics,
+                              synthetic, tiny_code)
 from scalerl_jax.data.tiny_hf_tokenizer import write_tiny_tokenizer
+from scalerl_jax.rewards import sandbox
 from scalerl_jax.rewards import tiny_code as tiny_code_reward
 
 
@@ -173,7 +176,6 @@ def test_malformed_test_case_skips_the_prompt_and_is_counted(tmp_path):
 
 
 def test_code_answers_must_be_test_json():
-  from scalerl_jax.data import check_answers
   ok = tiny_code.make_split(0, 2, 1)[0][0].to_prompt_spec()
   bad = ok.__class__(prompt_id=7, tokens=ok.tokens, answer="[{")
   with pytest.raises(ValueError, match="tiny_code prompt 7: the answer is not valid test JSON"):
@@ -196,9 +198,6 @@ def test_mixed_tokenizers_are_refused(tmp_path):
 def test_mixture_with_code_refuses_to_start_without_sandbox(tmp_path):
   """A mixture with a sandboxed task stops at job start (before config.json, SFT, buffer) when the
   sandbox cannot start; the digit-sum task alone needs no sandbox."""
-  import dataclasses
-  from scalerl_jax import job
-  from scalerl_jax.rewards import sandbox
   saved = sandbox.settings()
   try:
     c = _small(_multitask())
@@ -210,5 +209,25 @@ def test_mixture_with_code_refuses_to_start_without_sandbox(tmp_path):
     assert not (workdir / "config.json").exists() and not (workdir / "base_policy").exists()
     c.data.mixture = "math:1.0"
     assert not build_dataset(c.data, 32).needs_sandbox
+  finally:
+    sandbox.configure(**dataclasses.asdict(saved))
+
+
+def test_sandbox_breaking_mid_run_stops_grading():
+  """A sandbox that breaks after start-up (its binary gone) gives `sandbox_error` grades, which are
+  never memoized; sandbox_still_works (called by generators and evaluation on such a grade) then
+  raises instead of letting the run train on zero rewards."""
+  saved = sandbox.settings()
+  tiny_code_reward.clear_cache()
+  p = tiny_code.Problem(0, (2, 3), ("*",))
+  try:
+    rewards.prepare_code_rewards(common.base_config())
+    rewards.sandbox_still_works("")                       # working: no error
+    sandbox.configure(bwrap="/bin/false")                # what a vanished binary looks like
+    g = rewards.grade("tiny_code", "</think> print ( 2 * 3 ) <eos>", p.answer)
+    assert (g.reward, g.reason, g.cached) == (0.0, "sandbox_error", False)
+    assert rewards.grade("tiny_code", "</think> print ( 2 * 3 ) <eos>", p.answer).cached is False
+    with pytest.raises(rewards.SandboxUnavailable, match="did not start"):
+      rewards.sandbox_still_works(g.detail)
   finally:
     sandbox.configure(**dataclasses.asdict(saved))

@@ -174,12 +174,17 @@ class Worker:
     to `log` (reward-log lines) when given."""
     task = self.dataset.task_of(prompt_id) if prompt_id is not None else ""
     g = self.dataset.grade(completion.tokens, answer, task)
+    if g.reason == "sandbox_error":   # raises (this worker exits) when the sandbox broke mid-run
+      rewards.sandbox_still_works(g.detail)
     r = g.reward
     if log is not None:
-      log.append({"t": round(time.time(), 3), "gen": self.id, "version": int(self.gen.version),
-                  "prompt_id": int(prompt_id) if prompt_id is not None else -1, "task": task,
-                  "reward": float(r), "reason": g.reason, "sandboxed": bool(g.sandboxed),
-                  "cached": bool(g.cached)})
+      line = {"t": round(time.time(), 3), "gen": self.id, "version": int(self.gen.version),
+              "prompt_id": int(prompt_id) if prompt_id is not None else -1, "task": task,
+              "reward": float(r), "reason": g.reason, "sandboxed": bool(g.sandboxed),
+              "cached": bool(g.cached)}
+      if g.detail and g.reason not in ("pass", "wrong_answer"):
+        line["detail"] = g.detail[:200]
+      log.append(line)
     if self.config.rl.length_control == "penalty":
       r = float(interruption.apply_length_penalty(
           r, len(completion.tokens), self.config.rl.length_penalty_max,

@@ -17,7 +17,8 @@ from scalerl_jax.rewards.registry import REWARDS, Grade, compute_reward, get, gr
 from scalerl_jax.rewards.text import END_THINK, strip_thinking
 from scalerl_jax.rewards import code, math, sandbox, synthetic, tiny_code  # noqa: F401  (registers verifiers)
 from scalerl_jax.rewards.code import extract_code, grade_code, parse_tests, run_tests
-from scalerl_jax.rewards.sandbox import SandboxUnavailable, check_sandbox, prepare_code_rewards
+from scalerl_jax.rewards.sandbox import (SandboxUnavailable, check_sandbox, prepare_code_rewards,
+                                         sandbox_still_works)
 
 # Rewards that run model-written programs: a job using any of them needs a working sandbox
 # (prepare_code_rewards at start-up) and answers that are valid test JSON (parse_tests).
@@ -25,4 +26,4 @@ SANDBOXED_REWARDS = ("code", "tiny_code")
 
 __all__ = ["REWARDS", "Grade", "register", "get", "grade", "names", "compute_reward", "END_THINK",
            "strip_thinking", "extract_code", "grade_code", "parse_tests", "run_tests", "sandbox",
-           "SandboxUnavailable", "check_sandbox", "prepare_code_rewards", "SANDBOXED_REWARDS"]
+           "SandboxUnavailable", "check_sandbox", "prepare_code_rewards", "sandbox_still_works", "SANDBOXED_REWARDS"]

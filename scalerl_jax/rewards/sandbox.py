@@ -449,3 +449,15 @@ def prepare_code_rewards(config) -> dict:
   info = check_sandbox(s)
   log.info("code rewards: %s", info)
   return info
+
+
+def sandbox_still_works(detail: str = "") -> None:
+  """After a `sandbox_error` grade mid-run: re-runs check_sandbox, which raises SandboxUnavailable
+  when the sandbox broke (e.g. its binary vanished with a reinstalled venv), so no policy is
+  trained or evaluated on a broken grader (the grading process exits; a restart refuses to start).
+  A check that passes means a one-off failure: that completion keeps reward 0 and its reason."""
+  try:
+    check_sandbox()
+  except SandboxUnavailable as e:
+    log.error("code sandbox broke mid-run (%s): %s", detail[:200], e)
+    raise
