@@ -20,6 +20,7 @@ from analysis.metrics import TASK_PREFIX, read_run, task_metric_keys
 from analysis.plots import plot_comparison, plot_curve_panels, plot_curves
 from analysis.scaling import fit_power_law, fit_sigmoid, paper_grids
 from analysis.uncertainty import bootstrap, extrapolate
+from scalerl_jax import storage
 
 __all__ = ["fit_runs", "resolve_metrics", "metric_slug", "PER_TASK", "main"]
 
@@ -68,11 +69,11 @@ def fit_runs(run_dirs, out_dir, fit_until: float | None = None, cutoff: float | 
     """
   if grid not in ("auto", "paper"):
     raise ValueError(f"grid={grid!r} is unknown; use 'auto' (from the data) or 'paper'")
-  run_dirs = [Path(d) for d in run_dirs]
+  run_dirs = [storage.path(d) for d in run_dirs]   # local or gs:// (scalerl_jax.storage)
   if not run_dirs:
     raise ValueError("no run directories given; pass at least one RUN_DIR holding metrics.jsonl")
-  out = Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
+  out = storage.path(out_dir)
+  storage.makedirs(str(out_dir))
   keys = resolve_metrics(run_dirs, metrics)
   results, panels = [], []
   for i, metric in enumerate(keys):

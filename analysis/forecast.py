@@ -25,6 +25,7 @@ from analysis.compare import A_TOLERANCE, compare_runs
 from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
 from analysis.metrics import METRICS_FILE, RunData, read_metrics_lines, read_run
 from analysis.posterior import LEVEL, MIN_EVALS, Posterior, fit_posterior
+from scalerl_jax import storage
 
 __all__ = ["forecast_run", "forecast_runs", "format_table", "eval_samples", "main"]
 
@@ -32,7 +33,7 @@ __all__ = ["forecast_run", "forecast_runs", "format_table", "eval_samples", "mai
 def eval_samples(run_dir) -> float | None:
   """Generations behind one evaluation (``val_samples`` of the last evaluation line), or None."""
   try:
-    lines = read_metrics_lines(Path(run_dir) / METRICS_FILE)
+    lines = read_metrics_lines(storage.path(run_dir) / METRICS_FILE)
   except AnalysisError:
     return None
   for rec in reversed(lines):
@@ -122,7 +123,7 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
     Writes ``out_dir/forecast.json`` and ``out_dir/forecast.png`` when ``out_dir`` is given.
     ``n_samples``: generations per evaluation; default: each run's ``val_samples``.
     """
-  run_dirs = [Path(d) for d in run_dirs]
+  run_dirs = [storage.path(d) for d in run_dirs]   # local or gs://
   if not run_dirs:
     raise ForecastInputError("no run directories given; pass at least one RUN_DIR holding metrics.jsonl")
   runs = []
@@ -159,8 +160,8 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
         rec["comparison"] = {k: v for k, v in row.items() if k != "run"} | {
           "mode": cmp["mode"], "A_shared": cmp["A_shared"], "winner": cmp["winner"]}
   if out_dir is not None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = storage.path(out_dir)
+    storage.makedirs(str(out_dir))
     (out / "forecast.json").write_text(json.dumps(recs, indent=2) + "\n", encoding="utf-8")
     if plot:
       from analysis.plots import plot_forecast

@@ -18,6 +18,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from scalerl_jax import storage
+
 from analysis.errors import (
   MetricsFormatError,
   NonFiniteError,
@@ -66,23 +68,21 @@ def append_metrics(run_dir: str | os.PathLike, record: Mapping[str, Any]) -> Pat
   rec = _to_builtin(record)
   if "val_pass_rate" in rec:
     _check_eval_record(rec, where="append_metrics")
-  path = Path(run_dir) / METRICS_FILE
-  path.parent.mkdir(parents=True, exist_ok=True)
+  storage.makedirs(str(run_dir))
+  path = storage.path(run_dir) / METRICS_FILE
   try:
     line = json.dumps(rec, allow_nan=False)
   except (TypeError, ValueError) as exc:
     raise MetricsFormatError(f"append_metrics: record is not JSON-serializable or holds NaN/inf "
                  f"({exc}); convert values to finite int/float/str") from None
-  with open(path, "a", encoding="utf-8") as fh:
-    fh.write(line + "\n")
-    fh.flush()
+  storage.append_text(str(path), line + "\n")   # gs://: the object is rewritten
   return path
 
 
 def write_config(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
   """Write ``run_dir/config.json`` (pretty-printed, numpy values converted)."""
-  path = Path(run_dir) / CONFIG_FILE
-  path.parent.mkdir(parents=True, exist_ok=True)
+  storage.makedirs(str(run_dir))
+  path = storage.path(run_dir) / CONFIG_FILE
   path.write_text(json.dumps(_to_builtin(config), indent=2, sort_keys=True) + "\n", encoding="utf-8")
   return path
 
@@ -110,11 +110,11 @@ def _check_eval_record(rec: Mapping[str, Any], where: str) -> None:
 
 def read_metrics_lines(path: str | os.PathLike) -> list[dict]:
   """Parse a metrics.jsonl file into a list of dicts (blank lines skipped)."""
-  path = Path(path)
+  path = storage.path(path)
   if not path.is_file():
     raise MetricsFormatError(f"no metrics file at {path}; pass a run directory holding {METRICS_FILE}")
   out = []
-  with open(path, encoding="utf-8") as fh:
+  with storage.open(str(path), "r", encoding="utf-8") as fh:
     for lineno, line in enumerate(fh, 1):
       if not line.strip():
         continue
@@ -192,7 +192,7 @@ def read_run(run_dir: str | os.PathLike, *, name: str | None = None,
     R0 is the value of the first evaluation line, which should be the step-0 evaluation
     (``compute_hours == 0``); a warning is issued otherwise.
     """
-  run_dir = Path(run_dir)
+  run_dir = storage.path(run_dir)      # a local directory or gs://BUCKET/PATH
   if not run_dir.is_dir():
     raise MetricsFormatError(f"run directory {run_dir} does not exist; pass a directory holding {METRICS_FILE}")
   lines = read_metrics_lines(run_dir / METRICS_FILE)
@@ -219,7 +219,7 @@ def read_run(run_dir: str | os.PathLike, *, name: str | None = None,
       config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
       raise MetricsFormatError(f"{cfg_path}: not valid JSON ({exc.msg}); rewrite it with write_config") from None
-  return RunData(name=name or run_dir.resolve().name, compute=c, value=v, step=step, r0=float(v[0]),
+  return RunData(name=name or (run_dir.name if storage.is_remote(run_dir) else run_dir.resolve().name), compute=c, value=v, step=step, r0=float(v[0]),
           config=config, run_dir=str(run_dir))
 
 

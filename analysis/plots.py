@@ -10,6 +10,14 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from scalerl_jax import storage
+
+
+def _save(fig, path) -> None:
+  """Saves `fig` to a local path or gs:// (through scalerl_jax.storage; format from the suffix)."""
+  with storage.open(str(path), "wb") as f:
+    fig.savefig(f, format=str(path).rsplit(".", 1)[-1] if "." in str(path) else "png")
+
 
 def _figure(**kw):
   fig = Figure(**kw)
@@ -32,7 +40,7 @@ def plot_curves(entries: list[dict], path, *, title: str = "Eq. 1 fits") -> str:
   ax.set_title(title + "  (filled: fit window; hollow: held out / cut; bands: 95% curve & prediction)",
          fontsize=9)
   fig.tight_layout()
-  fig.savefig(path)
+  _save(fig, path)
   return str(path)
 
 
@@ -48,7 +56,7 @@ def plot_curve_panels(panels: list[tuple[str, list[dict]]], path, *,
   fig.suptitle(title + "  (filled: fit window; hollow: held out / cut; bands: 95% curve & "
                "prediction)", fontsize=9)
   fig.tight_layout()
-  fig.savefig(path)
+  _save(fig, path)
   return str(path)
 
 
@@ -122,7 +130,7 @@ def plot_comparison(runs, fits, cmp: dict, path, ci: dict | None = None) -> str:
     bx.set_ylim(min(vals) - 0.05, max(vals) + 0.03)
   bx.set_title(f"winner: {cmp['winner']}", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path)
+  _save(fig, path)
   return str(path)
 
 
@@ -161,5 +169,5 @@ def plot_forecast(runs, posts, recs, path, *, budget: float, target: float | Non
   ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=7, loc="lower right")
   fig.tight_layout()
-  fig.savefig(path)
+  _save(fig, path)
   return str(path)

@@ -100,7 +100,7 @@ def base_config() -> ml_collections.ConfigDict:
       external=False,                  # True: connect to a buffer service at `address` (launch/)
                                        # instead of starting one plus generators (separate jobs)
       max_message_bytes=64 << 20, lease_ttl_s=120.0, max_restarts=3))
-  c.buffer.wal_dir = ""              # the buffer's write-ahead log on local disk; "" = WORKDIR/buffer_wal
+  c.buffer.wal_dir = ""              # the buffer's write-ahead log on local disk; "" = LOCAL_DIR/buffer_wal
   c.buffer.wal_fsync = "batch"       # batch (fsync per request) | interval | none (buffer/wal.py)
 
   # Weight updates (docs/ROLLOUT.md "Weights"): serve_from="learner": every learner process serves
@@ -157,6 +157,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.resume = "auto"        # auto: the same command resumes from the newest valid checkpoint; never
   c.pin_cpus = False       # CPU hosts: one CPU per role (learner, each generator), like devices
   c.debug_dump_every = 0   # > 0: save every Nth trained batch to WORKDIR/batches/ (tests, debugging)
+  c.local_dir = ""         # local disk (WAL, child logs, TB staging); "" = WORKDIR, or TMPDIR/... for gs://
 
   c.data = ml_collections.ConfigDict(dict(
       kind="polaris", path="", tokenizer_path="", heldout=1000, split_seed=0))

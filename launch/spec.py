@@ -11,11 +11,20 @@ Launch knobs are not in configs/common.py; an optional `config.launch` ConfigDic
 from __future__ import annotations
 
 import copy
+import posixpath
 from typing import Any
+
+from scalerl_jax.processes import buffer_flags
 
 BUFFER_PORT = 50051
 VLLM_PORT = 8000
 COORDINATOR_PORT = 8476
+WEIGHTS_PORT = 50052                 # each learner pod's WeightSource (config.weights.port)
+WAL_MOUNT = "/wal"                   # the buffer pod's write-ahead log volume (a PVC: local disk)
+PROMPTS_FILE = "/prompts/prompts.jsonl"
+# Downward-API values a pod gets from Kubernetes (renderers turn them into `fieldRef` env vars).
+FIELD_POD_IP = "status.podIP"
+FIELD_COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 SECRET_NAME = "scalerl-buffer-token"
 SECRET_KEY = "token"
 # TLS (docs/ROLLOUT.md "TLS"): one certificate for every gRPC server of the run (the buffer service
@@ -51,6 +60,9 @@ LAUNCH_DEFAULTS = dict(
     image_tag="0.1.0",
     workdir="gs://BUCKET/scalerl/run",
     data_pvc="scalerl-data",           # read-only volume with config.data.path and tokenizer_path
+    wal_storage="200Gi",               # the buffer's WAL PVC (ReadWriteOnce; survives pod restarts)
+    service_account="scalerl",         # Kubernetes SA of learner + buffer pods (Workload Identity:
+                                       # read/write the gs:// workdir)
     config_file="configs/8b.py",
     tls=True,                          # TLS on every gRPC channel, certificates from TLS_SECRET_NAME
 )
@@ -99,7 +111,6 @@ def resolve(config, overrides: dict | None = None) -> dict:
   cfg_file = s["config_file"]
   token_env = config.buffer.auth_token_env
   common_args = [f"--config={cfg_file}", f"--config.buffer.address={buffer_addr}"]
-  r = config.rollout
   tls = None
   if s["tls"]:
     paths = {k: f"{TLS_MOUNT}/{f}" for k, f in TLS_FILES.items()}
@@ -112,6 +123,16 @@ def resolve(config, overrides: dict | None = None) -> dict:
                              [f"--tls_server_name={server_name}"],
            "buffer_args": [f"--tls-{k}={v}" for k, v in paths.items()]}
   tls_args = lambda role: list(tls[f"{role}_args"]) if tls else []
+  workdir = s["workdir"]
+  learner_env, learner_fields = {}, {"POD_IP": FIELD_POD_IP}
+  if lp["kind"] == "tpu":     # jax.distributed.initialize() auto-detects the slice's hosts
+    dist_args = ["--config.distributed.auto=True"]
+  else:                       # GPU hosts: explicit coordinator (pod 0), count, index (scalerl_jax/distributed.py)
+    dist_args = []
+    learner_env.update({"SCALERL_COORDINATOR": f"{name}-learner-learner-0-0.{name}-learner:"
+                                                f"{COORDINATOR_PORT}",
+                        "SCALERL_NUM_PROCESSES": str(hosts)})
+    learner_fields["SCALERL_PROCESS_ID"] = FIELD_COMPLETION_INDEX
   learner_role = "learner-tpu" if lp["kind"] == "tpu" else "learner-gpu"
   return {
       "name": name,
@@ -125,13 +146,18 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "chips": chips, "hosts": hosts, "chips_per_host": lp["chips_per_host"],
           "tpu_topology": topology, "node_selector": dict(lp["node_selector"]),
           "machine_type": lp["machine_type"], "arch": lp["arch"], "cpu": lp["cpu"], "memory": lp["memory"],
-          "coordinator_port": COORDINATOR_PORT,
+          "coordinator_port": COORDINATOR_PORT, "weights_port": WEIGHTS_PORT,
           # Every learner pod serves its own weight shards to the fleet (weights/source.py):
-          # it listens on all interfaces and advertises its pod IP (the hostname's address).
-          "command": ["python", "-m", "scalerl_jax.main", *common_args,
+          # it listens on all interfaces and advertises its pod IP ($(POD_IP): Kubernetes expands
+          # it from the env var the downward API sets).
+          "command": ["python", "-m", "scalerl_jax.main", *common_args, *dist_args,
                       "--config.buffer.external=True", "--config.weights.host=0.0.0.0",
-                      *tls_args("learner"), f"--workdir={s['workdir']}"],
-          "env": {"SCALERL_ROLE": "learner"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+                      f"--config.weights.port={WEIGHTS_PORT}",
+                      "--config.weights.advertise=$(POD_IP)", *tls_args("learner"),
+                      f"--workdir={workdir}"],
+          "env": learner_env, "field_env": learner_fields,
+          "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+          "service_account": s["service_account"],
       },
       "generators": {
           "name": f"{name}-vllm", "platform": s["generator_platform"], "image": image(s, "vllm"),
@@ -144,22 +170,23 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_file}",
                       f"--buffer={buffer_addr}", "--backend=vllm", "--workdir=/tmp/scalerl",
                       f"--tensor_parallel={tp}", *tls_args("generator")],
-          "env": {"SCALERL_ROLE": "generator"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+          "env": {}, "field_env": {}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
       },
       "buffer": {
           "name": f"{name}-buffer", "image": image(s, "buffer"), "port": BUFFER_PORT,
-          "address": buffer_addr, "cpu": "8", "memory": "32Gi", "prompts_file": "/prompts/prompts.jsonl",
+          "address": buffer_addr, "cpu": "8", "memory": "32Gi", "prompts_file": PROMPTS_FILE,
           "export_command": ["python", "-m", "scalerl_jax.data.export", f"--config={cfg_file}",
-                             "--out=/prompts/prompts.jsonl"],
-          "command": ["python", "-m", "scalerl_jax.buffer.server", "--host=0.0.0.0",
-                      f"--port={BUFFER_PORT}", f"--token-env={token_env}",
-                      "--prompts=/prompts/prompts.jsonl",
-                      f"--prompts-per-step={r.prompts_per_step}",
-                      f"--group-size={r.generations_per_prompt}", f"--max-lag={r.max_lag}",
-                      f"--mode={r.mode}", f"--max-message-bytes={config.buffer.max_message_bytes}",
-                      f"--max-completion-tokens={r.think_budget_max + r.answer_budget + 64}",
-                      f"--shuffle-seed={config.seed}", *tls_args("buffer")],
-          "env": {"SCALERL_ROLE": "buffer"}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+                             f"--out={PROMPTS_FILE}"],
+          # The same flags main passes when it starts the buffer itself (processes.buffer_flags):
+          # NPR threshold, WAL on the pod's volume, the learner-state file in the workdir.
+          "command": ["python", "-m", "scalerl_jax.buffer.server",
+                      *buffer_flags(config, prompts=PROMPTS_FILE, host="0.0.0.0", port=BUFFER_PORT,
+                                    wal_dir=WAL_MOUNT,
+                                    learner_state=posixpath.join(workdir, "learner_state.json"),
+                                    tls=tls_args("buffer"))],
+          "wal_mount": WAL_MOUNT, "wal_storage": s["wal_storage"],
+          "env": {}, "field_env": {}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+          "service_account": s["service_account"],
       },
       "secret": {"name": SECRET_NAME, "key": SECRET_KEY, "env": token_env},
       "tls": tls,

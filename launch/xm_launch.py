@@ -66,9 +66,16 @@ def build_jobs(specs: dict, token: str = "") -> dict:
       "generators": accel(gens["platform"], gens["gpus_per_replica"], replicas=gens["replicas"]),
       "buffer": xm.JobRequirements(cpu=int(buf["cpu"]), memory=int(buf["memory"][:-2]) * xm.GiB),
   }
+  if learner["field_env"].get("SCALERL_PROCESS_ID") and learner["hosts"] > 1:
+    raise ValueError(f"a {learner['hosts']}-host GPU learner needs each pod's index "
+                     "(SCALERL_PROCESS_ID), which xm_local's Kubernetes executor cannot set; "
+                     "use the GKE manifests (python -m launch.gke.render) or a TPU slice")
   jobs = {}
   for name, s in (("learner", learner), ("generators", gens), ("buffer", buf)):
-    jobs[name] = dict(image=s["image"], args=list(s["command"][1:]),
+    # Downward-API values ($(POD_IP)) exist only in the GKE manifests: without the flag the learner
+    # advertises its host name's address (weights/source.py), which is the pod IP on Kubernetes.
+    args = [a for a in s["command"][1:] if not any(f"$({v})" in a for v in s["field_env"])]
+    jobs[name] = dict(image=s["image"], args=args,
                       env_vars=dict(s["env"], **({specs["secret"]["env"]: token} if token else {})),
                       requirements=requirements[name])
   return jobs

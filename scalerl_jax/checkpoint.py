@@ -1,6 +1,7 @@
 """Run checkpoints through orbax: the learner state plus a JSON sidecar of host-side run state.
 
-Layout: WORKDIR/checkpoints/<step>/{state, meta, manifest.json}. `state` is the LearnerState pytree
+Layout: WORKDIR/checkpoints/<step>/{state, meta, manifest.json}; WORKDIR may be gs:// (orbax and
+tensorstore write there natively; the manifest goes through scalerl_jax/storage.py). `state` is the LearnerState pytree
 (params, optimizer state, step); `meta` is JSON (compute ledger, No-Positive-Resampling history,
 consumption offsets, RNG seeds, wall-clock time of the save; see `Trainer.save`). Orbax writes each
 step atomically (temporary directory + rename) and keeps the newest `keep`.
@@ -18,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 
 import jax
 import orbax.checkpoint as ocp
+
+from scalerl_jax import storage
 
 log = logging.getLogger("scalerl.checkpoint")
 MANIFEST = "manifest.json"
@@ -34,52 +36,41 @@ class CheckpointError(RuntimeError):
 
 def _hash_file(path: str) -> str:
   h = hashlib.sha256()
-  with open(path, "rb") as f:
+  with storage.open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 22), b""):
       h.update(block)
   return h.hexdigest()
 
 
 def _files(step_dir: str) -> list[str]:
-  out = []
-  for root, _, names in os.walk(step_dir):
-    for n in names:
-      rel = os.path.relpath(os.path.join(root, n), step_dir)
-      if rel != MANIFEST:
-        out.append(rel)
-  return sorted(out)
+  return [rel for rel in storage.walk_files(step_dir) if rel != MANIFEST]
 
 
 def write_manifest(step_dir: str, step: int) -> dict:
   """Writes `step_dir/manifest.json` (size + sha256 per file), atomically and fsynced."""
-  files = {rel: dict(size=os.path.getsize(os.path.join(step_dir, rel)),
-                     sha256=_hash_file(os.path.join(step_dir, rel))) for rel in _files(step_dir)}
+  files = {rel: dict(size=storage.getsize(storage.join(step_dir, rel)),
+                     sha256=_hash_file(storage.join(step_dir, rel))) for rel in _files(step_dir)}
   man = dict(step=int(step), written_at_unix_s=time.time(), files=files)
-  tmp = os.path.join(step_dir, MANIFEST + ".tmp")
-  with open(tmp, "w") as f:
-    json.dump(man, f)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(step_dir, MANIFEST))
+  storage.write_text(storage.join(step_dir, MANIFEST), json.dumps(man))
   return man
 
 
 def verify(step_dir: str) -> str | None:
   """None if the step's files match its manifest, else the reason it is not valid."""
-  path = os.path.join(step_dir, MANIFEST)
-  if not os.path.exists(path):
+  path = storage.join(step_dir, MANIFEST)
+  if not storage.exists(path):
     return "no manifest.json (the save did not complete)"
   try:
-    with open(path) as f:
-      man = json.load(f)
+    man = json.loads(storage.read_text(path))
   except (OSError, ValueError) as e:
     return f"unreadable manifest.json ({e})"
+  present = set(_files(step_dir))
   for rel, want in man["files"].items():
-    p = os.path.join(step_dir, rel)
-    if not os.path.exists(p):
+    p = storage.join(step_dir, rel)
+    if rel not in present:
       return f"{rel} is missing"
-    if os.path.getsize(p) != want["size"]:
-      return f"{rel} has {os.path.getsize(p)} bytes, manifest says {want['size']}"
+    if storage.getsize(p) != want["size"]:
+      return f"{rel} has {storage.getsize(p)} bytes, manifest says {want['size']}"
     if _hash_file(p) != want["sha256"]:
       return f"{rel} sha256 mismatch"
   try:
@@ -91,16 +82,13 @@ def verify(step_dir: str) -> str | None:
 
 def read_meta(step_dir: str) -> dict:
   """The JSON run state of one checkpoint step (no orbax, no jax)."""
-  with open(os.path.join(step_dir, "meta", "metadata")) as f:
-    return json.load(f)
+  return json.loads(storage.read_text(storage.join(step_dir, "meta", "metadata")))
 
 
 def step_dirs(workdir: str) -> list[tuple[int, str]]:
   """(step, dir) of every finished orbax step under WORKDIR/checkpoints, oldest first."""
-  d = os.path.join(os.path.abspath(workdir), "checkpoints")
-  if not os.path.isdir(d):
-    return []
-  return sorted((int(n), os.path.join(d, n)) for n in os.listdir(d) if n.isdigit())
+  d = storage.join(storage.abspath(workdir), "checkpoints")
+  return sorted((int(n), storage.join(d, n)) for n in storage.listdir(d) if n.isdigit())
 
 
 def find_valid(workdir: str) -> tuple[int, dict, list[dict]] | None:
@@ -108,12 +96,12 @@ def find_valid(workdir: str) -> tuple[int, dict, list[dict]] | None:
   not valid ({"step", "reason", "moved_to"}); those are moved to WORKDIR/checkpoints_invalid/ so a
   resumed run can save those step numbers again. None when no step is valid."""
   skipped = []
-  ck = os.path.join(os.path.abspath(workdir), "checkpoints")
-  for n in os.listdir(ck) if os.path.isdir(ck) else []:
+  wd = storage.abspath(workdir)
+  ck = storage.join(wd, "checkpoints")
+  for n in storage.listdir(ck):
     if ".orbax-checkpoint-tmp" in n:           # a save interrupted by a crash or a full disk
-      dest = os.path.join(os.path.abspath(workdir), "checkpoints_invalid", n)
-      os.makedirs(os.path.dirname(dest), exist_ok=True)
-      os.replace(os.path.join(ck, n), dest)
+      dest = storage.join(wd, "checkpoints_invalid", n)
+      storage.move(storage.join(ck, n), dest)
       log.warning("unfinished checkpoint save %s moved to %s", n, dest)
   for step, path in reversed(step_dirs(workdir)):
     why = verify(path)
@@ -122,10 +110,8 @@ def find_valid(workdir: str) -> tuple[int, dict, list[dict]] | None:
         log.warning("resuming from checkpoint %d instead (fell back from %s)", step,
                     ", ".join(str(s["step"]) for s in skipped))
       return step, read_meta(path), skipped
-    dest = os.path.join(os.path.abspath(workdir), "checkpoints_invalid",
-                        f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    os.replace(path, dest)
+    dest = storage.join(wd, "checkpoints_invalid", f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    storage.move(path, dest)
     log.warning("checkpoint %d is not valid: %s; moved to %s, falling back to the previous one",
                 step, why, dest)
     skipped.append(dict(step=step, reason=why, moved_to=dest))
@@ -136,23 +122,28 @@ class RunCheckpointer:
   """Saves and restores (LearnerState, meta) pairs under WORKDIR/checkpoints."""
 
   def __init__(self, workdir: str, keep: int = 3):
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.directory = storage.join(storage.abspath(workdir), "checkpoints")
+    handlers = None
+    if storage.is_remote(workdir) and storage.configure_emulator():
+      # tensorstore's OCDBT format cannot read back what it wrote to gcp-storage-emulator
+      # ("Malformed StorageGeneration": conditional writes); real GCS keeps orbax's default.
+      handlers = {"state": ocp.StandardCheckpointHandler(use_ocdbt=False),
+                  "meta": ocp.JsonCheckpointHandler()}
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-        item_names=("state", "meta"))
+        item_names=None if handlers else ("state", "meta"), item_handlers=handlers)
 
   def save(self, step: int, state, meta: dict) -> None:
     """Writes checkpoint `step`, waits until orbax finalized it and writes its manifest.
     Raises CheckpointError (naming the last good step, which stays intact) if that fails."""
     meta = {**meta, "saved_at_unix_s": time.time(), "step": int(step)}
-    good = [s for s, p in step_dirs(os.path.dirname(self.directory))
-            if os.path.exists(os.path.join(p, MANIFEST))]
+    good = self.all_steps()
     try:
       self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                       meta=ocp.args.JsonSave(meta)))
       self.manager.wait_until_finished()
       if jax.process_index() == 0:        # multi-host: orbax saved collectively; one manifest
-        write_manifest(os.path.join(self.directory, str(step)), step)
+        write_manifest(storage.join(self.directory, str(step)), step)
     except Exception as e:  # noqa: BLE001 - orbax wraps OSError in several exception types
       last = good[-1] if good else None
       raise CheckpointError(
@@ -163,8 +154,8 @@ class RunCheckpointer:
 
   def all_steps(self) -> list[int]:
     """Steps that have a manifest (finished saves), oldest first."""
-    return [s for s, p in step_dirs(os.path.dirname(self.directory))
-            if os.path.exists(os.path.join(p, MANIFEST))]
+    return [s for s, p in step_dirs(storage.dirname(self.directory))
+            if storage.exists(storage.join(p, MANIFEST))]
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()

@@ -24,6 +24,7 @@ from analysis.metrics import read_run, task_metric_keys
 from scalerl_jax import checkpoint
 from scalerl_jax import rewards
 from scalerl_jax import runtime
+from scalerl_jax import storage
 from scalerl_jax.buffer.replay import write_learner_state
 from scalerl_jax.data import build_dataset
 from scalerl_jax.data.export import write_prompts
@@ -39,27 +40,30 @@ RESUME_MODES = ("auto", "never")
 log = logging.getLogger("scalerl.job")
 
 
-def _set_aside_previous_run(workdir: str) -> None:
+def _set_aside_previous_run(workdir: str, local: str | None = None) -> None:
   """A fresh start in a used workdir moves the previous run's outputs (never deletes them) to
-  WORKDIR/previous-<time>/. The SFT base policy is kept and reused."""
-  old = [n for n in _RUN_OUTPUTS if os.path.exists(os.path.join(workdir, n))]
-  if not old:
-    return
-  dest = os.path.join(workdir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
-  os.makedirs(dest)
-  for n in old:
-    os.replace(os.path.join(workdir, n), os.path.join(dest, n))
-  logging.warning("workdir %s held a previous run without a usable checkpoint (or resume=never); "
-                  "moved its outputs to %s and starting over", workdir, dest)
+  WORKDIR/previous-<time>/ (and those in the run's local dir, e.g. the buffer WAL, to
+  LOCAL/previous-<time>/ when the workdir is gs://). The SFT base policy is kept and reused."""
+  stamp = f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+  for root in dict.fromkeys([workdir, local or workdir]):
+    old = [n for n in _RUN_OUTPUTS if storage.exists(storage.join(root, n))]
+    if not old:
+      continue
+    dest = storage.join(root, stamp)
+    storage.makedirs(dest)
+    for n in old:
+      storage.move(storage.join(root, n), storage.join(dest, n))
+    logging.warning("%s held a previous run without a usable checkpoint (or resume=never); "
+                    "moved its outputs to %s and starting over", root, dest)
 
 
 def truncate_metrics(workdir: str, step: int) -> dict:
   """Drops the metrics.jsonl lines logged after checkpoint `step` (and torn lines), atomically.
   Returns {"dropped_lines", "last_step", "last_time"} of the crashed run's tail."""
-  path = os.path.join(workdir, "metrics.jsonl")
+  path = storage.join(workdir, "metrics.jsonl")
   keep, dropped, last_step, last_time = [], 0, step, None
-  if os.path.exists(path):
-    for line in open(path):
+  if storage.exists(path):
+    for line in storage.read_text(path).splitlines(keepends=True):
       try:
         rec = json.loads(line)
       except ValueError:
@@ -71,11 +75,7 @@ def truncate_metrics(workdir: str, step: int) -> dict:
         keep.append(line if line.endswith("\n") else line + "\n")
       else:
         dropped += 1
-    with open(path + ".tmp", "w") as f:
-      f.writelines(keep)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    storage.write_text(path, "".join(keep))   # atomic (local: fsync'd temporary + rename)
   return dict(dropped_lines=dropped, last_step=last_step, last_time=last_time)
 
 
@@ -87,9 +87,9 @@ def prepare_resume(config, workdir: str) -> dict | None:
   if mode not in RESUME_MODES:
     raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
   found = checkpoint.find_valid(workdir) if mode == "auto" else None
-  ls_path = os.path.join(workdir, "learner_state.json")
+  ls_path = storage.join(workdir, "learner_state.json")
   if found is None:
-    _set_aside_previous_run(workdir)
+    _set_aside_previous_run(workdir, storage.local_dir(workdir, config.get("local_dir", "")))
     write_learner_state(ls_path, 0, 0, None)
     return None
   step, meta, skipped = found
@@ -160,19 +160,25 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   external = bool(config.buffer.get("external", False))   # token checked by recipes.validate
   os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
   token = os.environ[config.buffer.auth_token_env]
+  # gs:// workdirs: what must be on a local disk (WAL, child logs, the files children read) goes to
+  # `local` (docs/STORAGE.md); for a local workdir local == workdir.
+  local = storage.local_dir(workdir, config.get("local_dir", ""))
+  os.makedirs(local, exist_ok=True)
   resume = prepare_resume(config, workdir)
-  ls_path = os.path.join(workdir, "learner_state.json")
+  ls_path = storage.join(workdir, "learner_state.json")
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   if dataset.needs_sandbox:   # no run without a working sandbox (docs/SANDBOX.md)
     rewards.prepare_code_rewards(config)
   model_cfg = runtime.model_config(config)
-  config_path = os.path.join(workdir, "config.json")
-  with open(config_path, "w") as f:
-    json.dump({**config.to_dict(), "_meta": {"argv": sys.argv}}, f, indent=1, default=str)
+  config_text = json.dumps({**config.to_dict(), "_meta": {"argv": sys.argv}}, indent=1, default=str)
+  storage.write_text(storage.join(workdir, "config.json"), config_text)
+  config_path = os.path.join(local, "config.json")   # the copy the generator processes read
+  if config_path != storage.join(workdir, "config.json"):
+    storage.write_text(config_path, config_text)
   params, sft_info = warm_start(config, model_cfg, dataset, workdir, progress=progress)
-  prompts_path = os.path.join(workdir, "train_prompts.jsonl")
+  prompts_path = os.path.join(local, "train_prompts.jsonl")
   write_prompts(dataset.train, prompts_path)   # the buffer serves only the train split
-  procs = ProcessGroup(workdir)
+  procs = ProcessGroup(local)
   try:
     # The buffer keeps acknowledged rollouts in a write-ahead log; a crashed buffer is restarted
     # from it by the supervisor, and dead generators are restarted (docs/RELIABILITY.md).
@@ -184,7 +190,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     else:
       address = procs.start_buffer(
           prompts_path, config, learner_state=ls_path,
-          wal_dir=config.buffer.wal_dir or os.path.join(workdir, "buffer_wal"))
+          wal_dir=config.buffer.wal_dir or os.path.join(local, "buffer_wal"))
     client = BufferClient(address, token, tls=TLS.from_config(config))
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,
@@ -196,8 +202,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     if resume is not None:
       resume.update(buffer=None if external else procs.buffer_info.get("wal", {}).get("resume"),
                     gap_booked_s=trainer.resume_info["gap_booked_s"])
-      with open(os.path.join(workdir, "resumes.jsonl"), "a") as f:
-        f.write(json.dumps(resume) + "\n")
+      storage.append_text(storage.join(workdir, "resumes.jsonl"), json.dumps(resume) + "\n")
     if not external:
       procs.start_workers(int(config.generator.num_workers), config_path, address,
                           config.generator.backend)
@@ -206,11 +211,16 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     last = trainer.run()
   finally:
     procs.close()
+    if storage.is_remote(workdir):   # the children's logs (local files) into WORKDIR/logs
+      try:
+        storage.copy_tree(procs.logdir, storage.join(workdir, "logs"))
+      except Exception as e:  # noqa: BLE001 - never hide the run's own error behind this one
+        log.warning("could not upload %s to %s/logs: %s", procs.logdir, workdir, e)
   logging.info("final held-out pass rate %.3f (%s)", last["val_pass_rate"], sft_info)
   result = fit(workdir, progress)
-  out = os.path.join(workdir, "fit")
-  trainer.metrics.log_images({"fit/curves": os.path.join(out, "curves.png"),
-                              "fit/forecast": os.path.join(out, "forecast.png")},
+  out = storage.join(workdir, "fit")
+  trainer.metrics.log_images({"fit/curves": storage.join(out, "curves.png"),
+                              "fit/forecast": storage.join(out, "forecast.png")},
                              step=int(config.total_steps))
   trainer.metrics.finish()
   if multi:
@@ -223,7 +233,7 @@ def fit(workdir: str, progress: bool) -> dict:
   mixture's run also gets one fit per task (`val_pass_rate/<task>`), side by side in curves.png.
   Returns the overall fit, with `per_task` = {task: fit} for a mixture."""
   run = read_run(workdir)
-  out = os.path.join(workdir, "fit")
+  out = storage.join(workdir, "fit")
   kw = dict(fit_until=float(run.compute[-1]) / 2, n_boot=200, progress=progress)
   per_task = bool(task_metric_keys(workdir))
   try:

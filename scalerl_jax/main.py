@@ -5,6 +5,7 @@ r"""Runs one ScaleRL training job: buffer + generators + learner + evaluator, th
 
 Outputs in WORKDIR: metrics.jsonl, config.json, tb/ (TensorBoard), checkpoints/, logs/,
 base_policy/ (the SFT warm start, reused when present) and fit/{fit.json,curves.png}.
+WORKDIR may be gs://BUCKET/PATH (docs/STORAGE.md; $STORAGE_EMULATOR_HOST for an emulator).
 Rerunning the same command resumes from the newest valid checkpoint (`--config.resume=never`
 starts over; docs/RELIABILITY.md).
 

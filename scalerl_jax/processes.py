@@ -99,6 +99,37 @@ def child_env(env: dict | None = None) -> dict:
   return {**(os.environ if env is None else env), "SCALERL_PARENT_PID": str(os.getpid())}
 
 
+def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | None = None,
+                 learner_state: str | None = None, tls: list[str] | tuple = ()) -> list[str]:
+  """The flags of `python -m scalerl_jax.buffer.server` for a run `config`: the one definition, used
+  by `ProcessGroup.start_buffer` (main starts the buffer) and by launch/spec.py (the buffer pod).
+
+  Everything the buffer needs comes from the config: batch shape, PipelineRL-k, the message and
+  completion-length limits, the data order seed, No-Positive-Resampling (`--npr-threshold`, the
+  buffer retires the prompts; the learner only logs `npr_retired`), the write-ahead log
+  (`--wal-dir` on a local disk, docs/STORAGE.md) and the learner-state file it rewinds from
+  (`--learner-state`, may be gs://). `tls`: the TLS flags (main: from config.tls; a pod: the
+  mounted Secret's files)."""
+  r, b = config.rollout, config.buffer
+  flags = [f"--host={host}", f"--port={int(port)}", f"--token-env={b.auth_token_env}",
+           f"--prompts={prompts}", f"--prompts-per-step={r.prompts_per_step}",
+           f"--group-size={r.generations_per_prompt}", f"--max-lag={r.max_lag}",
+           f"--mode={r.mode}", f"--max-message-bytes={b.max_message_bytes}",
+           # = runtime.max_completion_len(config) (the generators' bound; runtime imports JAX)
+           f"--max-completion-tokens={r.think_budget_max + 64 + r.answer_budget}",
+           f"--shuffle-seed={config.seed}"]
+  if config.rl.no_positive_resampling:
+    flags.append(f"--npr-threshold={config.rl.npr_threshold}")
+  if wal_dir:
+    flags += [f"--wal-dir={wal_dir}", f"--wal-fsync={b.wal_fsync}"]
+  if learner_state:
+    flags.append(f"--learner-state={learner_state}")
+  flags += list(tls)
+  if b.get("lease_ttl_s", None) is not None:
+    flags.append(f"--lease-ttl-s={b.lease_ttl_s}")
+  return flags
+
+
 _spawner = None
 _spawner_lock = threading.Lock()
 
@@ -158,25 +189,13 @@ class ProcessGroup:
     With `wal_dir` (or `config.buffer.wal_dir`) the buffer keeps a write-ahead log there and
     `supervise()` may restart it (same port, state replayed from the log). `learner_state` is the
     learner's checkpoint/resume file, read at every buffer start (buffer/replay.py)."""
-    r = config.rollout
     host, _, port = config.buffer.address.rpartition(":")
-    argv = [sys.executable, "-m", "scalerl_jax.buffer.server", "--host", host or "127.0.0.1",
-            "--port", port or "0", "--token-env", config.buffer.auth_token_env,
-            "--prompts", prompts_path, "--prompts-per-step", str(r.prompts_per_step),
-            "--group-size", str(r.generations_per_prompt), "--max-lag", str(r.max_lag),
-            "--mode", r.mode, "--max-message-bytes", str(config.buffer.max_message_bytes),
-            "--shuffle-seed", str(config.seed)]
-    if config.rl.no_positive_resampling:
-      argv += ["--npr-threshold", str(config.rl.npr_threshold)]
+    wal_dir = wal_dir or config.buffer.wal_dir
+    argv = [sys.executable, "-m", "scalerl_jax.buffer.server",
+            *buffer_flags(config, prompts=prompts_path, host=host or "127.0.0.1",
+                          port=int(port or 0), wal_dir=wal_dir, learner_state=learner_state,
+                          tls=TLS.from_config(config).argv())]
     b = config.buffer
-    wal_dir = wal_dir or b.wal_dir
-    if wal_dir:
-      argv += ["--wal-dir", wal_dir, "--wal-fsync", str(b.wal_fsync)]
-    if learner_state:
-      argv += ["--learner-state", learner_state]
-    argv += TLS.from_config(config).argv()
-    if b.get("lease_ttl_s", None) is not None:
-      argv += ["--lease-ttl-s", str(b.lease_ttl_s)]
     self.max_restarts["buffer"] = int(b.get("max_restarts", 3))
     self.max_restarts["gen"] = int(config.generator.get("max_restarts", 3))
     return self.start_buffer_argv(argv, timeout_s, wal_dir or "")
@@ -193,12 +212,12 @@ class ProcessGroup:
     """Restarts the buffer on the same port with the same WAL dir; returns its startup line
     ({"port", "address", "wal": replay report})."""
     argv, env = self.argv["buffer"]
-    argv = list(argv)
     port = self.buffer_address.rpartition(":")[2]
+    argv = [a for a in argv if not a.startswith("--port=")]
     if "--port" in argv:
       argv[argv.index("--port") + 1] = port
     else:
-      argv += ["--port", port]
+      argv += [f"--port={port}"]
     old = self.procs.get("buffer")
     if old is not None and old.poll() is None:
       raise RuntimeError("buffer is still running")

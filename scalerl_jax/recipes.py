@@ -14,6 +14,7 @@ import os
 
 import ml_collections
 
+from scalerl_jax import storage
 from scalerl_jax.data import KINDS
 from scalerl_jax.data import mixture
 from scalerl_jax.learner import RLSpec
@@ -188,6 +189,14 @@ def check_workdir(workdir: str) -> None:
   read-only or full disk fails here, at start-up, with a clear ConfigError (the one workdir probe)."""
   if not workdir:
     raise ConfigError("--workdir is required")
+  if "://" in workdir and not storage.is_remote(workdir):
+    raise ConfigError(f"workdir {workdir!r}: only local paths and gs://BUCKET/PATH are supported")
+  if storage.is_remote(workdir):   # the same probe as one object; nothing is written locally
+    try:
+      storage.check_remote_writable(workdir, f".write_test.{os.uname().nodename}.{os.getpid()}")
+    except storage.RemoteStorageError as e:
+      raise ConfigError(f"workdir {workdir}: {e}") from None
+    return
   try:
     os.makedirs(workdir, exist_ok=True)
     probe = os.path.join(workdir, f".write_test.{os.uname().nodename}.{os.getpid()}")  # per process:

@@ -24,6 +24,7 @@ import optax
 from tqdm import tqdm
 
 from scalerl_jax import models
+from scalerl_jax import storage
 
 BASE_DIR = "base_policy"
 
@@ -73,10 +74,11 @@ def train_sft(model_cfg, params, phases, *, batch_size: int, lr: float, seed: in
 
 def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
   """Loads WORKDIR/base_policy if present, else trains it (config.sft) and saves it there."""
-  path = os.path.join(workdir, BASE_DIR)
-  if os.path.exists(os.path.join(path, "config.json")):
+  path = storage.join(workdir, BASE_DIR)
+  if storage.exists(storage.join(path, "config.json")):   # written last: the copy is complete
     logging.info("SFT warm start: loading cached base policy from %s", path)
-    _, params = models.load_hf(path, **_numerics(model_cfg))
+    with storage.local_copy(path) as local:                # gs://: fetched to a temporary dir
+      _, params = models.load_hf(local, **_numerics(model_cfg))
     return params, {"sft_cached": True}
   if not hasattr(dataset, "sft_batch"):
     raise ValueError(f"dataset kind {config.data.kind!r} has no SFT traces; set "
@@ -93,11 +95,17 @@ def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
   info = {"sft_cached": False, "sft_steps": config.sft.steps,
           "sft_clean_steps": config.sft.get("clean_steps", 0), "sft_seconds": time.time() - t0,
           "sft_final_loss": float(np.mean(losses[-10:]))}
-  tmp = path + ".tmp"
-  models.save_hf(model_cfg, jax.device_get(params), tmp)
-  with open(os.path.join(tmp, "sft_info.json"), "w") as f:
-    json.dump(info, f)
-  os.replace(tmp, path)
+  if storage.is_remote(path):   # staged locally, uploaded with config.json last
+    with storage.staged_dir(path) as tmp:
+      models.save_hf(model_cfg, jax.device_get(params), tmp)
+      with open(os.path.join(tmp, "sft_info.json"), "w") as f:
+        json.dump(info, f)
+  else:
+    tmp = path + ".tmp"
+    models.save_hf(model_cfg, jax.device_get(params), tmp)
+    with open(os.path.join(tmp, "sft_info.json"), "w") as f:
+      json.dump(info, f)
+    os.replace(tmp, path)
   logging.info("SFT warm start: %d steps in %.0f s, final loss %.3f -> %s", config.sft.steps,
                info["sft_seconds"], info["sft_final_loss"], path)
   return params, info

@@ -31,6 +31,7 @@ from scalerl_jax import distributed
 from scalerl_jax import models
 from scalerl_jax import runtime
 from scalerl_jax import sharding
+from scalerl_jax import storage
 from scalerl_jax.buffer.replay import read_learner_state
 from scalerl_jax.buffer.replay import write_learner_state
 from scalerl_jax.checkpoint import RunCheckpointer
@@ -114,18 +115,24 @@ def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
 
 
 class MetricsLog:
-  """metrics.jsonl (docs/METRICS.md) + TensorBoard event files (+ W&B with `wandb_cfg.project`)."""
+  """metrics.jsonl (docs/METRICS.md) + TensorBoard event files (+ W&B with `wandb_cfg.project`).
+
+  For a gs:// workdir the TensorBoard writer (tensorboardX appends to a local file) writes into
+  LOCAL_DIR/tb, which is uploaded to WORKDIR/tb after every evaluation and at close."""
 
   def __init__(self, workdir: str, purge_step: int | None = None, wandb_cfg=None,
-               run_config: dict | None = None):
+               run_config: dict | None = None, local_dir: str | None = None):
     self._append = append_metrics
     self.workdir = workdir
     self.lock = threading.Lock()   # the live forecast writes (and reads the file) from its thread
+    self.tb_dir = storage.join(workdir, "tb")
+    self.tb_local = (os.path.join(local_dir or storage.local_dir(workdir), "tb")
+                     if storage.is_remote(workdir) else self.tb_dir)
     try:
       from tensorboardX import SummaryWriter
 
       # purge_step: a resumed run hides the events the crashed run logged after its checkpoint.
-      self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge_step)
+      self.tb = SummaryWriter(self.tb_local, purge_step=purge_step)
     except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
       self.tb = None
     self.wandb = None
@@ -140,6 +147,8 @@ class MetricsLog:
         for k, v in record.items():
           if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
             self.tb.add_scalar(k, v, record["step"])
+        if record.get("kind") == "eval":
+          self._upload_tb()
       if self.wandb is not None:
         self.wandb.log(record)
 
@@ -149,10 +158,16 @@ class MetricsLog:
       with self.lock:
         self.wandb.log_images(images, step)
 
+  def _upload_tb(self) -> None:
+    if self.tb_local != self.tb_dir:   # gs://: the local event files, uploaded whole
+      self.tb.flush()
+      storage.copy_tree(self.tb_local, self.tb_dir)
+
   def close(self):
     """Closes TensorBoard; the W&B run stays open for the end-of-run plots (`finish`)."""
     if self.tb is not None:
       self.tb.close()
+      self._upload_tb()
 
   def finish(self):
     if self.wandb is not None:
@@ -234,7 +249,8 @@ class Trainer:
     if resume_step is not None:
       self._restore(resume_step)
     self.metrics = (MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None,
-                               wandb_cfg=config.get("wandb"), run_config=config.to_dict())
+                               wandb_cfg=config.get("wandb"), run_config=config.to_dict(),
+                               local_dir=storage.local_dir(workdir, config.get("local_dir", "")))
                     if self.main else _NoLog())
     from scalerl_jax.health import HealthMonitor, LiveForecast
     self.health = HealthMonitor(config.health) if config.get("health") is not None else None
@@ -384,10 +400,10 @@ class Trainer:
     lag = list(batch.summary.lag.counts)
     dump_every = int(self.config.get("debug_dump_every", 0))
     if dump_every and step % dump_every == 0:   # for tests and debugging: the exact batch trained
-      os.makedirs(os.path.join(self.workdir, "batches"), exist_ok=True)
+      storage.makedirs(storage.join(self.workdir, "batches"))
       reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
-      np.savez(os.path.join(self.workdir, "batches", f"step_{step:06d}.npz"),
-               finish_reason=np.asarray(reasons, np.int32), **full)
+      with storage.open(storage.join(self.workdir, "batches", f"step_{step:06d}.npz"), "wb") as f:
+        np.savez(f, finish_reason=np.asarray(reasons, np.int32), **full)
     from scalerl_jax.protocol import rollout_pb2 as pb
     reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
     rec = {"step": step + 1, "kind": "train", **self.ledger.snapshot(), **m,
@@ -453,9 +469,10 @@ class Trainer:
     dtype, so it equals the last checkpoint's params bit for bit) to WORKDIR/final_policy.
     Every process calls it (a collective gather when multi-host); process 0 writes."""
     params = self._eval_params()
-    path = os.path.join(self.workdir, "final_policy")
+    path = storage.join(self.workdir, "final_policy")
     if self.main:
-      models.save_hf(self.model_cfg, jax.tree.map(np.asarray, params), path)
+      with storage.staged_dir(path) as local:    # gs://: written locally, then uploaded
+        models.save_hf(self.model_cfg, jax.tree.map(np.asarray, params), local)
     return path
 
   def run(self) -> dict:
@@ -509,8 +526,8 @@ class Trainer:
     if self.source is not None:   # generators still fetching the last version resume, then stop
       self.source.stop()
     if self.main:
-      with open(os.path.join(self.workdir, "npr_history.json"), "w") as f:
-        json.dump(self.npr.to_dict(), f)
+      storage.write_text(storage.join(self.workdir, "npr_history.json"),
+                         json.dumps(self.npr.to_dict()))
     return self.last_eval
 
 

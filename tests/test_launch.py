@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import kubernetes_validate
+import ml_collections
 import pytest
 import yaml
 
@@ -99,7 +100,8 @@ def as_job(jobset):
 def test_manifests_validate_against_kubernetes_schemas(variant):
   docs = load_variant(variant)
   kinds = sorted(k for k, _ in docs)
-  assert kinds == ["Deployment", "Deployment", "JobSet", "Secret", "Secret", "Service", "Service"]
+  assert kinds == ["Deployment", "Deployment", "JobSet", "PersistentVolumeClaim", "Secret", "Secret",
+                   "Service", "Service"]
   for (kind, _), d in docs.items():
     if kind == "JobSet":
       assert d["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
@@ -189,3 +191,164 @@ def test_manifests_match_configs(variant):
   assert all(f"--tls_{k}={v}" in g["command"] for k, v in files.items())
   assert f"--tls_server_name={server_name}" in g["command"]
   assert all(f"--tls-{k}={v}" in b["command"] for k, v in files.items())
+
+
+# ---- every pod gets exactly what its process reads ------------------------------------------------
+POD_IP, POD_INDEX = "10.1.2.3", 1
+FIELD_VALUES = {spec_lib.FIELD_POD_IP: POD_IP, spec_lib.FIELD_COMPLETION_INDEX: str(POD_INDEX)}
+
+
+def env_names_read_by_code() -> set[str]:
+  """Names the code reads from the environment: string constants (or module constants) passed to
+  os.environ.get / os.environ[...] / os.getenv / env.get / env[...] anywhere in scalerl_jax/, and
+  module constants named ENV_* (distributed.py reads those through a helper)."""
+  import ast
+  names = set()
+  for path in glob.glob(os.path.join(REPO, "scalerl_jax", "**", "*.py"), recursive=True):
+    tree = ast.parse(open(path).read())
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+              for t in n.targets if isinstance(t, ast.Name)}
+    names |= {v for k, v in consts.items() if k.startswith("ENV_")}
+
+    def value(node):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+      return consts.get(node.id) if isinstance(node, ast.Name) else None
+
+    def is_env(node):
+      return (isinstance(node, ast.Attribute) and node.attr == "environ") or \
+          (isinstance(node, ast.Name) and node.id == "env")
+    for node in ast.walk(tree):
+      key = None
+      if isinstance(node, ast.Call) and node.args:
+        f = node.func
+        if isinstance(f, ast.Attribute) and ((f.attr in ("get", "setdefault") and is_env(f.value))
+                                             or f.attr == "getenv"):
+          key = value(node.args[0])
+      elif isinstance(node, ast.Subscript) and is_env(node.value):
+        key = value(node.slice)
+      if key:
+        names.add(key)
+  return names
+
+
+def containers(docs):
+  """(component, container, pod spec) of every container of a variant, init containers included."""
+  for (kind, _), d in docs.items():
+    if kind in ("JobSet", "Deployment"):
+      spec = pod_spec(d)
+      for c in spec.get("initContainers", []) + spec["containers"]:
+        yield d["metadata"]["labels"]["app.kubernetes.io/component"], c, spec
+
+
+def resolved_env(c) -> dict:
+  env = {}
+  for e in c.get("env", []):
+    if "value" in e:
+      env[e["name"]] = e["value"]
+    elif "fieldRef" in e["valueFrom"]:
+      env[e["name"]] = FIELD_VALUES[e["valueFrom"]["fieldRef"]["fieldPath"]]
+    else:
+      env[e["name"]] = "t0ken"
+  return env
+
+
+def expand(arg: str, env: dict) -> str:
+  """Kubernetes' $(VAR) expansion in a container command (only for variables the container sets)."""
+  import re
+  return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg)
+
+
+def mounted(path: str, c) -> bool:
+  return any(path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")
+             for m in c.get("volumeMounts", []))
+
+
+def test_pods_read_exactly_what_their_manifests_give():
+  """Each container's env vars are read by the code (none unread), each command parses with its
+  entry point's own flags (none unknown), and what a pod needs is there: multi-host settings
+  (GPU: SCALERL_* env; TPU: distributed.auto), each learner pod's weight address, the buffer's
+  NPR threshold / WAL (on a mounted volume) / learner-state file from the config, the Secret."""
+  from scalerl_jax import distributed
+  from scalerl_jax.buffer import server
+  from scalerl_jax.data import export
+  from scalerl_jax.generation import worker
+  from scalerl_jax.processes import buffer_flags
+  parsers = {"scalerl_jax.buffer.server": server.build_parser(),
+             "scalerl_jax.data.export": export.build_parser(),
+             "scalerl_jax.generation.worker": worker.build_parser()}
+  read = env_names_read_by_code()
+  learner_argvs, learners = [], []
+  for variant in sorted(render.VARIANTS):
+    cfg_file, lp, gp = render.VARIANTS[variant]
+    config = spec_lib.load_config(os.path.join(REPO, cfg_file))
+    specs = spec_lib.resolve(config, dict(learner_platform=lp, generator_platform=gp,
+                                          config_file=cfg_file))
+    token_env = config.buffer.auth_token_env
+    seen = set()
+    for component, c, pod in containers(load_variant(variant)):
+      env = resolved_env(c)
+      referenced = {v for a in c["command"] for v in env if f"$({v})" in a}
+      unread = set(env) - read - {token_env} - referenced
+      assert not unread, f"{variant}/{c['name']}: env vars nothing reads: {sorted(unread)}"
+      argv = [expand(a, env) for a in c["command"]]
+      assert argv[:2] == ["python", "-m"]
+      module, args = argv[2], argv[3:]
+      seen.add(module)
+      if module == "scalerl_jax.main":
+        learner_argvs.append(args)
+        learners.append((variant, specs, env, c, pod))
+        continue
+      a = parsers[module].parse_args(args)      # SystemExit (a test error) on an unknown flag
+      if module == "scalerl_jax.buffer.server":
+        assert args == buffer_flags(config, prompts=spec_lib.PROMPTS_FILE, host="0.0.0.0",
+                                    port=spec_lib.BUFFER_PORT, wal_dir=spec_lib.WAL_MOUNT,
+                                    learner_state=specs["learner"]["command"][-1][len("--workdir="):]
+                                    + "/learner_state.json",
+                                    tls=specs["tls"]["buffer_args"] if specs.get("tls") else ())
+        assert a.npr_threshold == (config.rl.npr_threshold if config.rl.no_positive_resampling
+                                   else None)
+        assert a.npr_threshold == 0.9            # ScaleRL: No-Positive-Resampling on
+        assert a.wal_dir == "/wal" and mounted(a.wal_dir, c) and mounted(a.prompts, c)
+        claim = {v["name"]: v for v in pod["volumes"]}["wal"]["persistentVolumeClaim"]["claimName"]
+        assert ("PersistentVolumeClaim", claim) in load_variant(variant)
+        assert a.learner_state == "gs://BUCKET/scalerl/run/learner_state.json"
+        assert a.token_env == token_env in env
+      elif module == "scalerl_jax.generation.worker":
+        assert a.run_config == cfg_file and a.backend == "vllm" and token_env in env
+    assert seen == {"scalerl_jax.main", "scalerl_jax.buffer.server", "scalerl_jax.data.export",
+                    "scalerl_jax.generation.worker"}
+  # The learner commands through main's own absl flags + recipes.validate, in one subprocess.
+  proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "launch_procs.py")],
+                        input=json.dumps(learner_argvs), capture_output=True, text=True, cwd=REPO,
+                        env={**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  parsed = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert len(parsed) == len(learners) == 4
+  for (variant, specs, env, c, pod), cfg in zip(learners, parsed):
+    job = specs["learner"]
+    dist = distributed.DistributedSpec.from_config(
+        ml_collections.ConfigDict({"distributed": cfg["distributed"]}), env=env)
+    if job["tpu_topology"]:
+      assert dist.auto and "SCALERL_PROCESS_ID" not in env, variant
+    else:   # every pod joins pod 0's coordinator as process <its completion index>
+      assert (dist.num_processes, dist.process_id) == (job["hosts"], POD_INDEX), variant
+      assert dist.coordinator_address == (f"{job['name']}-learner-0-0.{job['name']}:"
+                                          f"{spec_lib.COORDINATOR_PORT}")
+      assert job["hosts"] == {"8b-gb200": 4, "8b-h100": 2, "scout-gb200": 4}[variant]
+    w = cfg["weights"]
+    assert (w["serve_from"], w["host"], w["advertise"]) == ("learner", "0.0.0.0", POD_IP)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["weights"] == w["port"] == spec_lib.WEIGHTS_PORT
+    assert cfg["buffer"]["external"] and cfg["buffer"]["address"] == specs["buffer"]["address"]
+    assert cfg["workdir"] == "gs://BUCKET/scalerl/run"
+    assert pod["serviceAccountName"] == "scalerl"
+
+
+def test_unread_env_var_is_caught():
+  """The scan finds what the code reads, and would flag the variables the old manifests set."""
+  read = env_names_read_by_code()
+  assert {"SCALERL_COORDINATOR", "SCALERL_NUM_PROCESSES", "SCALERL_PROCESS_ID"} <= read
+  assert not {"JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+              "SCALERL_ROLE"} & read

@@ -4,7 +4,7 @@
   python -m launch.gke.render --config=configs/8b.py --learner_platform=gpu-gb200 --out=DIR
 
 Per variant directory: learner-jobset.yaml (JobSet), generators.yaml (Deployment + headless Service),
-buffer.yaml (Deployment + Service, gRPC port), secret.yaml (Secret templates: the buffer token and,
+buffer.yaml (WAL PersistentVolumeClaim, Deployment, Service: gRPC port), secret.yaml (Secret templates: the buffer token and,
 with TLS (the default), the certificate / key / CA every pod mounts read-only at spec.TLS_MOUNT).
 """
 from __future__ import annotations
@@ -41,7 +41,11 @@ def _meta(specs, name, component):
 
 
 def _env(job):
-  env = [{"name": k, "value": str(v)} for k, v in sorted(job["env"].items())]
+  """Plain values, downward-API fields (pod IP, completion index) and the Secret; field vars come
+  before the values and the command that reference them as $(VAR)."""
+  env = [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": f}}}
+         for k, f in sorted(job.get("field_env", {}).items())]
+  env += [{"name": k, "value": str(v)} for k, v in sorted(job["env"].items())]
   for var, (secret, key) in sorted(job["secret_env"].items()):
     env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
   return env
@@ -72,13 +76,7 @@ def _data_volume(specs):
 def learner_jobset(specs):
   job = specs["learner"]
   n = str(job["chips_per_host"])
-  env = _env(job)
-  if job["tpu_topology"] is None:   # GPU: jax.distributed via explicit coordinator; TPU auto-detects
-    coord = f"{job['name']}-learner-0-0.{job['name']}:{job['coordinator_port']}"
-    env += [{"name": "JAX_COORDINATOR_ADDRESS", "value": coord},
-            {"name": "JAX_NUM_PROCESSES", "value": str(job["hosts"])},
-            {"name": "JAX_PROCESS_ID", "valueFrom": {"fieldRef": {
-                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}]
+  env = _env(job)   # GPU: SCALERL_COORDINATOR/NUM_PROCESSES/PROCESS_ID; TPU: distributed.auto
   node_selector = dict(job["node_selector"])
   if job["tpu_topology"]:
     node_selector["cloud.google.com/gke-tpu-topology"] = job["tpu_topology"]
@@ -86,11 +84,13 @@ def learner_jobset(specs):
       "metadata": {"labels": _labels(specs, "learner")},
       "spec": {
           "restartPolicy": "Never",
+          "serviceAccountName": job["service_account"],
           "nodeSelector": node_selector,
           "tolerations": _tolerations(job),
           "containers": [{
               "name": "learner", "image": job["image"], "command": job["command"],
-              "ports": [{"name": "coordinator", "containerPort": job["coordinator_port"]}],
+              "ports": [{"name": "coordinator", "containerPort": job["coordinator_port"]},
+                        {"name": "weights", "containerPort": job["weights_port"]}],
               "env": env,
               "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
                                          job["accelerator_resource"]: n},
@@ -155,6 +155,7 @@ def generators(specs):
 
 def buffer(specs):
   job = specs["buffer"]
+  wal_claim = f"{job['name']}-wal"
   sel = {"app.kubernetes.io/name": specs["name"], "app.kubernetes.io/component": "buffer"}
   deployment = {
       "apiVersion": "apps/v1", "kind": "Deployment",
@@ -164,6 +165,7 @@ def buffer(specs):
           "strategy": {"type": "Recreate"},
           "selector": {"matchLabels": sel},
           "template": {"metadata": {"labels": sel}, "spec": {
+              "serviceAccountName": job["service_account"],
               "initContainers": [{
                   "name": "export-prompts", "image": job["image"], "command": job["export_command"],
                   "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True},
@@ -176,20 +178,28 @@ def buffer(specs):
                   "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10},
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"]},
                                 "limits": {"memory": job["memory"]}},
-                  "volumeMounts": [{"name": "prompts", "mountPath": "/prompts", "readOnly": True}] +
+                  "volumeMounts": [{"name": "prompts", "mountPath": "/prompts", "readOnly": True},
+                                   {"name": "wal", "mountPath": job["wal_mount"]}] +
                                   _tls_mounts(specs)[0],
               }],
-              "volumes": [_data_volume(specs), {"name": "prompts", "emptyDir": {}}] +
+              "volumes": [_data_volume(specs), {"name": "prompts", "emptyDir": {}},
+                          {"name": "wal", "persistentVolumeClaim": {"claimName": wal_claim}}] +
                          _tls_mounts(specs)[1],
           }},
       },
   }
+  # The write-ahead log must outlive the pod (a restarted buffer replays acknowledged rollouts and
+  # rewinds from it) and sit on a local disk (fsync'd appends; docs/STORAGE.md): a PVC.
+  pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+         "metadata": _meta(specs, wal_claim, "buffer"),
+         "spec": {"accessModes": ["ReadWriteOnce"],
+                  "resources": {"requests": {"storage": job["wal_storage"]}}}}
   service = {
       "apiVersion": "v1", "kind": "Service", "metadata": _meta(specs, job["name"], "buffer"),
       "spec": {"selector": sel, "ports": [{"name": "grpc", "port": job["port"], "targetPort": "grpc",
                                            "appProtocol": "grpc"}]},
   }
-  return [deployment, service]
+  return [pvc, deployment, service]
 
 
 def secret(specs):

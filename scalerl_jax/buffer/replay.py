@@ -22,11 +22,11 @@ This module must not import jax (the buffer server process does not).
 from __future__ import annotations
 
 import json
-import os
 from typing import Optional
 
 import numpy as np
 
+from scalerl_jax import storage
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
@@ -49,21 +49,16 @@ def write_learner_state(path: str, checkpoint_step: int, retain_from_step: int,
   `checkpoint_step`: the learner's newest durable checkpoint; `retain_from_step`: the oldest one it
   may still fall back to (delivered groups from that step on are kept in the WAL); `resume`:
   {"id", "step", "npr"} when the learner resumed from checkpoint `step` (applied once per id)."""
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(dict(checkpoint_step=int(checkpoint_step), retain_from_step=int(retain_from_step),
-                   resume=resume), f)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  storage.write_text(path, json.dumps(dict(checkpoint_step=int(checkpoint_step),
+                                           retain_from_step=int(retain_from_step), resume=resume)))
 
 
 def read_learner_state(path: Optional[str]) -> Optional[dict]:
-  """The learner-state file, or None when there is none."""
-  if not path or not os.path.exists(path):
+  """The learner-state file (a local path or gs://, as the buffer pod reads it from the learner's
+  workdir), or None when there is none."""
+  if not path or not storage.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(storage.read_text(path))
 
 
 def _rollout(state, d, body):

@@ -246,7 +246,8 @@ def load_prompts(path: str) -> list[PromptSpec]:
   return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+  """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--host", default="127.0.0.1")
   ap.add_argument("--port", type=int, default=0)
@@ -282,6 +283,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
   ap.add_argument("--switch-interval-s", type=float, default=0.0,
                   help="sys.setswitchinterval for the server process (0: Python's default 5 ms)")
+  return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+  ap = build_parser()
   a = ap.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
   if not a.no_tune_malloc:

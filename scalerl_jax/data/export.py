@@ -34,11 +34,17 @@ def _load_config(path: str):
   return mod.get_config(None)
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+  """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--config", required=True, help="config file with get_config()")
   ap.add_argument("--out", required=True)
   ap.add_argument("--split", choices=("train", "heldout"), default="train")
+  return ap
+
+
+def main(argv=None) -> None:
+  ap = build_parser()
   a = ap.parse_args(argv)
   sys.path.insert(0, os.getcwd())   # so `from configs import common` resolves from the repo root
   config = _load_config(a.config)

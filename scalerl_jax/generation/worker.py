@@ -270,7 +270,8 @@ def cpu_decode_devices(config, pinned) -> int:
   return n
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
+  """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
   ap = argparse.ArgumentParser(description="scalerl_jax generator worker")
   ap.add_argument("--run_config", required=True)
   ap.add_argument("--buffer", required=True)
@@ -284,6 +285,11 @@ def main(argv=None):
   ap.add_argument("--tls_ca", default=None,
                   help="PEM CA the buffer's certificate is verified with (overrides config.tls.ca)")
   ap.add_argument("--tls_server_name", default=None, help="overrides config.tls.server_name")
+  return ap
+
+
+def main(argv=None):
+  ap = build_parser()
   a = ap.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
   tune_malloc()    # multi-MB weight chunks / rollout buffers reuse heap memory, not fresh mmaps
