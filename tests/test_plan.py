@@ -110,3 +110,41 @@ def test_plan_cli_8b_short_sequence():
   assert r["total_bytes"] == r["peak_bytes"] >= r["param_bytes"] + r["opt_state_bytes"]
   assert r["fits"] is True and r["usable_bytes"] == int(0.95 * 95e9)
   assert r["compile_s"] > 0
+
+
+@pytest.mark.slow
+def test_learner_temp_grows_linearly_in_sequence_length():
+  """Reduced-size stand-in for the 8B plan (docs/SCALE.md): compiled temp bytes of the learner's
+  donated step (tiny Llama, one 1-row micro-batch) when the sequence doubles. With the
+  materialised-scores reference (`xla_einsum`, whole logits) temp grows ~4x (the [T,T] scores);
+  with `blockwise` attention + chunked log-probs (the default path) ~2x, and is several times
+  smaller at 2,048 tokens. Measured: einsum 125 -> 484 MB, blockwise 20 -> 40 MB."""
+  import jax
+  import jax.numpy as jnp
+  from configs import tiny
+  from scalerl_jax import models
+  from scalerl_jax.learner import LearnerState, RLSpec, make_optimizer, make_train_step
+  from scalerl_jax.learner.learner import jit_train_step
+  c = tiny.get_config()
+  opt = make_optimizer(c.optim)
+  sd = jax.ShapeDtypeStruct
+
+  def temp(impl, t):
+    cfg = models.get_preset("tiny_llama3", vocab_size=256, d_model=64, num_heads=4, num_kv_heads=2,
+                            head_dim=16, ffn_dim=128, num_layers=2, attention_impl=impl,
+                            attention_block=128)
+    params = jax.eval_shape(lambda: models.init_params(cfg, jax.random.PRNGKey(0)))
+    state = jax.eval_shape(lambda p: LearnerState.create(p, opt), params)
+    batch = dict(tokens=sd((2, t), jnp.int32), gen_logprobs=sd((2, t), jnp.float32),
+                 loss_mask=sd((2, t), jnp.bool_), rewards=sd((2,), jnp.float32),
+                 prompt_ids=sd((2,), jnp.int32))
+    fwd = (models.forward_hidden if impl == "blockwise" else models.forward)
+    step = make_train_step(lambda p, tok, pos: fwd(p, cfg, tok, pos), opt,
+                           RLSpec.from_config(c.rl), 2, logits_chunk=128)
+    return jit_train_step(step).lower(state, batch).compile().memory_analysis().temp_size_in_bytes
+
+  t = {(impl, n): temp(impl, n) for impl in ("xla_einsum", "blockwise") for n in (1024, 2048)}
+  print({k: round(v / 1e6, 2) for k, v in t.items()}, "MB")
+  assert t["xla_einsum", 2048] / t["xla_einsum", 1024] >= 3.0
+  assert t["blockwise", 2048] / t["blockwise", 1024] <= 2.3
+  assert t["blockwise", 2048] * 4 <= t["xla_einsum", 2048]

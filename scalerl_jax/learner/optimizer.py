@@ -14,6 +14,12 @@ def warmup_constant_schedule(lr: float, warmup_steps: int) -> optax.Schedule:
   return lambda count: lr * jnp.minimum(1.0, (count.astype(jnp.float32) + 1.0) / warmup)
 
 
+class ClippedAdamW(optax.GradientTransformation):
+  """make_optimizer's chain, also carrying its parts: `max_grad_norm` (None = no clip) and the
+  `adamw` transformation, so the train step can apply AdamW slice by slice in place
+  (train_step.sliced_update) with exactly optax's per-element arithmetic."""
+
+
 def make_optimizer(optim) -> optax.GradientTransformation:
   """optax chain from ``config.optim``: clip_by_global_norm(max_grad_norm) -> AdamW(schedule).
 
@@ -22,6 +28,8 @@ def make_optimizer(optim) -> optax.GradientTransformation:
   """
   adamw = optax.adamw(warmup_constant_schedule(optim.lr, optim.warmup_steps), b1=optim.b1,
                       b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay)
-  if optim.max_grad_norm and optim.max_grad_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(optim.max_grad_norm), adamw)
-  return adamw
+  clip = float(optim.max_grad_norm) if optim.max_grad_norm and optim.max_grad_norm > 0 else None
+  chain = optax.chain(optax.clip_by_global_norm(clip), adamw) if clip else adamw
+  out = ClippedAdamW(chain.init, chain.update)
+  out.max_grad_norm, out.adamw = clip, adamw
+  return out

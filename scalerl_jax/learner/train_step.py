@@ -40,6 +40,96 @@ def _positions(batch):
   return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
 
 
+MAX_SLICES = 64   # a leaf whose axis 0 has <= this many entries (the scanned layers) is sliced
+
+
+def _guard(loss, grad_norm, update_norm, denom):
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
+  return (denom > 0) & finite, finite
+
+
+def tree_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
+  """Any optax optimizer: grads = acc / D, update, apply under lax.cond (skipped steps)."""
+  grads = jax.tree.map(lambda g: g / denom_safe, acc)
+  grad_norm = optax.tree.norm(grads)
+  updates, new_opt = optimizer.update(grads, opt_state, params)
+  update_norm = optax.tree.norm(updates)
+  ok, finite = _guard(loss, grad_norm, update_norm, denom)
+  new_params, new_opt = jax.lax.cond(
+      ok, lambda: (optax.apply_updates(params, updates), new_opt), lambda: (params, opt_state))
+  return new_params, new_opt, grad_norm, update_norm, ok, finite
+
+
+def _num_slices(x) -> int:
+  return x.shape[0] if x.ndim >= 2 and 1 < x.shape[0] <= MAX_SLICES else 1
+
+
+def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
+  """make_optimizer's clip -> AdamW applied in place, one axis-0 slice (scanned layer) at a time.
+
+  The whole-tree path (`tree_update`) keeps the scaled gradients, the update tree and the new
+  moments alive next to the accumulator until lax.cond picks them (~3x the fp32 parameter bytes of
+  XLA temporaries). Here the accumulator `acc` is the only parameter-sized buffer: pass 1 reduces
+  the update norm slice by slice (for the skip guard), pass 2 rewrites params, mu and nu slice by
+  slice with dynamic_update_slice inside a fori_loop (in place; zero trips when the step is
+  skipped). Per element the arithmetic is optax's: acc / D, clip_by_global_norm's select, then
+  `optimizer.adamw.update` on the slice (moments, bias correction, weight decay, -lr).
+  """
+  clip, adamw = optimizer.max_grad_norm, optimizer.adamw
+  adam_state = opt_state[1] if clip else opt_state
+  moments, rest = adam_state[0], tuple(adam_state[1:])
+  grads = lambda a: a / denom_safe
+  grad_norm = optax.tree.norm(jax.tree.map(grads, acc))
+  if clip:
+    trigger = grad_norm < clip
+    clip_fn = lambda t: jax.lax.select(trigger, t, (t / grad_norm.astype(t.dtype)) * clip)
+  else:
+    clip_fn = lambda t: t
+
+  def update(a, p, m, n):
+    """(new p, new mu, new nu, update) of one slice (or leaf)."""
+    u, st = adamw.update(clip_fn(grads(a)), (moments._replace(mu=m, nu=n),) + rest, p)
+    return optax.apply_updates(p, u), st[0].mu, st[0].nu, u
+
+  def take(x, i):
+    return jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=True)
+
+  def sq_norm(a, p, m, n):
+    k = _num_slices(a)
+    if k == 1:
+      return jnp.sum(jnp.square(update(a, p, m, n)[3]))
+    body = lambda i, s: s + jnp.sum(jnp.square(update(*(take(x, i) for x in (a, p, m, n)))[3]))
+    return jax.lax.fori_loop(0, k, body, jnp.zeros((), jnp.float32))
+
+  leaves, treedef = jax.tree.flatten(acc)
+  cols = [leaves, treedef.flatten_up_to(params), treedef.flatten_up_to(moments.mu),
+          treedef.flatten_up_to(moments.nu)]
+  update_norm = jnp.sqrt(sum(sq_norm(*xs) for xs in zip(*cols)))
+  ok, finite = _guard(loss, grad_norm, update_norm, denom)
+
+  def apply(a, p, m, n):
+    k = _num_slices(a)
+    if k == 1:
+      p2, m2, n2, _ = update(a, p, m, n)
+      return tuple(jnp.where(ok, new, old) for new, old in ((p2, p), (m2, m), (n2, n)))
+
+    def body(i, carry):
+      new = update(take(a, i), *(take(x, i) for x in carry))[:3]
+      return tuple(jax.lax.dynamic_update_index_in_dim(x, y, i, 0) for x, y in zip(carry, new))
+    return jax.lax.fori_loop(0, jnp.where(ok, k, 0), body, (p, m, n))
+
+  new_p, new_m, new_n = zip(*(apply(*xs) for xs in zip(*cols)))
+  # Counters (adam count, schedule count) advance as optax advances them, only on applied steps.
+  zero = jnp.zeros((), jnp.float32)
+  _, st = adamw.update(zero, (moments._replace(mu=zero, nu=zero),) + rest, zero)
+  keep = lambda new, old: jax.tree.map(lambda x, y: jnp.where(ok, x, y), new, old)
+  new_moments = moments._replace(count=keep(st[0].count, moments.count),
+                                 mu=treedef.unflatten(new_m), nu=treedef.unflatten(new_n))
+  new_adam = (new_moments,) + keep(tuple(st[1:]), rest)
+  new_opt = (opt_state[0], new_adam) if clip else new_adam
+  return treedef.unflatten(new_p), new_opt, grad_norm, update_norm, ok, finite
+
+
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
                     microbatches: int = 1, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
@@ -85,29 +175,23 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
                   adv=prep["adv"], weights=prep["weights"])
     params = state.params
     if microbatches == 1:
-      grads, stats = grad_fn(params, inputs)
+      acc, stats = grad_fn(params, inputs)
     else:
       mbs = constrain(split_microbatches(inputs, microbatches))
 
-      def body(carry, mb):
+      def body(carry, mb):   # the scan carry IS the one accumulator (updated in place)
         g_acc, s_acc = carry
         g, s = grad_fn(params, mb)
         return (jax.tree.map(jnp.add, g_acc, g), metrics_lib.combine(s_acc, s)), None
 
       init = (jax.tree.map(jnp.zeros_like, params), metrics_lib.zeros())
-      (grads, stats), _ = jax.lax.scan(body, init, mbs)
+      (acc, stats), _ = jax.lax.scan(body, init, mbs)
     denom = prep["denominator"]
     safe = jnp.where(denom > 0, denom, 1.0)
-    grads = jax.tree.map(lambda g: g / safe, grads)
     loss = stats["loss_sum"] / safe
-    grad_norm = optax.tree.norm(grads)
-    updates, new_opt = optimizer.update(grads, state.opt_state, params)
-    update_norm = optax.tree.norm(updates)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
-    ok = (denom > 0) & finite
-    new_params, new_opt = jax.lax.cond(
-        ok, lambda: (optax.apply_updates(params, updates), new_opt),
-        lambda: (params, state.opt_state))
+    update = sliced_update if hasattr(optimizer, "adamw") else tree_update
+    new_params, new_opt, grad_norm, update_norm, ok, finite = update(
+        optimizer, acc, safe, params, state.opt_state, loss, denom)
     new_state = LearnerState(params=new_params, opt_state=new_opt,
                              step=state.step + ok.astype(jnp.int32))
     m = metrics_lib.finalize(stats)
