@@ -175,7 +175,7 @@ def main(argv=None) -> int:
       p = r["prediction"]
       line += f" | final true {p['final_true']:.4f} pred {p['final_pred']:.4f} (|err| {p['abs_error']:.4f})"
     print(line)
-  print(f"wrote {Path(args.out) / 'fit.json'}")
+  print(f"wrote {storage.join(args.out, 'fit.json')}")
   return 0
 
 

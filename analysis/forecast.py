@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -237,7 +236,7 @@ def main(argv=None) -> int:
     print(f"error: {exc}", file=sys.stderr)
     return 2
   print(format_table(recs))
-  print(f"wrote {Path(args.out) / 'forecast.json'} and {Path(args.out) / 'forecast.png'}")
+  print(f"wrote {storage.join(args.out, 'forecast.json')} and {storage.join(args.out, 'forecast.png')}")
   return 0
 
 

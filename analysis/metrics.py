@@ -227,7 +227,7 @@ def task_metric_keys(run_dir: str | os.PathLike) -> list[str]:
   """The per-task pass-rate keys (``val_pass_rate/<task>``) of a run's evaluation lines, in the
     order they first appear ([] for a one-task run)."""
   keys: list[str] = []
-  for rec in read_metrics_lines(Path(run_dir) / METRICS_FILE):
+  for rec in read_metrics_lines(storage.path(run_dir) / METRICS_FILE):
     if "val_pass_rate" in rec:
       keys += [k for k in rec if k.startswith(TASK_PREFIX) and k not in keys]
   return keys
