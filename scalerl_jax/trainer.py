@@ -35,6 +35,7 @@ from scalerl_jax import storage
 from scalerl_jax.buffer.replay import read_learner_state
 from scalerl_jax.buffer.replay import write_learner_state
 from scalerl_jax.checkpoint import RunCheckpointer
+from scalerl_jax.data import stats_metrics
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner
 from scalerl_jax.ledger import ComputeLedger
@@ -482,15 +483,14 @@ class Trainer:
     self.publish(start)
     params = self._eval_params() if start == 0 else None   # every process: a collective
     if params is not None and self.main:   # R0: the base policy's evaluation, process 0
-      from scalerl_jax.data import stats_metrics
-      self.metrics.write({"step": 0, "kind": "data", **stats_metrics(self.dataset)})
       self.ledger.begin_eval()
       out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
                      int(self.config.eval.samples_per_prompt))
       self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
       self.last_eval = {"step": 0, "kind": "eval", **self.ledger.snapshot(), **out,
                         "compute_hours": 0.0, "train_hours": 0.0, "gen_hours": 0.0}
-      self.metrics.write(self.last_eval)
+      # The step-0 line also carries the dataset stats (data/...: sizes, shares, skipped records).
+      self.metrics.write({**self.last_eval, **stats_metrics(self.dataset)})
     every = int(self.config.eval.every_steps)
     total = int(self.config.total_steps)
     bar = tqdm(range(start, total), desc="RL", disable=not self.progress, dynamic_ncols=True,

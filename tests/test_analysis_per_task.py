@@ -24,9 +24,9 @@ def _mixture_run(run_dir, seed=0, dA=0.0):
                               c_step=200, seed=seed + len(task))
     curves[task] = (C, y)
   C = curves["math"][0]
-  append_metrics(run_dir, {"step": 0, "kind": "data", "data/code/malformed": 0})
   append_metrics(run_dir, {"step": 0, "compute_hours": 0.0, "val_pass_rate": 0.3,
-                           "val_pass_rate/math": 0.3, "val_pass_rate/code": 0.3})
+                           "val_pass_rate/math": 0.3, "val_pass_rate/code": 0.3,
+                           "data/code/malformed": 0})
   for i, c in enumerate(C):
     m, k = float(curves["math"][1][i]), float(curves["code"][1][i])
     append_metrics(run_dir, {"step": i + 1, "compute_hours": float(c), "val_pass_rate": (m + k) / 2,

@@ -36,9 +36,11 @@ def _lines(wd):
 
 def test_per_task_eval_and_train_metrics(run_dir):
   lines = _lines(run_dir)
-  data = [l for l in lines if l["kind"] == "data"]
-  assert len(data) == 1 and data[0]["data/math/heldout"] == 8 and data[0]["data/code/train"] == 256
   evals = [l for l in lines if l["kind"] == "eval"]
+  assert {l["kind"] for l in lines} == {"eval", "train"}
+  data = [l for l in lines if "data/heldout" in l]      # dataset stats ride on the step-0 line
+  assert len(data) == 1 and data[0]["step"] == 0 and data[0]["kind"] == "eval"
+  assert data[0]["data/math/heldout"] == 8 and data[0]["data/code/train"] == 256
   assert [l["step"] for l in evals] == [0, 2, 4]
   for l in evals:
     assert (l["val_samples/math"], l["val_samples/code"]) == (16, 16)   # 8 prompts x 2 per task
