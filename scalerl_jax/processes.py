@@ -104,6 +104,11 @@ class ProcessGroup:
             "--shuffle-seed", str(config.seed)]
     if config.rl.no_positive_resampling:
       argv += ["--npr-threshold", str(config.rl.npr_threshold)]
+    if config.rl.get("routing_replay", False):   # MoE: the generators send routes; validate them
+      from scalerl_jax import models, runtime
+      cfg = runtime.model_config(config)
+      argv += ["--route-shape", f"{models.num_moe_layers(cfg)},{cfg.num_experts_per_tok},"
+                                f"{cfg.num_experts}"]
     b = config.buffer
     wal_dir = wal_dir or b.wal_dir
     if wal_dir:
