@@ -105,3 +105,13 @@ def test_shm_slots_roundtrip_and_reject_paths():
   finally:
     slots.close()
   assert not os.path.exists(path)
+
+
+def test_repo_root_and_vllm_venv_path_point_at_this_checkout():
+  """The vLLM client finds the repo (PYTHONPATH for the engine process) and .venv-vllm from its own
+  file location: a package move once left them pointing inside scalerl_jax/."""
+  import pathlib
+  from scalerl_jax.generation.vllm.generator import REPO_ROOT, vllm_python
+  here = pathlib.Path(__file__).resolve().parents[1]
+  assert REPO_ROOT == here and (REPO_ROOT / "scalerl_jax" / "__init__.py").exists()
+  assert vllm_python() == here / ".venv-vllm" / "bin" / "python"

@@ -33,7 +33,7 @@ from scalerl_jax.generation.generator import Generator
 from scalerl_jax.processes import child_env, launcher_argv
 from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]   # scalerl_jax/generation/vllm/generator.py -> the repo
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 
 
