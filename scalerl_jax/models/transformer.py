@@ -166,14 +166,8 @@ def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False) -> Par
   return variables["params"] if boxed else nn.unbox(variables["params"])
 
 
-def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
-            mask: jax.Array | None = None) -> jax.Array:
-  """Full (training / scoring) forward: float32 logits [B,T,V].
-
-  tokens int32 [B,T]; mask bool [B,T] (False = padding, default all True); positions default to
-  cumsum(mask) - 1 (so left and right padding both work). Not jitted: wrap in jax.jit with
-  cfg static (e.g. `jax.jit(forward, static_argnums=1)`).
-  """
+def _forward_inputs(tokens, positions, mask):
+  """(tokens [B,T], positions with -1 on padding) for `forward` / `forward_hidden`."""
   tokens = jnp.asarray(tokens)
   if tokens.ndim != 2:
     raise ValueError(f"tokens must be [B,T], got shape {tokens.shape}")
@@ -183,6 +177,18 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
     positions = _positions_from_mask(mask)
   else:
     positions = jnp.where(mask, positions, -1).astype(jnp.int32)
+  return tokens, positions
+
+
+def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
+            mask: jax.Array | None = None) -> jax.Array:
+  """Full (training / scoring) forward: float32 logits [B,T,V].
+
+  tokens int32 [B,T]; mask bool [B,T] (False = padding, default all True); positions default to
+  cumsum(mask) - 1 (so left and right padding both work). Not jitted: wrap in jax.jit with
+  cfg static (e.g. `jax.jit(forward, static_argnums=1)`).
+  """
+  tokens, positions = _forward_inputs(tokens, positions, mask)
   logits, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions)
   return logits
 
@@ -193,15 +199,7 @@ def forward_hidden(params: Params, cfg: ModelConfig, tokens: jax.Array,
   """`forward` without the LM head: (hidden [B,T,D], kernel [D,V]), both in the head dtype
   (float32 with fp32_lm_head); logits = hidden @ kernel. For the learner's sequence-chunked
   log-probs (learner/logprobs.py), so [B,T,V] logits never exist whole."""
-  tokens = jnp.asarray(tokens)
-  if tokens.ndim != 2:
-    raise ValueError(f"tokens must be [B,T], got shape {tokens.shape}")
-  if mask is None:
-    mask = jnp.ones(tokens.shape, bool)
-  if positions is None:
-    positions = _positions_from_mask(mask)
-  else:
-    positions = jnp.where(mask, positions, -1).astype(jnp.int32)
+  tokens, positions = _forward_inputs(tokens, positions, mask)
   out, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
                                   hidden_only=True)
   return out
