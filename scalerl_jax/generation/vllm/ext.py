@@ -41,12 +41,15 @@ class ScaleRLWorkerExtension:
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
     model = self._scalerl_model()
     _hf_names(model)   # cache the accepted names while parameters are still materialized
+    self._scalerl_moe_touched = set()
     initialize_layerwise_reload(model)
     return True
 
   def scalerl_reload_end(self) -> bool:
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-    finalize_layerwise_reload(self._scalerl_model(), self.model_runner.vllm_config.model_config)
+    model = self._scalerl_model()
+    finalize_layerwise_reload(model, self.model_runner.vllm_config.model_config)
+    _repack_cpu_experts(model, getattr(self, "_scalerl_moe_touched", ()))
     return True
 
   def _scalerl_model(self):
@@ -81,6 +84,8 @@ class ScaleRLWorkerExtension:
     if unknown:
       raise KeyError(f"unknown HF parameter names (not in the served model): {unknown[:8]}"
                      f"{' ...' if len(unknown) > 8 else ''}")
+    touched = self.__dict__.setdefault("_scalerl_moe_touched", set())
+    touched.update(n[:n.index(".experts.")] for n, _ in pairs if ".experts." in n)
     with torch.no_grad():
       model.load_weights(iter(pairs))
     return {"n": len(pairs)}
@@ -102,19 +107,24 @@ class ScaleRLWorkerExtension:
     info["logits_dtype"] = str(logits.dtype).replace("torch.", "")
     return info
 
-  def scalerl_param_digest(self) -> str:
+  def scalerl_param_digest(self, per_name: bool = False):
     """sha256 over every parameter and buffer of the served model (names + bytes, name order):
-    equal digests = bit-identical weights (tests compare weight transports with it)."""
+    equal digests = bit-identical weights (tests compare weight transports with it). With
+    `per_name`, a {name: sha256} dict instead (to find which tensor differs)."""
     import hashlib
     h = hashlib.sha256()
     model = self._scalerl_model()
     tensors = dict(model.named_parameters())
     tensors.update(dict(model.named_buffers()))
+    each = {}
     for name in sorted(tensors):
       t = tensors[name].detach().contiguous().cpu()
+      data = t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
       h.update(name.encode())
-      h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+      h.update(data)
+      if per_name:
+        each[name] = hashlib.sha256(data).hexdigest()
+    return each if per_name else h.hexdigest()
 
   def scalerl_set_head_dtype(self, dtype: str) -> str:
     """Test hook: switches the LM-head projection dtype at run time ("model" = the model dtype)."""
@@ -125,6 +135,46 @@ class ScaleRLWorkerExtension:
 
 
 _NAME_CACHE: dict[int, set[str] | None] = {}
+
+
+def _repack_cpu_experts(model, prefixes) -> None:
+  """Re-runs the CPU grouped-GEMM prepack of the routed experts whose weights this update loaded.
+
+  vLLM 0.32's `UnquantizedFusedMoEMethod._setup_kernel` calls the experts' own
+  `process_weights_after_loading` (for `CPUUnquantizedExperts`: `cpu_prepack_moe_weight`) only on
+  the first load; on a weight update it only copies, so the layerwise reload leaves the new expert
+  weights in checkpoint layout while the CPU kernel reads them as prepacked (measured on the tiny
+  Llama-4: pushing the start weights again changed every expert tensor's bytes and the parity gate
+  read mean |delta log-prob| 0.17). GPU backends shuffle inside `convert_to_unquantized_kernel_format`
+  and are not touched here. tests/test_vllm_llama4.py checks that re-pushing the start weights
+  restores bit-identical engine parameters."""
+  if not prefixes:
+    return
+  for name, mod in model.named_modules():
+    if not any(name == p + ".experts" or name.startswith(p + ".experts.") for p in prefixes):
+      continue
+    kernel = getattr(getattr(mod, "quant_method", None), "moe_kernel", None)
+    experts = getattr(kernel, "fused_experts", None)
+    if experts is not None and "CPUUnquantizedExperts" in type(experts).__name__ \
+        and hasattr(mod, "w13_weight"):
+      with torch.no_grad():
+        experts.process_weights_after_loading(mod)
+
+
+def _add_fused_expert_names(names: set, pname: str, param) -> bool:
+  """vLLM's fused-MoE parameters (`experts[.routed_experts].w13_weight` [E, 2I, H], `.w2_weight`)
+  take the HF checkpoint's fused expert tensors (`experts.gate_up_proj`, `experts.down_proj`, as
+  Llama-4 ships them) or per-expert ones (`experts.{e}.gate_proj.weight`, ...)."""
+  for suffix, fused, per_expert in ((".w13_weight", "gate_up_proj", ("gate_proj", "up_proj")),
+                                    (".w2_weight", "down_proj", ("down_proj",))):
+    if pname.endswith(suffix) and ".experts." in pname:
+      # vLLM may nest the routed experts (Llama-4: `experts.routed_experts.w13_weight`).
+      base = pname[:pname.index(".experts.")] + ".experts."
+      names.add(base + fused)
+      for e in range(int(param.shape[0])):
+        names.update(f"{base}{e}.{w}.weight" for w in per_expert)
+      return True
+  return False
 
 
 def _hf_names(model) -> set[str] | None:
@@ -139,7 +189,9 @@ def _hf_names(model) -> set[str] | None:
   if mapping is None:
     names = None
   else:
-    for pname, _ in model.named_parameters():
+    for pname, param in model.named_parameters():
+      if _add_fused_expert_names(names, pname, param):
+        continue
       parts = pname.split(".")
       hit = False
       for packed, subs in mapping.items():

@@ -316,9 +316,10 @@ class VLLMGenerator(Generator):
     header, _ = self._call("info", timeout=120)
     return {k: v for k, v in header.items() if k not in ("op", "id", "arrays")}
 
-  def param_digest(self) -> str:
-    """sha256 over the engine's current parameters (equal digests: bit-identical weights)."""
-    header, _ = self._call("param_digest", timeout=300)
+  def param_digest(self, per_name: bool = False):
+    """sha256 over the engine's current parameters (equal digests: bit-identical weights); with
+    `per_name`, {vLLM parameter name: sha256} to locate a difference."""
+    header, _ = self._call("param_digest", {"per_name": per_name}, timeout=300)
     return header["digest"]
 
   def set_head_dtype(self, dtype: str) -> str:
