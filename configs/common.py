@@ -94,6 +94,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.generator.tensor_parallel = 1    # vLLM engine tensor-parallel size (devices per generator)
   c.generator.decode_batch = 64      # plan tool: sequences in the generator's KV cache
   c.generator.vllm_args = ml_collections.ConfigDict()   # extra VLLMGenerator kwargs (engine_args...)
+  # vLLM engine start checkpoint: "" = the learner's version-0 weights exported into the workdir;
+  # else a local HF directory (the fleet image's copy of the base model). It must hold the
+  # learner's start weights: the start-up parity gate (health.parity_gate) stops the run if not.
+  c.generator.vllm_model_dir = ""
 
   c.buffer = ml_collections.ConfigDict(dict(
       address="127.0.0.1:0", auth_token_env="SCALERL_BUFFER_TOKEN",

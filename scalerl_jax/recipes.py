@@ -103,6 +103,11 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if not 0 <= r.think_budget_min <= r.think_budget_max:
     raise ConfigError(f"need 0 <= think_budget_min <= think_budget_max, got "
                       f"[{r.think_budget_min}, {r.think_budget_max}]")
+  vdir = str(g.get("vllm_model_dir", "") or "")
+  if vdir and g.backend == "vllm" and not config.buffer.get("external", False) \
+      and not os.path.isfile(os.path.join(vdir, "config.json")):
+    raise ConfigError(f"generator.vllm_model_dir={vdir!r} is not an HF checkpoint directory "
+                      "(no config.json); leave it empty to start vLLM on the learner's weights")
   if not g.temperature > 0:
     raise ConfigError(f"generator.temperature={g.temperature}: training rollouts need T > 0 (the "
                       f"learner computes log_softmax(logits / T) for the importance ratios)")
