@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +34,7 @@ import time
 import grpc
 
 from scalerl_jax import models
+from scalerl_jax import recipes
 from scalerl_jax import rewards
 from scalerl_jax import runtime
 from scalerl_jax.data import build_dataset
@@ -275,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(description="scalerl_jax generator worker")
   ap.add_argument("--run_config", required=True)
   ap.add_argument("--buffer", required=True)
-  ap.add_argument("--generator_id", default=None, help="default: the host name (pod name)")
+  ap.add_argument("--generator_id", default=None,
+                  help="default: $HOSTNAME, else the host name (the pod name)")
   ap.add_argument("--backend", choices=("jax", "vllm"), default=None)
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--tensor_parallel", type=int, default=0,
@@ -290,14 +293,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
   ap = build_parser()
-  a = ap.parse_args(argv)
+  rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
+  a = ap.parse_args(rest)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
   tune_malloc()    # multi-MB weight chunks / rollout buffers reuse heap memory, not fresh mmaps
-  config = runtime.load_run_config(a.run_config)
+  config = runtime.load_run_config(a.run_config, overrides)   # --config.a.b=v: as main takes them
   for name in ("cert", "key", "ca", "server_name"):   # a fleet pod's mounted certificates
     if getattr(a, f"tls_{name}") is not None:
       config.tls[name] = getattr(a, f"tls_{name}")
-  a.generator_id = a.generator_id or socket.gethostname()
+  # The pod name: Kubernetes sets $HOSTNAME in every container (launch.rehearse does too).
+  a.generator_id = a.generator_id or os.environ.get("HOSTNAME") or socket.gethostname()
   if a.tensor_parallel:
     config.generator.tensor_parallel = a.tensor_parallel
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
