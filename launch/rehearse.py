@@ -74,7 +74,8 @@ TINY_OVERRIDES = (
     "rollout.think_budget_min=24", "rollout.think_budget_max=32", "rollout.answer_budget=8",
     "rollout.max_prompt_len=32",
     "data.kind=synthetic", "data.heldout=32", "data.synthetic_n_train=2048",
-    "sft.clean_steps=150", "sft.steps=0", "sft.lr=0.001", "sft.num_examples=2048",
+    "sft.clean_steps=60", "sft.steps=0", "sft.lr=0.002", "sft.batch_size=32",
+    "sft.num_examples=2048",
     "eval.every_steps=1", "eval.samples_per_prompt=8",
     "generator.backend=jax", "generator.tensor_parallel=1", "generator.decode_batch=16",
     "checkpoint.every_steps=2", "pin_cpus=False",
@@ -281,6 +282,11 @@ class Rehearsal:
     self._done = threading.Event()
     self.tiny = self._tiny_config()
 
+  def set_state_dir(self, state_dir: str, workdir: str = "") -> None:
+    self.state = os.path.abspath(state_dir)
+    self.workdir = workdir or os.path.join(self.state, "workdir")
+    os.makedirs(self.state, exist_ok=True)
+
   # -- checks at start-up (nothing started, nothing written) --
   def _check_secret_refs(self) -> None:
     for p in self.pods:
@@ -379,6 +385,9 @@ class Rehearsal:
       elif "secretKeyRef" in vf:
         ref = vf["secretKeyRef"]
         env[e["name"]] = self.secrets[ref["name"]]["data"][ref["key"]]
+    # /tmp is the container's own: a gs:// run's LOCAL_DIR ($TMPDIR/scalerl-local/...) per pod.
+    env["TMPDIR"] = os.path.join(self.state, "pods", p.name, "root", "tmp")
+    os.makedirs(env["TMPDIR"], exist_ok=True)
     table = dict(self.hosts)
     table["0.0.0.0"] = p.ip
     env["SCALERL_HOSTS"] = ",".join(f"{k}={v}" for k, v in table.items())
@@ -738,14 +747,13 @@ def main(argv=None) -> int:
         raise RehearsalError(f"workdir {a.workdir}: {e}") from None
     elif "://" in a.workdir:
       raise RehearsalError(f"workdir {a.workdir}: only local paths and gs://BUCKET/PATH")
-    state = a.state_dir or tempfile.mkdtemp(prefix="scalerl-rehearse-")
-    r = Rehearsal(a.manifests, steps=a.steps, workdir=a.workdir, state_dir=state,
-                  generators=a.generators, kill=a.kill, kill_at_step=a.kill_at_step,
-                  timeout_s=a.timeout)
-  except RehearsalError as e:
+    r = Rehearsal(a.manifests, steps=a.steps, workdir=a.workdir,
+                  state_dir=a.state_dir or tempfile.gettempdir(), generators=a.generators,
+                  kill=a.kill, kill_at_step=a.kill_at_step, timeout_s=a.timeout)
+  except RehearsalError as e:       # checked before anything is started or written
     print(f"rehearse: error: {e}", file=sys.stderr)
     return USAGE_ERROR
-  os.makedirs(r.state, exist_ok=True)
+  r.set_state_dir(a.state_dir or tempfile.mkdtemp(prefix="scalerl-rehearse-"), a.workdir)
   try:
     s = r.run()
   except RuntimeError as e:
