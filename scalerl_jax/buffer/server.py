@@ -214,24 +214,24 @@ class BufferServer:
     r = self._req(request, context)
     if r.learner_id:
       self._call(context, val.check_id, r.learner_id, "learner_id", self.limits)
-    if self._learner_resumed(r.step):
-      self._abort(context, grpc.StatusCode.UNAVAILABLE, "the buffer restarts to rewind to the "
-                  "learner's checkpoint (its write-ahead log is replayed); retry")
+    if r.step not in self.state.next_step() and self.learner_resumed():
+      self.abort_for_restart(context)
     batch = self._call(context, self.state.pull, r.step, r.timeout_s, context.is_active)
     yield from batch.groups          # pre-serialized BatchItem{group} messages
     with self._mlock:
       self._bytes_out += batch.num_bytes
     yield pb.BatchItem(summary=batch.summary)
 
-  def _learner_resumed(self, step: int) -> bool:
-    """A pull for another step than the next one, from a learner that resumed from a checkpoint
-    (a new resume request in the learner-state file) while this buffer kept running: the rewind is
-    applied at start-up only (replay.py), so ask for a restart (`restart_requested`; `main` exits
-    with RESTART_EXIT and the Deployment / supervisor restarts it from its WAL)."""
-    if not self.learner_state_path or self.restart_requested.is_set():
-      return self.restart_requested.is_set()
-    nxt, last = self.state.next_step()
-    if step in (nxt, last):
+  def learner_resumed(self) -> bool:
+    """Whether the learner resumed from a checkpoint (a resume request in the learner-state file
+    that this buffer has not applied) while this buffer kept running. The rewind is applied at
+    start-up only (replay.py), so this asks for a restart (`restart_requested`; `main` then exits
+    with RESTART_EXIT and the Deployment / supervisor restarts it from its WAL). Called only for a
+    request that does not fit the buffer's state (a pull for an earlier step, an older published
+    version): the file is read then, not per request."""
+    if self.restart_requested.is_set():
+      return True
+    if not self.learner_state_path:
       return False
     try:
       res = (replay.read_learner_state(self.learner_state_path) or {}).get("resume")
@@ -240,12 +240,16 @@ class BufferServer:
       return False
     if not res or res["id"] in self.state.resumes:
       return False
-    log.warning("learner resumed from checkpoint %s (resume %s) and asks for step %d, next is %d: "
-                "stopping so that the restart rewinds from the WAL", res.get("step"), res["id"],
-                step, nxt)
+    log.warning("the learner resumed from checkpoint %s (resume %s) while this buffer ran: "
+                "stopping, so that the restart replays the WAL and rewinds to it",
+                res.get("step"), res["id"])
     self.restart_requested.set()
     threading.Thread(target=self.stop, args=(0.5,), daemon=True).start()
     return True
+
+  def abort_for_restart(self, context) -> None:
+    self._abort(context, grpc.StatusCode.UNAVAILABLE, "the buffer restarts to rewind to the "
+                "learner's checkpoint (its write-ahead log is replayed); retry")
 
   def _status(self, request, context):
     self._req(request, context)

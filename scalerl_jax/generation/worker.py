@@ -49,6 +49,8 @@ from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.protocol.wire import tune_malloc
 from scalerl_jax.weights.stream import StreamFetcher
 
+# Exit status of a worker that stopped because the buffer rewound (its pod / supervisor restarts it).
+RESTART_EXIT = 75
 log = logging.getLogger("scalerl.worker")
 
 
@@ -115,6 +117,7 @@ class Worker:
     version, weights = got
     self.gen = _make_generator(backend, config, self.model_cfg, weights, version, workdir)
     self._stop = threading.Event()
+    self.rewound = False
     threading.Thread(target=self._watch_weights, daemon=True).start()
     self.heartbeat_s = float(config.generator.get("heartbeat_s", 10.0))
     if self.heartbeat_s > 0:
@@ -124,9 +127,18 @@ class Worker:
     """Extends this worker's leases every `heartbeat_s` (a silent worker loses them after the TTL)."""
     while not self._stop.wait(self.heartbeat_s):
       try:
-        self.client.heartbeat(self.lease_id, self.gen.version)
+        r = self.client.heartbeat(self.lease_id, self.gen.version)
       except grpc.RpcError as e:
         log.warning("%s: heartbeat failed (%s)", self.id, e.code())
+        continue
+      if r.current_version < self.gen.version:
+        # The buffer rewound to a learner checkpoint (the learner resumed): this policy belongs to
+        # a lost timeline. Stop; `main` exits with RESTART_EXIT and the pod restarts, fetching
+        # the version the learner republishes.
+        log.warning("%s: the buffer is at version %d, this generator at %d (the learner resumed "
+                    "from a checkpoint): restarting", self.id, r.current_version, self.gen.version)
+        self.rewound = True
+        self.stop()
 
   def _fetch(self, have: int, wait_timeout_s: float):
     """Newest version above `have` as (version, weights) or None: weights = {"kind": "params",
@@ -321,6 +333,8 @@ def main(argv=None):
     w.run()
   finally:
     w.close()
+  if w.rewound:
+    sys.exit(RESTART_EXIT)
 
 
 if __name__ == "__main__":
