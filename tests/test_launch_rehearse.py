@@ -206,3 +206,50 @@ print(json.dumps(out))
   assert [x["checkpoint_step"] in (2, 4) for x in got["resumes"]] == [True], got["resumes"]
   assert got["train"] == [1, 2, 3, 4, 5, 6], got["train"]
   _no_local_gs(ROOT, str(tmp_path), str(state))
+
+
+# ---- the pieces the rehearsal relies on (fast) ---------------------------------------------------
+def test_hosts_override_table():
+  from scalerl_jax import hosts
+  env = {"SCALERL_HOSTS": "svc.ns.svc.cluster.local=127.9.9.1, 0.0.0.0=127.9.9.2,pod-0.sub=::1"}
+  assert hosts.resolve("svc.ns.svc.cluster.local:50051", env) == "127.9.9.1:50051"
+  assert hosts.resolve("0.0.0.0:50052", env) == "127.9.9.2:50052"
+  assert hosts.resolve("[::]:50052", env) == "127.9.9.2:50052"          # any wildcard
+  assert hosts.resolve("pod-0.sub:8476", env) == "[::1]:8476"
+  assert hosts.resolve("other:1", env) == "other:1"
+  assert hosts.resolve("svc.ns.svc.cluster.local:50051", {}) == "svc.ns.svc.cluster.local:50051"
+  with pytest.raises(ValueError, match="NAME=ADDRESS"):
+    hosts.table({"SCALERL_HOSTS": "nonsense"})
+
+
+def test_buffer_asks_for_restart_when_the_learner_resumed(tmp_path):
+  """A running buffer that gets a pull for an earlier step / an older published version from a
+  learner whose resume request it has not applied stops (UNAVAILABLE to the caller) so that its
+  restart replays the WAL and rewinds (the rehearsal's learner-kill path)."""
+  import grpc
+  import numpy as np
+  from scalerl_jax.buffer.replay import write_learner_state
+  from scalerl_jax.buffer.server import BufferServer
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.types import PromptSpec
+  prompts = [PromptSpec(i, np.arange(3, dtype=np.int32) + i, "1") for i in range(8)]
+  srv = BufferServer(prompts, token="t" * 32, prompts_per_step=2, group_size=2, max_lag=1,
+                     wal_dir=str(tmp_path / "wal")).start()
+  ls = str(tmp_path / "learner_state.json")
+  srv.learner_state_path = ls
+  c = BufferClient(srv.address, "t" * 32, retries=0)
+  try:
+    c.publish_weights(0, b"v0")
+    c.publish_weights(1, b"v1")
+    with pytest.raises(grpc.RpcError) as e:          # no resume announced: the plain error
+      c.publish_weights(1, b"other")
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert not srv.restart_requested.is_set()
+    write_learner_state(ls, 0, 0, dict(id="r1", step=0, npr=None))
+    with pytest.raises(grpc.RpcError) as e:
+      c.publish_weights(0, b"v0-again")              # the resumed learner republishes
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert srv.restart_requested.is_set()
+  finally:
+    c.close()
+    srv.stop(0)
