@@ -48,7 +48,6 @@ import base64
 import glob
 import json
 import os
-import posixpath
 import random
 import re
 import secrets
@@ -59,7 +58,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +94,10 @@ def load_manifests(d: str) -> list[dict]:
   docs = []
   for path in sorted(glob.glob(os.path.join(d, "*.yaml"))):
     with open(path) as f:
-      docs += [x for x in yaml.safe_load_all(f) if x]
+      try:
+        docs += [x for x in yaml.safe_load_all(f) if x]
+      except yaml.YAMLError as e:
+        raise RehearsalError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
   if not docs:
     raise RehearsalError(f"{d}: no *.yaml manifests")
   return docs
@@ -278,8 +279,6 @@ class Rehearsal:
     self.events: list[dict] = []
     self.kill_report: dict = {}
     self.jobset_restarts = 0
-    self._lock = threading.Lock()
-    self._done = threading.Event()
     self.tiny = self._tiny_config()
 
   def set_state_dir(self, state_dir: str, workdir: str = "") -> None:
