@@ -7,11 +7,9 @@ Each recipe runs in WORKDIR/<recipe>/ (all start from the same SFT base policy, 
 WORKDIR/base_policy and copied in). The comparison (analysis.fit_runs: per-run fits, the ±0.02
 shared-A rule, a markdown table and a figure) goes to WORKDIR/compare/; for a task mixture
 (config.data.mixture) each task is compared too (compare-<task>.md / .png, per-task panels in
-curves.png).
+curves.png). WORKDIR may be gs://BUCKET/PATH (scalerl_jax/storage.py), like each run's.
 """
 import logging
-import os
-import shutil
 import sys
 
 from absl import app
@@ -23,6 +21,7 @@ from scalerl_jax import job as run_main
 from scalerl_jax import recipes
 from scalerl_jax import runtime
 from scalerl_jax import sft
+from scalerl_jax import storage
 from scalerl_jax.data import build_dataset
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Base run config.")
@@ -38,30 +37,30 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
     c = config.copy_and_resolve_references()
     c.recipe = name
     c = recipes.apply_recipe(c, recipes.locked_keys(sys.argv))
-    recipes.validate(c, os.path.join(workdir, name))
+    recipes.validate(c, storage.join(workdir, name))
     runs.append((name, c))
-  base = os.path.join(workdir, sft.BASE_DIR)
-  if not os.path.exists(os.path.join(base, "config.json")):   # one warm start shared by all
+  base = storage.join(workdir, sft.BASE_DIR)
+  if not storage.exists(storage.join(base, "config.json")):   # one warm start shared by all
     dataset = build_dataset(config.data, config.rollout.max_prompt_len)
     sft.warm_start(config, runtime.model_config(config), dataset, workdir, progress=progress)
   dirs = []
   for name, c in runs:
-    d = os.path.join(workdir, name)
-    if not os.path.exists(os.path.join(d, sft.BASE_DIR)):
-      shutil.copytree(base, os.path.join(d, sft.BASE_DIR))
-    if os.path.exists(os.path.join(d, "metrics.jsonl")):
+    d = storage.join(workdir, name)
+    if not storage.exists(storage.join(d, sft.BASE_DIR, "config.json")):   # config.json last
+      storage.copy_tree(base, storage.join(d, sft.BASE_DIR), last=("config.json",))
+    if storage.exists(storage.join(d, "metrics.jsonl")):
       logging.info("%s: metrics.jsonl exists, reusing the finished run", name)
     else:
       logging.info("running recipe %s in %s", name, d)
       run_main.run(c, d, progress=progress)
     dirs.append(d)
-  out = os.path.join(workdir, "compare")
+  out = storage.join(workdir, "compare")
   from scalerl_jax.data import mixture
   per_task = bool(mixture.parse_mixture(config.data))   # a mixture: also compare per task
   res = fit_runs(dirs, out, n_boot=200, progress=progress, names=list(names),
                  metrics="per_task" if per_task else None)
-  print(open(os.path.join(out, "compare.md")).read() if os.path.exists(
-      os.path.join(out, "compare.md")) else res)
+  md = storage.join(out, "compare.md")
+  print(storage.read_text(md) if storage.exists(md) else res)
   return res
 
 

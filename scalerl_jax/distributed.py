@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from scalerl_jax import hosts
 from scalerl_jax.learner import Learner
 from scalerl_jax.learner.batch import validate_batch
 
@@ -87,8 +88,18 @@ def initialize(config=None, env: Mapping[str, str] | None = None) -> Distributed
   if spec.auto:
     jax.distributed.initialize()
   else:
-    jax.distributed.initialize(coordinator_address=spec.coordinator_address,
-                               num_processes=spec.num_processes, process_id=spec.process_id)
+    # $SCALERL_HOSTS (scalerl_jax/hosts.py) may map the coordinator's name, and the wildcard
+    # process 0's coordinator service binds (default: all interfaces) to one address.
+    address = hosts.resolve(spec.coordinator_address)
+    bind = None
+    if hosts.resolve_host("0.0.0.0") != "0.0.0.0":
+      bind = hosts.resolve(f"0.0.0.0:{hosts.split(address)[1]}")
+    jax.distributed.initialize(coordinator_address=address, num_processes=spec.num_processes,
+                               process_id=spec.process_id, coordinator_bind_address=bind)
+  import sys      # initialize returned: every process joined (launch.rehearse reads this line)
+  print(f"jax.distributed: process {spec.process_id} of {spec.num_processes} joined"
+        + (f" (coordinator {spec.coordinator_address})" if not spec.auto else ""),
+        file=sys.stderr, flush=True)
   return spec
 
 

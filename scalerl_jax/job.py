@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 
+from analysis.errors import TooFewPointsError
 from analysis.fit import PER_TASK, fit_runs, metric_slug
 from analysis.forecast import forecast_runs
 from analysis.metrics import read_run, task_metric_keys
@@ -238,7 +239,12 @@ def fit(workdir: str, progress: bool) -> dict:
   per_task = bool(task_metric_keys(workdir))
   try:
     try:
-      results = fit_runs([workdir], out, metrics=PER_TASK if per_task else None, **kw)
+      try:
+        results = fit_runs([workdir], out, metrics=PER_TASK if per_task else None, **kw)
+      except TooFewPointsError as e:   # a short run: fit all points, without the half-budget check
+        logging.warning("half-budget extrapolation skipped (%s); fitting all points", e)
+        kw["fit_until"] = None
+        results = fit_runs([workdir], out, metrics=PER_TASK if per_task else None, **kw)
     except ValueError as e:
       if not per_task:
         raise

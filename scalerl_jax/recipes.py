@@ -62,6 +62,49 @@ def locked_keys(argv) -> frozenset[str]:
   return frozenset(a.split("=")[0][len("--config."):] for a in argv if a.startswith("--config."))
 
 
+def split_overrides(argv) -> tuple[list[str], list[str]]:
+  """(other args, `--config.a.b=value` overrides): how the generator worker and the prompt export
+  take the same config overrides `main` takes (launch.rehearse appends them to every pod)."""
+  rest, over = [], []
+  for a in argv:
+    (over if a.startswith("--config.") else rest).append(a)
+  return rest, over
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:
+  """Sets each `--config.a.b=value` on `config` (in place), the value parsed as the field's
+  current type, as absl's config flags do (bool: true/false; tuple / None: a Python literal).
+  An undeclared field raises ConfigError."""
+  import ast
+  for o in overrides:
+    key, sep, raw = o[len("--config."):].partition("=")
+    if not o.startswith("--config.") or not sep:
+      raise ConfigError(f"bad config override {o!r}; expected --config.a.b=value")
+    *path, field = key.split(".")
+    node = config
+    for p in path:
+      if p not in node or not isinstance(node[p], ml_collections.ConfigDict):
+        raise ConfigError(f"unknown config field {key!r} ({o})")
+      node = node[p]
+    if field not in node:
+      raise ConfigError(f"unknown config field {key!r} ({o})")
+    old = node[field]
+    try:
+      if isinstance(old, bool):
+        if raw.lower() not in ("true", "false", "1", "0"):
+          raise ValueError(raw)
+        value = raw.lower() in ("true", "1")
+      elif isinstance(old, (int, float, str)) and not isinstance(old, bool):
+        value = type(old)(raw)
+      else:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError) as e:
+      raise ConfigError(f"bad value in {o}: {e}") from None
+    with node.ignore_type():
+      node[field] = value
+  return config
+
+
 def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = frozenset()
                  ) -> ml_collections.ConfigDict:
   """Returns a copy of `config` with `config.recipe`'s settings (keys in `locked` are kept)."""

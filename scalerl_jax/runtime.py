@@ -108,10 +108,11 @@ def payload_to_named(payload: bytes, fmt: str) -> dict[str, np.ndarray]:
   return load(bytes(payload))
 
 
-def load_run_config(path: str) -> ml_collections.ConfigDict:
+def load_run_config(path: str, overrides=()) -> ml_collections.ConfigDict:
   """Reads the config.json `main` writes into the workdir, or a config file `configs/X.py[:ARG]`
   (its `get_config(ARG)` with the recipe applied, as `main` does) — what a fleet pod started
-  before the learner has (launch/)."""
+  before the learner has (launch/). `overrides`: `--config.a.b=value` strings, applied before the
+  recipe (they win over it, as on main's command line)."""
   file, _, arg = path.partition(":")
   if file.endswith(".py"):
     import importlib.util
@@ -119,13 +120,14 @@ def load_run_config(path: str) -> ml_collections.ConfigDict:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     config = mod.get_config(arg) if arg else mod.get_config()
-    config = recipes.apply_recipe(config)
+    recipes.apply_overrides(config, overrides)
+    config = recipes.apply_recipe(config, recipes.locked_keys(overrides))
     recipes.validate(config)
     return config
   with open(path) as f:
     d = json.load(f)
   d.pop("_meta", None)
-  return ml_collections.ConfigDict(_tuplify(d))
+  return recipes.apply_overrides(ml_collections.ConfigDict(_tuplify(d)), overrides)
 
 
 def _tuplify(x):

@@ -139,7 +139,7 @@ class MetricsLog:
     self.wandb = None
     if wandb_cfg is not None and wandb_cfg.get("project"):
       from scalerl_jax.wandb_sink import WandbSink
-      self.wandb = WandbSink(workdir, wandb_cfg, run_config)
+      self.wandb = WandbSink(workdir, wandb_cfg, run_config, local_dir=local_dir)
 
   def write(self, record: dict) -> None:
     with self.lock:

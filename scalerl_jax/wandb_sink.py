@@ -10,9 +10,14 @@ to the same W&B run. `read_offline_history` reads an offline run back (tests).
 from __future__ import annotations
 
 import glob
-import secrets
 import os
+import secrets
+import shutil
 import struct
+import tempfile
+import time
+
+from scalerl_jax import storage
 
 _BLOCK = 32768
 _HEADER = 7
@@ -21,23 +26,30 @@ _HEADER = 7
 class WandbSink:
   """One W&B run for one workdir."""
 
-  def __init__(self, workdir: str, cfg, run_config: dict | None = None):
+  def __init__(self, workdir: str, cfg, run_config: dict | None = None,
+               local_dir: str | None = None):
+    """`workdir` may be gs:// (scalerl_jax/storage.py): the run id file is an object there, W&B's
+    own files (it appends to them) go to `local_dir` (default storage.local_dir(workdir)) and are
+    uploaded to WORKDIR/wandb/ by `finish`."""
     import wandb
     self._wandb = wandb
+    self.workdir = workdir
+    self.local = workdir if not storage.is_remote(workdir) else (
+        local_dir or storage.local_dir(workdir))
     mode = cfg.get("mode", "auto") or "auto"
     if mode == "auto":
       mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    id_path = os.path.join(workdir, "wandb_id.txt")
-    if os.path.exists(id_path):
-      run_id = open(id_path).read().strip()
+    id_path = storage.join(workdir, "wandb_id.txt")
+    if storage.exists(id_path):
+      run_id = storage.read_text(id_path).strip()
     else:
       run_id = secrets.token_hex(4)
-      with open(id_path, "w") as f:
-        f.write(run_id + "\n")
+      storage.write_text(id_path, run_id + "\n")
     os.environ.setdefault("WANDB_SILENT", "true")
-    self.run = wandb.init(project=cfg.project, entity=cfg.get("entity") or None, dir=workdir, id=run_id,
-                          resume="allow", mode=mode, config=run_config or {},
-                          name=cfg.get("name") or os.path.basename(os.path.abspath(workdir)))
+    os.makedirs(self.local, exist_ok=True)
+    self.run = wandb.init(project=cfg.project, entity=cfg.get("entity") or None, dir=self.local,
+                          id=run_id, resume="allow", mode=mode, config=run_config or {},
+                          name=cfg.get("name") or storage.basename(storage.abspath(workdir)))
     self.run.define_metric("trainer_step")
     self.run.define_metric("*", step_metric="trainer_step")
     self.mode = mode
@@ -51,12 +63,35 @@ class WandbSink:
 
   def log_images(self, images: dict, step: int) -> None:
     """PNG files as W&B images, e.g. {"fit/curves": path}."""
-    row = {k: self._wandb.Image(p) for k, p in images.items() if p and os.path.exists(p)}
+    row, tmp = {}, []
+    for k, p in images.items():
+      if not p or not storage.exists(p):
+        continue
+      if storage.is_remote(p):        # W&B reads a local file: fetch the object first
+        fd, local = tempfile.mkstemp(suffix=os.path.splitext(p)[1])
+        with os.fdopen(fd, "wb") as f, storage.open(p, "rb") as src:
+          shutil.copyfileobj(src, f)
+        tmp.append(local)
+        p = local
+      row[k] = self._wandb.Image(p)
     if row:
       self.run.log({"trainer_step": int(step), **row})
+    for t in tmp:
+      os.remove(t)
 
   def finish(self) -> None:
     self.run.finish()
+    src = os.path.join(self.local, "wandb")
+    if storage.is_remote(self.workdir) and os.path.isdir(src):
+      # wandb-core may still be flushing its offline file after finish(): upload once the run's
+      # files stopped growing (at most ~20 s).
+      size = lambda: sum(os.path.getsize(f) for f in glob.glob(os.path.join(src, "**", "*"),
+                                                                recursive=True) if os.path.isfile(f))
+      last, end = -1, time.time() + 20
+      while time.time() < end and size() != last:
+        last = size()
+        time.sleep(0.5)
+      storage.copy_tree(src, storage.join(self.workdir, "wandb"))
 
 
 def _records(path: str):
@@ -93,8 +128,11 @@ def read_offline_history(workdir: str) -> list[dict]:
   import json
   from wandb.proto import wandb_internal_pb2 as pb
   rows = []
-  for path in sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))):
-    for raw in _records(path):
+  with storage.local_copy(storage.join(workdir, "wandb")) as d:    # gs://: a temporary copy
+    paths = sorted(glob.glob(os.path.join(d, "offline-run-*", "run-*.wandb")))
+    data = {p: list(_records(p)) for p in paths}
+  for path in paths:
+    for raw in data[path]:
       rec = pb.Record()
       rec.ParseFromString(raw)
       if rec.WhichOneof("record_type") == "history":

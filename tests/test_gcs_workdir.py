@@ -3,6 +3,7 @@
 and nothing under a local 'gs:' folder; kill -9 of the learner + the same command resumes from the
 checkpoint in the bucket; analysis reads the gs:// run; bad gs:// workdirs fail at start-up with one
 line and write nothing locally."""
+import glob
 import json
 import os
 import signal
@@ -202,3 +203,58 @@ def test_bad_gs_workdirs_fail_at_startup_with_one_line(emulator, tmp_path, monke
       "config error: workdir gs://no-such-bucket/run: bucket gs://no-such-bucket does not exist "
       "(or this account cannot see it); create it or fix --workdir")
   assert os.listdir(cwd) == [] and not os.path.exists(tmp_path / "tmp" / "scalerl-local")
+
+
+def test_wandb_sink_on_gs_workdir(emulator, tmp_path, monkeypatch):
+  """config.wandb.project with a gs:// workdir: the run id and the offline run are objects in the
+  bucket (W&B's own files go to the local dir and are uploaded at finish); nothing under `gs:`."""
+  pytest.importorskip("wandb")
+  import ml_collections
+  from matplotlib.figure import Figure
+  from scalerl_jax.trainer import MetricsLog
+  from scalerl_jax.wandb_sink import read_offline_history
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  monkeypatch.chdir(tmp_path)
+  workdir = f"gs://{BUCKET}/wandb_run"
+  cfg = ml_collections.ConfigDict(dict(project="scalerl-test", entity="", name="", mode="auto"))
+  log = MetricsLog(workdir, wandb_cfg=cfg, run_config={"lr": 3e-5},
+                   local_dir=str(tmp_path / "local"))
+  assert log.wandb.mode == "offline"
+  log.write({"step": 0, "kind": "eval", "compute_hours": 0.0, "val_pass_rate": 0.25})
+  log.write({"step": 1, "kind": "train", "compute_hours": 0.01, "loss": -0.5})
+  png = tmp_path / "p.png"
+  Figure(figsize=(1, 1)).savefig(png)
+  storage.write_bytes(f"{workdir}/fit/curves.png", png.read_bytes())   # the fit's plot on gs://
+  log.log_images({"fit/curves": f"{workdir}/fit/curves.png"}, step=2)
+  log.close()
+  log.finish()
+  run_id = storage.read_text(f"{workdir}/wandb_id.txt").strip()
+  assert run_id and any(f.endswith(".wandb") and run_id in f
+                        for f in storage.walk_files(f"{workdir}/wandb"))
+  rows = read_offline_history(workdir)
+  assert [r.get("trainer_step") for r in rows][:2] == [0, 1], rows
+  assert any("fit/curves" in r for r in rows), rows
+  assert not glob.glob(str(tmp_path / "**" / "gs:"), recursive=True)
+  assert not os.path.exists(os.path.join(ROOT, "gs:"))
+
+
+def test_compare_on_gs_run_dirs(emulator, tmp_path):
+  """analysis.fit_runs over several gs:// runs (scalerl_jax.compare's last step) writes
+  compare.md / fit.json into the bucket, equal to the same comparison of local copies."""
+  from analysis.fit import fit_runs
+  from analysis.synthetic import TABLE1, write_synthetic_run
+  names = sorted(TABLE1)[:2]
+  gs_dirs, local_dirs = [], []
+  for n in names:
+    gs_dirs.append(f"gs://{BUCKET}/cmp/{n}")
+    local_dirs.append(str(tmp_path / n))
+    write_synthetic_run(gs_dirs[-1], n, c_stop=3000.0)
+    write_synthetic_run(local_dirs[-1], n, c_stop=3000.0)
+  got = fit_runs(gs_dirs, f"gs://{BUCKET}/cmp/compare", n_boot=10, progress=False, names=names)
+  ref = fit_runs(local_dirs, str(tmp_path / "compare"), n_boot=10, progress=False, names=names)
+  assert [(r["A"], r["B"], r["C_mid"]) for r in got] == [(r["A"], r["B"], r["C_mid"]) for r in ref]
+  assert storage.read_text(f"gs://{BUCKET}/cmp/compare/compare.md") == open(
+      tmp_path / "compare" / "compare.md").read()
+  assert storage.exists(f"gs://{BUCKET}/cmp/compare/fit.json")
+  assert not os.path.exists(os.path.join(ROOT, "gs:"))

@@ -43,6 +43,8 @@ from scalerl_jax.protocol.rpc import SERVICE, TLS, AuthInterceptor, add_port, ch
 from scalerl_jax.protocol.wire import Malformed, parse_push, parser, serialize, tune_malloc
 
 log = logging.getLogger("scalerl.buffer")
+# Exit status of a buffer that stopped to be restarted (a learner resumed while it kept running).
+RESTART_EXIT = 75
 
 
 class BufferServer:
@@ -66,6 +68,8 @@ class BufferServer:
         mode=mode, lease_ttl_s=lease_ttl_s, limits=limits, verifier=verifier,
         shuffle_seed=shuffle_seed, npr_threshold=npr_threshold)
     self.limits, self.max_weight_bytes = limits, max_weight_bytes
+    self.learner_state_path = ""            # set by main: where a learner resume is announced
+    self.restart_requested = threading.Event()
     self.weight_chunk_bytes = weight_chunk_bytes
     self.weights = weight_store.WeightStore(self)
     self.wal: Optional[walmod.WAL] = None
@@ -210,11 +214,42 @@ class BufferServer:
     r = self._req(request, context)
     if r.learner_id:
       self._call(context, val.check_id, r.learner_id, "learner_id", self.limits)
+    if r.step not in self.state.next_step() and self.learner_resumed():
+      self.abort_for_restart(context)
     batch = self._call(context, self.state.pull, r.step, r.timeout_s, context.is_active)
     yield from batch.groups          # pre-serialized BatchItem{group} messages
     with self._mlock:
       self._bytes_out += batch.num_bytes
     yield pb.BatchItem(summary=batch.summary)
+
+  def learner_resumed(self) -> bool:
+    """Whether the learner resumed from a checkpoint (a resume request in the learner-state file
+    that this buffer has not applied) while this buffer kept running. The rewind is applied at
+    start-up only (replay.py), so this asks for a restart (`restart_requested`; `main` then exits
+    with RESTART_EXIT and the Deployment / supervisor restarts it from its WAL). Called only for a
+    request that does not fit the buffer's state (a pull for an earlier step, an older published
+    version): the file is read then, not per request."""
+    if self.restart_requested.is_set():
+      return True
+    if not self.learner_state_path:
+      return False
+    try:
+      res = (replay.read_learner_state(self.learner_state_path) or {}).get("resume")
+    except (OSError, ValueError) as e:
+      log.warning("cannot read the learner-state file %s: %s", self.learner_state_path, e)
+      return False
+    if not res or res["id"] in self.state.resumes:
+      return False
+    log.warning("the learner resumed from checkpoint %s (resume %s) while this buffer ran: "
+                "stopping, so that the restart replays the WAL and rewinds to it",
+                res.get("step"), res["id"])
+    self.restart_requested.set()
+    threading.Thread(target=self.stop, args=(0.5,), daemon=True).start()
+    return True
+
+  def abort_for_restart(self, context) -> None:
+    self._abort(context, grpc.StatusCode.UNAVAILABLE, "the buffer restarts to rewind to the "
+                "learner's checkpoint (its write-ahead log is replayed); retry")
 
   def _status(self, request, context):
     self._req(request, context)
@@ -312,12 +347,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      learner_state=replay.read_learner_state(a.learner_state),
                      max_weight_bytes=a.max_weight_bytes,
                      weight_chunk_bytes=a.weight_chunk_bytes, tls=tls).start()
+  srv.learner_state_path = a.learner_state or ""
   out = {"port": srv.port, "address": srv.address}
   if srv.wal is not None or srv.wal_report:
     out["wal"] = srv.wal_report
   print(json.dumps(out), flush=True)
   signal.signal(signal.SIGTERM, lambda *_: srv.stop(0))
   srv.wait()
+  if srv.restart_requested.is_set():
+    time.sleep(1.0)                   # stop() runs on its thread: let it close the WAL
+    sys.exit(RESTART_EXIT)
 
 
 if __name__ == "__main__":

@@ -368,6 +368,11 @@ class BufferState:
                   key=lambda x: (x.deadline, x.completed_seq))
     return done[:self.B] if len(done) >= self.B else None
 
+  def next_step(self) -> tuple[int, Optional[int]]:
+    """(the step the next pull must ask for, the step of the batch a retried pull re-sends)."""
+    with self.cv:
+      return self.ns, (None if self._last_batch is None else self._last_batch.step)
+
   def pull(self, step: int, timeout_s: float,
            alive: Callable[[], bool] = lambda: True) -> PulledBatch:
     """Returns the batch for learner step `step`, waiting up to `timeout_s` for it to be complete

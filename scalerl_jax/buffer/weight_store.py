@@ -88,6 +88,8 @@ class WeightStore:
     if cur is not None and cur.remote and version == cur.version:
       return False      # the same version re-announced from new sources (a restarted learner)
     if cur is not None and version <= cur.version:
+      if self.srv.learner_resumed():      # a resumed learner republishes its checkpoint
+        self.srv.abort_for_restart(context)
       self.srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                       f"version {version} is not newer than published version {cur.version}")
     return False

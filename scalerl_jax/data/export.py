@@ -1,6 +1,7 @@
 """Writes a dataset's prompts as the rollout buffer's JSONL ({"prompt_id", "tokens", "answer"}).
 
   python -m scalerl_jax.data.export --config=configs/tiny.py --out=/tmp/prompts.jsonl [--split=train]
+      [--config.a.b=value ...]
 
 The buffer (scalerl_jax.buffer.server --prompts=FILE) reads this format.
 """
@@ -44,10 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
+  from scalerl_jax import recipes
   ap = build_parser()
-  a = ap.parse_args(argv)
+  rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
+  a = ap.parse_args(rest)
   sys.path.insert(0, os.getcwd())   # so `from configs import common` resolves from the repo root
-  config = _load_config(a.config)
+  config = recipes.apply_overrides(_load_config(a.config), overrides)   # --config.a.b=v, as main
   ds = build_dataset(config.data, config.rollout.max_prompt_len)
   n = write_prompts(ds.train if a.split == "train" else ds.heldout, a.out)
   print(json.dumps({"out": a.out, "split": a.split, "prompts": n, "kind": ds.kind}))

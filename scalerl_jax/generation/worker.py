@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +34,7 @@ import time
 import grpc
 
 from scalerl_jax import models
+from scalerl_jax import recipes
 from scalerl_jax import rewards
 from scalerl_jax import runtime
 from scalerl_jax.data import build_dataset
@@ -47,6 +49,8 @@ from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.protocol.wire import tune_malloc
 from scalerl_jax.weights.stream import StreamFetcher
 
+# Exit status of a worker that stopped because the buffer rewound (its pod / supervisor restarts it).
+RESTART_EXIT = 75
 log = logging.getLogger("scalerl.worker")
 
 
@@ -120,6 +124,7 @@ class Worker:
     version, weights = got
     self.gen = _make_generator(backend, config, self.model_cfg, weights, version, workdir)
     self._stop = threading.Event()
+    self.rewound = False
     threading.Thread(target=self._watch_weights, daemon=True).start()
     self.heartbeat_s = float(config.generator.get("heartbeat_s", 10.0))
     if self.heartbeat_s > 0:
@@ -129,9 +134,18 @@ class Worker:
     """Extends this worker's leases every `heartbeat_s` (a silent worker loses them after the TTL)."""
     while not self._stop.wait(self.heartbeat_s):
       try:
-        self.client.heartbeat(self.lease_id, self.gen.version)
+        r = self.client.heartbeat(self.lease_id, self.gen.version)
       except grpc.RpcError as e:
         log.warning("%s: heartbeat failed (%s)", self.id, e.code())
+        continue
+      if r.current_version < self.gen.version:
+        # The buffer rewound to a learner checkpoint (the learner resumed): this policy belongs to
+        # a lost timeline. Stop; `main` exits with RESTART_EXIT and the pod restarts, fetching
+        # the version the learner republishes.
+        log.warning("%s: the buffer is at version %d, this generator at %d (the learner resumed "
+                    "from a checkpoint): restarting", self.id, r.current_version, self.gen.version)
+        self.rewound = True
+        self.stop()
 
   def _fetch(self, have: int, wait_timeout_s: float):
     """Newest version above `have` as (version, weights) or None: weights = {"kind": "params",
@@ -282,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(description="scalerl_jax generator worker")
   ap.add_argument("--run_config", required=True)
   ap.add_argument("--buffer", required=True)
-  ap.add_argument("--generator_id", default=None, help="default: the host name (pod name)")
+  ap.add_argument("--generator_id", default=None,
+                  help="default: $HOSTNAME, else the host name (the pod name)")
   ap.add_argument("--backend", choices=("jax", "vllm"), default=None)
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--tensor_parallel", type=int, default=0,
@@ -297,14 +312,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
   ap = build_parser()
-  a = ap.parse_args(argv)
+  rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
+  a = ap.parse_args(rest)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
   tune_malloc()    # multi-MB weight chunks / rollout buffers reuse heap memory, not fresh mmaps
-  config = runtime.load_run_config(a.run_config)
+  config = runtime.load_run_config(a.run_config, overrides)   # --config.a.b=v: as main takes them
   for name in ("cert", "key", "ca", "server_name"):   # a fleet pod's mounted certificates
     if getattr(a, f"tls_{name}") is not None:
       config.tls[name] = getattr(a, f"tls_{name}")
-  a.generator_id = a.generator_id or socket.gethostname()
+  # The pod name: Kubernetes sets $HOSTNAME in every container (launch.rehearse does too).
+  a.generator_id = a.generator_id or os.environ.get("HOSTNAME") or socket.gethostname()
   if a.tensor_parallel:
     config.generator.tensor_parallel = a.tensor_parallel
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
@@ -323,6 +340,8 @@ def main(argv=None):
     w.run()
   finally:
     w.close()
+  if w.rewound:
+    sys.exit(RESTART_EXIT)
 
 
 if __name__ == "__main__":

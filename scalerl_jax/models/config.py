@@ -1,6 +1,6 @@
 """`ModelConfig`: hyper-parameters of the Llama-3 dense and Llama-4 (text) MoE decoders.
 
-Presets: `llama3_8b`, `llama4_scout_17b_16e`, `tiny_llama3`, `tiny_llama4` (see `PRESETS`).
+Presets: `llama3_8b`, `llama4_scout_17b_16e`, `tiny_llama3`, `tiny_synthetic`, `tiny_llama4` (see `PRESETS`).
 `from_hf_config` / `to_hf_config` convert to and from `transformers` config objects (or dicts).
 """
 from __future__ import annotations
@@ -163,6 +163,12 @@ PRESETS: dict[str, ModelConfig] = {
         family="llama3", vocab_size=512, d_model=256, num_layers=4, num_heads=4, num_kv_heads=2,
         head_dim=64, ffn_dim=768, rope_theta=10000.0, tie_embeddings=False,
         max_position_embeddings=2048),
+    # configs/tiny.py's model (the synthetic task's 32-word vocabulary) as one preset name: how
+    # launch.rehearse swaps it into a real-size config with `--config.model.preset=tiny_synthetic`.
+    "tiny_synthetic": ModelConfig(
+        family="llama3", vocab_size=32, d_model=128, num_layers=4, num_heads=2, num_kv_heads=1,
+        head_dim=64, ffn_dim=384, rope_theta=10000.0, tie_embeddings=False,
+        max_position_embeddings=256),
     "tiny_llama4": ModelConfig(
         family="llama4", vocab_size=512, d_model=256, num_layers=4, num_heads=4, num_kv_heads=2,
         head_dim=64, ffn_dim=768, rope_theta=10000.0, tie_embeddings=False,

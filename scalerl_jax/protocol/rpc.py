@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 
 import grpc
 
+from scalerl_jax import hosts
+
 SERVICE = "scalerl.rollout.v1.RolloutBuffer"
 
 
@@ -150,7 +152,9 @@ def _read(path: str) -> bytes:
 
 
 def add_port(server: grpc.Server, address: str, tls: Optional[TLS] = None) -> int:
-  """Binds `address` on `server`, over TLS when `tls` is enabled; returns the port (0: failed)."""
+  """Binds `address` on `server`, over TLS when `tls` is enabled; returns the port (0: failed).
+  `$SCALERL_HOSTS` (scalerl_jax/hosts.py) may map the host, a wildcard included."""
+  address = hosts.resolve(address)
   if tls is not None and tls.enabled:
     return server.add_secure_port(address, tls.server_credentials())
   return server.add_insecure_port(address)
@@ -158,7 +162,9 @@ def add_port(server: grpc.Server, address: str, tls: Optional[TLS] = None) -> in
 
 def open_channel(address: str, tls: Optional[TLS] = None,
                  options: Sequence[tuple] = ()) -> grpc.Channel:
-  """A client channel to `address`, over TLS (verifying the server) when `tls` is enabled."""
+  """A client channel to `address`, over TLS (verifying the server) when `tls` is enabled.
+  `$SCALERL_HOSTS` (scalerl_jax/hosts.py) may map the host name."""
+  address = hosts.resolve(address)
   if tls is None or not tls.enabled:
     return grpc.insecure_channel(address, options=list(options))
   opts = list(options)

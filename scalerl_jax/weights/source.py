@@ -152,7 +152,10 @@ class WeightSource:
                         f"(held: {sorted(self.versions)})")
         self.cv.wait(0.25)
       v = self.versions[want]
+    n = 0
     for k, msg in enumerate(ws.stream_chunks(self.cv, v, set(request.have_chunks), context,
                                              self.stall_s)):
       self.served_chunks += k > 0          # the manifest message is not a chunk
+      n += k > 0
       yield msg
+    log.info("served weights version %d: %d chunks to %s", want, n, context.peer())

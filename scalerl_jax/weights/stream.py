@@ -33,6 +33,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import logging
 import math
 from typing import Any, Callable, Iterator, Optional
 
@@ -41,6 +42,8 @@ import numpy as np
 
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import weight_chunks as ws
+
+log = logging.getLogger("scalerl.weight_stream")
 FORMAT = "scalerl-params-v1"
 _RESUMABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
               grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)
@@ -376,10 +379,12 @@ class StreamFetcher:
         stream.cancel()
     if len(by_src) == 1:
       one(next(iter(by_src)))
-      return
-    with concurrent.futures.ThreadPoolExecutor(min(len(by_src), 16)) as ex:
-      for f in [ex.submit(one, o) for o in by_src]:
-        f.result()
+    else:
+      with concurrent.futures.ThreadPoolExecutor(min(len(by_src), 16)) as ex:
+        for f in [ex.submit(one, o) for o in by_src]:
+          f.result()
+    log.info("fetched weights version %d from learner sources %s", h.version,
+             {manifest["sources"][o]: len(ids) for o, ids in sorted(by_src.items())})
 
   def _blob(self, m, stream):
     h, parts = m.head, [m.data]

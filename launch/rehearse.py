@@ -1,0 +1,768 @@
+r"""Rehearses a rendered GKE variant on one machine: the manifests' own commands as local processes.
+
+  python -m launch.rehearse launch/gke/rendered/8b-h100 --steps 6 \
+      [--workdir DIR | --workdir gs://BUCKET/run] [--kill buffer|learner] [--kill-at-step N] \
+      [--generators 2] [--state-dir DIR]
+
+Reads the YAML files `kubectl apply` would get (every *.yaml of the directory) and runs what they
+describe the way Kubernetes would, with a tiny model:
+
+* Pods: the learner JobSet's pods (`parallelism` of them, one process each, one `jax.distributed`
+  job over gloo on CPU: the JobSet's own SCALERL_* env), the buffer Deployment's pod (its init
+  container first) and `--generators` pods of the generator Deployment (its `replicas` capped).
+* Each container's command runs as written with the container's env: `value`, downward-API
+  `fieldRef`s (pod IP, name, the Job completion index), `secretKeyRef`s filled from the Secret
+  manifests in the directory (a `REPLACE-ME` placeholder gets a generated test token / a test TLS
+  certificate for the Services' DNS names; a Secret missing from the directory is an error), and
+  `$HOSTNAME` = the pod name, as the kubelet sets it. `$(VAR)` in commands is expanded from that env.
+* Volumes: a path under a container's `mountPath` is that volume's local directory (a PVC: one
+  directory for the whole rehearsal, so the buffer's WAL survives its pod's restarts; `emptyDir`:
+  per pod; a Secret volume: its files); any other absolute path is private to the pod
+  (STATE_DIR/pods/POD/root/...). `/dev/shm` stays /dev/shm.
+* Addresses, the one override mechanism: each pod gets its own loopback address (127.X.Y.N) and
+  `$SCALERL_HOSTS` (scalerl_jax/hosts.py), read where the code binds and dials: every Service's
+  DNS names (NAME, NAME.NS, NAME.NS.svc.cluster.local) and the JobSet pods' host names map to pod
+  addresses, and `0.0.0.0` to the pod's own address (two learner pods both listen on 50052).
+* The tiny model, the one swap mechanism: `TINY_OVERRIDES` appended as `--config.a.b=value` to every
+  command that reads the run config (learner `scalerl_jax.main`, generator worker, prompt export:
+  all three take config overrides), plus `--config.total_steps=STEPS` (learner) and `--backend=jax`
+  (generators: no GPUs here). The buffer takes no config: the buffer flags
+  `processes.buffer_flags(tiny config)` changes are appended (argparse: the last value wins).
+* Restart policy: a Deployment pod's container (restartPolicy Always) is restarted whenever it
+  exits (its init containers are not rerun, its emptyDirs and PVCs persist); a JobSet pod
+  (restartPolicy Never, backoffLimit 0) that fails fails its Job, and the JobSet's failurePolicy
+  recreates every learner pod, up to `maxRestarts` times. The rehearsal ends when the JobSet
+  completes (every learner pod exited 0).
+
+`--kill buffer` sends SIGKILL to the buffer pod's process once the learner logged step
+`--kill-at-step` (default STEPS // 2), after copying its WAL (the acknowledged rollouts at that
+instant); `--kill learner` kills learner pod 0 the same way (the JobSet restarts all learner pods:
+the run resumes from its newest checkpoint). The last stdout line is a JSON summary (also
+STATE_DIR/summary.json): pods, restarts, steps, weights served/fetched per pod, the buffer's NPR
+records, the WAL, the kill check (acknowledged rollouts lost / trained twice), the fit.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import glob
+import json
+import os
+import random
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The tiny-model swap: appended as --config.KEY=VALUE to the learner, generator and export commands.
+TINY_OVERRIDES = (
+    "model.preset=tiny_synthetic", "model.dtype=float32", "model.remat=none",
+    "model.scan_layers=False",
+    "mesh.shape=(('data', 1), ('fsdp', -1), ('tensor', 1), ('expert', 1))",
+    "optim.microbatches=1", "optim.lr=0.0001", "optim.warmup_steps=1",
+    "rollout.prompts_per_step=4", "rollout.generations_per_prompt=4",
+    "rollout.think_budget_min=24", "rollout.think_budget_max=32", "rollout.answer_budget=8",
+    "rollout.max_prompt_len=32",
+    "data.kind=synthetic", "data.heldout=32", "data.synthetic_n_train=2048",
+    "sft.clean_steps=60", "sft.steps=0", "sft.lr=0.002", "sft.batch_size=32",
+    "sft.num_examples=2048",
+    "eval.every_steps=1", "eval.samples_per_prompt=8",
+    "generator.backend=jax", "generator.tensor_parallel=1", "generator.decode_batch=16",
+    "checkpoint.every_steps=2", "pin_cpus=False",
+)
+PLACEHOLDER = "REPLACE-ME"
+USAGE_ERROR = 2
+
+
+class RehearsalError(Exception):
+  """A bad manifest directory or argument: one line, exit status 2, nothing started."""
+
+
+# ---- manifests -----------------------------------------------------------------------------------
+def load_manifests(d: str) -> list[dict]:
+  import yaml
+  if not os.path.isdir(d):
+    raise RehearsalError(f"{d}: not a directory of rendered manifests")
+  docs = []
+  for path in sorted(glob.glob(os.path.join(d, "*.yaml"))):
+    with open(path) as f:
+      try:
+        docs += [x for x in yaml.safe_load_all(f) if x]
+      except yaml.YAMLError as e:
+        raise RehearsalError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+  if not docs:
+    raise RehearsalError(f"{d}: no *.yaml manifests")
+  return docs
+
+
+def _secrets(docs) -> dict[str, dict]:
+  """{secret name: {"type", "data": {key: str}}} from the Secret manifests."""
+  out = {}
+  for x in docs:
+    if x.get("kind") != "Secret":
+      continue
+    data = {k: str(v) for k, v in (x.get("stringData") or {}).items()}
+    data.update({k: base64.b64decode(v).decode() for k, v in (x.get("data") or {}).items()})
+    out[x["metadata"]["name"]] = {"type": x.get("type", "Opaque"), "data": data}
+  return out
+
+
+def _service_names(docs) -> list[tuple[str, str]]:
+  """(name, namespace) of every Service."""
+  return [(x["metadata"]["name"], x["metadata"].get("namespace", "default"))
+          for x in docs if x.get("kind") == "Service"]
+
+
+def _dns_names(name: str, ns: str) -> list[str]:
+  return [name, f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"]
+
+
+def _test_certs(names: list[str]) -> dict[str, str]:
+  """A CA and one certificate (server + client) for `names`, PEM: for TLS Secret placeholders."""
+  import datetime
+  from cryptography import x509
+  from cryptography.hazmat.primitives import hashes, serialization
+  from cryptography.hazmat.primitives.asymmetric import ec
+  from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+  now = datetime.datetime.now(datetime.timezone.utc)
+  nm = lambda cn: x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+  ca_key = ec.generate_private_key(ec.SECP256R1())
+  ca = (x509.CertificateBuilder().subject_name(nm("rehearsal-ca")).issuer_name(nm("rehearsal-ca"))
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256()))
+  key = ec.generate_private_key(ec.SECP256R1())
+  cert = (x509.CertificateBuilder().subject_name(nm(names[0])).issuer_name(ca.subject)
+          .public_key(key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
+                         critical=False)
+          .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+  pem = lambda c: c.public_bytes(serialization.Encoding.PEM).decode()
+  return {"tls.crt": pem(cert), "ca.crt": pem(ca),
+          "tls.key": key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()).decode()}
+
+
+def fill_secrets(docs) -> dict[str, dict]:
+  """The Secrets with placeholders replaced: a random token, or test certificates (TLS type)."""
+  sec = _secrets(docs)
+  dns = [n for name, ns in _service_names(docs) for n in reversed(_dns_names(name, ns))]
+  for s in sec.values():
+    if not any(str(v).startswith(PLACEHOLDER) for v in s["data"].values()):
+      continue
+    if s["type"] == "kubernetes.io/tls":
+      s["data"].update(_test_certs(dns))
+    else:
+      s["data"] = {k: (secrets.token_hex(32) if str(v).startswith(PLACEHOLDER) else v)
+                   for k, v in s["data"].items()}
+  return sec
+
+
+# ---- pods ----------------------------------------------------------------------------------------
+class Pod:
+  """One pod to run: its spec (init containers, containers, volumes), name, address, owner."""
+
+  def __init__(self, name: str, spec: dict, owner: str, ip: str, annotations: dict | None = None,
+               namespace: str = "default", component: str = ""):
+    self.name, self.spec, self.owner, self.ip = name, spec, owner, ip
+    self.component = component
+    self.annotations = dict(annotations or {})
+    self.namespace = namespace
+    self.proc: subprocess.Popen | None = None
+    self.restarts = 0
+    self.exit_codes: list[int] = []
+    self.started = False
+
+
+def plan_pods(docs, generators: int, subnet: str) -> tuple[list[Pod], dict]:
+  """The pods the manifests describe (generator Deployment capped at `generators` replicas) and
+  {"jobset": {name, max_restarts, hostnames}}; refuses what cannot run here."""
+  pods, jobset, ips = [], None, iter(range(1, 250))
+  deployments = [x for x in docs if x.get("kind") == "Deployment"]
+  jobsets = [x for x in docs if x.get("kind") == "JobSet"]
+  if not jobsets or not deployments:
+    raise RehearsalError("the directory needs a learner JobSet and the buffer / generator "
+                         "Deployments (launch/gke/render.py output)")
+  for d in deployments:
+    md, spec = d["metadata"], d["spec"]
+    n = int(spec.get("replicas", 1))
+    comp = md.get("labels", {}).get("app.kubernetes.io/component", "")
+    if comp == "generator":
+      n = min(n, generators)
+    for i in range(n):
+      pods.append(Pod(f"{md['name']}-rehearse-{i}", spec["template"]["spec"], md["name"],
+                      f"{subnet}.{next(ips)}", namespace=md.get("namespace", "default"),
+                      component=spec["template"].get("metadata", {}).get("labels", {}).get(
+                          "app.kubernetes.io/component", "")))
+  (js,) = jobsets
+  jmd = js["metadata"]
+  hostnames = {}
+  for rj in js["spec"]["replicatedJobs"]:
+    tmpl = rj["template"]["spec"]
+    for r in range(int(rj.get("replicas", 1))):
+      for k in range(int(tmpl.get("parallelism", 1))):
+        pspec = tmpl["template"]["spec"]
+        for c in pspec.get("containers", []):
+          if any("distributed.auto=True" in a for a in c.get("command", [])):
+            raise RehearsalError(f"{jmd['name']}: a TPU slice JobSet (jax.distributed auto-"
+                                 "detection) cannot be rehearsed on CPU; use a GPU variant")
+        name = f"{jmd['name']}-{rj['name']}-{r}-{k}"
+        p = Pod(name, pspec, jmd["name"], f"{subnet}.{next(ips)}",
+                {"batch.kubernetes.io/job-completion-index": str(k)},
+                namespace=jmd.get("namespace", "default"), component="learner")
+        pods.append(p)
+        # JobSet DNS (network.enableDNSHostnames): POD.SUBDOMAIN, subdomain = the JobSet name.
+        sub = js["spec"].get("network", {}).get("subdomain") or jmd["name"]
+        hostnames[name] = p.ip
+        hostnames[f"{name}.{sub}"] = p.ip
+  jobset = {"name": jmd["name"],
+            "max_restarts": int(js["spec"].get("failurePolicy", {}).get("maxRestarts", 0)),
+            "hostnames": hostnames}
+  return pods, jobset
+
+
+def hosts_table(docs, pods: list[Pod], jobset: dict) -> dict[str, str]:
+  """Service DNS names -> the address of the pod behind them (first pod of its component)."""
+  table = dict(jobset["hostnames"])
+  for x in docs:
+    if x.get("kind") != "Service":
+      continue
+    comp = x["metadata"].get("labels", {}).get("app.kubernetes.io/component", "")
+    behind = [p for p in pods if _component(p) == comp]
+    if behind:
+      for n in _dns_names(x["metadata"]["name"], x["metadata"].get("namespace", "default")):
+        table[n] = behind[0].ip
+  return table
+
+
+def _component(p: Pod) -> str:
+  return p.component
+
+
+def _role(argv: list[str]) -> str:
+  mod = argv[argv.index("-m") + 1] if "-m" in argv else ""
+  return {"scalerl_jax.main": "learner", "scalerl_jax.generation.worker": "generator",
+          "scalerl_jax.data.export": "export", "scalerl_jax.buffer.server": "buffer"}.get(mod, mod)
+
+
+# ---- the rehearsal -------------------------------------------------------------------------------
+class Rehearsal:
+
+  def __init__(self, manifest_dir: str, *, steps: int, workdir: str, state_dir: str,
+               generators: int = 2, kill: str = "", kill_at_step: int = 0, timeout_s: float = 1500):
+    self.dir, self.steps, self.state = manifest_dir, int(steps), os.path.abspath(state_dir)
+    self.kill, self.kill_at = kill, int(kill_at_step or max(1, steps // 2))
+    self.timeout_s = float(timeout_s)
+    self.docs = load_manifests(manifest_dir)
+    self.secrets = fill_secrets(self.docs)
+    subnet = f"127.{random.randint(100, 250)}.{random.randint(1, 250)}"
+    self.pods, self.jobset = plan_pods(self.docs, generators, subnet)
+    self.hosts = hosts_table(self.docs, self.pods, self.jobset)
+    self._check_secret_refs()
+    self.workdir_manifest = self._manifest_workdir()
+    self.workdir = workdir or os.path.join(self.state, "workdir")
+    self.events: list[dict] = []
+    self.kill_report: dict = {}
+    self.jobset_restarts = 0
+    self.tiny = self._tiny_config()
+
+  def set_state_dir(self, state_dir: str, workdir: str = "") -> None:
+    self.state = os.path.abspath(state_dir)
+    self.workdir = workdir or os.path.join(self.state, "workdir")
+    os.makedirs(self.state, exist_ok=True)
+
+  # -- checks at start-up (nothing started, nothing written) --
+  def _check_secret_refs(self) -> None:
+    for p in self.pods:
+      for c in p.spec.get("initContainers", []) + p.spec.get("containers", []):
+        for e in c.get("env", []):
+          ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+          if ref is None:
+            continue
+          s = self.secrets.get(ref["name"])
+          if s is None or ref["key"] not in s["data"]:
+            raise RehearsalError(
+                f"{p.owner}/{c['name']}: env {e['name']} needs Secret {ref['name']!r} key "
+                f"{ref['key']!r}, which is not in {self.dir} (render it: python -m "
+                f"launch.gke.render; on a cluster: kubectl create secret generic {ref['name']})")
+      for v in p.spec.get("volumes", []):
+        if "secret" in v and v["secret"]["secretName"] not in self.secrets:
+          raise RehearsalError(f"{p.owner}: volume {v['name']} needs Secret "
+                               f"{v['secret']['secretName']!r}, which is not in {self.dir}")
+
+  def _learner_container(self) -> dict:
+    p = next(p for p in self.pods if p.annotations)
+    return p.spec["containers"][0]
+
+  def _manifest_workdir(self) -> str:
+    for a in self._learner_container()["command"]:
+      if a.startswith("--workdir="):
+        return a.split("=", 1)[1]
+    raise RehearsalError("the learner command has no --workdir")
+
+  def _tiny_config(self):
+    sys.path.insert(0, REPO)
+    from launch.spec import load_config
+    from scalerl_jax import recipes
+    cmd = self._learner_container()["command"]
+    file = next(a.split("=", 1)[1] for a in cmd if a.startswith("--config="))
+    config = load_config(os.path.join(REPO, file.partition(":")[0]), file.partition(":")[2] or None)
+    overrides = [f"--config.{o}" for o in TINY_OVERRIDES]
+    recipes.apply_overrides(config, overrides)
+    return recipes.apply_recipe(config, recipes.locked_keys(overrides))
+
+  # -- commands --
+  def _volume_dir(self, p: Pod, vol: dict) -> str:
+    if "persistentVolumeClaim" in vol:
+      d = os.path.join(self.state, "pvc", vol["persistentVolumeClaim"]["claimName"])
+    elif "secret" in vol:
+      d = os.path.join(self.state, "pods", p.name, "secret", vol["name"])
+      if not os.path.isdir(d):
+        os.makedirs(d)
+        for k, v in self.secrets[vol["secret"]["secretName"]]["data"].items():
+          path = os.path.join(d, k)
+          with open(path, "w") as f:
+            f.write(v)
+          os.chmod(path, vol["secret"].get("defaultMode", 0o644) | 0o400)
+    else:                                     # emptyDir (medium Memory too)
+      d = os.path.join(self.state, "pods", p.name, "emptydir", vol["name"])
+    os.makedirs(d, exist_ok=True)
+    return d
+
+  def _mounts(self, p: Pod, c: dict) -> list[tuple[str, str]]:
+    vols = {v["name"]: v for v in p.spec.get("volumes", [])}
+    out = []
+    for m in c.get("volumeMounts", []):
+      if m["mountPath"] == "/dev/shm":
+        continue
+      out.append((m["mountPath"].rstrip("/"), self._volume_dir(p, vols[m["name"]])))
+    return sorted(out, key=lambda x: -len(x[0]))
+
+  def _map_path(self, p: Pod, mounts, value: str, private: bool) -> str:
+    if value == self.workdir_manifest or value.startswith(self.workdir_manifest + "/"):
+      return self.workdir + value[len(self.workdir_manifest):]
+    if not value.startswith("/"):
+      return value
+    for mount, local in mounts:
+      if value == mount or value.startswith(mount + "/"):
+        return local + value[len(mount):]
+    if private:                               # the container's own filesystem
+      return os.path.join(self.state, "pods", p.name, "root") + value
+    return value
+
+  def _env(self, p: Pod, c: dict) -> dict:
+    env = {"HOSTNAME": p.name}
+    fields = {"status.podIP": p.ip, "metadata.name": p.name, "metadata.namespace": p.namespace}
+    for k, v in p.annotations.items():
+      fields[f"metadata.annotations['{k}']"] = v
+    for e in c.get("env", []):
+      if "value" in e:
+        env[e["name"]] = str(e["value"])
+        continue
+      vf = e.get("valueFrom") or {}
+      if "fieldRef" in vf:
+        path = vf["fieldRef"]["fieldPath"]
+        if path not in fields:
+          raise RehearsalError(f"{p.owner}/{c['name']}: env {e['name']}: fieldPath {path!r} "
+                               "is not emulated")
+        env[e["name"]] = fields[path]
+      elif "secretKeyRef" in vf:
+        ref = vf["secretKeyRef"]
+        env[e["name"]] = self.secrets[ref["name"]]["data"][ref["key"]]
+    # /tmp is the container's own: a gs:// run's LOCAL_DIR ($TMPDIR/scalerl-local/...) per pod.
+    env["TMPDIR"] = os.path.join(self.state, "pods", p.name, "root", "tmp")
+    os.makedirs(env["TMPDIR"], exist_ok=True)
+    table = dict(self.hosts)
+    table["0.0.0.0"] = p.ip
+    env["SCALERL_HOSTS"] = ",".join(f"{k}={v}" for k, v in table.items())
+    return env
+
+  def command(self, p: Pod, c: dict) -> tuple[list[str], dict]:
+    """(argv, env) of container `c` of pod `p`, as run here (see the module docstring)."""
+    env = self._env(p, c)
+    mounts = self._mounts(p, c)
+    expand = lambda s: re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                              lambda m: env.get(m.group(1), m.group(0)), s)
+    argv = []
+    for a in c["command"] + c.get("args", []):
+      a = expand(a)
+      if a.startswith("--") and "=" in a:
+        k, v = a.split("=", 1)
+        a = f"{k}={self._map_path(p, mounts, v, private=True)}"
+      else:
+        a = self._map_path(p, mounts, a, private=False)
+      argv.append(a)
+    env = {k: self._map_path(p, mounts, v, private=False) for k, v in env.items()}
+    if argv and argv[0] == "python":
+      argv[0] = sys.executable
+    role = _role(argv)
+    tiny = [f"--config.{o}" for o in TINY_OVERRIDES]
+    if role == "learner":
+      argv += tiny + [f"--config.total_steps={self.steps}"]
+    elif role == "generator":
+      argv += tiny + ["--backend=jax"]
+    elif role == "export":
+      argv += tiny
+    elif role == "buffer":
+      argv += self._buffer_changes(argv)
+    return argv, env
+
+  def _buffer_changes(self, argv: list[str]) -> list[str]:
+    """The buffer flags the tiny config changes (argparse keeps the last value of a flag)."""
+    from scalerl_jax.processes import buffer_flags
+    have = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    want = buffer_flags(self.tiny, prompts="x", host="x", port=1)
+    keep = ("--host", "--port", "--prompts", "--token-env")
+    return [a for a in want if a.split("=", 1)[0] not in keep and "=" in a
+            and have.get(a.split("=", 1)[0]) != a.split("=", 1)[1]]
+
+  # -- processes --
+  def _log(self, p: Pod, c: dict):
+    d = os.path.join(self.state, "pods", p.name)
+    os.makedirs(d, exist_ok=True)
+    f = open(os.path.join(d, f"{c['name']}.log"), "ab")
+    f.write(f"\n==== rehearse: start {c['name']} (restart {p.restarts}) {time.ctime()}\n".encode())
+    f.flush()
+    return f
+
+  def _base_env(self) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALERL_")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)
+    return env
+
+  def _spawn(self, p: Pod, c: dict) -> subprocess.Popen:
+    from scalerl_jax.processes import child_env, launcher_argv
+    argv, env = self.command(p, c)
+    log = self._log(p, c)
+    log.write(("argv: " + shlex.join(argv) + "\n").encode())
+    log.flush()
+    proc = subprocess.Popen(launcher_argv(argv), cwd=REPO, stdout=log, stderr=log,
+                            env=child_env({**self._base_env(), **env}), start_new_session=True)
+    log.close()
+    return proc
+
+  def _run_init(self, p: Pod) -> None:
+    for c in p.spec.get("initContainers", []):
+      proc = self._spawn(p, c)
+      rc = proc.wait(timeout=600)
+      if rc != 0:
+        raise RuntimeError(f"{p.name}: init container {c['name']} exited {rc} "
+                           f"(log: {self.state}/pods/{p.name}/{c['name']}.log)")
+
+  def _start(self, p: Pod) -> None:
+    if not p.started:
+      self._run_init(p)
+      p.started = True
+    p.proc = self._spawn(p, p.spec["containers"][0])
+    self.events.append({"t": round(time.time(), 2), "pod": p.name, "event": "start",
+                        "restarts": p.restarts})
+
+  def _wait_ready(self, p: Pod, timeout_s: float = 180) -> None:
+    """The container's readinessProbe (tcpSocket on a named / numbered port)."""
+    c = p.spec["containers"][0]
+    probe = (c.get("readinessProbe") or {}).get("tcpSocket")
+    if not probe:
+      return
+    port = probe["port"]
+    if isinstance(port, str):
+      port = next(x["containerPort"] for x in c.get("ports", []) if x.get("name") == port)
+    end = time.time() + timeout_s
+    while time.time() < end:
+      if p.proc.poll() is not None:
+        raise RuntimeError(f"{p.name} exited {p.proc.returncode} before it was ready "
+                           f"(log: {self.state}/pods/{p.name}/)")
+      try:
+        socket.create_connection((p.ip, int(port)), timeout=1).close()
+        return
+      except OSError:
+        time.sleep(0.5)
+    raise RuntimeError(f"{p.name}: not ready after {timeout_s:.0f} s")
+
+  def _stop(self, p: Pod, sig=signal.SIGTERM, grace_s: float = 15.0) -> None:
+    if p.proc is None or p.proc.poll() is not None:
+      return
+    try:
+      os.killpg(p.proc.pid, sig)
+    except ProcessLookupError:
+      return
+    try:
+      p.proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+      os.killpg(p.proc.pid, signal.SIGKILL)
+      p.proc.wait(10)
+
+  def _learners(self) -> list[Pod]:
+    return [p for p in self.pods if p.annotations]
+
+  def _step(self) -> int:
+    """The newest train step in WORKDIR/metrics.jsonl (through the storage layer), -1 if none."""
+    from scalerl_jax import storage
+    path = storage.join(self.workdir, "metrics.jsonl")
+    try:
+      if not storage.exists(path):
+        return -1
+      lines = [json.loads(l) for l in storage.read_text(path).splitlines() if l.strip()]
+      steps = [l.get("step", -1) for l in lines if l.get("kind") == "train"]
+    except (OSError, ValueError):
+      return -1
+    return max(steps, default=-1)
+
+  def _do_kill(self) -> None:
+    from scalerl_jax.buffer import wal as walmod
+    if self.kill == "buffer":
+      (p,) = [p for p in self.pods if _component(p) == "buffer"]
+      wal_dir = os.path.join(self.state, "pvc", next(
+          v["persistentVolumeClaim"]["claimName"] for v in p.spec["volumes"]
+          if "persistentVolumeClaim" in v and any(
+              m["name"] == v["name"] and m["mountPath"] == "/wal"
+              for m in p.spec["containers"][0].get("volumeMounts", []))))
+      os.killpg(p.proc.pid, signal.SIGKILL)
+      p.proc.wait(30)
+      # The WAL as the killed buffer left it: every rollout in it was acknowledged.
+      copy = os.path.join(self.state, "evidence", "wal-at-kill")
+      shutil.copytree(wal_dir, copy)
+      records, _ = walmod.read_all(copy, truncate=False)
+      self.kill_report = {"pod": p.name, "at_step": self._step(), "wal_at_kill": copy,
+                          "wal_dir": wal_dir, "records_at_kill": len(records)}
+    else:
+      p = self._learners()[0]
+      os.killpg(p.proc.pid, signal.SIGKILL)
+      self.kill_report = {"pod": p.name, "at_step": self._step()}
+    self.events.append({"t": round(time.time(), 2), "pod": p.name, "event": "kill -9"})
+
+  def run(self) -> dict:
+    t0 = time.time()
+    buffers = [p for p in self.pods if _component(p) == "buffer"]
+    gens = [p for p in self.pods if _component(p) == "generator"]
+    learners = self._learners()
+    try:
+      for p in buffers:                       # the Service the others dial must answer first
+        self._start(p)
+        self._wait_ready(p)
+      for p in learners + gens:
+        self._start(p)
+      killed = not self.kill
+      while True:
+        if time.time() - t0 > self.timeout_s:
+          raise RuntimeError(f"timed out after {self.timeout_s:.0f} s at step {self._step()}")
+        time.sleep(1.0)
+        if not killed and self._step() >= self.kill_at:
+          self._do_kill()
+          killed = True
+        for p in buffers + gens:              # Deployment: restartPolicy Always
+          if p.proc.poll() is not None:
+            p.exit_codes.append(p.proc.returncode)
+            self.events.append({"t": round(time.time(), 2), "pod": p.name, "event": "exited",
+                                "code": p.proc.returncode})
+            p.restarts += 1
+            time.sleep(1.0)                   # kubelet back-off (10 s there)
+            self._start(p)
+            if p in buffers:
+              self._wait_ready(p)
+        codes = [p.proc.poll() for p in learners]
+        if all(c == 0 for c in codes):        # the JobSet completed
+          for p in learners:
+            p.exit_codes.append(0)
+          break
+        if any(c not in (None, 0) for c in codes):   # a failed pod fails the Job
+          for p in learners:
+            self._stop(p, signal.SIGKILL, 5)
+            p.exit_codes.append(p.proc.returncode)
+          self.events.append({"t": round(time.time(), 2), "pod": self.jobset["name"],
+                              "event": "job failed", "codes": codes})
+          if self.jobset_restarts >= self.jobset["max_restarts"]:
+            raise RuntimeError(f"JobSet {self.jobset['name']} failed (pod exit codes {codes}) "
+                               f"after {self.jobset_restarts} restarts")
+          self.jobset_restarts += 1
+          for p in learners:
+            p.restarts += 1
+            self._start(p)
+    finally:
+      for p in learners + gens + buffers:
+        self._stop(p)
+    return self.summary(time.time() - t0)
+
+  # -- what happened --
+  def summary(self, wall_s: float) -> dict:
+    from scalerl_jax import storage
+    s = {"manifests": self.dir, "workdir": self.workdir, "state_dir": self.state,
+         "wall_s": round(wall_s, 1), "steps": self._step(), "jobset_restarts": self.jobset_restarts,
+         "pods": {p.name: {"component": _component(p), "ip": p.ip, "restarts": p.restarts,
+                           "exit_codes": p.exit_codes} for p in self.pods},
+         "events": self.events}
+    s["learner_processes"] = _learner_processes(self)
+    s["weights"] = _weights(self)
+    buf = [p for p in self.pods if _component(p) == "buffer"][0]
+    s["buffer"] = _buffer_state(self, buf)
+    s["fit"] = storage.join(self.workdir, "fit", "fit.json")
+    s["fit_exists"] = storage.exists(s["fit"])
+    if self.kill == "buffer" and self.kill_report:
+      s["kill"] = dict(self.kill_report, **_kill_check(self.kill_report))
+    elif self.kill_report:
+      s["kill"] = dict(self.kill_report)
+    return s
+
+
+def _read_logs(r: Rehearsal, p: Pod) -> str:
+  out = []
+  for f in sorted(glob.glob(os.path.join(r.state, "pods", p.name, "*.log"))):
+    with open(f, errors="replace") as fh:
+      out.append(fh.read())
+  return "\n".join(out)
+
+
+def _learner_processes(r: Rehearsal) -> dict:
+  """Per learner pod: the jax.distributed process index and count it reported."""
+  out = {}
+  for p in r._learners():   # pylint: disable=protected-access
+    text = _read_logs(r, p)
+    m = re.findall(r"jax\.distributed: process (\d+) of (\d+)", text)
+    out[p.name] = {"process": int(m[-1][0]), "of": int(m[-1][1])} if m else None
+  return out
+
+
+def _weights(r: Rehearsal) -> dict:
+  """Chunks served per learner pod (its log) and learner sources each generator fetched from."""
+  ip_of = {p.ip: p.name for p in r.pods}
+  served, fetched = {}, {}
+  for p in r.pods:
+    text = _read_logs(r, p)
+    if _component(p) == "learner":
+      served[p.name] = sum(int(n) for n in re.findall(r"served weights version \d+: (\d+) chunks",
+                                                      text))
+    elif _component(p) == "generator":
+      srcs = {}
+      for blob in re.findall(r"fetched weights version \d+ from learner sources (\{[^}]*\})", text):
+        for addr, n in re.findall(r"'([^']+)': (\d+)", blob):
+          name = ip_of.get(addr.rsplit(":", 1)[0].strip("[]"), addr)
+          srcs[name] = srcs.get(name, 0) + int(n)
+      fetched[p.name] = srcs
+  return {"served_chunks": served, "fetched_chunks_by_source": fetched}
+
+
+def _buffer_state(r: Rehearsal, p: Pod) -> dict:
+  """From the buffer's own state: its WAL (segments, NPR records) and its command's NPR flag."""
+  from scalerl_jax.buffer import wal as walmod
+  c = p.spec["containers"][0]
+  argv, _ = r.command(p, c)
+  flags = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+  wal_dir = flags.get("--wal-dir", "")
+  out = {"npr_threshold_flag": flags.get("--npr-threshold"), "wal_dir": wal_dir}
+  if wal_dir and os.path.isdir(wal_dir):
+    records, _ = walmod.read_all(wal_dir, truncate=False)
+    kinds = {}
+    for t, _ in records:
+      kinds[walmod.NAMES.get(t, str(t))] = kinds.get(walmod.NAMES.get(t, str(t)), 0) + 1
+    out["wal_files"] = sorted(os.listdir(wal_dir))
+    out["wal_bytes"] = sum(os.path.getsize(os.path.join(wal_dir, f)) for f in os.listdir(wal_dir))
+    out["wal_records"] = kinds
+    npr = [json.loads(b) for t, b in records if t == walmod.NPR_STATE]
+    out["npr_state"] = npr[-1] if npr else None
+  return out
+
+
+def _kill_check(k: dict) -> dict:
+  """Acknowledged rollouts (the WAL at the kill) against what the final WAL says was delivered or
+  is still stored; every group delivered at most once across both."""
+  from scalerl_jax.buffer import wal as walmod
+  from scalerl_jax.protocol import rollout_pb2 as pb
+
+  def scan(d):
+    rolls, seen, deliver, last, kept = {}, set(), [], set(), set()
+    records, _ = walmod.read_all(d, truncate=False)
+    for t, body in records:
+      if t == walmod.ROLLOUT:
+        x = pb.Rollout.FromString(body)
+        rolls[x.rollout_id] = x.group_id
+      elif t == walmod.SEEN:
+        seen.update(json.loads(body)["ids"])
+      elif t == walmod.DELIVER:
+        b = json.loads(body)
+        deliver.append((b["step"], tuple(b["gids"])))
+      elif t == walmod.LAST_BATCH:
+        last.update(json.loads(body)["gids"])
+    return rolls, seen, deliver, last
+  a_rolls, a_seen, a_deliver, _ = scan(k["wal_at_kill"])
+  f_rolls, f_seen, f_deliver, f_last = scan(k["wal_dir"])
+  delivered_groups = {g for _, gs in a_deliver + f_deliver for g in gs} | f_last
+  delivered = set(f_seen) | set(a_seen) | {r for r, g in {**a_rolls, **f_rolls}.items()
+                                           if g in delivered_groups}
+  acked = set(a_rolls) | set(a_seen)
+  lost = sorted(acked - delivered - set(f_rolls))
+  by_step: dict[int, set] = {}
+  for step, gs in a_deliver + f_deliver:
+    by_step.setdefault(step, set()).add(gs)
+  twice = {}
+  owner: dict[int, int] = {}
+  for step, batches in by_step.items():
+    if len(batches) > 1:
+      twice[f"step {step}"] = "different batches"
+    for g in next(iter(batches)):
+      if g in owner and owner[g] != step:
+        twice[f"group {g}"] = [owner[g], step]
+      owner[g] = step
+  return {"acked_at_kill": len(acked), "delivered_by_end": len(delivered),
+          "stored_at_end": len(f_rolls), "lost": lost[:20], "lost_count": len(lost),
+          "trained_twice": twice, "delivered_steps": sorted(by_step)}
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(prog="python -m launch.rehearse", description=__doc__.split("\n")[0])
+  ap.add_argument("manifests", help="a rendered variant, e.g. launch/gke/rendered/8b-h100")
+  ap.add_argument("--steps", type=int, default=6)
+  ap.add_argument("--workdir", default="", help="DIR or gs://BUCKET/PATH (default STATE_DIR/workdir)")
+  ap.add_argument("--state-dir", default="", help="pods' logs, volumes, secrets (default: a temp dir)")
+  ap.add_argument("--generators", type=int, default=2, help="generator pods (replicas capped)")
+  ap.add_argument("--kill", choices=("", "buffer", "learner"), default="")
+  ap.add_argument("--kill-at-step", type=int, default=0)
+  ap.add_argument("--timeout", type=float, default=1500.0)
+  a = ap.parse_args(argv)
+  try:
+    if a.steps < 1:
+      raise RehearsalError(f"--steps={a.steps} must be >= 1")
+    if a.workdir.startswith("gs://"):
+      sys.path.insert(0, REPO)
+      from scalerl_jax import storage
+      try:
+        storage.check_remote_writable(a.workdir, ".rehearse-probe")
+      except storage.RemoteStorageError as e:
+        raise RehearsalError(f"workdir {a.workdir}: {e}") from None
+    elif "://" in a.workdir:
+      raise RehearsalError(f"workdir {a.workdir}: only local paths and gs://BUCKET/PATH")
+    r = Rehearsal(a.manifests, steps=a.steps, workdir=a.workdir,
+                  state_dir=a.state_dir or tempfile.gettempdir(), generators=a.generators,
+                  kill=a.kill, kill_at_step=a.kill_at_step, timeout_s=a.timeout)
+  except RehearsalError as e:       # checked before anything is started or written
+    print(f"rehearse: error: {e}", file=sys.stderr)
+    return USAGE_ERROR
+  r.set_state_dir(a.state_dir or tempfile.mkdtemp(prefix="scalerl-rehearse-"), a.workdir)
+  try:
+    s = r.run()
+  except RuntimeError as e:
+    print(f"rehearse: failed: {e} (pod logs: {r.state}/pods/)", file=sys.stderr)
+    return 1
+  with open(os.path.join(r.state, "summary.json"), "w") as f:
+    json.dump(s, f, indent=1)
+  print(json.dumps(s))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
