@@ -123,7 +123,7 @@ class FleetEvaluator:
     """Opens an evaluation of `version` (published already) for evaluation step `step`."""
     self._next_id += 1
     req = pb.EvalRequest(eval_id=self._next_id, version=int(version),
-                         samples_per_prompt=self.samples, seed=self.seed + int(version),
+                         samples_per_prompt=self.samples, seed=self.seed,   # as local eval
                          temperature=self.temperature, top_p=self.top_p,
                          prompts=self._prompt_msgs)
     self.client.submit_eval(req)
