@@ -196,8 +196,8 @@ class FleetEvaluator:
     rec = {"step": e.step, "kind": "eval", **e.snapshot, "eval_mode": "fleet",
            "eval_version": e.version, "eval_wait_s": time.time() - e.submitted,
            "learner_peak_rss_mb": peak_rss_mb()}
-    if res is None:
-      rec["eval_failed"] = True
+    if res is None:                        # timed out: a line of its own kind, no val_pass_rate
+      rec["kind"] = "eval_failed"
       return rec
     rec["eval_group_device_s"] = float(sum(g.device_seconds for g in res.results))
     rec.update(summarize_results(res.results, e.tasks, self.task_names))
