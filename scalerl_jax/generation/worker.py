@@ -128,7 +128,6 @@ class Worker:
     self._pins: set = set()
     self._held_lock = threading.Lock()
     self._swap_lock = threading.Lock()     # non-JAX backends: eval swaps vs the weight watcher
-    self._eval_gen = None                  # JAX backend: the sampler evaluations run in
     self.hold_n = int(config.generator.get("eval_hold_versions", 2))
     if weights["kind"] == "params":
       self._remember(version, weights["params"])
@@ -238,18 +237,14 @@ class Worker:
 
   def _eval_generator(self, version: int, params):
     """The generator an evaluation of `version` samples with. JAX: a second sampler on the
-    retained params (the training sampler's state and pending swaps are untouched); other
+    retained params for this lease only (the training sampler's state and pending swaps are
+    untouched; its device copy of the pinned params is dropped after the lease); other
     backends: the one engine, switched to `version` (the caller holds _swap_lock)."""
-    if self.backend == "jax":
-      if self._eval_gen is None:
-        n_dev = int(self.config.generator.jax_devices)
-        self._eval_gen = JaxSampler(self.model_cfg, params, version=version,
-                                    chunk_steps=int(self.config.generator.chunk_steps),
-                                    devices=n_dev if n_dev > 1 else None)
-      elif self._eval_gen.version != version:
-        self._eval_gen.set_params(params, version)
-        self._eval_gen.apply_pending()
-      return self._eval_gen
+    if self.backend == "jax":   # the jitted decode functions are module-level: no recompile
+      n_dev = int(self.config.generator.jax_devices)
+      return JaxSampler(self.model_cfg, params, version=version,
+                        chunk_steps=int(self.config.generator.chunk_steps),
+                        devices=n_dev if n_dev > 1 else None)
     self.gen.max_version = version
     if self.gen.version != version:
       self.gen.load_params(params, version, self.model_cfg)
