@@ -190,3 +190,25 @@ def test_rpc_round_trip():
     c.close()
   finally:
     srv.stop()
+
+
+def test_ledger_books_fleet_evaluation_outside_the_x_axis(monkeypatch):
+  from scalerl_jax import ledger
+  now = [0.0]
+  monkeypatch.setattr(ledger.time, "time", lambda: now[0])
+  led = ledger.ComputeLedger(train_devices=1, gen_devices=2, params_active=1.0, _last=0.0)
+  now[0] = 100.0
+  led.tick()                             # 100 s: learner 100 device-s, generators 200
+  led.begin_eval()
+  now[0] = 110.0                         # a learner wait on evaluation: 10 s to eval
+  led.end_eval()
+  led.add_eval_gen(30.0)                 # generators report 30 device-s of evaluation leases
+  snap = led.snapshot()
+  assert snap["compute_hours"] * 3600 == pytest.approx(100 + 220 - 30)
+  assert snap["eval_hours"] * 3600 == pytest.approx(10 + 30)
+  assert snap["eval_gen_hours"] * 3600 == pytest.approx(30)
+  assert snap["compute_hours_with_eval"] * 3600 == pytest.approx(100 + 220 + 10)
+  back = ledger.ComputeLedger.resume(led.state_dict(), count_gap=False)
+  assert back.eval_gen_seconds == 30.0
+  old = {k: v for k, v in led.state_dict().items() if k != "eval_gen_seconds"}
+  assert ledger.ComputeLedger.resume(old, count_gap=False).eval_gen_seconds == 0.0  # old ckpts
