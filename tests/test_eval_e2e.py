@@ -46,7 +46,9 @@ def test_eval_settings_take_effect_through_the_fleet(runs, n):
     assert 0.0 <= l["val_pass_rate"] <= 1.0
   c = [l["compute_hours"] for l in evals]
   assert c[0] == 0.0 and all(b > a for a, b in zip(c, c[1:]))   # the x-axis of the fit
-  assert evals[-1]["eval_hours"] > 0 and evals[-1]["eval_gen_hours"] > 0
+  # Generators reported the device-seconds of every evaluation (the ledger books them as
+  # eval_gen_hours when collected: in later snapshots, off the x-axis).
+  assert all(l["eval_group_device_s"] > 0 for l in evals)
   assert all(l["compute_hours_with_eval"] >= l["compute_hours"] for l in evals)
 
 
