@@ -54,6 +54,11 @@ def test_eval_settings_take_effect_through_the_fleet(runs, n):
 
 def test_learner_peak_rss_does_not_grow_with_num_prompts(runs):
   rss = {n: max(l["learner_peak_rss_mb"] for l in runs[n] if l["kind"] == "eval") for n in runs}
+  for n in runs:
+    print(f"num_prompts={n}: " + ", ".join(
+        f"step {l['step']} pass {l['val_pass_rate']:.3f} wait {l['eval_wait_s']:.1f} s "
+        f"gen {l['eval_group_device_s']:.1f} device-s rss {l['learner_peak_rss_mb']:.0f} MB"
+        for l in runs[n] if l["kind"] == "eval"))
   print(f"learner peak RSS (fleet evaluation): 64 prompts {rss[64]:.0f} MB, "
         f"512 prompts {rss[512]:.0f} MB")
   assert rss[512] <= rss[64] * 1.05 + 16, rss
