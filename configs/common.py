@@ -93,6 +93,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.generator.groups_per_lease = 4   # groups a worker leases (and generates) at once
   c.generator.tensor_parallel = 1    # vLLM engine tensor-parallel size (devices per generator)
   c.generator.decode_batch = 64      # plan tool: sequences in the generator's KV cache
+  c.generator.eval_hold_versions = 2  # weight versions a generator keeps for pinned evaluations
+  c.generator.eval_groups_per_lease = 64  # evaluation groups (prompts) a worker samples at once
   c.generator.vllm_args = ml_collections.ConfigDict()   # extra VLLMGenerator kwargs (engine_args...)
   # vLLM engine start checkpoint: "" = the learner's version-0 weights exported into the workdir;
   # else a local HF directory (the fleet image's copy of the base model). It must hold the
@@ -125,7 +127,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.tls.server_name = ""     # name clients check in server certificates ("" = the dialed host)
 
   c.eval = ml_collections.ConfigDict(dict(
-      every_steps=100, num_prompts=1000, samples_per_prompt=16))
+      every_steps=100, num_prompts=0, samples_per_prompt=16))
+  # num_prompts: held-out prompts per evaluation (a seeded subset of the held-out split, whose size
+  # is data.heldout: 1000 at paper scale); 0 = the whole split. samples_per_prompt: mean@n's n.
+  # mode (docs/ROLLOUT.md "Evaluation through the fleet"): "fleet" = held-out prompts go to the
+  # generators through the buffer's evaluation lane, pinned to the evaluated version, ahead of
+  # training leases (the learner gathers rewards, never parameters, and allocates no KV cache);
+  # "local" = learner process 0 samples them itself (gathers the params, one-device JAX sampler).
+  c.eval.mode = "fleet"
+  c.eval.timeout_s = 1800.0  # fleet: an evaluation not complete this long after submission is dropped
   c.eval.temperature = 1.0   # evaluation sampling temperature (training uses generator.temperature)
   c.eval.top_p = 1.0         # evaluation nucleus; generator.top_p < 1 is refused (biased IS ratios)
 

@@ -192,6 +192,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(f"total_steps must be >= 1, got {config.total_steps}")
   if config.eval.every_steps < 1:
     raise ConfigError(f"eval.every_steps must be >= 1, got {config.eval.every_steps}")
+  check_eval(config)
   check_attention(config)
   check_data(config.data)
   try:
@@ -200,6 +201,38 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(f"rl: {e}") from None
   if workdir is not None:
     check_workdir(workdir)
+
+
+def heldout_size(data) -> int:
+  """Prompts in the held-out split the data section asks for (the sum over a mixture's tasks)."""
+  mix = mixture.parse_mixture(data)
+  return sum(int(data.tasks[name].heldout) for name, _ in mix) if mix else int(data.heldout)
+
+
+def check_eval(config) -> None:
+  """The eval section: mode, sizes, and num_prompts against the held-out split's size."""
+  e = config.eval
+  if e.get("mode", "local") not in ("fleet", "local"):
+    raise ConfigError(f"eval.mode={e.mode!r}; expected 'fleet' (the generators evaluate, through "
+                      f"the buffer's evaluation lane) or 'local' (learner process 0 samples)")
+  if int(e.samples_per_prompt) < 1:
+    raise ConfigError(f"eval.samples_per_prompt must be >= 1 (mean@n needs n >= 1 samples per "
+                      f"prompt), got {e.samples_per_prompt}")
+  n = int(e.num_prompts)
+  if n < 0:
+    raise ConfigError(f"eval.num_prompts must be >= 0 (0 = the whole held-out split), got {n}")
+  try:
+    held = heldout_size(config.data)
+  except (ValueError, KeyError):
+    return                                   # check_data reports a bad mixture
+  if n > held:
+    raise ConfigError(f"eval.num_prompts={n} is larger than the held-out split ({held} prompts, "
+                      f"data.heldout); lower eval.num_prompts or raise data.heldout")
+  if not float(e.get("timeout_s", 1.0)) > 0:
+    raise ConfigError(f"eval.timeout_s must be > 0, got {e.timeout_s}")
+  if int(config.generator.get("eval_hold_versions", 2)) < 1:
+    raise ConfigError(f"generator.eval_hold_versions must be >= 1, got "
+                      f"{config.generator.eval_hold_versions}")
 
 
 def check_attention(config, platform: str | None = None) -> None:

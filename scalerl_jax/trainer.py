@@ -36,6 +36,7 @@ from scalerl_jax.buffer.replay import read_learner_state
 from scalerl_jax.buffer.replay import write_learner_state
 from scalerl_jax.checkpoint import RunCheckpointer
 from scalerl_jax.data import stats_metrics
+from scalerl_jax.fleet_eval import FleetEvaluator, eval_prompts, peak_rss_mb, summarize
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner
 from scalerl_jax.ledger import ComputeLedger
@@ -53,9 +54,10 @@ _T_BUCKET = 32
 
 def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
              batch_prompts: int = 64) -> dict:
-  """mean@`samples` pass rate on the held-out prompts (temperature from `spec`), each graded with
-  its task's reward; a mixture adds `val_pass_rate/<task>` (and `val_samples/<task>`) per task
-  beside the overall `val_pass_rate` (the mean over all held-out samples)."""
+  """Learner-local evaluation (`eval.mode=local`): mean@`samples` pass rate on `prompts` (default
+  the held-out split; the trainer passes `fleet_eval.eval_prompts`, i.e. `eval.num_prompts` of
+  them) at `spec`'s temperature, in a one-device JAX sampler on this process. Each completion is
+  graded with its task's reward; metrics from `fleet_eval.summarize` (the same as the fleet's)."""
   prompts = list(dataset.heldout if prompts is None else prompts)
   sampler = JaxSampler(model_cfg, params)
   rewards, lengths, interrupted, tasks = [], [], [], []
@@ -63,23 +65,18 @@ def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
     chunk = prompts[i:i + batch_prompts]
     groups = sampler.generate(chunk, samples, dataclasses.replace(spec, seed=spec.seed + i))
     for p, group in zip(chunk, groups):
+      rw = []
       for c in group:
         g = dataset.grade(c.tokens, p.answer, p.task)
         if g.reason == "sandbox_error":   # raises when the sandbox broke mid-run
           sandbox_still_works(g.detail)
-        rewards.append(g.reward)
-        lengths.append(len(c.tokens))
-        interrupted.append(c.finish_reason == "interrupted")
-        tasks.append(p.task)
-  out = {"val_pass_rate": float(np.mean(rewards)), "val_len": float(np.mean(lengths)),
-         "val_interrupted": float(np.mean(interrupted)), "val_samples": len(rewards)}
-  if dataset.is_mixture:
-    r, t = np.asarray(rewards), np.asarray(tasks)
-    for name in dataset.tasks:
-      if (t == name).any():
-        out[f"val_pass_rate/{name}"] = float(r[t == name].mean())
-        out[f"val_samples/{name}"] = int((t == name).sum())
-  return out
+        rw.append(g.reward)
+      rewards.append(rw)
+      lengths.append([len(c.tokens) for c in group])
+      interrupted.append([c.finish_reason == "interrupted" for c in group])
+      tasks.append(p.task)
+  return summarize(tasks, rewards, lengths, interrupted,
+                   dataset.tasks if dataset.is_mixture else ())
 
 
 def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0) -> np.ndarray:
@@ -239,6 +236,21 @@ class Trainer:
                                            temperature=float(config.eval.get("temperature", 1.0)),
                                            top_p=float(config.eval.get("top_p", 1.0)))
     self.last_eval = None
+    # Evaluation (docs/ROLLOUT.md "Evaluation through the fleet"): eval.num_prompts held-out
+    # prompts, either sampled here (mode "local") or by the generators through the buffer's
+    # evaluation lane (mode "fleet": process 0 submits and collects rewards; nothing collective).
+    self.eval_set = eval_prompts(dataset.heldout, int(config.eval.num_prompts), int(config.seed))
+    self.eval_fleet = config.eval.get("mode", "local") == "fleet"
+    self.fleet = None
+    if self.eval_fleet and self.main:
+      self.fleet = FleetEvaluator(
+          client, self.eval_set, num_prompts=0,
+          samples_per_prompt=int(config.eval.samples_per_prompt), seed=int(self.eval_spec.seed),
+          temperature=self.eval_spec.temperature, top_p=self.eval_spec.top_p,
+          hold_versions=int(config.generator.get("eval_hold_versions", 2)),
+          timeout_s=float(config.eval.get("timeout_s", 1800.0)),
+          task_names=dataset.tasks if dataset.is_mixture else (),
+          watchdog=lambda: self.watchdog() if self.watchdog is not None else None)
     self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep))
     self.watchdog = None   # callable raising when a child process died (set by main)
     self.learner_state_path = learner_state_path
@@ -301,6 +313,10 @@ class Trainer:
     CRC-32C'd; with a learner weight source they are staged here and the buffer only announces
     the version, else they stream through the buffer, which shows the version once every
     process's chunks arrived)."""
+    if self.fleet is not None and self.fleet.open:   # pinned versions must stay in the fleet
+      self.ledger.begin_eval()
+      self.fleet.wait_held(version)
+      self.ledger.end_eval()
     t = time.time()
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
                     sources=self.sources).publish()
@@ -313,19 +329,47 @@ class Trainer:
     return distributed.gather_to_host(self.learner.state.params)
 
   def run_eval(self, step: int) -> dict:
+    """Evaluates the current params (version `step`). Local: sampled here, logged now. Fleet:
+    submitted to the buffer's evaluation lane; logged when collected (`_collect_evals`)."""
+    if self.eval_fleet:
+      if self.main:
+        self.fleet.submit(step, version=step, snapshot=self.ledger.snapshot())
+        self._collect_evals()
+      return self.last_eval
     params = self._eval_params()          # every process: a collective when multi-host
     if not self.main:
       return self.last_eval
     self.ledger.begin_eval()
     out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
-                   int(self.config.eval.samples_per_prompt))
+                   int(self.config.eval.samples_per_prompt), prompts=self.eval_set)
     self.ledger.end_eval()
-    rec = {"step": step, "kind": "eval", **self.ledger.snapshot(), **out}
+    rec = {"step": step, "kind": "eval", **self.ledger.snapshot(), **out, "eval_mode": "local",
+           "learner_peak_rss_mb": peak_rss_mb()}
+    self._log_eval(rec)
+    return rec
+
+  def _log_eval(self, rec: dict) -> None:
     self.metrics.write(rec)
+    if "val_pass_rate" not in rec:     # a fleet evaluation that timed out
+      return
     self.last_eval = rec
     if self.forecast is not None:   # refit on a background thread: off the learner's critical path
-      self.forecast.submit(step, rec["compute_hours"], int(self.config.total_steps))
-    return rec
+      self.forecast.submit(rec["step"], rec["compute_hours"], int(self.config.total_steps))
+
+  def _collect_evals(self, block: bool = False) -> None:
+    """Fleet: logs the evaluations that completed (all open ones with `block`; the learner's
+    wait is booked to eval_hours), booking the generators' evaluation device-seconds."""
+    if self.fleet is None or not self.fleet.open:
+      return
+    if block:
+      self.ledger.begin_eval()
+    done = self.fleet.poll(block=block)
+    if block:
+      self.ledger.end_eval()
+    for e, res in done:
+      if res is not None:
+        self.ledger.add_eval_gen(sum(g.device_seconds for g in res.results))
+      self._log_eval(self.fleet.record(e, res))
 
   def _pull(self, step: int):
     """PullBatch(step), polling the watchdog (dead child processes) while it waits."""
@@ -398,6 +442,7 @@ class Trainer:
     t_pub = self.publish(step + 1)
     if not self.main:
       return {"step": step + 1, "kind": "train", **m}
+    self._collect_evals()
     lag = list(batch.summary.lag.counts)
     dump_every = int(self.config.get("debug_dump_every", 0))
     if dump_every and step % dump_every == 0:   # for tests and debugging: the exact batch trained
@@ -450,7 +495,9 @@ class Trainer:
     chained sha256 of the trained rollout ids, the ids of the steps since the last checkpoint),
     the seeds (generation is seeded per lease from (seed, version, prompts); evaluation from
     `eval_seed`), the data sampler's reference (its position lives in the buffer's WAL and is
-    rewound from `consumed.step` on resume). Then tells the buffer the new checkpoint step."""
+    rewound from `consumed.step` on resume). Then tells the buffer the new checkpoint step.
+    Open fleet evaluations are collected first (a checkpoint's metrics include them)."""
+    self._collect_evals(block=True)
     self.ckpt.save(step, self.learner.state, {
         "ledger": self.ledger.state_dict(), "npr": self.npr.to_dict(),
         "last_eval": self.last_eval, "consumed": self.consumed,
@@ -476,21 +523,38 @@ class Trainer:
         models.save_hf(self.model_cfg, jax.tree.map(np.asarray, params), local)
     return path
 
+  def _write_r0(self, rec: dict) -> None:
+    """The step-0 line: R0 at compute 0, with the dataset stats (data/...: sizes, shares, skips)."""
+    zero = {k: 0.0 for k in ("compute_hours", "train_hours", "gen_hours", "eval_hours",
+                             "eval_gen_hours", "compute_hours_with_eval")}
+    self.last_eval = {**rec, "step": 0, "kind": "eval", **zero,
+                      "train_flops": 0.0, "gen_flops": 0.0}
+    self.metrics.write({**self.last_eval, **stats_metrics(self.dataset)})
+
   def run(self) -> dict:
     """Trains up to `config.total_steps` steps (evaluating on schedule), from `start_step` when
     resumed; returns the last eval record."""
     start = self.start_step
     self.publish(start)
-    params = self._eval_params() if start == 0 else None   # every process: a collective
-    if params is not None and self.main:   # R0: the base policy's evaluation, process 0
-      self.ledger.begin_eval()
-      out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
-                     int(self.config.eval.samples_per_prompt))
-      self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
-      self.last_eval = {"step": 0, "kind": "eval", **self.ledger.snapshot(), **out,
-                        "compute_hours": 0.0, "train_hours": 0.0, "gen_hours": 0.0}
-      # The step-0 line also carries the dataset stats (data/...: sizes, shares, skipped records).
-      self.metrics.write({**self.last_eval, **stats_metrics(self.dataset)})
+    if start == 0 and self.eval_fleet:     # R0 through the fleet: process 0 waits for it
+      if self.main:
+        self.ledger.begin_eval()
+        self.fleet.submit(0, version=0, snapshot={})
+        (e, res), = self.fleet.poll(block=True)
+        if res is None:
+          raise RuntimeError(f"the base policy's fleet evaluation did not complete within "
+                             f"eval.timeout_s={self.fleet.timeout_s} s")
+        self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
+        self._write_r0(self.fleet.record(e, res))
+    elif start == 0:
+      params = self._eval_params()   # every process: a collective
+      if self.main:   # R0: the base policy's evaluation, process 0
+        self.ledger.begin_eval()
+        out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
+                       int(self.config.eval.samples_per_prompt), prompts=self.eval_set)
+        self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
+        self._write_r0({**self.ledger.snapshot(), **out, "eval_mode": "local",
+                        "learner_peak_rss_mb": peak_rss_mb()})
     every = int(self.config.eval.every_steps)
     total = int(self.config.total_steps)
     bar = tqdm(range(start, total), desc="RL", disable=not self.progress, dynamic_ncols=True,
@@ -518,6 +582,7 @@ class Trainer:
                         lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
       if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
         self.save(s + 1)
+    self._collect_evals(block=True)
     self.export_policy()
     if self.forecast is not None:
       self.forecast.wait()

@@ -31,7 +31,8 @@ IA, RE, UA = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUST
               grpc.StatusCode.UNAUTHENTICATED)
 FP, DL = grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.DATA_LOSS
 KINDS = {"LeasePrompts": "uu", "PushRollouts": "ss", "PullBatch": "us", "PublishWeights": "su",
-         "FetchWeights": "us", "WatchVersion": "us", "GetStatus": "uu", "Heartbeat": "uu"}
+         "FetchWeights": "us", "WatchVersion": "us", "GetStatus": "uu", "Heartbeat": "uu",
+         "SubmitEval": "uu", "PushEvalResults": "uu", "CollectEval": "uu"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -181,6 +182,7 @@ def test_fuzz_live_server(server):
   cases.append(("unauth_valid_push", "PushRollouts", list(pack_push_requests(
       [good1.SerializeToString()])), (), {UA}))
 
+  rng_eval = np.random.default_rng(4321)
   # -- targeted rollout mutations
   muts = _mutations(a)
   for name, mut in muts.items():
@@ -239,6 +241,38 @@ def test_fuzz_live_server(server):
              {IA}),
             ("heartbeat_no_id", "Heartbeat", pb.HeartbeatRequest().SerializeToString(), None, {IA}),
             ("unknown_method", "NoSuchMethod", b"", None, {grpc.StatusCode.UNIMPLEMENTED})]
+  # -- the evaluation lane (issue 15): bad requests, results for unknown evaluations, garbage
+  def E(**kw):
+    base = dict(eval_id=1, version=0, samples_per_prompt=2, temperature=1.0, top_p=1.0,
+                prompts=[pb.EvalPrompt(prompt_id=7, prompt_tokens=codec.encode([1, 2], pb.INT32))])
+    return pb.EvalRequest(**{**base, **kw}).SerializeToString()
+  NF = grpc.StatusCode.NOT_FOUND
+  cases += [("eval_zero_id", "SubmitEval", E(eval_id=0), None, {IA}),
+            ("eval_zero_samples", "SubmitEval", E(samples_per_prompt=0), None, {IA}),
+            ("eval_future_version", "SubmitEval", E(version=99), None, {FP}),
+            ("eval_no_prompts", "SubmitEval", E(prompts=[]), None, {IA}),
+            ("eval_nan_temperature", "SubmitEval", E(temperature=math.nan), None, {IA}),
+            ("eval_top_p_zero", "SubmitEval", E(top_p=0.0), None, {IA}),
+            ("eval_bad_tensor", "SubmitEval", E(prompts=[pb.EvalPrompt(
+                prompt_id=7, prompt_tokens=pb.Tensor(dtype=pb.FLOAT32, length=1, data=b"abcd"))]),
+             None, {IA}),
+            ("eval_short_tensor", "SubmitEval", E(prompts=[pb.EvalPrompt(
+                prompt_id=7, prompt_tokens=pb.Tensor(dtype=pb.INT32, length=3, data=b"abcd"))]),
+             None, {IA}),
+            ("eval_results_unknown", "PushEvalResults", pb.EvalPushRequest(results=[
+                pb.EvalGroupResult(eval_id=77, group_id=0, prompt_id=7, rewards=[1.0, 0.0],
+                                   lengths=[1, 1], finish_reasons=[1, 1], generator_id="g")])
+             .SerializeToString(), None, {FP}),
+            ("eval_collect_unknown", "CollectEval",
+             pb.EvalCollectRequest(eval_id=77).SerializeToString(), None, {NF}),
+            ("eval_collect_nan", "CollectEval",
+             pb.EvalCollectRequest(eval_id=77, timeout_s=math.nan).SerializeToString(), None,
+             {IA})]
+  for i in range(12):
+    junk = rng_eval.integers(0, 256, int(rng_eval.integers(1, 200)), dtype=np.uint8).tobytes()
+    m = ("SubmitEval", "PushEvalResults", "CollectEval")[i % 3]
+    # junk that happens to parse is refused by validation, or names no open evaluation
+    cases.append((f"garbage_{m}_{i}", m, junk, None, {IA, FP, NF}))
   # wrong message types on the wire
   cases += [("wrong_type_lease_as_push", "PushRollouts",
              [pb.LeaseRequest(generator_id="gen", max_groups=3).SerializeToString()], None, {IA}),

@@ -172,6 +172,12 @@ class BufferServer:
             self._status, parser(pb.StatusRequest), serialize),
         "Heartbeat": grpc.unary_unary_rpc_method_handler(
             self._heartbeat, parser(pb.HeartbeatRequest), serialize),
+        "SubmitEval": grpc.unary_unary_rpc_method_handler(
+            self._submit_eval, parser(pb.EvalRequest), serialize),
+        "PushEvalResults": grpc.unary_unary_rpc_method_handler(
+            self._push_eval, parser(pb.EvalPushRequest), serialize),
+        "CollectEval": grpc.unary_unary_rpc_method_handler(
+            self._collect_eval, parser(pb.EvalCollectRequest), serialize),
     }
     return grpc.method_handlers_generic_handler(SERVICE, h)
 
@@ -198,8 +204,9 @@ class BufferServer:
   def _lease(self, request, context):
     r = self._req(request, context)
     got = self._call(context, self.state.lease, r.generator_id, r.max_groups, r.wait_timeout_s,
-                     context.is_active)
-    return pb.LeaseResponse(assignments=got, current_version=self.state.version)
+                     context.is_active, r.held_versions, r.max_eval_groups)
+    return pb.LeaseResponse(assignments=got, current_version=self.state.version,
+                            eval_versions=self.state.eval_versions())
 
   def _push(self, request_iterator, context):
     for item in request_iterator:
@@ -257,6 +264,18 @@ class BufferServer:
       rejected, bi, bo = dict(self._rejected), self._bytes_in, self._bytes_out
     return pb.Status(contents=self.state.contents(), rejected=rejected, bytes_in=bi, bytes_out=bo,
                      **self.state.status_fields())
+
+  def _submit_eval(self, request, context):
+    return self._call(context, self.state.submit_eval, self._req(request, context))
+
+  def _push_eval(self, request, context):
+    r = self._req(request, context)
+    return self._call(context, self.state.add_eval_results, r.results)
+
+  def _collect_eval(self, request, context):
+    r = self._req(request, context)
+    return self._call(context, self.state.collect_eval, r.eval_id, r.timeout_s, r.cancel,
+                      context.is_active)
 
   def _heartbeat(self, request, context):
     r = self._req(request, context)

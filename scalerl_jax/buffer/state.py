@@ -72,6 +72,22 @@ class _Group:
 
 
 @dataclasses.dataclass
+class _EvalJob:
+  """An open evaluation (the evaluation lane): one group per held-out prompt, pinned to `version`.
+  Not in the WAL (docs/ROLLOUT.md "Evaluation through the fleet")."""
+  req: pb.EvalRequest              # the request as sent (its prompts are re-sent in assignments)
+  prompts: list                    # list[val.EvalPromptView]
+  todo: collections.deque          # group indices not leased (front: expired ones, re-leased first)
+  leased: dict = dataclasses.field(default_factory=dict)    # index -> (generator_id, expires_at)
+  results: dict = dataclasses.field(default_factory=dict)   # index -> pb.EvalGroupResult
+  held: bool = False               # a generator holding the version was told to keep it
+
+  @property
+  def complete(self) -> bool:
+    return len(self.results) == len(self.prompts)
+
+
+@dataclasses.dataclass
 class PulledBatch:
   step: int
   groups: list                     # list[bytes]: serialized `BatchItem{group}` messages
@@ -157,6 +173,10 @@ class BufferState:
     self.npr = None
     if npr_threshold is not None:
       self.npr = PassRateHistory(threshold=npr_threshold)
+    # The evaluation lane: open evaluations by id (insertion = submission order) and the last few
+    # collected ones (a retried CollectEval gets the same answer). Kept out of the WAL.
+    self._evals: dict[int, _EvalJob] = {}
+    self._evals_done: collections.OrderedDict = collections.OrderedDict()
 
   # ---- admission ---------------------------------------------------------------------------------
   def capacity(self) -> int:
@@ -188,17 +208,33 @@ class BufferState:
     return self._prompts[self._queue.popleft()]
 
   def lease(self, generator_id: str, max_groups: int, wait_timeout_s: float,
-            alive: Callable[[], bool] = lambda: True) -> list[pb.Assignment]:
+            alive: Callable[[], bool] = lambda: True,
+            held_versions: Sequence[int] = (), max_eval_groups: int = 0) -> list[pb.Assignment]:
     """Leases up to `max_groups` groups, waiting up to `wait_timeout_s` for admission (CANCELLED
-    once `alive()` is False: the caller went away or the server is stopping)."""
+    once `alive()` is False: the caller went away or the server is stopping).
+
+    The evaluation lane comes first: while an open evaluation pinned to one of `held_versions`
+    (the versions this generator holds) has unleased groups, the lease is those groups (one
+    evaluation per lease, outside the training admission), never training ones."""
     val.check_id(generator_id, "generator_id", self.limits)
     if not 1 <= max_groups <= self.limits.max_lease_groups:
       raise val.invalid(f"max_groups={max_groups} must be in [1, {self.limits.max_lease_groups}]")
     val.check_timeout(wait_timeout_s, "wait_timeout_s", self.limits)
+    if len(held_versions) > self.limits.max_held_versions:
+      raise val.invalid(f"held_versions has {len(held_versions)} entries, limit "
+                        f"{self.limits.max_held_versions}")
+    held = {int(v) for v in held_versions}
+    n_eval = int(max_eval_groups) or max_groups
+    if not 1 <= n_eval <= self.limits.max_lease_groups:
+      raise val.invalid(f"max_eval_groups={max_eval_groups} must be in [0, "
+                        f"{self.limits.max_lease_groups}]")
     end = self.clock() + wait_timeout_s
     with self.cv:
       while True:
         self._expire()
+        ev = self._eval_take(generator_id, n_eval, held)
+        if ev:
+          return ev
         cap = self.capacity()
         if cap > 0:
           break
@@ -248,6 +284,11 @@ class BufferState:
       self._wal_append(walmod.EXPIRE, dict(gid=gid))
       self._apply_expire(gid)
     self._wal_commit(best_effort=True)
+    for job in self._evals.values():           # evaluation leases: back to the front of the lane
+      gone = sorted(i for i, (_, exp) in job.leased.items() if exp < now)
+      for i in gone:
+        del job.leased[i]
+      job.todo.extendleft(reversed(gone))      # in group order (evaluation chunks stay aligned)
 
   def _apply_expire(self, gid: int) -> None:
     g = self._groups.pop(gid)
@@ -269,6 +310,11 @@ class BufferState:
         if g.generator_id == generator_id and not g.complete:
           g.expires_at = self.clock() + self.lease_ttl_s
           n += 1
+      for job in self._evals.values():
+        for i, (gen, _) in list(job.leased.items()):
+          if gen == generator_id:
+            job.leased[i] = (gen, self.clock() + self.lease_ttl_s)
+            n += 1
       return n
 
   # ---- ingest ------------------------------------------------------------------------------------
@@ -450,6 +496,129 @@ class BufferState:
     self.ns = step + 1
     self.cv.notify_all()
     return self._last_batch
+
+  # ---- evaluation lane ---------------------------------------------------------------------------
+  def submit_eval(self, req: pb.EvalRequest) -> pb.EvalAck:
+    """Opens evaluation `req.eval_id` (validation.validate_eval_request); idempotent on the id."""
+    with self.cv:
+      version = self.version
+      if req.eval_id in self._evals or req.eval_id in self._evals_done:
+        job = self._evals.get(req.eval_id)
+        n = len(job.prompts) if job is not None else len(self._evals_done[req.eval_id].results)
+        return pb.EvalAck(eval_id=req.eval_id, groups=n, duplicate=True)
+      if len(self._evals) >= self.limits.max_open_evals:
+        raise val.RejectError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{len(self._evals)} evaluations open (limit "
+                              f"{self.limits.max_open_evals}); collect or cancel some first")
+    prompts = val.validate_eval_request(req, version, self.limits)   # outside the lock
+    with self.cv:
+      if req.eval_id not in self._evals:
+        self._evals[req.eval_id] = _EvalJob(req, prompts, collections.deque(range(len(prompts))))
+        self.cv.notify_all()
+      return pb.EvalAck(eval_id=req.eval_id, groups=len(prompts))
+
+  def eval_versions(self) -> list[int]:
+    """Versions pinned by open evaluations (generators keep those weights)."""
+    with self.cv:
+      return sorted({job.req.version for job in self._evals.values()})
+
+  def _eval_take(self, generator_id: str, max_groups: int, held: set) -> list[pb.Assignment]:
+    """Up to `max_groups` unleased groups of the oldest open evaluation pinned to a held version
+    (call with the lock held); marks every open evaluation of a held version `held`."""
+    out = []
+    for eid, job in self._evals.items():
+      if job.req.version not in held:
+        continue
+      job.held = True
+      if out or not job.todo:
+        continue
+      now = self.clock()
+      r = job.req
+      while job.todo and len(out) < max_groups:
+        i = job.todo.popleft()
+        job.leased[i] = (generator_id, now + self.lease_ttl_s)
+        p = job.prompts[i]
+        out.append(pb.Assignment(
+            group_id=i, prompt_id=p.prompt_id, prompt_tokens=r.prompts[i].prompt_tokens,
+            answer=p.answer, group_size=r.samples_per_prompt, min_version=r.version,
+            max_version=r.version, lease_expires_unix_s=now + self.lease_ttl_s, eval_id=eid,
+            eval_seed=r.seed, temperature=r.temperature, top_p=r.top_p, task=p.task))
+    return out
+
+  def add_eval_results(self, results: Sequence[pb.EvalGroupResult]) -> pb.EvalPushResponse:
+    """Stores evaluation results all-or-nothing (validation.validate_eval_result); a group
+    already reported counts as a duplicate. Unknown (collected, cancelled, lost) evaluations are
+    FAILED_PRECONDITION."""
+    with self.cv:
+      plan, dup, seen = [], 0, set()
+      for r in results:
+        job = self._evals.get(r.eval_id)
+        if job is None:
+          if r.eval_id in self._evals_done:
+            dup += 1
+            continue
+          raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"evaluation {r.eval_id} is not open (collected, cancelled or "
+                                f"lost in a buffer restart)")
+        if not 0 <= r.group_id < len(job.prompts):
+          raise val.invalid(f"eval {r.eval_id}: group_id {r.group_id} out of range "
+                            f"[0, {len(job.prompts)})")
+        if r.group_id in job.results or (r.eval_id, r.group_id) in seen:
+          dup += 1
+          continue
+        if r.group_id in job.todo:
+          raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"eval {r.eval_id} group {r.group_id} is not leased")
+        val.validate_eval_result(r, version=job.req.version, samples=job.req.samples_per_prompt,
+                                 prompt_id=job.prompts[r.group_id].prompt_id, limits=self.limits)
+        seen.add((r.eval_id, r.group_id))
+        plan.append((job, r))
+      for job, r in plan:
+        job.leased.pop(r.group_id, None)
+        job.results[r.group_id] = r
+      if plan:
+        self.cv.notify_all()
+      return pb.EvalPushResponse(accepted=len(plan), duplicate=dup)
+
+  def collect_eval(self, eval_id: int, timeout_s: float, cancel: bool = False,
+                   alive: Callable[[], bool] = lambda: True) -> pb.EvalResult:
+    """The state of evaluation `eval_id`, waiting up to `timeout_s` for it to complete; a complete
+    one carries every group's result and is closed (kept for a retried collect). `cancel` drops
+    it. NOT_FOUND for an id never submitted (or lost in a buffer restart)."""
+    val.check_timeout(timeout_s, "timeout_s", self.limits)
+    end = self.clock() + timeout_s
+    with self.cv:
+      while True:
+        done = self._evals_done.get(eval_id)
+        if done is not None:
+          return done
+        job = self._evals.get(eval_id)
+        if job is None:
+          raise val.RejectError(grpc.StatusCode.NOT_FOUND,
+                                f"evaluation {eval_id} is not open (never submitted, or lost in a "
+                                f"buffer restart: resubmit it)")
+        if cancel:
+          del self._evals[eval_id]
+          self.cv.notify_all()
+          return pb.EvalResult(eval_id=eval_id, version=job.req.version, complete=False,
+                               pending_groups=len(job.prompts) - len(job.results), held=job.held)
+        if job.complete:
+          del self._evals[eval_id]
+          out = pb.EvalResult(eval_id=eval_id, version=job.req.version, complete=True,
+                              held=job.held,
+                              results=[job.results[i] for i in range(len(job.prompts))])
+          self._evals_done[eval_id] = out
+          while len(self._evals_done) > 4:
+            self._evals_done.popitem(last=False)
+          self.cv.notify_all()
+          return out
+        left = end - self.clock()
+        if left <= 0:
+          return pb.EvalResult(eval_id=eval_id, version=job.req.version, complete=False,
+                               pending_groups=len(job.prompts) - len(job.results), held=job.held)
+        _check_alive(alive, "CollectEval")
+        self._expire()
+        self.cv.wait(min(left, 0.25))
 
   # ---- status ------------------------------------------------------------------------------------
   def contents(self) -> pb.BufferContents:

@@ -13,6 +13,15 @@ grade is appended to WORKDIR/logs/rewards-<generator_id>.jsonl: one JSON object 
 {"t", "gen", "version", "prompt_id", "task", "reward" (before the length penalty), "reason",
 "sandboxed", "cached"} (docs/METRICS.md "Reward log").
 
+Evaluation lane (docs/ROLLOUT.md "Evaluation through the fleet"): the worker keeps the params of
+the last `generator.eval_hold_versions` fetched versions, plus any version an open evaluation pins
+(LeaseResponse.eval_versions), and lists them in every lease; the buffer then hands it evaluation
+groups pinned to one of them ahead of training groups. It samples those with exactly that version
+(the JAX backend in a second sampler on the retained params, so training generation keeps its
+state; other backends load the version, sample, and load the newest back), grades them with the
+prompt's task verifier (no length penalty) and pushes per-group rewards (PushEvalResults), with the
+device-seconds spent, which the learner's ledger books as evaluation.
+
 Faults (docs/RELIABILITY.md): a heartbeat thread keeps this worker's leases alive while it generates
 (`generator.heartbeat_s`, default 10 s, well under the buffer's lease TTL); the client retries for
 `generator.retry_budget_s` (default 60 s) when the buffer is down, so a buffer restart from its WAL
@@ -21,6 +30,7 @@ is ridden out. A restarted worker starts by fetching the newest published weight
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import os
@@ -43,6 +53,7 @@ from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.generation.vllm.generator import VLLMGenerator
 from scalerl_jax.models import hf_io
 from scalerl_jax.protocol import codec
+from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol.client import assignment_prompt
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.protocol.rpc import TLS
@@ -122,6 +133,15 @@ class Worker:
     while got is None:   # the learner publishes version 0 before training starts
       got = self._fetch(-1, 60)
     version, weights = got
+    self.backend = backend
+    # Evaluation lane: retained params by version, and the versions open evaluations pin.
+    self._held: collections.OrderedDict = collections.OrderedDict()
+    self._pins: set = set()
+    self._held_lock = threading.Lock()
+    self._swap_lock = threading.Lock()     # non-JAX backends: eval swaps vs the weight watcher
+    self.hold_n = int(config.generator.get("eval_hold_versions", 2))
+    if weights["kind"] == "params":
+      self._remember(version, weights["params"])
     self.gen = _make_generator(backend, config, self.model_cfg, weights, version, workdir)
     self._stop = threading.Event()
     self.rewound = False
@@ -178,10 +198,12 @@ class Worker:
       if got is None:
         continue
       version, w = got
-      if w["kind"] == "params":
-        self.gen.load_params(w["params"], version, self.model_cfg)
-      else:
-        self.gen.load_payload(w["payload"], version, w["fmt"])
+      with self._swap_lock:
+        if w["kind"] == "params":
+          self._remember(version, w["params"])
+          self.gen.load_params(w["params"], version, self.model_cfg)
+        else:
+          self.gen.load_payload(w["payload"], version, w["fmt"])
       have = version
 
   def _wait_for_version(self, min_version: int):
@@ -212,18 +234,124 @@ class Worker:
           self.config.rl.length_penalty_cache))
     return float(r)
 
+  # ---- evaluation lane ---------------------------------------------------------------------------
+  def _remember(self, version: int, params) -> None:
+    """Retains a fetched version's params (streamed fetches are fresh arrays: a reference)."""
+    with self._held_lock:
+      self._held[int(version)] = params
+      self._evict()
+
+  def _evict(self) -> None:
+    """Keeps the newest `hold_n` versions and every pinned one (call with _held_lock held)."""
+    keep = set(sorted(self._held)[-self.hold_n:]) | self._pins
+    for v in [v for v in self._held if v not in keep]:
+      del self._held[v]
+
+  def held_versions(self) -> list[int]:
+    with self._held_lock:
+      return sorted(self._held)
+
+  def _set_pins(self, versions) -> None:
+    with self._held_lock:
+      self._pins = {int(v) for v in versions}
+      self._evict()
+
+  def _eval_generator(self, version: int, params):
+    """The generator an evaluation of `version` samples with. JAX: a second sampler on the
+    retained params for this lease only (the training sampler's state and pending swaps are
+    untouched; its device copy of the pinned params is dropped after the lease); other
+    backends: the one engine, switched to `version` (the caller holds _swap_lock)."""
+    if self.backend == "jax":   # the jitted decode functions are module-level: no recompile
+      n_dev = int(self.config.generator.jax_devices)
+      return JaxSampler(self.model_cfg, params, version=version,
+                        chunk_steps=int(self.config.generator.chunk_steps),
+                        devices=n_dev if n_dev > 1 else None)
+    self.gen.max_version = version
+    if self.gen.version != version:
+      self.gen.load_params(params, version, self.model_cfg)
+      self.gen.apply_pending()
+    return self.gen
+
+  def serve_eval(self, assignments) -> int:
+    """Samples, grades and reports evaluation groups (all pinned to one version); returns the
+    number of groups reported."""
+    a0 = assignments[0]
+    v = int(a0.min_version)
+    with self._held_lock:
+      params = self._held.get(v)
+    if params is None:      # evicted between the lease request and now: let the leases expire
+      log.warning("%s: evaluation pinned to version %d, which this worker no longer holds",
+                  self.id, v)
+      self._abandon()
+      return 0
+    prompts = [assignment_prompt(a) for a in assignments]
+    spec = runtime.sampling_spec(self.config, self.dataset, seed=int(a0.eval_seed + a0.group_id),
+                                 temperature=float(a0.temperature), top_p=float(a0.top_p))
+    swap = self.backend != "jax"
+    if swap:
+      self._swap_lock.acquire()
+    try:
+      gen = self._eval_generator(v, params)
+      t0 = time.time()
+      groups = gen.generate(prompts, int(a0.group_size), spec)
+      dt = time.time() - t0
+    finally:
+      if swap:
+        newest = max(self.held_versions(), default=v)
+        with self._held_lock:
+          back = self._held.get(newest)
+        self.gen.max_version = None
+        if newest != v and back is not None:
+          self.gen.load_params(back, newest, self.model_cfg)
+        self._swap_lock.release()
+    devices = (int(self.config.generator.jax_devices) if self.backend == "jax"
+               else int(self.config.generator.tensor_parallel or 1))
+    results = []
+    for a, group in zip(assignments, groups):
+      bad = [c for c in group if len(c.versions) and (c.versions != v).any()]
+      if bad:
+        raise RuntimeError(f"evaluation pinned to version {v} sampled tokens of versions "
+                           f"{sorted(set(bad[0].versions.tolist()))}")
+      rewards_ = []
+      for c in group:
+        g = self.dataset.grade(c.tokens, a.answer, a.task)
+        if g.reason == "sandbox_error":
+          rewards.sandbox_still_works(g.detail)
+        rewards_.append(float(g.reward))
+      results.append(pb.EvalGroupResult(
+          eval_id=a.eval_id, group_id=a.group_id, prompt_id=a.prompt_id, rewards=rewards_,
+          lengths=[len(c.tokens) for c in group],
+          finish_reasons=[codec.FINISH_TO_PB[c.finish_reason] for c in group],
+          generator_id=self.id, device_seconds=dt * devices / len(assignments), version=v))
+    try:
+      self.client.push_eval(results)
+    except grpc.RpcError as e:   # e.g. the evaluation was cancelled or lost in a buffer restart
+      log.warning("%s: evaluation results rejected (%s: %s)", self.id, e.code(), e.details())
+      return 0
+    return len(results)
+
   def run(self, max_groups: int = 0) -> int:
-    """Serves until stopped (or `max_groups` groups pushed, for tests). Returns groups pushed."""
+    """Serves until stopped (or `max_groups` groups pushed, for tests). Returns groups pushed
+    (training groups; evaluation groups are counted in `self.eval_groups`)."""
     done = 0
+    self.eval_groups = 0
     n_lease = int(self.config.generator.groups_per_lease)
+    n_eval = int(self.config.generator.get("eval_groups_per_lease", 64))
     while not self._stop.is_set() and (not max_groups or done < max_groups):
       try:
-        assignments = self.client.lease(self.lease_id, max_groups=n_lease, wait_timeout_s=2.0)
+        resp = self.client.lease_response(self.lease_id, max_groups=n_lease, wait_timeout_s=2.0,
+                                          held_versions=self.held_versions(),
+                                          max_eval_groups=n_eval)
       except grpc.RpcError as e:
         log.warning("%s: lease failed (%s)", self.id, e.code())
         time.sleep(1.0)
         continue
+      self._set_pins(resp.eval_versions)
+      assignments = list(resp.assignments)
       if not assignments:
+        continue
+      if assignments[0].eval_id:   # the evaluation lane (never mixed with training groups)
+        self.eval_groups += self.serve_eval(assignments)
         continue
       # The version cap of these leases (PPO-off-policy rounds pin one version) is set before
       # waiting for their minimum version, so a pending newer version can be swapped in.

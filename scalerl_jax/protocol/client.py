@@ -80,6 +80,9 @@ class BufferClient:
     self._watch = self._ch.unary_stream(m("WatchVersion"), ser, pb.VersionNotice.FromString)
     self._status = self._ch.unary_unary(m("GetStatus"), ser, pb.Status.FromString)
     self._heartbeat = self._ch.unary_unary(m("Heartbeat"), ser, pb.HeartbeatResponse.FromString)
+    self._submit_eval = self._ch.unary_unary(m("SubmitEval"), ser, pb.EvalAck.FromString)
+    self._push_eval = self._ch.unary_unary(m("PushEvalResults"), ser, pb.EvalPushResponse.FromString)
+    self._collect_eval = self._ch.unary_unary(m("CollectEval"), ser, pb.EvalResult.FromString)
 
   def close(self) -> None:
     self._ch.close()
@@ -117,10 +120,32 @@ class BufferClient:
   # ---- generators --------------------------------------------------------------------------------
   def lease(self, generator_id: str, max_groups: int = 1,
             wait_timeout_s: float = 0.0) -> list[pb.Assignment]:
+    return list(self.lease_response(generator_id, max_groups, wait_timeout_s).assignments)
+
+  def lease_response(self, generator_id: str, max_groups: int = 1, wait_timeout_s: float = 0.0,
+                     held_versions: Sequence[int] = (), max_eval_groups: int = 0
+                     ) -> pb.LeaseResponse:
+    """LeasePrompts with the versions this generator holds (evaluation groups pinned to one of them
+    come first); the response also lists the versions open evaluations pin (`eval_versions`)."""
     req = pb.LeaseRequest(generator_id=generator_id, max_groups=max_groups,
-                          wait_timeout_s=wait_timeout_s)
-    resp = self._retry(lambda: self._lease(req, metadata=self._md, timeout=wait_timeout_s + 30))
-    return list(resp.assignments)
+                          wait_timeout_s=wait_timeout_s, held_versions=list(held_versions),
+                          max_eval_groups=max_eval_groups)
+    return self._retry(lambda: self._lease(req, metadata=self._md, timeout=wait_timeout_s + 30))
+
+  # ---- evaluation lane ---------------------------------------------------------------------------
+  def submit_eval(self, request: pb.EvalRequest) -> pb.EvalAck:
+    """Opens an evaluation (idempotent on eval_id, so retried on UNAVAILABLE)."""
+    return self._retry(lambda: self._submit_eval(request, metadata=self._md, timeout=60))
+
+  def push_eval(self, results: Sequence[pb.EvalGroupResult]) -> pb.EvalPushResponse:
+    """Reports evaluation groups' rewards (a re-sent group counts as a duplicate)."""
+    req = pb.EvalPushRequest(results=list(results))
+    return self._retry(lambda: self._push_eval(req, metadata=self._md, timeout=60))
+
+  def collect_eval(self, eval_id: int, timeout_s: float = 0.0, cancel: bool = False
+                   ) -> pb.EvalResult:
+    req = pb.EvalCollectRequest(eval_id=eval_id, timeout_s=timeout_s, cancel=cancel)
+    return self._retry(lambda: self._collect_eval(req, metadata=self._md, timeout=timeout_s + 30))
 
   def push(self, rollouts: Sequence[pb.Rollout | bytes], batch_bytes: int = 4 << 20
            ) -> list[pb.Ack]:

@@ -90,17 +90,21 @@ class PushResponse(_message.Message):
     def __init__(self, acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("generator_id", "max_groups", "wait_timeout_s")
+    __slots__ = ("generator_id", "max_groups", "wait_timeout_s", "held_versions", "max_eval_groups")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     WAIT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    HELD_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EVAL_GROUPS_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     max_groups: int
     wait_timeout_s: float
-    def __init__(self, generator_id: _Optional[str] = ..., max_groups: _Optional[int] = ..., wait_timeout_s: _Optional[float] = ...) -> None: ...
+    held_versions: _containers.RepeatedScalarFieldContainer[int]
+    max_eval_groups: int
+    def __init__(self, generator_id: _Optional[str] = ..., max_groups: _Optional[int] = ..., wait_timeout_s: _Optional[float] = ..., held_versions: _Optional[_Iterable[int]] = ..., max_eval_groups: _Optional[int] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("group_id", "prompt_id", "prompt_tokens", "answer", "group_size", "min_version", "max_version", "lease_expires_unix_s")
+    __slots__ = ("group_id", "prompt_id", "prompt_tokens", "answer", "group_size", "min_version", "max_version", "lease_expires_unix_s", "eval_id", "eval_seed", "temperature", "top_p", "task")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +113,11 @@ class Assignment(_message.Message):
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    EVAL_SEED_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     group_id: int
     prompt_id: int
     prompt_tokens: Tensor
@@ -117,15 +126,22 @@ class Assignment(_message.Message):
     min_version: int
     max_version: int
     lease_expires_unix_s: float
-    def __init__(self, group_id: _Optional[int] = ..., prompt_id: _Optional[int] = ..., prompt_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., answer: _Optional[str] = ..., group_size: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., lease_expires_unix_s: _Optional[float] = ...) -> None: ...
+    eval_id: int
+    eval_seed: int
+    temperature: float
+    top_p: float
+    task: str
+    def __init__(self, group_id: _Optional[int] = ..., prompt_id: _Optional[int] = ..., prompt_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., answer: _Optional[str] = ..., group_size: _Optional[int] = ..., min_version: _Optional[int] = ..., max_version: _Optional[int] = ..., lease_expires_unix_s: _Optional[float] = ..., eval_id: _Optional[int] = ..., eval_seed: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., task: _Optional[str] = ...) -> None: ...
 
 class LeaseResponse(_message.Message):
-    __slots__ = ("assignments", "current_version")
+    __slots__ = ("assignments", "current_version", "eval_versions")
     ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVAL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
     current_version: int
-    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., current_version: _Optional[int] = ...) -> None: ...
+    eval_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ..., current_version: _Optional[int] = ..., eval_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("rollout_id", "duplicate", "group_complete")
@@ -331,3 +347,105 @@ class HeartbeatResponse(_message.Message):
     leases_extended: int
     server_time_unix_s: float
     def __init__(self, current_version: _Optional[int] = ..., leases_extended: _Optional[int] = ..., server_time_unix_s: _Optional[float] = ...) -> None: ...
+
+class EvalPrompt(_message.Message):
+    __slots__ = ("prompt_id", "prompt_tokens", "answer", "task")
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    prompt_id: int
+    prompt_tokens: Tensor
+    answer: str
+    task: str
+    def __init__(self, prompt_id: _Optional[int] = ..., prompt_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., answer: _Optional[str] = ..., task: _Optional[str] = ...) -> None: ...
+
+class EvalRequest(_message.Message):
+    __slots__ = ("eval_id", "version", "samples_per_prompt", "seed", "temperature", "top_p", "prompts")
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    eval_id: int
+    version: int
+    samples_per_prompt: int
+    seed: int
+    temperature: float
+    top_p: float
+    prompts: _containers.RepeatedCompositeFieldContainer[EvalPrompt]
+    def __init__(self, eval_id: _Optional[int] = ..., version: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., seed: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., prompts: _Optional[_Iterable[_Union[EvalPrompt, _Mapping]]] = ...) -> None: ...
+
+class EvalAck(_message.Message):
+    __slots__ = ("eval_id", "groups", "duplicate")
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    eval_id: int
+    groups: int
+    duplicate: bool
+    def __init__(self, eval_id: _Optional[int] = ..., groups: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class EvalGroupResult(_message.Message):
+    __slots__ = ("eval_id", "group_id", "prompt_id", "rewards", "lengths", "finish_reasons", "generator_id", "device_seconds", "version")
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASONS_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    eval_id: int
+    group_id: int
+    prompt_id: int
+    rewards: _containers.RepeatedScalarFieldContainer[float]
+    lengths: _containers.RepeatedScalarFieldContainer[int]
+    finish_reasons: _containers.RepeatedScalarFieldContainer[FinishReason]
+    generator_id: str
+    device_seconds: float
+    version: int
+    def __init__(self, eval_id: _Optional[int] = ..., group_id: _Optional[int] = ..., prompt_id: _Optional[int] = ..., rewards: _Optional[_Iterable[float]] = ..., lengths: _Optional[_Iterable[int]] = ..., finish_reasons: _Optional[_Iterable[_Union[FinishReason, str]]] = ..., generator_id: _Optional[str] = ..., device_seconds: _Optional[float] = ..., version: _Optional[int] = ...) -> None: ...
+
+class EvalPushRequest(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[EvalGroupResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[EvalGroupResult, _Mapping]]] = ...) -> None: ...
+
+class EvalPushResponse(_message.Message):
+    __slots__ = ("accepted", "duplicate")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    duplicate: int
+    def __init__(self, accepted: _Optional[int] = ..., duplicate: _Optional[int] = ...) -> None: ...
+
+class EvalCollectRequest(_message.Message):
+    __slots__ = ("eval_id", "timeout_s", "cancel")
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    eval_id: int
+    timeout_s: float
+    cancel: bool
+    def __init__(self, eval_id: _Optional[int] = ..., timeout_s: _Optional[float] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class EvalResult(_message.Message):
+    __slots__ = ("eval_id", "version", "complete", "pending_groups", "held", "results")
+    EVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    eval_id: int
+    version: int
+    complete: bool
+    pending_groups: int
+    held: bool
+    results: _containers.RepeatedCompositeFieldContainer[EvalGroupResult]
+    def __init__(self, eval_id: _Optional[int] = ..., version: _Optional[int] = ..., complete: _Optional[bool] = ..., pending_groups: _Optional[int] = ..., held: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[EvalGroupResult, _Mapping]]] = ...) -> None: ...

@@ -74,6 +74,21 @@ class RolloutBufferStub:
                 request_serializer=rollout__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=rollout__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.SubmitEval = channel.unary_unary(
+                '/scalerl.rollout.v1.RolloutBuffer/SubmitEval',
+                request_serializer=rollout__pb2.EvalRequest.SerializeToString,
+                response_deserializer=rollout__pb2.EvalAck.FromString,
+                _registered_method=True)
+        self.PushEvalResults = channel.unary_unary(
+                '/scalerl.rollout.v1.RolloutBuffer/PushEvalResults',
+                request_serializer=rollout__pb2.EvalPushRequest.SerializeToString,
+                response_deserializer=rollout__pb2.EvalPushResponse.FromString,
+                _registered_method=True)
+        self.CollectEval = channel.unary_unary(
+                '/scalerl.rollout.v1.RolloutBuffer/CollectEval',
+                request_serializer=rollout__pb2.EvalCollectRequest.SerializeToString,
+                response_deserializer=rollout__pb2.EvalResult.FromString,
+                _registered_method=True)
 
 
 class RolloutBufferServicer:
@@ -127,6 +142,24 @@ class RolloutBufferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitEval(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushEvalResults(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CollectEval(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutBufferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +202,21 @@ def add_RolloutBufferServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=rollout__pb2.HeartbeatRequest.FromString,
                     response_serializer=rollout__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'SubmitEval': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitEval,
+                    request_deserializer=rollout__pb2.EvalRequest.FromString,
+                    response_serializer=rollout__pb2.EvalAck.SerializeToString,
+            ),
+            'PushEvalResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushEvalResults,
+                    request_deserializer=rollout__pb2.EvalPushRequest.FromString,
+                    response_serializer=rollout__pb2.EvalPushResponse.SerializeToString,
+            ),
+            'CollectEval': grpc.unary_unary_rpc_method_handler(
+                    servicer.CollectEval,
+                    request_deserializer=rollout__pb2.EvalCollectRequest.FromString,
+                    response_serializer=rollout__pb2.EvalResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +435,87 @@ class RolloutBuffer:
             '/scalerl.rollout.v1.RolloutBuffer/Heartbeat',
             rollout__pb2.HeartbeatRequest.SerializeToString,
             rollout__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitEval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scalerl.rollout.v1.RolloutBuffer/SubmitEval',
+            rollout__pb2.EvalRequest.SerializeToString,
+            rollout__pb2.EvalAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushEvalResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scalerl.rollout.v1.RolloutBuffer/PushEvalResults',
+            rollout__pb2.EvalPushRequest.SerializeToString,
+            rollout__pb2.EvalPushResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CollectEval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/scalerl.rollout.v1.RolloutBuffer/CollectEval',
+            rollout__pb2.EvalCollectRequest.SerializeToString,
+            rollout__pb2.EvalResult.FromString,
             options,
             channel_credentials,
             insecure,

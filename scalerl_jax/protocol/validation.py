@@ -45,6 +45,10 @@ class Limits:
   reward_atol: float = 1e-4          # re-verification tolerance
   max_lease_groups: int = 4096
   max_timeout_s: float = 3600.0
+  max_eval_prompts: int = 1 << 20    # prompts of one evaluation request
+  max_eval_samples: int = 4096       # samples per prompt of an evaluation
+  max_open_evals: int = 64           # evaluations open at once
+  max_held_versions: int = 64        # LeaseRequest.held_versions entries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,3 +169,79 @@ def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limi
   counts = np.array([n]) if vmin == vmax else np.bincount(versions - vmin)
   return Checked(num_tokens=n, min_version=vmin, version_counts=counts,
                  reward=float(rewards[0]))
+
+
+# ---- evaluation lane ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class EvalPromptView:
+  """One checked prompt of an evaluation request (group i of the evaluation)."""
+  prompt_id: int
+  tokens: np.ndarray                 # int32, a zero-copy view of the request bytes
+  answer: str
+  task: str
+
+
+def validate_eval_request(req: pb.EvalRequest, current_version: int, limits: Limits
+                          ) -> list[EvalPromptView]:
+  """Checks an `EvalRequest` (ids, version, sampling settings, every prompt); raises RejectError.
+  The version must be published already (`current_version`): weights generators can fetch."""
+  if req.eval_id <= 0:
+    raise invalid(f"eval_id must be > 0; got {req.eval_id}")
+  if not 0 <= req.version <= current_version:
+    raise RejectError(grpc.StatusCode.FAILED_PRECONDITION,
+                      f"eval {req.eval_id}: version {req.version} is not published (newest is "
+                      f"{current_version})")
+  if not 1 <= req.samples_per_prompt <= limits.max_eval_samples:
+    raise invalid(f"samples_per_prompt={req.samples_per_prompt} must be in "
+                  f"[1, {limits.max_eval_samples}]")
+  if not (math.isfinite(req.temperature) and req.temperature > 0):
+    raise invalid(f"temperature={req.temperature} must be finite and > 0")
+  if not (math.isfinite(req.top_p) and 0 < req.top_p <= 1):
+    raise invalid(f"top_p={req.top_p} must be in (0, 1]")
+  n = len(req.prompts)
+  if not 1 <= n <= limits.max_eval_prompts:
+    raise invalid(f"an evaluation needs 1..{limits.max_eval_prompts} prompts; got {n}")
+  out = []
+  for i, p in enumerate(req.prompts):
+    tokens = _decode(p.prompt_tokens, pb.INT32, f"prompts[{i}].prompt_tokens",
+                     limits.max_prompt_tokens)
+    if tokens.size == 0:
+      raise invalid(f"prompts[{i}].prompt_tokens is empty")
+    if int(tokens.view(_U32).max()) >= min(limits.vocab_size, 1 << 31):
+      raise invalid(f"prompts[{i}]: token ids must be in [0, {limits.vocab_size})")
+    for name, text in (("answer", p.answer), ("task", p.task)):
+      if len(text) > 1 << 16:
+        raise invalid(f"prompts[{i}].{name} has {len(text)} chars, limit {1 << 16}")
+    out.append(EvalPromptView(int(p.prompt_id), tokens, p.answer, p.task))
+  return out
+
+
+def validate_eval_result(r: pb.EvalGroupResult, *, version: int, samples: int, prompt_id: int,
+                         limits: Limits) -> None:
+  """Checks one group's evaluation result against its evaluation; raises RejectError."""
+  check_id(r.generator_id, "generator_id", limits)
+  if r.version != version:
+    raise invalid(f"eval {r.eval_id} group {r.group_id}: generated with version {r.version}, "
+                  f"but the evaluation is pinned to version {version}")
+  if r.prompt_id != prompt_id:
+    raise invalid(f"eval {r.eval_id} group {r.group_id}: prompt_id {r.prompt_id} != {prompt_id}")
+  for name, field in (("rewards", r.rewards), ("lengths", r.lengths),
+                      ("finish_reasons", r.finish_reasons)):
+    if len(field) != samples:
+      raise invalid(f"eval {r.eval_id} group {r.group_id}: {len(field)} {name}, expected "
+                    f"{samples} (samples_per_prompt)")
+  rewards = list(r.rewards)
+  if not all(map(math.isfinite, rewards)):
+    raise invalid(f"eval {r.eval_id} group {r.group_id}: a reward is not finite")
+  if rewards and not (limits.reward_min <= min(rewards) and max(rewards) <= limits.reward_max):
+    raise invalid(f"eval {r.eval_id} group {r.group_id}: rewards outside the verifier range "
+                  f"[{limits.reward_min}, {limits.reward_max}]")
+  if any(n > limits.max_completion_tokens for n in r.lengths):
+    raise invalid(f"eval {r.eval_id} group {r.group_id}: a length exceeds "
+                  f"{limits.max_completion_tokens}")
+  if any(f not in _FINISH for f in r.finish_reasons):
+    raise invalid(f"eval {r.eval_id} group {r.group_id}: finish_reasons must be STOP, LENGTH or "
+                  f"INTERRUPTED")
+  if not (math.isfinite(r.device_seconds) and 0 <= r.device_seconds <= 1e9):
+    raise invalid(f"eval {r.eval_id} group {r.group_id}: device_seconds={r.device_seconds} must "
+                  f"be finite and in [0, 1e9]")
