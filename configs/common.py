@@ -15,9 +15,9 @@ import ml_collections
 # THE logical-axis rules table. Model code only names logical axes; this maps them to mesh axes.
 # A logical axis mapped to None is replicated. Order of mesh axes in a tuple matters (major first).
 DEFAULT_RULES = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),  # the expert axis also splits tokens (non-MoE parts)
     ("seq", None),
-    ("embed", "fsdp"),        # parameter d_model dimension (FSDP-sharded)
+    ("embed", ("fsdp", "expert")),  # parameter d_model dimension (FSDP over fsdp x expert)
     ("act_embed", None),      # activation d_model dimension (residual stream)
     ("vocab", "tensor"),
     ("heads", "tensor"),
@@ -28,8 +28,10 @@ DEFAULT_RULES = (
     ("act_heads", "tensor"),
     ("act_kv_heads", "tensor"),
     ("act_vocab", "tensor"),
-    ("expert", "expert"),
+    ("expert", "expert"),     # routed-expert kernels' expert dimension (expert parallelism)
     ("act_expert", "expert"),
+    ("expert_embed", "fsdp"),  # routed-expert kernels' d_model dimension
+    ("expert_mlp", "tensor"),  # routed-expert kernels' ffn dimension
     ("layers", None),         # the scanned-layers axis
     ("norm", None),
     ("cache_batch", ("data", "fsdp")),
