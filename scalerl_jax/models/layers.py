@@ -263,11 +263,12 @@ class DecoderLayer(nn.Module):
   chunked: bool = False      # chunked-local attention (training path; decode gets it in `mask`)
 
   @nn.compact
-  def __call__(self, x, positions, mask, kv=None, index=None):
+  def __call__(self, x, positions, mask, kv=None, index=None, routes=None):
+    """routes: int [B,T,K] expert choices to replay on an MoE layer (None: the router's top-k)."""
     cfg = self.cfg
     h, new_kv = Attention(cfg, self.use_rope, self.heads_major, self.chunked, name="attn")(
         RMSNorm(cfg, name="attn_norm")(x), positions, mask, kv, index)
     x = constrain(x + h, ("batch", "seq", "act_embed"))
     y = RMSNorm(cfg, name="ffn_norm")(x)
-    y = MoE(cfg, name="moe")(y) if self.is_moe else MLP(cfg, cfg.ffn_dim, name="mlp")(y)
+    y = MoE(cfg, name="moe")(y, routes) if self.is_moe else MLP(cfg, cfg.ffn_dim, name="mlp")(y)
     return constrain(x + y, ("batch", "seq", "act_embed")), new_kv
