@@ -109,9 +109,9 @@ def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
   if T2 == T:
     return arrays
   out = dict(arrays)
-  for k in ("tokens", "gen_logprobs", "loss_mask", "versions"):
+  for k in ("tokens", "gen_logprobs", "loss_mask", "versions", "routes"):
     if k in arrays:
-      out[k] = np.pad(arrays[k], ((0, 0), (0, T2 - T)))
+      out[k] = np.pad(arrays[k], ((0, 0), (0, T2 - T)) + ((0, 0),) * (arrays[k].ndim - 2))
   return out
 
 
@@ -199,16 +199,24 @@ def make_learner(config, model_cfg, params):
   slice, or several JAX processes): `distributed.MultiHostLearner` over the mesh of
   `config.mesh.shape` with the rules table's parameter shardings; `params` (host numpy, the same
   on every process) are placed shard by shard, never gathered on one device."""
+  if config.rl.get("routing_replay", False) and not model_cfg.is_moe:
+    raise ValueError("rl.routing_replay=True needs an MoE model")
   # (hidden, head kernel): the learner computes log-probs over sequence chunks (logits_chunk).
-  apply_fn = lambda p, tokens, positions: models.forward_hidden(p, model_cfg, tokens, positions)
+  apply_fn = lambda p, tokens, positions, routes=None: models.forward_hidden(
+      p, model_cfg, tokens, positions, routes=routes)
+  route_shape = None
+  if config.rl.get("routing_replay", False):
+    route_shape = (models.num_moe_layers(model_cfg), model_cfg.num_experts_per_tok,
+                   model_cfg.num_experts)
   if jax.device_count() == 1:
     return Learner(apply_fn, jax.tree.map(np.array, params), config,
-                   vocab_size=model_cfg.vocab_size)
+                   vocab_size=model_cfg.vocab_size, route_shape=route_shape)
   mesh = sharding.make_mesh(config.mesh.shape)
   shardings = sharding.param_shardings(model_cfg, mesh, config.mesh.rules)
   placed = sharding.shard_params(params, model_cfg, mesh, config.mesh.rules)
   return distributed.MultiHostLearner(apply_fn, placed, config, mesh=mesh,
-                                      params_sharding=shardings, vocab_size=model_cfg.vocab_size)
+                                      params_sharding=shardings, vocab_size=model_cfg.vocab_size,
+                                      route_shape=route_shape)
 
 
 class Trainer:
@@ -383,8 +391,13 @@ class Trainer:
       batch = self._pull(step)
       full = pad_time(batch_to_arrays(batch, pad_id=0))
       self._book(step, batch)
-      arrays = {k: full[k] for k in ("tokens", "gen_logprobs", "loss_mask", "rewards",
-                                     "prompt_ids")}
+      keys = ("tokens", "gen_logprobs", "loss_mask", "rewards", "prompt_ids")
+      if self.config.rl.get("routing_replay", False):
+        if "routes" not in full:
+          raise ValueError("rl.routing_replay=True but the batch's rollouts carry no routes "
+                           "(generator without record_routes?)")
+        keys += ("routes",)
+      arrays = {k: full[k] for k in keys}
     if self.multi:                        # process 0's batch to every process
       arrays = distributed.broadcast_from_main(arrays)
     t_wait = time.time() - t0

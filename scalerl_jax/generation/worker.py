@@ -61,7 +61,8 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
     n_dev = int(config.generator.jax_devices)   # see cpu_decode_devices
     return JaxSampler(model_cfg, params, version=version,
                       chunk_steps=int(config.generator.chunk_steps),
-                      devices=n_dev if n_dev > 1 else None)
+                      devices=n_dev if n_dev > 1 else None,
+                      record_routes=bool(config.rl.get("routing_replay", False)))
   model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
   models.save_hf(model_cfg, params, model_dir)
   r = config.rollout
