@@ -201,9 +201,11 @@ def make_learner(config, model_cfg, params):
   on every process) are placed shard by shard, never gathered on one device."""
   if config.rl.get("routing_replay", False) and not model_cfg.is_moe:
     raise ValueError("rl.routing_replay=True needs an MoE model")
-  # (hidden, head kernel): the learner computes log-probs over sequence chunks (logits_chunk).
+  # (hidden, head kernel): the learner computes log-probs over sequence chunks (logits_chunk);
+  # capacity-mode MoE adds aux {'moe_dropped'} (dropped token-expert copies, a metric).
+  aux = model_cfg.is_moe and model_cfg.moe_impl == "dispatch" and model_cfg.moe_capacity_factor > 0
   apply_fn = lambda p, tokens, positions, routes=None: models.forward_hidden(
-      p, model_cfg, tokens, positions, routes=routes)
+      p, model_cfg, tokens, positions, routes=routes, return_aux=aux)
   route_shape = None
   if config.rl.get("routing_replay", False):
     route_shape = (models.num_moe_layers(model_cfg), model_cfg.num_experts_per_tok,

@@ -56,12 +56,14 @@ def _batch(rollouts):
   return client.batch_to_arrays(client.Batch(0, groups, pb.BatchSummary()))
 
 
-def _learner_metrics(params, batch, replay: bool):
+def _learner_metrics(params, batch, replay: bool, cfg=CFG):
   config = common.base_config()
   config.optim.lr = 0.0
   config.optim.warmup_steps = 0
   config.rl.routing_replay = replay
-  apply_fn = lambda p, t, pos, routes=None: models.forward(p, CFG, t, pos, routes=routes)
+  aux = cfg.moe_capacity_factor > 0
+  apply_fn = lambda p, t, pos, routes=None: models.forward(p, cfg, t, pos, routes=routes,
+                                                           return_aux=aux)
   learner = Learner(apply_fn, params, config, vocab_size=CFG.vocab_size, route_shape=(R, K, E))
   keys = ("tokens", "gen_logprobs", "loss_mask", "rewards", "prompt_ids")
   b = {k: batch[k] for k in keys + (("routes",) if replay else ())}
@@ -109,6 +111,23 @@ def test_mismatch_kl_reported_without_replay(params):
         f"on {on['kl_k3']:.3e}")
   assert differ > 0.05
   assert off["kl_k3"] > 1e-4 and on["kl_k3"] < off["kl_k3"]
+
+
+def test_capacity_drops_reach_the_learner_metrics(params):
+  """moe_dropped in the learner's metrics equals the count from the model's own routes."""
+  from scalerl_jax.models import moe
+  cfg = dataclasses.replace(CFG, moe_capacity_factor=0.5)
+  batch = _batch(_rollouts(params))
+  m = _learner_metrics(params, batch, replay=False, cfg=cfg)
+  # the capacity model's own routes (drops in one layer change the next layers' inputs)
+  routes = np.asarray(models.prefill(params, cfg, jnp.asarray(batch["tokens"]),
+                                     models.init_cache(cfg, *batch["tokens"].shape),
+                                     return_routes=True)[2])          # [B,T,R,K]
+  cap = moe.capacity(routes[:, :, 0].size, E, 0.5)
+  expect = sum(int(np.maximum(np.bincount(routes[:, :, r].ravel(), minlength=E) - cap, 0).sum())
+               for r in range(R))
+  print("moe_dropped", m["moe_dropped"], "expected", expect)
+  assert expect > 0 and m["moe_dropped"] == expect
 
 
 def test_bad_routes_are_refused(params):

@@ -149,6 +149,9 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
   def objective(params, mb):
     extra = {"routes": mb["routes"]} if "routes" in mb else {}   # MoE routing replay (R3)
     out = apply_fn(params, mb["tokens"], mb["positions"], **extra)
+    aux = {}
+    if isinstance(out, tuple) and isinstance(out[-1], dict):   # (..., aux), e.g. aux['moe_dropped']
+      out, aux = (out[0] if len(out) == 2 else out[:-1]), out[-1]
     if isinstance(out, tuple):
       logp, ent = chunked_token_logprobs(*out, mb["tokens"], logits_chunk, with_entropy,
                                          temperature=temperature)
@@ -158,6 +161,8 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
     out = loss_fn(logp, mb["gen_logprobs"], mb["adv"], mb["weights"], mask, spec.hp)
     stats = metrics_lib.token_stats(logp, mb["gen_logprobs"], ent, mb["weights"], mask, out.stats)
     stats["loss_sum"] = jax.lax.stop_gradient(out.sum)
+    if "moe_dropped" in aux:
+      stats["moe_dropped"] = jax.lax.stop_gradient(aux["moe_dropped"])
     return out.sum, stats
 
   grad_fn = jax.grad(objective, has_aux=True)

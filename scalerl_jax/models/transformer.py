@@ -216,6 +216,13 @@ def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False) -> Par
   return variables["params"] if boxed else nn.unbox(variables["params"])
 
 
+def _aux(inter) -> dict:
+  """{'moe_dropped': float32 total} from an apply's mutable 'intermediates'."""
+  dropped = [jnp.sum(v) for p, v in jax.tree_util.tree_flatten_with_path(inter)[0]
+             if "moe_dropped" in jax.tree_util.keystr(p)]
+  return dict(moe_dropped=sum(dropped, jnp.zeros((), jnp.float32)).astype(jnp.float32))
+
+
 def _forward_inputs(tokens, positions, mask):
   """(tokens [B,T], positions with -1 on padding) for `forward` / `forward_hidden`."""
   tokens = jnp.asarray(tokens)
@@ -231,15 +238,21 @@ def _forward_inputs(tokens, positions, mask):
 
 
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
-            mask: jax.Array | None = None, routes: jax.Array | None = None) -> jax.Array:
+            mask: jax.Array | None = None, routes: jax.Array | None = None,
+            return_aux: bool = False):
   """Full (training / scoring) forward: float32 logits [B,T,V].
 
   tokens int32 [B,T]; mask bool [B,T] (False = padding, default all True); positions default to
   cumsum(mask) - 1 (so left and right padding both work); routes int [B,T,R,K]: replay these
   expert choices (MoE only). Not jitted: wrap in jax.jit with cfg static (e.g.
-  `jax.jit(forward, static_argnums=1)`).
+  `jax.jit(forward, static_argnums=1)`). `return_aux`: returns (logits, aux) with
+  aux['moe_dropped'] = float32 token-expert copies dropped by capacity-mode MoE layers (all layers).
   """
   tokens, positions = _forward_inputs(tokens, positions, mask)
+  if return_aux:
+    (logits, _), inter = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
+                                                routes=routes, mutable=["intermediates"])
+    return logits, _aux(inter)
   logits, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
                                      routes=routes)
   return logits
@@ -247,11 +260,17 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
 
 def forward_hidden(params: Params, cfg: ModelConfig, tokens: jax.Array,
                    positions: jax.Array | None = None, mask: jax.Array | None = None,
-                   routes: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                   routes: jax.Array | None = None, return_aux: bool = False):
   """`forward` without the LM head: (hidden [B,T,D], kernel [D,V]), both in the head dtype
   (float32 with fp32_lm_head); logits = hidden @ kernel. For the learner's sequence-chunked
-  log-probs (learner/logprobs.py), so [B,T,V] logits never exist whole. routes: as `forward`."""
+  log-probs (learner/logprobs.py), so [B,T,V] logits never exist whole. routes, return_aux: as
+  `forward` (with return_aux: (hidden, kernel, aux))."""
   tokens, positions = _forward_inputs(tokens, positions, mask)
+  if return_aux:
+    (out, _), inter = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
+                                             hidden_only=True, routes=routes,
+                                             mutable=["intermediates"])
+    return (*out, _aux(inter))
   out, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
                                   hidden_only=True, routes=routes)
   return out
