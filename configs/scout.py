@@ -14,10 +14,9 @@ MoE: every layout runs the expert-parallel dispatch (models/moe.py) with capacit
 (GShard buffers, 2x the routed expert's active FLOPs; copies past capacity are dropped and counted
 in the learner metric `moe_dropped`); set model.moe_capacity_factor=0 for the dropless mode.
 gb200_16 uses expert 16 (one expert per GPU; the expert axis is also the FSDP axis of every other
-weight and splits each sequence 16 ways): 182.8 GB/device planned against 167.4 usable (the dense
-MoE on fsdp 4 x tensor 4: 191.1), so it still does NOT fit; what is left is the learner's gradient
-temporaries and attention (docs/SCALE.md). 32 GB200, 64 TPU v5p or 64 H100 do. Default topology:
-gb200_32.
+weight and splits each sequence 16 ways): with the blockwise attention it plans 161.8 GB/device
+against 167.4 usable (dense MoE on fsdp 4 x tensor 4: 166.3 GB at 4.25x the FLOPs; docs/SCALE.md).
+Default topology: gb200_32.
 """
 
 from configs import common
@@ -32,8 +31,7 @@ _SP = dict(microbatches=768, remat="full", scan_layers=True, sequence_parallel=T
 LAYOUTS = {
     # expert 16: one expert per GPU; tokens and non-expert weights over the same 16 ways.
     "gb200_16": dict(mesh=(("data", 1), ("fsdp", 1), ("tensor", 1), ("expert", 16)), **_SP,
-                     note="the paper's 16 trainer GPUs: 182.8 of 167.4 GB, does NOT fit yet "
-                          "(docs/SCALE.md)"),
+                     note="the paper's 16 trainer GPUs: 161.8 of 167.4 GB (docs/SCALE.md)"),
     "gb200_32": dict(mesh=(("data", 1), ("fsdp", 8), ("tensor", 4), ("expert", 1)), **_SP),
     "tpu_v5p_64": dict(mesh=(("data", 1), ("fsdp", 16), ("tensor", 4), ("expert", 1)), **_SP),
     "h100_64": dict(mesh=(("data", 1), ("fsdp", 8), ("tensor", 8), ("expert", 1)), **_SP),
