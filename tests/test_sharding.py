@@ -45,8 +45,8 @@ def test_make_mesh_and_rules_errors():
   with pytest.raises(ValueError, match="needs"):
     sharding.make_mesh((("data", 3),))
   s = sharding.logical_sharding({"w": PartitionSpec("batch", "embed")}, mesh, DEFAULT_RULES)
-  # batch takes (data, fsdp); embed's fsdp is then used already, so embed is replicated
-  assert s["w"].spec == PartitionSpec(("data", "fsdp"), None)
+  # batch takes (data, fsdp, expert); embed's axes are then used already: embed is replicated
+  assert s["w"].spec == PartitionSpec(("data", "fsdp", "expert"), None)
   s = sharding.logical_sharding({"w": PartitionSpec("embed", "mlp")}, mesh, DEFAULT_RULES)
   assert s["w"].spec == PartitionSpec("fsdp", "tensor")
   with pytest.raises(ValueError, match="unknown mesh axis"):
