@@ -48,7 +48,7 @@ def test_make_mesh_and_rules_errors():
   # batch takes (data, fsdp, expert); embed's axes are then used already: embed is replicated
   assert s["w"].spec == PartitionSpec(("data", "fsdp", "expert"), None)
   s = sharding.logical_sharding({"w": PartitionSpec("embed", "mlp")}, mesh, DEFAULT_RULES)
-  assert s["w"].spec == PartitionSpec("fsdp", "tensor")
+  assert s["w"].spec == PartitionSpec(("fsdp", "expert"), "tensor")
   with pytest.raises(ValueError, match="unknown mesh axis"):
     sharding.logical_sharding({"w": PartitionSpec("embed")}, mesh, (("embed", "model"),))
   with pytest.raises(ValueError, match="unknown logical axis"):
