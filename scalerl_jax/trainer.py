@@ -82,19 +82,23 @@ def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
   return out
 
 
-def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0) -> np.ndarray:
+def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0,
+                           routes=None) -> np.ndarray:
   """logp[b, t] = log pi_learner(tokens[b, t] | tokens[b, <t]) at `temperature`, float32 (0 at t=0):
-  the learner's side of the IS ratio, for the parity gate."""
+  the learner's side of the IS ratio, for the parity gate. `routes` int [B,T,R,K]: the generator's
+  expert choices (MoE routing replay), as the learner's step uses them."""
   from scalerl_jax.learner.logprobs import token_logprobs
   tokens = np.asarray(tokens, np.int32)
   positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32)[None], tokens.shape)
   fn = _LOGP_FNS.get(id(model_cfg))
   if fn is None:
-    def fn(p, tok, pos, t):
-      logits = models.forward(p, model_cfg, tok, pos)
+    def fn(p, tok, pos, t, routes):
+      logits = models.forward(p, model_cfg, tok, pos, routes=routes)
       return token_logprobs(logits.astype(jax.numpy.float32) / t, tok, with_entropy=False)[0]
     fn = _LOGP_FNS[id(model_cfg)] = jax.jit(fn)
-  return np.asarray(fn(params, tokens, positions, np.float32(temperature)))
+  if routes is not None:
+    routes = np.asarray(routes, np.int32)
+  return np.asarray(fn(params, tokens, positions, np.float32(temperature), routes))
 
 
 _LOGP_FNS = {}
@@ -379,8 +383,9 @@ class Trainer:
     if not self._parity_on() or not (first or (every and step % every == 0)):
       return {}
     mask = full["loss_mask"].astype(bool) & (full["versions"] == step)
+    routes = full.get("routes") if self.config.rl.get("routing_replay", False) else None
     lp = learner_token_logprobs(self.model_cfg, self.learner.state.params, full["tokens"],
-                                float(self.config.generator.temperature))
+                                float(self.config.generator.temperature), routes)
     out = parity_check(lp, full["gen_logprobs"], mask, self.config.health, version=step, startup=first)
     if out.get("health/parity_alarm") and "parity" in (self.health.abort_on if self.health else ()):
       raise RunUnhealthy(f"health.abort_on: parity re-score failed at step {step}", step, out)

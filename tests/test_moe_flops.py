@@ -8,42 +8,20 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_SCRIPT = textwrap.dedent("""
-    import json
-    import jax
-    from configs import scout
-    from scalerl_jax import runtime, sharding, topologies
-    from scalerl_jax.tools import plan
-    out = {}
-    for impl, cf in (("dense", 0.0), ("dispatch", 1.0)):
-      config = scout.get_config("gb200_16")
-      config.model.update(dict(d_model=256, num_heads=4, num_kv_heads=2, head_dim=64,
-                               expert_ffn_dim=512, ffn_dim=1024, vocab_size=2048, num_layers=8,
-                               attention_chunk_size=512, moe_impl=impl, moe_capacity_factor=cf))
-      config.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 1), ("expert", 4))
-      config.optim.microbatches = 2
-      cfg = runtime.model_config(config)
-      assert cfg.num_experts == 16 and cfg.num_experts_per_tok == 1 and cfg.scan_period == 4
-      mesh = sharding.make_mesh(config.mesh.shape)
-      topo = topologies.get_topology("gb200_16")
-      rep = plan.compute_report(config, cfg, mesh, topo, batch_rows=4, seq_len=1024, mfu=0.4)
-      out[f"{impl} cf{cf}"] = rep
-    print(json.dumps(out))
-""")
+_SCRIPT = os.path.join(ROOT, "tests", "moe_procs.py")
 
 
 @pytest.fixture(scope="module")
 def result():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=1500)
+  proc = subprocess.run([sys.executable, _SCRIPT, "flops"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=1500)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
