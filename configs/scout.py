@@ -14,8 +14,9 @@ MoE: every layout runs the expert-parallel dispatch (models/moe.py) with capacit
 (GShard buffers, 2x the routed expert's active FLOPs; copies past capacity are dropped and counted
 in the learner metric `moe_dropped`); set model.moe_capacity_factor=0 for the dropless mode.
 gb200_16 uses expert 16 (one expert per GPU; the expert axis is also the FSDP axis of every other
-weight and splits each sequence 16 ways): with the blockwise attention it plans 161.8 GB/device
-against 167.4 usable (dense MoE on fsdp 4 x tensor 4: 166.3 GB at 4.25x the FLOPs; docs/SCALE.md).
+weight and splits each sequence 16 ways): with the blockwise attention and the sliced AdamW it
+plans 149.1 GB/device against 167.4 usable (dense MoE on fsdp 4 x tensor 4, before the sliced
+AdamW: 166.3 GB at 4.25x the FLOPs; docs/SCALE.md).
 Default topology: gb200_32.
 """
 
@@ -31,7 +32,7 @@ _SP = dict(microbatches=768, remat="full", scan_layers=True, sequence_parallel=T
 LAYOUTS = {
     # expert 16: one expert per GPU; tokens and non-expert weights over the same 16 ways.
     "gb200_16": dict(mesh=(("data", 1), ("fsdp", 1), ("tensor", 1), ("expert", 16)), **_SP,
-                     note="the paper's 16 trainer GPUs: 161.8 of 167.4 GB (docs/SCALE.md)"),
+                     note="the paper's 16 trainer GPUs: 149.1 of 167.4 GB (docs/SCALE.md)"),
     "gb200_32": dict(mesh=(("data", 1), ("fsdp", 8), ("tensor", 4), ("expert", 1)), **_SP),
     "tpu_v5p_64": dict(mesh=(("data", 1), ("fsdp", 16), ("tensor", 4), ("expert", 1)), **_SP),
     "h100_64": dict(mesh=(("data", 1), ("fsdp", 8), ("tensor", 8), ("expert", 1)), **_SP),
