@@ -17,6 +17,7 @@ import ml_collections
 DEFAULT_RULES = (
     ("batch", ("data", "fsdp", "expert")),  # the expert axis also splits tokens (non-MoE parts)
     ("seq", None),
+    ("act_seq", None),        # the residual stream's (and remat's saved layer inputs') sequence dim
     ("embed", ("fsdp", "expert")),  # parameter d_model dimension (FSDP over fsdp x expert)
     ("act_embed", None),      # activation d_model dimension (residual stream)
     ("vocab", "tensor"),

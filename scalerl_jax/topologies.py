@@ -72,8 +72,10 @@ TOPOLOGIES: dict[str, Topology] = {
 # Sequence (context) parallelism through the rules table: micro-batch rows over `data` only and
 # the sequence dimension of activations (q/k/v, MLP, residual, logits) over `fsdp`, so each fsdp
 # shard holds T/fsdp query positions of ONE sequence (GSPMD gathers k/v for the scores).
-SEQUENCE_PARALLEL = {"batch": "data", "seq": ("fsdp", "expert")}
-DATA_PARALLEL = {"batch": ("data", "fsdp", "expert"), "seq": None}   # configs/common.DEFAULT_RULES
+SEQUENCE_PARALLEL = {"batch": "data", "seq": ("fsdp", "expert"), "act_seq": ("fsdp", "expert")}
+# Data-parallel layouts shard the residual stream's sequence over `tensor` between layers (Megatron
+# sequence parallelism): the saved layer inputs of full remat shrink `tensor`-fold.
+DATA_PARALLEL = {"batch": ("data", "fsdp", "expert"), "seq": None, "act_seq": "tensor"}
 
 
 def batch_split(config) -> int:

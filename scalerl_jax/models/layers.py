@@ -268,7 +268,10 @@ class DecoderLayer(nn.Module):
     cfg = self.cfg
     h, new_kv = Attention(cfg, self.use_rope, self.heads_major, self.chunked, name="attn")(
         RMSNorm(cfg, name="attn_norm")(x), positions, mask, kv, index)
-    x = constrain(x + h, ("batch", "seq", "act_embed"))
+    # Training path: the residual's sequence dim is `act_seq` (sequence-sharded between layers in
+    # tensor-parallel layouts); cached decode keeps `seq`.
+    res = ("batch", "seq" if kv is not None else "act_seq", "act_embed")
+    x = constrain(x + h, res)
     y = RMSNorm(cfg, name="ffn_norm")(x)
     y = MoE(cfg, name="moe")(y, routes) if self.is_moe else MLP(cfg, cfg.ffn_dim, name="mlp")(y)
-    return constrain(x + y, ("batch", "seq", "act_embed")), new_kv
+    return constrain(x + y, res), new_kv

@@ -94,7 +94,8 @@ class Transformer(nn.Module):
                routes=None):
     cfg = self.cfg
     emb = param(self, "embed", (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
-    x = constrain(jnp.take(emb, tokens, axis=0), ("batch", "seq", "act_embed"))
+    x = constrain(jnp.take(emb, tokens, axis=0),
+                  ("batch", "seq" if kv is not None else "act_seq", "act_embed"))
     # The cached-decode path takes [B,T,S] masks; the training path builds its masks per key
     # block from `positions` inside the attention kernel (models/attention.py).
     masks = None if kv is None else build_masks(cfg, positions, kv_pos)
