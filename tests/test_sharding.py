@@ -16,7 +16,7 @@ def test_sharded_equals_unsharded_8_devices():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   proc = subprocess.run([sys.executable, _SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=600)
+                        text=True, timeout=1500)
   assert proc.returncode == 0, proc.stderr[-4000:]
   res = json.loads(proc.stdout.strip().splitlines()[-1])
   print(json.dumps(res, indent=1))
