@@ -15,9 +15,10 @@ import ml_collections
 # THE logical-axis rules table. Model code only names logical axes; this maps them to mesh axes.
 # A logical axis mapped to None is replicated. Order of mesh axes in a tuple matters (major first).
 DEFAULT_RULES = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),  # the expert axis also splits tokens (non-MoE parts)
     ("seq", None),
-    ("embed", "fsdp"),        # parameter d_model dimension (FSDP-sharded)
+    ("act_seq", None),        # the residual stream's (and remat's saved layer inputs') sequence dim
+    ("embed", ("fsdp", "expert")),  # parameter d_model dimension (FSDP over fsdp x expert)
     ("act_embed", None),      # activation d_model dimension (residual stream)
     ("vocab", "tensor"),
     ("heads", "tensor"),
@@ -28,8 +29,10 @@ DEFAULT_RULES = (
     ("act_heads", "tensor"),
     ("act_kv_heads", "tensor"),
     ("act_vocab", "tensor"),
-    ("expert", "expert"),
+    ("expert", "expert"),     # routed-expert kernels' expert dimension (expert parallelism)
     ("act_expert", "expert"),
+    ("expert_embed", "fsdp"),  # routed-expert kernels' d_model dimension
+    ("expert_mlp", "tensor"),  # routed-expert kernels' ffn dimension
     ("layers", None),         # the scanned-layers axis
     ("norm", None),
     ("cache_batch", ("data", "fsdp")),
@@ -46,7 +49,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict(dict(
       preset="llama3_8b", param_dtype="float32", dtype="bfloat16",
-      fp32_lm_head=True, scan_layers=True, remat="full", hf_checkpoint=""))
+      fp32_lm_head=True, scan_layers=True, remat="full", hf_checkpoint="",
+      moe_impl="dispatch",             # MoE: dispatch (expert-parallel, active FLOPs) | dense (reference)
+      moe_capacity_factor=0.0))        # dispatch: 0 = dropless; c > 0 = c x average rows per expert,
+                                       # overflow copies dropped and counted (metric moe_dropped)
   # Training-path attention backend (models/attention.py): auto = cuDNN flash attention on GPU,
   # Pallas splash on TPU, blockwise (pure-JAX flash) elsewhere; xla_einsum = materialised scores.
   c.model.attention_impl = "auto"
@@ -65,7 +71,8 @@ def base_config() -> ml_collections.ConfigDict:
       zero_variance_filter=True,
       no_positive_resampling=True, npr_threshold=0.9,
       length_control="interrupt",      # interrupt | penalty
-      length_penalty_max=14336, length_penalty_cache=2048))
+      length_penalty_max=14336, length_penalty_cache=2048,
+      routing_replay=False))           # MoE (R3): the learner reuses the generator's expert choices
 
   c.optim = ml_collections.ConfigDict(dict(
       lr=5e-7, b1=0.9, b2=0.999, eps=1e-15, weight_decay=0.01,

@@ -8,12 +8,16 @@ Plan the memory of the real-size train step ahead of time (no accelerator needed
 Paper settings as configs/8b.py (768 sequences of <= 16,384 tokens, AdamW 5e-7 / 1e-15 / 0.01 /
 100 warm-up, PipelineRL-8, CISPO eps_max 5). The text decoder has 107.8e9 parameters: fp32 params +
 fp32 Adam moments are 12 B/param (81 GB/device on 16 devices) and the learner step adds ~3x the
-fp32 parameter bytes of gradient temporaries (another 81 GB on 16). With sequence parallelism
-(one 16k sequence per micro-batch, split over fsdp) the activations are ~29 GB, so 16 GB200
-(186 GB) need 191 GB: it does NOT fit; 32 GB200 (101 GB), 64 TPU v5p (57 GB) or 64 H100 (55 GB) do
-(docs/SCALE.md). Every parameter is sharded over fsdp x tensor (expert axis 1: with
-`moe_impl='dense'` the router / attention / shared-expert weights would be replicated over an
-expert axis). Default topology: gb200_32.
+fp32 parameter bytes of gradient temporaries (another 81 GB on 16).
+
+MoE: every layout runs the expert-parallel dispatch (models/moe.py) with capacity factor 2.0
+(GShard buffers, 2x the routed expert's active FLOPs; copies past capacity are dropped and counted
+in the learner metric `moe_dropped`); set model.moe_capacity_factor=0 for the dropless mode.
+gb200_16 uses expert 16 (one expert per GPU; the expert axis is also the FSDP axis of every other
+weight and splits each sequence 16 ways): with the blockwise attention and the sliced AdamW it
+plans 149.1 GB/device against 167.4 usable (dense MoE on fsdp 4 x tensor 4, before the sliced
+AdamW: 166.3 GB at 4.25x the FLOPs; docs/SCALE.md).
+Default topology: gb200_32.
 """
 
 from configs import common
@@ -21,11 +25,14 @@ from configs import common
 DEFAULT_TOPOLOGY = "gb200_32"
 
 # Sequence-parallel layouts (topologies.SEQUENCE_PARALLEL): micro-batch = ONE 16k sequence split
-# over fsdp (T/fsdp query positions a device), heads / mlp / vocab over tensor; 768 micro-batches.
-_SP = dict(microbatches=768, remat="full", scan_layers=True, sequence_parallel=True)
+# over fsdp x expert (T/(fsdp*expert) query positions a device), heads / mlp / vocab over tensor;
+# 768 micro-batches.
+_SP = dict(microbatches=768, remat="full", scan_layers=True, sequence_parallel=True,
+           moe_capacity_factor=2.0)
 LAYOUTS = {
-    "gb200_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)), **_SP,
-                     note="the paper's 16 trainer GPUs: does NOT fit this learner (docs/SCALE.md)"),
+    # expert 16: one expert per GPU; tokens and non-expert weights over the same 16 ways.
+    "gb200_16": dict(mesh=(("data", 1), ("fsdp", 1), ("tensor", 1), ("expert", 16)), **_SP,
+                     note="the paper's 16 trainer GPUs: 149.1 of 167.4 GB (docs/SCALE.md)"),
     "gb200_32": dict(mesh=(("data", 1), ("fsdp", 8), ("tensor", 4), ("expert", 1)), **_SP),
     "tpu_v5p_64": dict(mesh=(("data", 1), ("fsdp", 16), ("tensor", 4), ("expert", 1)), **_SP),
     "h100_64": dict(mesh=(("data", 1), ("fsdp", 8), ("tensor", 8), ("expert", 1)), **_SP),

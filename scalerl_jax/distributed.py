@@ -225,7 +225,7 @@ def _make_learner_class():
     def device_batch(self, batch: Mapping[str, Any]) -> dict:
       import jax
       batch = {k: np.asarray(v) for k, v in batch.items()}
-      validate_batch(batch, 1, self.vocab_size)
+      validate_batch(batch, 1, self.vocab_size, self.route_shape)
       local = batch["tokens"].shape[0]
       if not hasattr(self, "_global_rows"):
         self.set_global_rows(local * jax.process_count())

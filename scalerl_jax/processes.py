@@ -120,6 +120,11 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
            f"--shuffle-seed={config.seed}"]
   if config.rl.no_positive_resampling:
     flags.append(f"--npr-threshold={config.rl.npr_threshold}")
+  if config.rl.get("routing_replay", False):   # MoE: the generators send routes; validate them
+    from scalerl_jax import models, runtime   # JAX, only for an MoE run with routing replay
+    cfg = runtime.model_config(config)
+    flags.append(f"--route-shape={models.num_moe_layers(cfg)},{cfg.num_experts_per_tok},"
+                 f"{cfg.num_experts}")
   if wal_dir:
     flags += [f"--wal-dir={wal_dir}", f"--wal-fsync={b.wal_fsync}"]
   if learner_state:

@@ -38,10 +38,17 @@ def model_config(config):
     import os
     with open(os.path.join(m["hf_checkpoint"], "config.json")) as f:
       numerics = {k: overrides[k] for k in ("param_dtype", "dtype", "fp32_lm_head", "scan_layers",
-                                            "remat", "attention_impl", "attention_block")
+                                            "remat", "attention_impl", "attention_block",
+                                            "moe_impl", "moe_capacity_factor")
                   if k in overrides}
-      return models.from_hf_config(json.load(f), **numerics)
-  return models.get_preset(m["preset"], **overrides)
+      cfg = models.from_hf_config(json.load(f), **numerics)
+  else:
+    cfg = models.get_preset(m["preset"], **overrides)
+  if cfg.is_moe and "mesh" in config and cfg.moe_impl == "dispatch":
+    from scalerl_jax.models import moe
+    shape = {a: int(s) for a, s in config.mesh.shape if int(s) > 0}   # -1 (rest): checked at trace
+    moe.expert_shards(cfg.num_experts, shape, tuple(config.mesh.rules))
+  return cfg
 
 
 def sampling_spec(config, dataset, seed: int, temperature: float | None = None,

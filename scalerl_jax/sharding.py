@@ -27,7 +27,7 @@ from scalerl_jax.models.config import ModelConfig
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 LOGICAL_AXES = ("batch", "seq", "embed", "act_embed", "vocab", "act_vocab", "heads", "act_heads",
                 "kv_heads", "act_kv_heads", "head_dim", "mlp", "act_mlp", "expert", "act_expert",
-                "layers", "norm", "cache_batch", "cache_seq")
+                "expert_embed", "expert_mlp", "layers", "norm", "cache_batch", "cache_seq", "act_seq")
 
 
 def make_mesh(shape: Sequence[tuple[str, int]], devices: Sequence[Any] | None = None) -> Mesh:

@@ -17,6 +17,10 @@ Memory figures (bytes per device, decimal GB as vendors state them):
 | gb200_16 | 16 (4 trays × 4) | 186 GB HBM3e | NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB |
 | gb200_32, h100_64 | 32, 64 | as above | larger targets for Scout |
 
+Peak dense bf16 FLOP/s per device (the plan tool's step-time estimate): TPU v5p 459e12
+(cloud.google.com/tpu/docs/v5p), H100 SXM 989e12 (NVIDIA H100 datasheet, dense), GB200 2.5e15
+(NVIDIA GB200 NVL72 spec: 180 PFLOPS dense FP16/BF16 / 72 GPUs).
+
 `usable_bytes` is what a JAX process may really use: 90 % of HBM on GPUs (run with
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9; the default is 0.75) and 95 % on TPU (runtime reservations).
 """
@@ -37,23 +41,30 @@ class Topology:
   hbm_bytes: int
   usable_fraction: float
   source: str
+  peak_flops: float = 0.0  # dense bf16 FLOP/s per device (vendor figure, no sparsity)
 
   @property
   def usable_bytes(self) -> int:
     return int(self.hbm_bytes * self.usable_fraction)
 
 
+_V5P_FLOPS, _H100_FLOPS, _GB200_FLOPS = 459e12, 989e12, 2.5e15
+
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t for t in (
-        Topology("tpu_v5p_16", "tpu", 16, 95 * GB, 0.95, "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip"),
-        Topology("tpu_v5p_64", "tpu", 64, 95 * GB, 0.95, "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip"),
-        Topology("h100_16", "gpu", 16, 80 * GB, 0.90, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3"),
+        Topology("tpu_v5p_16", "tpu", 16, 95 * GB, 0.95, "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip",
+                 _V5P_FLOPS),
+        Topology("tpu_v5p_64", "tpu", 64, 95 * GB, 0.95, "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip",
+                 _V5P_FLOPS),
+        Topology("h100_16", "gpu", 16, 80 * GB, 0.90, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3",
+                 _H100_FLOPS),
         Topology("gb200_16", "gpu", 16, 186 * GB, 0.90,
-                 "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU"),
+                 "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU", _GB200_FLOPS),
         # Larger targets, for models that do not fit the 16-device ones (docs/SCALE.md).
         Topology("gb200_32", "gpu", 32, 186 * GB, 0.90,
-                 "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU"),
-        Topology("h100_64", "gpu", 64, 80 * GB, 0.90, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3"),
+                 "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU", _GB200_FLOPS),
+        Topology("h100_64", "gpu", 64, 80 * GB, 0.90, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3",
+                 _H100_FLOPS),
     )
 }
 
@@ -61,8 +72,10 @@ TOPOLOGIES: dict[str, Topology] = {
 # Sequence (context) parallelism through the rules table: micro-batch rows over `data` only and
 # the sequence dimension of activations (q/k/v, MLP, residual, logits) over `fsdp`, so each fsdp
 # shard holds T/fsdp query positions of ONE sequence (GSPMD gathers k/v for the scores).
-SEQUENCE_PARALLEL = {"batch": "data", "seq": "fsdp"}
-DATA_PARALLEL = {"batch": ("data", "fsdp"), "seq": None}   # configs/common.DEFAULT_RULES
+SEQUENCE_PARALLEL = {"batch": "data", "seq": ("fsdp", "expert"), "act_seq": ("fsdp", "expert")}
+# Data-parallel layouts shard the residual stream's sequence over `tensor` between layers (Megatron
+# sequence parallelism): the saved layer inputs of full remat shrink `tensor`-fold.
+DATA_PARALLEL = {"batch": ("data", "fsdp", "expert"), "seq": None, "act_seq": "tensor"}
 
 
 def batch_split(config) -> int:
@@ -111,10 +124,10 @@ def check_layout(name: str, layout: Mapping[str, Any]) -> None:
 
 
 def apply_layout(config, name: str | None = None):
-  """Sets config.mesh.shape / optim.microbatches / model.{remat,scan_layers} (and the batch / seq
-  rules for sequence-parallel layouts) from `config.layouts[name or config.topology]`;
-  config.topology becomes the layout's topology, config.layout its name. Returns config
-  (modified in place)."""
+  """Sets config.mesh.shape / optim.microbatches / model.{remat,scan_layers,moe_capacity_factor if
+  the layout names one} (and the batch / seq rules for sequence-parallel layouts) from
+  `config.layouts[name or config.topology]`; config.topology becomes the layout's topology,
+  config.layout its name. Returns config (modified in place)."""
   name = name or config.topology
   layouts = config.layouts
   if name not in layouts:
@@ -127,6 +140,8 @@ def apply_layout(config, name: str | None = None):
   config.optim.microbatches = int(layout["microbatches"])
   config.model.remat = str(layout["remat"])
   config.model.scan_layers = bool(layout["scan_layers"])
+  if "moe_capacity_factor" in layout:
+    config.model.moe_capacity_factor = float(layout["moe_capacity_factor"])
   sp = bool(layout.get("sequence_parallel", False))
   over = SEQUENCE_PARALLEL if sp else DATA_PARALLEL
   config.mesh.rules = tuple((k, over.get(k, v)) for k, v in config.mesh.rules)
@@ -144,6 +159,8 @@ def layouts_to_config(layouts: Mapping[str, Mapping[str, Any]]):
         remat=str(layout["remat"]), scan_layers=bool(layout["scan_layers"]),
         sequence_parallel=bool(layout.get("sequence_parallel", False)),
         topology=layout_topology(name, layout), note=str(layout.get("note", ""))))
+    if "moe_capacity_factor" in layout:
+      out[name].moe_capacity_factor = float(layout["moe_capacity_factor"])
   return out
 
 

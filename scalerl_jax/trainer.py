@@ -79,19 +79,23 @@ def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
                    dataset.tasks if dataset.is_mixture else ())
 
 
-def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0) -> np.ndarray:
+def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0,
+                           routes=None) -> np.ndarray:
   """logp[b, t] = log pi_learner(tokens[b, t] | tokens[b, <t]) at `temperature`, float32 (0 at t=0):
-  the learner's side of the IS ratio, for the parity gate."""
+  the learner's side of the IS ratio, for the parity gate. `routes` int [B,T,R,K]: the generator's
+  expert choices (MoE routing replay), as the learner's step uses them."""
   from scalerl_jax.learner.logprobs import token_logprobs
   tokens = np.asarray(tokens, np.int32)
   positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32)[None], tokens.shape)
   fn = _LOGP_FNS.get(id(model_cfg))
   if fn is None:
-    def fn(p, tok, pos, t):
-      logits = models.forward(p, model_cfg, tok, pos)
+    def fn(p, tok, pos, t, routes):
+      logits = models.forward(p, model_cfg, tok, pos, routes=routes)
       return token_logprobs(logits.astype(jax.numpy.float32) / t, tok, with_entropy=False)[0]
     fn = _LOGP_FNS[id(model_cfg)] = jax.jit(fn)
-  return np.asarray(fn(params, tokens, positions, np.float32(temperature)))
+  if routes is not None:
+    routes = np.asarray(routes, np.int32)
+  return np.asarray(fn(params, tokens, positions, np.float32(temperature), routes))
 
 
 _LOGP_FNS = {}
@@ -106,9 +110,9 @@ def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
   if T2 == T:
     return arrays
   out = dict(arrays)
-  for k in ("tokens", "gen_logprobs", "loss_mask", "versions"):
+  for k in ("tokens", "gen_logprobs", "loss_mask", "versions", "routes"):
     if k in arrays:
-      out[k] = np.pad(arrays[k], ((0, 0), (0, T2 - T)))
+      out[k] = np.pad(arrays[k], ((0, 0), (0, T2 - T)) + ((0, 0),) * (arrays[k].ndim - 2))
   return out
 
 
@@ -196,16 +200,26 @@ def make_learner(config, model_cfg, params):
   slice, or several JAX processes): `distributed.MultiHostLearner` over the mesh of
   `config.mesh.shape` with the rules table's parameter shardings; `params` (host numpy, the same
   on every process) are placed shard by shard, never gathered on one device."""
-  # (hidden, head kernel): the learner computes log-probs over sequence chunks (logits_chunk).
-  apply_fn = lambda p, tokens, positions: models.forward_hidden(p, model_cfg, tokens, positions)
+  if config.rl.get("routing_replay", False) and not model_cfg.is_moe:
+    raise ValueError("rl.routing_replay=True needs an MoE model")
+  # (hidden, head kernel): the learner computes log-probs over sequence chunks (logits_chunk);
+  # capacity-mode MoE adds aux {'moe_dropped'} (dropped token-expert copies, a metric).
+  aux = model_cfg.is_moe and model_cfg.moe_impl == "dispatch" and model_cfg.moe_capacity_factor > 0
+  apply_fn = lambda p, tokens, positions, routes=None: models.forward_hidden(
+      p, model_cfg, tokens, positions, routes=routes, return_aux=aux)
+  route_shape = None
+  if config.rl.get("routing_replay", False):
+    route_shape = (models.num_moe_layers(model_cfg), model_cfg.num_experts_per_tok,
+                   model_cfg.num_experts)
   if jax.device_count() == 1:
     return Learner(apply_fn, jax.tree.map(np.array, params), config,
-                   vocab_size=model_cfg.vocab_size)
+                   vocab_size=model_cfg.vocab_size, route_shape=route_shape)
   mesh = sharding.make_mesh(config.mesh.shape)
   shardings = sharding.param_shardings(model_cfg, mesh, config.mesh.rules)
   placed = sharding.shard_params(params, model_cfg, mesh, config.mesh.rules)
   return distributed.MultiHostLearner(apply_fn, placed, config, mesh=mesh,
-                                      params_sharding=shardings, vocab_size=model_cfg.vocab_size)
+                                      params_sharding=shardings, vocab_size=model_cfg.vocab_size,
+                                      route_shape=route_shape)
 
 
 class Trainer:
@@ -413,8 +427,9 @@ class Trainer:
     if not self._parity_on() or not (first or (every and step % every == 0)):
       return {}
     mask = full["loss_mask"].astype(bool) & (full["versions"] == step)
+    routes = full.get("routes") if self.config.rl.get("routing_replay", False) else None
     lp = learner_token_logprobs(self.model_cfg, self.learner.state.params, full["tokens"],
-                                float(self.config.generator.temperature))
+                                float(self.config.generator.temperature), routes)
     out = parity_check(lp, full["gen_logprobs"], mask, self.config.health, version=step, startup=first)
     if out.get("health/parity_alarm") and "parity" in (self.health.abort_on if self.health else ()):
       raise RunUnhealthy(f"health.abort_on: parity re-score failed at step {step}", step, out)
@@ -427,8 +442,13 @@ class Trainer:
       batch = self._pull(step)
       full = pad_time(batch_to_arrays(batch, pad_id=0))
       self._book(step, batch)
-      arrays = {k: full[k] for k in ("tokens", "gen_logprobs", "loss_mask", "rewards",
-                                     "prompt_ids")}
+      keys = ("tokens", "gen_logprobs", "loss_mask", "rewards", "prompt_ids")
+      if self.config.rl.get("routing_replay", False):
+        if "routes" not in full:
+          raise ValueError("rl.routing_replay=True but the batch's rollouts carry no routes "
+                           "(generator without record_routes?)")
+        keys += ("routes",)
+      arrays = {k: full[k] for k in keys}
     if self.multi:                        # process 0's batch to every process
       arrays = distributed.broadcast_from_main(arrays)
     t_wait = time.time() - t0

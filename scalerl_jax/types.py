@@ -34,6 +34,9 @@ class Completion:
   policy_mask: np.ndarray     # bool [L], False for injected (interruption) tokens
   finish_reason: str          # FINISH_STOP | FINISH_LENGTH | FINISH_INTERRUPTED
   reward: float = 0.0
+  # MoE routing replay (optional): int32 [P+L, R, K], the experts each prompt and completion token
+  # was routed to in each of the R MoE layers (K per token).
+  routes: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)

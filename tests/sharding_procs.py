@@ -49,5 +49,5 @@ for name in ("tiny_llama3", "tiny_llama4"):
                                   sharded_params=n_sharded,
                                   logits_sharding=str(got.sharding.spec),
                                   logits_shard=list(got.sharding.shard_shape(got.shape)),
-                                  batch_split=shape[0] * shape[1], tensor=shape[2])
+                                  batch_split=shape[0] * shape[1] * shape[3], tensor=shape[2])
 print(json.dumps(out))

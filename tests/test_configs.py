@@ -53,19 +53,20 @@ def test_every_layout_divides(name):
     batch = c.rollout.prompts_per_step * c.rollout.generations_per_prompt
     m = c.optim.microbatches
     assert batch == 768 and batch % m == 0
-    # one 16k-token sequence per batch shard per micro-batch: rows over data x fsdp (8B), or
-    # rows over data and the sequence over fsdp (Scout, sequence-parallel rules)
+    # one 16k-token sequence per batch shard per micro-batch: rows over data x fsdp x expert (8B),
+    # or rows over data and the sequence over fsdp x expert (Scout, sequence-parallel rules)
     rules = dict(c.mesh.rules)
     if c.layouts[topo].sequence_parallel:
-      assert (rules["batch"], rules["seq"]) == ("data", "fsdp") and batch // m == mesh["data"]
+      assert (rules["batch"], rules["seq"]) == ("data", ("fsdp", "expert"))
+      assert batch // m == mesh["data"]
     else:
-      assert (rules["batch"], rules["seq"]) == (("data", "fsdp"), None)
-      assert batch // m == mesh["data"] * mesh["fsdp"], (topo, m, mesh)
+      assert (rules["batch"], rules["seq"]) == (("data", "fsdp", "expert"), None)
+      assert batch // m == mesh["data"] * mesh["fsdp"] * mesh["expert"], (topo, m, mesh)
     assert batch // m == topologies.batch_split(c)
     tp, ep = mesh["tensor"], mesh["expert"]
     for dim in (cfg.num_heads, cfg.num_kv_heads, cfg.vocab_size, cfg.ffn_dim):
       assert dim % tp == 0, (topo, dim, tp)
-    assert cfg.d_model % mesh["fsdp"] == 0
+    assert cfg.d_model % (mesh["fsdp"] * mesh["expert"]) == 0
     if cfg.num_experts:
       assert cfg.num_experts % ep == 0 and cfg.expert_ffn_dim % tp == 0
     assert (c.model.remat, c.model.scan_layers) == ("full", True)
@@ -84,10 +85,11 @@ def test_topology_selection_and_errors():
   assert dict(c.mesh.shape) == dict(data=1, fsdp=16, tensor=1, expert=1)
   assert c.optim.microbatches == 48
   s = _get("scout", "gb200_16")                            # sequence-parallel rules follow
-  assert dict(s.mesh.rules)["seq"] == "fsdp" and s.optim.microbatches == 768
+  assert dict(s.mesh.rules)["seq"] == ("fsdp", "expert") and s.optim.microbatches == 768
   s.layouts.gb200_16.sequence_parallel = False
   topologies.apply_layout(s)
-  assert dict(s.mesh.rules)["seq"] is None and dict(s.mesh.rules)["batch"] == ("data", "fsdp")
+  assert dict(s.mesh.rules)["seq"] is None
+  assert dict(s.mesh.rules)["batch"] == ("data", "fsdp", "expert")
   with pytest.raises(ValueError, match="no layout for topology 'tpu_v9'"):
     _get("8b", "tpu_v9")
   with pytest.raises(ValueError, match="uses 8 devices, topology has 16"):
@@ -143,3 +145,11 @@ def test_tiny_multitask_config():
   assert c.model.vocab_size == 40 and c.rollout.answer_budget == 20
   assert c.rl.to_dict() == tiny.rl.to_dict() and c.total_steps == tiny.total_steps == 300
   recipes.validate(c)
+
+
+def test_expert_axis_must_divide_experts():
+  """A mesh whose expert axis does not divide Scout's 16 experts is a config error at start-up."""
+  c = _get("scout", "gb200_16")
+  c.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 1), ("expert", 3))
+  with pytest.raises(ValueError, match="does not divide num_experts=16"):
+    runtime.model_config(c)

@@ -1,5 +1,6 @@
 """Sharded train step (8 simulated CPU devices, mesh data 2 × fsdp 2 × tensor 2, rules table from
-configs/common.py) equals the unsharded one: parameters after 3 AdamW steps.
+configs/common.py with the data-parallel layouts' overrides, incl. the residual's sequence over
+tensor) equals the unsharded one: parameters after 3 AdamW steps.
 
 The device count must be set before jax is imported, so the comparison runs in a subprocess
 (this file executed as a script); the test parses its JSON line.
@@ -19,7 +20,7 @@ def _main():
   import jax.numpy as jnp
   import numpy as np
   from configs import tiny
-  from scalerl_jax import models, sharding
+  from scalerl_jax import models, sharding, topologies
   from scalerl_jax.learner import Learner
   sys.path.insert(0, os.path.dirname(__file__))
   import test_rl_reference as ref
@@ -29,6 +30,10 @@ def _main():
   config = tiny.get_config()
   config.optim.microbatches = 2
   config.mesh.shape = (("data", 2), ("fsdp", 2), ("tensor", 2), ("expert", 1))
+  # The data-parallel layouts' rules (topologies.DATA_PARALLEL): the residual stream's sequence
+  # (act_seq) is sharded over tensor between layers (Megatron sequence parallelism).
+  config.mesh.rules = tuple((k, topologies.DATA_PARALLEL.get(k, v)) for k, v in config.mesh.rules)
+  assert dict(config.mesh.rules)["act_seq"] == "tensor"
   apply_fn = lambda p, t, pos: models.forward(p, cfg, t, pos)
   params0 = models.init_params(cfg, jax.random.PRNGKey(0))
   host0 = jax.tree.map(np.asarray, params0)

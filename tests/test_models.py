@@ -81,7 +81,7 @@ def test_llama4_variants_parity(kv_heads):
   """Explicit no_rope_layers, tied embeddings, llama3 rope scaling, no QK-norm / temp tuning,
   dispatching (ragged) MoE with top-2."""
   cfg = _small("tiny_llama4", num_layers=3, num_kv_heads=kv_heads, num_experts=3, expert_ffn_dim=64,
-               moe_impl="ragged", num_experts_per_tok=1 if kv_heads == 4 else 2,
+               moe_impl="dispatch", num_experts_per_tok=1 if kv_heads == 4 else 2,
                interleave_moe_layer_step=1, no_rope_layers=(0, 1, 1), attention_chunk_size=16,
                use_qk_norm=kv_heads == 4, attn_temperature_tuning=kv_heads == 4, floor_scale=4,
                tie_embeddings=True, rope_type="llama3", rope_original_max_position=16)

@@ -69,7 +69,7 @@ def test_left_padded_rows_decode_together(name):
 
 
 def test_multi_chunk_prefill_and_errors():
-  cfg = _cfg("tiny_llama4", scan_layers=True, moe_impl="ragged")
+  cfg = _cfg("tiny_llama4", scan_layers=True, moe_impl="dispatch")
   params = models.init_params(cfg, jax.random.PRNGKey(3))
   tokens = np.random.RandomState(2).randint(0, cfg.vocab_size, (1, 20))
   full = np.asarray(_fwd(params, cfg, tokens))

@@ -300,6 +300,16 @@ def load_prompts(path: str) -> list[PromptSpec]:
   return out
 
 
+def _route_limits(spec: str) -> dict:
+  """--route-shape 'R,K,E' -> Limits(route_layers, route_k, num_experts) fields."""
+  if not spec:
+    return {}
+  r, k, e = (int(x) for x in spec.split(","))
+  if min(r, k, e) <= 0:
+    raise SystemExit(f"error: --route-shape needs three positive integers R,K,E; got {spec!r}")
+  return dict(route_layers=r, route_k=k, num_experts=e)
+
+
 def build_parser() -> argparse.ArgumentParser:
   """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -318,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--weight-chunk-bytes", type=int, default=4 << 20,
                   help="FetchWeights chunk size of blob versions (streamed ones keep their chunks)")
   ap.add_argument("--max-completion-tokens", type=int, default=32768)
+  ap.add_argument("--route-shape", default="",
+                  help="MoE routing replay: 'R,K,E' (MoE layers, experts per token, experts); "
+                       "rollouts' routes are validated against it (empty: routes refused)")
   ap.add_argument("--shuffle-seed", type=int, default=None)
   ap.add_argument("--npr-threshold", type=float, default=None,
                   help="No-Positive-Resampling: retire prompts whose pass rate reaches this")
@@ -359,7 +372,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   srv = BufferServer(load_prompts(a.prompts), token=token, prompts_per_step=a.prompts_per_step,
                      group_size=a.group_size, max_lag=a.max_lag, mode=a.mode, host=a.host,
                      port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
-                     limits=val.Limits(max_completion_tokens=a.max_completion_tokens),
+                     limits=val.Limits(max_completion_tokens=a.max_completion_tokens,
+                                       **_route_limits(a.route_shape)),
                      shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
                      npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
                      wal_fsync_interval_s=a.wal_fsync_interval_s,

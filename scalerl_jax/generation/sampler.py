@@ -176,7 +176,14 @@ def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
                answer_count=answer_count, done=done,
                interrupted=s["interrupted"] | (start_force & live),
                stopped=s["stopped"] | (live & is_stop))
-    logits, cache = models.decode_step(params, cfg, jnp.where(live, token, 0), s["cache"])
+    if "routes" in s:   # routing replay: the fed token's chosen experts per MoE layer
+      logits, cache, routes = models.decode_step(params, cfg, jnp.where(live, token, 0),
+                                                 s["cache"], return_routes=True)
+      old = jax.lax.dynamic_slice_in_dim(s["routes"], col, 1, axis=1)[:, 0]
+      out["routes"] = jax.lax.dynamic_update_slice_in_dim(
+          s["routes"], jnp.where(live[:, None, None], routes, old)[:, None], col, 1)
+    else:
+      logits, cache = models.decode_step(params, cfg, jnp.where(live, token, 0), s["cache"])
     out["logits"], out["cache"] = logits, cache
     out["logit_version"] = version
     return out
@@ -279,14 +286,15 @@ def _grow_cache(cache, size: int):
               v=tuple(pad(a, 0, 3) for a in cache["v"]), pos=pad(cache["pos"], -1, 1))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 8, 9, 10, 11, 12, 13))
+@functools.partial(jax.jit, static_argnums=(1, 8, 9, 10, 11, 12, 13, 14))
 def _start(params, cfg, tokens, mask, budget, end_think, rng, version, cap, L, kv_dtype, split,
-           phase, mesh=None):
+           phase, mesh=None, record_routes=False):
   """Empty `cap`-slot cache (split per layer if `split`), prompt prefill and the decode state;
-  with a `mesh`, each device builds its slice of the rows (see _decode_chunk)."""
+  with a `mesh`, each device builds its slice of the rows (see _decode_chunk). `record_routes`:
+  the state also holds the prompt's and the completion's chosen experts (routing replay)."""
   P = jax.sharding.PartitionSpec
   fn = functools.partial(_start_rows, cfg=cfg, cap=cap, L=L, kv_dtype=kv_dtype, split=split,
-                         phase=phase)
+                         phase=phase, record_routes=record_routes)
   args = (params, tokens, mask, budget, end_think, rng, version)
   if mesh is None:
     return fn(*args)
@@ -296,14 +304,21 @@ def _start(params, cfg, tokens, mask, budget, end_think, rng, version, cap, L, k
 
 
 def _start_rows(params, tokens, mask, budget, end_think, rng, version, *, cfg, cap, L, kv_dtype,
-                split, phase):
+                split, phase, record_routes=False):
   B = tokens.shape[0]
   cache = models.init_cache(cfg, B, cap, dtype=kv_dtype)
   if split:
     cache = split_cache(cache)   # per-layer buffers, updated in place
-  logits, cache = models.prefill(params, cfg, tokens, cache, mask)
+  extra = {}
+  if record_routes:
+    logits, cache, prompt_routes = models.prefill(params, cfg, tokens, cache, mask,
+                                                  return_routes=True)
+    extra = dict(prompt_routes=prompt_routes, routes=jnp.zeros(
+        (B, L, *prompt_routes.shape[2:]), jnp.int32))
+  else:
+    logits, cache = models.prefill(params, cfg, tokens, cache, mask)
   z = lambda dt: jnp.zeros((B,), dt)
-  return dict(
+  return dict(**extra,
       rng=rng, logits=logits[:, -1], cache=cache,
       tokens=jnp.zeros((B, L), jnp.int32), logprobs=jnp.zeros((B, L), jnp.float32),
       versions=jnp.zeros((B, L), jnp.int32), policy=jnp.zeros((B, L), bool),
@@ -318,14 +333,22 @@ class JaxSampler(Generator):
 
   def __init__(self, cfg: models.ModelConfig, params, version: int = 0, chunk_steps: int = 16,
                end_think_token: int | None = None, kv_dtype: str = "float32",
-               devices: int | str | Sequence | None = None):
+               devices: int | str | Sequence | None = None, record_routes: bool = False):
     """`kv_dtype`: KV-cache storage ("float32" default: log-probs equal the learner's forward to
     float32 rounding; "bfloat16" halves cache reads, see docs/ROLLOUT.md for its log-prob error).
 
     `devices`: decode data-parallel over several local devices (each gets a slice of the rows,
     params replicated): an int (the first n local devices), "auto" (all local devices), or a list
     of devices. Default None: one device. Same tokens as one device (the sampling uniforms are
-    drawn for the whole batch); log-probs equal to float32 rounding."""
+    drawn for the whole batch); log-probs equal to float32 rounding.
+
+    `record_routes` (MoE; routing replay, rl.routing_replay): every Completion also carries
+    `routes` int32 [P+L, R, K], the experts each prompt and completion token was routed to in
+    each of the R MoE layers (the last token's are those of its own forward step, which only
+    feeds the logits after the sequence)."""
+    if record_routes and not cfg.is_moe:
+      raise ValueError("record_routes needs an MoE model")
+    self.record_routes = bool(record_routes)
     self.cfg = cfg
     self.kv_dtype = kv_dtype
     self._mesh = _rows_mesh(devices)
@@ -446,7 +469,8 @@ class JaxSampler(Generator):
     # dispatches); host scalars go in as numpy values (no device ops to create them).
     state = _start(self._params, self.cfg, tokens, mask, budget.astype(np.int32),
                    np.int32(end_think), jax.random.PRNGKey(spec.seed), np.int32(self._version),
-                   cap, L, self.kv_dtype, grow, _ANSWER if not n_int else _THINK, self._mesh)
+                   cap, L, self.kv_dtype, grow, _ANSWER if not n_int else _THINK, self._mesh,
+                   self.record_routes)
     interrupt = np.asarray(list(spec.interruption_tokens) or [0], np.int32)
     stop = np.asarray(list(spec.stop_tokens) or [-1], np.int32)
     # Without interruption tokens there is no thinking phase: the whole completion is the answer.
@@ -467,8 +491,9 @@ class JaxSampler(Generator):
       if np.asarray(all_done).all():
         break
       self.apply_pending()
-    host = jax.device_get({k: state[k] for k in ("tokens", "logprobs", "versions", "policy",
-                                                 "length", "interrupted", "stopped")})
+    keys = ("tokens", "logprobs", "versions", "policy", "length", "interrupted", "stopped")
+    keys += ("prompt_routes", "routes") if self.record_routes else ()
+    host = jax.device_get({k: state[k] for k in keys})
     groups: list[list[Completion]] = [[] for _ in prompts]
     for i in range(B):
       n_tok = int(host["length"][i])
@@ -477,5 +502,7 @@ class JaxSampler(Generator):
       groups[i // n].append(Completion(
           prompt_id=rows[i].prompt_id, tokens=host["tokens"][i, :n_tok].copy(),
           logprobs=host["logprobs"][i, :n_tok].copy(), versions=host["versions"][i, :n_tok].copy(),
-          policy_mask=host["policy"][i, :n_tok].copy(), finish_reason=reason))
+          policy_mask=host["policy"][i, :n_tok].copy(), finish_reason=reason,
+          routes=None if not self.record_routes else np.concatenate(
+              [host["prompt_routes"][i, P - len(rows[i].tokens):], host["routes"][i, :n_tok]])))
     return groups

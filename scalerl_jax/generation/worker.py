@@ -76,7 +76,8 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
     n_dev = int(config.generator.jax_devices)   # see cpu_decode_devices
     return JaxSampler(model_cfg, params, version=version,
                       chunk_steps=int(config.generator.chunk_steps),
-                      devices=n_dev if n_dev > 1 else None)
+                      devices=n_dev if n_dev > 1 else None,
+                      record_routes=bool(config.rl.get("routing_replay", False)))
   model_dir = str(config.generator.get("vllm_model_dir", "") or "")
   if model_dir:     # the fleet's own copy of the checkpoint (the learner's version must equal it)
     if not os.path.isfile(os.path.join(model_dir, "config.json")):

@@ -67,15 +67,18 @@ class Learner:
 
   def __init__(self, apply_fn: ApplyFn, params, config, *, mesh=None, params_sharding=None,
                vocab_size: int | None = None, with_entropy: bool = True, donate: bool = True,
-               temperature: float | None = None):
+               temperature: float | None = None,
+               route_shape: tuple[int, int, int] | None = None):
     """`temperature`: the generators' sampling temperature (default `config.generator.temperature`,
-    1 without a generator section): learner log-probs are log_softmax(logits / T)."""
+    1 without a generator section): learner log-probs are log_softmax(logits / T).
+    `route_shape` (R, K, E): validates batch["routes"] (MoE routing replay)."""
     self.spec = RLSpec.from_config(config.rl)
     if temperature is None:
       temperature = float(config.generator.get("temperature", 1.0)) if "generator" in config else 1.0
     self.temperature = float(temperature)
     self.microbatches = int(config.optim.microbatches)
     self.vocab_size = vocab_size
+    self.route_shape = route_shape   # (R, K, E): validates batch["routes"] (MoE routing replay)
     self.optimizer = make_optimizer(config.optim)
     self.lr_schedule = warmup_constant_schedule(config.optim.lr, config.optim.warmup_steps)
     self.mesh = mesh
@@ -118,7 +121,7 @@ class Learner:
 
   def device_batch(self, batch: Mapping[str, Any]) -> dict:
     """Validates on the host and places the batch (sharded over the batch axes if meshed)."""
-    validate_batch(batch, self.microbatches, self.vocab_size)
+    validate_batch(batch, self.microbatches, self.vocab_size, self.route_shape)
     batch = {k: np.asarray(v) for k, v in batch.items()}
     if self.batch_sharding is not None:
       return jax.device_put(batch, self.batch_sharding)

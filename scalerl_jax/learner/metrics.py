@@ -4,7 +4,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-SUM_KEYS = ("loss_sum", "tokens", "ratio_sum", "k3_sum", "entropy_sum", "clipped_low", "clipped_high")
+SUM_KEYS = ("loss_sum", "tokens", "ratio_sum", "k3_sum", "entropy_sum", "clipped_low", "clipped_high",
+            "moe_dropped")
 MAX_KEYS = ("ratio_max",)
 
 
@@ -25,7 +26,8 @@ def token_stats(logp, gen_logp, entropy, weights, loss_mask, loss_stats):
       ratio_max=jnp.max(jnp.where(act, ratio, 0.0), initial=0.0),
       k3_sum=jnp.sum(jnp.where(act, ratio - 1.0 - log_ratio, 0.0)),
       entropy_sum=zero if entropy is None else jnp.sum(jnp.where(act, entropy, 0.0)),
-      clipped_low=loss_stats["clipped_low"], clipped_high=loss_stats["clipped_high"])
+      clipped_low=loss_stats["clipped_low"], clipped_high=loss_stats["clipped_high"],
+      moe_dropped=zero)   # set by the train step from the model's aux (capacity-mode MoE)
   return out
 
 
@@ -46,4 +48,5 @@ def finalize(stats):
   return dict(tokens=stats["tokens"], entropy=stats["entropy_sum"] / n,
               is_ratio_mean=stats["ratio_sum"] / n, is_ratio_max=stats["ratio_max"],
               kl_k3=stats["k3_sum"] / n, clip_frac_low=stats["clipped_low"] / n,
-              clip_frac_high=stats["clipped_high"] / n)
+              clip_frac_high=stats["clipped_high"] / n,
+              moe_dropped=stats["moe_dropped"])   # token-expert copies over all layers, rows

@@ -29,7 +29,8 @@ from scalerl_jax.learner.state import LearnerState
 
 # (params, tokens, positions) -> float32 logits [B,T,V], or (hidden [B,T,D], head kernel [D,V])
 # (models.forward_hidden): then log-probs are computed over sequence chunks (logits_chunk).
-ApplyFn = Callable[[Any, jax.Array, jax.Array], Any]
+# With MoE routing replay it is also called with routes=int [B,T,R,K].
+ApplyFn = Callable[..., Any]
 SKIP_EMPTY, SKIP_NONFINITE = 1.0, 2.0
 
 
@@ -146,7 +147,11 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
   loss_fn = rl.get_loss(spec.loss)
 
   def objective(params, mb):
-    out = apply_fn(params, mb["tokens"], mb["positions"])
+    extra = {"routes": mb["routes"]} if "routes" in mb else {}   # MoE routing replay (R3)
+    out = apply_fn(params, mb["tokens"], mb["positions"], **extra)
+    aux = {}
+    if isinstance(out, tuple) and isinstance(out[-1], dict):   # (..., aux), e.g. aux['moe_dropped']
+      out, aux = (out[0] if len(out) == 2 else out[:-1]), out[-1]
     if isinstance(out, tuple):
       logp, ent = chunked_token_logprobs(*out, mb["tokens"], logits_chunk, with_entropy,
                                          temperature=temperature)
@@ -156,6 +161,8 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
     out = loss_fn(logp, mb["gen_logprobs"], mb["adv"], mb["weights"], mask, spec.hp)
     stats = metrics_lib.token_stats(logp, mb["gen_logprobs"], ent, mb["weights"], mask, out.stats)
     stats["loss_sum"] = jax.lax.stop_gradient(out.sum)
+    if "moe_dropped" in aux:
+      stats["moe_dropped"] = jax.lax.stop_gradient(aux["moe_dropped"])
     return out.sum, stats
 
   grad_fn = jax.grad(objective, has_aux=True)
@@ -173,6 +180,8 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
                   gen_logprobs=jnp.asarray(batch["gen_logprobs"], jnp.float32),
                   loss_mask=jnp.asarray(batch["loss_mask"], bool),
                   adv=prep["adv"], weights=prep["weights"])
+    if "routes" in batch:
+      inputs["routes"] = jnp.asarray(batch["routes"], jnp.int32)
     params = state.params
     if microbatches == 1:
       acc, stats = grad_fn(params, inputs)

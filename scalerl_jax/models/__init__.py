@@ -7,11 +7,14 @@ Public API (stable; other parts code against exactly this):
   from_hf_config(hf_cfg_or_dict)   -> ModelConfig;  to_hf_config(cfg) -> transformers config
   Transformer(cfg)                 the flax.linen module (apply-level API, see transformer.py)
   init_params(cfg, rng, boxed=False) -> params (plain dict; boxed=True keeps logical-axis boxes)
-  forward(params, cfg, tokens, positions=None, mask=None) -> float32 logits [B,T,V]
+  forward(params, cfg, tokens, positions=None, mask=None, routes=None) -> float32 logits [B,T,V]
+                                   (routes int [B,T,R,K]: MoE expert choices to replay, R3)
   forward_hidden(params, cfg, tokens, positions=None, mask=None) -> (hidden [B,T,D], head [D,V])
   init_cache(cfg, batch, max_len)  -> cache dict {k, v [L,B,S,K,H], pos [B,S], index [], next_pos [B]}
   prefill(params, cfg, tokens [B,T], cache, mask=None) -> (float32 logits [B,T,V], cache)
   decode_step(params, cfg, tokens [B], cache) -> (float32 logits [B,V], cache)
+    (both with return_routes=True also return the chosen experts int32 [B,T,R,K] / [B,R,K])
+  num_moe_layers(cfg), check_routes_shape(cfg, shape, tokens_shape)   routes' R and validation
   load_hf(path, **overrides)       -> (cfg, numpy params) from a save_pretrained directory
   save_hf(cfg, params, path)       writes config.json + safetensors loadable by transformers
   hf_named_arrays(cfg, params)     yields (hf_name, np.ndarray) in HF naming/layout (weight push)
@@ -28,11 +31,12 @@ so padding is never attended to and Llama-4 chunks are counted from each row's f
 """
 from scalerl_jax.models.config import ModelConfig, PRESETS, from_hf_config, get_preset, to_hf_config
 from scalerl_jax.models.hf_io import hf_named_arrays, load_hf, save_hf
-from scalerl_jax.models.transformer import (CACHE_LOGICAL_AXES, Transformer, decode_step, forward,
-                                            forward_hidden, init_cache, init_params, prefill)
+from scalerl_jax.models.transformer import (CACHE_LOGICAL_AXES, Transformer, check_routes_shape,
+                                            decode_step, forward, forward_hidden, init_cache,
+                                            init_params, num_moe_layers, prefill)
 
 __all__ = [
     "ModelConfig", "PRESETS", "get_preset", "from_hf_config", "to_hf_config", "Transformer",
-    "init_params", "forward", "forward_hidden", "init_cache", "prefill", "decode_step", "load_hf", "save_hf",
-    "hf_named_arrays", "CACHE_LOGICAL_AXES",
+    "init_params", "forward", "forward_hidden", "init_cache", "prefill", "decode_step", "load_hf",
+    "save_hf", "hf_named_arrays", "CACHE_LOGICAL_AXES", "num_moe_layers", "check_routes_shape",
 ]

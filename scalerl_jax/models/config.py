@@ -50,7 +50,8 @@ class ModelConfig:
   attn_temperature_tuning: bool = False
   floor_scale: int = 8192
   attn_scale: float = 0.1
-  moe_impl: str = "dense"                # dense (all experts, exact as HF) | ragged (dispatch)
+  moe_impl: str = "dispatch"             # dispatch (expert-parallel, active FLOPs) | dense (reference)
+  moe_capacity_factor: float = 0.0       # dispatch: 0 = dropless (ragged_dot); c > 0 = c*avg rows/expert
   bos_token_id: int | None = None
   eos_token_id: int | None = None
   # Numerics / compilation.
@@ -74,8 +75,10 @@ class ModelConfig:
                        f"{self.attention_impl!r}")
     if self.attention_block <= 0:
       raise ValueError(f"attention_block must be positive, got {self.attention_block}")
-    if self.moe_impl not in ("dense", "ragged"):
-      raise ValueError(f"moe_impl must be 'dense' or 'ragged', got {self.moe_impl!r}")
+    if self.moe_impl not in ("dense", "dispatch"):
+      raise ValueError(f"moe_impl must be 'dense' or 'dispatch', got {self.moe_impl!r}")
+    if self.moe_capacity_factor < 0:
+      raise ValueError(f"moe_capacity_factor must be >= 0, got {self.moe_capacity_factor}")
     if self.rope_type not in ("default", "llama3"):
       raise ValueError(f"rope_type must be 'default' or 'llama3', got {self.rope_type!r}")
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",

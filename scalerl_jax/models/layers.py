@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scalerl_jax.models import attention as attention_lib
+from scalerl_jax.models import moe
 from scalerl_jax.models.config import ModelConfig, rope_inv_freq
 
 INIT_STD = 0.02  # HF initializer_range
@@ -226,55 +227,31 @@ class MLP(nn.Module):
 
 class MoE(nn.Module):
   """Llama-4 MoE (HF Llama4TextMoe): sigmoid(top-k router logits) scales each chosen expert's
-  *input*; routed outputs are summed and the shared expert is added.
+  *input*; routed outputs are summed and the shared expert is added (scalerl_jax/models/moe.py).
 
-  moe_impl='dense': all experts run on all tokens with score 0 for unchosen ones (exact, as HF;
-  an unchosen expert contributes SwiGLU(0) = 0); E/k times the active FLOPs, shards over the
-  'expert' axis. moe_impl='ragged': tokens sorted by expert + jax.lax.ragged_dot, active FLOPs only.
+  moe_impl='dense': all experts on all tokens (exact as HF; the reference). 'dispatch' (default):
+  expert-parallel dispatch at active FLOPs (moe.dispatch_experts). `routes` int [B,T,K] replays
+  given expert choices (routing replay); the chosen experts are sown as
+  intermediates['routes'] ([B,T,K]) and dropped copies (capacity mode) as
+  intermediates['moe_dropped'] when the 'intermediates' collection is mutable.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, routes=None):
     cfg = self.cfg
     D, E, F = cfg.d_model, cfg.num_experts, cfg.expert_ffn_dim
     wr = param(self, "router", (D, E), ("embed", None))
-    logits = jnp.einsum("BTD,DE->BTE", x, wr)
-    top_vals, top_idx = jax.lax.top_k(logits, cfg.num_experts_per_tok)
-    gates = jax.nn.sigmoid(top_vals.astype(jnp.float32)).astype(x.dtype)     # [B,T,k]
-    scores = jnp.einsum("BTk,BTkE->BTE", gates, jax.nn.one_hot(top_idx, E, dtype=x.dtype))
-    wg = param(self, "gate", (E, D, F), ("expert", "embed", "mlp"))
-    wu = param(self, "up", (E, D, F), ("expert", "embed", "mlp"))
-    wd = param(self, "down", (E, F, D), ("expert", "mlp", "embed"))
+    top_idx, gates = moe.route(x, wr, cfg.num_experts_per_tok, routes)
+    self.sow("intermediates", "routes", top_idx)
+    wg = param(self, "gate", (E, D, F), ("expert", "expert_embed", "expert_mlp"))
+    wu = param(self, "up", (E, D, F), ("expert", "expert_embed", "expert_mlp"))
+    wd = param(self, "down", (E, F, D), ("expert", "expert_mlp", "expert_embed"))
     shared = MLP(cfg, F, name="shared")(x)
-    if cfg.moe_impl == "ragged":
-      return shared + _ragged_experts(x, top_idx, gates, wg, wu, wd)
-    xe = jnp.einsum("BTD,BTE->EBTD", x, scores)
-    xe = constrain(xe, ("act_expert", "batch", "seq", "act_embed"))
-    g = jnp.einsum("EBTD,EDF->EBTF", xe, wg)
-    u = jnp.einsum("EBTD,EDF->EBTF", xe, wu)
-    h = constrain(jax.nn.silu(g) * u, ("act_expert", "batch", "seq", "act_mlp"))
-    routed = jnp.einsum("EBTF,EFD->BTD", h, wd)
+    routed, dropped = moe.routed_experts(cfg, x, top_idx, gates, wg, wu, wd, constrain)
+    if dropped is not None:
+      self.sow("intermediates", "moe_dropped", jnp.sum(dropped))
     return shared + routed
-
-
-def _ragged_experts(x, top_idx, gates, wg, wu, wd):
-  """Dispatching MoE: only the k chosen experts run per token (sort by expert + ragged_dot).
-
-  x [B,T,D]; top_idx, gates [B,T,k]; expert kernels [E,D,F] / [E,F,D]. Same math as the dense path
-  (each chosen expert sees its input scaled by the gate), at k/E of its FLOPs.
-  """
-  B, T, D = x.shape
-  E, k = wg.shape[0], top_idx.shape[-1]
-  expert = top_idx.reshape(-1)                                   # [M*k], M = B*T
-  token = jnp.repeat(jnp.arange(B * T), k)
-  order = jnp.argsort(expert, stable=True)
-  token_sorted = token[order]
-  xs = x.reshape(B * T, D)[token_sorted] * gates.reshape(-1)[order][:, None]
-  sizes = jnp.bincount(expert, length=E).astype(jnp.int32)
-  h = jax.nn.silu(jax.lax.ragged_dot(xs, wg, sizes)) * jax.lax.ragged_dot(xs, wu, sizes)
-  out = jax.lax.ragged_dot(h, wd, sizes)                         # [M*k, D]
-  return jnp.zeros((B * T, D), out.dtype).at[token_sorted].add(out).reshape(B, T, D)
 
 
 class DecoderLayer(nn.Module):
@@ -286,11 +263,15 @@ class DecoderLayer(nn.Module):
   chunked: bool = False      # chunked-local attention (training path; decode gets it in `mask`)
 
   @nn.compact
-  def __call__(self, x, positions, mask, kv=None, index=None):
+  def __call__(self, x, positions, mask, kv=None, index=None, routes=None):
+    """routes: int [B,T,K] expert choices to replay on an MoE layer (None: the router's top-k)."""
     cfg = self.cfg
     h, new_kv = Attention(cfg, self.use_rope, self.heads_major, self.chunked, name="attn")(
         RMSNorm(cfg, name="attn_norm")(x), positions, mask, kv, index)
-    x = constrain(x + h, ("batch", "seq", "act_embed"))
+    # Training path: the residual's sequence dim is `act_seq` (sequence-sharded between layers in
+    # tensor-parallel layouts); cached decode keeps `seq`.
+    res = ("batch", "seq" if kv is not None else "act_seq", "act_embed")
+    x = constrain(x + h, res)
     y = RMSNorm(cfg, name="ffn_norm")(x)
-    y = MoE(cfg, name="moe")(y) if self.is_moe else MLP(cfg, cfg.ffn_dim, name="mlp")(y)
-    return constrain(x + y, ("batch", "seq", "act_embed")), new_kv
+    y = MoE(cfg, name="moe")(y, routes) if self.is_moe else MLP(cfg, cfg.ffn_dim, name="mlp")(y)
+    return constrain(x + y, res), new_kv

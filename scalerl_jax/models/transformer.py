@@ -54,17 +54,21 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, masks, kv=None, index=None):
+  def __call__(self, x, positions, masks, kv=None, index=None, routes=None):
     cfg, p = self.cfg, self.cfg.scan_period
     cls = _layer_cls(cfg, scanned=True)
     new_k, new_v = [], []
+    r = 0
     for j in range(p):  # block b holds layers b*p + j; the layer pattern has period p
       i = j
       mask = _layer_mask(cfg, masks, i)
       layer_kv = None if kv is None else (kv[0][j], kv[1][j])
+      layer_routes = None
+      if routes is not None and cfg.layer_is_moe(i):   # routes [B,T,R_block,K]
+        layer_routes, r = routes[:, :, r], r + 1
       x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i),
                    chunked=cfg.layer_is_chunked(i), name=f"layer_{j}")(
-          x, positions, mask, layer_kv, index)
+          x, positions, mask, layer_kv, index, layer_routes)
       if nkv is not None:
         new_k.append(nkv[0])
         new_v.append(nkv[1])
@@ -80,20 +84,25 @@ class Transformer(nn.Module):
   per-layer [B,K,S,H] / [B,K,H,S] k / v buffers (the sampler's split cache, unscanned models only), or None; index =
   cache slot where the T new tokens are written. Without a cache kv_pos must equal positions.
   hidden_only=True returns ((final hidden [B,T,D], LM head kernel [D,V]), kv), both in the head
-  dtype, instead of the logits.
+  dtype, instead of the logits. routes = int [B,T,R,K] expert choices of the R MoE layers (in
+  layer order) to replay (routing replay), or None.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens, positions, kv_pos, kv=None, index=None, hidden_only=False):
+  def __call__(self, tokens, positions, kv_pos, kv=None, index=None, hidden_only=False,
+               routes=None):
     cfg = self.cfg
     emb = param(self, "embed", (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
-    x = constrain(jnp.take(emb, tokens, axis=0), ("batch", "seq", "act_embed"))
+    x = constrain(jnp.take(emb, tokens, axis=0),
+                  ("batch", "seq" if kv is not None else "act_seq", "act_embed"))
     # The cached-decode path takes [B,T,S] masks; the training path builds its masks per key
     # block from `positions` inside the attention kernel (models/attention.py).
     masks = None if kv is None else build_masks(cfg, positions, kv_pos)
+    if routes is not None:
+      check_routes_shape(cfg, routes.shape, tokens.shape)
     if cfg.scan_layers:
-      x, new_kv = self._scanned(x, positions, masks, kv, index)
+      x, new_kv = self._scanned(x, positions, masks, kv, index, routes)
     else:
       cls = _layer_cls(cfg, scanned=False)
       split = kv is not None and isinstance(kv[0], (list, tuple))
@@ -101,9 +110,12 @@ class Transformer(nn.Module):
       for i in range(cfg.num_layers):
         mask = _layer_mask(cfg, masks, i)
         layer_kv = None if kv is None else (kv[0][i], kv[1][i])
+        layer_routes = None
+        if routes is not None and cfg.layer_is_moe(i):
+          layer_routes = routes[:, :, moe_layer_index(cfg, i)]
         x, nkv = cls(cfg, cfg.layer_uses_rope(i), cfg.layer_is_moe(i), split,
                      chunked=cfg.layer_is_chunked(i), name=f"layers_{i}")(
-                         x, positions, mask, layer_kv, index)
+                         x, positions, mask, layer_kv, index, layer_routes)
         if nkv is not None:
           ks.append(nkv[0])
           vs.append(nkv[1])
@@ -138,18 +150,57 @@ class Transformer(nn.Module):
       w = w.astype(head_dtype)
     return x.astype(head_dtype), w
 
-  def _scanned(self, x, positions, masks, kv, index):
+  def _scanned(self, x, positions, masks, kv, index, routes):
     cfg, p = self.cfg, self.cfg.scan_period
     n = cfg.num_layers // p
     if kv is not None:  # [L,...] -> [n, p, ...]: block b, in-block layer j = layer b*p + j
       kv = tuple(a.reshape(n, p, *a.shape[1:]) for a in kv)
-    scan = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                   in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast), length=n,
+    if routes is not None:  # [B,T,R,K] -> [n,B,T,R/n,K]: block b's MoE layers
+      B, T, R, K = routes.shape
+      routes = jnp.moveaxis(routes.reshape(B, T, n, R // n, K), 2, 0)
+    scan = nn.scan(Block, variable_axes={"params": 0, "intermediates": 0},
+                   split_rngs={"params": True},
+                   in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0), length=n,
                    metadata_params={nn.PARTITION_NAME: "layers"})
-    x, new_kv = scan(cfg, name="blocks")(x, positions, masks, kv, index)
+    x, new_kv = scan(cfg, name="blocks")(x, positions, masks, kv, index, routes)
     if new_kv is not None:
       new_kv = tuple(a.reshape(cfg.num_layers, *a.shape[2:]) for a in new_kv)
     return x, new_kv
+
+
+# ------------------------------------------------------------------ routing replay
+def num_moe_layers(cfg: ModelConfig) -> int:
+  """R: how many layers are MoE (the routes' layer axis)."""
+  return sum(cfg.layer_is_moe(i) for i in range(cfg.num_layers))
+
+
+def moe_layer_index(cfg: ModelConfig, i: int) -> int:
+  """Position of MoE layer i on the routes' layer axis."""
+  return sum(cfg.layer_is_moe(j) for j in range(i))
+
+
+def check_routes_shape(cfg: ModelConfig, shape, tokens_shape) -> None:
+  """routes must be [B,T,R,K] for tokens [B,T]; ValueError naming what differs."""
+  want = (*tuple(tokens_shape), num_moe_layers(cfg), cfg.num_experts_per_tok)
+  if not cfg.is_moe:
+    raise ValueError("routes given to a dense (non-MoE) model")
+  if tuple(shape) != want:
+    raise ValueError(f"routes must have shape [B,T,R,K] = {want} (R = MoE layers, K = experts "
+                     f"per token); got {tuple(shape)}")
+
+
+def collect_routes(cfg: ModelConfig, intermediates) -> jax.Array:
+  """The sown expert choices of an apply(..., mutable=['intermediates']) -> int32 [B,T,R,K]."""
+  if cfg.scan_layers:
+    p = cfg.scan_period
+    blocks = intermediates["blocks"]
+    per = [blocks[f"layer_{j}"]["moe"]["routes"][0] for j in range(p) if cfg.layer_is_moe(j)]
+    r = jnp.stack(per, axis=1)                                   # [n, R_block, B, T, K]
+    r = r.reshape(-1, *r.shape[2:])                              # [R, B, T, K] in layer order
+  else:
+    r = jnp.stack([intermediates[f"layers_{i}"]["moe"]["routes"][0]
+                   for i in range(cfg.num_layers) if cfg.layer_is_moe(i)])
+  return jnp.moveaxis(r, 0, 2).astype(jnp.int32)
 
 
 # ------------------------------------------------------------------ functional API
@@ -164,6 +215,13 @@ def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False) -> Par
   pos = jnp.zeros((1, 1), jnp.int32)
   variables = Transformer(cfg).init(rng, tokens, pos, pos)
   return variables["params"] if boxed else nn.unbox(variables["params"])
+
+
+def _aux(inter) -> dict:
+  """{'moe_dropped': float32 total} from an apply's mutable 'intermediates'."""
+  dropped = [jnp.sum(v) for p, v in jax.tree_util.tree_flatten_with_path(inter)[0]
+             if "moe_dropped" in jax.tree_util.keystr(p)]
+  return dict(moe_dropped=sum(dropped, jnp.zeros((), jnp.float32)).astype(jnp.float32))
 
 
 def _forward_inputs(tokens, positions, mask):
@@ -181,27 +239,41 @@ def _forward_inputs(tokens, positions, mask):
 
 
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
-            mask: jax.Array | None = None) -> jax.Array:
+            mask: jax.Array | None = None, routes: jax.Array | None = None,
+            return_aux: bool = False):
   """Full (training / scoring) forward: float32 logits [B,T,V].
 
   tokens int32 [B,T]; mask bool [B,T] (False = padding, default all True); positions default to
-  cumsum(mask) - 1 (so left and right padding both work). Not jitted: wrap in jax.jit with
-  cfg static (e.g. `jax.jit(forward, static_argnums=1)`).
+  cumsum(mask) - 1 (so left and right padding both work); routes int [B,T,R,K]: replay these
+  expert choices (MoE only). Not jitted: wrap in jax.jit with cfg static (e.g.
+  `jax.jit(forward, static_argnums=1)`). `return_aux`: returns (logits, aux) with
+  aux['moe_dropped'] = float32 token-expert copies dropped by capacity-mode MoE layers (all layers).
   """
   tokens, positions = _forward_inputs(tokens, positions, mask)
-  logits, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions)
+  if return_aux:
+    (logits, _), inter = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
+                                                routes=routes, mutable=["intermediates"])
+    return logits, _aux(inter)
+  logits, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
+                                     routes=routes)
   return logits
 
 
 def forward_hidden(params: Params, cfg: ModelConfig, tokens: jax.Array,
-                   positions: jax.Array | None = None, mask: jax.Array | None = None
-                   ) -> tuple[jax.Array, jax.Array]:
+                   positions: jax.Array | None = None, mask: jax.Array | None = None,
+                   routes: jax.Array | None = None, return_aux: bool = False):
   """`forward` without the LM head: (hidden [B,T,D], kernel [D,V]), both in the head dtype
   (float32 with fp32_lm_head); logits = hidden @ kernel. For the learner's sequence-chunked
-  log-probs (learner/logprobs.py), so [B,T,V] logits never exist whole."""
+  log-probs (learner/logprobs.py), so [B,T,V] logits never exist whole. routes, return_aux: as
+  `forward` (with return_aux: (hidden, kernel, aux))."""
   tokens, positions = _forward_inputs(tokens, positions, mask)
+  if return_aux:
+    (out, _), inter = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
+                                             hidden_only=True, routes=routes,
+                                             mutable=["intermediates"])
+    return (*out, _aux(inter))
   out, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
-                                  hidden_only=True)
+                                  hidden_only=True, routes=routes)
   return out
 
 
@@ -228,12 +300,13 @@ CACHE_LOGICAL_AXES = dict(
 
 
 def prefill(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
-            mask: jax.Array | None = None) -> tuple[jax.Array, Cache]:
+            mask: jax.Array | None = None, return_routes: bool = False):
   """Runs T tokens [B,T] through the model, appending them to the cache at slot `index`.
 
   mask bool [B,T] marks real tokens (False = padding; use left padding for prompts so the last
   column is every row's last prompt token). Returns float32 logits [B,T,V] and the new cache.
   The caller must keep index + T <= max_len (slots beyond the end are clamped by XLA).
+  With `return_routes` (MoE) also returns each token's chosen experts, int32 [B,T,R,K].
   """
   tokens = jnp.asarray(tokens)
   if tokens.ndim != 2:
@@ -247,18 +320,28 @@ def prefill(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
   positions = _positions_from_mask(mask, cache["next_pos"][:, None])
   index = cache["index"]
   kv_pos = jax.lax.dynamic_update_slice(cache["pos"], positions, (0, index))
-  logits, (k, v) = Transformer(cfg).apply({"params": params}, tokens, positions, kv_pos,
-                                          (cache["k"], cache["v"]), index)
+  model = Transformer(cfg)
+  args = ({"params": params}, tokens, positions, kv_pos, (cache["k"], cache["v"]), index)
+  if return_routes:
+    (logits, (k, v)), inter = model.apply(*args, mutable=["intermediates"])
+  else:
+    logits, (k, v) = model.apply(*args)
   new_cache = dict(k=k, v=v, pos=kv_pos, index=index + tokens.shape[1],
                    next_pos=cache["next_pos"] + jnp.sum(mask, axis=1).astype(jnp.int32))
+  if return_routes:
+    return logits, new_cache, collect_routes(cfg, inter["intermediates"])
   return logits, new_cache
 
 
-def decode_step(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache
-                ) -> tuple[jax.Array, Cache]:
-  """One decoding step for every row: tokens int32 [B] -> (float32 logits [B,V], new cache)."""
+def decode_step(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
+                return_routes: bool = False):
+  """One decoding step for every row: tokens int32 [B] -> (float32 logits [B,V], new cache)
+  (+ the fed tokens' chosen experts int32 [B,R,K] with `return_routes`)."""
   tokens = jnp.asarray(tokens)
   if tokens.ndim != 1:
     raise ValueError(f"decode_step takes tokens [B], got shape {tokens.shape}")
+  if return_routes:
+    logits, cache, routes = prefill(params, cfg, tokens[:, None], cache, return_routes=True)
+    return logits[:, 0], cache, routes[:, 0]
   logits, cache = prefill(params, cfg, tokens[:, None], cache)
   return logits[:, 0], cache

@@ -266,11 +266,16 @@ def batch_to_arrays(batch: Batch, pad_id: int = 0) -> dict[str, np.ndarray]:
          for gid, r in rows]
   T = max((len(p) + len(c.tokens) for _, p, c in dec), default=0)
   n = len(dec)
+  with_routes = n > 0 and all(c.routes is not None for _, _, c in dec)
   out = dict(tokens=np.full((n, T), pad_id, np.int32), gen_logprobs=np.zeros((n, T), np.float32),
              loss_mask=np.zeros((n, T), bool), rewards=np.zeros((n,), np.float32),
              prompt_ids=np.zeros((n,), np.int32), versions=np.zeros((n, T), np.int32))
+  if with_routes:   # MoE routing replay: int32 [B*G, T, R, K] (padding rows / tokens: expert 0)
+    out["routes"] = np.zeros((n, T, *dec[0][2].routes.shape[1:]), np.int32)
   for i, (gid, p, c) in enumerate(dec):
     P, L = len(p), len(c.tokens)
+    if with_routes:
+      out["routes"][i, :P + L] = c.routes
     out["tokens"][i, :P], out["tokens"][i, P:P + L] = p, c.tokens
     out["gen_logprobs"][i, P:P + L] = c.logprobs
     out["loss_mask"][i, P:P + L] = c.policy_mask

@@ -77,7 +77,26 @@ def completion_to_rollout(c: Completion, *, group_id: int, sample_index: int,
       rewards=list(rewards if rewards is not None else (c.reward,)),
       finish_reason=FINISH_TO_PB[c.finish_reason], generator_id=generator_id,
       timing=pb.Timing(start_unix_s=start_unix_s,
-                       end_unix_s=time.time() if end_unix_s is None else end_unix_s))
+                       end_unix_s=time.time() if end_unix_s is None else end_unix_s),
+      routes=None if c.routes is None else encode_routes(c.routes))
+
+
+def encode_routes(routes: np.ndarray) -> pb.Routes:
+  """int [N,R,K] expert choices (N = prompt + completion tokens) -> the wire `Routes`."""
+  routes = np.asarray(routes)
+  if routes.ndim != 3:
+    raise ValueError(f"routes must be [tokens, layers, k]; got shape {routes.shape}")
+  return pb.Routes(experts=encode(routes.reshape(-1), pb.INT32), layers=routes.shape[1],
+                   k=routes.shape[2])
+
+
+def decode_routes(r: pb.Rollout) -> np.ndarray | None:
+  """The (validated) rollout's routes as int32 [N,R,K], or None when it has none."""
+  if not r.HasField("routes"):
+    return None
+  t = r.routes
+  flat = decode(t.experts, pb.INT32, "routes.experts", 1 << 31)
+  return flat.reshape(-1, int(t.layers), int(t.k))
 
 
 def rollout_to_completion(r: pb.Rollout) -> Completion:
@@ -90,4 +109,4 @@ def rollout_to_completion(r: pb.Rollout) -> Completion:
       versions=decode(r.versions, pb.INT32, "versions", big),
       policy_mask=decode(r.policy_mask, pb.BITS, "policy_mask", big),
       finish_reason=FINISH_FROM_PB.get(r.finish_reason, FINISH_STOP),
-      reward=float(r.rewards[0]) if r.rewards else 0.0)
+      reward=float(r.rewards[0]) if r.rewards else 0.0, routes=decode_routes(r))

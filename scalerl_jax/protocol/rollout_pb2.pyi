@@ -48,7 +48,7 @@ class Timing(_message.Message):
     def __init__(self, start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ...) -> None: ...
 
 class Rollout(_message.Message):
-    __slots__ = ("rollout_id", "prompt_id", "group_id", "sample_index", "prompt_tokens", "completion_tokens", "logprobs", "versions", "policy_mask", "rewards", "finish_reason", "generator_id", "timing")
+    __slots__ = ("rollout_id", "prompt_id", "group_id", "sample_index", "prompt_tokens", "completion_tokens", "logprobs", "versions", "policy_mask", "rewards", "finish_reason", "generator_id", "timing", "routes")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class Rollout(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     prompt_id: int
     group_id: int
@@ -75,7 +76,18 @@ class Rollout(_message.Message):
     finish_reason: FinishReason
     generator_id: str
     timing: Timing
-    def __init__(self, rollout_id: _Optional[str] = ..., prompt_id: _Optional[int] = ..., group_id: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., completion_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., versions: _Optional[_Union[Tensor, _Mapping]] = ..., policy_mask: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., generator_id: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+    routes: Routes
+    def __init__(self, rollout_id: _Optional[str] = ..., prompt_id: _Optional[int] = ..., group_id: _Optional[int] = ..., sample_index: _Optional[int] = ..., prompt_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., completion_tokens: _Optional[_Union[Tensor, _Mapping]] = ..., logprobs: _Optional[_Union[Tensor, _Mapping]] = ..., versions: _Optional[_Union[Tensor, _Mapping]] = ..., policy_mask: _Optional[_Union[Tensor, _Mapping]] = ..., rewards: _Optional[_Iterable[float]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., generator_id: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., routes: _Optional[_Union[Routes, _Mapping]] = ...) -> None: ...
+
+class Routes(_message.Message):
+    __slots__ = ("experts", "layers", "k")
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    experts: Tensor
+    layers: int
+    k: int
+    def __init__(self, experts: _Optional[_Union[Tensor, _Mapping]] = ..., layers: _Optional[int] = ..., k: _Optional[int] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("rollouts",)

@@ -49,6 +49,11 @@ class Limits:
   max_eval_samples: int = 4096       # samples per prompt of an evaluation
   max_open_evals: int = 64           # evaluations open at once
   max_held_versions: int = 64        # LeaseRequest.held_versions entries
+  # MoE routing replay: the model's MoE layers R, experts per token K and expert count E. With
+  # route_layers == 0 a rollout carrying `routes` is refused (the buffer was not told the shape).
+  route_layers: int = 0
+  route_k: int = 0
+  num_experts: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +101,25 @@ def _decode(t: pb.Tensor, dtype: int, name: str, max_len: int) -> np.ndarray:
     return codec.decode(t, dtype, name, max_len, unpack_bits=False)
   except codec.CodecError as e:
     raise invalid(str(e)) from None
+
+
+def check_routes(routes: pb.Routes, num_tokens: int, limits: Limits) -> None:
+  """`routes` must be [num_tokens, R, K] with R, K the model's and every expert in [0, E)."""
+  if limits.route_layers <= 0:
+    raise invalid("routes given but this buffer does not accept them (no MoE route shape "
+                  "configured: Limits.route_layers / route_k / num_experts)")
+  if (routes.layers, routes.k) != (limits.route_layers, limits.route_k):
+    raise invalid(f"routes have {routes.layers} layers x k={routes.k}; the model has "
+                  f"{limits.route_layers} MoE layers x k={limits.route_k}")
+  want = num_tokens * limits.route_layers * limits.route_k
+  if routes.experts.length != want:
+    raise invalid(f"routes.experts has length {routes.experts.length}; expected (prompt + "
+                  f"completion tokens) {num_tokens} x {limits.route_layers} x {limits.route_k} "
+                  f"= {want}")
+  experts = _decode(routes.experts, pb.INT32, "routes.experts", want)
+  if want and int(experts.view(_U32).max()) >= limits.num_experts:   # negatives wrap
+    raise invalid(f"routes.experts must be in [0, {limits.num_experts}); got "
+                  f"[{int(experts.min())}, {int(experts.max())}]")
 
 
 def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limits: Limits,
@@ -162,6 +186,8 @@ def validate_rollout(r: pb.Rollout, lease: LeaseView, current_version: int, limi
     ts = (r.timing.start_unix_s, r.timing.end_unix_s)
     if not all(math.isfinite(x) and x >= 0 for x in ts):
       raise invalid(f"timing must be finite and >= 0; got {ts}")
+  if r.HasField("routes"):
+    check_routes(r.routes, prompt.size + n, limits)
   if verifier is not None:
     expect = float(verifier(lease.prompt_id, lease.answer, tokens))
     if abs(expect - float(rewards[0])) > limits.reward_atol:

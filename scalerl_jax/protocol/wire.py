@@ -16,7 +16,7 @@ from google.protobuf import unknown_fields
 
 from scalerl_jax.protocol import rollout_pb2 as pb
 _ROLLOUT_SUBMESSAGES = ("prompt_tokens", "completion_tokens", "logprobs", "versions",
-                        "policy_mask", "timing")
+                        "policy_mask", "timing", "routes")
 _PARSE_ERRORS = (pb_message.DecodeError, ValueError, RuntimeError, IndexError)
 
 
@@ -110,6 +110,8 @@ def parse_push(data: bytes):
           break
         if r.HasField(f):
           err = unknown(getattr(r, f), f"{name}.{f}")
+          if not err and f == "routes" and r.routes.HasField("experts"):
+            err = unknown(r.routes.experts, f"{name}.routes.experts")
       if err:
         return Malformed(err)
       out.append((r, raw))

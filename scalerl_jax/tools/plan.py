@@ -18,6 +18,16 @@ and prints ONE JSON line with per-device bytes (params, optimizer state, batch, 
 activations + gradients + workspace, from `compiled.memory_analysis()`), the peak total, `fits`
 against the topology's usable memory, compile times, mesh, micro-batches and tokens per micro-batch.
 
+`compute` (with --flops): XLA's cost analysis counts a while-loop body once (the micro-batch scan
+and the scanned layers), so the step's FLOPs come from a probe: forward + backward of one
+micro-batch (token log-probs, the learner's objective minus elementwise loss terms) on the same
+mesh and rules, layers unscanned and without remat, compiled at p and 2p layers (p = the scanned
+block) and extrapolated linearly to all layers; x micro-batches = compiled FLOPs per step (the
+optimizer's elementwise update, ~1e-5 of it, is left out). Compared per token with 6 N_active +
+12 L N_heads H T (dense [T,T] attention as the einsum path computes it), and turned into a step
+time and device-hours at the topology's peak bf16 FLOP/s and a stated MFU (--mfu). Full remat
+adds one forward (≈ +1/3) of hardware FLOPs that MFU does not count.
+
 Caveat: the numbers come from the XLA:CPU compiler's buffer assignment. TPU/GPU compilers fuse and
 schedule differently; treat temp bytes as an estimate (docs/SCALE.md).
 """
@@ -124,6 +134,60 @@ def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int):
   return compiled, info
 
 
+def probe_flops(config, model_cfg, mesh, rows: int, seq_len: int, num_layers: int) -> float:
+  """Compiled FLOPs (all devices) of forward + backward of one micro-batch of `rows` x `seq_len`
+  tokens through `num_layers` unscanned layers, without remat, on `mesh` with the config's rules."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from scalerl_jax import models, sharding
+  from scalerl_jax.learner.learner import batch_axes
+
+  cfg = model_cfg.replace(num_layers=num_layers, scan_layers=False, remat="none")
+  rules = tuple(config.mesh.rules)
+  params = sharding.abstract_params(cfg)
+  p_sh = sharding.param_shardings(cfg, mesh, rules)
+  tok_sh = NamedSharding(mesh, P(batch_axes(rules)))
+  tokens = jax.ShapeDtypeStruct((rows, seq_len), jnp.int32, sharding=tok_sh)
+
+  def objective(p, tok):
+    logits = models.forward(p, cfg, tok)
+    return jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits), tok[..., None], -1))
+
+  with sharding.use_mesh(mesh, rules):
+    compiled = jax.jit(jax.grad(objective)).lower(_with_sharding(params, p_sh), tokens).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost["flops"]) * mesh.size    # the SPMD module's numbers are per device
+
+
+def compute_report(config, model_cfg, mesh, topo, batch_rows: int, seq_len: int, mfu: float) -> dict:
+  """Compiled FLOPs per step / token vs 6 N_active + attention, step time and device-hours."""
+  from scalerl_jax.tools.describe import count_params
+  m = int(config.optim.microbatches)
+  rows = batch_rows // m
+  p = model_cfg.scan_period
+  t0 = time.perf_counter()
+  f1 = probe_flops(config, model_cfg, mesh, rows, seq_len, p)
+  f2 = probe_flops(config, model_cfg, mesh, rows, seq_len, 2 * p)
+  per_mb = f1 + (model_cfg.num_layers / p - 1) * (f2 - f1)
+  tokens_mb = rows * seq_len
+  per_token = per_mb / tokens_mb
+  n_active = count_params(model_cfg)["params_active"]
+  six_n = 6.0 * n_active
+  attn = 12.0 * model_cfg.num_layers * model_cfg.num_heads * model_cfg.head_dim * seq_len
+  step_flops = per_mb * m
+  step_s = step_flops / (topo.num_devices * topo.peak_flops * mfu) if topo.peak_flops else None
+  return dict(
+      flops_per_step=step_flops, flops_per_token=per_token, params_active=n_active,
+      six_n_active_per_token=six_n, attention_flops_per_token=attn,
+      flops_per_token_vs_6n_plus_attention=round(per_token / (six_n + attn), 4),
+      peak_flops_per_device=topo.peak_flops, mfu=mfu,
+      step_seconds=None if step_s is None else round(step_s, 2),
+      device_hours_per_step=None if step_s is None else round(step_s * topo.num_devices / 3600, 4),
+      probe_layers=[p, 2 * p], probe_s=round(time.perf_counter() - t0, 2))
+
+
 def generator_rules(rules):
   """The learner rules with FSDP removed: a generator keeps full weights along `embed`, shards
   heads / mlp / vocab over `tensor` (and experts over `expert`), and its cache batch over `data`."""
@@ -167,7 +231,8 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
   return out
 
 
-def plan(config, seq_len: int | None = None, with_generator: bool = True) -> dict:
+def plan(config, seq_len: int | None = None, with_generator: bool = True, with_flops: bool = True,
+         mfu: float = 0.4) -> dict:
   """The plan JSON of `config` on `config.topology` (needs that many jax devices)."""
   import jax
 
@@ -212,6 +277,10 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True) -> dic
   out["total_bytes"] = out["peak_bytes"]
   out["fits"] = bool(out["total_bytes"] <= topo.usable_bytes)
   out["total_gb"] = round(out["total_bytes"] / 1e9, 2)
+  out["moe"] = (dict(impl=model_cfg.moe_impl, capacity_factor=model_cfg.moe_capacity_factor)
+                if model_cfg.is_moe else None)
+  if with_flops:
+    out["compute"] = compute_report(config, model_cfg, mesh, topo, batch_rows, seq_len, mfu)
   if with_generator:
     g = config.generator
     out["generator"] = compile_generator(
@@ -254,7 +323,8 @@ def main(argv):
   if _MICROBATCHES.value:
     config.optim.microbatches = _MICROBATCHES.value
   _ensure_devices(topologies.get_topology(config.topology).num_devices)
-  print(json.dumps(plan(config, _SEQ_LEN.value or None, with_generator=_GENERATOR.value)))
+  print(json.dumps(plan(config, _SEQ_LEN.value or None, with_generator=_GENERATOR.value,
+                        with_flops=_FLOPS.value, mfu=_MFU.value)))
 
 
 if __name__ == "__main__":
@@ -265,4 +335,7 @@ if __name__ == "__main__":
                                   "answer budgets = 16,384).")
   _MICROBATCHES = flags.DEFINE_integer("microbatches", 0, "Override config.optim.microbatches.")
   _GENERATOR = flags.DEFINE_boolean("generator", True, "Also compile the generator decode step.")
+  _FLOPS = flags.DEFINE_boolean("flops", True, "Also compile the FLOPs probe (compute report).")
+  _MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation assumed for the step-time "
+                            "estimate (bench.learner measured 0.327 on one H200, docs/LEARNER.md).")
   app.run(main)
