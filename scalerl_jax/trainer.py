@@ -239,8 +239,11 @@ class Trainer:
                                            temperature=float(config.eval.get("temperature", 1.0)),
                                            top_p=float(config.eval.get("top_p", 1.0)))
     self.last_eval = None
-    self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep))
+    self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep),
+                                async_save=bool(config.checkpoint.get("async_save", False)))
     self.watchdog = None   # callable raising when a child process died (set by main)
+    audit = config.get("audit")
+    self.audit_ids = bool(audit is not None and audit.get("trained_ids", False)) and self.main
     self.learner_state_path = learner_state_path
     self.source, self.sources = self._start_weight_source()
     self.start_step = 0
@@ -352,6 +355,9 @@ class Trainer:
     c["step"], c["groups"], c["rollouts"] = step + 1, c["groups"] + len(batch.groups), \
         c["rollouts"] + len(ids)
     c["recent"][str(step)] = ids
+    if self.audit_ids:   # audit trail: this step's rollout ids (job.prepare_resume truncates it)
+      storage.append_text(storage.join(self.workdir, "trained_ids.jsonl"),
+                          json.dumps({"step": step + 1, "ids": ids}) + "\n")
 
   def _parity_on(self) -> bool:
     h = self.config.get("health")
@@ -457,13 +463,17 @@ class Trainer:
         "rng": {"seed": int(self.config.seed), "eval_seed": int(self.eval_spec.seed),
                 "generation": "runtime.generation_seed(seed, version, prompt_ids)"},
         "data_sampler": {"shuffle_seed": int(self.config.seed), "next_step": step,
-                         "state": "buffer WAL (QUEUE/EPOCH/LEASE records), rewound to next_step"}})
+                         "state": "buffer WAL (QUEUE/EPOCH/LEASE records), rewound to next_step"}},
+        on_done=self._saved if self.learner_state_path and self.main else None)
     self.consumed["recent"] = {}
-    if self.learner_state_path and self.main:
-      old = read_learner_state(self.learner_state_path) or {}
-      steps = self.ckpt.all_steps()
-      write_learner_state(self.learner_state_path, step, min(steps) if steps else step,
-                          old.get("resume"))
+
+  def _saved(self, step: int) -> None:
+    """Checkpoint `step` has its manifest (possibly on the saver's background thread): the buffer
+    may now rewind to it and keep delivered groups from the oldest kept step on."""
+    old = read_learner_state(self.learner_state_path) or {}
+    steps = self.ckpt.all_steps()
+    write_learner_state(self.learner_state_path, step, min(steps) if steps else step,
+                        old.get("resume"))
 
   def export_policy(self) -> str:
     """Writes the current policy as an HF checkpoint (config.json + safetensors in the params'
@@ -498,6 +508,7 @@ class Trainer:
     from scalerl_jax.health import RunUnhealthy
     for s in bar:
       try:
+        self.ckpt.check()          # a failed background checkpoint save stops the run here
         rec = self.train_step(s)
       except RunUnhealthy as e:   # stop cleanly: a loadable checkpoint, the reason, then non-zero exit
         log.error("stopping the run: %s", e.reason)
