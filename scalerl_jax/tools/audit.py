@@ -43,6 +43,7 @@ def rollout_ledger(wal_dir: str, trained_ids_path: str) -> dict:
   """Fate of every acknowledged rollout id (module docstring)."""
   acked: dict[str, int] = {}
   terminal: dict[int, str] = {}
+  drops: dict[str, int] = {}            # learner rewinds: groups dropped per reason (DROP records)
   segs = walmod.audit_segments(wal_dir)
   for path in segs:
     recs, _ = walmod.read_segment(path, truncate=False)
@@ -56,6 +57,7 @@ def rollout_ledger(wal_dir: str, trained_ids_path: str) -> dict:
         terminal[int(json.loads(body)["gid"])] = "stale"
       elif rtype == walmod.DROP:
         d = json.loads(body)
+        drops[d["reason"]] = drops.get(d["reason"], 0) + len(d["gids"])
         for g in d["gids"]:
           terminal[int(g)] = "rewind_" + d["reason"]
   # The newest replay chain: groups the buffer still held, undelivered, when it last stopped.
@@ -92,7 +94,7 @@ def rollout_ledger(wal_dir: str, trained_ids_path: str) -> dict:
   never_acked = [i for i in trained if i not in acked]
   return dict(acked=len(acked), trained_ids=len(trained), fate=fate, duplicated=len(dup),
               trained_not_acked=len(never_acked), lost_examples=lost[:5],
-              duplicated_examples=dup[:5], segments=len(segs),
+              duplicated_examples=dup[:5], segments=len(segs), rewind_drop_groups=drops,
               steps_logged_twice=sorted(s for s, n in steps.items() if n > 1))
 
 

@@ -20,7 +20,7 @@ drawn from the seed, injects (docs/RELIABILITY.md "Chaos runs"):
 `--pairs` of the faults are overlapping pairs: the second fault of a pair is injected while the
 first is still in effect (its window: until the killed process is back, the stopped one continued,
 the proxy saw a new connection, the disk was freed). Everything is bounded: the fault count, each
-wait (a fault whose target does not appear within 120 s is skipped and counted), the run's wall
+wait (a fault whose target does not appear within --target-wait-s is skipped and counted), the run's wall
 time (minutes + 15 min), the number of reruns. Only loopback ports and processes it started.
 
 After the run the harness checks (tools/audit.py, from the buffer's WAL incl. its archive, the
@@ -47,8 +47,8 @@ KINDS = ("kill_generator", "kill_buffer", "kill_learner", "stop_generator", "dro
          "disk_full", "corrupt_checkpoint")
 # A pair's first fault is the one that lasts (its window is open when the second lands); faults
 # that end the learner's process tree go second.
-_ORDER = {"stop_generator": 0, "disk_full": 1, "kill_generator": 2, "drop_connection": 3,
-          "kill_buffer": 4, "kill_learner": 5, "corrupt_checkpoint": 6}
+_ORDER = {"stop_generator": 0, "disk_full": 1, "kill_buffer": 2, "kill_generator": 3,
+          "drop_connection": 4, "kill_learner": 5, "corrupt_checkpoint": 6}
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -397,6 +397,7 @@ class Chaos:
       self.seen_pids.update(descendants(self.learner.pid))
       self.planned_kill = True
       os.kill(self.learner.pid, signal.SIGKILL)
+      self.learner.wait()      # no later fault of the same moment picks a process of this tree
 
   def _fill(self) -> int:
     st = os.statvfs(self.run_dir)
@@ -521,13 +522,13 @@ class Chaos:
   def fire(self, kinds: list[str]) -> None:
     first = None
     for j, kind in enumerate(kinds):
-      target = self._wait_for(lambda: self.ready(kind), 120.0)
+      target = self._wait_for(lambda: self.ready(kind), self.a.target_wait_s)
       if target is None:
         self.skipped[kind] = self.skipped.get(kind, 0) + 1
-        self.log(f"skipped {kind}: no target within 120 s")
+        self.log(f"skipped {kind}: no target within {self.a.target_wait_s:.0f} s")
         continue
       if j == 1 and first is not None:
-        time.sleep(self.rng.uniform(0.2, 1.0))
+        time.sleep(self.rng.uniform(0.1, 0.5))
         self.service()
       f = self.inject(kind, target)
       self.faults.append(f)
@@ -621,6 +622,9 @@ def main(argv=None) -> int:
   ap.add_argument("--grace-min", type=float, default=15.0,
                   help="minutes after --minutes the run may take to finish")
   ap.add_argument("--max-runs", type=int, default=200)
+  ap.add_argument("--target-wait-s", type=float, default=300.0,
+                  help="a fault whose target (a stepping learner, a generator...) does not appear "
+                       "within this long is skipped and counted")
   ap.add_argument("--keep-mount", action="store_true")
   ap.add_argument("--kinds", default="", help="comma-separated fault kinds (default: all)")
   a, rest = ap.parse_known_args(argv)
