@@ -434,6 +434,11 @@ class Chaos:
       kids = [p for p in self.seen_pids if p != self.learner.pid and alive(p)]
       ex = dict(run=self.runs, returncode=rc, step=self.step(), planned=self.planned_kill,
                 disk_full=os.path.exists(self.filler), t=round(now - self.t0, 1))
+      tail = open(os.path.join(self.dir, f"learner-{self.runs:03d}.log"), "rb").read()[-20000:]
+      for cause in ("CheckpointError", "No space left on device", "OSError", "RuntimeError"):
+        if cause.encode() in tail:
+          ex["cause"] = cause
+          break
       self.exits.append(ex)
       if rc == 0 and self.step() >= self.a.total_steps:
         self.finished = True
@@ -445,7 +450,8 @@ class Chaos:
                  f"...{tail.decode(errors='replace')[-600:]}")
       else:
         self.log(f"learner run {self.runs} exited ({rc}) at step {ex['step']}"
-                 f"{' (disk full)' if ex['disk_full'] else ''}")
+                 f"{' (disk full)' if ex['disk_full'] else ''}"
+                 f"{' ' + ex['cause'] if rc != -9 and ex.get('cause') else ''}")
       self.planned_kill = False
       left = self.wait_tree_gone(kids, 60.0)
       if left:
@@ -502,7 +508,8 @@ class Chaos:
           ok_end = False
           break
         self.service()
-        if plan and time.time() - self.t0 >= plan[0][0]:
+        if plan and time.time() - self.t0 >= plan[0][0] and not os.path.exists(self.filler):
+          # (a full disk is left alone until freed: its own failure path, not another fault's)
           _, kinds = plan.pop(0)
           self.fire(kinds)
         if time.time() - last_log > 15:
@@ -576,6 +583,8 @@ class Chaos:
     for k, v in inv.items():
       self.log(f"  {'PASS' if v else 'FAIL'}  {k}: {res['details'][k]}")
     summary = dict(faults=by, invariants=inv, overlapping_pairs=overlapping,
+                   disk_full_exits=[e.get("cause") for e in self.exits
+                                    if e["disk_full"] and not e["planned"]],
                    skipped=self.skipped, learner_runs=self.runs,
                    unexpected_exits=[e for e in self.exits
                                      if not e["planned"] and not e["disk_full"] and e["returncode"]],
