@@ -400,17 +400,35 @@ class Chaos:
       self.learner.wait()      # no later fault of the same moment picks a process of this tree
 
   def _fill(self) -> int:
-    st = os.statvfs(self.run_dir)
-    n = max(0, st.f_bavail * st.f_frsize - 4096)
+    """Grows the filler file over every free block (again each loop while the fault lasts: orbax
+    deleting an old checkpoint frees space). Returns the bytes added."""
+    added = 0
     try:
       fd = os.open(self.filler, os.O_CREAT | os.O_WRONLY, 0o600)
-      try:
-        os.posix_fallocate(fd, 0, n)
-      finally:
-        os.close(fd)
     except OSError:
-      pass
-    return n
+      return 0
+    try:
+      size = os.fstat(fd).st_size
+      st = os.statvfs(self.run_dir)
+      n = st.f_bavail * st.f_frsize
+      if n > 0:
+        try:
+          os.posix_fallocate(fd, size, n)
+          added = n
+        except OSError:
+          pass
+      os.lseek(fd, 0, os.SEEK_END)
+      block = b"\0" * 4096
+      while True:                     # whatever fallocate left: until ENOSPC
+        try:
+          if os.write(fd, block) <= 0:
+            break
+          added += 4096
+        except OSError:
+          break
+    finally:
+      os.close(fd)
+    return added
 
   def _free(self) -> None:
     if os.path.exists(self.filler):
@@ -421,6 +439,8 @@ class Chaos:
   def service(self) -> None:
     """Timers (SIGCONT, freeing the disk) and the rerun of a learner that exited."""
     now = time.time()
+    if os.path.exists(self.filler):
+      self._fill()
     for t, fn in [x for x in self.timers if x[0] <= now]:
       self.timers.remove((t, fn))
       fn()
