@@ -133,7 +133,8 @@ class MetricsLog:
       from tensorboardX import SummaryWriter
 
       # purge_step: a resumed run hides the events the crashed run logged after its checkpoint.
-      self.tb = SummaryWriter(self.tb_local, purge_step=purge_step)
+      # max_queue: roomy, so the queue never fills before `_check_tb` sees a dead writer thread.
+      self.tb = SummaryWriter(self.tb_local, purge_step=purge_step, max_queue=4096)
     except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
       self.tb = None
     self.wandb = None
@@ -141,10 +142,22 @@ class MetricsLog:
       from scalerl_jax.wandb_sink import WandbSink
       self.wandb = WandbSink(workdir, wandb_cfg, run_config)
 
+  def _check_tb(self) -> None:
+    """tensorboardX writes events on a thread; when that thread dies (a full disk: ENOSPC on its
+    flush) every later add_scalar blocks forever on its bounded queue, and the run hangs. Found by
+    the chaos harness (tools/chaos.py, disk_full): raise instead, so the run stops like on any other
+    failed write and the same command resumes it once there is space."""
+    fw = getattr(self.tb, "file_writer", None)
+    worker = getattr(getattr(fw, "event_writer", None), "_worker", None)
+    if worker is not None and not worker.is_alive():
+      raise OSError(f"the TensorBoard event writer for {self.tb_local} died (disk full?); free "
+                    f"space and rerun the same command to resume from the last checkpoint")
+
   def write(self, record: dict) -> None:
     with self.lock:
       self._append(self.workdir, record)
       if self.tb is not None:
+        self._check_tb()
         for k, v in record.items():
           if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
             self.tb.add_scalar(k, v, record["step"])
