@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 
@@ -159,6 +160,11 @@ class RunCheckpointer:
 
   def _finish(self, step: int, good: list[int], on_done, t0: float, blocking_s: float) -> None:
     """Waits for orbax to commit `step`, writes its manifest, then calls `on_done(step)`."""
+    if self.async_save and hasattr(os, "setpriority"):
+      try:   # Linux: this thread only (hashing for the manifest) yields the CPU to the train step
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+      except OSError:
+        pass
     try:
       self.manager.wait_until_finished()
       if jax.process_index() == 0:        # multi-host: orbax saved collectively; one manifest

@@ -232,6 +232,7 @@ class Chaos:
     self.t0 = time.time()
     self.filler = os.path.join(self.run_dir, ".chaos_filler")
     self.planned_kill = False      # the learner's next exit is one the harness caused
+    self.disk_full_run = 0         # the learner run that saw the last disk_full fault
 
   def log(self, msg: str) -> None:
     t = time.time() - getattr(self, "t0", time.time())
@@ -369,6 +370,7 @@ class Chaos:
       saw = self._wait_for(self.saving, timeout_s=30.0)
       f["during_save"] = bool(saw)
       f["filled_bytes"] = self._fill()
+      self.disk_full_run = self.runs      # this learner run's exit, whenever it comes, is the fault's
       run = self.runs
       self.timers.append((time.time() + 20.0, self._free))
       f["_end"] = lambda: not os.path.exists(self.filler)
@@ -453,7 +455,8 @@ class Chaos:
       rc = self.learner.returncode
       kids = [p for p in self.seen_pids if p != self.learner.pid and alive(p)]
       ex = dict(run=self.runs, returncode=rc, step=self.step(), planned=self.planned_kill,
-                disk_full=os.path.exists(self.filler), t=round(now - self.t0, 1))
+                disk_full=os.path.exists(self.filler) or self.disk_full_run == self.runs,
+                t=round(now - self.t0, 1))
       tail = open(os.path.join(self.dir, f"learner-{self.runs:03d}.log"), "rb").read()[-20000:]
       for cause in ("CheckpointError", "No space left on device", "OSError", "RuntimeError"):
         if cause.encode() in tail:
@@ -664,6 +667,9 @@ def main(argv=None) -> int:
     a.faults = max(len(a.kinds.split(",")) if a.kinds else len(KINDS), int(round(2 * a.minutes)))
   if a.pairs is None:
     a.pairs = a.faults // 8
+  def stop(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+  signal.signal(signal.SIGTERM, stop)      # the harness's finally: stop the run, unmount
   return Chaos(a, rest).run()
 
 
