@@ -181,6 +181,18 @@ def _module_procs(root_pid: int, module: str) -> list[int]:
   return out
 
 
+def overlaps(faults: list[dict]) -> list[list]:
+  """Pairs of faults in effect at once: fault j injected while fault i's window was still open
+  (t_i <= t_j < t_i + window_i; a window still open at the end counts to the end)."""
+  out = []
+  for i, a in enumerate(faults):
+    end = a["t"] + a.get("window_s", float("inf"))
+    for b in faults[i + 1:]:
+      if a["t"] <= b["t"] < end:
+        out.append([a["kind"], b["kind"], a["t"], b["t"]])
+  return out
+
+
 # ---- the harness -------------------------------------------------------------------------------
 class Chaos:
 
@@ -345,7 +357,7 @@ class Chaos:
     if kind == "kill_generator":
       os.kill(target, signal.SIGKILL)
       f["pid"] = target
-      f["_end"] = lambda: bool(set(self._gens()) - {target}) and len(self._gens()) >= 2
+      f["_end"] = lambda: len(set(self._gens()) - {target}) >= 2   # a replacement runs
     elif kind == "kill_buffer":
       os.kill(target, signal.SIGKILL)
       f["pid"] = target
@@ -598,14 +610,17 @@ class Chaos:
     for f in self.faults:
       by[f["kind"]] = by.get(f["kind"], 0) + 1
       overlapping += bool(f.get("overlapping"))
+    concurrent = overlaps(self.faults)
     self.log("faults injected:")
     for k in KINDS:
       self.log(f"  {k:20s} {by.get(k, 0)}  (skipped {self.skipped.get(k, 0)})")
-    self.log(f"  overlapping pairs    {overlapping}")
+    self.log(f"  overlapping pairs    {overlapping} planned; {len(concurrent)} pairs of faults in "
+             f"effect at once in all")
     self.log("invariants:")
     for k, v in inv.items():
       self.log(f"  {'PASS' if v else 'FAIL'}  {k}: {res['details'][k]}")
     summary = dict(faults=by, invariants=inv, overlapping_pairs=overlapping,
+                   concurrent_pairs=len(concurrent), concurrent=concurrent,
                    disk_full_exits=[e.get("cause") for e in self.exits
                                     if e["disk_full"] and not e["planned"]],
                    skipped=self.skipped, learner_runs=self.runs,
