@@ -19,6 +19,7 @@ from tests.checkpoint_async_procs import expected
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow     # 10 child processes, each imports JAX: ~1-2.5 min on 2 busy cores
 def test_kill9_mid_async_save_always_resumes_from_a_valid_checkpoint(tmp_path):
   rng = random.Random(18)
   landed, resumed = [], []
