@@ -189,8 +189,10 @@ class RunCheckpointer:
     when all that is done. Asynchronous: returns once orbax holds a copy of `state`; the rest runs
     on a background thread (module docstring). Raises CheckpointError (naming the last good step,
     which stays intact) if this save, or the previous asynchronous one, failed."""
-    self.wait()
+    # saved_at first: the caller's ledger snapshot is of now, and a resume books the wall time
+    # since saved_at; waiting for the previous save below must not fall outside both.
     meta = json.loads(json.dumps({**meta, "saved_at_unix_s": time.time(), "step": int(step)}))
+    self.wait()
     good = self.all_steps()
     t0 = time.time()
     try:
