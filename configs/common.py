@@ -115,6 +115,7 @@ def base_config() -> ml_collections.ConfigDict:
       max_message_bytes=64 << 20, lease_ttl_s=120.0, max_restarts=3))
   c.buffer.wal_dir = ""              # the buffer's write-ahead log on local disk; "" = LOCAL_DIR/buffer_wal
   c.buffer.wal_fsync = "batch"       # batch (fsync per request) | interval | none (buffer/wal.py)
+  c.buffer.generator_address = ""    # the address generators dial ("" = the buffer's; e.g. a proxy)
 
   # Weight updates (docs/ROLLOUT.md "Weights"): serve_from="learner": every learner process serves
   # its own shards (weights/source.py, one hop; host/port: where it listens, "" = 127.0.0.1
@@ -147,6 +148,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.top_p = 1.0         # evaluation nucleus; generator.top_p < 1 is refused (biased IS ratios)
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=50, keep=3))
+  c.checkpoint.async_save = True     # the learner keeps stepping while orbax writes; manifest after
+  # Audit trail for fault-injection runs (tools/chaos.py, tools/audit.py): trained_ids writes
+  # WORKDIR/trained_ids.jsonl (the rollout ids of each step, truncated on resume like metrics);
+  # wal_archive makes the buffer move compacted WAL segments to WAL_DIR/archive/ instead of
+  # deleting them, so every acknowledged rollout stays on disk.
+  c.audit = ml_collections.ConfigDict(dict(trained_ids=False, wal_archive=False))
 
   # Run health (scalerl_jax/health.py has each threshold's source). A crossing logs a warning and a
   # health/* metric; signals named in abort_on (comma-separated) stop the run: checkpoint, non-zero exit.

@@ -13,12 +13,24 @@ falls back to the previous one with a WARNING naming the step and the reason.
 
 A save that fails (full disk, unwritable directory) raises `CheckpointError` naming the last good
 step; orbax never touches finished steps while writing a new one, so that step stays intact.
+
+Asynchronous saves (`RunCheckpointer(..., async_save=True)`, the trainer's default through
+`config.checkpoint.async_save`): `save` returns once orbax holds a host copy of the state (its
+blocking part); a background thread then waits for orbax to commit the step (tmp dir + rename),
+hashes it into `manifest.json` and runs the caller's `on_done` (the trainer updates
+WORKDIR/learner_state.json there, so the buffer never trusts a step before its manifest exists).
+A crash at any point before the manifest is written leaves an invalid step that `find_valid`
+skips: the previous checkpoint stays the newest valid one. The next `save`, `wait` or `close`
+first waits for the save in flight; a background failure is raised (as `CheckpointError`) by the
+next `check`, `save`, `wait` or `close`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
+import os
+import threading
 import time
 
 import jax
@@ -121,7 +133,7 @@ def find_valid(workdir: str) -> tuple[int, dict, list[dict]] | None:
 class RunCheckpointer:
   """Saves and restores (LearnerState, meta) pairs under WORKDIR/checkpoints."""
 
-  def __init__(self, workdir: str, keep: int = 3):
+  def __init__(self, workdir: str, keep: int = 3, async_save: bool = False):
     self.directory = storage.join(storage.abspath(workdir), "checkpoints")
     handlers = None
     if storage.is_remote(workdir) and storage.configure_emulator():
@@ -129,28 +141,86 @@ class RunCheckpointer:
       # ("Malformed StorageGeneration": conditional writes); real GCS keeps orbax's default.
       handlers = {"state": ocp.StandardCheckpointHandler(use_ocdbt=False),
                   "meta": ocp.JsonCheckpointHandler()}
+    self.async_save = bool(async_save)
+    # orbax writes asynchronously either way; the synchronous mode waits for it inside save().
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
         item_names=None if handlers else ("state", "meta"), item_handlers=handlers)
+    self._thread: threading.Thread | None = None
+    self._error: CheckpointError | None = None
+    self.saving_step: int | None = None      # the step being written in the background, if any
+    self.timings: list[dict] = []            # per save: blocking and background seconds
 
-  def save(self, step: int, state, meta: dict) -> None:
-    """Writes checkpoint `step`, waits until orbax finalized it and writes its manifest.
-    Raises CheckpointError (naming the last good step, which stays intact) if that fails."""
-    meta = {**meta, "saved_at_unix_s": time.time(), "step": int(step)}
-    good = self.all_steps()
+  def _failed(self, step: int, good: list[int], e: BaseException) -> CheckpointError:
+    last = good[-1] if good else None
+    return CheckpointError(
+        f"cannot write checkpoint {step} to {self.directory}: {type(e).__name__}: {e}. "
+        f"The last good checkpoint is {last if last is not None else 'none'} (left intact); "
+        f"free disk space / fix permissions and rerun the same command to resume from it.")
+
+  def _finish(self, step: int, good: list[int], on_done, t0: float, blocking_s: float) -> None:
+    """Waits for orbax to commit `step`, writes its manifest, then calls `on_done(step)`."""
+    if self.async_save and hasattr(os, "setpriority"):
+      try:   # Linux: this thread only (hashing for the manifest) yields the CPU to the train step
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+      except OSError:
+        pass
     try:
-      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                      meta=ocp.args.JsonSave(meta)))
       self.manager.wait_until_finished()
       if jax.process_index() == 0:        # multi-host: orbax saved collectively; one manifest
         write_manifest(storage.join(self.directory, str(step)), step)
     except Exception as e:  # noqa: BLE001 - orbax wraps OSError in several exception types
-      last = good[-1] if good else None
-      raise CheckpointError(
-          f"cannot write checkpoint {step} to {self.directory}: {type(e).__name__}: {e}. "
-          f"The last good checkpoint is {last if last is not None else 'none'} (left intact); "
-          f"free disk space / fix permissions and rerun the same command to resume from it."
-      ) from e
+      err = self._failed(step, good, e)
+      err.__cause__ = e
+      if not self.async_save:
+        raise err from e
+      self._error = err
+      log.error("%s", err)
+      return
+    finally:
+      self.saving_step = None
+    self.timings.append(dict(step=int(step), blocking_s=blocking_s,
+                             total_s=time.time() - t0))
+    if on_done is not None:
+      on_done(step)
+
+  def save(self, step: int, state, meta: dict, on_done=None) -> None:
+    """Writes checkpoint `step` and its manifest, then calls `on_done(step)`. Synchronous: returns
+    when all that is done. Asynchronous: returns once orbax holds a copy of `state`; the rest runs
+    on a background thread (module docstring). Raises CheckpointError (naming the last good step,
+    which stays intact) if this save, or the previous asynchronous one, failed."""
+    # saved_at first: the caller's ledger snapshot is of now, and a resume books the wall time
+    # since saved_at; waiting for the previous save below must not fall outside both.
+    meta = json.loads(json.dumps({**meta, "saved_at_unix_s": time.time(), "step": int(step)}))
+    self.wait()
+    good = self.all_steps()
+    t0 = time.time()
+    try:
+      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      meta=ocp.args.JsonSave(meta)))
+    except Exception as e:  # noqa: BLE001
+      raise self._failed(step, good, e) from e
+    blocking = time.time() - t0
+    self.saving_step = int(step)
+    if not self.async_save:
+      self._finish(step, good, on_done, t0, blocking)
+      return
+    self._thread = threading.Thread(target=self._finish, args=(step, good, on_done, t0, blocking),
+                                    name=f"checkpoint-{step}", daemon=True)
+    self._thread.start()
+
+  def check(self) -> None:
+    """Raises the CheckpointError of a failed background save (once)."""
+    if self._error is not None:
+      err, self._error = self._error, None
+      raise err
+
+  def wait(self) -> None:
+    """Waits for the save in flight (manifest included); raises if it failed."""
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+    self.check()
 
   def all_steps(self) -> list[int]:
     """Steps that have a manifest (finished saves), oldest first."""
@@ -171,5 +241,9 @@ class RunCheckpointer:
     return out.state, out.meta
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    """Waits for the save in flight (raising if it failed) and closes orbax's manager."""
+    try:
+      self.wait()
+    finally:
+      self.manager.wait_until_finished()
+      self.manager.close()

@@ -35,7 +35,8 @@ from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.sft import warm_start
 from scalerl_jax.trainer import Trainer
 
-_RUN_OUTPUTS = ("metrics.jsonl", "tb", "checkpoints", "buffer_wal", "batches", "fit", "logs",
+TRAINED_IDS = "trained_ids.jsonl"
+_RUN_OUTPUTS = (TRAINED_IDS, "metrics.jsonl", "tb", "checkpoints", "buffer_wal", "batches", "fit", "logs",
                 "npr_history.json", "learner_state.json", "resumes.jsonl", "checkpoints_invalid")
 RESUME_MODES = ("auto", "never")
 log = logging.getLogger("scalerl.job")
@@ -58,10 +59,10 @@ def _set_aside_previous_run(workdir: str, local: str | None = None) -> None:
                     "moved its outputs to %s and starting over", root, dest)
 
 
-def truncate_metrics(workdir: str, step: int) -> dict:
-  """Drops the metrics.jsonl lines logged after checkpoint `step` (and torn lines), atomically.
-  Returns {"dropped_lines", "last_step", "last_time"} of the crashed run's tail."""
-  path = storage.join(workdir, "metrics.jsonl")
+def truncate_metrics(workdir: str, step: int, name: str = "metrics.jsonl") -> dict:
+  """Drops the metrics.jsonl (or `name`) lines logged after checkpoint `step` (and torn lines),
+  atomically. Returns {"dropped_lines", "last_step", "last_time"} of the crashed run's tail."""
+  path = storage.join(workdir, name)
   keep, dropped, last_step, last_time = [], 0, step, None
   if storage.exists(path):
     for line in storage.read_text(path).splitlines(keepends=True):
@@ -95,6 +96,7 @@ def prepare_resume(config, workdir: str) -> dict | None:
     return None
   step, meta, skipped = found
   tail = truncate_metrics(workdir, step)
+  truncate_metrics(workdir, step, TRAINED_IDS)   # audit trail (config.audit.trained_ids)
   now, last = time.time(), tail["last_time"]
   info = dict(t=now, checkpoint_step=step, skipped_checkpoints=skipped,
               redo_steps=tail["last_step"] - step, dropped_metric_lines=tail["dropped_lines"],
@@ -205,7 +207,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     gap_booked_s=trainer.resume_info["gap_booked_s"])
       storage.append_text(storage.join(workdir, "resumes.jsonl"), json.dumps(resume) + "\n")
     if not external:
-      procs.start_workers(int(config.generator.num_workers), config_path, address,
+      procs.start_workers(int(config.generator.num_workers), config_path,
+                          config.buffer.get("generator_address", "") or address,
                           config.generator.backend)
       procs.start_supervisor(interval_s=1.0)
       trainer.watchdog = procs.check

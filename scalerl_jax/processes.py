@@ -127,6 +127,8 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
                  f"{cfg.num_experts}")
   if wal_dir:
     flags += [f"--wal-dir={wal_dir}", f"--wal-fsync={b.wal_fsync}"]
+    if config.get("audit") is not None and config.audit.get("wal_archive", False):
+      flags.append("--wal-archive")
   if learner_state:
     flags.append(f"--learner-state={learner_state}")
   flags += list(tls)

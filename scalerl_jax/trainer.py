@@ -134,7 +134,8 @@ class MetricsLog:
       from tensorboardX import SummaryWriter
 
       # purge_step: a resumed run hides the events the crashed run logged after its checkpoint.
-      self.tb = SummaryWriter(self.tb_local, purge_step=purge_step)
+      # max_queue: roomy, so the queue never fills before `_check_tb` sees a dead writer thread.
+      self.tb = SummaryWriter(self.tb_local, purge_step=purge_step, max_queue=4096)
     except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
       self.tb = None
     self.wandb = None
@@ -142,10 +143,22 @@ class MetricsLog:
       from scalerl_jax.wandb_sink import WandbSink
       self.wandb = WandbSink(workdir, wandb_cfg, run_config, local_dir=local_dir)
 
+  def _check_tb(self) -> None:
+    """tensorboardX writes events on a thread; when that thread dies (a full disk: ENOSPC on its
+    flush) every later add_scalar blocks forever on its bounded queue, and the run hangs. Found by
+    the chaos harness (tools/chaos.py, disk_full): raise instead, so the run stops like on any other
+    failed write and the same command resumes it once there is space."""
+    fw = getattr(self.tb, "file_writer", None)
+    worker = getattr(getattr(fw, "event_writer", None), "_worker", None)
+    if worker is not None and not worker.is_alive():
+      raise OSError(f"the TensorBoard event writer for {self.tb_local} died (disk full?); free "
+                    f"space and rerun the same command to resume from the last checkpoint")
+
   def write(self, record: dict) -> None:
     with self.lock:
       self._append(self.workdir, record)
       if self.tb is not None:
+        self._check_tb()
         for k, v in record.items():
           if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
             self.tb.add_scalar(k, v, record["step"])
@@ -265,8 +278,11 @@ class Trainer:
           timeout_s=float(config.eval.get("timeout_s", 1800.0)),
           task_names=dataset.tasks if dataset.is_mixture else (),
           watchdog=lambda: self.watchdog() if self.watchdog is not None else None)
-    self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep))
+    self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep),
+                                async_save=bool(config.checkpoint.get("async_save", False)))
     self.watchdog = None   # callable raising when a child process died (set by main)
+    audit = config.get("audit")
+    self.audit_ids = bool(audit is not None and audit.get("trained_ids", False)) and self.main
     self.learner_state_path = learner_state_path
     self.source, self.sources = self._start_weight_source()
     self.start_step = 0
@@ -410,6 +426,9 @@ class Trainer:
     c["step"], c["groups"], c["rollouts"] = step + 1, c["groups"] + len(batch.groups), \
         c["rollouts"] + len(ids)
     c["recent"][str(step)] = ids
+    if self.audit_ids:   # audit trail: this step's rollout ids (job.prepare_resume truncates it)
+      storage.append_text(storage.join(self.workdir, "trained_ids.jsonl"),
+                          json.dumps({"step": step + 1, "ids": ids}) + "\n")
 
   def _parity_on(self) -> bool:
     h = self.config.get("health")
@@ -524,13 +543,17 @@ class Trainer:
         "rng": {"seed": int(self.config.seed), "eval_seed": int(self.eval_spec.seed),
                 "generation": "runtime.generation_seed(seed, version, prompt_ids)"},
         "data_sampler": {"shuffle_seed": int(self.config.seed), "next_step": step,
-                         "state": "buffer WAL (QUEUE/EPOCH/LEASE records), rewound to next_step"}})
+                         "state": "buffer WAL (QUEUE/EPOCH/LEASE records), rewound to next_step"}},
+        on_done=self._saved if self.learner_state_path and self.main else None)
     self.consumed["recent"] = {}
-    if self.learner_state_path and self.main:
-      old = read_learner_state(self.learner_state_path) or {}
-      steps = self.ckpt.all_steps()
-      write_learner_state(self.learner_state_path, step, min(steps) if steps else step,
-                          old.get("resume"))
+
+  def _saved(self, step: int) -> None:
+    """Checkpoint `step` has its manifest (possibly on the saver's background thread): the buffer
+    may now rewind to it and keep delivered groups from the oldest kept step on."""
+    old = read_learner_state(self.learner_state_path) or {}
+    steps = self.ckpt.all_steps()
+    write_learner_state(self.learner_state_path, step, min(steps) if steps else step,
+                        old.get("resume"))
 
   def export_policy(self) -> str:
     """Writes the current policy as an HF checkpoint (config.json + safetensors in the params'
@@ -582,6 +605,7 @@ class Trainer:
     from scalerl_jax.health import RunUnhealthy
     for s in bar:
       try:
+        self.ckpt.check()          # a failed background checkpoint save stops the run here
         rec = self.train_step(s)
       except RunUnhealthy as e:   # stop cleanly: a loadable checkpoint, the reason, then non-zero exit
         log.error("stopping the run: %s", e.reason)

@@ -203,14 +203,19 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(runs, tmp_path):
 
 def test_async_two_generators_kill9_learner_resumes_without_training_a_rollout_twice(tmp_path):
   """PipelineRL-2 with two JAX generators (not deterministic: lease batching depends on timing):
-  kill -9 of the learner mid-run, same command again -> the step target is reached, every step is
-  logged once, and across the checkpointed history no rollout id was trained twice."""
+  kill -9 of the learner mid-run, same command again. Promised (docs/RELIABILITY.md "Resume with
+  k > 0"): the step target is reached, every step is logged once, lag <= k; every acknowledged
+  rollout (the buffer's WAL, archive included) is trained exactly once or dropped with a reason
+  the WAL names (or is still in the buffer at the end), none trained twice; the first redone step
+  trains the very same rollout ids, in the same order, as the crashed run's step c and logs the
+  same loss bit for bit (same checkpointed params, batch re-queued first in delivery order)."""
   wd = str(tmp_path / "async")
   steps, kill_at = 6, 3
   cmd = _cmd(wd, steps)
   cmd = [a for a in cmd if "max_lag" not in a and "checkpoint." not in a] + [
       "--config.rollout.max_lag=2", "--config.generator.num_workers=2",
-      "--config.checkpoint.every_steps=1", "--config.checkpoint.keep=20"]
+      "--config.checkpoint.every_steps=1", "--config.checkpoint.keep=20",
+      "--config.audit.trained_ids=True", "--config.audit.wal_archive=True"]
   t0 = time.time()
   p = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
@@ -222,10 +227,13 @@ def test_async_two_generators_kill9_learner_resumes_without_training_a_rollout_t
   os.kill(p.pid, signal.SIGKILL)
   p.wait()
   _wait_children_gone(kids)
+  crashed_lines = _lines(wd)
+  crashed_ids = {r["step"]: r["ids"] for r in map(json.loads, open(os.path.join(wd, "trained_ids.jsonl")))}
   r = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-4000:]
   res = [json.loads(l) for l in open(os.path.join(wd, "resumes.jsonl"))]
   assert len(res) == 1
+  c = res[0]["checkpoint_step"]
   train = [l for l in _lines(wd) if l["kind"] == "train"]
   assert [l["step"] for l in train] == list(range(1, steps + 1))
   assert all(l["max_lag"] <= 2 for l in train)
@@ -239,7 +247,25 @@ def test_async_two_generators_kill9_learner_resumes_without_training_a_rollout_t
   assert len(ids) == len(set(ids)) == steps * 64
   last = read_meta(step_dirs(wd)[-1][1])["consumed"]
   assert (last["groups"], last["rollouts"]) == (steps * 8, steps * 64)
+  # The audit trail: every acknowledged rollout's fate (tools/audit.py).
+  from scalerl_jax.tools.audit import rollout_ledger
+  led = rollout_ledger(os.path.join(wd, "buffer_wal"), os.path.join(wd, "trained_ids.jsonl"))
+  assert led["fate"]["lost"] == 0 and led["duplicated"] == 0 and led["trained_not_acked"] == 0, led
+  assert led["fate"]["trained"] == steps * 64 and not led["steps_logged_twice"], led
+  final_ids = {r["step"]: r["ids"] for r in map(json.loads, open(os.path.join(wd, "trained_ids.jsonl")))}
+  assert [i for s in sorted(final_ids) for i in final_ids[s]] == ids
+  rw = res[0]["buffer"]
+  for why in ("incomplete", "lost_version", "stale"):   # the WAL's DROP records = the counts
+    assert led["rewind_drop_groups"].get(why, 0) == rw[f"dropped_{why}_groups"], (why, led, rw)
+  same_first = None
+  if c + 1 in crashed_ids:       # the crashed run had pulled step c: redone with the same batch
+    assert final_ids[c + 1] == crashed_ids[c + 1]
+    old = {l["step"]: l for l in crashed_lines if l["kind"] == "train"}
+    if c + 1 in old:
+      new = {l["step"]: l for l in train}
+      assert new[c + 1]["loss"] == old[c + 1]["loss"], (new[c + 1]["loss"], old[c + 1]["loss"])
+    same_first = True
   print("\n[kill9-learner-async]", json.dumps(dict(
-      resumed_from=res[0]["checkpoint_step"], redo_steps=res[0]["redo_steps"],
-      buffer_rewind=res[0]["buffer"], trained_ids=len(ids), unique=len(set(ids)),
-      wall_s=round(time.time() - t0, 1))))
+      resumed_from=c, redo_steps=res[0]["redo_steps"], first_redone_step_same_batch=same_first,
+      buffer_rewind=rw, trained_ids=len(ids), unique=len(set(ids)), ledger=led["fate"],
+      acked=led["acked"], wall_s=round(time.time() - t0, 1))))

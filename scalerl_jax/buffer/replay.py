@@ -82,4 +82,5 @@ HANDLERS = {
     walmod.SEEN: lambda state, d, body: state.restore_seen(d["ids"]),
     walmod.QUEUE: lambda state, d, body: state.restore_queue(d["queue"], d["rng"], append=False),
     walmod.EPOCH: lambda state, d, body: state.restore_queue(d["order"], d["rng"], append=True),
+    walmod.DROP: lambda state, d, body: None,     # audit trail only: the rewind already dropped them
 }

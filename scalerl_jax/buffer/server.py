@@ -59,6 +59,7 @@ class BufferServer:
                shuffle_seed: Optional[int] = None, npr_threshold: Optional[float] = None,
                wal_dir: Optional[str] = None, wal_fsync: str = "batch",
                wal_fsync_interval_s: float = 1.0, learner_state: Optional[dict] = None,
+               wal_archive: bool = False,
                tls: Optional[TLS] = None):
     """`tls` (rpc.TLS): serve over TLS (server certificate; client certificates with mutual)."""
     if not token:
@@ -75,7 +76,7 @@ class BufferServer:
     self.wal: Optional[walmod.WAL] = None
     self.wal_report: dict = {}
     if wal_dir:
-      self._open_wal(wal_dir, wal_fsync, wal_fsync_interval_s, learner_state)
+      self._open_wal(wal_dir, wal_fsync, wal_fsync_interval_s, learner_state, wal_archive)
     elif learner_state is not None:   # no weights survive a WAL-less restart: the learner
       self.wal_report = {"resume": self.state.apply_learner_state(learner_state)}   # republishes
     self._rejected: collections.Counter = collections.Counter()
@@ -112,7 +113,7 @@ class BufferServer:
     return cls(prompts, **kw)
 
   def _open_wal(self, wal_dir: str, fsync: str, interval_s: float,
-                learner_state: Optional[dict] = None) -> None:
+                learner_state: Optional[dict] = None, archive: bool = False) -> None:
     """Replays `wal_dir` (truncating a torn tail), reloads the latest weights, applies the
     learner's resume state (replay.py), compacts the state into a fresh segment and logs every
     later change (docs/RELIABILITY.md)."""
@@ -134,7 +135,7 @@ class BufferServer:
       self.weights = weight_store.WeightStore(self)     # (the learner republishes its checkpoint)
       if os.path.exists(os.path.join(wal_dir, walmod.WEIGHTS_FILE)):
         os.remove(os.path.join(wal_dir, walmod.WEIGHTS_FILE))
-    self.wal = walmod.WAL(wal_dir, fsync=fsync, fsync_interval_s=interval_s)
+    self.wal = walmod.WAL(wal_dir, fsync=fsync, fsync_interval_s=interval_s, archive=archive)
     report["segment"] = self.state.attach_wal(self.wal)
     report["replay_s"] = round(time.time() - t0, 3)
     self.wal_report = report
@@ -343,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
                   help="batch: fsync per request batch (default); interval: at most every "
                        "--wal-fsync-interval-s; none: OS page cache only (survives kill -9)")
   ap.add_argument("--wal-fsync-interval-s", type=float, default=1.0)
+  ap.add_argument("--wal-archive", action="store_true",
+                  help="keep compacted WAL segments in WAL_DIR/archive/ (audits: tools/audit.py)")
   ap.add_argument("--learner-state", default=None,
                   help="JSON file the learner keeps (checkpoint step, resume request); read at "
                        "startup to rewind after a learner resume (buffer/replay.py)")
@@ -376,7 +379,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                        **_route_limits(a.route_shape)),
                      shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
                      npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
-                     wal_fsync_interval_s=a.wal_fsync_interval_s,
+                     wal_fsync_interval_s=a.wal_fsync_interval_s, wal_archive=a.wal_archive,
                      learner_state=replay.read_learner_state(a.learner_state),
                      max_weight_bytes=a.max_weight_bytes,
                      weight_chunk_bytes=a.weight_chunk_bytes, tls=tls).start()

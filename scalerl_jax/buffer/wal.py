@@ -43,16 +43,18 @@ LAST_BATCH = 11   # {"step", "gids"}: snapshot only; the groups are re-sent on a
 QUEUE = 12        # {"queue": [pid...], "rng": bit_generator state | null}: snapshot only (sampler)
 EPOCH = 13        # {"order": [pid...], "rng": state}: the prompt queue was refilled (a new epoch)
 KEPT = 14         # {"step", "gids"}: snapshot only; delivered groups kept for a learner rewind
+DROP = 15         # {"reason", "gids"}: groups a learner rewind dropped (audit trail; no replay effect)
 
 NAMES = {SNAPSHOT: "snapshot", LEASE: "lease", ROLLOUT: "rollout", EXPIRE: "expire",
          DELIVER: "deliver", VERSION: "version", NPR: "npr", STALE: "stale", SEEN: "seen",
          NPR_STATE: "npr_state", LAST_BATCH: "last_batch", QUEUE: "queue", EPOCH: "epoch",
-         KEPT: "kept"}
+         KEPT: "kept", DROP: "drop"}
 
 FSYNC_POLICIES = ("batch", "interval", "none")
 _HEADER = struct.Struct("<II")
 _SEG_RE = re.compile(r"^wal-(\d{8})\.log$")
 WEIGHTS_FILE = "weights.bin"
+ARCHIVE = "archive"          # compacted segments when WAL(archive=True) (tools/audit.py reads them)
 
 
 def encode(rtype: int, body) -> bytes:
@@ -120,6 +122,13 @@ def read_segment(path: str, truncate: bool = True) -> tuple[list[tuple[int, byte
   return out, torn
 
 
+def audit_segments(wal_dir: str) -> list[str]:
+  """Every segment ever written when the WAL archives (DIR/archive/ then DIR/), oldest first."""
+  arch = os.path.join(wal_dir, ARCHIVE)
+  old = segments(arch) if os.path.isdir(arch) else []
+  return [p for _, p in sorted(old + segments(wal_dir))]
+
+
 def read_all(wal_dir: str, truncate: bool = True) -> tuple[list[tuple[int, bytes]], dict]:
   """Records to replay (from the newest snapshot segment on) and a report."""
   segs = segments(wal_dir)
@@ -156,12 +165,13 @@ class WAL:
   """
 
   def __init__(self, wal_dir: str, fsync: str = "batch", fsync_interval_s: float = 1.0,
-               segment_bytes: int = 1 << 30):
+               segment_bytes: int = 1 << 30, archive: bool = False):
     if fsync not in FSYNC_POLICIES:
       raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
     os.makedirs(wal_dir, exist_ok=True)
     self.dir, self.fsync, self.fsync_interval_s = wal_dir, fsync, fsync_interval_s
     self.segment_bytes = segment_bytes
+    self.archive = archive     # compaction moves old segments to DIR/archive/ (audits) instead
     self._lock = threading.Lock()
     self._pending: list = []          # bytes-like parts of the appended records
     self._pending_records = 0
@@ -192,7 +202,11 @@ class WAL:
       self._fsync_dir()
       for i, p in segments(self.dir):
         if i < idx:
-          os.remove(p)
+          if self.archive:
+            os.makedirs(os.path.join(self.dir, ARCHIVE), exist_ok=True)
+            os.rename(p, os.path.join(self.dir, ARCHIVE, os.path.basename(p)))
+          else:
+            os.remove(p)
       self._fsync_dir()
       self._f = open(path, "ab")
       return os.path.basename(path)
