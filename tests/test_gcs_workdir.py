@@ -7,12 +7,12 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from gcs_emulator import running_emulator
 
 from scalerl_jax import recipes
 from scalerl_jax import storage
@@ -24,42 +24,22 @@ N, EVERY = 5, 2    # RL steps; checkpoint every EVERY steps; the learner is kill
 # (N + 1 = 6 evaluations: analysis.fit needs 5 points after R0)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
   """gcp-storage-emulator on 127.0.0.1 (in memory) with one bucket; the standard variable set."""
-  port = _free_port()
-  exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
-  log = open(tmp_path_factory.mktemp("emulator") / "emulator.log", "w")
-  proc = subprocess.Popen([exe, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
-                          stdout=log, stderr=subprocess.STDOUT)
-  deadline = time.time() + 60
-  while True:
-    try:
-      socket.create_connection(("127.0.0.1", port), timeout=1).close()
-      break
-    except OSError:
-      assert proc.poll() is None and time.time() < deadline, "emulator did not start"
-      time.sleep(0.2)
-  saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                                          "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-  os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
-  storage.configure_emulator()      # what the code does with the one standard variable
-  import fsspec
-  fsspec.filesystem("gs").mkdir(BUCKET)
-  yield f"http://127.0.0.1:{port}"
-  for k, v in saved.items():
-    if v is None:
-      os.environ.pop(k, None)
-    else:
-      os.environ[k] = v
-  proc.terminate()
-  proc.wait(10)
+  with running_emulator(tmp_path_factory.mktemp("emulator")) as url:
+    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+                                            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    storage.configure_emulator()      # what the code does with the one standard variable
+    import fsspec
+    fsspec.filesystem("gs").mkdir(BUCKET)
+    yield url
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
 
 
 def _cmd(workdir):

@@ -10,12 +10,12 @@ import glob
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+from gcs_emulator import running_emulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANT = os.path.join(ROOT, "launch", "gke", "rendered", "8b-h100")
@@ -54,37 +54,17 @@ def _no_local_gs(*dirs):
     assert not found, found
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-  """gcp-storage-emulator on 127.0.0.1 (in memory) with one bucket (as tests/test_gcs_workdir.py)."""
-  port = _free_port()
-  exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
-  log = open(tmp_path_factory.mktemp("emulator") / "emulator.log", "w")
-  proc = subprocess.Popen([exe, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
-                          stdout=log, stderr=subprocess.STDOUT)
-  deadline = time.time() + 60
-  while True:
-    try:
-      socket.create_connection(("127.0.0.1", port), timeout=1).close()
-      break
-    except OSError:
-      assert proc.poll() is None and time.time() < deadline, "emulator did not start"
-      time.sleep(0.2)
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-  env["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
-  subprocess.run([sys.executable, "-c", "from scalerl_jax import storage; storage.configure_emulator()"
-                  f"; import fsspec; fsspec.filesystem('gs').mkdir('{BUCKET}')"],
-                 cwd=ROOT, env=dict(env, PYTHONPATH=ROOT), check=True, timeout=120)
-  yield env
-  proc.terminate()
-  proc.wait(10)
+  """gcp-storage-emulator on 127.0.0.1 (in memory) with one bucket (tests/gcs_emulator.py)."""
+  with running_emulator(tmp_path_factory.mktemp("emulator")) as url:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    env["STORAGE_EMULATOR_HOST"] = url
+    subprocess.run([sys.executable, "-c", "from scalerl_jax import storage; storage.configure_emulator()"
+                    f"; import fsspec; fsspec.filesystem('gs').mkdir('{BUCKET}')"],
+                   cwd=ROOT, env=dict(env, PYTHONPATH=ROOT), check=True, timeout=120)
+    yield env
 
 
 # ---- bad input: one line at start-up, nothing written ---------------------------------------------

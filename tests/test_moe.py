@@ -17,14 +17,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SCRIPT = os.path.join(ROOT, "tests", "moe_procs.py")
 
 
-@pytest.fixture(scope="module")
-def result():
+def run_moe_procs(mode: str) -> dict:
+  """Runs `tests/moe_procs.py MODE` on 8 simulated CPU devices; its last stdout line (JSON)."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  proc = subprocess.run([sys.executable, _SCRIPT, "parity"], cwd=ROOT, env=env,
+  proc = subprocess.run([sys.executable, _SCRIPT, mode], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=1500)
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def result():
+  return run_moe_procs("parity")
 
 
 def test_dispatch_equals_dense_reference(result):

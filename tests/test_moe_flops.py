@@ -5,25 +5,15 @@ expert-parallel mesh: the capacity dispatch compiles to within 1.3x of 6 N_activ
 per token; the dense reference is several times that.
 """
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-_SCRIPT = os.path.join(ROOT, "tests", "moe_procs.py")
+from test_moe import run_moe_procs
 
 
 @pytest.fixture(scope="module")
 def result():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  proc = subprocess.run([sys.executable, _SCRIPT, "flops"], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=1500)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return run_moe_procs("flops")
 
 
 def test_dispatch_flops_near_active(result):

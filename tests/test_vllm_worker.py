@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm"
 FORCED = 77     # the token the "forced" weights make certain
 
 
-def _require_vllm():
+def require_vllm():
   if vllm_python().exists():
     return
   msg = (f"vLLM venv missing ({vllm_python()}); run `bash scripts/setup_vllm_venv.sh`. "
@@ -39,7 +39,7 @@ def ckpts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gen(ckpts):
-  _require_vllm()
+  require_vllm()
   g = VLLMGenerator(ckpts["A"], dtype="bfloat16", head_dtype="float32", enforce_eager=True,
                     max_model_len=4096, kv_cache_bytes=256 << 20)
   print(f"\n[vllm] engine up in {g.startup_s:.1f} s: {g.info_at_start}")
@@ -145,7 +145,7 @@ def test_shm_transport_loads_the_same_weights_as_the_socket(gen, ckpts):
 
 def test_parity_gate_fp32_engine_isolates_the_head(ckpts):
   """float32 engine: the only bf16 left is the LM head when switched off -> its effect alone."""
-  _require_vllm()
+  require_vllm()
   spec = SamplingSpec(temperature=1.0, think_budget_min=48, think_budget_max=48, answer_budget=0,
                       seed=11)
   with VLLMGenerator(ckpts["B"], dtype="float32", head_dtype="float32", enforce_eager=True,
@@ -226,13 +226,13 @@ def test_forced_length_interruption(gen, ckpts):
   assert (c.tokens == FORCED).all()
 
 
-def test_inflight_weight_update_switches_tokens_and_versions(gen, ckpts):
-  _push(gen, ckpts["B"])
+def generate_with_inflight_update(gen, new_weights, prompts, L, n_cal):
+  """Starts a generation of L tokens per sample and pushes `new_weights` about a quarter of the way
+  in. The decode speed (it varies ~5x with the load on this box) is calibrated first with n_cal
+  tokens, so the update lands mid-generation; the short call's fixed costs only make it later.
+  Returns (old version, groups, delay before the push)."""
   v_old = gen.version
-  # Calibrate the decode speed (it varies ~5x with the load on this box) so the update lands about
-  # a quarter of the way into the long generation; the short call's fixed costs only make it later.
-  L, n_cal = 3000, 300
-  short = lambda n: gen.generate(_prompts(2, seed=4), 2, SamplingSpec(
+  short = lambda n: gen.generate(prompts, 2, SamplingSpec(
       temperature=1.0, think_budget_min=n, think_budget_max=n, answer_budget=0))
   short(16)                           # warm-up (a fresh engine's first call is slow)
   t0 = time.perf_counter()
@@ -243,19 +243,24 @@ def test_inflight_weight_update_switches_tokens_and_versions(gen, ckpts):
 
   def run():
     try:
-      result["groups"] = gen.generate(_prompts(2, seed=3), 2, spec)
+      result["groups"] = gen.generate(prompts, 2, spec)
     except Exception as e:  # surfaced below
       errors.append(e)
 
   t = threading.Thread(target=run)
   t.start()
   time.sleep(delay)
-  stats = gen.load_weights(_forced_weights(ckpts["B"]), v_old + 1)
-  t.join(timeout=300)
+  stats = gen.load_weights(new_weights, v_old + 1)
+  t.join(timeout=600)
   assert not errors and not t.is_alive()
   print(f"\n[in-flight] update while generating: {stats}")
   assert gen.version == v_old + 1
-  for g in result["groups"]:
+  return v_old, result["groups"], delay
+
+
+def assert_switched_to_forced(groups, v_old, L, delay):
+  """Every sample: old version up to one position k, then the FORCED weights' version (and token)."""
+  for g in groups:
     for c in g:
       assert len(c.tokens) == L and set(np.unique(c.versions)) == {v_old, v_old + 1}, delay
       k = int(np.argmax(c.versions == v_old + 1))          # first token of the new policy
@@ -265,6 +270,14 @@ def test_inflight_weight_update_switches_tokens_and_versions(gen, ckpts):
       assert (c.logprobs[k:] > -1e-3).all()                # ... with probability ~1
       print(f"  prompt {c.prompt_id}: {k} tokens v{v_old}, {L - k} tokens v{v_old + 1} "
             f"(update sent after {delay:.2f} s)")
+
+
+def test_inflight_weight_update_switches_tokens_and_versions(gen, ckpts):
+  _push(gen, ckpts["B"])
+  L = 3000
+  v_old, groups, delay = generate_with_inflight_update(gen, _forced_weights(ckpts["B"]),
+                                                       _prompts(2, seed=3), L, n_cal=300)
+  assert_switched_to_forced(groups, v_old, L, delay)
 
 
 def test_bad_weight_names_fail_clearly_and_engine_keeps_serving(gen, ckpts):
@@ -278,7 +291,7 @@ def test_bad_weight_names_fail_clearly_and_engine_keeps_serving(gen, ckpts):
 
 
 def test_engine_start_failure_is_reported_with_the_cause(tmp_path):
-  _require_vllm()
+  require_vllm()
   bad = tmp_path / "not_a_model"
   bad.mkdir()
   t0 = time.monotonic()

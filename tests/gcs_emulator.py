@@ -1,0 +1,41 @@
+"""A real GCS emulator for tests (gcp-storage-emulator from PyPI, in memory, on 127.0.0.1).
+
+`running_emulator(log_dir)` starts it, waits until it accepts connections, yields its
+`http://127.0.0.1:PORT` endpoint and stops it afterwards. The tests then set the one standard
+variable `STORAGE_EMULATOR_HOST` (scalerl_jax.storage.configure_emulator derives the rest) in
+their own process or in the environment of the processes they start.
+"""
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_emulator(log_dir, timeout_s: float = 60.0):
+  port = free_port()
+  exe = os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
+  with open(os.path.join(log_dir, "emulator.log"), "w") as log:
+    proc = subprocess.Popen([exe, "start", "--host=127.0.0.1", f"--port={port}", "--in-memory"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+      deadline = time.time() + timeout_s
+      while True:
+        try:
+          socket.create_connection(("127.0.0.1", port), timeout=1).close()
+          break
+        except OSError:
+          assert proc.poll() is None and time.time() < deadline, "emulator did not start"
+          time.sleep(0.2)
+      yield f"http://127.0.0.1:{port}"
+    finally:
+      proc.terminate()
+      proc.wait(10)
