@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv vllm-venv test test-fast demo compare clean
+.PHONY: venv vllm-venv test test-long test-fast demo compare clean
 
 # Idempotent: rebuilds only when requirements.txt is newer than the stamp.
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
@@ -22,7 +22,11 @@ vllm-venv:
 	bash scripts/setup_vllm_venv.sh
 
 test: venv vllm-venv
-	SCALERL_REQUIRE_VLLM=1 $(VPY) -m pytest -q -n 2 --dist loadgroup --timeout=900 tests
+	SCALERL_REQUIRE_VLLM=1 $(VPY) -m pytest -q -n 2 --dist loadgroup --timeout=900 -m "not long" tests
+
+# Tests too long for CI's budget (marker `long`): the gs:// rehearsal.
+test-long: venv
+	$(VPY) -m pytest -q -m long --timeout=2400 tests
 
 test-fast: venv
 	$(VPY) -m pytest -q -x -m "not slow" tests

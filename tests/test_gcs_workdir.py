@@ -82,7 +82,9 @@ def test_tiny_run_on_gs_writes_objects_and_resumes_after_kill(emulator, tmp_path
       return any(l["kind"] == "train" and l["step"] == step for l in _lines(workdir))
     except (OSError, ValueError):
       return False
-  while not logged(EVERY + 1):          # checkpoint EVERY is in the bucket, step EVERY+1 trained
+  # Step EVERY+1 trained and checkpoint EVERY finished in the bucket (saves are asynchronous: its
+  # manifest is written after orbax commits, while the learner keeps stepping).
+  while not (logged(EVERY + 1) and storage.exists(f"{workdir}/checkpoints/{EVERY}/manifest.json")):
     assert p.poll() is None, open(tmp_path / "first.log").read()[-4000:]
     assert time.time() - t0 < 900
     time.sleep(0.5)
