@@ -121,6 +121,18 @@ def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = fro
   return c
 
 
+def vllm_model_dir(config: ml_collections.ConfigDict) -> str:
+  """`generator.vllm_model_dir` ("" = export the learner's weights), checked to be an HF
+  checkpoint directory on this machine; checked by `validate` for local generators and by each
+  generator process at start (an external fleet's pods hold their own copy)."""
+  vdir = str(config.generator.get("vllm_model_dir", "") or "")
+  if vdir and not os.path.isfile(os.path.join(vdir, "config.json")):
+    raise ConfigError(f"generator.vllm_model_dir={vdir!r} is not an HF checkpoint directory on "
+                      "this machine (no config.json); leave it empty to start vLLM on the "
+                      "learner's weights")
+  return vdir
+
+
 def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
   """Fails fast, before any process starts, with one clear line per problem (the first found).
 
@@ -146,11 +158,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if not 0 <= r.think_budget_min <= r.think_budget_max:
     raise ConfigError(f"need 0 <= think_budget_min <= think_budget_max, got "
                       f"[{r.think_budget_min}, {r.think_budget_max}]")
-  vdir = str(g.get("vllm_model_dir", "") or "")
-  if vdir and g.backend == "vllm" and not config.buffer.get("external", False) \
-      and not os.path.isfile(os.path.join(vdir, "config.json")):
-    raise ConfigError(f"generator.vllm_model_dir={vdir!r} is not an HF checkpoint directory "
-                      "(no config.json); leave it empty to start vLLM on the learner's weights")
+  if g.backend == "vllm" and not config.buffer.get("external", False):
+    vllm_model_dir(config)            # local generators: their start checkpoint is on this machine
   if not g.temperature > 0:
     raise ConfigError(f"generator.temperature={g.temperature}: training rollouts need T > 0 (the "
                       f"learner computes log_softmax(logits / T) for the importance ratios)")

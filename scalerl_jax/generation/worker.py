@@ -78,13 +78,11 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
                       chunk_steps=int(config.generator.chunk_steps),
                       devices=n_dev if n_dev > 1 else None,
                       record_routes=bool(config.rl.get("routing_replay", False)))
-  model_dir = str(config.generator.get("vllm_model_dir", "") or "")
-  if model_dir:     # the fleet's own copy of the checkpoint (the learner's version must equal it)
-    if not os.path.isfile(os.path.join(model_dir, "config.json")):
-      raise SystemExit(f"error: generator.vllm_model_dir={model_dir!r} is not an HF checkpoint "
-                       "directory on this machine (no config.json); leave it empty to start the "
-                       "engine on the learner's exported weights")
-  else:
+  try:   # the fleet's own copy of the checkpoint (the learner's version must equal it), or ""
+    model_dir = recipes.vllm_model_dir(config)
+  except recipes.ConfigError as e:
+    raise SystemExit(f"error: {e}") from None
+  if not model_dir:
     model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
     models.save_hf(model_cfg, params, model_dir)
   r = config.rollout
