@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from gcs_emulator import running_emulator
+from gcs_emulator import free_port, running_emulator
 
 from scalerl_jax import recipes
 from scalerl_jax import storage
@@ -164,7 +164,7 @@ def test_bad_gs_workdirs_fail_at_startup_with_one_line(emulator, tmp_path, monke
   with pytest.raises(recipes.ConfigError, match=r"bucket gs://no-such-bucket does not exist"):
     recipes.check_workdir("gs://no-such-bucket/run")
   # An emulator that is not there.
-  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{_free_port()}")
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
   with pytest.raises(recipes.ConfigError, match=r"STORAGE_EMULATOR_HOST=.* is not reachable"):
     recipes.check_workdir(f"gs://{BUCKET}/run")
   # No emulator and no credentials.
