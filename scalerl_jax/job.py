@@ -32,6 +32,7 @@ from scalerl_jax.data.export import write_prompts
 from scalerl_jax.processes import ProcessGroup
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.protocol.rpc import TLS
+from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.sft import warm_start
 from scalerl_jax.trainer import Trainer
 
@@ -42,21 +43,25 @@ RESUME_MODES = ("auto", "never")
 log = logging.getLogger("scalerl.job")
 
 
-def _set_aside_previous_run(workdir: str, local: str | None = None) -> None:
+def _set_aside_previous_run(workdir: str, local: str | None = None) -> bool:
   """A fresh start in a used workdir moves the previous run's outputs (never deletes them) to
   WORKDIR/previous-<time>/ (and those in the run's local dir, e.g. the buffer WAL, to
-  LOCAL/previous-<time>/ when the workdir is gs://). The SFT base policy is kept and reused."""
+  LOCAL/previous-<time>/ when the workdir is gs://). The SFT base policy is kept and reused.
+  Returns whether there was a previous run (anything moved)."""
   stamp = f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+  moved = False
   for root in dict.fromkeys([workdir, local or workdir]):
     old = [n for n in _RUN_OUTPUTS if storage.exists(storage.join(root, n))]
     if not old:
       continue
+    moved = True
     dest = storage.join(root, stamp)
     storage.makedirs(dest)
     for n in old:
       storage.move(storage.join(root, n), storage.join(dest, n))
     logging.warning("%s held a previous run without a usable checkpoint (or resume=never); "
                     "moved its outputs to %s and starting over", root, dest)
+  return moved
 
 
 def truncate_metrics(workdir: str, step: int, name: str = "metrics.jsonl") -> dict:
@@ -84,15 +89,28 @@ def truncate_metrics(workdir: str, step: int, name: str = "metrics.jsonl") -> di
 def prepare_resume(config, workdir: str) -> dict | None:
   """Finds the checkpoint to resume from (None: start over) and makes the workdir consistent
   with it: metrics truncated to its step, a resume record in WORKDIR/resumes.jsonl, and the
-  learner-state file that tells the buffer to rewind (buffer/replay.py)."""
+  learner-state file that tells the buffer to rewind (buffer/replay.py).
+
+  Starting over after a previous run (none of its checkpoints finished, or resume=never) is a
+  resume from step 0: the learner-state file carries a resume request for step 0 (with a fresh
+  NPR history), so a buffer that kept running with the previous run's versions and deliveries
+  restarts and rewinds to step 0 from its WAL instead of refusing version 0 (a fresh buffer has
+  nothing to rewind). A first run in an empty workdir writes no request."""
   mode = str(config.get("resume", "auto"))
   if mode not in RESUME_MODES:
     raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
   found = checkpoint.find_valid(workdir) if mode == "auto" else None
   ls_path = storage.join(workdir, "learner_state.json")
   if found is None:
-    _set_aside_previous_run(workdir, storage.local_dir(workdir, config.get("local_dir", "")))
-    write_learner_state(ls_path, 0, 0, None)
+    previous = _set_aside_previous_run(workdir,
+                                       storage.local_dir(workdir, config.get("local_dir", "")))
+    start_over = None
+    if previous:
+      npr = PassRateHistory(threshold=config.rl.npr_threshold).to_dict()
+      start_over = dict(id=uuid.uuid4().hex, step=0, npr=npr, start_over=True)
+      log.warning("no valid checkpoint: starting over from step 0 (start-over request %s: a "
+                  "running buffer rewinds to step 0)", start_over["id"])
+    write_learner_state(ls_path, 0, 0, start_over)
     return None
   step, meta, skipped = found
   tail = truncate_metrics(workdir, step)

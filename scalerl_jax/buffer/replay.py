@@ -15,7 +15,10 @@ means on replay (docs/RELIABILITY.md):
     undelivered groups that are incomplete (their generators died with the learner) or hold lost
     versions are dropped too, and every dropped group's prompt goes back to the queue front in lease
     order. `ns` and the version go back to the checkpoint step; the NPR history becomes the
-    checkpoint's (`BufferState.rewind`).
+    checkpoint's (`BufferState.rewind`). A learner that starts over after a previous run (no
+    valid checkpoint) writes a request for step 0 with `"start_over": true` and a fresh NPR
+    history: the same rewind, to step 0 (every group of a version > 0 dropped, version-0 groups
+    re-queued).
 
 This module must not import jax (the buffer server process does not).
 """
@@ -48,7 +51,8 @@ def write_learner_state(path: str, checkpoint_step: int, retain_from_step: int,
 
   `checkpoint_step`: the learner's newest durable checkpoint; `retain_from_step`: the oldest one it
   may still fall back to (delivered groups from that step on are kept in the WAL); `resume`:
-  {"id", "step", "npr"} when the learner resumed from checkpoint `step` (applied once per id)."""
+  {"id", "step", "npr"} when the learner resumed from checkpoint `step` (applied once per id),
+  plus `"start_over": true` when it found no valid checkpoint and starts from step 0."""
   storage.write_text(path, json.dumps(dict(checkpoint_step=int(checkpoint_step),
                                            retain_from_step=int(retain_from_step), resume=resume)))
 

@@ -248,9 +248,10 @@ class BufferServer:
       return False
     if not res or res["id"] in self.state.resumes:
       return False
-    log.warning("the learner resumed from checkpoint %s (resume %s) while this buffer ran: "
-                "stopping, so that the restart replays the WAL and rewinds to it",
-                res.get("step"), res["id"])
+    log.warning("the learner %s (resume %s) while this buffer ran: stopping, so that the "
+                "restart replays the WAL and rewinds to it",
+                "started over from step 0" if res.get("start_over") else
+                f"resumed from checkpoint {res.get('step')}", res["id"])
     self.restart_requested.set()
     threading.Thread(target=self.stop, args=(0.5,), daemon=True).start()
     return True

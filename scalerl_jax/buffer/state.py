@@ -855,7 +855,7 @@ class BufferState:
       report = None
       res = (ls or {}).get("resume")
       if res and res["id"] not in self.resumes:
-        report = self.rewind(int(res["step"]), res.get("npr"))
+        report = self.rewind(int(res["step"]), res.get("npr"), bool(res.get("start_over")))
         self.resumes.append(res["id"])
         for k in ("requeued_groups", "dropped_lost_version_groups", "dropped_stale_groups",
                   "dropped_incomplete_groups", "missing_steps"):
@@ -866,8 +866,9 @@ class BufferState:
       self._kept = {s: g for s, g in self._kept.items() if retain is not None and s >= retain}
       return report
 
-  def rewind(self, c: int, npr: Optional[dict]) -> dict:
-    """Rewinds to learner checkpoint step `c` (replay.py's docstring says what is kept/dropped)."""
+  def rewind(self, c: int, npr: Optional[dict], start_over: bool = False) -> dict:
+    """Rewinds to learner checkpoint step `c` (replay.py's docstring says what is kept/dropped);
+    `start_over`: the learner found no valid checkpoint and starts from step 0 (c == 0)."""
     rep = dict(step=c, from_ns=self.ns, from_version=self.version, requeued_groups=0,
                requeued_rollouts=0, dropped_lost_version_groups=0, dropped_stale_groups=0,
                dropped_incomplete_groups=0, returned_prompts=0,
@@ -917,7 +918,9 @@ class BufferState:
       r = c - c % self.k
       n = sum(1 for g in self._groups.values() if g.view.max_version == r) + (c - r) * self.B
       self._round_start, self._round_leased = (r, n) if n else (-1, 0)
-    log.warning("learner resumed from checkpoint step %d: buffer rewound from step %d / version "
-                "%d: %s", c, rep["from_ns"], rep["from_version"], json.dumps(rep))
+    log.warning("%s: buffer rewound from step %d / version %d: %s",
+                "learner started over from step 0 (no valid checkpoint)" if start_over else
+                f"learner resumed from checkpoint step {c}", rep["from_ns"], rep["from_version"],
+                json.dumps(rep))
     self.cv.notify_all()
     return rep
