@@ -103,6 +103,36 @@ def initialize(config=None, env: Mapping[str, str] | None = None) -> Distributed
   return spec
 
 
+def exit_on_error(spec: DistributedSpec, error: BaseException) -> None:
+  """Ends this process of a multi-process job now, after a one-line error, when it failed.
+
+  Python's normal exit runs jax.distributed's shutdown barrier (atexit), which waits up to
+  `shutdown_timeout_seconds` (5 min) for every process, while the others wait for this one in a
+  collective that never completes: a failed process 0 kept process 1 hanging 5 min before the
+  JobSet could restart the pods. Exiting with os._exit skips that barrier; the others then fail
+  at once (their next gloo collective reports the closed connection, a key-value wait is ended
+  by the coordination service going away) and exit here too. A single process, a clean exit
+  (SystemExit 0 / None) and KeyboardInterrupt return (the caller re-raises)."""
+  if spec.num_processes <= 1 or isinstance(error, KeyboardInterrupt):
+    return
+  if isinstance(error, SystemExit) and error.code in (0, None):
+    return
+  import logging
+  import sys
+  import traceback
+  if not isinstance(error, SystemExit):
+    traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+  reason = " ".join(str(error.code if isinstance(error, SystemExit) else
+                        f"{type(error).__name__}: {error}").split())
+  if len(reason) > 400:
+    reason = reason[:400] + "..."
+  print(f"learner process {spec.process_id} of {spec.num_processes} failed: {reason} "
+        "(exiting now, without jax.distributed's shutdown barrier)", file=sys.stderr, flush=True)
+  logging.shutdown()
+  sys.stdout.flush()
+  os._exit(error.code if isinstance(error, SystemExit) and isinstance(error.code, int) else 1)
+
+
 def is_main_process() -> bool:
   """Process 0 writes metrics, checkpoints metadata and talks to the rollout buffer."""
   import jax

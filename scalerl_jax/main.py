@@ -99,9 +99,18 @@ def main(argv):
     if "topology" in locked:          # the layout of the chosen hardware target takes effect
       topologies.apply_layout(config)
     recipes.validate(config, _WORKDIR.value)
-    distributed.initialize(config)    # multi-host: before any JAX computation (no-op for one)
+    spec = distributed.initialize(config)   # multi-host: before any JAX computation
   except (recipes.ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
+  try:
+    _run(config)
+  except BaseException as e:  # multi-host: a failed process exits now (no shutdown barrier)
+    distributed.exit_on_error(spec, e)
+    raise
+
+
+def _run(config) -> None:
+  """job.run with the expected stops as one-line exits (SystemExit with the reason)."""
   from scalerl_jax.health import ParityError, RunUnhealthy
   try:
     job.run(config, _WORKDIR.value)

@@ -84,6 +84,21 @@ def _worker(mode, out_path):
                                        zip(jax.tree.leaves(params), jax.tree.leaves(init))), seconds=time.perf_counter() - t0)))
 
 
+def _fail_worker():
+  """Process 0 fails once both joined while process 1 waits for it in a collective."""
+  from scalerl_jax import distributed
+  spec = distributed.initialize()
+  try:
+    import jax
+    if jax.process_index() == 0:
+      time.sleep(1)
+      raise RuntimeError("process 0 fails on purpose")
+    distributed.broadcast_from_main(None)
+  except BaseException as e:
+    distributed.exit_on_error(spec, e)
+    raise
+
+
 def _free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -163,6 +178,39 @@ def test_two_processes_equal_one(tmp_path):
 
 
 @pytest.mark.slow
+def test_failed_process_exits_at_once_and_so_do_the_others(tmp_path):
+  """distributed.exit_on_error (main calls it): when process 0 fails, both processes exit 1 within
+  seconds with a one-line error, not after jax.distributed's 5-min shutdown barrier (process 1
+  blocked in a collective waiting for process 0 fails as soon as process 0 is gone)."""
+  port = _free_port()
+  t0 = time.time()
+  procs = [subprocess.Popen(
+      [sys.executable, os.path.abspath(__file__), "fail", "-"], cwd=ROOT,
+      env=_env(1, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
+               SCALERL_PROCESS_ID=i), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for i in range(2)]
+  try:
+    errs = [p.communicate(timeout=240)[1] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  took = time.time() - t0
+  print(f"both exited in {took:.0f} s")
+  assert procs[0].returncode == 1, errs[0][-2000:]
+  lines = [[l for l in e.splitlines() if l.startswith("learner process ")] for e in errs]
+  assert lines[0] == ["learner process 0 of 2 failed: RuntimeError: process 0 fails on purpose "
+                      "(exiting now, without jax.distributed's shutdown barrier)"], errs[0][-2000:]
+  # process 1: its collective fails (exit 1, our one line), or jax's coordination agent ends it
+  # first when process 0's coordination service goes away (SIGABRT, jax's own fatal message)
+  if procs[1].returncode == 1:
+    assert len(lines[1]) == 1 and lines[1][0].startswith("learner process 1 of 2 failed: "), errs[1]
+  else:
+    assert procs[1].returncode == -6 and "another task died" in errs[1], errs[1][-2000:]
+  assert took < 120, took          # jax's shutdown barrier alone waits 300 s
+
+
+@pytest.mark.slow
 def test_main_runs_as_two_processes(tmp_path):
   """`python -m scalerl_jax.main` as 2 JAX processes (1 CPU device each, mesh fsdp=2): process 0
   runs buffer + generator + evaluation, both train the sharded step, each streams its own shards,
@@ -219,4 +267,7 @@ def test_main_runs_as_two_processes(tmp_path):
 
 
 if __name__ == "__main__":
-  _worker(sys.argv[1], sys.argv[2])
+  if sys.argv[1] == "fail":
+    _fail_worker()
+  else:
+    _worker(sys.argv[1], sys.argv[2])
