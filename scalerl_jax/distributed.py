@@ -110,9 +110,10 @@ def exit_on_error(spec: DistributedSpec, error: BaseException) -> None:
   `shutdown_timeout_seconds` (5 min) for every process, while the others wait for this one in a
   collective that never completes: a failed process 0 kept process 1 hanging 5 min before the
   JobSet could restart the pods. Exiting with os._exit skips that barrier; the others then fail
-  at once (their next gloo collective reports the closed connection, a key-value wait is ended
-  by the coordination service going away) and exit here too. A single process, a clean exit
-  (SystemExit 0 / None) and KeyboardInterrupt return (the caller re-raises)."""
+  at once: their next gloo collective reports the closed connection and they exit here too, or
+  jax's coordination agent aborts them when process 0's coordination service goes away (a
+  key-value wait). A single process, a clean exit (SystemExit 0 / None) and KeyboardInterrupt
+  return (the caller re-raises)."""
   if spec.num_processes <= 1 or isinstance(error, KeyboardInterrupt):
     return
   if isinstance(error, SystemExit) and error.code in (0, None):
