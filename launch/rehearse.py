@@ -2,7 +2,7 @@ r"""Rehearses a rendered GKE variant on one machine: the manifests' own commands
 
   python -m launch.rehearse launch/gke/rendered/8b-h100 --steps 6 \
       [--workdir DIR | --workdir gs://BUCKET/run] [--kill buffer|learner] [--kill-at-step N] \
-      [--generators 2] [--state-dir DIR]
+      [--kill-before-checkpoint] [--generators 2] [--state-dir DIR]
 
 Reads the YAML files `kubectl apply` would get (every *.yaml of the directory) and runs what they
 describe the way Kubernetes would, with a tiny model:
@@ -36,10 +36,17 @@ describe the way Kubernetes would, with a tiny model:
 
 `--kill buffer` sends SIGKILL to the buffer pod's process once the learner logged step
 `--kill-at-step` (default STEPS // 2), after copying its WAL (the acknowledged rollouts at that
-instant); `--kill learner` kills learner pod 0 the same way (the JobSet restarts all learner pods:
-the run resumes from its newest checkpoint). The last stdout line is a JSON summary (also
-STATE_DIR/summary.json): pods, restarts, steps, weights served/fetched per pod, the buffer's NPR
-records, the WAL, the kill check (acknowledged rollouts lost / trained twice), the fit.
+instant); `--kill learner` kills learner pod 0 the same way, once step `--kill-at-step` is logged
+AND a checkpoint has finished (its manifest.json exists: saves are asynchronous, so the newest
+checkpoint may still be in flight at that step); the JobSet restarts all learner pods and the run
+resumes from that checkpoint. With `--kill-before-checkpoint` the learner is killed at that step
+whether or not a checkpoint finished (at a step before the first save: the restarted learners find
+none, start over, and the running buffer rewinds to step 0). The last stdout line is a JSON summary
+(also STATE_DIR/summary.json): pods, restarts, steps, weights served/fetched per pod, the buffer's
+NPR records, the WAL, the kill check (buffer kill: acknowledged rollouts at the kill lost / trained
+twice; learner kill: `tools/audit.py`'s ledger of every acknowledged rollout over the WAL archive
+and the final timeline's trained ids: trained once, dropped with a reason, left in the buffer, or
+lost), the fit.
 """
 from __future__ import annotations
 
@@ -77,6 +84,9 @@ TINY_OVERRIDES = (
     "eval.every_steps=1", "eval.samples_per_prompt=8",
     "generator.backend=jax", "generator.tensor_parallel=1", "generator.decode_batch=16",
     "checkpoint.every_steps=2", "pin_cpus=False",
+    # the audit trail the learner-kill check reads (scalerl_jax/tools/audit.py): the final
+    # timeline's trained rollout ids, and every compacted WAL segment kept
+    "audit.trained_ids=True", "audit.wal_archive=True",
 )
 PLACEHOLDER = "REPLACE-ME"
 USAGE_ERROR = 2
@@ -264,9 +274,11 @@ def _role(argv: list[str]) -> str:
 class Rehearsal:
 
   def __init__(self, manifest_dir: str, *, steps: int, workdir: str, state_dir: str,
-               generators: int = 2, kill: str = "", kill_at_step: int = 0, timeout_s: float = 1500):
+               generators: int = 2, kill: str = "", kill_at_step: int = 0, timeout_s: float = 1500,
+               kill_before_checkpoint: bool = False):
     self.dir, self.steps, self.state = manifest_dir, int(steps), os.path.abspath(state_dir)
     self.kill, self.kill_at = kill, int(kill_at_step or max(1, steps // 2))
+    self.kill_needs_checkpoint = kill == "learner" and not kill_before_checkpoint
     self.timeout_s = float(timeout_s)
     self.docs = load_manifests(manifest_dir)
     self.secrets = fill_secrets(self.docs)
@@ -426,10 +438,10 @@ class Rehearsal:
     """The buffer flags the tiny config changes (argparse keeps the last value of a flag)."""
     from scalerl_jax.processes import buffer_flags
     have = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-    want = buffer_flags(self.tiny, prompts="x", host="x", port=1)
+    want = buffer_flags(self.tiny, prompts="x", host="x", port=1, wal_dir=have.get("--wal-dir"))
     keep = ("--host", "--port", "--prompts", "--token-env")
-    return [a for a in want if a.split("=", 1)[0] not in keep and "=" in a
-            and have.get(a.split("=", 1)[0]) != a.split("=", 1)[1]]
+    return [a for a in want if a.split("=", 1)[0] not in keep and (
+        have.get(a.split("=", 1)[0]) != a.split("=", 1)[1] if "=" in a else a not in argv)]
 
   # -- processes --
   def _log(self, p: Pod, c: dict):
@@ -524,6 +536,23 @@ class Rehearsal:
       return -1
     return max(steps, default=-1)
 
+  def _checkpoints(self) -> list[int]:
+    """Steps of WORKDIR/checkpoints with a manifest.json (finished saves: checkpoint.MANIFEST)."""
+    from scalerl_jax import storage
+    d = storage.join(self.workdir, "checkpoints")
+    try:
+      if not storage.exists(d):
+        return []
+      return sorted(int(n) for n in storage.listdir(d) if n.isdigit() and storage.exists(
+          storage.join(d, n, "manifest.json")))
+    except OSError:
+      return []
+
+  def _kill_due(self) -> bool:
+    if self._step() < self.kill_at:
+      return False
+    return not self.kill_needs_checkpoint or bool(self._checkpoints())
+
   def _do_kill(self) -> None:
     from scalerl_jax.buffer import wal as walmod
     if self.kill == "buffer":
@@ -544,7 +573,9 @@ class Rehearsal:
     else:
       p = self._learners()[0]
       os.killpg(p.proc.pid, signal.SIGKILL)
-      self.kill_report = {"pod": p.name, "at_step": self._step()}
+      done = self._checkpoints()
+      self.kill_report = {"pod": p.name, "at_step": self._step(),
+                          "checkpoint_at_kill": done[-1] if done else None}
     self.events.append({"t": round(time.time(), 2), "pod": p.name, "event": "kill -9"})
 
   def run(self) -> dict:
@@ -562,8 +593,8 @@ class Rehearsal:
       while True:
         if time.time() - t0 > self.timeout_s:
           raise RuntimeError(f"timed out after {self.timeout_s:.0f} s at step {self._step()}")
-        time.sleep(1.0)
-        if not killed and self._step() >= self.kill_at:
+        time.sleep(1.0 if killed else 0.25)   # a pending kill: land it close to its step
+        if not killed and self._kill_due():
           self._do_kill()
           killed = True
         for p in buffers + gens:              # Deployment: restartPolicy Always
@@ -616,8 +647,30 @@ class Rehearsal:
     if self.kill == "buffer" and self.kill_report:
       s["kill"] = dict(self.kill_report, **_kill_check(self.kill_report))
     elif self.kill_report:
-      s["kill"] = dict(self.kill_report)
+      s["kill"] = dict(self.kill_report, audit=self._audit(buf))
     return s
+
+  def _audit(self, buf: Pod) -> dict:
+    """tools/audit.py's ledger of every acknowledged rollout (the buffer's WAL with its archive)
+    against the final timeline's trained ids (WORKDIR/trained_ids.jsonl, copied here from a
+    gs:// workdir), plus the learners' resume / start-over lines."""
+    from scalerl_jax import storage
+    from scalerl_jax.tools.audit import rollout_ledger
+    wal_dir = _buffer_state(self, buf)["wal_dir"]
+    ids = os.path.join(self.state, "evidence", "trained_ids.jsonl")
+    os.makedirs(os.path.dirname(ids), exist_ok=True)
+    src = storage.join(self.workdir, "trained_ids.jsonl")
+    with open(ids, "w") as f:
+      f.write(storage.read_text(src) if storage.exists(src) else "")
+    out = rollout_ledger(wal_dir, ids)
+    text = _read_logs(self, self._learners()[0])
+    resumed = re.findall(r"resuming from checkpoint (\d+)\b(?! instead)", text)   # job.py's line
+    out["resumed_from"] = [int(x) for x in resumed]
+    out["started_over"] = len(re.findall(r"no valid checkpoint: starting over from step 0", text))
+    out["buffer_rewinds"] = re.findall(r"(learner started over from step 0|learner resumed from "
+                                       r"checkpoint step \d+)[^:]*: buffer rewound",
+                                       _read_logs(self, buf))
+    return out
 
 
 def _read_logs(r: Rehearsal, p: Pod) -> str:
@@ -732,6 +785,9 @@ def main(argv=None) -> int:
   ap.add_argument("--generators", type=int, default=2, help="generator pods (replicas capped)")
   ap.add_argument("--kill", choices=("", "buffer", "learner"), default="")
   ap.add_argument("--kill-at-step", type=int, default=0)
+  ap.add_argument("--kill-before-checkpoint", action="store_true",
+                  help="--kill learner: kill at --kill-at-step without waiting for a finished "
+                       "checkpoint (before the first one: the learners start over)")
   ap.add_argument("--timeout", type=float, default=1500.0)
   a = ap.parse_args(argv)
   try:
@@ -748,7 +804,8 @@ def main(argv=None) -> int:
       raise RehearsalError(f"workdir {a.workdir}: only local paths and gs://BUCKET/PATH")
     r = Rehearsal(a.manifests, steps=a.steps, workdir=a.workdir,
                   state_dir=a.state_dir or tempfile.gettempdir(), generators=a.generators,
-                  kill=a.kill, kill_at_step=a.kill_at_step, timeout_s=a.timeout)
+                  kill=a.kill, kill_at_step=a.kill_at_step, timeout_s=a.timeout,
+                  kill_before_checkpoint=a.kill_before_checkpoint)
   except RehearsalError as e:       # checked before anything is started or written
     print(f"rehearse: error: {e}", file=sys.stderr)
     return USAGE_ERROR

@@ -3,9 +3,11 @@ run as local processes from its own YAML (launch/README.md "Rehearsal"): 2 learn
 jax.distributed job (gloo), the buffer pod (init container first) and 2 generator pods (JAX), the
 tiny model swapped in by config overrides, Service names through $SCALERL_HOSTS.
 
-The slow tests each run a 6-step rehearsal (~4-7 min on 2 shared cores): a local workdir with a
-kill -9 of the buffer pod, and a gs:// workdir on gcp-storage-emulator with a kill -9 of a learner
-pod (the JobSet restarts both; the run resumes from the checkpoint in the bucket)."""
+The slow tests each run a rehearsal: a local workdir with a kill -9 of the buffer pod (6 steps);
+a gs:// workdir on gcp-storage-emulator with a kill -9 of a learner pod once a checkpoint finished
+(6 steps, `long`; the JobSet restarts both; the run resumes from the checkpoint in the bucket); a
+local workdir with a kill -9 of a learner pod before any checkpoint finished (3 steps: the learners
+start over and the running buffer rewinds to step 0)."""
 import glob
 import json
 import os
@@ -112,8 +114,8 @@ def test_gs_bucket_missing_is_one_line(tmp_path, emulator):
 
 
 # ---- the rehearsals ------------------------------------------------------------------------------
-def _common_checks(s):
-  assert s["steps"] == 6
+def _common_checks(s, steps=6, fit=True, npr_history=True):
+  assert s["steps"] == steps
   lp = s["learner_processes"]
   assert sorted((v["process"], v["of"]) for v in lp.values()) == [(0, 2), (1, 2)], lp
   w = s["weights"]
@@ -125,10 +127,21 @@ def _common_checks(s):
     assert sorted(w["fetched_chunks_by_source"][g]) == learners, w
   b = s["buffer"]
   assert b["npr_threshold_flag"] == "0.9"                           # the 8b recipe's threshold
-  assert b["npr_state"]["threshold"] == 0.9 and b["npr_state"]["history"], b   # the buffer's state
+  assert b["npr_state"]["threshold"] == 0.9, b                      # the buffer's state
+  assert bool(b["npr_state"]["history"]) == npr_history, b   # empty: snapshot after a start-over
   assert b["wal_records"].get("npr", 0) + b["wal_records"].get("npr_state", 0) > 0
   assert any(f.startswith("wal-") for f in b["wal_files"]) and b["wal_bytes"] > 0
-  assert s["fit_exists"], s["fit"]
+  assert s["fit_exists"] or not fit, s["fit"]
+
+
+def _learner_kill_checks(s):
+  """tools/audit.py's ledger (rehearse's learner-kill check): every acknowledged rollout trained
+  once in the final timeline, dropped by the rewind with a reason, or still in the buffer."""
+  a = s["kill"]["audit"]
+  assert a["acked"] > 0 and a["fate"]["lost"] == 0, a
+  assert a["duplicated"] == 0 and a["trained_not_acked"] == 0 and not a["steps_logged_twice"], a
+  assert a["trained_ids"] == a["fate"]["trained"], a
+  return a
 
 
 @pytest.mark.slow
@@ -167,6 +180,10 @@ def test_rehearse_gcs_kill_learner_resumes_from_bucket(tmp_path, emulator):
   print(json.dumps({k: s[k] for k in ("wall_s", "steps", "jobset_restarts", "kill")}, indent=1))
   _common_checks(s)
   assert s["jobset_restarts"] == 1
+  # killed once checkpoint 2 (or 4) had its manifest; the restarted learner resumed from it
+  assert s["kill"]["checkpoint_at_kill"] in (2, 4), s["kill"]
+  a = _learner_kill_checks(s)
+  assert a["resumed_from"] == [s["kill"]["checkpoint_at_kill"]] and a["started_over"] == 0, a
   env = dict(emulator, PYTHONPATH=ROOT)
   probe = subprocess.run(
       [sys.executable, "-c", f"""
@@ -190,6 +207,33 @@ print(json.dumps(out))
   assert [x["checkpoint_step"] in (2, 4) for x in got["resumes"]] == [True], got["resumes"]
   assert got["train"] == [1, 2, 3, 4, 5, 6], got["train"]
   _no_local_gs(ROOT, str(tmp_path), str(state))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("rehearse")
+def test_rehearse_kill_learner_before_any_checkpoint_starts_over(tmp_path):
+  """kill -9 of a learner pod at step 1, before the first checkpoint (step 2) exists: the
+  restarted learners find no checkpoint and start over; their start-over request makes the
+  running buffer (holding versions up to 2) restart and rewind to step 0 instead of refusing
+  version 0; the run reaches its last step with no acknowledged rollout lost or trained twice."""
+  state = tmp_path / "state"
+  r = _rehearse([VARIANT, "--steps=3", f"--state-dir={state}", "--kill=learner",
+                 "--kill-at-step=1", "--kill-before-checkpoint"], timeout=900)
+  s = _summary(r)
+  print(json.dumps({k: s[k] for k in ("wall_s", "steps", "jobset_restarts", "kill")}, indent=1))
+  # 3 evaluations: too few for the fit (it says so); the buffer's NPR history was reset with the
+  # start-over (its WAL snapshot holds the fresh one, the updates since are NPR records)
+  _common_checks(s, steps=3, fit=False, npr_history=False)
+  assert s["jobset_restarts"] == 1
+  assert s["kill"]["checkpoint_at_kill"] is None, s["kill"]
+  a = _learner_kill_checks(s)
+  assert a["started_over"] == 1 and a["resumed_from"] == [], a
+  assert a["buffer_rewinds"] == ["learner started over from step 0"], a
+  buf = [p for p, v in s["pods"].items() if v["component"] == "buffer"][0]
+  assert s["pods"][buf]["exit_codes"] == [75], s["pods"][buf]      # RESTART_EXIT, then replayed
+  metrics = [json.loads(l) for l in open(state / "workdir" / "metrics.jsonl")]
+  assert [l["step"] for l in metrics if l["kind"] == "train"] == [1, 2, 3]
+  assert glob.glob(str(state / "workdir" / "previous-*" / "metrics.jsonl"))   # set aside
 
 
 # ---- the pieces the rehearsal relies on (fast) ---------------------------------------------------
@@ -234,6 +278,59 @@ def test_buffer_asks_for_restart_when_the_learner_resumed(tmp_path):
       c.publish_weights(0, b"v0-again")              # the resumed learner republishes
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert srv.restart_requested.is_set()
+  finally:
+    c.close()
+    srv.stop(0)
+
+
+def test_start_over_after_a_previous_run_makes_the_running_buffer_rewind(tmp_path):
+  """A learner that finds no valid checkpoint in a used workdir starts over with a start-over
+  request (a resume from step 0): a buffer still holding the previous run's versions restarts
+  (instead of refusing version 0) and its restart rewinds to step 0 from the WAL. A first run in
+  an empty workdir announces nothing."""
+  import grpc
+  import ml_collections
+  import numpy as np
+  from scalerl_jax import job
+  from scalerl_jax.buffer.replay import read_learner_state
+  from scalerl_jax.buffer.server import BufferServer
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.types import PromptSpec
+  cfg = ml_collections.ConfigDict(dict(resume="auto", local_dir="",
+                                       rl=dict(npr_threshold=0.9)))
+  wd = tmp_path / "run"
+  wd.mkdir()
+  ls = str(wd / "learner_state.json")
+  assert job.prepare_resume(cfg, str(wd)) is None
+  assert read_learner_state(ls)["resume"] is None             # first run: nothing to rewind
+  prompts = [PromptSpec(i, np.arange(3, dtype=np.int32) + i, "1") for i in range(8)]
+  kw = dict(token="t" * 32, prompts_per_step=2, group_size=2, max_lag=1,
+            wal_dir=str(tmp_path / "wal"))
+  srv = BufferServer(prompts, learner_state=read_learner_state(ls), **kw).start()
+  srv.learner_state_path = ls
+  c = BufferClient(srv.address, "t" * 32, retries=0)
+  try:
+    for v in range(3):
+      c.publish_weights(v, f"v{v}".encode())
+    (wd / "metrics.jsonl").write_text('{"step": 1, "kind": "train"}\n')
+    assert job.prepare_resume(cfg, str(wd)) is None           # no checkpoint: start over
+    res = read_learner_state(ls)["resume"]
+    assert res["start_over"] and res["step"] == 0 and res["npr"]["threshold"] == 0.9, res
+    assert list(wd.glob("previous-*/metrics.jsonl"))          # the previous run, set aside
+    with pytest.raises(grpc.RpcError) as e:
+      c.publish_weights(0, b"v0-again")              # not FAILED_PRECONDITION: restart to rewind
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert srv.restart_requested.is_set()
+  finally:
+    c.close()
+    srv.stop(0)
+  srv = BufferServer(prompts, learner_state=read_learner_state(ls), **kw).start()
+  c = BufferClient(srv.address, "t" * 32, retries=0)
+  try:
+    rep = srv.wal_report["resume"]
+    assert rep["step"] == 0 and rep["from_version"] == 2, rep
+    assert srv.state.version == 0 and srv.state.resumes[-1] == res["id"]
+    c.publish_weights(0, b"v0-again")                # the started-over learner's version 0
   finally:
     c.close()
     srv.stop(0)
