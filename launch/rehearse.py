@@ -39,9 +39,10 @@ describe the way Kubernetes would, with a tiny model:
 instant); `--kill learner` kills learner pod 0 the same way, once step `--kill-at-step` is logged
 AND a checkpoint has finished (its manifest.json exists: saves are asynchronous, so the newest
 checkpoint may still be in flight at that step); the JobSet restarts all learner pods and the run
-resumes from that checkpoint. With `--kill-before-checkpoint` the learner is killed at that step
-whether or not a checkpoint finished (at a step before the first save: the restarted learners find
-none, start over, and the running buffer rewinds to step 0). The last stdout line is a JSON summary
+resumes from that checkpoint. With `--kill-before-checkpoint` the learner's first checkpoint is
+moved to the last step (`checkpoint.every_steps` = max(STEPS, kill step + 1)), so the kill always
+lands before any save: the restarted learners find none, start over, and the running buffer
+rewinds to step 0. The last stdout line is a JSON summary
 (also STATE_DIR/summary.json): pods, restarts, steps, weights served/fetched per pod, the buffer's
 NPR records, the WAL, the kill check (buffer kill: acknowledged rollouts at the kill lost / trained
 twice; learner kill: `tools/audit.py`'s ledger of every acknowledged rollout over the WAL archive
@@ -279,6 +280,10 @@ class Rehearsal:
     self.dir, self.steps, self.state = manifest_dir, int(steps), os.path.abspath(state_dir)
     self.kill, self.kill_at = kill, int(kill_at_step or max(1, steps // 2))
     self.kill_needs_checkpoint = kill == "learner" and not kill_before_checkpoint
+    # Killed before any checkpoint, deterministically: the first one is due after the kill step
+    # (at the last step), so no save can have finished when the kill lands.
+    self.extra_learner = ([f"--config.checkpoint.every_steps={max(self.steps, self.kill_at + 1)}"]
+                          if kill == "learner" and kill_before_checkpoint else [])
     self.timeout_s = float(timeout_s)
     self.docs = load_manifests(manifest_dir)
     self.secrets = fill_secrets(self.docs)
@@ -425,7 +430,7 @@ class Rehearsal:
     role = _role(argv)
     tiny = [f"--config.{o}" for o in TINY_OVERRIDES]
     if role == "learner":
-      argv += tiny + [f"--config.total_steps={self.steps}"]
+      argv += tiny + [f"--config.total_steps={self.steps}"] + self.extra_learner
     elif role == "generator":
       argv += tiny + ["--backend=jax"]
     elif role == "export":
