@@ -7,7 +7,10 @@ Both sides: identical weights (HF model → our params), identical rollout batch
 loss with prompt aggregation (per-prompt token weights computed once from the batch), global-norm
 clip 1.0 and AdamW(lr, eps 1e-15, wd 0.01). Rounds alternate ours/peer so machine contention hits
 both alike; the median round is reported (and the best round: `*_best`, less sensitive to other jobs
-on a shared machine). The last stdout line is one JSON object.
+on a shared machine). Each side's process CPU seconds per step are reported too
+(`tok_per_cpu_s_*`, `ratio_cpu`): with ``--threads 1`` that is the work a step takes, which a
+loaded machine barely changes, so it compares runs (e.g. XLA flags) made under different load.
+The last stdout line is one JSON object.
 
 The 8B-width layer slice (d 4096, 2 layers, heads 32/8, ffn 14336, vocab 128256) does not fit a
 small CPU box with AdamW state; on CPU it runs scaled down by ``--width_div`` (default 8: widths,
@@ -147,12 +150,13 @@ def peer(cfg, hf_model, batch, config):
 
 
 def _time(step, sync, steps):
-  t0 = time.perf_counter()
+  """(wall seconds, process CPU seconds) of `steps` steps."""
+  t0, c0 = time.perf_counter(), time.process_time()
   m = None
   for _ in range(steps):
     m = step()
   sync(m)
-  return time.perf_counter() - t0
+  return time.perf_counter() - t0, time.process_time() - c0
 
 
 def main(argv=None):
@@ -190,9 +194,15 @@ def main(argv=None):
     loss_peer = [p_sync(p_step()), p_sync(p_step())]   # also warms up the allocator
     sides["peer"] = (p_step, p_sync)
   times = {k: [] for k in sides}
+  cpu = {k: [] for k in sides}
   for _ in range(args.rounds):
     for name, (step, sync) in sides.items():           # interleaved: contention hits both
-      times[name].append(_time(step, sync, args.steps) / args.steps)
+      wall, cpu_s = _time(step, sync, args.steps)
+      times[name].append(wall / args.steps)
+      cpu[name].append(cpu_s / args.steps)
+  # CPU seconds per step: with --threads 1 the work done, nearly independent of other jobs' load
+  # (a loaded box stretches wall time, not the CPU time a single-threaded step needs).
+  cpu_tok_s = {k: tokens_per_step / statistics.median(v) for k, v in cpu.items()}
   tok_s = {k: tokens_per_step / statistics.median(v) for k, v in times.items()}
   best = {k: tokens_per_step / min(v) for k, v in times.items()}   # least-disturbed round
   fpt = flops_per_token(cfg, args.seq)
@@ -207,6 +217,10 @@ def main(argv=None):
              backend=backend, threads=args.threads, loadavg_1m=load,
              step_s_ours=[round(x, 3) for x in times["ours"]],
              step_s_peer=[round(x, 3) for x in times.get("peer", [])],
+             tok_per_cpu_s_ours=round(cpu_tok_s["ours"], 1),
+             tok_per_cpu_s_peer=round(cpu_tok_s.get("peer", float("nan")), 1),
+             ratio_cpu=(round(cpu_tok_s["ours"] / cpu_tok_s["peer"], 3) if "peer" in cpu_tok_s
+                        else None),
              compile_and_first_step_s=round(t_compile, 2),
              loss_steps12_ours=loss_ours, loss_steps12_peer=loss_peer,
              peer_attn=None if args.no_peer else args.peer_attn, attention=cfg.attention_impl,
