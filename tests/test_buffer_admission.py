@@ -127,6 +127,30 @@ def test_lease_expiry_frees_capacity_and_returns_prompt():
   assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
 
 
+def test_heartbeat_listing_groups_lets_an_unknown_lease_expire():
+  """A generator's heartbeats extend only the groups it lists: a group leased to it whose lease
+  response it never got (lost in a buffer crash; it does not know it holds the group) expires
+  after the TTL and its prompt is leased again, instead of blocking its step forever (the hang
+  test_fault_buffer's kill -9 of the buffer once hit: 12 groups outstanding, none completing)."""
+  st, clock = _state(B=2, k=0)
+  known, orphan = st.lease("g", 2, 0)
+  for _ in range(4):                                             # 4 heartbeats, 16 s > TTL 10 s
+    clock.t += 4
+    assert st.heartbeat("g", [known.group_id]) == 1
+  (again,) = st.lease("h", 1, 0)
+  assert again.prompt_id == orphan.prompt_id and st.expired_groups == 1
+  _fill(st, known)                                               # the listed one is still leased
+  _fill(st, again)
+  assert len(st.pull(0, 0).groups) == 2
+  # Without a list (older clients): every incomplete group of the generator is extended.
+  st2, clock2 = _state(B=2, k=0)
+  st2.lease("g", 2, 0)
+  clock2.t += 8
+  assert st2.heartbeat("g") == 2
+  clock2.t += 8
+  assert st2.lease("h", 1, 0) == [] and st2.expired_groups == 0
+
+
 def test_ppo_off_policy_round():
   st, _ = _state(B=2, k=2, mode="ppo_off_policy")
   got = st.lease("g", 100, 0)

@@ -127,6 +127,10 @@ def test_pull_blocks_then_delivers_and_lease_waits_for_admission():
   try:
     got = c.lease("g", 10, 1)
     assert len(got) == 2                                   # k=0: exactly one step of work
+    # heartbeats over the wire: a listed group only, or (no list) every group of "g"
+    assert c.heartbeat("g", 0, group_ids=[got[0].group_id]).leases_extended == 1
+    assert c.heartbeat("g", 0, group_ids=[]).leases_extended == 0
+    assert c.heartbeat("g", 0).leases_extended == 2
     t0 = time.time()
     assert c.lease("g", 1, 0.4) == []                      # waits for admission, then gives up
     assert time.time() - t0 >= 0.35

@@ -89,17 +89,19 @@ def _main(argv=None):
   log({"start_version": version, "pid": os.getpid(), "t": time.time()})
   stop = threading.Event()
   lease_id = f"{a.gen_id}@{os.getpid()}"     # per process, like worker.Worker
+  working = {"gids": []}                    # the group being generated, like worker.Worker
 
   def heartbeat():
     while not stop.wait(a.heartbeat_s):
       try:
-        c.heartbeat(lease_id, version)
+        c.heartbeat(lease_id, version, group_ids=working["gids"])
       except grpc.RpcError:
         pass
   threading.Thread(target=heartbeat, daemon=True).start()
   try:
     while True:
       for asg in c.lease(lease_id, max_groups=1, wait_timeout_s=0.5):
+        working["gids"] = [asg.group_id]
         got = c.fetch_weights(version, wait_timeout_s=0 if version >= asg.min_version else 30)
         if got:
           version = got[0]

@@ -281,7 +281,8 @@ class BufferServer:
 
   def _heartbeat(self, request, context):
     r = self._req(request, context)
-    n = self._call(context, self.state.heartbeat, r.generator_id)
+    n = self._call(context, self.state.heartbeat, r.generator_id,
+                   list(r.group_ids) if r.lists_groups else None)
     return pb.HeartbeatResponse(current_version=self.state.version, leases_extended=n,
                                 server_time_unix_s=time.time())
 

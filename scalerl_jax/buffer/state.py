@@ -301,14 +301,21 @@ class BufferState:
       self._round_leased -= 1
     self.cv.notify_all()
 
-  def heartbeat(self, generator_id: str) -> int:
-    """Extends every incomplete lease held by `generator_id`; returns how many."""
+  def heartbeat(self, generator_id: str, group_ids: Sequence[int] | None = None) -> int:
+    """Extends the incomplete leases held by `generator_id`; returns how many.
+
+    `group_ids` (when given): only those training groups are extended; the generator's other
+    incomplete groups keep their expiry and are re-queued after the TTL. A lease the buffer
+    logged but whose response never reached the generator (the buffer crashed in between) would
+    otherwise be kept alive forever by that generator's heartbeats, and its step never completes.
+    None: every incomplete group of `generator_id` (clients that do not list their groups)."""
     val.check_id(generator_id, "generator_id", self.limits)
+    listed = None if group_ids is None else {int(x) for x in group_ids}
     with self.cv:
       self._expire()
       n = 0
-      for g in self._groups.values():
-        if g.generator_id == generator_id and not g.complete:
+      for gid, g in self._groups.items():
+        if g.generator_id == generator_id and not g.complete and (listed is None or gid in listed):
           g.expires_at = self.clock() + self.lease_ttl_s
           n += 1
       for job in self._evals.values():

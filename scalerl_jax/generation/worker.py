@@ -145,6 +145,9 @@ class Worker:
     self._stop = threading.Event()
     self.rewound = False
     threading.Thread(target=self._watch_weights, daemon=True).start()
+    # The training groups this worker is generating (leased, not yet pushed): the heartbeats
+    # extend only these (a lease whose response was lost in a buffer crash then expires).
+    self._working: frozenset = frozenset()
     self.heartbeat_s = float(config.generator.get("heartbeat_s", 10.0))
     if self.heartbeat_s > 0:
       threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -153,7 +156,7 @@ class Worker:
     """Extends this worker's leases every `heartbeat_s` (a silent worker loses them after the TTL)."""
     while not self._stop.wait(self.heartbeat_s):
       try:
-        r = self.client.heartbeat(self.lease_id, self.gen.version)
+        r = self.client.heartbeat(self.lease_id, self.gen.version, group_ids=sorted(self._working))
       except grpc.RpcError as e:
         log.warning("%s: heartbeat failed (%s)", self.id, e.code())
         continue
@@ -354,6 +357,7 @@ class Worker:
         continue
       # The version cap of these leases (PPO-off-policy rounds pin one version) is set before
       # waiting for their minimum version, so a pending newer version can be swapped in.
+      self._working = frozenset(a.group_id for a in assignments)
       caps = [a.max_version for a in assignments if a.max_version >= 0]
       self.gen.max_version = min(caps) if caps else None
       self._wait_for_version(max(a.min_version for a in assignments))
@@ -376,8 +380,10 @@ class Worker:
         self.client.push(rollouts)
       except grpc.RpcError as e:   # e.g. a lease expired: the buffer re-assigns the group
         log.warning("%s: push rejected (%s: %s)", self.id, e.code(), e.details())
+        self._working = frozenset()
         self._abandon()
         continue
+      self._working = frozenset()
       done += len(assignments)
     return done
 

@@ -343,12 +343,16 @@ class Status(_message.Message):
     def __init__(self, contents: _Optional[_Union[BufferContents, _Mapping]] = ..., mode: _Optional[str] = ..., max_lag: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., group_size: _Optional[int] = ..., admission_capacity: _Optional[int] = ..., lag_total: _Optional[_Union[LagHistogram, _Mapping]] = ..., recent: _Optional[_Iterable[_Union[BatchSummary, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("generator_id", "version")
+    __slots__ = ("generator_id", "version", "group_ids", "lists_groups")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    LISTS_GROUPS_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     version: int
-    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    group_ids: _containers.RepeatedScalarFieldContainer[int]
+    lists_groups: bool
+    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ..., group_ids: _Optional[_Iterable[int]] = ..., lists_groups: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("current_version", "leases_extended", "server_time_unix_s")
