@@ -542,15 +542,11 @@ class Rehearsal:
     return max(steps, default=-1)
 
   def _checkpoints(self) -> list[int]:
-    """Steps of WORKDIR/checkpoints with a manifest.json (finished saves: checkpoint.MANIFEST)."""
-    from scalerl_jax import storage
-    d = storage.join(self.workdir, "checkpoints")
+    """Steps of the workdir's finished checkpoints (with a manifest; saves are asynchronous)."""
+    from scalerl_jax.checkpoint import finished_steps
     try:
-      if not storage.exists(d):
-        return []
-      return sorted(int(n) for n in storage.listdir(d) if n.isdigit() and storage.exists(
-          storage.join(d, n, "manifest.json")))
-    except OSError:
+      return finished_steps(self.workdir)
+    except OSError:       # a step dir moved aside (resume fallback) while it was listed
       return []
 
   def _kill_due(self) -> bool:

@@ -103,6 +103,15 @@ def step_dirs(workdir: str) -> list[tuple[int, str]]:
   return sorted((int(n), storage.join(d, n)) for n in storage.listdir(d) if n.isdigit())
 
 
+def finished_steps(workdir: str) -> list[int]:
+  """Steps under WORKDIR/checkpoints whose save finished (a manifest is written), oldest first;
+  [] when there is no checkpoint directory yet."""
+  d = storage.join(storage.abspath(workdir), "checkpoints")
+  if not storage.exists(d):
+    return []
+  return [s for s, p in step_dirs(workdir) if storage.exists(storage.join(p, MANIFEST))]
+
+
 def find_valid(workdir: str) -> tuple[int, dict, list[dict]] | None:
   """Newest valid checkpoint: (step, meta, skipped) where `skipped` lists the newer steps that were
   not valid ({"step", "reason", "moved_to"}); those are moved to WORKDIR/checkpoints_invalid/ so a
@@ -224,8 +233,7 @@ class RunCheckpointer:
 
   def all_steps(self) -> list[int]:
     """Steps that have a manifest (finished saves), oldest first."""
-    return [s for s, p in step_dirs(storage.dirname(self.directory))
-            if storage.exists(storage.join(p, MANIFEST))]
+    return finished_steps(storage.dirname(self.directory))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()

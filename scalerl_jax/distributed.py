@@ -21,7 +21,10 @@ jax.distributed.initialize() with no arguments auto-detects, use `auto=True`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import sys
+import traceback
 from typing import Any, Mapping
 
 import numpy as np
@@ -118,9 +121,6 @@ def exit_on_error(spec: DistributedSpec, error: BaseException) -> None:
     return
   if isinstance(error, SystemExit) and error.code in (0, None):
     return
-  import logging
-  import sys
-  import traceback
   if not isinstance(error, SystemExit):
     traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
   reason = " ".join(str(error.code if isinstance(error, SystemExit) else

@@ -380,10 +380,10 @@ class Worker:
         self.client.push(rollouts)
       except grpc.RpcError as e:   # e.g. a lease expired: the buffer re-assigns the group
         log.warning("%s: push rejected (%s: %s)", self.id, e.code(), e.details())
-        self._working = frozenset()
         self._abandon()
         continue
-      self._working = frozenset()
+      finally:                     # pushed or given up: no longer this worker's to extend
+        self._working = frozenset()
       done += len(assignments)
     return done
 
