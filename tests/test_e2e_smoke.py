@@ -19,6 +19,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K = 2
 
 
+# One worker runs the module: its module-scoped fixture is costly and runs once per worker.
+pytestmark = pytest.mark.xdist_group("e2e_smoke")
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
   wd = tmp_path_factory.mktemp("smoke")

@@ -25,6 +25,10 @@ def _run(wd, *extra, timeout=900):
                         capture_output=True, text=True, timeout=timeout)
 
 
+# One worker runs the module: its module-scoped fixture is costly and runs once per worker.
+pytestmark = pytest.mark.xdist_group("eval_e2e")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   out = {}

@@ -36,6 +36,10 @@ def _binomial_agree(p1, n1, p2, n2):
   return abs(p1 - p2) <= half, half
 
 
+# One worker runs the module: its module-scoped fixture is costly and runs once per worker.
+pytestmark = pytest.mark.xdist_group("fleet_eval")
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   wd = tmp_path_factory.mktemp("fleet_eval")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("forecast_e2e")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LR_100X = 3e-3      # 100 x configs/tiny.py's RL learning rate (3e-5)
 

@@ -14,6 +14,10 @@ from scalerl_jax.trainer import learner_token_logprobs
 from scalerl_jax.types import PromptSpec, SamplingSpec
 
 
+# One worker runs the module: its module-scoped fixture is costly and runs once per worker.
+pytestmark = pytest.mark.xdist_group("forecast_parity")
+
+
 @pytest.fixture(scope="module")
 def batch():
   cfg = models.get_preset("tiny_llama3", vocab_size=64, num_layers=2, d_model=128, ffn_dim=256,

@@ -11,6 +11,10 @@ import pytest
 from test_moe import run_moe_procs
 
 
+# One worker runs the module: its module-scoped fixture is costly and runs once per worker.
+pytestmark = pytest.mark.xdist_group("moe_flops")
+
+
 @pytest.fixture(scope="module")
 def result():
   return run_moe_procs("flops")

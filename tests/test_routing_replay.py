@@ -71,6 +71,10 @@ def _learner_metrics(params, batch, replay: bool, cfg=CFG):
   return learner.step(b)
 
 
+# One worker runs the module: its module-scoped fixture is costly and runs once per worker.
+pytestmark = pytest.mark.xdist_group("routing_replay")
+
+
 @pytest.fixture(scope="module")
 def params():
   return models.init_params(CFG, jax.random.PRNGKey(0))

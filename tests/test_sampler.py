@@ -14,6 +14,10 @@ END_THINK, EOS = 5, 2
 INTERRUPT = (40, 41, 42, END_THINK)
 
 
+# One worker runs the module: its module-scoped fixture is costly and runs once per worker.
+pytestmark = pytest.mark.xdist_group("sampler")
+
+
 @pytest.fixture(scope="module")
 def model():
   cfg = models.get_preset("tiny_llama3", vocab_size=64, num_layers=2, d_model=128, ffn_dim=256,

@@ -32,6 +32,10 @@ TOKEN = "tls-secret-0123456789"
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 
+# One worker runs the module: its module-scoped fixture is costly and runs once per worker.
+pytestmark = pytest.mark.xdist_group("tls")
+
+
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
   return tls_certs.make_certs(str(tmp_path_factory.mktemp("certs")))
