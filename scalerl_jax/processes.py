@@ -3,8 +3,9 @@
 Every child is started in its own process group (session) with PR_SET_PDEATHSIG=SIGTERM (set by a
 tiny exec launcher, see `_LAUNCH`), so it dies with the main process even on SIGKILL; a reaper
 process per child SIGKILLs the child's group `SCALERL_CHILD_GRACE_S` (10 s) after the parent died,
-even if the child is stuck in a C call where its SIGTERM handler cannot run (docs/RELIABILITY.md
-"Children never outlive their parent"). `ProcessGroup.close()` sends SIGTERM, waits, then SIGKILLs.
+even if the child is stuck in a C call where its SIGTERM handler cannot run, and at once when the
+child itself exits (its own children, such as vLLM's engine processes, do not outlive it;
+docs/RELIABILITY.md "Children never outlive their parent"). `ProcessGroup.close()` sends SIGTERM, waits, then SIGKILLs.
 
 Supervision (docs/RELIABILITY.md): `supervise()` (or `start_supervisor()`, a background thread)
 restarts a dead generator up to `config.generator.max_restarts` times (default 3) and a dead buffer
@@ -41,8 +42,10 @@ DEFAULT_GRACE_S = 10.0                # > the generator worker's own 5 s SIGTERM
 # interpreter: it waits on a pidfd of the parent (poll of `kill(parent, 0)` where pidfds are
 # unavailable), gives the child `SCALERL_CHILD_GRACE_S` (default 10 s) to exit on its SIGTERM,
 # then SIGKILLs the child's whole process group (the child, its own children such as vLLM engine
-# processes, and itself). The reaper has PDEATHSIG=SIGKILL towards the child, so a child that exits
-# normally takes its reaper with it; close() / killpg of the group reach it as well.
+# processes, and itself). The reaper has PDEATHSIG=SIGUSR1 towards the child: when the child exits,
+# for any reason, the reaper SIGKILLs what is left of the child's group (itself included). Without
+# that, a vLLM worker that exited on its SIGTERM (or after a shutdown cut short) left vLLM's
+# EngineCore and its VLLM::Worker running under init, ~1.9 GB each, for the rest of the test run.
 _LAUNCH = """\
 import ctypes, os, select, signal, sys, time
 parent = int(os.environ['SCALERL_PARENT_PID'])
@@ -61,8 +64,10 @@ if os.getppid() != parent:
 child = os.getpid()
 if os.fork() == 0:
   try:
+    if os.getpgid(0) == child:     # the child leads its own group: what it leaves there goes too
+      signal.signal(signal.SIGUSR1, lambda *_: os.killpg(child, signal.SIGKILL))
     if prctl is not None:
-      prctl(%(pdeathsig)d, signal.SIGKILL)
+      prctl(%(pdeathsig)d, signal.SIGUSR1 if os.getpgid(0) == child else signal.SIGKILL)
     if os.getppid() == child:
       for s in (signal.SIGINT, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)

@@ -6,6 +6,8 @@ stuck DLL READY: installs a SIGTERM handler that would exit at once, touches REA
   in `pthread_mutex_lock` on a mutex it already holds, called through `ctypes.DLL` (CDLL: the GIL
   is released, Python threads run but the main thread never returns to the interpreter; PyDLL: the
   GIL is held, nothing in the interpreter runs).
+leaver PIDFILE: starts a grandchild in its own process group (`sleep 300`, as vLLM starts its
+  EngineCore), writes the grandchild's pid to PIDFILE, then exits normally.
 """
 import ctypes
 import os
@@ -17,9 +19,18 @@ import time
 def parent(workdir: str, dll: str, ready: str) -> None:
   from scalerl_jax.processes import ProcessGroup
   g = ProcessGroup(workdir)
-  p = g.start("stuck", [sys.executable, os.path.abspath(__file__), "stuck", dll, ready])
+  role = ["leaver", ready] if dll == "leaver" else ["stuck", dll, ready]
+  p = g.start(role[0], [sys.executable, os.path.abspath(__file__), *role])
   print(p.pid, flush=True)
   time.sleep(600)
+
+
+def leaver(pidfile: str) -> None:
+  import subprocess
+  g = subprocess.Popen(["sleep", "300"])                  # same process group as this child
+  with open(pidfile + ".tmp", "w") as f:
+    f.write(str(g.pid))
+  os.replace(pidfile + ".tmp", pidfile)
 
 
 def stuck(dll: str, ready: str) -> None:
@@ -33,4 +44,4 @@ def stuck(dll: str, ready: str) -> None:
 
 if __name__ == "__main__":
   role, args = sys.argv[1], sys.argv[2:]
-  {"parent": parent, "stuck": stuck}[role](*args)
+  {"parent": parent, "stuck": stuck, "leaver": leaver}[role](*args)

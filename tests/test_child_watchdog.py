@@ -80,3 +80,33 @@ def test_child_stuck_in_a_c_call_dies_after_its_parent_is_killed(tmp_path, dll):
     for p in [locals().get("child")] + locals().get("family", []):
       if p and _alive(p):
         os.kill(p, signal.SIGKILL)
+
+
+def test_what_a_child_leaves_in_its_group_dies_when_it_exits(tmp_path):
+  """A child that exits normally (the parent still alive) takes the rest of its process group
+  with it: a vLLM worker's EngineCore outlived it before (found as ~1.9 GB orphans under init)."""
+  pidfile = tmp_path / "grandchild.pid"
+  env = {**os.environ, "PYTHONPATH": ROOT, "SCALERL_CHILD_GRACE_S": str(GRACE_S)}
+  parent = subprocess.Popen([sys.executable, PROCS, "parent", str(tmp_path), "leaver",
+                             str(pidfile)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+  grandchild = None
+  try:
+    child = int(parent.stdout.readline())
+    end = time.time() + 60
+    while not pidfile.exists():
+      assert time.time() < end, "the child did not start its grandchild"
+      time.sleep(0.02)
+    grandchild = int(pidfile.read_text())
+    assert os.getpgid(grandchild) == child              # in the child's group, as vLLM's are
+    t0 = time.time()
+    while (_alive(child) or _alive(grandchild)) and time.time() - t0 < SLACK_S:
+      time.sleep(0.02)
+    assert not _alive(child)
+    assert not _alive(grandchild), f"the grandchild still ran {SLACK_S} s after the child exited"
+    assert parent.poll() is None                        # the run's main process is untouched
+    print(f"\nthe grandchild was gone {time.time() - t0:.2f} s after the child exited")
+  finally:
+    parent.kill()
+    parent.wait()
+    if grandchild and _alive(grandchild):
+      os.kill(grandchild, signal.SIGKILL)

@@ -58,7 +58,7 @@ def ckpts(tmp_path_factory):
 def gen(ckpts):
   require_vllm()
   g = VLLMGenerator(ckpts["A"], dtype="float32", head_dtype="float32", enforce_eager=True,
-                    max_model_len=1024, kv_cache_bytes=128 << 20)
+                    max_model_len=1024, kv_cache_bytes=128 << 20, report_progress=True)
   print(f"\n[vllm llama4] engine up in {g.startup_s:.1f} s: {g.info_at_start}")
   g.start_digest = g.param_digest(per_name=True)   # as loaded from checkpoint A by vLLM itself
   yield g
@@ -133,7 +133,7 @@ def test_llama4_inflight_update_switches_at_one_position(gen, ckpts):
   gen.load_weights(_named(ckpts["B"]), gen.version + 1)
   L = 800
   v_old, groups, delay = generate_with_inflight_update(gen, _forced(ckpts["B"]),
-                                                       _prompts(2, 8, seed=3), L, n_cal=100)
+                                                       _prompts(2, 8, seed=3), L)
   assert_switched_to_forced(groups, v_old, L, delay)
 
 

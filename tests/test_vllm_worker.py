@@ -41,7 +41,7 @@ def ckpts(tmp_path_factory):
 def gen(ckpts):
   require_vllm()
   g = VLLMGenerator(ckpts["A"], dtype="bfloat16", head_dtype="float32", enforce_eager=True,
-                    max_model_len=4096, kv_cache_bytes=256 << 20)
+                    max_model_len=4096, kv_cache_bytes=256 << 20, report_progress=True)
   print(f"\n[vllm] engine up in {g.startup_s:.1f} s: {g.info_at_start}")
   yield g
   g.close()
@@ -226,18 +226,14 @@ def test_forced_length_interruption(gen, ckpts):
   assert (c.tokens == FORCED).all()
 
 
-def generate_with_inflight_update(gen, new_weights, prompts, L, n_cal):
-  """Starts a generation of L tokens per sample and pushes `new_weights` about a quarter of the way
-  in. The decode speed (it varies ~5x with the load on this box) is calibrated first with n_cal
-  tokens, so the update lands mid-generation; the short call's fixed costs only make it later.
-  Returns (old version, groups, delay before the push)."""
+def generate_with_inflight_update(gen, new_weights, prompts, L):
+  """Starts a generation of L tokens per sample and pushes `new_weights` once every running
+  request has generated L // 20 tokens (the engine reports its progress: `report_progress=True`).
+  The push pauses the engine at once, so the switch lands after >= L // 20 old-policy tokens and
+  long before the end, however fast or slow the box decodes. (A push timed by a calibrated delay
+  flaked: decode speed varies ~5x with the load of a 2-core box.)
+  Returns (old version, groups, seconds from the start to the push)."""
   v_old = gen.version
-  short = lambda n: gen.generate(prompts, 2, SamplingSpec(
-      temperature=1.0, think_budget_min=n, think_budget_max=n, answer_budget=0))
-  short(16)                           # warm-up (a fresh engine's first call is slow)
-  t0 = time.perf_counter()
-  short(n_cal)
-  delay = max(0.2, 0.25 * L * (time.perf_counter() - t0) / n_cal)
   spec = SamplingSpec(temperature=1.0, think_budget_min=L, think_budget_max=L, answer_budget=0)
   result, errors = {}, []
 
@@ -248,12 +244,20 @@ def generate_with_inflight_update(gen, new_weights, prompts, L, n_cal):
       errors.append(e)
 
   t = threading.Thread(target=run)
+  t0 = time.perf_counter()
   t.start()
-  time.sleep(delay)
+  while True:
+    running = gen.progress()
+    if len(running) == 2 * len(prompts) and running[0] >= L // 20:
+      break
+    assert t.is_alive() and not errors, (errors, running)   # it cannot end before the push
+    assert time.perf_counter() - t0 < 600, running
+    time.sleep(0.01)
+  delay = time.perf_counter() - t0
   stats = gen.load_weights(new_weights, v_old + 1)
   t.join(timeout=600)
   assert not errors and not t.is_alive()
-  print(f"\n[in-flight] update while generating: {stats}")
+  print(f"\n[in-flight] update while generating (pushed at {running} tokens): {stats}")
   assert gen.version == v_old + 1
   return v_old, result["groups"], delay
 
@@ -276,7 +280,7 @@ def test_inflight_weight_update_switches_tokens_and_versions(gen, ckpts):
   _push(gen, ckpts["B"])
   L = 3000
   v_old, groups, delay = generate_with_inflight_update(gen, _forced_weights(ckpts["B"]),
-                                                       _prompts(2, seed=3), L, n_cal=300)
+                                                       _prompts(2, seed=3), L)
   assert_switched_to_forced(groups, v_old, L, delay)
 
 

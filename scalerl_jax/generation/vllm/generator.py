@@ -70,6 +70,8 @@ class VLLMGenerator(Generator):
     venv: the vLLM venv (default .venv-vllm at the repo root).
     log_path: where the worker's stdout/stderr go (default: a temp file; see `log_path`).
     engine_args: extra `AsyncEngineArgs` keyword arguments.
+    report_progress: the engine streams cumulative outputs so that `progress()` can report each
+      running request's tokens so far (monitoring and tests; O(length) of copying per step).
   """
 
   def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "bfloat16",
@@ -80,7 +82,7 @@ class VLLMGenerator(Generator):
                omp_threads_bind: str | None = None, initial_version: int = 0,
                startup_timeout: float = 900.0, venv: str | os.PathLike | None = None,
                log_path: str | os.PathLike | None = None, reset_prefix_cache_on_update: bool = True,
-               engine_args: Mapping | None = None):
+               engine_args: Mapping | None = None, report_progress: bool = False):
     py = vllm_python(venv)
     if not py.exists():
       raise VLLMWorkerError(f"vLLM venv interpreter {py} not found; run scripts/setup_vllm_venv.sh")
@@ -94,7 +96,7 @@ class VLLMGenerator(Generator):
                max_num_batched_tokens=max_num_batched_tokens, seed=seed,
                initial_version=initial_version,
                reset_prefix_cache_on_update=reset_prefix_cache_on_update,
-               engine_args=dict(engine_args or {}))
+               engine_args=dict(engine_args or {}), report_progress=bool(report_progress))
     self.max_model_len = max_model_len
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -315,6 +317,12 @@ class VLLMGenerator(Generator):
     """Engine facts: vLLM version, engine/LM-head dtypes and the dtype of logits actually produced."""
     header, _ = self._call("info", timeout=120)
     return {k: v for k, v in header.items() if k not in ("op", "id", "arrays")}
+
+  def progress(self) -> list[int]:
+    """Tokens generated so far by each running request, ascending (started with
+    `report_progress=True`; otherwise VLLMWorkerError)."""
+    header, _ = self._call("progress", timeout=60)
+    return list(header["running"])
 
   def param_digest(self, per_name: bool = False):
     """sha256 over the engine's current parameters (equal digests: bit-identical weights); with

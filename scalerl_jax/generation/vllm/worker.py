@@ -42,7 +42,7 @@ DEFAULTS = {
     "model": None, "dtype": "bfloat16", "head_dtype": "float32", "max_model_len": 4096,
     "kv_cache_bytes": 512 << 20, "enforce_eager": False, "enable_prefix_caching": True,
     "max_num_seqs": 256, "max_num_batched_tokens": None, "seed": 0, "initial_version": 0,
-    "reset_prefix_cache_on_update": True, "engine_args": {},
+    "reset_prefix_cache_on_update": True, "engine_args": {}, "report_progress": False,
 }
 
 
@@ -95,6 +95,7 @@ class Worker:
     self._req = 0
     self._update: dict | None = None
     self.tasks: set[asyncio.Task] = set()
+    self._progress: dict[str, int] = {}   # request id -> tokens so far (cfg["report_progress"])
 
   # -- engine ------------------------------------------------------------------------------------
   def start_engine(self):
@@ -153,7 +154,8 @@ class Worker:
       handler = {"weights_begin": self.weights_begin, "weights_chunk": self.weights_chunk,
                  "weights_shm": self.weights_shm,
                  "weights_end": self.weights_end, "info": self.info,
-                 "set_head_dtype": self.set_head_dtype, "param_digest": self.param_digest}.get(op)
+                 "set_head_dtype": self.set_head_dtype, "param_digest": self.param_digest,
+                 "progress": self.progress}.get(op)
       if op == "shutdown":
         await self.send({"op": "ok", "id": rid})
         return
@@ -179,6 +181,12 @@ class Worker:
 
   async def info(self, header, arrays):
     return {"version": self.version, **await self._info()}, ()
+
+  async def progress(self, header, arrays):
+    """Tokens generated so far by each running request (needs cfg["report_progress"])."""
+    if not self.cfg["report_progress"]:
+      raise RuntimeError("progress needs the engine started with report_progress=True")
+    return {"running": sorted(self._progress.values())}, ()
 
   async def param_digest(self, header, arrays):
     return {"digest": await self.rpc("scalerl_param_digest", bool(header.get("per_name")))}, ()
@@ -271,12 +279,17 @@ class Worker:
     sp = SamplingParams(n=1, temperature=float(spec["temperature"]), top_p=float(spec["top_p"]),
                         max_tokens=int(max_tokens), stop_token_ids=list(spec["stop_tokens"]),
                         ignore_eos=True, logprobs=0, seed=seed, detokenize=False,
-                        output_kind=RequestOutputKind.FINAL_ONLY)
+                        output_kind=(RequestOutputKind.CUMULATIVE if self.cfg["report_progress"]
+                                     else RequestOutputKind.FINAL_ONLY))
     self._req += 1
-    final = None
-    async for out in self.engine.generate({"prompt_token_ids": prompt}, sp,
-                                          request_id=f"r{self._req}"):
-      final = out
+    rid, final = f"r{self._req}", None
+    try:
+      async for out in self.engine.generate({"prompt_token_ids": prompt}, sp, request_id=rid):
+        final = out
+        if self.cfg["report_progress"]:   # cumulative outputs: one per engine step
+          self._progress[rid] = len(out.outputs[0].token_ids)
+    finally:
+      self._progress.pop(rid, None)
     o = final.outputs[0]
     tokens = list(o.token_ids)
     logprobs = [float(d[t].logprob) for d, t in zip(o.logprobs, tokens)]
