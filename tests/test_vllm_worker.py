@@ -266,12 +266,20 @@ def assert_switched_to_forced(groups, v_old, L, delay):
   """Every sample: old version up to one position k, then the FORCED weights' version (and token)."""
   for g in groups:
     for c in g:
-      assert len(c.tokens) == L and set(np.unique(c.versions)) == {v_old, v_old + 1}, delay
-      k = int(np.argmax(c.versions == v_old + 1))          # first token of the new policy
-      assert 0 < k < L and (c.versions[:k] == v_old).all() and (c.versions[k:] == v_old + 1).all()
-      assert (c.tokens[k:] == FORCED).all()                # new weights: every token is FORCED
-      assert (c.tokens[:k] != FORCED).mean() > 0.9         # old weights: it was not
-      assert (c.logprobs[k:] > -1e-3).all()                # ... with probability ~1
+      v = np.asarray(c.versions)
+      k = int(np.argmax(v == v_old + 1))                  # first token of the new policy
+      runs = np.flatnonzero(np.diff(v)) + 1               # where the version stamp changes
+      info = (f"prompt {c.prompt_id}: len {len(c.tokens)}, versions {sorted(set(v.tolist()))}, "
+              f"k {k}, stamp changes at {runs[:8].tolist()}, FORCED after k "
+              f"{int((c.tokens[k:] == FORCED).sum())}/{L - k}, not FORCED before k "
+              f"{float((c.tokens[:k] != FORCED).mean()) if k else float('nan'):.3f}, min logprob "
+              f"after k {float(c.logprobs[k:].min()) if k < L else float('nan'):.2e}, push after "
+              f"{delay:.2f} s")
+      assert len(c.tokens) == L and set(np.unique(v)) == {v_old, v_old + 1}, info
+      assert 0 < k < L and (v[:k] == v_old).all() and (v[k:] == v_old + 1).all(), info
+      assert (c.tokens[k:] == FORCED).all(), info          # new weights: every token is FORCED
+      assert (c.tokens[:k] != FORCED).mean() > 0.9, info   # old weights: it was not
+      assert (c.logprobs[k:] > -1e-3).all(), info          # ... with probability ~1
       print(f"  prompt {c.prompt_id}: {k} tokens v{v_old}, {L - k} tokens v{v_old + 1} "
             f"(update sent after {delay:.2f} s)")
 
