@@ -5,7 +5,8 @@ tiny exec launcher, see `_LAUNCH`), so it dies with the main process even on SIG
 process per child SIGKILLs the child's group `SCALERL_CHILD_GRACE_S` (10 s) after the parent died,
 even if the child is stuck in a C call where its SIGTERM handler cannot run, and at once when the
 child itself exits (its own children, such as vLLM's engine processes, do not outlive it;
-docs/RELIABILITY.md "Children never outlive their parent"). `ProcessGroup.close()` sends SIGTERM, waits, then SIGKILLs.
+docs/RELIABILITY.md "Children never outlive their parent"). `ProcessGroup.close()` sends SIGTERM,
+waits, then SIGKILLs.
 
 Supervision (docs/RELIABILITY.md): `supervise()` (or `start_supervisor()`, a background thread)
 restarts a dead generator up to `config.generator.max_restarts` times (default 3) and a dead buffer
@@ -64,10 +65,11 @@ if os.getppid() != parent:
 child = os.getpid()
 if os.fork() == 0:
   try:
-    if os.getpgid(0) == child:     # the child leads its own group: what it leaves there goes too
+    leads = os.getpgid(0) == child   # the child leads its own group: what it leaves there goes too
+    if leads:
       signal.signal(signal.SIGUSR1, lambda *_: os.killpg(child, signal.SIGKILL))
     if prctl is not None:
-      prctl(%(pdeathsig)d, signal.SIGUSR1 if os.getpgid(0) == child else signal.SIGKILL)
+      prctl(%(pdeathsig)d, signal.SIGUSR1 if leads else signal.SIGKILL)
     if os.getppid() == child:
       for s in (signal.SIGINT, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
