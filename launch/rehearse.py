@@ -593,7 +593,8 @@ class Rehearsal:
       killed = not self.kill
       while True:
         if time.time() - t0 > self.timeout_s:
-          raise RuntimeError(f"timed out after {self.timeout_s:.0f} s at step {self._step()}")
+          raise RuntimeError(f"timed out after {self.timeout_s:.0f} s at step {self._step()}; "
+                             f"where each pod stands:\n{self.where()}")
         time.sleep(1.0 if killed else 0.25)   # a pending kill: land it close to its step
         if not killed and self._kill_due():
           self._do_kill()
@@ -632,6 +633,21 @@ class Rehearsal:
     return self.summary(time.time() - t0)
 
   # -- what happened --
+  def where(self, lines: int = 4) -> str:
+    """Each pod: running or its exit code, restarts, and the last lines of its logs (what a
+    timed-out rehearsal prints, as `kubectl get pods` + `kubectl logs --tail` would show)."""
+    out = []
+    for p in self.pods:
+      rc = None if p.proc is None else p.proc.poll()
+      state = ("not started" if p.proc is None else "running" if rc is None else f"exited {rc}")
+      out.append(f"  {p.name}: {state}, restarts {p.restarts}, exit codes {p.exit_codes}")
+      for f in sorted(glob.glob(os.path.join(self.state, "pods", p.name, "*.log"))):
+        with open(f, "rb") as fh:
+          fh.seek(max(0, os.path.getsize(f) - 8192))
+          tail = [l for l in fh.read().decode(errors="replace").splitlines() if l.strip()]
+        out += [f"    {os.path.basename(f)}: {l[:300]}" for l in tail[-lines:]]
+    return "\n".join(out)
+
   def summary(self, wall_s: float) -> dict:
     from scalerl_jax import storage
     s = {"manifests": self.dir, "workdir": self.workdir, "state_dir": self.state,

@@ -24,7 +24,11 @@ VARIANT = os.path.join(ROOT, "launch", "gke", "rendered", "8b-h100")
 BUCKET = "scalerl-rehearse"
 
 
-def _rehearse(args, env=None, timeout=1500):
+def _rehearse(args, env=None, timeout=840):
+  """Runs the rehearsal; one that would run past `timeout` stops itself 60 s earlier (--timeout)
+  and prints where each pod stands, instead of being killed silently (by pytest-timeout, 900 s)."""
+  if any(a.startswith("--steps") for a in args):
+    args = [*args, f"--timeout={timeout - 60}"]
   env = dict(os.environ if env is None else env)
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
   t0 = time.time()
@@ -175,7 +179,7 @@ def test_rehearse_gcs_kill_learner_resumes_from_bucket(tmp_path, emulator):
   state = tmp_path / "state"
   workdir = f"gs://{BUCKET}/run"
   r = _rehearse([VARIANT, "--steps=6", f"--state-dir={state}", f"--workdir={workdir}",
-                 "--kill=learner", "--kill-at-step=3"], env=emulator)
+                 "--kill=learner", "--kill-at-step=3"], env=emulator, timeout=2340)
   s = _summary(r)
   print(json.dumps({k: s[k] for k in ("wall_s", "steps", "jobset_restarts", "kill")}, indent=1))
   _common_checks(s)
@@ -218,7 +222,7 @@ def test_rehearse_kill_learner_before_any_checkpoint_starts_over(tmp_path):
   version 0; the run reaches its last step with no acknowledged rollout lost or trained twice."""
   state = tmp_path / "state"
   r = _rehearse([VARIANT, "--steps=3", f"--state-dir={state}", "--kill=learner",
-                 "--kill-at-step=1", "--kill-before-checkpoint"], timeout=900)
+                 "--kill-at-step=1", "--kill-before-checkpoint"])
   s = _summary(r)
   print(json.dumps({k: s[k] for k in ("wall_s", "steps", "jobset_restarts", "kill")}, indent=1))
   # 3 evaluations: too few for the fit (it says so); the buffer's NPR history was reset with the

@@ -4,7 +4,9 @@
       [--total-steps N] [--faults N] [--pairs N] [--config.KEY=VALUE ...]
 
 Runs `python -m scalerl_jax.main` (2 JAX generators, `config.resume=auto`) in DIR/run and, at times
-drawn from the seed, injects (docs/RELIABILITY.md "Chaos runs"):
+drawn from the seed over --minutes (or at the matching step of the first 3/4 of --total-steps,
+whichever comes first: a fast machine still gets every fault), injects (docs/RELIABILITY.md
+"Chaos runs"):
 
   kill_generator     kill -9 of a generator worker (the run's supervisor restarts it)
   kill_buffer        kill -9 of the buffer (the supervisor restarts it from its WAL, same port)
@@ -496,7 +498,8 @@ class Chaos:
         raise RuntimeError(f"gave up after {self.runs} learner runs")
       self.start_learner()
 
-  def plan(self) -> list[tuple[float, list[str]]]:
+  def plan(self) -> list[tuple[float, int, list[str]]]:
+    """The seeded fault events: (time after start in s, step, kinds); see `due`."""
     n, pairs = self.a.faults, self.a.pairs
     kinds = [self.kinds[i % len(self.kinds)] for i in range(n)]
     self.rng.shuffle(kinds)
@@ -521,16 +524,27 @@ class Chaos:
     span = self.a.minutes * 60.0
     start = min(self.a.warmup_s, span / 4)
     times = sorted(self.rng.uniform(start, span) for _ in events)
-    return list(zip(times, events))
+    # The same place as a step: an event is due at its time or once the run reaches its step,
+    # whichever comes first, so a machine that trains faster than --minutes foresaw still gets
+    # every fault before the last step (the steps end at 3/4 of total_steps).
+    last = max(1, (3 * self.a.total_steps) // 4)
+    steps = [max(1, int(round((t - start) / max(span - start, 1e-9) * last))) for t in times]
+    return list(zip(times, steps, events))
+
+  def due(self, event) -> bool:
+    """The event's time has come, or the run has reached its step."""
+    t, step, _ = event
+    return time.time() - self.t0 >= t or self.step() >= step
 
   def run(self) -> int:
     self.timers: list = []
     self.finished = False
     plan = self.plan()
     with open(os.path.join(self.dir, "plan.json"), "w") as fh:
-      json.dump([dict(t=round(t, 1), kinds=k) for t, k in plan], fh)
-    self.log(f"plan: {sum(len(k) for _, k in plan)} faults in {len(plan)} events over "
-             f"{self.a.minutes} min ({sum(len(k) == 2 for _, k in plan)} pairs); total_steps "
+      json.dump([dict(t=round(t, 1), step=st, kinds=k) for t, st, k in plan], fh)
+    self.log(f"plan: {sum(len(k) for *_, k in plan)} faults in {len(plan)} events over "
+             f"{self.a.minutes} min or by step {plan[-1][1] if plan else 0}, whichever comes "
+             f"first ({sum(len(k) == 2 for *_, k in plan)} pairs); total_steps "
              f"{self.a.total_steps}; buffer :{self.buffer_port}, generators dial the proxy")
     self.start_learner()
     deadline = self.t0 + self.a.minutes * 60.0 + self.a.grace_min * 60.0
@@ -543,9 +557,9 @@ class Chaos:
           ok_end = False
           break
         self.service()
-        if plan and time.time() - self.t0 >= plan[0][0] and not os.path.exists(self.filler):
+        if plan and self.due(plan[0]) and not os.path.exists(self.filler):
           # (a full disk is left alone until freed: its own failure path, not another fault's)
-          _, kinds = plan.pop(0)
+          *_, kinds = plan.pop(0)
           self.fire(kinds)
         if time.time() - last_log > 15:
           last_log = time.time()
@@ -557,7 +571,7 @@ class Chaos:
         time.sleep(0.05)
     finally:
       self.stop_all()
-    for k in [k for _, ks in plan for k in ks]:
+    for k in [k for *_, ks in plan for k in ks]:
       self.skipped[k] = self.skipped.get(k, 0) + 1
     return self.report(ok_end)
 
