@@ -11,7 +11,10 @@ the rewards: it never gathers parameters and never allocates a KV cache for eval
 step and writes an evaluation line when the oldest completes, with the compute-axis snapshot taken
 when its version was published (the x-axis value of that policy); it waits for them before a
 checkpoint and at the end (`drain`), and before publishing a version that would push a pinned one
-out of the generators' retained weights (`wait_held`).
+out of the generators' retained weights (`wait_held`). An evaluation the buffer reports
+`unservable` (its version superseded and held by no live generator: every generator that had it
+restarted, or none fetched it) is dropped at once as an `eval_failed` line, like one still open
+after `eval.timeout_s`; before, it stalled training until that timeout (30 min by default).
 
 `summarize` turns per-prompt rewards into the evaluation metrics, for both modes (mean@n as
 `val_pass_rate`, pass@n, lengths, interruptions, per-task rates of a mixture).
@@ -95,6 +98,7 @@ class _Open:
   snapshot: dict                  # the ledger at submission (the policy's compute-axis value)
   submitted: float
   resubmitted: int = 0
+  failed: str = ""                # why it was dropped ("timeout", "unservable"), "" if it was not
 
 
 class FleetEvaluator:
@@ -132,7 +136,8 @@ class FleetEvaluator:
     return req.eval_id
 
   def _collect(self, e: _Open, timeout_s: float) -> Optional[pb.EvalResult]:
-    """The evaluation's result once complete, else None; resubmits one a restarted buffer lost."""
+    """The evaluation's result once complete or unservable (it never will complete), else None;
+    resubmits one a restarted buffer lost."""
     try:
       res = self.client.collect_eval(e.eval_id, timeout_s=timeout_s)
     except grpc.RpcError as err:
@@ -143,7 +148,7 @@ class FleetEvaluator:
       e.resubmitted += 1
       self.client.submit_eval(e.request)
       return None
-    return res if res.complete else None
+    return res if res.complete or res.unservable else None
 
   def poll(self, block: bool = False) -> list[tuple[_Open, Optional[pb.EvalResult]]]:
     """Completed evaluations, oldest first, in submission order (a later one waits for the
@@ -160,9 +165,18 @@ class FleetEvaluator:
         if self.watchdog is not None:
           self.watchdog()
         continue
-      if res is None:
-        log.error("evaluation of version %d (step %d) not complete after %.0f s: dropped",
-                  e.version, e.step, self.timeout_s)
+      if res is None or res.unservable:
+        if res is None:
+          e.failed = "timeout"
+          log.error("evaluation of version %d (step %d) not complete after %.0f s: dropped",
+                    e.version, e.step, self.timeout_s)
+        else:
+          e.failed = "unservable"
+          log.error("evaluation of version %d (step %d) can never complete: no live generator "
+                    "holds that version and none can fetch it any more (generators restarted "
+                    "after it was superseded); dropped with %d of %d groups done", e.version,
+                    e.step, len(e.request.prompts) - res.pending_groups, len(e.request.prompts))
+        res = None
         try:
           self.client.collect_eval(e.eval_id, cancel=True)
         except grpc.RpcError:
@@ -178,6 +192,7 @@ class FleetEvaluator:
     for e in list(self.open):
       if next_version - e.version < self.hold_versions:
         continue
+      t0 = said = time.time()
       while True:
         try:
           res = self.client.collect_eval(e.eval_id, timeout_s=0.0)
@@ -185,10 +200,17 @@ class FleetEvaluator:
           if err.code() != grpc.StatusCode.NOT_FOUND:
             raise
           break                              # poll() resubmits it
-        if res.complete or res.held or time.time() - e.submitted > self.timeout_s:
-          break
+        if (res.complete or res.held or res.unservable
+            or time.time() - e.submitted > self.timeout_s):
+          break                              # (poll() drops an unservable or timed-out one)
         if self.watchdog is not None:
           self.watchdog()
+        if time.time() - said > 60:
+          said = time.time()
+          log.warning("publishing version %d waits for the evaluation of version %d (step %d) to "
+                      "be held by a generator: %.0f s so far, %d of %d groups pending",
+                      next_version, e.version, e.step, said - t0, res.pending_groups,
+                      len(e.request.prompts))
         time.sleep(0.05)
 
   def record(self, e: _Open, res: Optional[pb.EvalResult]) -> dict:
@@ -196,8 +218,9 @@ class FleetEvaluator:
     rec = {"step": e.step, "kind": "eval", **e.snapshot, "eval_mode": "fleet",
            "eval_version": e.version, "eval_wait_s": time.time() - e.submitted,
            "learner_peak_rss_mb": peak_rss_mb()}
-    if res is None:                        # timed out: a line of its own kind, no val_pass_rate
+    if res is None:          # timed out / unservable: a line of its own kind, no val_pass_rate
       rec["kind"] = "eval_failed"
+      rec["eval_failed_reason"] = e.failed or "timeout"
       return rec
     rec["eval_group_device_s"] = float(sum(g.device_seconds for g in res.results))
     rec.update(summarize_results(res.results, e.tasks, self.task_names))

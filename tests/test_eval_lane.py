@@ -160,6 +160,72 @@ def test_expired_eval_leases_go_back_to_the_front_and_heartbeats_keep_them():
   assert [x.group_id for x in b] == [3, 4, 5]
 
 
+def test_an_evaluation_no_live_generator_holds_is_unservable():
+  """Pinned to a superseded version that no generator reporting within a lease TTL holds (they
+  all restarted, or none fetched it): `unservable`, so the learner stops waiting for it."""
+  clock = Clock()
+  st = _state(clock)
+  st.set_version(1)
+  st.submit_eval(_request(eval_id=1, version=1))
+  st.set_version(2)
+  st.submit_eval(_request(eval_id=2, version=2))            # the newest: fetchable, servable
+  st.lease("g0", 1, 0.0, held_versions=[2])                 # a restarted generator: 2 only
+  assert not st.collect_eval(1, 0.0).unservable             # superseded just now: grace
+  clock.t += 9
+  assert not st.collect_eval(1, 0.0).unservable
+  clock.t += 2                                              # a lease TTL (10 s) since
+  res = st.collect_eval(1, 0.0)
+  assert res.unservable and not res.complete and not res.held and res.pending_groups == 10
+  assert not st.collect_eval(2, 0.0).unservable             # never while it is the newest
+  # A live generator that reports holding version 1 (heartbeat) makes it servable again ...
+  assert st.heartbeat("g1", [], held_versions=[1, 2]) == 0
+  assert not st.collect_eval(1, 0.0).unservable
+  clock.t += 10
+  assert not st.collect_eval(1, 0.0).unservable             # its report is a TTL old: still live
+  clock.t += 1                                              # ... until it falls silent
+  assert st.collect_eval(1, 0.0).unservable
+  assert st.heartbeat("g1", []) == 0                        # an old client (no held list):
+  assert st.collect_eval(1, 0.0).unservable                 # says nothing about versions
+  st.set_version(3)
+  clock.t += 11
+  assert st.collect_eval(2, 0.0).unservable                 # 2 superseded a TTL ago, unheld
+  with pytest.raises(val.RejectError, match="held_versions has"):
+    st.heartbeat("g1", [], held_versions=list(range(st.limits.max_held_versions + 1)))
+
+
+def test_learner_drops_an_unservable_evaluation_at_once():
+  """The rehearsal's hang (session 8): every generator restarted after the learner started
+  over and fetched only the newest version; the learner waited in `wait_held` for an evaluation
+  of an older version for eval.timeout_s (30 min). Now it is dropped within a lease TTL, as an
+  eval_failed line naming the reason, over the real RPCs."""
+  import time
+  from scalerl_jax.fleet_eval import FleetEvaluator
+  srv = BufferServer(TRAIN, token="t", prompts_per_step=2, group_size=2, max_lag=1,
+                     lease_ttl_s=0.5).start()
+  try:
+    c = BufferClient(srv.address, "t", retries=1)
+    fe = FleetEvaluator(c, HELD, num_prompts=0, samples_per_prompt=2, seed=0, temperature=1.0,
+                        top_p=1.0, hold_versions=2, timeout_s=1800.0)
+    srv.state.set_version(1)
+    fe.submit(step=1, version=1, snapshot={"compute_hours": 1.0})
+    srv.state.set_version(2)
+    srv.state.set_version(3)
+    c.heartbeat("g-new", 3, group_ids=[], held_versions=[3])   # restarted: holds 3 only
+    t0 = time.time()
+    fe.wait_held(4)                                    # version 4 would push 1 out of the fleet
+    waited = time.time() - t0
+    assert 0.4 < waited < 5.0, waited                  # a lease TTL, not eval.timeout_s
+    done = fe.poll()
+    assert [(e.version, res) for e, res in done] == [(1, None)] and not fe.open
+    rec = fe.record(*done[0])
+    assert rec["kind"] == "eval_failed" and rec["eval_failed_reason"] == "unservable", rec
+    assert rec["step"] == 1 and "val_pass_rate" not in rec
+    assert srv.state.eval_versions() == []             # cancelled in the buffer too
+    c.close()
+  finally:
+    srv.stop()
+
+
 def test_eval_prompts_subset_and_errors():
   assert eval_prompts(HELD, 0) == HELD and eval_prompts(HELD, 10) == HELD
   sub = eval_prompts(HELD, 4, seed=3)

@@ -81,6 +81,7 @@ class _EvalJob:
   leased: dict = dataclasses.field(default_factory=dict)    # index -> (generator_id, expires_at)
   results: dict = dataclasses.field(default_factory=dict)   # index -> pb.EvalGroupResult
   held: bool = False               # a generator holding the version was told to keep it
+  superseded_at: Optional[float] = None   # first seen older than the newest published version
 
   @property
   def complete(self) -> bool:
@@ -169,6 +170,9 @@ class BufferState:
     self._lag_total: list[int] = []
     self._lag_negative = 0
     self.recent: collections.deque = collections.deque(maxlen=16)
+    # generator id -> (versions it holds, when it said so): from leases and heartbeats that list
+    # them; an evaluation nobody live holds any more is unservable (collect_eval).
+    self._holders: dict[str, tuple[frozenset, float]] = {}
     # No-Positive-Resampling: pass-rate history of delivered groups; retired prompts are skipped
     # when the next epoch's order is drawn (PAPER_NOTES §3). None disables it.
     self.npr = None
@@ -231,6 +235,7 @@ class BufferState:
                         f"{self.limits.max_lease_groups}]")
     end = self.clock() + wait_timeout_s
     with self.cv:
+      self._holders[generator_id] = (frozenset(held), self.clock())
       while True:
         self._expire()
         ev = self._eval_take(generator_id, n_eval, held)
@@ -301,8 +306,10 @@ class BufferState:
       self._round_leased -= 1
     self.cv.notify_all()
 
-  def heartbeat(self, generator_id: str, group_ids: Sequence[int] | None = None) -> int:
-    """Extends the incomplete leases held by `generator_id`; returns how many.
+  def heartbeat(self, generator_id: str, group_ids: Sequence[int] | None = None,
+                held_versions: Sequence[int] | None = None) -> int:
+    """Extends the incomplete leases held by `generator_id`; returns how many. `held_versions`
+    (when given): the versions whose weights it holds, recorded as its lease requests' are.
 
     `group_ids` (when given): only those training groups are extended; the generator's other
     incomplete groups keep their expiry and are re-queued after the TTL. A lease the buffer
@@ -311,7 +318,12 @@ class BufferState:
     None: every incomplete group of `generator_id` (clients that do not list their groups)."""
     val.check_id(generator_id, "generator_id", self.limits)
     listed = None if group_ids is None else {int(x) for x in group_ids}
+    if held_versions is not None and len(held_versions) > self.limits.max_held_versions:
+      raise val.invalid(f"held_versions has {len(held_versions)} entries, limit "
+                        f"{self.limits.max_held_versions}")
     with self.cv:
+      if held_versions is not None:
+        self._holders[generator_id] = (frozenset(int(v) for v in held_versions), self.clock())
       self._expire()
       n = 0
       for gid, g in self._groups.items():
@@ -402,6 +414,9 @@ class BufferState:
       self._wal_commit()
       self.weights_meta = rec
       self.version = version
+      for job in self._evals.values():         # the supersession clock of _unservable
+        if job.req.version < version and job.superseded_at is None:
+          job.superseded_at = self.clock()
       self.cv.notify_all()
 
   def _ready(self, s: int) -> Optional[list[_Group]]:
@@ -553,6 +568,22 @@ class BufferState:
             eval_seed=r.seed, temperature=r.temperature, top_p=r.top_p, task=p.task))
     return out
 
+  def _unservable(self, job: _EvalJob) -> bool:
+    """The evaluation can never complete (call with the lock held): its version is no longer the
+    newest published (a generator cannot fetch it any more), has not been for a lease TTL, and no
+    generator that reported within a lease TTL holds it (every one that had it restarted, or
+    none fetched it). A live holder reports at every lease and heartbeat, well inside a TTL."""
+    now = self.clock()
+    if job.req.version >= self.version:
+      job.superseded_at = None
+      return False
+    if job.superseded_at is None:
+      job.superseded_at = now
+    if now - job.superseded_at < self.lease_ttl_s:
+      return False
+    return not any(job.req.version in held for held, t in self._holders.values()
+                   if now - t <= self.lease_ttl_s)
+
   def add_eval_results(self, results: Sequence[pb.EvalGroupResult]) -> pb.EvalPushResponse:
     """Stores evaluation results all-or-nothing (validation.validate_eval_result); a group
     already reported counts as a duplicate. Unknown (collected, cancelled, lost) evaluations are
@@ -621,9 +652,11 @@ class BufferState:
           self.cv.notify_all()
           return out
         left = end - self.clock()
-        if left <= 0:
+        unservable = self._unservable(job)
+        if left <= 0 or unservable:
           return pb.EvalResult(eval_id=eval_id, version=job.req.version, complete=False,
-                               pending_groups=len(job.prompts) - len(job.results), held=job.held)
+                               pending_groups=len(job.prompts) - len(job.results), held=job.held,
+                               unservable=unservable)
         _check_alive(alive, "CollectEval")
         self._expire()
         self.cv.wait(min(left, 0.25))

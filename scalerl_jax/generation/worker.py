@@ -156,7 +156,8 @@ class Worker:
     """Extends this worker's leases every `heartbeat_s` (a silent worker loses them after the TTL)."""
     while not self._stop.wait(self.heartbeat_s):
       try:
-        r = self.client.heartbeat(self.lease_id, self.gen.version, group_ids=sorted(self._working))
+        r = self.client.heartbeat(self.lease_id, self.gen.version, group_ids=sorted(self._working),
+                                  held_versions=self.held_versions())
       except grpc.RpcError as e:
         log.warning("%s: heartbeat failed (%s)", self.id, e.code())
         continue

@@ -343,16 +343,20 @@ class Status(_message.Message):
     def __init__(self, contents: _Optional[_Union[BufferContents, _Mapping]] = ..., mode: _Optional[str] = ..., max_lag: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., group_size: _Optional[int] = ..., admission_capacity: _Optional[int] = ..., lag_total: _Optional[_Union[LagHistogram, _Mapping]] = ..., recent: _Optional[_Iterable[_Union[BatchSummary, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("generator_id", "version", "group_ids", "lists_groups")
+    __slots__ = ("generator_id", "version", "group_ids", "lists_groups", "held_versions", "lists_held")
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
     LISTS_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    HELD_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    LISTS_HELD_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     version: int
     group_ids: _containers.RepeatedScalarFieldContainer[int]
     lists_groups: bool
-    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ..., group_ids: _Optional[_Iterable[int]] = ..., lists_groups: _Optional[bool] = ...) -> None: ...
+    held_versions: _containers.RepeatedScalarFieldContainer[int]
+    lists_held: bool
+    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ..., group_ids: _Optional[_Iterable[int]] = ..., lists_groups: _Optional[bool] = ..., held_versions: _Optional[_Iterable[int]] = ..., lists_held: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("current_version", "leases_extended", "server_time_unix_s")
@@ -451,17 +455,19 @@ class EvalCollectRequest(_message.Message):
     def __init__(self, eval_id: _Optional[int] = ..., timeout_s: _Optional[float] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class EvalResult(_message.Message):
-    __slots__ = ("eval_id", "version", "complete", "pending_groups", "held", "results")
+    __slots__ = ("eval_id", "version", "complete", "pending_groups", "held", "results", "unservable")
     EVAL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     PENDING_GROUPS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    UNSERVABLE_FIELD_NUMBER: _ClassVar[int]
     eval_id: int
     version: int
     complete: bool
     pending_groups: int
     held: bool
     results: _containers.RepeatedCompositeFieldContainer[EvalGroupResult]
-    def __init__(self, eval_id: _Optional[int] = ..., version: _Optional[int] = ..., complete: _Optional[bool] = ..., pending_groups: _Optional[int] = ..., held: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[EvalGroupResult, _Mapping]]] = ...) -> None: ...
+    unservable: bool
+    def __init__(self, eval_id: _Optional[int] = ..., version: _Optional[int] = ..., complete: _Optional[bool] = ..., pending_groups: _Optional[int] = ..., held: _Optional[bool] = ..., results: _Optional[_Iterable[_Union[EvalGroupResult, _Mapping]]] = ..., unservable: _Optional[bool] = ...) -> None: ...
