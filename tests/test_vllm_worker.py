@@ -83,6 +83,16 @@ def _prompts(k, length=8, seed=0):
   return [PromptSpec(i, rng.integers(3, 512, length).astype(np.int32)) for i in range(k)]
 
 
+def test_worker_runs_in_this_session_in_a_process_group_of_its_own(gen):
+  """A session of its own is a scheduler autogroup of its own (kernel.sched_autogroup_enabled=1):
+  the engine's group then starved this process's threads for 8-24 s at a time on a loaded 2-core
+  box, and the in-flight tests' progress polls stalled until the generation ended (docs/VLLM.md).
+  Its own process group: close() and the launcher's reaper kill the engine with killpg."""
+  pid = gen.info_at_start["pid"]
+  assert os.getsid(pid) == os.getsid(0)
+  assert os.getpgid(pid) != os.getpgid(0)
+
+
 def test_engine_runs_fp32_lm_head(gen):
   info = gen.info()
   mi = info["model_info"]

@@ -114,11 +114,15 @@ class VLLMGenerator(Generator):
     self._log = open(self.log_path, "ab")
     # Through the exec launcher: dies with this process (PDEATHSIG, then its reaper's SIGKILL of
     # the engine's process group after SCALERL_CHILD_GRACE_S), even inside a long engine step.
+    # Its own process group (killpg), but this process's session: a new session is a new
+    # scheduler autogroup on Linux (kernel.sched_autogroup_enabled=1), and the engine's group
+    # then starved this process's threads for 8-24 s at a time on a loaded 2-core box (the
+    # progress / weight-update RPCs stalled until the generation ended; docs/VLLM.md).
     self._proc = subprocess.Popen(
         launcher_argv([str(py), "-m", "scalerl_jax.generation.vllm.worker", "--socket", sock_path,
                        "--config", json.dumps(cfg)], python=str(py)),
         cwd=str(REPO_ROOT), env=child_env(env), stdout=self._log,
-        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
     self._sock: socket.socket | None = None
     self._pending: dict[int, _Pending] = {}
     self._lock = threading.Lock()          # pending map + request ids
