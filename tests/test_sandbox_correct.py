@@ -119,3 +119,12 @@ def test_wrong_programs_fail_with_reasons(answers):
   assert (g.reward, g.reason, g.sandboxed) == (0.0, "no_code", False)
   rec = rewards.grade("code", "</think>```python\nprint(0)\n```", a).as_record()
   assert json.loads(json.dumps(rec))["reason"] == "wrong_answer" and rec["sandboxed"] is True
+
+
+def test_a_wall_limit_reached_before_bwrap_started_the_program_is_a_timeout():
+  """The wall time counts from the spawn; under heavy load bwrap's start-up alone (~60 ms here)
+  outlasted it once and the kill was reported as "sandbox_error: bwrap exited -15 before
+  starting the program" (session 8, an e2e run). It is the limit's status."""
+  r = sandbox.run_program("print(1)", limits=sandbox.Limits(wall_s=0.001))
+  assert r.status == "timeout", r
+  assert "before bwrap started the program" in r.detail, r

@@ -316,6 +316,12 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
     with os.fdopen(status_r, "rb") as f:
       info = f.read()
   status_doc = _parse_status(info)
+  if "child-pid" not in status_doc and killed:
+    # Killed at a limit (the wall time counts from the spawn) before bwrap started the program:
+    # that limit's status, not a sandbox failure (seen under heavy load: bwrap's start-up alone
+    # outlasted a short wall limit and was reported as "bwrap exited -15").
+    return RunResult(status, rc, b"", True, time.monotonic() - t0,
+                     f"killed at the {status} limit before bwrap started the program")
   if "child-pid" not in status_doc:    # bwrap failed before the program started
     return RunResult("sandbox_error", rc, b"", True, time.monotonic() - t0,
                      f"bwrap exited {rc} before starting the program: "
