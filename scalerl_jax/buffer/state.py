@@ -225,10 +225,7 @@ class BufferState:
     if not 1 <= max_groups <= self.limits.max_lease_groups:
       raise val.invalid(f"max_groups={max_groups} must be in [1, {self.limits.max_lease_groups}]")
     val.check_timeout(wait_timeout_s, "wait_timeout_s", self.limits)
-    if len(held_versions) > self.limits.max_held_versions:
-      raise val.invalid(f"held_versions has {len(held_versions)} entries, limit "
-                        f"{self.limits.max_held_versions}")
-    held = {int(v) for v in held_versions}
+    held = self._held_set(held_versions)
     n_eval = int(max_eval_groups) or max_groups
     if not 1 <= n_eval <= self.limits.max_lease_groups:
       raise val.invalid(f"max_eval_groups={max_eval_groups} must be in [0, "
@@ -306,6 +303,13 @@ class BufferState:
       self._round_leased -= 1
     self.cv.notify_all()
 
+  def _held_set(self, held_versions: Sequence[int]) -> set:
+    """A generator's held versions (lease or heartbeat), at most limits.max_held_versions."""
+    if len(held_versions) > self.limits.max_held_versions:
+      raise val.invalid(f"held_versions has {len(held_versions)} entries, limit "
+                        f"{self.limits.max_held_versions}")
+    return {int(v) for v in held_versions}
+
   def heartbeat(self, generator_id: str, group_ids: Sequence[int] | None = None,
                 held_versions: Sequence[int] | None = None) -> int:
     """Extends the incomplete leases held by `generator_id`; returns how many. `held_versions`
@@ -318,12 +322,10 @@ class BufferState:
     None: every incomplete group of `generator_id` (clients that do not list their groups)."""
     val.check_id(generator_id, "generator_id", self.limits)
     listed = None if group_ids is None else {int(x) for x in group_ids}
-    if held_versions is not None and len(held_versions) > self.limits.max_held_versions:
-      raise val.invalid(f"held_versions has {len(held_versions)} entries, limit "
-                        f"{self.limits.max_held_versions}")
+    held = None if held_versions is None else self._held_set(held_versions)
     with self.cv:
-      if held_versions is not None:
-        self._holders[generator_id] = (frozenset(int(v) for v in held_versions), self.clock())
+      if held is not None:
+        self._holders[generator_id] = (frozenset(held), self.clock())
       self._expire()
       n = 0
       for gid, g in self._groups.items():
