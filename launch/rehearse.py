@@ -755,7 +755,7 @@ def _kill_check(k: dict) -> dict:
   from scalerl_jax.protocol import rollout_pb2 as pb
 
   def scan(d):
-    rolls, seen, deliver, last, kept = {}, set(), [], set(), set()
+    rolls, seen, deliver, last = {}, set(), [], set()
     records, _ = walmod.read_all(d, truncate=False)
     for t, body in records:
       if t == walmod.ROLLOUT:

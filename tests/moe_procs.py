@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 def parity():
   import json
-  import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
+  import jax, jax.numpy as jnp, numpy as np
   from configs.common import DEFAULT_RULES
   from scalerl_jax import models, sharding, topologies
   from scalerl_jax.models import moe
@@ -81,7 +81,6 @@ def parity():
 
 def flops():
   import json
-  import jax
   from configs import scout
   from scalerl_jax import runtime, sharding, topologies
   from scalerl_jax.tools import plan

@@ -7,7 +7,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 import importlib, json, time
 import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
 from scalerl_jax import runtime, sharding
 from scalerl_jax.tools import plan
 from configs.common import DEFAULT_RULES

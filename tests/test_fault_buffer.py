@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 
-import grpc
 import numpy as np
 import pytest
 
@@ -149,7 +148,6 @@ def test_kill9_buffer_mid_run_loses_no_acked_rollout(tmp_path, monkeypatch):
   address = procs.start_buffer_argv(fc.buffer_argv(prompts, wal_dir, B, G, k, ttl=20), 60, wal_dir)
   c = BufferClient(address, TOKEN, retry_budget_s=60)
   reports, downtime, delivered, by_step = [], [], {}, {}
-  reached = threading.Event()
   state = {"step": -1}
 
   def killer():

@@ -2,7 +2,6 @@
 
 import json
 import time
-from pathlib import Path
 
 import ml_collections
 import numpy as np
@@ -10,7 +9,6 @@ import pytest
 
 from analysis.metrics import append_metrics
 from analysis.posterior import fit_posterior
-from analysis.synthetic import write_synthetic_run
 from configs import common
 from scalerl_jax.health import HealthMonitor, LiveForecast, RunUnhealthy
 from tb_events import tb_scalars

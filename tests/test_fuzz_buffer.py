@@ -90,7 +90,6 @@ def _valid_rollout(a, sample, rid, n=6, version=0):
 
 # Each mutation makes a valid rollout invalid in one specific way.
 def _mutations(a):
-  f32 = lambda x: np.asarray(x, np.float32).tobytes()
   i32 = lambda x: np.asarray(x, np.int32).tobytes()
 
   def lp(vals):

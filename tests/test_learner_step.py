@@ -277,7 +277,6 @@ def test_one_gradient_buffer_in_compiled_memory():
   (which keeps grads / D, the update tree and the new moments alive until lax.cond); with 4
   micro-batches the only extra is the one accumulator the scan carries (<= 1.05 x params more).
   """
-  from scalerl_jax.learner import train_step as ts
   from scalerl_jax.learner.learner import jit_train_step
   cfg = models.get_preset("tiny_llama3", vocab_size=512, d_model=256, num_layers=8, ffn_dim=1024,
                           scan_layers=True, remat="full")

@@ -1,5 +1,4 @@
 """Parity of our flax decoders with HF transformers (CPU torch, random tiny models, fp32)."""
-import functools
 
 import jax
 import numpy as np

@@ -10,7 +10,6 @@ import json
 import numpy as np
 
 from scalerl_jax.protocol import codec
-from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol.client import BufferClient, assignment_prompt
 from scalerl_jax.generation.fake import random_completion

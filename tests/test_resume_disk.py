@@ -5,7 +5,6 @@ import os
 import resource
 import signal
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -230,7 +230,6 @@ def test_worker_takes_streamed_and_blob_versions():
   """The generator worker's fetch path: a streamed version becomes JaxSampler params as is; a blob
   (safetensors) version still works through the same fetcher."""
   import jax
-  import ml_collections
   from scalerl_jax import models, runtime
   from scalerl_jax.generation import worker as W
   cfg = models.get_preset("tiny_llama3", vocab_size=128, d_model=64, num_layers=2, num_heads=2,

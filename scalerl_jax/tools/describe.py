@@ -19,7 +19,6 @@ import ml_collections
 from ml_collections import config_flags
 
 from scalerl_jax import runtime
-from scalerl_jax.models.config import get_preset
 from scalerl_jax.models.config import ModelConfig
 from scalerl_jax.sharding import abstract_params
 
