@@ -227,8 +227,12 @@ _SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
 
 
 def _kill(proc: subprocess.Popen) -> None:
+  """SIGKILLs the outer bwrap and its process group. --die-with-parent takes the PID namespace
+  with bwrap only once bwrap's child has finished its set-up handshake; a child still waiting in
+  it (killed early, seen under load) is yet in bwrap's group, not its --new-session, and would
+  otherwise sleep on its eventfd forever, reparented to init."""
   try:
-    proc.kill()          # the outer bwrap; --die-with-parent takes the PID namespace with it
+    os.killpg(proc.pid, signal.SIGKILL)
   except OSError:
     pass
 
@@ -287,6 +291,7 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
     proc = subprocess.Popen(cmd, stdin=in_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             pass_fds=(src_fd, status_w), close_fds=True,
                             env={},   # bwrap's init keeps its environ (readable as /proc/1/environ)
+                            process_group=0,   # for _kill; same session (scheduler autogroup)
                             **kw)
   except OSError as e:
     for fd in (src_fd, in_fd, status_r, status_w):
