@@ -124,6 +124,10 @@ def base_config() -> ml_collections.ConfigDict:
   # buffer (two hops, the buffer host holds the model).
   c.weights = ml_collections.ConfigDict(dict(serve_from="learner", host="", port=0,
                                              advertise=""))
+  # dtype float32 params travel in to generators (learner keeps fp32 masters): "bfloat16" (half
+  # the bytes; a bf16 engine holds bf16 weights anyway, its FP32 LM head casts at compute time)
+  # or "float32" (an fp32 generator, e.g. configs/tiny.py, computes with the exact masters).
+  c.weights.wire_dtype = "bfloat16"
 
   # TLS on every gRPC channel (buffer, learner weight sources, all clients; protocol/rpc.py TLS,
   # docs/ROLLOUT.md "TLS"). All empty = plaintext (the bearer token is checked either way).

@@ -95,6 +95,16 @@ def pin_to_device_cpus(config, role: str, index: int = 0) -> list[int] | None:
   return [cpu]
 
 
+def wire_dtype(config) -> str | None:
+  """The dtype float32 params are pushed to generators in (`weights.wire_dtype`): "bfloat16", or
+  None for float32 (no cast). Every weight push (StreamPublisher, the vLLM load) uses it."""
+  w = config.get("weights")
+  name = "bfloat16" if w is None else w.get("wire_dtype", "bfloat16")
+  if name not in recipes.WIRE_DTYPES:
+    raise ValueError(f"weights.wire_dtype={name!r}; expected one of {recipes.WIRE_DTYPES}")
+  return None if name == "float32" else name
+
+
 def max_completion_len(config) -> int:
   """Longest completion a generator can produce under config.rollout (incl. interruption)."""
   r = config.rollout

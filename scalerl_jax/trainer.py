@@ -342,14 +342,15 @@ class Trainer:
     """Publishes the params as `version` (weights/stream.py: this process's shards, chunk by chunk,
     CRC-32C'd; with a learner weight source they are staged here and the buffer only announces
     the version, else they stream through the buffer, which shows the version once every
-    process's chunks arrived)."""
+    process's chunks arrived). float32 params travel as `weights.wire_dtype` (bf16 by default:
+    half the bytes; the learner keeps its fp32 masters)."""
     if self.fleet is not None and self.fleet.open:   # pinned versions must stay in the fleet
       self.ledger.begin_eval()
       self.fleet.wait_held(version)
       self.ledger.end_eval()
     t = time.time()
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
-                    sources=self.sources).publish()
+                    sources=self.sources, wire_dtype=runtime.wire_dtype(self.config)).publish()
     return time.time() - t
 
   def _eval_params(self):

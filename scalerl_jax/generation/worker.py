@@ -82,12 +82,13 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
     model_dir = recipes.vllm_model_dir(config)
   except recipes.ConfigError as e:
     raise SystemExit(f"error: {e}") from None
-  if not model_dir:
+  engine_dtype = "float32" if model_cfg.dtype == "float32" else "bfloat16"
+  if not model_dir:   # exported in the engine's dtype (a bf16 engine: half an fp32 export's bytes)
     model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
-    models.save_hf(model_cfg, params, model_dir)
+    models.save_hf(model_cfg, params, model_dir, dtype=engine_dtype)
   r = config.rollout
   return VLLMGenerator(
-      model_dir, dtype="float32" if model_cfg.dtype == "float32" else "bfloat16",
+      model_dir, dtype=engine_dtype,
       head_dtype="float32" if model_cfg.fp32_lm_head else None,
       max_model_len=int(r.max_prompt_len + runtime.max_completion_len(config) + 16),
       initial_version=version, seed=int(config.seed), **_vllm_args(config))
