@@ -99,7 +99,10 @@ def prepare_resume(config, workdir: str) -> dict | None:
   mode = str(config.get("resume", "auto"))
   if mode not in RESUME_MODES:
     raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
-  found = checkpoint.find_valid(workdir) if mode == "auto" else None
+  vmode = str(config.checkpoint.get("verify", "metadata"))
+  if vmode not in checkpoint.VERIFY_MODES:
+    raise ValueError(f"checkpoint.verify must be one of {checkpoint.VERIFY_MODES}, got {vmode!r}")
+  found = checkpoint.find_valid(workdir, full=vmode == "full") if mode == "auto" else None
   ls_path = storage.join(workdir, "learner_state.json")
   if found is None:
     previous = _set_aside_previous_run(workdir,

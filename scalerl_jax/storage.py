@@ -126,6 +126,20 @@ def getsize(p) -> int:
   return int(_fs().size(_strip(p))) if is_remote(p) else os.path.getsize(p)
 
 
+def stat(p) -> dict:
+  """A file's metadata, no content read: {"size"} plus, for gs://, the object's server-side
+  checksums ("crc32c", "md5": base64 as GCS reports them, when present) and, locally, "mtime_ns"."""
+  if not is_remote(p):
+    st = os.stat(p)
+    return {"size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
+  info = _fs().info(_strip(p))
+  out = {"size": int(info["size"])}
+  for key, name in (("crc32c", "crc32c"), ("md5Hash", "md5")):
+    if info.get(key):
+      out[name] = str(info[key])
+  return out
+
+
 def open(p, mode: str = "r", **kw):  # noqa: A001 - the layer's open
   """builtins.open for local paths, a gcsfs file for gs:// (written as one object on close)."""
   if not is_remote(p):
