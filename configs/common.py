@@ -78,6 +78,15 @@ def base_config() -> ml_collections.ConfigDict:
       lr=5e-7, b1=0.9, b2=0.999, eps=1e-15, weight_decay=0.01,
       warmup_steps=100, max_grad_norm=1.0, microbatches=1))
 
+  # Learner padding (docs/SCALE.md "Padding"): a batch's token axis is padded to a multiple of
+  # pad_multiple (runtime.padded_length, never above prompt + think + injected + answer); with
+  # optim.microbatches > 1 the rows are length-sorted into micro-batches and each micro-batch is cut
+  # to the smallest of at most max_buckets lengths covering it (one compiled branch each).
+  c.learner = ml_collections.ConfigDict(dict(
+      pad_multiple=128,                # token-axis bucket (tokens); 1 = no bucketing
+      max_buckets=8,                   # per-micro-batch length buckets (compiled branches)
+      sort_rows=True))                 # length-sort rows into micro-batches (loss unchanged)
+
   c.rollout = ml_collections.ConfigDict(dict(
       prompts_per_step=48, generations_per_prompt=16,
       batch_size=0,                    # if > 0: sets prompts_per_step = batch_size / generations

@@ -31,6 +31,7 @@ def get_config(arg=None):
   c.model.scan_layers = False
   c.model.remat = "none"
   c.optim.lr = 3e-5
+  c.learner.pad_multiple = 16      # rows of ~40-90 tokens (docs/SCALE.md "Padding")
   c.optim.warmup_steps = 5
   c.rollout.prompts_per_step = 8
   c.rollout.generations_per_prompt = 8

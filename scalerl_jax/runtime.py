@@ -95,6 +95,29 @@ def pin_to_device_cpus(config, role: str, index: int = 0) -> list[int] | None:
   return [cpu]
 
 
+def padded_length(length: int, multiple: int, max_len: int) -> int:
+  """The token-axis length a learner batch whose longest row has `length` tokens is padded to:
+  rounded up to a multiple of `multiple` (`learner.pad_multiple`; few distinct shapes compile),
+  clamped to `max_len` (the longest sequence the config allows, `max_sequence_len`): never above
+  it. Pure; the preflight calls it too. Raises ValueError for a row longer than `max_len` or a
+  multiple < 1."""
+  length, multiple, max_len = int(length), int(multiple), int(max_len)
+  if multiple < 1:
+    raise ValueError(f"learner.pad_multiple={multiple}: must be >= 1")
+  if length > max_len:
+    raise ValueError(f"a sequence of {length} tokens exceeds the longest the config allows "
+                     f"({max_len} = rollout.max_prompt_len + think_budget_max + injected + "
+                     f"answer_budget)")
+  return min(-(-max(length, 1) // multiple) * multiple, max_len)
+
+
+def max_sequence_len(config) -> int:
+  """Longest learner row the config allows: max prompt + the longest completion (thinking budget,
+  the injected interruption tokens (cap 64), answer budget). The plan tool's memory plan must
+  cover it (tools/plan.py sizes prompt + think + answer; a longer sum is a config error)."""
+  return int(config.rollout.max_prompt_len) + max_completion_len(config)
+
+
 def wire_dtype(config) -> str | None:
   """The dtype float32 params are pushed to generators in (`weights.wire_dtype`): "bfloat16", or
   None for float32 (no cast). Every weight push (StreamPublisher, the vLLM load) uses it."""

@@ -39,6 +39,7 @@ from scalerl_jax.data import stats_metrics
 from scalerl_jax.fleet_eval import FleetEvaluator, eval_prompts, peak_rss_mb, summarize
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner
+from scalerl_jax.learner.batch import length_sorted_order
 from scalerl_jax.ledger import ComputeLedger
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
@@ -49,7 +50,6 @@ from scalerl_jax.weights.source import WeightSource
 from scalerl_jax.weights.stream import StreamPublisher
 
 log = logging.getLogger("scalerl.trainer")
-_T_BUCKET = 32
 
 
 def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
@@ -101,12 +101,11 @@ def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0,
 _LOGP_FNS = {}
 
 
-def pad_time(arrays: dict, bucket: int = _T_BUCKET) -> dict:
-  """Right-pads the token axis to a power-of-two multiple of `bucket` (few shapes ever compile)."""
+def pad_time(arrays: dict, multiple: int, max_len: int) -> dict:
+  """Right-pads the token axis (batch_to_arrays: the longest row's length) to
+  `runtime.padded_length`: a multiple of `learner.pad_multiple`, never above `max_len`."""
   T = arrays["tokens"].shape[1]
-  T2 = bucket
-  while T2 < T:
-    T2 *= 2
+  T2 = runtime.padded_length(T, multiple, max_len)
   if T2 == T:
     return arrays
   out = dict(arrays)
@@ -460,7 +459,9 @@ class Trainer:
     batch = arrays = None
     if self.main:
       batch = self._pull(step)
-      full = pad_time(batch_to_arrays(batch, pad_id=0))
+      lc = self.config.get("learner") or {}
+      full = pad_time(batch_to_arrays(batch, pad_id=0), int(lc.get("pad_multiple", 128)),
+                      runtime.max_sequence_len(self.config))
       self._book(step, batch)
       keys = ("tokens", "gen_logprobs", "loss_mask", "rewards", "prompt_ids")
       if self.config.rl.get("routing_replay", False):
@@ -469,6 +470,10 @@ class Trainer:
                            "(generator without record_routes?)")
         keys += ("routes",)
       arrays = {k: full[k] for k in keys}
+      m = self.learner.microbatches
+      if bool(lc.get("sort_rows", True)) and m > 1 and len(arrays["tokens"]) % m == 0:
+        perm = length_sorted_order(arrays["loss_mask"], m)
+        arrays = {k: v[perm] for k, v in arrays.items()}   # loss unchanged; see train_step
     if self.multi:                        # process 0's batch to every process
       arrays = distributed.broadcast_from_main(arrays)
     t_wait = time.time() - t0

@@ -94,10 +94,13 @@ class Learner:
       params = jax.device_put(params, params_sharding)
     self.batch_sharding = batch_sh
     model = config.get("model") or {}
+    lcfg = config.get("learner") or {}     # per-micro-batch length buckets (train_step)
     step_fn = make_train_step(apply_fn, self.optimizer, self.spec, self.microbatches,
                               lr_schedule=self.lr_schedule, with_entropy=with_entropy,
                               logits_chunk=int(model.get("logits_chunk", 1024)),
-                              batch_partition=partition, mesh=mesh, temperature=self.temperature)
+                              batch_partition=partition, mesh=mesh, temperature=self.temperature,
+                              pad_multiple=int(lcfg.get("pad_multiple", 0)),
+                              max_buckets=int(lcfg.get("max_buckets", 8)))
     create = lambda p: LearnerState.create(p, self.optimizer)
     if mesh is None:
       self.state = jax.jit(create)(params)
