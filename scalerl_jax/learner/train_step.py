@@ -131,6 +131,25 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
   return treedef.unflatten(new_p), new_opt, grad_norm, update_norm, ok, finite
 
 
+def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: float = 1.0):
+  """``(params, tokens, routes=None) -> logp float32 [B,T]`` (0 at t=0): the learner's own
+  log-probs (log_softmax(logits / T)) as its step computes them. With an ``apply_fn`` returning
+  (hidden, head kernel) they are computed over sequence chunks of ``logits_chunk`` positions, so
+  [B,T,V] logits never exist; under a mesh the batch stays sharded like the step's (the parity
+  gate of a multi-host learner, trainer._parity)."""
+  def fn(params, tokens, routes=None):
+    tokens = jnp.asarray(tokens, jnp.int32)
+    b, t = tokens.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
+    out = apply_fn(params, tokens, pos, **({"routes": routes} if routes is not None else {}))
+    if isinstance(out, tuple) and isinstance(out[-1], dict):
+      out = out[0] if len(out) == 2 else out[:-1]
+    if isinstance(out, tuple):
+      return chunked_token_logprobs(*out, tokens, logits_chunk, False, temperature=temperature)[0]
+    return token_logprobs(out, tokens, False, temperature=temperature)[0]
+  return fn
+
+
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
                     microbatches: int = 1, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
