@@ -14,6 +14,7 @@ Slots of dead grader processes are removed at detect time.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import logging
@@ -114,17 +115,20 @@ class CgroupPool:
         return None
       pool._remove_stale()
       pool.release(pool.acquire(64 << 20, 8))     # proves the limits can be written
+      atexit.register(pool.remove_all)
       return pool
     except OSError as e:
       log.debug("per-sandbox cgroups unavailable: %s", e)
       return None
 
-  def _remove_stale(self) -> None:
-    """Removes slots left by grader processes that no longer exist (empty ones only)."""
+  def _remove_stale(self, dead_only: bool = True) -> None:
+    """Removes empty slots left by grader processes that no longer exist (and, with
+    dead_only=False, this process's own)."""
+    me = str(os.getpid())
     for base in self.bases:
       for name in os.listdir(base):
         pid = name.split("-", 1)[0]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        if pid.isdigit() and (not os.path.exists(f"/proc/{pid}") or (pid == me and not dead_only)):
           try:
             os.rmdir(os.path.join(base, name))
           except OSError:
@@ -208,6 +212,20 @@ class CgroupPool:
     else:
       log.warning("sandbox cgroup %s still has processes; not reused", slot.dirs[0])
     return kills
+
+  def remove_all(self) -> None:
+    """Removes this process's free slots and, if then empty, the base directories (at exit: a
+    cgroup directory left behind would keep its parent cgroup from being removed)."""
+    with self._lock:
+      free, self._free = self._free, []
+    for slot in free:
+      self._drop(slot)
+    self._remove_stale(dead_only=False)
+    for base in self.bases:
+      try:
+        os.rmdir(base)
+      except OSError:
+        pass                            # another grader's slots, or a slot still in use
 
   def _drop(self, slot: Slot) -> None:
     for d in slot.dirs:

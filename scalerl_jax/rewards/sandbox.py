@@ -412,7 +412,8 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
   finally:
     if slot is not None:
       kills = pool.release(slot)       # every process of the sandbox is gone by now
-  if kills and r.status in ("exit", "timeout"):   # SIGKILLed by the cgroup's OOM killer
+  if kills and r.status != "output_limit":   # a process was OOM-killed at the ceiling: as a judge's
+    # "memory limit exceeded", even if the rest of the program then exited 0
     r = dataclasses.replace(r, status="memory",
                             detail=f"{kills} OOM kill(s) at the sandbox's memory ceiling "
                                    f"({limits.sandbox_memory() >> 20} MiB)")
