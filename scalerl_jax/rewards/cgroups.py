@@ -33,6 +33,7 @@ class Slot:
   memory_dir: str
   pids_dir: str
   oom_before: int = 0
+  limits: tuple[int, int] = (0, 0)      # (memory bytes, pids) last written
 
   @property
   def procs_files(self) -> tuple[str, ...]:
@@ -149,7 +150,9 @@ class CgroupPool:
         self._free.remove(slot)
     slot = slot or self._new_slot()
     try:
-      if self.version == 1:
+      if slot.limits == (memory_bytes, pids):
+        pass                            # a reused slot with the same limits: nothing to write
+      elif self.version == 1:
         m = slot.memory_dir
         # memsw >= limit always: raise memsw first when growing, lower it last when shrinking
         memsw = os.path.join(m, "memory.memsw.limit_in_bytes")
@@ -171,6 +174,7 @@ class CgroupPool:
         if os.path.exists(os.path.join(d, "memory.swap.max")):
           _write(os.path.join(d, "memory.swap.max"), "0")
         _write(os.path.join(d, "pids.max"), str(pids))
+      slot.limits = (memory_bytes, pids)
       slot.oom_before = self.oom_kills(slot)
     except OSError:
       self._drop(slot)
