@@ -86,6 +86,7 @@ class CgroupPool:
     self._free: list[Slot] = []
     self._lock = threading.Lock()
     self._ids = itertools.count()
+    self.pid = os.getpid()
 
   def __repr__(self) -> str:
     return f"cgroup v{self.version} {','.join(self.bases)}"
@@ -220,6 +221,8 @@ class CgroupPool:
   def remove_all(self) -> None:
     """Removes this process's free slots and, if then empty, the base directories (at exit: a
     cgroup directory left behind would keep its parent cgroup from being removed)."""
+    if os.getpid() != self.pid:          # a forked child: the slots are its parent's
+      return
     with self._lock:
       free, self._free = self._free, []
     for slot in free:

@@ -273,7 +273,7 @@ _KEYCTL_GET_KEYRING_ID, _KEYCTL_JOIN_SESSION_KEYRING = 0, 1
 _KEY_SPEC_SESSION_KEYRING = -3
 _keyring = threading.local()
 _cgroup_lock = threading.Lock()
-_cgroup_pool: dict[str, cgroups.CgroupPool | None] = {}
+_cgroup_pool: dict[int, cgroups.CgroupPool | None] = {}
 
 
 def _fresh_session_keyring() -> None:
@@ -306,10 +306,12 @@ def cgroup_pool(s: Settings | None = None) -> cgroups.CgroupPool | None:
   s = s or _settings
   if s.cgroup == "none":
     return None
+  pid = os.getpid()                     # a forked child must not share its parent's slots
   with _cgroup_lock:
-    if "auto" not in _cgroup_pool:
-      _cgroup_pool["auto"] = cgroups.CgroupPool.detect()
-    return _cgroup_pool["auto"]
+    if pid not in _cgroup_pool:
+      _cgroup_pool.clear()
+      _cgroup_pool[pid] = cgroups.CgroupPool.detect()
+    return _cgroup_pool[pid]
 
 
 def _kill(proc: subprocess.Popen) -> None:
