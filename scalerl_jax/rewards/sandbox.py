@@ -15,8 +15,8 @@ Every program gets its own sandbox (no state is shared between two runs):
   - limits, set by a tiny launcher inside before any model code runs: RLIMIT_AS (memory),
     RLIMIT_CPU, RLIMIT_NPROC (counted per uid inside the sandbox's user namespace, so it bounds
     only the sandbox's own processes and threads), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps,
-    RLIMIT_RTPRIO/MEMLOCK/MSGQUEUE 0, RLIMIT_SIGPENDING 64; oom_score_adj 1000 (set as root
-    before bwrap starts, where it is root: the program cannot lower it);
+    RLIMIT_RTPRIO/MEMLOCK/MSGQUEUE 0, RLIMIT_SIGPENDING 64; oom_score_adj 1000 (set before bwrap
+    starts; with CAP_SYS_RESOURCE that is also a floor the program cannot lower);
   - a seccomp deny-list (rewards/seccomp.py, modelled on docker's default profile: keyrings,
     io_uring, userfaultfd, perf, bpf, fanotify, ptrace, mount, namespaces, sockets other than
     AF_UNIX/INET/INET6 -> EPERM), passed to bwrap as --seccomp FD; SysV shm/msg and memfds
@@ -265,7 +265,7 @@ _SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
 _SH = shutil.which("sh", path="/usr/bin:/bin") or "/bin/sh"
 # Runs (as the grader's user) just before bwrap: joins the cgroup.procs files given before "--"
 # (writing 0 = this process; bwrap and everything it starts inherit the cgroups), sets its
-# oom_score_adj to 1000 (as root this also becomes the floor the program cannot go below), execs.
+# oom_score_adj to 1000 (with CAP_SYS_RESOURCE also the floor the program cannot go below), execs.
 _SPAWN_SH = ('for f; do [ "$f" = -- ] && break; echo 0 > "$f" || exit 125; shift; done; shift; '
              'echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"')
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
