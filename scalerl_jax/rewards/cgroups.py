@@ -149,37 +149,46 @@ class CgroupPool:
       slot = next((x for x in reversed(self._free) if not self._shmem(x)), None)
       if slot is not None:
         self._free.remove(slot)
-    slot = slot or self._new_slot()
+    if slot is not None:
+      try:
+        return self._configure(slot, memory_bytes, pids)
+      except OSError:                   # e.g. a lower ceiling than its charged page cache: EBUSY
+        self._drop(slot)
+    slot = self._new_slot()
     try:
-      if slot.limits == (memory_bytes, pids):
-        pass                            # a reused slot with the same limits: nothing to write
-      elif self.version == 1:
-        m = slot.memory_dir
-        # memsw >= limit always: raise memsw first when growing, lower it last when shrinking
-        memsw = os.path.join(m, "memory.memsw.limit_in_bytes")
-        has_memsw = os.path.exists(memsw)
-        for attempt in range(2):
-          try:
-            _write(os.path.join(m, "memory.limit_in_bytes"), str(memory_bytes))
-            break
-          except OSError:
-            if not (has_memsw and attempt == 0):
-              raise
-            _write(memsw, str(memory_bytes))
-        if has_memsw:
-          _write(memsw, str(memory_bytes))
-        _write(os.path.join(slot.pids_dir, "pids.max"), str(pids))
-      else:
-        d = slot.memory_dir
-        _write(os.path.join(d, "memory.max"), str(memory_bytes))
-        if os.path.exists(os.path.join(d, "memory.swap.max")):
-          _write(os.path.join(d, "memory.swap.max"), "0")
-        _write(os.path.join(d, "pids.max"), str(pids))
-      slot.limits = (memory_bytes, pids)
-      slot.oom_before = self.oom_kills(slot)
+      return self._configure(slot, memory_bytes, pids)
     except OSError:
       self._drop(slot)
       raise
+
+  def _configure(self, slot: Slot, memory_bytes: int, pids: int) -> Slot:
+    """Writes the limits (unless unchanged) and records the OOM kill count."""
+    if slot.limits == (memory_bytes, pids):
+      pass                            # a reused slot with the same limits: nothing to write
+    elif self.version == 1:
+      m = slot.memory_dir
+      # memsw >= limit always: raise memsw first when growing, lower it last when shrinking
+      memsw = os.path.join(m, "memory.memsw.limit_in_bytes")
+      has_memsw = os.path.exists(memsw)
+      for attempt in range(2):
+        try:
+          _write(os.path.join(m, "memory.limit_in_bytes"), str(memory_bytes))
+          break
+        except OSError:
+          if not (has_memsw and attempt == 0):
+            raise
+          _write(memsw, str(memory_bytes))
+      if has_memsw:
+        _write(memsw, str(memory_bytes))
+      _write(os.path.join(slot.pids_dir, "pids.max"), str(pids))
+    else:
+      d = slot.memory_dir
+      _write(os.path.join(d, "memory.max"), str(memory_bytes))
+      if os.path.exists(os.path.join(d, "memory.swap.max")):
+        _write(os.path.join(d, "memory.swap.max"), "0")
+      _write(os.path.join(d, "pids.max"), str(pids))
+    slot.limits = (memory_bytes, pids)
+    slot.oom_before = self.oom_kills(slot)
     return slot
 
   def _shmem(self, slot: Slot) -> int:
