@@ -347,6 +347,15 @@ class RangedFile:
     self.bytes_read += sum(len(r) for r in out)
     return out
 
+  def map(self, offset: int, n: int):
+    """A read-only uint8 memory map of bytes [offset, offset + n) (local files only); its pages
+    are read as they are touched. Counted as one request; callers count the bytes they use."""
+    if self.remote:
+      raise ValueError(f"{self.path}: memory maps are for local files")
+    import numpy as np
+    self.requests += 1
+    return np.memmap(self.path, dtype=np.uint8, mode="r", offset=int(offset), shape=(int(n),))
+
   def close(self) -> None:
     if not self.remote and self._fd >= 0:
       os.close(self._fd)

@@ -9,9 +9,10 @@ sit under `language_model.`, vision tower and projector skipped). Per param:
    N*H split of q/k/v/o, the gate / up halves of a fused `gate_up_proj`; for scanned layers, which
    layer each block is);
 2. the boxes (index slices) of this process's addressable devices are mapped into the HF tensor's
-   row-major view, and only those byte runs are read (`safetensors_format.read_box`, through
-   `storage.RangedFile`: `os.pread` locally, ranged GETs on gs://). When the devices' boxes tile
-   one rectangle (any NamedSharding's do) it is read once, one layer at a time;
+   row-major view, and only those bytes are read (`safetensors_format.read_box`, through
+   `storage.RangedFile`: locally a memory map of a bounded window at a time, copying out only the
+   box; on gs:// ranged GETs). When the devices' boxes tile one rectangle (any NamedSharding's
+   do) it is read once, one layer at a time;
 3. each device's slice is converted to the param dtype into its own array (bf16 -> f32 exact; f32
    -> bf16 round-to-nearest-even, as torch does).
 
@@ -101,8 +102,11 @@ class HFCheckpoint:
       raise ValueError(f"tensor {src.name!r}: shape {info.shape} != expected {src.hf_shape} "
                        f"(checkpoint {self.path})")
     f = self._files[fn]
+    exact = self.max_gap == 0 and not f.remote     # local: vectorised copies from a memory map
     raw = st_format.read_box(f.read_many, info, src.view, src.view_box(box),
-                             max_gap=self.max_gap)
+                             max_gap=self.max_gap, mapper=f.map if exact else None)
+    if exact:
+      f.bytes_read += raw.nbytes
     return src.to_ours(raw)
 
   @property

@@ -114,14 +114,19 @@ def write_file(path: str, tensors: Mapping[str, np.ndarray]) -> None:
 
 def read_box(read_many: Callable[[list[tuple[int, int]]], list], info: TensorInfo,
              shape: tuple[int, ...], box: list[tuple[int, int]], *, max_gap: int = 0,
-             piece_bytes: int = PIECE_BYTES) -> np.ndarray:
+             piece_bytes: int = PIECE_BYTES, mapper=None) -> np.ndarray:
   """Reads `tensor[box]` of the tensor `info`, viewed row-major as `shape` (a reshape of its
   stored shape), as a new array in the stored dtype.
 
   `read_many([(offset, n), ...]) -> [bytes-like, ...]` does the I/O (one call per batch of about
   `piece_bytes`). Contiguous runs are read exactly; where the gap between consecutive runs along
   an axis is at most `max_gap` bytes, that axis is read whole (fewer, larger requests: the gap
-  bytes are read and dropped)."""
+  bytes are read and dropped).
+
+  `mapper(offset, n) -> uint8 array` (a local file's memory map): instead of one read per run,
+  windows of about `piece_bytes` along the first axis are mapped in turn and only the box's
+  elements copied out (a vectorised copy; only the pages holding them are touched, and at most
+  one window is mapped at a time)."""
   if math.prod(shape) * info.dtype.itemsize != info.nbytes:
     raise ValueError(f"tensor {info.name!r}: view {shape} does not match stored {info.shape}")
   it = info.dtype.itemsize
@@ -131,6 +136,17 @@ def read_box(read_many: Callable[[list[tuple[int, int]]], list], info: TensorInf
     raise ValueError(f"tensor {info.name!r}: box {box} outside shape {shape}")
   out = np.empty([b - a for a, b in box], info.dtype)
   if out.size == 0:
+    return out
+  if mapper is not None:
+    row = math.prod(shape[1:]) * it
+    per = max(1, piece_bytes // max(row, 1))
+    rest = tuple(slice(a, b) for a, b in box[1:])
+    for r0 in range(box[0][0], box[0][1], per):
+      r1 = min(r0 + per, box[0][1])
+      window = mapper(info.offset + r0 * row, (r1 - r0) * row)
+      out[r0 - box[0][0]:r1 - box[0][0]] = \
+          window.view(info.dtype).reshape((r1 - r0,) + tuple(shape[1:]))[(slice(None),) + rest]
+      del window
     return out
   strides = [math.prod(shape[j + 1:]) for j in range(nd)]
   # Axes k+1.. are read whole (full in the box, or widened over a small gap); axis k is the run.
