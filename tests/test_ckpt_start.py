@@ -330,6 +330,33 @@ def test_llama4_multimodal_checkpoint(tmp_path, stored, param_dtype):
   ck.close()
 
 
+def test_vllm_generators_start_on_the_start_checkpoint(tmp_path):
+  """Without generator.vllm_model_dir, a vLLM generator at version 0 starts on model.hf_checkpoint
+  (a gs:// one through a local copy made once); later versions and runs without a checkpoint
+  export the fetched weights ("")."""
+  from configs.common import base_config
+  from scalerl_jax import storage
+  from scalerl_jax.generation.worker import vllm_start_dir
+  c = base_config()
+  assert vllm_start_dir(c, 0) == ""
+  c.model.hf_checkpoint = str(tmp_path / "ckpt")
+  assert vllm_start_dir(c, 0) == str(tmp_path / "ckpt") and vllm_start_dir(c, 3) == ""
+  src = tmp_path / "src"
+  src.mkdir()
+  (src / "config.json").write_text("{}")
+  (src / "model.safetensors").write_bytes(b"x" * 100)
+  calls = []
+  real = storage.copy_tree
+  storage.copy_tree = lambda s, d, last=(): (calls.append(s), real(str(src), d, last))
+  try:
+    got = storage.cached_local_copy("gs://b/ck", root=str(tmp_path / "cache"))
+    again = storage.cached_local_copy("gs://b/ck", root=str(tmp_path / "cache"))
+  finally:
+    storage.copy_tree = real
+  assert got == again == str(tmp_path / "cache" / "gs" / "b" / "ck") and calls == ["gs://b/ck"]
+  assert sorted(os.listdir(got)) == ["config.json", "model.safetensors"]
+
+
 if __name__ == "__main__":
   if sys.argv[1] == "worker":
     _worker(*sys.argv[2:5])
