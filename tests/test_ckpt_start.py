@@ -205,6 +205,7 @@ def _check(outs, ckpt_bytes):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ckpt_start")
 def test_two_processes_load_their_slices_of_a_llama31_checkpoint(llama31_ckpt, tmp_path):
   names = os.listdir(llama31_ckpt)
   assert "model.safetensors.index.json" in names
@@ -220,6 +221,7 @@ def test_two_processes_load_their_slices_of_a_llama31_checkpoint(llama31_ckpt, t
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ckpt_start")
 def test_same_from_a_gcs_copy_and_data_from_gcs(llama31_ckpt, tmp_path):
   from scalerl_jax import storage
   from scalerl_jax.data import loaders
