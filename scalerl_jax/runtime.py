@@ -24,8 +24,8 @@ _NOT_MODEL_FIELDS = ("preset", "hf_checkpoint", "logits_chunk")
 def model_config(config):
   """ModelConfig from `config.model`: the preset, then every field that names a ModelConfig field.
 
-  With `config.model.hf_checkpoint` set, the architecture comes from that checkpoint's config.json
-  and only the numerics fields (dtypes, fp32 head, scan, remat) apply.
+  With `config.model.hf_checkpoint` set (local or gs://), the architecture comes from that
+  checkpoint's config.json and only the numerics fields (dtypes, fp32 head, scan, remat) apply.
   """
   fields = {f.name for f in dataclasses.fields(models.ModelConfig)}
   m = config.model.to_dict() if hasattr(config.model, "to_dict") else dict(config.model)
@@ -35,13 +35,16 @@ def model_config(config):
                      f"{sorted(fields)}")
   overrides = {k: v for k, v in m.items() if k in fields}
   if m.get("hf_checkpoint"):
-    import os
-    with open(os.path.join(m["hf_checkpoint"], "config.json")) as f:
-      numerics = {k: overrides[k] for k in ("param_dtype", "dtype", "fp32_lm_head", "scan_layers",
-                                            "remat", "attention_impl", "attention_block",
-                                            "moe_impl", "moe_capacity_factor")
-                  if k in overrides}
-      cfg = models.from_hf_config(json.load(f), **numerics)
+    from scalerl_jax import storage
+    cfg_path = storage.join(m["hf_checkpoint"], "config.json")   # local or gs://
+    if not storage.exists(cfg_path):
+      raise FileNotFoundError(f"config.model.hf_checkpoint={m['hf_checkpoint']!r}: no "
+                              "config.json there (expected a save_pretrained directory)")
+    numerics = {k: overrides[k] for k in ("param_dtype", "dtype", "fp32_lm_head", "scan_layers",
+                                          "remat", "attention_impl", "attention_block",
+                                          "moe_impl", "moe_capacity_factor")
+                if k in overrides}
+    cfg = models.from_hf_config(json.loads(storage.read_text(cfg_path)), **numerics)
   else:
     cfg = models.get_preset(m["preset"], **overrides)
   if cfg.is_moe and "mesh" in config and cfg.moe_impl == "dispatch":
