@@ -450,7 +450,7 @@ class Trainer:
     lp = learner_token_logprobs(self.model_cfg, self.learner.state.params, full["tokens"],
                                 float(self.config.generator.temperature), routes)
     out = parity_check(lp, full["gen_logprobs"], mask, self.config.health, version=step, startup=first)
-    if out.get("health/parity_alarm") and "parity" in (self.health.abort_on if self.health else ()):
+    if out.get("health/parity_alarm") and self.health is not None and self.health.aborts("parity", step + 1):
       raise RunUnhealthy(f"health.abort_on: parity re-score failed at step {step}", step, out)
     return out
 
