@@ -75,6 +75,8 @@ def test_zero_variance_groups_dropped(run_dir):
   no group left is skipped (holds on any trajectory: the count is recomputed from the dumped batch,
   not hoped to be > 0)."""
   train = {l["step"]: l for l in _lines(run_dir) if l["kind"] == "train"}
+  print("\n[zero-variance] step: (dropped of 8, skipped)",
+        {s: (l["dropped_groups"], l["skipped"]) for s, l in train.items()})
   for s, l in train.items():
     want, n = _zero_variance_groups(np.load(os.path.join(run_dir, "batches", f"step_{s - 1:06d}.npz")))
     assert n == 8 and l["dropped_groups"] == want, (s, l["dropped_groups"], want)
