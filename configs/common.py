@@ -178,6 +178,7 @@ def base_config() -> ml_collections.ConfigDict:
       min_entropy=0.05,             # mean token entropy (nats): entropy collapse below
       max_consecutive_skipped=3,    # learner steps skipped in a row (non-finite / empty)
       abort_on="",                  # e.g. "truncated_frac,kl" ("parity": a failed re-score)
+      abort_from_step=0,            # abort_on stops the run from this step on; earlier crossings only warn
       # Log-prob parity gate: the first batch is scored by the learner and compared with the
       # generator's log-probs before step 1 (a failure stops the run); re-scored on the tokens of
       # the current version every parity_every steps. Limits: docs/VLLM.md (bf16 engine + fp32 head).

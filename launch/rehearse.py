@@ -528,6 +528,17 @@ class Rehearsal:
   def _learners(self) -> list[Pod]:
     return [p for p in self.pods if p.annotations]
 
+  def _evals(self) -> list:
+    """[step, val_pass_rate] of each evaluation in WORKDIR/metrics.jsonl ([] if unreadable)."""
+    from scalerl_jax import storage
+    try:
+      lines = [json.loads(l) for l in storage.read_text(storage.join(self.workdir, "metrics.jsonl"))
+               .splitlines() if l.strip()]
+    except (OSError, ValueError):
+      return []
+    return [[l["step"], l["val_pass_rate"]] for l in lines
+            if l.get("kind") == "eval" and "val_pass_rate" in l]
+
   def _step(self) -> int:
     """The newest train step in WORKDIR/metrics.jsonl (through the storage layer), -1 if none."""
     from scalerl_jax import storage
@@ -661,6 +672,7 @@ class Rehearsal:
     s["buffer"] = _buffer_state(self, buf)
     s["fit"] = storage.join(self.workdir, "fit", "fit.json")
     s["fit_exists"] = storage.exists(s["fit"])
+    s["evals"] = self._evals()   # (step, val_pass_rate): the fit needs one above R0 (step 0)
     if self.kill == "buffer" and self.kill_report:
       s["kill"] = dict(self.kill_report, **_kill_check(self.kill_report))
     elif self.kill_report:

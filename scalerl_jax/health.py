@@ -3,7 +3,9 @@
 `HealthMonitor.check(rec)` compares one train record with `config.health` and returns the
 `health/*` metrics: per signal its value and a 0/1 flag, a warning in the log at each crossing. A
 crossing of a signal listed in `config.health.abort_on` raises `RunUnhealthy` (the trainer then
-writes a checkpoint and the process exits non-zero with the reason). Thresholds and their sources:
+writes a checkpoint and the process exits non-zero with the reason) at steps >=
+`config.health.abort_from_step` (earlier crossings only warn: a start-up grace; tests set a threshold
+every step crosses with this step to force the abort at a known step). Thresholds and their sources:
 
 | signal | record key | default | source |
 |---|---|---|---|
@@ -86,7 +88,12 @@ class HealthMonitor:
     unknown = [s for s in self.abort_on if s not in SIGNALS]
     if unknown:
       raise ValueError(f"health.abort_on: unknown signal(s) {unknown}; choose from {list(SIGNALS)}")
+    self.abort_from_step = int(cfg.get("abort_from_step", 0) or 0)
     self.skipped_run = 0
+
+  def aborts(self, name: str, step: int) -> bool:
+    """Whether a crossing of signal `name` at `step` stops the run (abort_on, abort_from_step)."""
+    return name in self.abort_on and step >= self.abort_from_step
 
   def values(self, rec: dict) -> dict:
     """The signals of one train record (missing ones are absent)."""
@@ -114,7 +121,7 @@ class HealthMonitor:
 
   def check(self, rec: dict) -> dict:
     """`health/<signal>` values and `health/<signal>_alarm` flags for one train record; warns on
-    each crossing and raises RunUnhealthy for a crossing listed in abort_on."""
+    each crossing and raises RunUnhealthy for a crossing listed in abort_on (from abort_from_step on)."""
     out, abort = {}, []
     for name, v in self.values(rec).items():
       bad = self.crossed(name, v)
@@ -122,7 +129,7 @@ class HealthMonitor:
       out[f"health/{name}_alarm"] = int(bad)
       if bad:
         log.warning("health: %s = %.4g crossed its threshold at step %d", name, v, rec.get("step", -1))
-        if name in self.abort_on:
+        if self.aborts(name, int(rec.get("step", -1))):
           abort.append(f"{name} = {v:.4g}")
     if abort:
       raise RunUnhealthy(f"health.abort_on: {', '.join(abort)} crossed the threshold at step "

@@ -455,7 +455,8 @@ class Trainer:
     mask = arrays["loss_mask"].astype(bool) & (versions == step)
     out = parity_check(lp, arrays["gen_logprobs"], mask, self.config.health, version=step,
                        startup=first)
-    if out.get("health/parity_alarm") and "parity" in (self.health.abort_on if self.health else ()):
+    if (out.get("health/parity_alarm") and self.health is not None
+        and self.health.aborts("parity", step + 1)):
       raise RunUnhealthy(f"health.abort_on: parity re-score failed at step {step}", step, out)
     return out
 

@@ -63,9 +63,24 @@ def test_token_lag_at_most_k(run_dir):
       assert sum(l["lag_hist"]) > 0 and len(l["lag_hist"]) <= K + 1
 
 
+def _zero_variance_groups(batch):
+  """Prompt groups of a dumped batch whose rewards are all equal (what the filter must drop)."""
+  pids, rewards = batch["prompt_ids"], np.asarray(batch["rewards"]).reshape(len(batch["prompt_ids"]), -1)[:, 0]
+  groups = sorted({int(p) for p in pids if p >= 0})
+  return sum(int(np.ptp(rewards[pids == p]) == 0) for p in groups), len(groups)
+
+
 def test_zero_variance_groups_dropped(run_dir):
-  train = [l for l in _lines(run_dir) if l["kind"] == "train"]
-  assert sum(l["dropped_groups"] for l in train) > 0
+  """Every step drops exactly the groups of its batch whose rewards are all equal, and a step with
+  no group left is skipped (holds on any trajectory: the count is recomputed from the dumped batch,
+  not hoped to be > 0)."""
+  train = {l["step"]: l for l in _lines(run_dir) if l["kind"] == "train"}
+  print("\n[zero-variance] step: (dropped of 8, skipped)",
+        {s: (l["dropped_groups"], l["skipped"]) for s, l in train.items()})
+  for s, l in train.items():
+    want, n = _zero_variance_groups(np.load(os.path.join(run_dir, "batches", f"step_{s - 1:06d}.npz")))
+    assert n == 8 and l["dropped_groups"] == want, (s, l["dropped_groups"], want)
+    assert l["skipped"] == (want == n), (s, l["skipped"], want)
 
 
 def test_interrupted_tokens_have_zero_loss_weight(run_dir):
@@ -104,7 +119,8 @@ def test_outputs_exist(run_dir):
 
 def test_checkpoint_restores_final_params(run_dir):
   """The last orbax checkpoint holds the final state: its params equal the exported final policy
-  bit for bit, and differ from the SFT base policy (training moved them)."""
+  bit for bit, its update count is the steps not skipped, and its params differ from the SFT base
+  policy exactly when an update was applied."""
   import jax
   from scalerl_jax import models, runtime
   from scalerl_jax.checkpoint import RunCheckpointer
@@ -116,7 +132,9 @@ def test_checkpoint_restores_final_params(run_dir):
   ck = RunCheckpointer(str(run_dir))
   assert ck.latest_step() == 6
   state, meta = ck.restore(abstract)
-  assert int(state.step) == 6 and meta["step"] == 6
+  train = [l for l in _lines(run_dir) if l["kind"] == "train"]
+  applied = 6 - sum(int(l["skipped"]) for l in train)     # a step whose groups all dropped is skipped
+  assert int(state.step) == applied and meta["step"] == 6
   assert meta["ledger"]["train_seconds"] > 0 and isinstance(meta["npr"], dict)
   assert meta["last_eval"]["step"] == 6
   _, final = models.load_hf(os.path.join(run_dir, "final_policy"))
@@ -127,7 +145,7 @@ def test_checkpoint_restores_final_params(run_dir):
     assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
   moved = [float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(base))]
-  assert max(moved) > 0
+  assert (max(moved) > 0) == (applied > 0), (moved, applied)   # training moved them iff it updated
 
 
 def test_ppo_off_policy_rounds(tmp_path):

@@ -62,6 +62,19 @@ def test_abort_on_names_only_known_signals_and_stops_with_reason():
   assert e.value.metrics["health/truncated_frac_alarm"] == 1
 
 
+def test_abort_from_step_only_warns_before_it():
+  """`health.abort_from_step`: crossings before it flag and warn, the first one at or after it stops
+  the run (what tests/test_forecast_e2e.py uses to force its abort at a known step)."""
+  assert common.base_config().health.abort_from_step == 0
+  mon = HealthMonitor(_cfg(abort_on="truncated_frac", max_truncated_frac=-1.0, abort_from_step=10))
+  for step in range(1, 10):
+    assert mon.check({"step": step, "truncated_frac": 0.0})["health/truncated_frac_alarm"] == 1
+  with pytest.raises(RunUnhealthy) as e:
+    mon.check({"step": 10, "truncated_frac": 0.0})
+  assert e.value.step == 10 and "truncated_frac = 0 crossed the threshold at step 10" in e.value.reason
+  assert mon.aborts("truncated_frac", 10) and not mon.aborts("truncated_frac", 9) and not mon.aborts("kl", 10)
+
+
 def _demo_like_run(path, n_evals=31):
   """A run shaped like the tiny demo: 31 evaluations of mean@16 on 64 prompts (1,024 samples)."""
   rng = np.random.default_rng(0)

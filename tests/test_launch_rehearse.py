@@ -135,7 +135,12 @@ def _common_checks(s, steps=6, fit=True, npr_history=True):
   assert bool(b["npr_state"]["history"]) == npr_history, b   # empty: snapshot after a start-over
   assert b["wal_records"].get("npr", 0) + b["wal_records"].get("npr_state", 0) > 0
   assert any(f.startswith("wal-") for f in b["wal_files"]) and b["wal_bytes"] > 0
-  assert s["fit_exists"] or not fit, s["fit"]
+  if fit:   # the end-of-run Eq. 1 fit exists iff an evaluation rose above R0 (else it is skipped,
+    # "never exceeds R0"): 6 noisy evaluations of a 6-step run need not rise (issue #28)
+    ev = dict((st, v) for st, v in s["evals"])
+    assert sorted(ev) == list(range(steps + 1)), s["evals"]
+    rose = max(v for st, v in ev.items() if st > 0) > ev[0]
+    assert s["fit_exists"] == rose, (s["fit"], s["evals"])
 
 
 def _learner_kill_checks(s):
@@ -168,7 +173,8 @@ def test_rehearse_local_kill_buffer(tmp_path):
   assert len(replays) == 2 and replays[1]["wal"]["records"], replays[-1]
   metrics = [json.loads(l) for l in open(state / "workdir" / "metrics.jsonl")]
   assert [l["step"] for l in metrics if l["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
-  assert json.load(open(state / "workdir" / "fit" / "fit.json"))
+  if s["fit_exists"]:
+    assert json.load(open(state / "workdir" / "fit" / "fit.json"))
 
 
 @pytest.mark.slow
@@ -204,7 +210,7 @@ print(json.dumps(out))
 """], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert probe.returncode == 0, probe.stderr[-2000:]
   got = json.loads(probe.stdout.strip().splitlines()[-1])
-  missing = [k for k, v in got.items() if v is False]
+  missing = [k for k, v in got.items() if v is False and (k != "fit/fit.json" or s["fit_exists"])]
   assert not missing, missing                                  # every output is an object
   # (no logs/: with an external buffer the learner starts no child processes; pod logs are the
   # pods' own, STATE_DIR/pods/ here, `kubectl logs` on a cluster)
