@@ -177,6 +177,7 @@ def base_config() -> ml_collections.ConfigDict:
   # one line saying why (e.g. the verifier requires `</think>` the prompt template never asks for).
   c.health.step0_reward_check = True
   c.health.step0_min_nonzero_frac = 0.002  # stop when at most this fraction is non-zero (1 of 768)
+  c.health.step0_min_samples = 256   # ...of a first batch this big (0 of 64 is noise at a 5 % pass rate)
   # Live forecast (analysis/posterior.py) after each evaluation, on a background thread.
   c.forecast = ml_collections.ConfigDict(dict(enabled=True, n_draws=4000))
   # Weights & Biases beside TensorBoard (scalerl_jax/wandb_sink.py): on when project is set;

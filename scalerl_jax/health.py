@@ -12,11 +12,12 @@ writes a checkpoint and the process exits non-zero with the reason). Thresholds 
 | kl | KL(generator ‖ learner), k3 estimator per token | > 0.1 | includes PipelineRL staleness (k=8): the tiny demo peaks at 0.056; engine mismatch alone is < 1e-3 with an fp32 head (docs/VLLM.md) |
 | entropy | mean token entropy (nats) | < 0.05 | entropy collapse (PAPER_NOTES sec. 5) |
 | skipped | consecutive skipped learner steps | >= 3 | a non-finite or empty step now and then is tolerated |
-| step0_nonzero_frac | fraction of the first batch's samples with a non-zero reward | <= 0.002 (stops) | 0 of 768: zero-variance groups only, nothing to learn (issue 24) |
+| step0_nonzero_frac | fraction of the first batch's samples with a non-zero reward | <= 0.002 of >= 256 (stops) | 0 of 768: zero-variance groups only, nothing to learn (issue 24) |
 
-Step-0 reward check (`step0_reward_check`, issue 24): a fresh run whose first batch has at most
-`health.step0_min_nonzero_frac` of its samples with a non-zero reward (0 of 768: every group has
-zero variance, every step would be skipped) stops before the first update with `NoRewardSignal`:
+Step-0 reward check (`step0_reward_check`, issue 24): a fresh run whose first batch (of at least
+`health.step0_min_samples` samples) has at most `health.step0_min_nonzero_frac` of its samples with
+a non-zero reward (0 of 768: every group has zero variance, every step would be skipped) stops
+before the first update with `NoRewardSignal`:
 one line saying how many samples scored, why (e.g. the verifier requires `</think>` and the prompt
 template asks for none) and which knob to change (`data.template`). `health.step0_reward_check`
 False skips it.
@@ -85,7 +86,8 @@ END_THINK = "</think>"
 def step0_reward_check(rewards, cfg, samples=None, task_templates=None, task_rewards=None) -> dict:
   """The step-0 reward check on the first batch's `rewards` (one per sample).
 
-  `cfg` is config.health (`step0_reward_check`, `step0_min_nonzero_frac`). `samples`, where this
+  `cfg` is config.health (`step0_reward_check`, `step0_min_nonzero_frac`, `step0_min_samples`:
+  a smaller batch is not checked, its zero count being noise). `samples`, where this
   process has them (process 0): one (completion text, finish reason, task) per sample, which the
   reason in the message is drawn from; `task_templates` maps task -> data.templates.Template and
   `task_rewards` task -> reward name. Returns {"health/step0_nonzero_frac": f}; raises
@@ -95,7 +97,8 @@ def step0_reward_check(rewards, cfg, samples=None, task_templates=None, task_rew
   n, nz = int(r.size), int(np.count_nonzero(r))
   frac = nz / n if n else 0.0
   out = {"health/step0_nonzero_frac": frac}
-  if not n or not cfg.get("step0_reward_check", True) or frac > float(cfg.get("step0_min_nonzero_frac", 0.0)):
+  if (not n or not cfg.get("step0_reward_check", True) or n < int(cfg.get("step0_min_samples", 0))
+      or frac > float(cfg.get("step0_min_nonzero_frac", 0.0))):
     return out
   why = (_step0_reason(samples, task_templates or {}, task_rewards or {}) if samples
          else "see process 0's log for why")

@@ -31,7 +31,8 @@ OVERRIDES = [
     "--config.rollout.think_budget_max=64", "--config.rollout.answer_budget=32",
     "--config.eval.mode=fleet", "--config.eval.samples_per_prompt=2",
     "--config.total_steps=1", "--config.eval.every_steps=1", "--config.pin_cpus=False",
-    "--config.forecast.enabled=False"]
+    "--config.forecast.enabled=False",
+    "--config.health.step0_min_samples=64"]   # the batch is 8 x 8 (deterministic rewards here)
 
 
 @pytest.fixture(scope="module")

@@ -195,20 +195,21 @@ def test_step0_check_stops_with_one_line_naming_the_knob():
 def test_step0_check_reasons_for_other_templates_and_mixtures():
   ri = {"math": templates.get("reasoning_instruct")}
   cut = [("I think and think", "length", "math")] * 60 + [("x", "stop", "math")] * 4
+  h64 = _Health(step0_min_samples=64)
   with pytest.raises(NoRewardSignal, match=r"0 of them wrote `</think>`, which the verifier "
                      r"requires, though the template `reasoning_instruct` asks for it \(4 ended "
                      r"their turn, 60 were cut at the length budget\): raise "
                      r"rollout.think_budget_max / rollout.answer_budget if they were cut, else "
                      r"set --config.data.tasks.math.template=instruct"):
-    step0_reward_check(np.zeros(64), _Health(), cut, ri, {"math": "math"})
+    step0_reward_check(np.zeros(64), h64, cut, ri, {"math": "math"})
   closed = [("ok </think> \\boxed{3}", "stop", "")] * 64
   with pytest.raises(NoRewardSignal, match=r"64 of them wrote `</think>` but no answer passed the "
                      r"`math` verifier: check that the template `instruct` \(data.template\)"):
-    step0_reward_check(np.zeros(64), _Health(), closed, {"": templates.get("instruct")},
+    step0_reward_check(np.zeros(64), h64, closed, {"": templates.get("instruct")},
                        {"": "math"})
   with pytest.raises(NoRewardSignal, match=r"^step 0: 0 of 64 samples got a non-zero reward; see "
                      r"process 0's log for why"):
-    step0_reward_check(np.zeros(64), _Health())      # a process without the completions
+    step0_reward_check(np.zeros(64), h64)            # a process without the completions
 
 
 def test_step0_check_threshold_and_knob():
@@ -217,9 +218,13 @@ def test_step0_check_threshold_and_knob():
   with pytest.raises(NoRewardSignal, match="^step 0: 1 of 768 samples"):
     step0_reward_check(one, _Health())                 # 1/768 <= 0.002
   assert step0_reward_check(two, _Health()) == {"health/step0_nonzero_frac": 2 / 768}
-  assert step0_reward_check(np.zeros(64), _Health(step0_reward_check=False)) == \
+  assert step0_reward_check(np.zeros(768), _Health(step0_reward_check=False)) == \
       {"health/step0_nonzero_frac": 0.0}
-  assert step0_reward_check(np.zeros(64) + 0.5, _Health(step0_min_nonzero_frac=0.99)) == \
+  # a batch under step0_min_samples (256) is not checked: 0 of 64 is noise at a 5 % pass rate
+  assert step0_reward_check(np.zeros(64), _Health()) == {"health/step0_nonzero_frac": 0.0}
+  assert step0_reward_check(np.zeros(64) + 0.5, _Health(step0_min_nonzero_frac=0.99,
+                                                       step0_min_samples=1)) == \
       {"health/step0_nonzero_frac": 1.0}
   with pytest.raises(NoRewardSignal, match="^step 0: 32 of 64"):
-    step0_reward_check(np.r_[np.ones(32), np.zeros(32)], _Health(step0_min_nonzero_frac=0.5))
+    step0_reward_check(np.r_[np.ones(32), np.zeros(32)],
+                       _Health(step0_min_nonzero_frac=0.5, step0_min_samples=64))
