@@ -6,7 +6,7 @@ Sections (one obvious place for each knob):
   rl         loss family, aggregation, advantage normalization, filters, interruption
   optim      AdamW + schedule + clipping (paper defaults)
   rollout    batch geometry, PipelineRL-k, generation budgets
-  generator  backend (jax | vllm), workers, sampling
+  generator  backend (jax | vllm | scripted), workers, sampling
   buffer     gRPC rollout buffer address, auth, limits
   eval, checkpoint, data
 """

@@ -107,10 +107,14 @@ def step0_reward_check(rewards, cfg, samples=None, task_templates=None, task_rew
 
 
 def _step0_reason(samples, task_templates, task_rewards) -> str:
-  """Why (nearly) nothing scored, and the knob: from the completions' texts and the templates."""
+  """Why (nearly) nothing scored, and the knob: from the completions' texts and the templates.
+  In a mixture, about the task with the largest share of completions without `</think>`."""
+  def unclosed(task):
+    mine = [text for text, _, t in samples if t == task]
+    return sum(END_THINK not in text for text in mine) / len(mine)
+  task = max(sorted({t for _, _, t in samples}), key=unclosed)
+  samples = [x for x in samples if x[2] == task]
   n = len(samples)
-  tasks = sorted({t for _, _, t in samples})
-  task = tasks[0]
   tmpl = task_templates.get(task)
   knob = f"data.tasks.{task}.template" if task else "data.template"
   name = tmpl.name if tmpl is not None else "?"
@@ -118,18 +122,22 @@ def _step0_reason(samples, task_templates, task_rewards) -> str:
   stopped = sum(f == "stop" for _, f, _ in samples)
   cut = n - stopped
   require = tmpl is None or tmpl.require_think_close
+  of = f"of task {task}'s {n}, " if task else ""
   if require and closed <= 0.1 * n:
     if tmpl is not None and not tmpl.asks_to_think:
-      return (f"{closed} of them wrote `</think>`, which the verifier requires, and the template `{name}` "
+      return (f"{of}{closed} of them wrote `</think>`, which the verifier requires, and the "
+              f"template `{name}` "
               f"asks for none ({stopped} ended their turn, {cut} were cut): set "
               f"--config.{knob}=reasoning_instruct (think prefix + answer instruction; or "
               f"`instruct`: no `</think>` required)")
-    return (f"{closed} of them wrote `</think>`, which the verifier requires, though the template `{name}` "
+    return (f"{of}{closed} of them wrote `</think>`, which the verifier requires, though the "
+            f"template `{name}` "
             f"asks for it ({stopped} ended their turn, {cut} were cut at the length budget): raise "
             f"rollout.think_budget_max / rollout.answer_budget if they were cut, else set "
             f"--config.{knob}=instruct (no `</think>` required)")
   reward = task_rewards.get(task, "?")
-  return (f"{closed} of them wrote `</think>` but no answer passed the `{reward}` verifier: check that the "
+  return (f"{of}{closed} of them wrote `</think>` but no answer passed the `{reward}` verifier: "
+          f"check that the "
           f"template `{name}` ({knob}) asks for the format the verifier reads (math: \\boxed{{}}, "
           f"code: a ```python block) and that the base policy is the intended one")
 

@@ -195,13 +195,16 @@ def test_step0_check_stops_with_one_line_naming_the_knob():
 def test_step0_check_reasons_for_other_templates_and_mixtures():
   ri = {"math": templates.get("reasoning_instruct")}
   cut = [("I think and think", "length", "math")] * 60 + [("x", "stop", "math")] * 4
+  ri["code"] = templates.get("bare")
+  cut += [("</think> ```python\nprint(1)```", "stop", "code")] * 64     # a mixture: code is fine
   h64 = _Health(step0_min_samples=64)
-  with pytest.raises(NoRewardSignal, match=r"0 of them wrote `</think>`, which the verifier "
+  with pytest.raises(NoRewardSignal, match=r"^step 0: 0 of 128 samples got a non-zero reward; of "
+                     r"task math's 64, 0 of them wrote `</think>`, which the verifier "
                      r"requires, though the template `reasoning_instruct` asks for it \(4 ended "
                      r"their turn, 60 were cut at the length budget\): raise "
                      r"rollout.think_budget_max / rollout.answer_budget if they were cut, else "
                      r"set --config.data.tasks.math.template=instruct"):
-    step0_reward_check(np.zeros(64), h64, cut, ri, {"math": "math"})
+    step0_reward_check(np.zeros(128), h64, cut, ri, {"math": "math", "code": "code"})
   closed = [("ok </think> \\boxed{3}", "stop", "")] * 64
   with pytest.raises(NoRewardSignal, match=r"64 of them wrote `</think>` but no answer passed the "
                      r"`math` verifier: check that the template `instruct` \(data.template\)"):

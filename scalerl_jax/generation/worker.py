@@ -1,7 +1,7 @@
 """Generator worker process: lease prompts from the buffer, generate groups, score, push rollouts.
 
     python -m scalerl_jax.generation.worker --run_config=WORKDIR/config.json --buffer=HOST:PORT \
-        --generator_id=gen-0 [--backend=jax|vllm]
+        --generator_id=gen-0 [--backend=jax|vllm|scripted]
 
 The auth token comes from the environment variable named by `config.buffer.auth_token_env`.
 Weights arrive through the buffer (FetchWeights); a watcher thread fetches every newly published
