@@ -6,7 +6,7 @@ Sections (one obvious place for each knob):
   rl         loss family, aggregation, advantage normalization, filters, interruption
   optim      AdamW + schedule + clipping (paper defaults)
   rollout    batch geometry, PipelineRL-k, generation budgets
-  generator  backend (jax | vllm), workers, sampling
+  generator  backend (jax | vllm | scripted), workers, sampling
   buffer     gRPC rollout buffer address, auth, limits
   eval, checkpoint, data
 """
@@ -102,6 +102,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.generator = ml_collections.ConfigDict(dict(
       backend="vllm", num_workers=64, temperature=1.0, top_p=1.0, heartbeat_s=10.0,
       retry_budget_s=60.0, max_restarts=3))
+  # generator.backend: vllm | jax | scripted (generation/fake.py: a scripted stand-in for an
+  # instruct model, no weights; tests and wiring demos of the prompt templates only).
   # generator.temperature T also sets the learner's log-probs (log_softmax(logits / T));
   # generator.top_p must stay 1 for training (recipes.validate refuses truncated sampling).
   c.generator.jax_devices = 1        # JAX backend: decode data-parallel over N XLA:CPU devices
@@ -186,6 +188,11 @@ def base_config() -> ml_collections.ConfigDict:
       parity_every=50,
       parity_max_mean_abs=0.03,     # mean |log p_gen - log p_learner| per policy token
       parity_max_kl=1e-3))          # KL(gen || learner), k3 estimator
+  # Step-0 reward check: a fresh run whose first batch has (nearly) no non-zero reward stops with
+  # one line saying why (e.g. the verifier requires `</think>` the prompt template never asks for).
+  c.health.step0_reward_check = True
+  c.health.step0_min_nonzero_frac = 0.002  # stop when at most this fraction is non-zero (1 of 768)
+  c.health.step0_min_samples = 256   # ...of a first batch this big (0 of 64 is noise at a 5 % pass rate)
   # Live forecast (analysis/posterior.py) after each evaluation, on a background thread.
   c.forecast = ml_collections.ConfigDict(dict(enabled=True, n_draws=4000))
   # Weights & Biases beside TensorBoard (scalerl_jax/wandb_sink.py): on when project is set;
@@ -205,6 +212,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       kind="polaris", path="", tokenizer_path="", heldout=1000, split_seed=0))
   c.data.system_prompt = ""          # HF chat datasets: system message before each prompt
+  # HF chat datasets: prompt/answer format (scalerl_jax/data/templates.py, docs/DATA.md "Prompt
+  # templates"): bare (chat template only, `</think>` required) | reasoning_instruct (`<think>`
+  # pre-filled + answer instruction, `</think>` required) | instruct (answer instruction only)
+  c.data.template = "bare"
   c.data.synthetic_n_train = 4096    # built-in tasks (synthetic, tiny_code): train prompts
   c.data.synthetic_num_terms = 8     # built-in tasks: digits per problem
   c.data.synthetic_step_noise = 0.15  # built-in tasks: SFT trace step-error probability
@@ -227,7 +238,7 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-_TASK_KEYS = ("kind", "path", "tokenizer_path", "heldout", "split_seed", "system_prompt",
+_TASK_KEYS = ("kind", "path", "tokenizer_path", "heldout", "split_seed", "system_prompt", "template",
               "synthetic_n_train", "synthetic_num_terms", "synthetic_step_noise")
 
 

@@ -14,6 +14,15 @@ every step crosses with this step to force the abort at a known step). Threshold
 | kl | KL(generator ‖ learner), k3 estimator per token | > 0.1 | includes PipelineRL staleness (k=8): the tiny demo peaks at 0.056; engine mismatch alone is < 1e-3 with an fp32 head (docs/VLLM.md) |
 | entropy | mean token entropy (nats) | < 0.05 | entropy collapse (PAPER_NOTES sec. 5) |
 | skipped | consecutive skipped learner steps | >= 3 | a non-finite or empty step now and then is tolerated |
+| step0_nonzero_frac | fraction of the first batch's samples with a non-zero reward | <= 0.002 of >= 256 (stops) | 0 of 768: zero-variance groups only, nothing to learn (issue 24) |
+
+Step-0 reward check (`step0_reward_check`, issue 24): a fresh run whose first batch (of at least
+`health.step0_min_samples` samples) has at most `health.step0_min_nonzero_frac` of its samples with
+a non-zero reward (0 of 768: every group has zero variance, every step would be skipped) stops
+before the first update with `NoRewardSignal`:
+one line saying how many samples scored, why (e.g. the verifier requires `</think>` and the prompt
+template asks for none) and which knob to change (`data.template`). `health.step0_reward_check`
+False skips it.
 
 `LiveForecast` refits `analysis.posterior` after each evaluation on a background thread (off
 the learner's critical path) and writes `forecast/*` to the metrics sink.
@@ -66,6 +75,73 @@ def parity_check(learner_lp, gen_lp, mask, cfg, *, version: int, startup: bool) 
     log.info("parity at version %d: mean |delta| %.3g, k3 %.3g on %d tokens", version, st["mean_abs"],
              st["kl_k3"], st["tokens"])
   return out
+
+
+class NoRewardSignal(RuntimeError):
+  """The first batch of a fresh run has (nearly) no non-zero reward: nothing to learn from. The
+  message is one line (counts, the reason, the knob). Raised before the first update."""
+
+
+END_THINK = "</think>"
+
+
+def step0_reward_check(rewards, cfg, samples=None, task_templates=None, task_rewards=None) -> dict:
+  """The step-0 reward check on the first batch's `rewards` (one per sample).
+
+  `cfg` is config.health (`step0_reward_check`, `step0_min_nonzero_frac`, `step0_min_samples`:
+  a smaller batch is not checked, its zero count being noise). `samples`, where this
+  process has them (process 0): one (completion text, finish reason, task) per sample, which the
+  reason in the message is drawn from; `task_templates` maps task -> data.templates.Template and
+  `task_rewards` task -> reward name. Returns {"health/step0_nonzero_frac": f}; raises
+  NoRewardSignal when f <= cfg.step0_min_nonzero_frac."""
+  import numpy as np
+  r = np.asarray(rewards, np.float64).reshape(-1)
+  n, nz = int(r.size), int(np.count_nonzero(r))
+  frac = nz / n if n else 0.0
+  out = {"health/step0_nonzero_frac": frac}
+  if (not n or not cfg.get("step0_reward_check", True) or n < int(cfg.get("step0_min_samples", 0))
+      or frac > float(cfg.get("step0_min_nonzero_frac", 0.0))):
+    return out
+  why = (_step0_reason(samples, task_templates or {}, task_rewards or {}) if samples
+         else "see process 0's log for why")
+  raise NoRewardSignal(f"step 0: {nz} of {n} samples got a non-zero reward; {why} "
+                       f"(health.step0_reward_check=False skips this check)")
+
+
+def _step0_reason(samples, task_templates, task_rewards) -> str:
+  """Why (nearly) nothing scored, and the knob: from the completions' texts and the templates.
+  In a mixture, about the task with the largest share of completions without `</think>`."""
+  def unclosed(task):
+    mine = [text for text, _, t in samples if t == task]
+    return sum(END_THINK not in text for text in mine) / len(mine)
+  task = max(sorted({t for _, _, t in samples}), key=unclosed)
+  samples = [x for x in samples if x[2] == task]
+  n = len(samples)
+  tmpl = task_templates.get(task)
+  knob = f"data.tasks.{task}.template" if task else "data.template"
+  name = tmpl.name if tmpl is not None else "?"
+  closed = sum(END_THINK in text for text, _, _ in samples)
+  stopped = sum(f == "stop" for _, f, _ in samples)
+  cut = n - stopped
+  require = tmpl is None or tmpl.require_think_close
+  of = f"of task {task}'s {n}, " if task else ""
+  if require and closed <= 0.1 * n:
+    if tmpl is not None and not tmpl.asks_to_think:
+      return (f"{of}{closed} of them wrote `</think>`, which the verifier requires, and the "
+              f"template `{name}` "
+              f"asks for none ({stopped} ended their turn, {cut} were cut): set "
+              f"--config.{knob}=reasoning_instruct (think prefix + answer instruction; or "
+              f"`instruct`: no `</think>` required)")
+    return (f"{of}{closed} of them wrote `</think>`, which the verifier requires, though the "
+            f"template `{name}` "
+            f"asks for it ({stopped} ended their turn, {cut} were cut at the length budget): raise "
+            f"rollout.think_budget_max / rollout.answer_budget if they were cut, else set "
+            f"--config.{knob}=instruct (no `</think>` required)")
+  reward = task_rewards.get(task, "?")
+  return (f"{of}{closed} of them wrote `</think>` but no answer passed the `{reward}` verifier: "
+          f"check that the "
+          f"template `{name}` ({knob}) asks for the format the verifier reads (math: \\boxed{{}}, "
+          f"code: a ```python block) and that the base policy is the intended one")
 
 
 class RunUnhealthy(RuntimeError):

@@ -111,11 +111,13 @@ def main(argv):
 
 def _run(config) -> None:
   """job.run with the expected stops as one-line exits (SystemExit with the reason)."""
-  from scalerl_jax.health import ParityError, RunUnhealthy
+  from scalerl_jax.health import NoRewardSignal, ParityError, RunUnhealthy
   try:
     job.run(config, _WORKDIR.value)
   except ParityError as e:    # start-up gate: nothing trained, nothing to keep
     sys.exit(f"run stopped at start-up: {e}")
+  except NoRewardSignal as e:  # step-0 reward check: nothing trained; e says why and the knob
+    sys.exit(f"run stopped at {e}")
   except RunUnhealthy as e:   # the trainer wrote a checkpoint; exit non-zero with the reason
     sys.exit(f"run stopped by the health check: {e.reason} (checkpoint at step {e.step} in "
              f"{_WORKDIR.value}/checkpoints; resume with the same command after fixing the cause)")

@@ -15,11 +15,15 @@ import os
 import ml_collections
 
 from scalerl_jax import storage
-from scalerl_jax.data import KINDS
+from scalerl_jax.data import KINDS, check_template
 from scalerl_jax.data import mixture
 from scalerl_jax.learner import RLSpec
 from scalerl_jax.models import attention
 from scalerl_jax.protocol.rpc import TLS
+
+# generator.backend values: vLLM engines, the JAX sampler, or the scripted stand-in for an
+# instruct model (generation/fake.py; tests and demos of the prompt templates, no weights).
+BACKENDS = ("vllm", "jax", "scripted")
 
 # Batch 80 x 16 (Qwen2.5 / MiniMax) relative to ScaleRL's 48 x 16.
 _BIG_BATCH = 80 / 48
@@ -179,8 +183,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     tls.check(server=tls.enabled)    # the learner serves weights (and runs the buffer) over TLS too
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if g.backend not in ("jax", "vllm"):
-    raise ConfigError(f"generator.backend={g.backend!r}; expected 'jax' or 'vllm'")
+  if g.backend not in BACKENDS:
+    raise ConfigError(f"generator.backend={g.backend!r}; expected one of {BACKENDS}")
   if config.buffer.get("external", False) and not os.environ.get(config.buffer.auth_token_env):
     raise ConfigError(f"buffer.external=True: set ${config.buffer.auth_token_env} to the buffer "
                       f"service's auth token")
@@ -264,17 +268,23 @@ def check_attention(config, platform: str | None = None) -> None:
 
 
 def check_data(data) -> None:
-  """The data section's shape, before anything loads: the mixture (shares, task names) and every
-  mixed task's kind (the data itself is loaded and checked by build_dataset at job start)."""
+  """The data section's shape, before anything loads: the mixture (shares, task names), every
+  mixed task's kind and prompt template (the data itself is loaded and checked by build_dataset
+  at job start)."""
   try:
     mix = mixture.parse_mixture(data)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   for name, _ in mix or [("", 1.0)]:
-    kind = data.tasks[name].kind if name else data.kind
+    sec = data.tasks[name] if name else data
+    kind = sec.kind
     if kind not in KINDS:
       where = f"data.tasks.{name}.kind" if name else "data.kind"
       raise ConfigError(f"{where}={kind!r}; expected one of {KINDS}")
+    try:
+      check_template(kind, sec.get("template", ""))
+    except ValueError as e:
+      raise ConfigError(f"data.tasks.{name}: {e}" if name else str(e)) from None
 
 
 def check_workdir(workdir: str) -> None:

@@ -485,6 +485,7 @@ class Trainer:
     if self.multi:                        # process 0's batch to every process
       arrays = distributed.broadcast_from_main(arrays)
     t_wait = time.time() - t0
+    step0 = self._step0_check(step, arrays["rewards"], batch)
     parity = self._parity(step, arrays, versions if self.main else None)
     t1 = time.time()
     rows = self.learner.local_rows(arrays["tokens"].shape[0])
@@ -512,7 +513,7 @@ class Trainer:
            "mean_reward": float(arrays["rewards"].mean()), **self._task_rewards(batch),
            "wait_s": t_wait, "train_s": t_train,
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
-           "policy_tokens": generated, "time": time.time(), **parity}
+           "policy_tokens": generated, "time": time.time(), **parity, **step0}
     abort = None
     if self.health is not None:
       from scalerl_jax.health import RunUnhealthy
@@ -525,6 +526,31 @@ class Trainer:
     if abort is not None:
       raise abort
     return rec
+
+  def _step0_check(self, step: int, rewards, batch) -> dict:
+    """The step-0 reward check (health.step0_reward_check) on a fresh run's first batch, before
+    any update: every process decides from the broadcast rewards; process 0 also reads the
+    completions to say why. Raises health.NoRewardSignal (after a `health_abort` metrics line)."""
+    h = self.config.get("health")
+    if step != 0 or h is None:
+      return {}
+    from scalerl_jax.health import NoRewardSignal, step0_reward_check
+    from scalerl_jax.protocol import codec
+    samples = None
+    if batch is not None:
+      tok, samples = self.dataset.tokenizer, []
+      for g in batch.groups:
+        task = self.dataset.task_of(g.prompt_id)
+        for r in g.rollouts:
+          c = codec.rollout_to_completion(r)
+          samples.append((tok.decode(c.tokens), c.finish_reason, task))
+    templates = {t: self.dataset.template(t) for t in self.dataset.tasks}
+    try:
+      return step0_reward_check(rewards, h, samples, templates, self.dataset.task_rewards)
+    except NoRewardSignal as e:
+      log.error("%s", e)
+      self.metrics.write({"step": 0, "kind": "health_abort", "reason": str(e)})
+      raise
 
   def _task_rewards(self, batch) -> dict:
     """A mixture's `mean_reward/<task>` and `prompts/<task>` of a pulled batch (task by prompt id)."""

@@ -144,6 +144,22 @@ def test_deepcoder_jsonl(tmp_path, tok_path):
   assert d.reward(fn, by_id[8].answer) == 1.0
 
 
+def test_taco_layout_keeps_fn_name(tmp_path):
+  """TACO rows (DeepCoder's taco subset) carry fn_name inside the tests JSON; call-based inputs
+  are argument lists (one JSON argument per line for the code reward), outputs the wrapped return
+  value; stdin rows may give inputs / outputs as lists of lines."""
+  rows = [{"problem": "call", "tests": json.dumps({"inputs": [[1, "a b"], [[2, 3], None]],
+                                                    "outputs": [[True], [[5]]], "fn_name": "g"})},
+          {"problem": "stdin", "tests": {"inputs": [["1 2", "3"]], "outputs": [["3", "3"]]}}]
+  recs, skipped = loaders.load_code(write_jsonl(tmp_path / "taco.jsonl", rows))
+  assert skipped == 0
+  assert json.loads(recs[0].answer) == {"fn_name": "g", "tests": [
+      {"input": '1\n"a b"', "output": "[true]", "testtype": "functional", "apps_wrapped": True},
+      {"input": "[2, 3]\nnull", "output": "[[5]]", "testtype": "functional", "apps_wrapped": True}]}
+  assert json.loads(recs[1].answer) == {"fn_name": None, "tests": [
+      {"input": "1 2\n3", "output": "3\n3"}]}
+
+
 @pytest.mark.parametrize("tests,match", [
     (None, "missing field 'tests'"),
     ("[{", "field 'tests' is not valid JSON"),

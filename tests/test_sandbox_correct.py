@@ -1,6 +1,7 @@
 """Correct programs still pass inside the sandbox, in DeepCoder's formats (lcbv5 stdin and
 functional tests with metadata.func_name, codeforces stdin, PrimeIntellect stdin_stdout, the
-APPS/TACO inputs/outputs layout), loaded through scalerl_jax.data.loaders like a real run."""
+APPS/TACO inputs/outputs layout, stdin and call-based with fn_name), loaded through
+scalerl_jax.data.loaders like a real run."""
 import json
 
 import pytest
@@ -78,6 +79,18 @@ CORRECT = [
      "if __name__ == '__main__':\n  print('not run')\n"),
     ("mixed_stdin_and_functional", {"fn_name": "sq", "tests": _fn(([4], 16)) + _stdin(("4\n", "16\n"))},
      "def sq(x):\n  return x * x\nif __name__ == '__main__':\n  print(sq(int(input())))\n"),
+    # TACO call-based (DeepCoder's taco subset): fn_name inside the tests JSON, each input the
+    # call's argument list, each output the return value wrapped in a one-element list
+    ("taco_call_based", {"tests": json.dumps({"inputs": [[1, 2], [10, -4]], "outputs": [[3], [6]],
+                                              "fn_name": "add"})},
+     "def add(a, b):\n  return a + b\n"),
+    ("taco_call_based_list_result_solution_class", {"tests": json.dumps(
+        {"inputs": [[[[1, 2], [3, 4]]], [[[5]]]], "outputs": [[[[1, 3], [2, 4]]], [[[5]]]],
+         "fn_name": "transpose"})},
+     "class Solution:\n  def transpose(self, m):\n    return [list(r) for r in zip(*m)]\n"),
+    ("taco_call_based_unwrapped_output", {"tests": json.dumps(
+        {"inputs": [["ab"]], "outputs": [["a", "b"]], "fn_name": "chars"})},
+     "def chars(s):\n  return list(s)\n"),
     ("uses_subprocess_free_multiprocessing_pool_of_threads", {"tests": _stdin(("4\n", "30\n"))},
      "from concurrent.futures import ThreadPoolExecutor\nn = int(input())\n"
      "with ThreadPoolExecutor(2) as ex:\n  print(sum(ex.map(lambda x: x * x, range(n + 1))))\n"),
@@ -102,6 +115,26 @@ def test_correct_program_passes(name, row, program, answers):
   assert (g.reward, g.reason, g.sandboxed) == (1.0, "pass", True), g
   assert g.tests_passed == g.tests_total == len(json.loads(answers[name])["tests"])
   assert rewards.compute_reward("code", completion, answers[name]) == 1.0
+
+
+def test_taco_call_based_row_right_scores_1_wrong_scores_0(answers):
+  """Issue 24: the TACO layout's `fn_name` sat inside the tests JSON and was dropped, so its
+  call-based tests ran as stdin tests on the argument list's repr: a correct solution scored 0."""
+  a = answers["taco_call_based"]
+  spec = json.loads(a)
+  assert spec["fn_name"] == "add"
+  assert spec["tests"][0] == {"input": "1\n2", "output": "[3]", "testtype": "functional",
+                              "apps_wrapped": True}
+  right = "</think>\n```python\ndef add(a, b):\n  return a + b\n```"
+  assert rewards.compute_reward("code", right, a) == 1.0
+  for wrong in ("def add(a, b):\n  return a - b\n", "def add(a, b):\n  return [a + b, 0]\n",
+                "print(3)\n"):
+    g = rewards.grade("code", f"</think>\n```python\n{wrong}```", a)
+    assert g.reward == 0.0 and g.reason in ("wrong_answer", "runtime_error"), (wrong, g)
+  # the wrapper is accepted only where the loader marked the APPS/TACO convention (not lcbv5)
+  lcb = json.dumps({"fn_name": "f", "tests": [{"input": "1", "output": "[3]",
+                                                "testtype": "functional"}]})
+  assert rewards.compute_reward("code", "</think>```python\ndef f(x):\n  return 3\n```", lcb) == 0.0
 
 
 def test_suite_is_big_enough():

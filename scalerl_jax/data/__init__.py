@@ -7,8 +7,11 @@
   mixture         config.data.mixture="math:0.5,code:0.5" over the sections of config.data.tasks
                   (scalerl_jax/data/mixture.py): one Dataset, every prompt tagged with its task
 
-Every config.data key is declared in configs/common.py base_config (one-line comments there).
-See docs/DATA.md.
+HF chat datasets (polaris, deepcoder) render each problem with the prompt template
+config.data.template (scalerl_jax/data/templates.py: bare | reasoning_instruct | instruct), which
+also says whether the verifier requires a closed `</think>`; the built-in tasks have their own fixed
+format (template bare). Every config.data key is declared in configs/common.py base_config
+(one-line comments there). See docs/DATA.md.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from scalerl_jax.data import loaders
 from scalerl_jax.data import synthetic
 from scalerl_jax.data import tiny_code
 from scalerl_jax.data import mixture
+from scalerl_jax.data import templates
 from scalerl_jax.types import PromptSpec
 
 KINDS = ("synthetic", "tiny_code", "polaris", "deepcoder")
@@ -37,7 +41,9 @@ class Dataset:
 
   `task_rewards` maps each task name to its reward ({"": reward_name} for a one-task dataset);
   `PromptSpec.task` of every prompt is one of its keys and `task_of(prompt_id)` recovers it from
-  an id alone (mixture id ranges), which is how generators grade leased prompts."""
+  an id alone (mixture id ranges), which is how generators grade leased prompts.
+  `task_templates` maps each task name to its prompt template's name (data/templates.py), whose
+  `require_think_close` the grading follows."""
   kind: str
   train: list[PromptSpec]
   heldout: list[PromptSpec]
@@ -49,10 +55,17 @@ class Dataset:
   # (n, seed, step_noise) -> (tokens [n,T], loss_mask [n,T]); step_noise None = the default
   sft: Callable[..., tuple] | None = None
   task_rewards: dict = dataclasses.field(default_factory=dict)
+  task_templates: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if not self.task_rewards:
       self.task_rewards = {"": self.reward_name}
+    for t in self.task_rewards:
+      self.task_templates.setdefault(t, templates.DEFAULT)
+
+  def template(self, task: str = "") -> templates.Template:
+    """The prompt template of `task` (data/templates.py)."""
+    return templates.get(self.task_templates[task])
 
   @property
   def tasks(self) -> tuple[str, ...]:
@@ -96,14 +109,15 @@ class Dataset:
     """Grades one completion with its task's reward: Grade(reward, reason, sandboxed, ...)."""
     if task not in self.task_rewards:
       raise ValueError(f"unknown task {task!r}; this dataset's tasks are {list(self.tasks)}")
-    return rewards.grade(self.task_rewards[task], self._text(completion_tokens_or_text), answer)
+    return rewards.grade(self.task_rewards[task], self._text(completion_tokens_or_text), answer,
+                         require_think_close=self.template(task).require_think_close)
 
   def reward(self, completion_tokens_or_text, answer: str, task: str = "") -> float:
     """Scores one completion (token ids are decoded with this dataset's tokenizer)."""
     if task not in self.task_rewards:
       raise ValueError(f"unknown task {task!r}; this dataset's tasks are {list(self.tasks)}")
     return rewards.compute_reward(self.task_rewards[task], self._text(completion_tokens_or_text),
-                                  answer)
+                                  answer, require_think_close=self.template(task).require_think_close)
 
 
 def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
@@ -140,7 +154,8 @@ def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
     sft = None
   return Dataset(MIXTURE, train, held, tok, MIXTURE, tuple(parts[0].stop_tokens),
                  tuple(parts[0].think_end_tokens), stats, sft,
-                 task_rewards={name: d.reward_name for name, d in zip(names, parts)})
+                 task_rewards={name: d.reward_name for name, d in zip(names, parts)},
+                 task_templates={name: d.task_templates[""] for name, d in zip(names, parts)})
 
 
 def _mixture_sft(mix, parts, pad_id: int):
@@ -182,13 +197,15 @@ def _build_task(data_cfg, max_prompt_len: int) -> Dataset:
     raise ValueError(f"config.data.kind={kind!r}; expected one of {KINDS}")
   heldout = int(data_cfg.heldout)
   seed = int(data_cfg.split_seed)
+  template = check_template(kind, data_cfg.get("template", templates.DEFAULT))
   if kind in ("synthetic", "tiny_code"):
     return _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed)
   path = data_cfg.path
   if not path:
     raise ValueError(f"config.data.path is empty (kind={kind} needs a JSONL or Parquet file)")
   tok = hf_tokenizer.HFTokenizer(data_cfg.tokenizer_path,
-                                 system_prompt=data_cfg.system_prompt)
+                                 system_prompt=data_cfg.system_prompt, template=template,
+                                 reward=REWARD_FOR_KIND[kind])
   counts = {}
   if kind == "polaris":
     records = loaders.load_math(path)
@@ -202,8 +219,21 @@ def _build_task(data_cfg, max_prompt_len: int) -> Dataset:
   stats.malformed = counts.get("malformed", 0)
   stats.records += stats.unsupported + stats.malformed
   check_answers(kind, REWARD_FOR_KIND[kind], train + held)
-  return Dataset(kind, train, held, tok, REWARD_FOR_KIND[kind], (tok.eos_id,), tok.think_end_ids,
-                 dataclasses.asdict(stats))
+  return Dataset(kind, train, held, tok, REWARD_FOR_KIND[kind], tok.stop_ids, tok.think_end_ids,
+                 dataclasses.asdict(stats), task_templates={"": template})
+
+
+def check_template(kind: str, name: str) -> str:
+  """The prompt template name of a data section (config.data.template), checked: a registered
+  one, and `bare` for the built-in tasks (their prompts have a fixed format). ValueError otherwise."""
+  name = name or templates.DEFAULT
+  if name not in templates.TEMPLATES:
+    raise ValueError(f"config.data.template={name!r}; registered prompt templates: "
+                     f"{list(templates.names())} (docs/DATA.md \"Prompt templates\")")
+  if kind in ("synthetic", "tiny_code") and name != templates.DEFAULT:
+    raise ValueError(f"config.data.template={name!r}: the built-in task {kind!r} has a fixed "
+                     f"prompt format; templates apply to HF chat datasets (polaris, deepcoder)")
+  return name
 
 
 def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed) -> Dataset:
@@ -243,4 +273,5 @@ def stats_metrics(dataset: Dataset) -> dict:
   return out
 
 
-__all__ = ["Dataset", "build_dataset", "stats_metrics", "check_answers", "KINDS", "REWARD_FOR_KIND", "MIXTURE"]
+__all__ = ["Dataset", "build_dataset", "stats_metrics", "check_answers", "check_template", "KINDS",
+           "REWARD_FOR_KIND", "MIXTURE"]

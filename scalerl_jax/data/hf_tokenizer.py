@@ -1,17 +1,29 @@
 """Local Hugging Face tokenizer + chat template, behind the small interface the data code uses.
 
 Never downloads: `AutoTokenizer.from_pretrained(path, local_files_only=True)` on a local directory.
+Prompts are rendered by the prompt template `config.data.template` (scalerl_jax/data/templates.py):
+the tokenizer's chat template plus the template's answer instruction and think prefix.
 """
 from __future__ import annotations
 
 import os
 from typing import Iterable
 
+from scalerl_jax.data import templates
+
+# End-of-turn tokens a chat model stops at besides its eos token, when the vocabulary has them
+# (Llama-3: <|eot_id|>; a Llama-3-Instruct tokenizer may name <|end_of_text|> as its eos).
+END_OF_TURN = ("<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>")
+
 
 class HFTokenizer:
-  """Wraps a local HF tokenizer: `encode/decode`, ids of eos/pad/</think>, chat-templated prompts."""
+  """Wraps a local HF tokenizer: `encode/decode`, ids of eos/pad/</think>, chat-templated prompts.
 
-  def __init__(self, path: str, system_prompt: str = ""):
+  `template` names the prompt template (data/templates.py); `reward` the task's verifier, which
+  picks the template's answer instruction (math: boxed answer, code: a code block)."""
+
+  def __init__(self, path: str, system_prompt: str = "", template: str = templates.DEFAULT,
+               reward: str = "math"):
     if not path:
       raise ValueError("config.data.tokenizer_path is empty: give a local tokenizer directory")
     if not os.path.isdir(path):
@@ -19,6 +31,8 @@ class HFTokenizer:
     from transformers import AutoTokenizer
     self.path = path
     self.system_prompt = system_prompt
+    self.template = templates.get(template)
+    self.reward = reward
     self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if not getattr(self.tok, "chat_template", None):
       raise ValueError(f"tokenizer at {path!r} has no chat_template (tokenizer_config.json)")
@@ -40,11 +54,9 @@ class HFTokenizer:
     return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
   def prompt_text(self, problem: str) -> str:
-    """The chat-templated prompt (user turn + generation prompt) as text."""
-    messages = [{"role": "user", "content": problem}]
-    if self.system_prompt:
-      messages.insert(0, {"role": "system", "content": self.system_prompt})
-    return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    """The prompt as text: [system turn], user turn (problem + the template's answer
+    instruction), generation prompt, the template's think prefix."""
+    return self.template.render(self.tok, problem, self.reward, self.system_prompt)
 
   def encode_prompt(self, problem: str) -> list[int]:
     """Token ids of the chat-templated prompt (the template supplies bos etc.)."""
@@ -53,3 +65,17 @@ class HFTokenizer:
   @property
   def think_end_ids(self) -> tuple[int, ...]:
     return tuple(self.encode("</think>"))
+
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """Generation stops at any of these: eos, and the end-of-turn tokens of END_OF_TURN that
+    this vocabulary has as single special tokens (an instruct model ends its turn there)."""
+    out = [self.eos_id]
+    special = set(getattr(self.tok, "all_special_tokens", ()) or ())
+    special |= {str(t) for t in (getattr(self.tok, "added_tokens_decoder", {}) or {}).values()}
+    for t in END_OF_TURN:
+      if t in special:
+        i = self.tok.convert_tokens_to_ids(t)
+        if isinstance(i, int) and i >= 0 and i not in out:
+          out.append(int(i))
+    return tuple(out)

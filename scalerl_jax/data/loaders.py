@@ -7,7 +7,8 @@ File formats (one record per JSONL line or Parquet row; extra fields are ignored
                            optional "fn_name" (or "metadata": {"func_name": ...}) for functional tests}
   DeepCoder-Preview subsets: lcbv5 ("testtype" stdin | functional) and codeforces load as-is;
   PrimeIntellect "type": "stdin_stdout" is normalized; "function_call" tests are unsupported
-  (skipped by build_dataset and counted in stats["unsupported"]); TACO {"inputs", "outputs"} works.
+  (skipped by build_dataset and counted in stats["unsupported"]); TACO {"inputs", "outputs"
+  [, "fn_name"]}: stdin tests, or call-based ones when "fn_name" is set (`_taco_tests`).
 For code, `PromptSpec.answer` is the JSON the `code` reward reads: {"tests": [...], "fn_name": ...}.
 
 Splitting (`split_prompts`): drop prompts longer than max_prompt_len tokens, drop repeated problem texts
@@ -118,8 +119,10 @@ def _code_answer(loc: str, rec: dict) -> str:
       tests = json.loads(tests)
     except json.JSONDecodeError as e:
       raise DataError(f"{loc}: field 'tests' is not valid JSON ({e.msg})") from None
+  taco_fn = None
   if isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:   # APPS/TACO layout
-    tests = [{"input": i, "output": o} for i, o in zip(tests["inputs"], tests["outputs"])]
+    taco_fn = tests.get("fn_name") or None
+    tests = _taco_tests(loc, tests["inputs"], tests["outputs"], taco_fn)
   if not isinstance(tests, list) or not tests:
     raise DataError(f"{loc}: field 'tests' must be a non-empty list")
   meta = rec.get("metadata") or {}
@@ -128,7 +131,8 @@ def _code_answer(loc: str, rec: dict) -> str:
       meta = json.loads(meta)
     except json.JSONDecodeError:
       meta = {}
-  fn_name = rec.get("fn_name") or (meta.get("func_name") if isinstance(meta, dict) else None)
+  fn_name = (taco_fn or rec.get("fn_name")
+             or (meta.get("func_name") if isinstance(meta, dict) else None))
   norm = []
   for j, t in enumerate(tests):
     if isinstance(t, dict) and "type" in t and "testtype" not in t:   # PrimeIntellect layout
@@ -145,6 +149,35 @@ def _code_answer(loc: str, rec: dict) -> str:
       raise MalformedTest(f"{loc}: tests[{j}] is functional but there is no "
                           "'fn_name'/'metadata.func_name'")
   return json.dumps({"tests": norm, "fn_name": fn_name})
+
+
+def _taco_tests(loc: str, inputs: Any, outputs: Any, fn_name: str | None) -> list[dict]:
+  """APPS/TACO `{"inputs": [...], "outputs": [...][, "fn_name": f]}` -> our tests.
+
+  Standard-input problems: each input / output is a string (a list of lines is joined with
+  newlines). Call-based problems (`fn_name` set): each input is the list of the call's
+  arguments, written one JSON argument per line (testtype functional); each output is the return
+  value wrapped in a one-element list (the APPS/TACO convention; their checker accepts the value
+  or its wrapper), so such a test carries `"apps_wrapped": true` and the `code` reward accepts the
+  wrapper's element as well as the wrapper itself."""
+  if not isinstance(inputs, list) or not isinstance(outputs, list):
+    raise DataError(f"{loc}: tests 'inputs' and 'outputs' must be lists")
+
+  def text(v):
+    return "\n".join(str(x) for x in v) if isinstance(v, list) else v
+
+  out = []
+  for i, o in zip(inputs, outputs):
+    if not fn_name:
+      out.append({"input": text(i), "output": text(o)})
+      continue
+    args = i if isinstance(i, list) else [i]
+    t = {"input": "\n".join(json.dumps(a) for a in args), "output": json.dumps(o),
+         "testtype": "functional"}
+    if isinstance(o, list) and len(o) == 1:
+      t["apps_wrapped"] = True
+    out.append(t)
+  return out
 
 
 def load_code(path: str, skip_unsupported: bool = False, skip_malformed: bool = False,

@@ -9,5 +9,5 @@ from scalerl_jax import lazy
 
 __getattr__, __all__ = lazy.exports(__name__, {
     "Generator": "generator", "JaxSampler": "sampler", "Worker": "worker",
-    "run_fake_generator": "fake",
+    "run_fake_generator": "fake", "ScriptedInstructModel": "fake",
 })

@@ -1,20 +1,27 @@
-"""A fake generator process and random rollouts, for tests, benchmarks and wiring demos (no model).
+"""Fake generators for tests, benchmarks and wiring demos (no model).
 
 `run_fake_generator` leases groups, "generates" random tokens/log-probs with small random sleeps,
 stamps each token with the policy version it last fetched (picking up new versions in flight, as
 PipelineRL does, unless the lease pins one version), and streams the group back.
+
+`ScriptedInstructModel` (generator.backend="scripted") is a `Generator` that answers arithmetic
+prompts the way an instruct model does, deterministically: in the format the prompt asks for, and
+ending its turn at the end-of-turn token otherwise. It exercises the prompt template, the verifier
+and the step-0 reward check of a real run (buffer, worker grading, learner) without weights.
 """
 from __future__ import annotations
 
+import re
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import grpc
 import numpy as np
 
+from scalerl_jax.generation.generator import Generator
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol.client import BufferClient, assignment_prompt
-from scalerl_jax.types import FINISH_LENGTH, FINISH_STOP, Completion
+from scalerl_jax.types import FINISH_LENGTH, FINISH_STOP, Completion, PromptSpec, SamplingSpec
 
 
 def random_completion(rng: np.random.Generator, prompt_id: int, length: int, version: int,
@@ -76,3 +83,87 @@ def run_fake_generator(address: str, token: str, generator_id: str, seed: int = 
   finally:
     c.close()
   return acked
+
+
+_ARITH = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
+SCRIPTED_LOGPROB = -0.5          # the log-prob the scripted model reports for each of its tokens
+
+
+def solve_arithmetic(text: str) -> int | None:
+  """The value of the first `a + b` / `a - b` / `a * b` in `text` (None when there is none)."""
+  m = _ARITH.search(text)
+  if m is None:
+    return None
+  a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+  return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def scripted_reply(prompt_text: str, sample_index: int) -> str:
+  """What the scripted instruct model writes after `prompt_text` (without the end-of-turn token).
+
+  - the assistant turn is pre-filled with `<think>` (template reasoning_instruct): it goes on
+    reasoning, closes it with `</think>` and boxes the answer;
+  - the user turn asks for `\\boxed{}` (template instruct): a boxed answer, no `</think>`;
+  - otherwise (template bare): a plain sentence, no `</think>`, no box.
+  Even samples are right, odd ones are off by one (every group has reward variance)."""
+  v = solve_arithmetic(prompt_text)
+  if v is None:
+    return "I do not know."
+  if sample_index % 2:
+    v += 1
+  if prompt_text.rstrip().endswith("<think>"):
+    return f"I compute the expression step by step. It equals {v}.\n</think>\n\nThe answer is \\boxed{{{v}}}."
+  if "\\boxed" in prompt_text:
+    return f"Computing the expression gives {v}, so the answer is \\boxed{{{v}}}."
+  return f"The answer is {v}."
+
+
+class ScriptedInstructModel(Generator):
+  """generator.backend="scripted": `scripted_reply` to each prompt (decoded with `tokenizer`),
+  encoded and ended with the first stop token, every token at log-prob SCRIPTED_LOGPROB and
+  stamped with the current version. Weight updates only move the version (no weights)."""
+
+  def __init__(self, tokenizer, version: int = 0):
+    self.tokenizer = tokenizer
+    self._version = int(version)
+    self._pending: int | None = None
+
+  @property
+  def version(self) -> int:
+    return self._version
+
+  def load_weights(self, weights, version: int) -> None:
+    self._pending = int(version)
+
+  def load_params(self, params, version: int, model_cfg=None) -> None:
+    self._pending = int(version)
+
+  def load_payload(self, payload, version: int, fmt: str = "safetensors") -> None:
+    self._pending = int(version)
+
+  def apply_pending(self) -> None:
+    if self._pending is not None and (self.max_version is None or self._pending <= self.max_version):
+      self._version, self._pending = self._pending, None
+
+  def generate(self, prompts: Sequence[PromptSpec], n: int,
+               spec: SamplingSpec) -> list[list[Completion]]:
+    self.apply_pending()
+    budget = int(spec.think_budget_max) + int(spec.answer_budget)
+    stop = list(spec.stop_tokens[:1])
+    out = []
+    for p in prompts:
+      text = self.tokenizer.decode(p.tokens)
+      group = []
+      for i in range(n):
+        toks = list(self.tokenizer.encode(scripted_reply(text, i))) + stop
+        reason = FINISH_STOP
+        if len(toks) > budget:
+          toks, reason = toks[:budget], FINISH_LENGTH
+        L = len(toks)
+        group.append(Completion(
+            prompt_id=p.prompt_id, tokens=np.asarray(toks, np.int32),
+            logprobs=np.full(L, SCRIPTED_LOGPROB, np.float32),
+            versions=np.full(L, self._version, np.int32), policy_mask=np.ones(L, bool),
+            finish_reason=reason))
+      out.append(group)
+    return out

@@ -1,7 +1,7 @@
 """Generator worker process: lease prompts from the buffer, generate groups, score, push rollouts.
 
     python -m scalerl_jax.generation.worker --run_config=WORKDIR/config.json --buffer=HOST:PORT \
-        --generator_id=gen-0 [--backend=jax|vllm]
+        --generator_id=gen-0 [--backend=jax|vllm|scripted]
 
 The auth token comes from the environment variable named by `config.buffer.auth_token_env`.
 Weights arrive through the buffer (FetchWeights); a watcher thread fetches every newly published
@@ -65,12 +65,16 @@ RESTART_EXIT = 75
 log = logging.getLogger("scalerl.worker")
 
 
-def _make_generator(backend, config, model_cfg, weights, version, workdir):
-  """`weights`: our-layout params (a streamed version) or HF-named arrays (a blob version).
+def _make_generator(backend, config, model_cfg, weights, version, workdir, dataset=None):
+  """`weights`: our-layout params (a streamed version) or HF-named arrays (a blob version);
+  backend "scripted" (generation/fake.py) needs only the dataset's tokenizer.
 
   Both backends start from the learner's published version, which at version 0 is the run's
   start policy (model.hf_checkpoint, or the SFT base policy); vLLM loads version 0 of a run with
   a start checkpoint from that checkpoint's directory (`vllm_start_dir`)."""
+  if backend == "scripted":
+    from scalerl_jax.generation.fake import ScriptedInstructModel
+    return ScriptedInstructModel(dataset.tokenizer, version=version)
   if weights["kind"] == "params":
     params = weights["params"]
   else:
@@ -161,7 +165,8 @@ class Worker:
     self.hold_n = int(config.generator.get("eval_hold_versions", 2))
     if weights["kind"] == "params":
       self._remember(version, weights["params"])
-    self.gen = _make_generator(backend, config, self.model_cfg, weights, version, workdir)
+    self.gen = _make_generator(backend, config, self.model_cfg, weights, version, workdir,
+                               self.dataset)
     self._stop = threading.Event()
     self.rewound = False
     threading.Thread(target=self._watch_weights, daemon=True).start()
@@ -452,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--buffer", required=True)
   ap.add_argument("--generator_id", default=None,
                   help="default: $HOSTNAME, else the host name (the pod name)")
-  ap.add_argument("--backend", choices=("jax", "vllm"), default=None)
+  ap.add_argument("--backend", choices=("jax", "vllm", "scripted"), default=None)
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--tensor_parallel", type=int, default=0,
                   help="vLLM engine tensor-parallel size (overrides config.generator.tensor_parallel)")

@@ -7,14 +7,16 @@
   grade("code", completion, tests_json)                 # Grade(reward, reason, sandboxed, ...)
 
 Every verifier first removes the thinking part: everything up to and including the LAST `</think>`;
-a completion without `</think>` gets 0 (the paper checks answers after removing the trace).
+a completion without `</think>` gets 0 (the paper checks answers after removing the trace), unless
+the caller passes `require_think_close=False` (a prompt template that asks for no thinking,
+scalerl_jax/data/templates.py): then a completion without `</think>` is graded whole.
 The length-penalty transform lives in scalerl_jax/generation/interruption.py, not here.
 
 A new reward: a module in this package with `@register("name")` on `fn(completion_text, answer)`,
 imported below. `scalerl_jax.data` depends on this package, never the other way round.
 """
 from scalerl_jax.rewards.registry import REWARDS, Grade, compute_reward, get, grade, names, register
-from scalerl_jax.rewards.text import END_THINK, strip_thinking
+from scalerl_jax.rewards.text import END_THINK, answer_view, strip_thinking
 from scalerl_jax.rewards import code, math, sandbox, synthetic, tiny_code  # noqa: F401  (registers verifiers)
 from scalerl_jax.rewards.code import extract_code, grade_code, parse_tests, run_tests
 from scalerl_jax.rewards.sandbox import (SandboxUnavailable, check_sandbox, prepare_code_rewards,
@@ -25,5 +27,5 @@ from scalerl_jax.rewards.sandbox import (SandboxUnavailable, check_sandbox, prep
 SANDBOXED_REWARDS = ("code", "tiny_code")
 
 __all__ = ["REWARDS", "Grade", "register", "get", "grade", "names", "compute_reward", "END_THINK",
-           "strip_thinking", "extract_code", "grade_code", "parse_tests", "run_tests", "sandbox",
+           "answer_view", "strip_thinking", "extract_code", "grade_code", "parse_tests", "run_tests", "sandbox",
            "SandboxUnavailable", "check_sandbox", "prepare_code_rewards", "sandbox_still_works", "SANDBOXED_REWARDS"]

@@ -4,6 +4,8 @@ Code answers (`answer` for "code") are JSON, either a list of tests or an object
   [{"input": "1 2\\n", "output": "3\\n"}, ...]                          stdin/stdout tests
   {"tests": [...], "fn_name": "add"}                                     + call-based tests:
   {"input": "1\\n2", "output": "3", "testtype": "functional"}         input = one JSON arg per line
+  (+ "apps_wrapped": true: the output may also be the return value wrapped in a one-element list,
+  the APPS/TACO call-based convention)
 The program is the last ```python (or bare ```) block after </think>. Reward 1 iff all tests pass.
 Each test runs in its own bubblewrap sandbox (scalerl_jax/rewards/sandbox.py, docs/SANDBOX.md);
 `grade_code` also returns the recorded reason and whether the program ran sandboxed.
@@ -73,9 +75,12 @@ def _check_output(stdout: bytes, test: dict, functional: bool) -> bool:
     try:
       want = test["output"]
       want = json.loads(want) if isinstance(want, str) else want
-      return json.loads(text) == want
+      got = json.loads(text)
     except (json.JSONDecodeError, ValueError):
       return False
+    # APPS/TACO call-based outputs wrap the return value in a one-element list (data/loaders.py)
+    return got == want or bool(test.get("apps_wrapped")) and isinstance(want, list) and \
+        len(want) == 1 and got == want[0]
   return _outputs_match(text, str(test["output"]))
 
 

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Callable
 
 from scalerl_jax.registry import Registry
-from scalerl_jax.rewards.text import strip_thinking
+from scalerl_jax.rewards.text import answer_view, strip_thinking
 
 RewardFn = Callable[[str, str], float]
 REWARDS: Registry[RewardFn] = Registry("reward")
@@ -60,14 +60,17 @@ def names() -> tuple[str, ...]:
   return REWARDS.names()
 
 
-def compute_reward(name: str, completion_text: str, answer: str) -> float:
-  """Scores one completion text against `answer` with the verifier `name`."""
-  return float(get(name)(completion_text, answer))
+def compute_reward(name: str, completion_text: str, answer: str,
+                   require_think_close: bool = True) -> float:
+  """Scores one completion text against `answer` with the verifier `name`. Without
+  `require_think_close` a completion with no `</think>` is graded whole (text.answer_view)."""
+  return float(get(name)(answer_view(completion_text, require_think_close), answer))
 
 
-def grade(name: str, completion_text: str, answer: str) -> Grade:
+def grade(name: str, completion_text: str, answer: str, require_think_close: bool = True) -> Grade:
   """Like compute_reward, plus the recorded reason. Verifiers without their own grader get
   reason pass (reward 1), no_answer (no `</think>`), wrong_answer (0) or partial."""
+  completion_text = answer_view(completion_text, require_think_close)
   if name in _GRADERS:
     return _GRADERS[name](completion_text, answer)
   r = compute_reward(name, completion_text, answer)
