@@ -101,6 +101,36 @@ def max_completion_len(config) -> int:
   return int(r.think_budget_max + 64 + r.answer_budget)
 
 
+# The learner's token-axis pad bucket (trainer.pad_time pads to `pad_length(T)`; tests check both
+# agree, so a change of the padding rule changes this arithmetic too).
+PAD_BUCKET = 32
+
+
+def pad_length(tokens: int, bucket: int = PAD_BUCKET) -> int:
+  """Length trainer.pad_time pads a batch whose longest sequence has `tokens` tokens to: the
+  smallest `bucket` x 2^k >= tokens."""
+  t = int(bucket)
+  while t < int(tokens):
+    t *= 2
+  return t
+
+
+def max_sequence_len(config) -> int:
+  """Longest sequence a rollout can hold: prompt budget + the longest completion."""
+  return int(config.rollout.max_prompt_len) + max_completion_len(config)
+
+
+def padded_length(config) -> int:
+  """Token length of the learner's padded batch when a sequence reaches `max_sequence_len`: the
+  sequence length the train step compiles for (and the memory plan must be made at)."""
+  return pad_length(max_sequence_len(config))
+
+
+def vllm_max_model_len(config) -> int:
+  """`max_model_len` a vLLM generator engine is started with (prompt + completion + 16)."""
+  return max_sequence_len(config) + 16
+
+
 def params_to_payload(model_cfg, params) -> bytes:
   """Serializes params as one safetensors blob in HF naming (the weight interchange format)."""
   from safetensors.numpy import save

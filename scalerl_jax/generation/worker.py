@@ -85,18 +85,23 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
   if not model_dir:
     model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
     models.save_hf(model_cfg, params, model_dir)
-  r = config.rollout
   return VLLMGenerator(
       model_dir, dtype="float32" if model_cfg.dtype == "float32" else "bfloat16",
       head_dtype="float32" if model_cfg.fp32_lm_head else None,
-      max_model_len=int(r.max_prompt_len + runtime.max_completion_len(config) + 16),
+      max_model_len=runtime.vllm_max_model_len(config),
       initial_version=version, seed=int(config.seed), **_vllm_args(config))
 
 
 def _vllm_args(config) -> dict:
-  """config.generator.vllm_args, with generator.tensor_parallel as the engine's TP size."""
-  extra = {k: (v.to_dict() if hasattr(v, "to_dict") else v)
-           for k, v in dict(config.generator.vllm_args).items()}
+  """The engine's sizing from config.generator (KV cache from gpu_memory_utilization unless
+  kv_cache_bytes is set; decode_batch concurrent sequences), then config.generator.vllm_args,
+  with generator.tensor_parallel as the engine's TP size."""
+  g = config.generator
+  extra = dict(kv_cache_bytes=int(g.get("kv_cache_bytes", 0)) or None,
+               gpu_memory_utilization=float(g.get("gpu_memory_utilization", 0.9)),
+               max_num_seqs=int(g.get("decode_batch", 64)))
+  extra.update({k: (v.to_dict() if hasattr(v, "to_dict") else v)
+                for k, v in dict(g.vllm_args).items()})
   tp = int(config.generator.tensor_parallel or 1)
   if tp > 1:
     extra["engine_args"] = {"tensor_parallel_size": tp, **dict(extra.get("engine_args") or {})}
