@@ -157,9 +157,19 @@ class Worker:
     if self.heartbeat_s > 0:
       threading.Thread(target=self._heartbeat, daemon=True).start()
 
+  alive_file = None   # set by main (--alive_file): touched at every heartbeat (a liveness probe)
+
+  def touch_alive(self) -> None:
+    """Marks this process alive: `alive_file`'s mtime is now (launch/gke: the pod's probe)."""
+    if self.alive_file:
+      os.makedirs(os.path.dirname(os.path.abspath(self.alive_file)), exist_ok=True)
+      with open(self.alive_file, "a"):
+        os.utime(self.alive_file)
+
   def _heartbeat(self):
     """Extends this worker's leases every `heartbeat_s` (a silent worker loses them after the TTL)."""
     while not self._stop.wait(self.heartbeat_s):
+      self.touch_alive()
       try:
         r = self.client.heartbeat(self.lease_id, self.gen.version, group_ids=sorted(self._working),
                                   held_versions=self.held_versions())
@@ -446,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--tls_ca", default=None,
                   help="PEM CA the buffer's certificate is verified with (overrides config.tls.ca)")
   ap.add_argument("--tls_server_name", default=None, help="overrides config.tls.server_name")
+  ap.add_argument("--alive_file", default=None,
+                  help="touched at start and every generator.heartbeat_s (liveness probe)")
   return ap
 
 
@@ -469,6 +481,8 @@ def main(argv=None):
     cpu_decode_devices(config, pinned)
   w = Worker(config, a.buffer, a.generator_id, a.backend or config.generator.backend,
              a.workdir or os.path.dirname(os.path.abspath(a.run_config)))
+  w.alive_file = a.alive_file
+  w.touch_alive()
   def on_term(*_):
     # SIGTERM also comes from PDEATHSIG when the learner died: a client call may be retrying a
     # dead buffer for its whole retry budget, so exit for sure after a short grace period.

@@ -231,6 +231,14 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
   return out
 
 
+def default_seq_len(config) -> int:
+  """The sequence length a plan is made at unless --seq_len says otherwise: prompt + thinking +
+  answer budgets (16,384 at paper settings). launch.preflight checks it against the learner's
+  real pad length (runtime.padded_length)."""
+  r = config.rollout
+  return int(r.max_prompt_len + r.think_budget_max + r.answer_budget)
+
+
 def plan(config, seq_len: int | None = None, with_generator: bool = True, with_flops: bool = True,
          mfu: float = 0.4) -> dict:
   """The plan JSON of `config` on `config.topology` (needs that many jax devices)."""
@@ -245,7 +253,7 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
   model_cfg = runtime.model_config(config)
   r = config.rollout
   batch_rows = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
-  seq_len = int(seq_len or r.max_prompt_len + r.think_budget_max + r.answer_budget)
+  seq_len = int(seq_len or default_seq_len(config))
   mesh = sharding.make_mesh(config.mesh.shape, devices[:topo.num_devices])
   compiled, info = compile_learner(config, model_cfg, mesh, batch_rows, seq_len)
   st, st_sh = info["abstract_state"], info["state_shardings"]

@@ -1,0 +1,626 @@
+"""Preflight of rendered GKE manifests: will this run start and fit, from arithmetic alone?
+
+  python -m launch.preflight launch/gke/rendered/8b-gb200 [DIR ...]   # or the rendered/ folder
+  python -m launch.preflight --aot DIR        # compile the memory plan instead of the cached one
+  python -m launch.preflight --aot --update-cache DIR                 # and remember it
+
+Reads what `kubectl apply` gets (the YAML of a variant directory), rebuilds the run config each pod
+reads (the `run-config` ConfigMap, or a config file + its command's overrides), and checks:
+
+  config        every pod (learner, generators, prompt export, buffer flags) reads the same run
+                config: an override on one command only reaches that pod
+  layout        the learner layout's topology is the JobSet's platform and hosts x chips
+  batch split   the batch splits evenly over the learner processes (topologies.process_row_spans,
+                the rule distributed.MultiHostLearner applies), micro-batches over batch shards
+  padding       the learner's pad length (runtime.padded_length) is the memory plan's sequence
+                length (tools.plan.default_seq_len)
+  memory plan   the layout's memory plan at that length fits (launch/plan_cache.json, or --aot:
+                tools.plan compiled now, ~10-20 s for 8B, minutes for Scout)
+  XLA memory    GPU learner pods set XLA_PYTHON_CLIENT_MEM_FRACTION to the plan's usable fraction
+  vLLM KV       each engine's KV cache (the engine args the generator worker really passes:
+                generation.worker._vllm_args over VLLMGenerator's defaults) holds max_num_seqs
+                sequences of max_model_len tokens (launch/sizing.py)
+  weight push   bytes per parameter on the wire (target 2: bf16) and seconds at the stated bandwidth
+  pod memory    each pod's memory request covers what it holds (sizing.py) and fits its node share
+  volumes       data, tokenizer, start checkpoint (and vllm_model_dir) are set and lie on a mounted
+                volume of every pod that opens them; the workdir is gs:// or mounted
+  probes        learner, generators and buffer have a liveness probe on something they serve
+
+Each failure is ONE line: `FAIL <variant>: <what> <number> (knob: <knob>)`; info lines start with
+two spaces. Exit status 1 on any failure. Called by launch.gke.render after writing and by
+launch.rehearse before starting pods.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import inspect
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+from launch import sizing  # noqa: E402
+from launch import spec as spec_lib  # noqa: E402
+
+PLAN_CACHE = os.path.join(REPO, "launch", "plan_cache.json")
+GB = 1e9
+# Keys a pod's command legitimately sets for its role (addresses, certificates, multi-host).
+WIRING = ("buffer.address", "buffer.external", "weights.", "tls.", "distributed.")
+XLA_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+ACCELERATOR_OF_SELECTOR = {"nvidia-gb200": "gpu-gb200", "nvidia-h100-80gb": "gpu-h100",
+                           "tpu-v5p-slice": "tpu-v5p"}
+
+
+class Report:
+  """Failure and info lines of one variant."""
+
+  def __init__(self, variant: str):
+    self.variant, self.failures, self.infos = variant, [], []
+
+  def fail(self, msg: str, knob: str) -> None:
+    self.failures.append(f"FAIL {self.variant}: {msg} (knob: {knob})")
+
+  def info(self, msg: str) -> None:
+    self.infos.append(f"  {self.variant}: {msg}")
+
+
+# ---- reading the manifests -----------------------------------------------------------------------
+def load_docs(d: str) -> list[dict]:
+  import yaml
+  docs = []
+  for path in sorted(glob.glob(os.path.join(d, "*.yaml"))):
+    with open(path) as f:
+      docs += [x for x in yaml.safe_load_all(f) if x]
+  return docs
+
+
+def _pod_spec(doc):
+  if doc["kind"] == "JobSet":
+    return doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+  return doc["spec"]["template"]["spec"]
+
+
+def _component(doc) -> str:
+  return doc["metadata"].get("labels", {}).get("app.kubernetes.io/component", "")
+
+
+def _flag(cmd, name, default=None):
+  for a in cmd:
+    if a.startswith(f"{name}="):
+      return a.split("=", 1)[1]
+  return default
+
+
+def _overrides(cmd):
+  return [a for a in cmd if a.startswith("--config.")]
+
+
+def _exec_config_text(text: str, arg: str | None):
+  with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+    f.write(text)
+  try:
+    return spec_lib.load_config(f.name, arg)
+  finally:
+    os.unlink(f.name)
+
+
+class Variant:
+  """One rendered directory: its documents and the run config each pod reads."""
+
+  def __init__(self, d: str):
+    self.dir, self.name = d, os.path.basename(os.path.normpath(d))
+    self.docs = load_docs(d)
+    by_kind = {}
+    for doc in self.docs:
+      by_kind.setdefault(doc["kind"], []).append(doc)
+    self.configmaps = {c["metadata"]["name"]: c for c in by_kind.get("ConfigMap", [])}
+    self.jobset = (by_kind.get("JobSet") or [None])[0]
+    deps = {_component(dp): dp for dp in by_kind.get("Deployment", [])}
+    self.gen_dep, self.buf_dep = deps.get("generator"), deps.get("buffer")
+
+  def config_text(self, pod: dict, container: dict, path: str) -> str | None:
+    """The text of `path` if a ConfigMap volume of `pod` mounted in `container` holds it."""
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+      v = vols.get(m["name"], {})
+      mp = m["mountPath"].rstrip("/")
+      if "configMap" in v and path.startswith(mp + "/"):
+        cm = self.configmaps.get(v["configMap"]["name"])
+        if cm is not None:
+          return cm.get("data", {}).get(path[len(mp) + 1:])
+    return None
+
+  def load(self, pod, container, path_arg: str):
+    """(config, source) a container loads from `--config=path[:arg]` before its overrides."""
+    path, _, arg = path_arg.partition(":")
+    if path.startswith("/"):
+      text = self.config_text(pod, container, path)
+      if text is None:
+        raise ValueError(f"{container['name']} reads {path}, which no mounted ConfigMap holds")
+      return _exec_config_text(text, arg or None), f"ConfigMap:{path}"
+    return spec_lib.load_config(os.path.join(REPO, path), arg or None), path
+
+
+def _validate(cfg) -> None:
+  """recipes.validate without what only exists inside the pod (mounted certificates, model dirs)."""
+  from scalerl_jax import recipes
+  probe = cfg.copy_and_resolve_references()
+  for k in ("cert", "key", "ca", "server_name"):
+    probe.tls[k] = ""
+  probe.tls.mutual = False
+  probe.generator.vllm_model_dir = ""
+  env = probe.buffer.auth_token_env            # a Secret on the pod
+  old = os.environ.get(env)
+  os.environ[env] = old or "preflight"
+  try:
+    recipes.validate(probe)
+  finally:
+    if old is None:
+      os.environ.pop(env, None)
+
+
+def learner_config(v: Variant, pod, c):
+  """The config scalerl_jax.main builds from this container's command (main.main's steps)."""
+  from scalerl_jax import recipes
+  from scalerl_jax import topologies
+  cfg, src = v.load(pod, c, _flag(c["command"], "--config"))
+  over = _overrides(c["command"])
+  recipes.apply_overrides(cfg, over)
+  locked = recipes.locked_keys(over)
+  cfg = recipes.apply_recipe(cfg, locked)
+  if "topology" in locked:
+    topologies.apply_layout(cfg)
+  _validate(cfg)
+  return cfg, src
+
+
+def generator_config(v: Variant, pod, c):
+  """The config generation.worker.main builds (load_run_config + its --tensor_parallel)."""
+  from scalerl_jax import recipes
+  from scalerl_jax.generation import worker
+  rest, over = recipes.split_overrides(c["command"][3:])
+  a = worker.build_parser().parse_args(rest)
+  path, _, arg = a.run_config.partition(":")
+  base, src = v.load(pod, c, a.run_config)
+  recipes.apply_overrides(base, over)
+  cfg = recipes.apply_recipe(base, recipes.locked_keys(over))
+  _validate(cfg)
+  if a.tensor_parallel:
+    cfg.generator.tensor_parallel = a.tensor_parallel
+  return cfg, src
+
+
+def export_config(v: Variant, pod, c):
+  from scalerl_jax import recipes
+  path = _flag(c["command"], "--config")
+  cfg, src = v.load(pod, c, path.partition(":")[0])
+  recipes.apply_overrides(cfg, _overrides(c["command"]))
+  return cfg, src
+
+
+def _flat(d, prefix=""):
+  out = {}
+  for k, val in d.items():
+    key = f"{prefix}{k}"
+    if isinstance(val, dict):
+      out.update(_flat(val, key + "."))
+    else:
+      out[key] = val
+  return out
+
+
+def _diff(a, b, keys=None) -> tuple | None:
+  fa, fb = _flat(a.to_dict()), _flat(b.to_dict())
+  for k in sorted(set(fa) | set(fb)):
+    if k.startswith(WIRING) or (keys and not k.startswith(keys)):
+      continue
+    if fa.get(k) != fb.get(k):
+      return k, fa.get(k), fb.get(k)
+  return None
+
+
+# ---- the checks ----------------------------------------------------------------------------------
+def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Report:
+  from scalerl_jax import runtime
+  from scalerl_jax import topologies
+  v = Variant(d)
+  r = Report(v.name)
+  if v.jobset is None or v.gen_dep is None or v.buf_dep is None:
+    r.fail(f"{d} lacks the learner JobSet / generator or buffer Deployment", "launch.gke.render")
+    return r
+  lpod = _pod_spec(v.jobset)
+  lc = lpod["containers"][0]
+  job = v.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+  hosts = int(job["parallelism"])
+  platform = next((ACCELERATOR_OF_SELECTOR[x] for x in lpod.get("nodeSelector", {}).values()
+                   if x in ACCELERATOR_OF_SELECTOR), None)
+  res = spec_lib.PLATFORMS[platform]["resource"] if platform else None
+  chips = int(lc["resources"]["limits"].get(res, 0)) if res else 0
+  try:
+    cfg, src = learner_config(v, lpod, lc)
+  except (ValueError, OSError, KeyError) as e:
+    r.fail(f"the learner's run config does not load: {' '.join(str(e).split())}",
+           "learner --config")
+    return r
+  layout = str(cfg.get("layout", "")) or "(none)"
+  r.info(f"learner reads {src} layout {layout}; {hosts} hosts x {chips} {platform}")
+
+  # config: one run config for every pod
+  gpod = _pod_spec(v.gen_dep)
+  gc = gpod["containers"][0]
+  bpod = _pod_spec(v.buf_dep)
+  others = []
+  try:
+    gcfg, gsrc = generator_config(v, gpod, gc)
+    others.append(("generators", gcfg, gsrc, None))
+  except (ValueError, OSError, KeyError, SystemExit) as e:
+    r.fail(f"the generators' run config does not load: {' '.join(str(e).split())}",
+           "generator --run_config")
+    gcfg = None
+  for ic in bpod.get("initContainers", []):
+    if "scalerl_jax.data.export" in ic["command"]:
+      try:
+        ecfg, esrc = export_config(v, bpod, ic)
+        others.append(("prompt export", ecfg, esrc, ("data.", "rollout.max_prompt_len")))
+      except (ValueError, OSError, KeyError) as e:
+        r.fail(f"the prompt export's config does not load: {' '.join(str(e).split())}",
+               "export --config")
+  for who, ocfg, osrc, keys in others:
+    diff = _diff(cfg, ocfg, keys)
+    if diff:
+      r.fail(f"the {who} read {osrc} with {diff[0]}={diff[2]!r}, the learner {diff[0]}="
+             f"{diff[1]!r}: an override on one pod's command reaches no other",
+             "launch.gke.render --override (the run-config ConfigMap every pod reads)")
+  bc = bpod["containers"][0]
+  from scalerl_jax.processes import buffer_flags
+  want = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in buffer_flags(cfg, prompts="x", host="x", port=1)
+          if "=" in a}
+  have = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in bc["command"] if "=" in a}
+  for flag in ("--prompts-per-step", "--group-size", "--max-lag", "--mode", "--npr-threshold",
+               "--max-completion-tokens"):
+    if want.get(flag) != have.get(flag):
+      r.fail(f"buffer {flag}={have.get(flag)} but the run config gives {want.get(flag)}",
+             "launch.gke.render (buffer flags from the resolved config)")
+
+  # layout: topology vs platform x hosts x chips
+  topo = None
+  if "layouts" in cfg:
+    topo = topologies.get_topology(str(cfg.topology))
+    lplat = spec_lib.layout_platform(topo.name)
+    if lplat != platform or topo.num_devices != hosts * chips:
+      r.fail(f"learner layout {layout} is for {topo.num_devices} {lplat} devices, the JobSet runs "
+             f"{hosts} hosts x {chips} {platform} = {hosts * chips}",
+             "launch.gke.render --layout (the learner's --config=...:LAYOUT)")
+  # batch split over processes
+  rows = int(cfg.rollout.batch_size or cfg.rollout.prompts_per_step * cfg.rollout.generations_per_prompt)
+  m = int(cfg.optim.microbatches)
+  shape = tuple(cfg.mesh.shape)
+  if all(int(s) > 0 for _, s in shape) and hosts > 0:
+    try:
+      spans = topologies.process_row_spans(shape, cfg.mesh.rules, hosts, rows)
+      n = spans[0][1] - spans[0][0]
+      if any(b - a != n for a, b in spans) or not topologies.even_process_split(n, rows, hosts):
+        r.fail(f"uneven batch split: {rows} rows over {hosts} processes as {spans}",
+               "the layout's mesh (config.layouts) / --layout")
+      else:
+        r.info(f"batch {rows} rows: {len(set(spans))} distinct slices of {n} over {hosts} processes")
+    except ValueError as e:
+      r.fail(f"batch split over {hosts} processes: {e}", "the layout's mesh (config.layouts)")
+    shards = topologies.batch_split(cfg)
+    if rows % m or (rows // m) % shards:
+      r.fail(f"{rows} rows / {m} micro-batches do not split over {shards} batch shards",
+             "optim.microbatches")
+
+  # padding vs the plan's sequence length, and the memory plan
+  from scalerl_jax.tools.plan import default_seq_len
+  pad, plan_len = runtime.padded_length(cfg), default_seq_len(cfg)
+  longest = runtime.max_sequence_len(cfg)
+  if pad != plan_len:
+    r.fail(f"pad length {pad} (longest sequence {longest} tokens padded by runtime.padded_length) "
+           f"!= memory-plan sequence length {plan_len}",
+           "rollout.max_prompt_len / think_budget_max / answer_budget, or the pad rule "
+           "(runtime.pad_length, trainer.pad_time)")
+  if topo is not None:
+    plan = None
+    if aot:
+      plan = aot_plan(cfg, pad)
+      if update_cache:
+        store_plan(plan)
+    else:
+      plan = cached_plan(cfg, pad)
+    if plan is None:
+      if pad == plan_len:
+        r.fail(f"no memory plan of layout {layout} at {pad} tokens in {PLAN_CACHE}",
+               "python -m launch.preflight --aot --update-cache")
+    else:
+      total = plan["total_gb"] * GB
+      if total > topo.usable_bytes:
+        r.fail(f"memory plan of layout {layout} at {pad} tokens: {plan['total_gb']:.2f} GB/device > "
+               f"{topo.usable_bytes / GB:.2f} usable", "the layout (config.layouts) / --layout")
+      else:
+        r.info(f"memory plan {layout} at {pad} tokens: {plan['total_gb']:.2f} of "
+               f"{topo.usable_bytes / GB:.2f} GB/device ({plan.get('source', 'aot')})")
+    # XLA's share of HBM on GPU learners
+    if topo.platform == "gpu":
+      env = {e["name"]: e.get("value") for e in lc.get("env", [])}
+      want_f = f"{topo.usable_fraction:g}"
+      if env.get(XLA_FRACTION_ENV) != want_f:
+        r.fail(f"learner env {XLA_FRACTION_ENV}={env.get(XLA_FRACTION_ENV)} (unset: JAX takes 0.75 "
+               f"of HBM), the memory plan assumes {want_f}", "learner env (launch/spec.py)")
+
+  # vLLM KV cache, with the engine arguments the generator worker really passes
+  if gcfg is not None:
+    check_generators(r, v, gcfg, gpod, gc)
+    check_push(r, gcfg, hosts)
+  # pod memory
+  check_pod_memory(r, v, cfg, gcfg, lc, platform, hosts, chips, bc)
+  # volumes
+  check_volumes(r, cfg, lpod, lc, "learner", _flag(lc["command"], "--workdir", ""))
+  if gcfg is not None:
+    check_volumes(r, gcfg, gpod, gc, "generator", None)
+  for ic in bpod.get("initContainers", []):
+    if "scalerl_jax.data.export" in ic["command"]:
+      check_volumes(r, cfg, bpod, ic, "prompt export", None, data_only=True)
+  # probes
+  for who, pod, c in (("learner", lpod, lc), ("generator", gpod, gc), ("buffer", bpod, bc)):
+    check_probe(r, who, c)
+  return r
+
+
+def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:
+  from scalerl_jax.generation import worker
+  from scalerl_jax.generation.vllm.generator import VLLMGenerator
+  gplat = next((ACCELERATOR_OF_SELECTOR[x] for x in gpod.get("nodeSelector", {}).values()
+                if x in ACCELERATOR_OF_SELECTOR), None)
+  gpus = int(gc["resources"]["limits"].get("nvidia.com/gpu", 0))
+  tp = int(gcfg.generator.tensor_parallel or 1)
+  if tp != gpus:
+    r.fail(f"generator.tensor_parallel {tp} != {gpus} GPUs per generator pod",
+           "launch.gke.render (generator.tensor_parallel)")
+  if gplat is None or spec_lib.PLATFORMS[gplat]["kind"] != "gpu":
+    r.fail("generator pods select no GPU node pool", "generator_platform")
+    return
+  defaults = {k: p.default for k, p in inspect.signature(VLLMGenerator).parameters.items()
+              if p.default is not inspect.Parameter.empty}
+  args = dict(defaults)
+  args.update(worker._vllm_args(gcfg) if hasattr(worker, "_vllm_args") else {})
+  kv_bytes = args.get("kv_cache_bytes")
+  seqs = int(args.get("max_num_seqs", 256))
+  probe = gcfg.copy_and_resolve_references()
+  probe.generator.kv_cache_bytes = int(kv_bytes or 0) // tp
+  probe.generator.gpu_memory_utilization = float(args.get("gpu_memory_utilization", 0.9) or 0.9)
+  probe.generator.decode_batch = seqs
+  kv = sizing.kv_cache(probe, spec_lib.PLATFORMS[gplat]["hbm_bytes"], tp)
+  how = (f"kv_cache_bytes={kv_bytes}" if kv["explicit"] else
+         f"gpu_memory_utilization={kv['gpu_memory_utilization']:g} of {tp} x "
+         f"{spec_lib.PLATFORMS[gplat]['hbm_bytes'] / GB:.0f} GB")
+  if kv["fits_seqs"] < seqs:
+    r.fail(f"vLLM KV cache {kv['capacity'] / sizing.GIB:.1f} GiB ({how}) holds {kv['fits_seqs']} of "
+           f"max_num_seqs={seqs} sequences of {kv['max_model_len']} tokens "
+           f"({kv['per_seq'] / sizing.GIB:.2f} GiB each)",
+           "generator.decode_batch / gpu_memory_utilization / kv_cache_bytes")
+  else:
+    r.info(f"vLLM KV cache {kv['capacity'] / sizing.GIB:.1f} GiB ({how}) holds {kv['fits_seqs']} >= "
+           f"{seqs} sequences of {kv['max_model_len']} tokens")
+
+
+def check_push(r: Report, cfg, learner_hosts: int) -> None:
+  p = sizing.push(cfg)
+  reps = int(cfg.generator.num_workers) // max(1, int(cfg.generator.tensor_parallel or 1))
+  fleet_s = reps * p["bytes"] / (max(1, learner_hosts) * p["bandwidth"])
+  msg = (f"weight push {p['bytes_per_param']} bytes/param = {p['bytes'] / GB:.1f} GB per "
+         f"generator, {p['seconds']:.1f} s at {p['bandwidth'] / GB:.1f} GB/s; {reps} generators "
+         f"from {learner_hosts} learner pods: {fleet_s:.0f} s")
+  if p["bytes_per_param"] != sizing.TARGET_WIRE_BYTES:
+    r.fail(f"{msg}; target {sizing.TARGET_WIRE_BYTES} bytes/param (bf16 on the wire)",
+           "weights.wire_dtype (runtime.wire_dtype)")
+  else:
+    r.info(msg)
+
+
+def _request(c) -> int:
+  q = c.get("resources", {}).get("requests", {}).get("memory")
+  return sizing.parse_quantity(q) if q else 0
+
+
+def check_pod_memory(r: Report, v: Variant, cfg, gcfg, lc, platform, hosts, chips, bc) -> None:
+  from launch.sizing import GIB
+  if gcfg is not None:
+    gpod = _pod_spec(v.gen_dep)
+    gc = gpod["containers"][0]
+    need = sizing.generator_host_bytes(gcfg)
+    have = _request(gc)
+    gplat = next((ACCELERATOR_OF_SELECTOR[x] for x in gpod.get("nodeSelector", {}).values()
+                  if x in ACCELERATOR_OF_SELECTOR), None)
+    what = (f"{need['versions']} weight versions {need['steady'] / GIB:.0f} GiB / start-up "
+            f"version + export {need['start'] / GIB:.0f} GiB + vLLM")
+    if have < need["total"]:
+      r.fail(f"generator memory request {have / GIB:.0f} GiB < {need['total'] / GIB:.0f} GiB it "
+             f"holds ({what})", "generator.eval_hold_versions / weights.wire_dtype / the pod "
+             "memory (launch/sizing.py)")
+    if gplat:
+      p = spec_lib.PLATFORMS[gplat]
+      gpus = int(gc["resources"]["limits"].get("nvidia.com/gpu", 1))
+      share = sizing.parse_quantity(p["memory"]) * gpus // p["chips_per_host"]
+      if have > share:
+        r.fail(f"generator memory request {have / GIB:.0f} GiB > {share / GIB:.0f} GiB, the "
+               f"{p['machine_type']} node's share for {gpus} GPUs ({what})",
+               "generator.eval_hold_versions / weights.wire_dtype")
+      else:
+        r.info(f"generator pod memory {have / GIB:.0f} GiB >= {need['total'] / GIB:.0f} GiB "
+               f"({what}), <= node share {share / GIB:.0f} GiB")
+  # learner: this process's state shard (fp32 params + Adam moments) staged on the host for an
+  # async checkpoint, its weight-source shards (two versions), 16 GiB of runtime (the start
+  # checkpoint's load is not counted: runtime.model_config reads only its config.json today)
+  n = sizing.model_numbers(cfg)["params"]
+  need_l = (n * 12 + 2 * n * sizing.wire_bytes_per_param(cfg)) // max(1, hosts) + 16 * GIB
+  have_l = _request(lc)
+  if have_l < need_l:
+    r.fail(f"learner memory request {have_l / GIB:.0f} GiB < {need_l / GIB:.0f} GiB (state shard + "
+           f"weight-source shards)", "learner pod memory (spec.PLATFORMS)")
+  need_b = sizing.buffer_host_bytes(cfg)
+  have_b = _request(bc)
+  if have_b < need_b:
+    r.fail(f"buffer memory request {have_b / GIB:.0f} GiB < {need_b / GIB:.0f} GiB (rollouts of "
+           f"max_lag + 2 steps)", "buffer pod memory / rollout.max_lag")
+
+
+def _mounted(path: str, pod, c, kinds=("persistentVolumeClaim", "configMap", "secret", "csi",
+                                        "nfs", "hostPath")) -> bool:
+  vols = {v["name"]: v for v in pod.get("volumes", [])}
+  for m in c.get("volumeMounts", []):
+    mp = m["mountPath"].rstrip("/")
+    if (path == mp or path.startswith(mp + "/")) and any(k in vols.get(m["name"], {})
+                                                          for k in kinds):
+      return True
+  return False
+
+
+def check_volumes(r: Report, cfg, pod, c, who: str, workdir, data_only: bool = False) -> None:
+  from scalerl_jax.data import mixture
+  builtin = ("synthetic", "tiny_code")
+  tasks = [("data", cfg.data)]
+  try:
+    mix = mixture.parse_mixture(cfg.data)
+  except ValueError:
+    mix = []
+  if mix:
+    tasks = [(f"data.tasks.{n}", cfg.data.tasks[n]) for n, _ in mix]
+  paths = []
+  real = False
+  for prefix, t in tasks:
+    if t.kind in builtin:
+      continue
+    real = True
+    paths += [(f"{prefix}.path", t.path), (f"{prefix}.tokenizer_path", t.tokenizer_path)]
+  if not data_only:
+    if real:
+      paths.append(("model.hf_checkpoint", cfg.model.hf_checkpoint))
+    if who == "generator" and cfg.generator.get("vllm_model_dir"):
+      paths.append(("generator.vllm_model_dir", cfg.generator.vllm_model_dir))
+  for knob, path in paths:
+    path = str(path or "")
+    if not path:
+      what = ("no start checkpoint: the run's model would be the preset's" if
+              knob == "model.hf_checkpoint" else "nothing to read")
+      r.fail(f"{who}: {knob} is empty ({what})", f"launch.gke.render --data / --tokenizer / "
+             f"--checkpoint ({knob})")
+    elif "://" in path:
+      r.fail(f"{who}: {knob}={path} is not a local path (the loaders open local files)",
+             f"{knob} on the data volume ({spec_lib.DATA_MOUNT})")
+    elif not _mounted(path, pod, c):
+      r.fail(f"{who}: {knob}={path} is on no volume the {who} pod mounts", f"the data volume "
+             f"(launch.gke.render --data_pvc, mounted at {spec_lib.DATA_MOUNT})")
+  if workdir is not None and not workdir.startswith("gs://") and not _mounted(workdir, pod, c):
+    r.fail(f"{who}: workdir {workdir} is neither gs:// nor on a mounted volume (lost on restart)",
+           "launch.gke.render --workdir")
+
+
+def check_probe(r: Report, who: str, c) -> None:
+  p = c.get("livenessProbe")
+  if not p:
+    r.fail(f"{who} container {c['name']} has no livenessProbe (a hung process is never restarted)",
+           "launch/gke/render.py probes")
+    return
+  if "tcpSocket" in p:
+    port = p["tcpSocket"]["port"]
+    ports = {x.get("name") for x in c.get("ports", [])} | {x["containerPort"] for x in c.get("ports", [])}
+    if port not in ports:
+      r.fail(f"{who} livenessProbe port {port} is not a port of the container",
+             "launch/gke/render.py probes")
+
+
+# ---- memory plans --------------------------------------------------------------------------------
+def _plan_key(cfg, seq_len):
+  rows = int(cfg.rollout.batch_size or cfg.rollout.prompts_per_step * cfg.rollout.generations_per_prompt)
+  return dict(model=str(cfg.model.preset), layout=str(cfg.layout), seq_len=int(seq_len),
+              microbatches=int(cfg.optim.microbatches), batch_rows=rows)
+
+
+def cached_plan(cfg, seq_len) -> dict | None:
+  key = _plan_key(cfg, seq_len)
+  with open(PLAN_CACHE) as f:
+    plans = json.load(f)["plans"]
+  for p in plans:
+    if all(p.get(k) == v for k, v in key.items()):
+      return p
+  return None
+
+
+def aot_plan(cfg, seq_len) -> dict:
+  """tools.plan compiled now at `seq_len` (learner only: no generator, no FLOPs probe)."""
+  with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+    f.write(spec_lib.run_config_text(cfg))
+  try:
+    cmd = [sys.executable, "-m", "scalerl_jax.tools.plan", f"--config={f.name}",
+           f"--topology={cfg.layout}", f"--seq_len={seq_len}", "--generator=false", "--flops=false"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": REPO})
+  finally:
+    os.unlink(f.name)
+  if out.returncode:
+    raise RuntimeError(f"{shlex.join(cmd)} failed: {out.stderr.strip().splitlines()[-1:]}")
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  return dict(_plan_key(cfg, seq_len), total_gb=round(res["total_bytes"] / GB, 2),
+              usable_gb=round(res["usable_bytes"] / GB, 2),
+              source=f"tools.plan --aot (compile {res['compile_s']} s)")
+
+
+def store_plan(plan: dict) -> None:
+  with open(PLAN_CACHE) as f:
+    data = json.load(f)
+  keys = ("model", "layout", "seq_len", "microbatches", "batch_rows")
+  data["plans"] = [p for p in data["plans"] if any(p.get(k) != plan[k] for k in keys)] + [plan]
+  with open(PLAN_CACHE, "w") as f:
+    json.dump(data, f, indent=2)
+    f.write("\n")
+
+
+# ---- entry point ---------------------------------------------------------------------------------
+def variant_dirs(paths) -> list[str]:
+  """Each path is a variant directory (has *.yaml) or a folder of them."""
+  out = []
+  for p in paths:
+    if glob.glob(os.path.join(p, "*.yaml")):
+      out.append(p)
+    else:
+      out += sorted(d for d in glob.glob(os.path.join(p, "*")) if glob.glob(os.path.join(d, "*.yaml")))
+  return out
+
+
+def run(paths, aot: bool = False, update_cache: bool = False, out=sys.stdout) -> list[Report]:
+  reports = []
+  for d in variant_dirs(paths):
+    rep = check_variant(d, aot=aot, update_cache=update_cache)
+    for line in rep.infos + rep.failures:
+      print(line, file=out)
+    print(f"{rep.variant}: {'ok' if not rep.failures else f'{len(rep.failures)} failures'}",
+          file=out)
+    reports.append(rep)
+  return reports
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("dirs", nargs="*", default=[os.path.join(REPO, "launch", "gke", "rendered")],
+                  help="rendered variant directories (or a folder of them)")
+  ap.add_argument("--aot", action="store_true", help="compile the memory plans (tools.plan) now")
+  ap.add_argument("--update-cache", action="store_true", help=f"with --aot: store them in "
+                  f"{os.path.relpath(PLAN_CACHE, REPO)}")
+  a = ap.parse_args(argv)
+  if not variant_dirs(a.dirs):
+    ap.error(f"no rendered manifests in {a.dirs}")
+  reports = run(a.dirs, a.aot, a.update_cache)
+  return 1 if any(r.failures for r in reports) else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
