@@ -53,7 +53,9 @@ from launch import spec as spec_lib  # noqa: E402
 PLAN_CACHE = os.path.join(REPO, "launch", "plan_cache.json")
 GB = 1e9
 # Keys a pod's command legitimately sets for its role (addresses, certificates, multi-host).
-WIRING = ("buffer.address", "buffer.external", "weights.", "tls.", "distributed.")
+# generator.tensor_parallel: the generator command's --tensor_parallel may set it (older manifests).
+WIRING = ("buffer.address", "buffer.external", "weights.", "tls.", "distributed.",
+          "generator.tensor_parallel")
 XLA_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 ACCELERATOR_OF_SELECTOR = {"nvidia-gb200": "gpu-gb200", "nvidia-h100-80gb": "gpu-h100",
                            "tpu-v5p-slice": "tpu-v5p"}
@@ -363,7 +365,8 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
   # pod memory
   check_pod_memory(r, v, cfg, gcfg, lc, platform, hosts, chips, bc)
   # volumes
-  check_volumes(r, cfg, lpod, lc, "learner", _flag(lc["command"], "--workdir", ""))
+  check_volumes(r, cfg, lpod, lc, "learner", _flag(lc["command"], "--workdir", ""),
+                report_unset=True)
   if gcfg is not None:
     check_volumes(r, gcfg, gpod, gc, "generator", None)
   for ic in bpod.get("initContainers", []):
@@ -442,7 +445,8 @@ def check_pod_memory(r: Report, v: Variant, cfg, gcfg, lc, platform, hosts, chip
                   if x in ACCELERATOR_OF_SELECTOR), None)
     what = (f"{need['versions']} weight versions {need['steady'] / GIB:.0f} GiB / start-up "
             f"version + export {need['start'] / GIB:.0f} GiB + vLLM")
-    if have < need["total"]:
+    ok = have >= need["total"]
+    if not ok:
       r.fail(f"generator memory request {have / GIB:.0f} GiB < {need['total'] / GIB:.0f} GiB it "
              f"holds ({what})", "generator.eval_hold_versions / weights.wire_dtype / the pod "
              "memory (launch/sizing.py)")
@@ -451,10 +455,11 @@ def check_pod_memory(r: Report, v: Variant, cfg, gcfg, lc, platform, hosts, chip
       gpus = int(gc["resources"]["limits"].get("nvidia.com/gpu", 1))
       share = sizing.parse_quantity(p["memory"]) * gpus // p["chips_per_host"]
       if have > share:
+        ok = False
         r.fail(f"generator memory request {have / GIB:.0f} GiB > {share / GIB:.0f} GiB, the "
                f"{p['machine_type']} node's share for {gpus} GPUs ({what})",
                "generator.eval_hold_versions / weights.wire_dtype")
-      else:
+      elif ok:
         r.info(f"generator pod memory {have / GIB:.0f} GiB >= {need['total'] / GIB:.0f} GiB "
                f"({what}), <= node share {share / GIB:.0f} GiB")
   # learner: this process's state shard (fp32 params + Adam moments) staged on the host for an
@@ -484,7 +489,10 @@ def _mounted(path: str, pod, c, kinds=("persistentVolumeClaim", "configMap", "se
   return False
 
 
-def check_volumes(r: Report, cfg, pod, c, who: str, workdir, data_only: bool = False) -> None:
+def check_volumes(r: Report, cfg, pod, c, who: str, workdir, data_only: bool = False,
+                  report_unset: bool = False) -> None:
+  """Every path `who` opens is set (reported once: `report_unset`), local, and on a mounted
+  volume of its pod; the learner's workdir is gs:// or mounted."""
   from scalerl_jax.data import mixture
   builtin = ("synthetic", "tiny_code")
   tasks = [("data", cfg.data)]
@@ -509,6 +517,8 @@ def check_volumes(r: Report, cfg, pod, c, who: str, workdir, data_only: bool = F
   for knob, path in paths:
     path = str(path or "")
     if not path:
+      if not report_unset:
+        continue
       what = ("no start checkpoint: the run's model would be the preset's" if
               knob == "model.hf_checkpoint" else "nothing to read")
       r.fail(f"{who}: {knob} is empty ({what})", f"launch.gke.render --data / --tokenizer / "
