@@ -12,10 +12,9 @@ reads (the `run-config` ConfigMap, or a config file + its command's overrides), 
   layout        the learner layout's topology is the JobSet's platform and hosts x chips
   batch split   the batch splits evenly over the learner processes (topologies.process_row_spans,
                 the rule distributed.MultiHostLearner applies), micro-batches over batch shards
-  padding       the learner's pad length (runtime.padded_length) is the memory plan's sequence
-                length (tools.plan.default_seq_len)
-  memory plan   the layout's memory plan at that length fits (launch/plan_cache.json, or --aot:
-                tools.plan compiled now, ~10-20 s for 8B, minutes for Scout)
+  memory plan   the layout's memory plan was made at the learner's real pad length
+                (runtime.padded_length, the tools.plan default) and fits: launch/plan_cache.json,
+                or --aot: tools.plan compiled now (~10-20 s for 8B, minutes for Scout)
   XLA memory    GPU learner pods set XLA_PYTHON_CLIENT_MEM_FRACTION to the plan's usable fraction
   vLLM KV       each engine's KV cache (the engine args the generator worker really passes:
                 generation.worker._vllm_args over VLLMGenerator's defaults) holds max_num_seqs
@@ -321,15 +320,10 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
       r.fail(f"{rows} rows / {m} micro-batches do not split over {shards} batch shards",
              "optim.microbatches")
 
-  # padding vs the plan's sequence length, and the memory plan
+  # the memory plan, made at the learner's real pad length
   from scalerl_jax.tools.plan import default_seq_len
-  pad, plan_len = runtime.padded_length(cfg), default_seq_len(cfg)
-  longest = runtime.max_sequence_len(cfg)
-  if pad != plan_len:
-    r.fail(f"pad length {pad} (longest sequence {longest} tokens padded by runtime.padded_length) "
-           f"!= memory-plan sequence length {plan_len}",
-           "rollout.max_prompt_len / think_budget_max / answer_budget, or the pad rule "
-           "(runtime.pad_length, trainer.pad_time)")
+  pad, longest = runtime.padded_length(cfg), runtime.max_sequence_len(cfg)
+  assert default_seq_len(cfg) == pad        # the plan tool's default is the pad length
   if topo is not None:
     plan = None
     if aot:
@@ -339,9 +333,12 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
     else:
       plan = cached_plan(cfg, pad)
     if plan is None:
-      if pad == plan_len:
-        r.fail(f"no memory plan of layout {layout} at {pad} tokens in {PLAN_CACHE}",
-               "python -m launch.preflight --aot --update-cache")
+      others = sorted(p["seq_len"] for p in cached_plans(cfg))
+      r.fail(f"no memory plan of layout {layout} at the learner's pad length {pad} (longest "
+             f"sequence {longest} tokens, padded by runtime.padded_length); plans at {others}",
+             "rollout.max_prompt_len / think_budget_max / answer_budget or the pad rule "
+             "(runtime.pad_length = trainer.pad_time); else python -m launch.preflight --aot "
+             "--update-cache")
     else:
       total = plan["total_gb"] * GB
       if total > topo.usable_bytes:
@@ -555,14 +552,17 @@ def _plan_key(cfg, seq_len):
               microbatches=int(cfg.optim.microbatches), batch_rows=rows)
 
 
-def cached_plan(cfg, seq_len) -> dict | None:
-  key = _plan_key(cfg, seq_len)
+def cached_plans(cfg) -> list[dict]:
+  """The cached plans of this model, layout, micro-batches and batch (any sequence length)."""
+  key = _plan_key(cfg, 0)
+  key.pop("seq_len")
   with open(PLAN_CACHE) as f:
     plans = json.load(f)["plans"]
-  for p in plans:
-    if all(p.get(k) == v for k, v in key.items()):
-      return p
-  return None
+  return [p for p in plans if all(p.get(k) == v for k, v in key.items())]
+
+
+def cached_plan(cfg, seq_len) -> dict | None:
+  return next((p for p in cached_plans(cfg) if p["seq_len"] == int(seq_len)), None)
 
 
 def aot_plan(cfg, seq_len) -> dict:

@@ -100,11 +100,11 @@ def _run_config_mounts(specs):
           [{"name": "run-config", "configMap": {"name": rc["name"]}}])
 
 
-def run_config_map(specs, header: str):
+def run_config_map(specs):
   """The ConfigMap `run-config`: the resolved config as the Python file every pod loads."""
   rc = specs["run_config"]
   return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(specs, rc["name"], "config"),
-          "data": {rc["file"]: spec_lib.run_config_text(rc["config"], header)}}
+          "data": {rc["file"]: rc["text"]}}
 
 
 def _tcp_probes(port, startup_s: int):
@@ -283,13 +283,13 @@ def tls_secret(specs):
                          for f in t["files"].values()}}
 
 
-def manifests(specs, header: str = "") -> dict[str, list[dict]]:
+def manifests(specs) -> dict[str, list[dict]]:
   """{file name: [documents]} for one variant."""
   secrets = [secret(specs)] + ([tls_secret(specs)] if specs.get("tls") else [])
   out = {"learner-jobset.yaml": [learner_jobset(specs)], "generators.yaml": generators(specs),
          "buffer.yaml": buffer(specs), "secret.yaml": secrets}
   if specs["run_config"]["mode"] == "configmap":
-    out["run-config.yaml"] = [run_config_map(specs, header.strip().lstrip("# "))]
+    out["run-config.yaml"] = [run_config_map(specs)]
   return out
 
 
@@ -330,7 +330,7 @@ def render(config_file: str, learner_platform: str, generator_platform: str, out
             f"{generator_platform}). Do not edit.\n# Resolved with:{over}\n")
   os.makedirs(out_dir, exist_ok=True)
   paths = []
-  for fname, docs in manifests(specs, header.splitlines()[0]).items():
+  for fname, docs in manifests(specs).items():
     path = os.path.join(out_dir, fname)
     with open(path, "w") as f:
       f.write(render_text(docs, header))

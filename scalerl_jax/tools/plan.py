@@ -232,11 +232,11 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
 
 
 def default_seq_len(config) -> int:
-  """The sequence length a plan is made at unless --seq_len says otherwise: prompt + thinking +
-  answer budgets (16,384 at paper settings). launch.preflight checks it against the learner's
-  real pad length (runtime.padded_length)."""
-  r = config.rollout
-  return int(r.max_prompt_len + r.think_budget_max + r.answer_budget)
+  """The sequence length a plan is made at unless --seq_len says otherwise: the token length the
+  learner's train step really compiles for when a batch holds a longest sequence
+  (runtime.padded_length: prompt + completion budgets, padded as trainer.pad_time pads).
+  launch.preflight checks that the plan it uses was made at this length."""
+  return runtime.padded_length(config)
 
 
 def plan(config, seq_len: int | None = None, with_generator: bool = True, with_flops: bool = True,
@@ -339,8 +339,8 @@ if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/8b.py or scout.py.")
   _TOPOLOGY = flags.DEFINE_string("topology", "", "Topology name (scalerl_jax.topologies); "
                                   "default: config.topology.")
-  _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Tokens per sequence (default prompt + think + "
-                                  "answer budgets = 16,384).")
+  _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Tokens per sequence (default: the learner's pad "
+                                  "length, runtime.padded_length).")
   _MICROBATCHES = flags.DEFINE_integer("microbatches", 0, "Override config.optim.microbatches.")
   _GENERATOR = flags.DEFINE_boolean("generator", True, "Also compile the generator decode step.")
   _FLOPS = flags.DEFINE_boolean("flops", True, "Also compile the FLOPs probe (compute report).")
