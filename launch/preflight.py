@@ -53,8 +53,10 @@ PLAN_CACHE = os.path.join(REPO, "launch", "plan_cache.json")
 GB = 1e9
 # Keys a pod's command legitimately sets for its role (addresses, certificates, multi-host).
 # generator.tensor_parallel: the generator command's --tensor_parallel may set it (older manifests).
+# The learner layout's keys (apply_layout) shape only the learner's step.
 WIRING = ("buffer.address", "buffer.external", "weights.", "tls.", "distributed.",
-          "generator.tensor_parallel")
+          "generator.tensor_parallel", "layout", "topology", "mesh.", "optim.microbatches",
+          "model.remat", "model.scan_layers")
 XLA_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 ACCELERATOR_OF_SELECTOR = {"nvidia-gb200": "gpu-gb200", "nvidia-h100-80gb": "gpu-h100",
                            "tpu-v5p-slice": "tpu-v5p"}
@@ -274,29 +276,36 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
       except (ValueError, OSError, KeyError) as e:
         r.fail(f"the prompt export's config does not load: {' '.join(str(e).split())}",
                "export --config")
+  # One line for the fault: the first learner setting other pods do not share, with each pod's.
+  mine, theirs = None, []
   for who, ocfg, osrc, keys in others:
     diff = _diff(cfg, ocfg, keys)
     if diff:
-      r.fail(f"the {who} read {osrc} with {diff[0]}={diff[2]!r}, the learner {diff[0]}="
-             f"{diff[1]!r}: an override on one pod's command reaches no other",
-             "launch.gke.render --override (the run-config ConfigMap every pod reads)")
+      mine = mine or f"{diff[0]}={diff[1]!r}"
+      theirs.append(f"{who} {diff[0]}={diff[2]!r}")
   bc = bpod["containers"][0]
   from scalerl_jax.processes import buffer_flags
-  want = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in buffer_flags(cfg, prompts="x", host="x", port=1)
-          if "=" in a}
+  want = {a.split("=", 1)[0]: a.split("=", 1)[1]
+          for a in buffer_flags(cfg, prompts="x", host="x", port=1) if "=" in a}
   have = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in bc["command"] if "=" in a}
   for flag in ("--prompts-per-step", "--group-size", "--max-lag", "--mode", "--npr-threshold",
                "--max-completion-tokens"):
     if want.get(flag) != have.get(flag):
-      r.fail(f"buffer {flag}={have.get(flag)} but the run config gives {want.get(flag)}",
-             "launch.gke.render (buffer flags from the resolved config)")
+      mine = mine or f"{flag} {want.get(flag)}"
+      theirs.append(f"buffer {flag}={have.get(flag)}")
+      break
+  if theirs:
+    r.fail(f"the learner's {mine.replace(chr(39), '')} reaches no other pod: "
+           f"{', '.join(t.replace(chr(39), '') for t in theirs)}",
+           "launch.gke.render --override (the run-config ConfigMap every pod reads)")
 
   # layout: topology vs platform x hosts x chips
-  topo = None
+  topo, wrong_layout = None, False
   if "layouts" in cfg:
     topo = topologies.get_topology(str(cfg.topology))
     lplat = spec_lib.layout_platform(topo.name)
     if lplat != platform or topo.num_devices != hosts * chips:
+      wrong_layout = True
       r.fail(f"learner layout {layout} is for {topo.num_devices} {lplat} devices, the JobSet runs "
              f"{hosts} hosts x {chips} {platform} = {hosts * chips}",
              "launch.gke.render --layout (the learner's --config=...:LAYOUT)")
@@ -324,10 +333,15 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
   from scalerl_jax.tools.plan import default_seq_len
   pad, longest = runtime.padded_length(cfg), runtime.max_sequence_len(cfg)
   assert default_seq_len(cfg) == pad        # the plan tool's default is the pad length
-  if topo is not None:
+  if topo is not None and not wrong_layout:     # (a wrong layout's plan says nothing)
     plan = None
     if aot:
-      plan = aot_plan(cfg, pad)
+      try:
+        plan = aot_plan(cfg, pad)
+      except RuntimeError as e:
+        r.fail(f"the memory plan of layout {layout} at {pad} tokens did not compile: "
+               f"{' '.join(str(e).split())[-300:]}", "the layout (config.layouts)")
+        return r
       if update_cache:
         store_plan(plan)
     else:
@@ -347,13 +361,14 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
       else:
         r.info(f"memory plan {layout} at {pad} tokens: {plan['total_gb']:.2f} of "
                f"{topo.usable_bytes / GB:.2f} GB/device ({plan.get('source', 'aot')})")
-    # XLA's share of HBM on GPU learners
-    if topo.platform == "gpu":
-      env = {e["name"]: e.get("value") for e in lc.get("env", [])}
-      want_f = f"{topo.usable_fraction:g}"
-      if env.get(XLA_FRACTION_ENV) != want_f:
-        r.fail(f"learner env {XLA_FRACTION_ENV}={env.get(XLA_FRACTION_ENV)} (unset: JAX takes 0.75 "
-               f"of HBM), the memory plan assumes {want_f}", "learner env (launch/spec.py)")
+  # XLA's share of HBM on GPU learners (the memory plans' usable fraction)
+  if platform and spec_lib.PLATFORMS[platform]["kind"] == "gpu":
+    env = {e["name"]: e.get("value") for e in lc.get("env", [])}
+    frac = topo.usable_fraction if topo is not None and not wrong_layout else 0.9
+    want_f = f"{frac:g}"
+    if env.get(XLA_FRACTION_ENV) != want_f:
+      r.fail(f"learner env {XLA_FRACTION_ENV}={env.get(XLA_FRACTION_ENV)} (unset: JAX takes 0.75 "
+             f"of HBM), the memory plan assumes {want_f}", "learner env (launch/spec.py)")
 
   # vLLM KV cache, with the engine arguments the generator worker really passes
   if gcfg is not None:
@@ -511,6 +526,7 @@ def check_volumes(r: Report, cfg, pod, c, who: str, workdir, data_only: bool = F
       paths.append(("model.hf_checkpoint", cfg.model.hf_checkpoint))
     if who == "generator" and cfg.generator.get("vllm_model_dir"):
       paths.append(("generator.vllm_model_dir", cfg.generator.vllm_model_dir))
+  unmounted = []
   for knob, path in paths:
     path = str(path or "")
     if not path:
@@ -524,8 +540,11 @@ def check_volumes(r: Report, cfg, pod, c, who: str, workdir, data_only: bool = F
       r.fail(f"{who}: {knob}={path} is not a local path (the loaders open local files)",
              f"{knob} on the data volume ({spec_lib.DATA_MOUNT})")
     elif not _mounted(path, pod, c):
-      r.fail(f"{who}: {knob}={path} is on no volume the {who} pod mounts", f"the data volume "
-             f"(launch.gke.render --data_pvc, mounted at {spec_lib.DATA_MOUNT})")
+      unmounted.append(f"{knob}={path}")
+  if unmounted:
+    r.fail(f"{who}: {', '.join(unmounted)} {'is' if len(unmounted) == 1 else 'are'} on no volume "
+           f"the {who} pod mounts", f"the data volume (launch.gke.render --data_pvc, mounted at "
+           f"{spec_lib.DATA_MOUNT})")
   if workdir is not None and not workdir.startswith("gs://") and not _mounted(workdir, pod, c):
     r.fail(f"{who}: workdir {workdir} is neither gs:// nor on a mounted volume (lost on restart)",
            "launch.gke.render --workdir")
@@ -566,7 +585,10 @@ def cached_plan(cfg, seq_len) -> dict | None:
 
 
 def aot_plan(cfg, seq_len) -> dict:
-  """tools.plan compiled now at `seq_len` (learner only: no generator, no FLOPs probe)."""
+  """tools.plan compiled now at `seq_len` (learner only: no generator, no FLOPs probe), on the
+  preset's architecture (the start checkpoint's config.json is on the data volume)."""
+  cfg = cfg.copy_and_resolve_references()
+  cfg.model.hf_checkpoint = ""
   with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
     f.write(spec_lib.run_config_text(cfg))
   try:

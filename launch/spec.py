@@ -165,6 +165,12 @@ def resolve_run_config(config, s: dict, tensor_parallel: int):
   layout = s["layout"]
   if layout:
     topologies.apply_layout(config, layout)
+    topo = topologies.get_topology(str(config.topology))
+    if (layout_platform(topo.name) != s["learner_platform"]
+        or topo.num_devices != int(s["train_chips"])):
+      raise ValueError(f"layout {layout} is for {topo.num_devices} {layout_platform(topo.name)} "
+                       f"devices, the learner has {s['train_chips']} {s['learner_platform']} "
+                       "(knob: --layout / --learner_platform / --train_chips)")
   over = []
   for key, value in (("data.path", s["data"]), ("data.tokenizer_path", s["tokenizer"]),
                      ("model.hf_checkpoint", s["checkpoint"]),

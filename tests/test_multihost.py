@@ -49,6 +49,10 @@ def _worker(mode, out_path):
   config.optim.microbatches = 2
   config.optim.lr, config.optim.warmup_steps = 3e-4, 1   # explicit: independent of tiny.py tuning
   config.mesh.shape = (("data", 2), ("fsdp", 2), ("tensor", 1), ("expert", 1))
+  if os.environ.get("TEST_MESH") == "replicated":
+    # tensor major: each process holds one tensor half of BOTH fsdp shards, so both processes
+    # feed every row (a batch replicated across processes, as in sequence-parallel layouts)
+    config.mesh.shape = (("data", 1), ("tensor", 2), ("fsdp", 2), ("expert", 1))
   apply_fn = lambda p, t, pos: models.forward(p, cfg, t, pos)
   batches = _batches(cfg.vocab_size)
   t0 = time.perf_counter()
@@ -175,6 +179,41 @@ def test_two_processes_equal_one(tmp_path):
     diff = max(float(np.abs(multi[k].astype(np.float64) - ref[k]).max()) for k in multi.files)
     print(f"max |multi - {name}| = {diff:.3g}")
     assert diff <= TOL, (name, diff)
+
+
+@pytest.mark.slow
+def test_batch_replicated_across_processes(tmp_path):
+  """Both processes feed the whole batch (their devices hold all batch shards): an even split
+  (topologies.even_process_split), trained as one process with the same mesh. Before, a process
+  slice longer than rows / processes was refused ("uneven batch split across 2 processes")."""
+  me = os.path.abspath(__file__)
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, me, "multi", str(tmp_path / "multi.npz")], cwd=ROOT,
+      env=_env(2, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
+               SCALERL_PROCESS_ID=i, TEST_MESH="replicated"),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  single = subprocess.run([sys.executable, me, "single", str(tmp_path / "single.npz")], cwd=ROOT,
+                          env=_env(4, TEST_MESH="replicated"), capture_output=True, text=True,
+                          timeout=300)
+  outs = []
+  try:
+    for p in procs:
+      so, se = p.communicate(timeout=300)
+      assert p.returncode == 0, se[-4000:]
+      outs.append(_last_json(so))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert single.returncode == 0, single.stderr[-4000:]
+  s = _last_json(single.stdout)
+  assert [tuple(o["rows"]) for o in outs] == [(0, 16), (0, 16)]
+  for o in outs:
+    np.testing.assert_allclose(o["losses"], s["losses"], rtol=1e-5, atol=1e-7)
+  multi, one = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
+  diff = max(float(np.abs(multi[k].astype(np.float64) - one[k]).max()) for k in multi.files)
+  assert diff <= TOL, diff
 
 
 @pytest.mark.slow
