@@ -43,13 +43,14 @@ def _worker(mode, out_path):
   from scalerl_jax import models, sharding
   from scalerl_jax.learner import Learner
 
-  cfg = models.get_preset("tiny_llama3", num_layers=2, vocab_size=97, d_model=64, head_dim=16,
-                          ffn_dim=128)
+  replicated = os.environ.get("TEST_MESH") == "replicated"   # tensor 2 splits the vocab: even
+  cfg = models.get_preset("tiny_llama3", num_layers=2, vocab_size=98 if replicated else 97,
+                          d_model=64, head_dim=16, ffn_dim=128)
   config = tiny.get_config()
   config.optim.microbatches = 2
   config.optim.lr, config.optim.warmup_steps = 3e-4, 1   # explicit: independent of tiny.py tuning
   config.mesh.shape = (("data", 2), ("fsdp", 2), ("tensor", 1), ("expert", 1))
-  if os.environ.get("TEST_MESH") == "replicated":
+  if replicated:
     # tensor major: each process holds one tensor half of BOTH fsdp shards, so both processes
     # feed every row (a batch replicated across processes, as in sequence-parallel layouts)
     config.mesh.shape = (("data", 1), ("tensor", 2), ("fsdp", 2), ("expert", 1))
