@@ -348,18 +348,20 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
       plan = cached_plan(cfg, pad)
     if plan is None:
       others = sorted(p["seq_len"] for p in cached_plans(cfg))
-      r.fail(f"no memory plan of layout {layout} at the learner's pad length {pad} (longest "
+      r.fail(f"no memory plan of layout {layout} at >= the learner's pad length {pad} (longest "
              f"sequence {longest} tokens, padded by runtime.padded_length); plans at {others}",
              "rollout.max_prompt_len / think_budget_max / answer_budget or the pad rule "
              "(runtime.pad_length = trainer.pad_time); else python -m launch.preflight --aot "
              "--update-cache")
     else:
       total = plan["total_gb"] * GB
+      at = (f"at {pad} tokens" if plan["seq_len"] == pad else
+            f"at {plan['seq_len']} tokens (an upper bound for the pad length {pad})")
       if total > topo.usable_bytes:
-        r.fail(f"memory plan of layout {layout} at {pad} tokens: {plan['total_gb']:.2f} GB/device > "
+        r.fail(f"memory plan of layout {layout} {at}: {plan['total_gb']:.2f} GB/device > "
                f"{topo.usable_bytes / GB:.2f} usable", "the layout (config.layouts) / --layout")
       else:
-        r.info(f"memory plan {layout} at {pad} tokens: {plan['total_gb']:.2f} of "
+        r.info(f"memory plan {layout} {at}: {plan['total_gb']:.2f} of "
                f"{topo.usable_bytes / GB:.2f} GB/device ({plan.get('source', 'aot')})")
   # XLA's share of HBM on GPU learners (the memory plans' usable fraction)
   if platform and spec_lib.PLATFORMS[platform]["kind"] == "gpu":
@@ -581,7 +583,11 @@ def cached_plans(cfg) -> list[dict]:
 
 
 def cached_plan(cfg, seq_len) -> dict | None:
-  return next((p for p in cached_plans(cfg) if p["seq_len"] == int(seq_len)), None)
+  """The cached plan at `seq_len`, else the one at the shortest longer length (an upper bound:
+  a step's memory grows with its sequence length), else None."""
+  longer = sorted((p for p in cached_plans(cfg) if p["seq_len"] >= int(seq_len)),
+                  key=lambda p: p["seq_len"])
+  return longer[0] if longer else None
 
 
 def aot_plan(cfg, seq_len) -> dict:
