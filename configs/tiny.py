@@ -25,9 +25,13 @@ def get_config(arg=None):
   c.model.num_layers = 4
   c.model.max_position_embeddings = 256
   c.model.dtype = "float32"
+  # An fp32 model end to end: generators compute with the exact fp32 masters (the vLLM parity
+  # tests assert ~1e-6 per token); real-size configs push bf16 (base_config).
+  c.weights.wire_dtype = "float32"
   c.model.scan_layers = False
   c.model.remat = "none"
   c.optim.lr = 3e-5
+  c.learner.pad_multiple = 16      # rows of ~40-90 tokens (docs/SCALE.md "Padding")
   c.optim.warmup_steps = 5
   c.rollout.prompts_per_step = 8
   c.rollout.generations_per_prompt = 8

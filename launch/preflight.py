@@ -13,7 +13,7 @@ reads (the `run-config` ConfigMap, or a config file + its command's overrides), 
   batch split   the batch splits evenly over the learner processes (topologies.process_row_spans,
                 the rule distributed.MultiHostLearner applies), micro-batches over batch shards
   memory plan   the layout's memory plan was made at the learner's real pad length
-                (runtime.padded_length, the tools.plan default) and fits: launch/plan_cache.json,
+                (runtime.train_seq_len, the tools.plan default) and fits: launch/plan_cache.json,
                 or --aot: tools.plan compiled now (~10-20 s for 8B, minutes for Scout)
   XLA memory    GPU learner pods set XLA_PYTHON_CLIENT_MEM_FRACTION to the plan's usable fraction
   vLLM KV       each engine's KV cache (the engine args the generator worker really passes:
@@ -22,7 +22,8 @@ reads (the `run-config` ConfigMap, or a config file + its command's overrides), 
   weight push   bytes per parameter on the wire (target 2: bf16) and seconds at the stated bandwidth
   pod memory    each pod's memory request covers what it holds (sizing.py) and fits its node share
   volumes       data, tokenizer, start checkpoint (and vllm_model_dir) are set and lie on a mounted
-                volume of every pod that opens them; the workdir is gs:// or mounted
+                volume of every pod that opens them, or (data, checkpoint) on gs:// with a
+                service account; the workdir is gs:// or mounted
   probes        learner, generators and buffer have a liveness probe on something they serve
 
 Each failure is ONE line: `FAIL <variant>: <what> <number> (knob: <knob>)`; info lines start with
@@ -331,7 +332,7 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
 
   # the memory plan, made at the learner's real pad length
   from scalerl_jax.tools.plan import default_seq_len
-  pad, longest = runtime.padded_length(cfg), runtime.max_sequence_len(cfg)
+  pad, longest = runtime.train_seq_len(cfg), runtime.max_sequence_len(cfg)
   assert default_seq_len(cfg) == pad        # the plan tool's default is the pad length
   if topo is not None and not wrong_layout:     # (a wrong layout's plan says nothing)
     plan = None
@@ -349,10 +350,9 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
     if plan is None:
       others = sorted(p["seq_len"] for p in cached_plans(cfg))
       r.fail(f"no memory plan of layout {layout} at >= the learner's pad length {pad} (longest "
-             f"sequence {longest} tokens, padded by runtime.padded_length); plans at {others}",
-             "rollout.max_prompt_len / think_budget_max / answer_budget or the pad rule "
-             "(runtime.pad_length = trainer.pad_time); else python -m launch.preflight --aot "
-             "--update-cache")
+             f"sequence {longest} tokens, runtime.train_seq_len); plans at {others}",
+             "rollout.max_prompt_len / think_budget_max / answer_budget / learner.pad_multiple, "
+             "or python -m launch.preflight --aot --update-cache")
     else:
       total = plan["total_gb"] * GB
       at = (f"at {pad} tokens" if plan["seq_len"] == pad else
@@ -538,8 +538,12 @@ def check_volumes(r: Report, cfg, pod, c, who: str, workdir, data_only: bool = F
               knob == "model.hf_checkpoint" else "nothing to read")
       r.fail(f"{who}: {knob} is empty ({what})", f"launch.gke.render --data / --tokenizer / "
              f"--checkpoint ({knob})")
+    elif path.startswith("gs://") and knob.endswith((".path", "hf_checkpoint")):
+      if not pod.get("serviceAccountName"):   # read through scalerl_jax.storage: credentials
+        r.fail(f"{who}: {knob}={path} needs GCS credentials; the {who} pod has no service account",
+               "launch.gke.render (serviceAccountName: Workload Identity)")
     elif "://" in path:
-      r.fail(f"{who}: {knob}={path} is not a local path (the loaders open local files)",
+      r.fail(f"{who}: {knob}={path} is not a local path (loaded from a local directory)",
              f"{knob} on the data volume ({spec_lib.DATA_MOUNT})")
     elif not _mounted(path, pod, c):
       unmounted.append(f"{knob}={path}")

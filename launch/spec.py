@@ -87,9 +87,9 @@ LAUNCH_DEFAULTS = dict(
     workdir="gs://BUCKET/scalerl/run",
     data_pvc="scalerl-data",           # read-only volume (at DATA_MOUNT) with config.data.path,
                                        # data.tokenizer_path and model.hf_checkpoint
-    data="",                           # config.data.path ("" = keep the config's; local or DATA_MOUNT)
+    data="",                           # config.data.path ("" = keep the config's): DATA_MOUNT/... or gs://
     tokenizer="",                      # config.data.tokenizer_path ("" = keep the config's)
-    checkpoint="",                     # config.model.hf_checkpoint: the start weights ("" = keep)
+    checkpoint="",                     # config.model.hf_checkpoint: start weights, DATA_MOUNT/... or gs://
     layout="",                         # learner layout (config.layouts); "" = the one for the chips
     images={},                         # {role: full image reference}, overrides prefix/tag per role
     config_overrides=(),               # "key=value" config overrides, applied for EVERY pod
@@ -118,9 +118,9 @@ def _launch_settings(config, overrides: dict | None) -> dict:
     raise ValueError(f"--image {bad_roles[0]}=...: unknown image role; roles: {ROLES}")
   if s["run_config"] not in ("file", "configmap"):
     raise ValueError(f"run_config={s['run_config']!r}; expected 'file' or 'configmap'")
-  if str(s["checkpoint"]).startswith("gs://") or str(s["data"]).startswith("gs://"):
-    raise ValueError("--checkpoint / --data must be paths on the data volume (e.g. "
-                     f"{DATA_MOUNT}/...): the loaders and runtime.model_config open local files")
+  if "://" in str(s["tokenizer"]):
+    raise ValueError(f"--tokenizer={s['tokenizer']} must be a path on the data volume (e.g. "
+                     f"{DATA_MOUNT}/tokenizer): the tokenizer is loaded from a local directory")
   for key in ("learner_platform", "generator_platform"):
     if s[key] not in PLATFORMS:
       raise ValueError(f"{key}={s[key]!r}; expected one of {sorted(PLATFORMS)}")
@@ -316,6 +316,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
                       "--workdir=/tmp/scalerl", f"--alive_file={ALIVE_FILE}",
                       *tls_args("generator")],
           "env": {}, "field_env": {}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+          "service_account": s["service_account"],   # gs:// data / start checkpoint
       },
       "buffer": {
           "name": f"{name}-buffer", "image": image(s, "buffer"), "port": BUFFER_PORT,

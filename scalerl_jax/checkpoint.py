@@ -6,10 +6,13 @@ tensorstore write there natively; the manifest goes through scalerl_jax/storage.
 consumption offsets, RNG seeds, wall-clock time of the save; see `Trainer.save`). Orbax writes each
 step atomically (temporary directory + rename) and keeps the newest `keep`.
 
-`manifest.json` is written after orbax finalized the step: the size and sha256 of every file of the
-step. A step without a manifest (crash between orbax's rename and the manifest) or whose files do
-not match it (corruption) is not valid: `find_valid` moves it to WORKDIR/checkpoints_invalid/ and
-falls back to the previous one with a WARNING naming the step and the reason.
+`manifest.json` is written after orbax finalized the step: a fingerprint of every file of the step
+(size; on gs:// the object's CRC-32C/MD5 from GCS metadata, nothing read back; locally sha256 +
+mtime). A step without orbax's commit marker or a manifest (crash between orbax's rename and the
+manifest) or whose files do not match it (corruption) is not valid: `find_valid` moves it to
+WORKDIR/checkpoints_invalid/ and falls back to the previous one with a WARNING naming the step and
+the reason. Verification reads metadata only by default (`checkpoint.verify="metadata"`);
+"full" re-reads every byte (local debugging).
 
 A save that fails (full disk, unwritable directory) raises `CheckpointError` naming the last good
 step; orbax never touches finished steps while writing a new one, so that step stays intact.
@@ -26,10 +29,12 @@ next `check`, `save`, `wait` or `close`.
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
 import os
+import struct
 import threading
 import time
 
@@ -40,6 +45,8 @@ from scalerl_jax import storage
 
 log = logging.getLogger("scalerl.checkpoint")
 MANIFEST = "manifest.json"
+COMMIT_MARKER = "commit_success.txt"   # orbax writes it when it finalized a step
+VERIFY_MODES = ("metadata", "full")    # checkpoint.verify
 
 
 class CheckpointError(RuntimeError):
@@ -54,21 +61,85 @@ def _hash_file(path: str) -> str:
   return h.hexdigest()
 
 
+def _crc32c_file(path: str) -> str:
+  """CRC-32C of a file's bytes, base64 of the big-endian value (how GCS reports `crc32c`)."""
+  import crc32c
+  v = 0
+  with storage.open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      v = crc32c.crc32c(block, v)
+  return base64.b64encode(struct.pack(">I", v)).decode()
+
+
+def _md5_file(path: str) -> str:
+  """MD5 of a file's bytes, base64 (how GCS reports `md5Hash`)."""
+  h = hashlib.md5()
+  with storage.open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      h.update(block)
+  return base64.b64encode(h.digest()).decode()
+
+
 def _files(step_dir: str) -> list[str]:
   return [rel for rel in storage.walk_files(step_dir) if rel != MANIFEST]
 
 
+def _fingerprint(path: str) -> dict:
+  """A file's manifest entry. gs://: size + the object's server-side CRC-32C / MD5 from its
+  metadata (GCS computed them on upload; no byte is read back). Local: size, sha256 (read once,
+  from local disk) and mtime_ns (`verify` trusts an unchanged (size, mtime) and re-hashes
+  otherwise)."""
+  st = storage.stat(path)
+  entry = {"size": st["size"]}
+  if storage.is_remote(path) and ("crc32c" in st or "md5" in st):
+    entry.update({k: st[k] for k in ("crc32c", "md5") if k in st})
+  else:
+    entry["sha256"] = _hash_file(path)
+    if "mtime_ns" in st:
+      entry["mtime_ns"] = st["mtime_ns"]
+  return entry
+
+
 def write_manifest(step_dir: str, step: int) -> dict:
-  """Writes `step_dir/manifest.json` (size + sha256 per file), atomically and fsynced."""
-  files = {rel: dict(size=storage.getsize(storage.join(step_dir, rel)),
-                     sha256=_hash_file(storage.join(step_dir, rel))) for rel in _files(step_dir)}
+  """Writes `step_dir/manifest.json` (a fingerprint per file: `_fingerprint`), atomically."""
+  files = {rel: _fingerprint(storage.join(step_dir, rel)) for rel in _files(step_dir)}
   man = dict(step=int(step), written_at_unix_s=time.time(), files=files)
   storage.write_text(storage.join(step_dir, MANIFEST), json.dumps(man))
   return man
 
 
-def verify(step_dir: str) -> str | None:
-  """None if the step's files match its manifest, else the reason it is not valid."""
+def _check_file(p: str, rel: str, want: dict, full: bool) -> str | None:
+  """None if file `rel` at `p` matches its manifest entry, else the reason. Without `full` only
+  metadata is read (object checksums, size, mtime), except for a local file whose mtime changed
+  (or an old manifest without fingerprints): that file is re-hashed."""
+  st = storage.stat(p)
+  if st["size"] != want["size"]:
+    return f"{rel} has {st['size']} bytes, manifest says {want['size']}"
+  for key in ("crc32c", "md5"):
+    if key in want and key in st:
+      if st[key] != want[key]:
+        return f"{rel} {key} mismatch (object metadata)"
+      if not full:
+        return None
+  for key, fn in (("crc32c", _crc32c_file), ("md5", _md5_file)):
+    if key in want:          # full, or the store reported no checksum: re-read the bytes
+      return None if fn(p) == want[key] else f"{rel} {key} mismatch (bytes re-read)"
+  if "sha256" not in want:
+    return f"{rel}: no checksum in the manifest and none in the object metadata"
+  if not full and "mtime_ns" in want and st.get("mtime_ns") == want["mtime_ns"]:
+    return None
+  if _hash_file(p) != want["sha256"]:
+    return f"{rel} sha256 mismatch"
+  return None
+
+
+def verify(step_dir: str, full: bool = False) -> str | None:
+  """None if the step is committed and its files match its manifest, else the reason it is not
+  valid. Committed: orbax finalized it (its commit marker `commit_success.txt` exists; orbax
+  writes it last, locally and on GCS) and our manifest exists. Files: present, sizes and
+  checksums as `_check_file` compares them: by default from metadata only (~0 bytes read for a
+  gs:// checkpoint, instead of re-reading every byte: ~96 GB for 8B); `full=True`
+  (`checkpoint.verify="full"`, for local debugging) re-reads every byte."""
   path = storage.join(step_dir, MANIFEST)
   if not storage.exists(path):
     return "no manifest.json (the save did not complete)"
@@ -77,14 +148,14 @@ def verify(step_dir: str) -> str | None:
   except (OSError, ValueError) as e:
     return f"unreadable manifest.json ({e})"
   present = set(_files(step_dir))
+  if COMMIT_MARKER not in present:
+    return f"not committed by orbax (no {COMMIT_MARKER})"
   for rel, want in man["files"].items():
-    p = storage.join(step_dir, rel)
     if rel not in present:
       return f"{rel} is missing"
-    if storage.getsize(p) != want["size"]:
-      return f"{rel} has {storage.getsize(p)} bytes, manifest says {want['size']}"
-    if _hash_file(p) != want["sha256"]:
-      return f"{rel} sha256 mismatch"
+    why = _check_file(storage.join(step_dir, rel), rel, want, full)
+    if why is not None:
+      return why
   try:
     read_meta(step_dir)
   except (OSError, ValueError) as e:
@@ -112,10 +183,11 @@ def finished_steps(workdir: str) -> list[int]:
   return [s for s, p in step_dirs(workdir) if storage.exists(storage.join(p, MANIFEST))]
 
 
-def find_valid(workdir: str) -> tuple[int, dict, list[dict]] | None:
-  """Newest valid checkpoint: (step, meta, skipped) where `skipped` lists the newer steps that were
-  not valid ({"step", "reason", "moved_to"}); those are moved to WORKDIR/checkpoints_invalid/ so a
-  resumed run can save those step numbers again. None when no step is valid."""
+def find_valid(workdir: str, full: bool = False) -> tuple[int, dict, list[dict]] | None:
+  """Newest valid checkpoint (`verify`, `full` re-reads every byte): (step, meta, skipped) where
+  `skipped` lists the newer steps that were not valid ({"step", "reason", "moved_to"}); those are
+  moved to WORKDIR/checkpoints_invalid/ so a resumed run can save those step numbers again. None
+  when no step is valid."""
   skipped = []
   wd = storage.abspath(workdir)
   ck = storage.join(wd, "checkpoints")
@@ -125,7 +197,7 @@ def find_valid(workdir: str) -> tuple[int, dict, list[dict]] | None:
       storage.move(storage.join(ck, n), dest)
       log.warning("unfinished checkpoint save %s moved to %s", n, dest)
   for step, path in reversed(step_dirs(workdir)):
-    why = verify(path)
+    why = verify(path, full=full)
     if why is None:
       if skipped:
         log.warning("resuming from checkpoint %d instead (fell back from %s)", step,

@@ -255,6 +255,13 @@ def _make_learner_class():
         self.set_global_rows(global_rows)
       return process_row_slice(self.batch_sharding, self.global_rows())
 
+    def _place_rows(self, arrays: Mapping[str, Any]) -> dict:
+      """Global host arrays (the same on every process): each process contributes its rows."""
+      arrays = {k: np.asarray(v) for k, v in arrays.items()}
+      rows = len(next(iter(arrays.values())))
+      sl = process_row_slice(self.batch_sharding, rows)
+      return host_to_global({k: v[sl] for k, v in arrays.items()}, self.batch_sharding, rows)
+
     def device_batch(self, batch: Mapping[str, Any]) -> dict:
       import jax
       batch = {k: np.asarray(v) for k, v in batch.items()}

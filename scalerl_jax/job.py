@@ -99,7 +99,10 @@ def prepare_resume(config, workdir: str) -> dict | None:
   mode = str(config.get("resume", "auto"))
   if mode not in RESUME_MODES:
     raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
-  found = checkpoint.find_valid(workdir) if mode == "auto" else None
+  vmode = str(config.checkpoint.get("verify", "metadata"))
+  if vmode not in checkpoint.VERIFY_MODES:
+    raise ValueError(f"checkpoint.verify must be one of {checkpoint.VERIFY_MODES}, got {vmode!r}")
+  found = checkpoint.find_valid(workdir, full=vmode == "full") if mode == "auto" else None
   ls_path = storage.join(workdir, "learner_state.json")
   if found is None:
     previous = _set_aside_previous_run(workdir,
@@ -152,11 +155,15 @@ def _run_follower(config, workdir: str) -> dict:
   """Processes 1.. of a multi-host learner: same learner loop, no buffer / generators / logs.
 
   Process 0 shares the buffer address, auth token and resume step; the SFT base policy is read
-  from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints)."""
-  shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
+  from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints); a
+  start checkpoint (model.hf_checkpoint) is read at once, each process its own slices."""
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   model_cfg = runtime.model_config(config)
-  params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
+  if config.model.get("hf_checkpoint", ""):   # each process reads its own slices, in parallel
+    params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
+  shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
+  if not config.model.get("hf_checkpoint", ""):
+    params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
   trainer = Trainer(config, workdir, dataset, model_cfg, params,
                     BufferClient(shared["address"], shared["token"], tls=TLS.from_config(config)),
                     token=shared["token"],

@@ -23,6 +23,7 @@ from scalerl_jax.protocol.rpc import TLS
 
 # Batch 80 x 16 (Qwen2.5 / MiniMax) relative to ScaleRL's 48 x 16.
 _BIG_BATCH = 80 / 48
+WIRE_DTYPES = ("bfloat16", "float32")   # weights.wire_dtype values (runtime.wire_dtype)
 
 RECIPES = {
     "scalerl": {},
@@ -198,6 +199,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if w is not None and w.get("serve_from", "buffer") not in ("learner", "buffer"):
     raise ConfigError(f"weights.serve_from={w.serve_from!r}; expected 'learner' (each learner "
                       f"process serves its shards) or 'buffer'")
+  if w is not None and w.get("wire_dtype", "bfloat16") not in WIRE_DTYPES:
+    raise ConfigError(f"weights.wire_dtype={w.wire_dtype!r}; expected one of {WIRE_DTYPES}")
   if w is not None and not 0 <= int(w.get("port", 0)) <= 65535:
     raise ConfigError(f"weights.port={w.port} is not a TCP port (0 = any free port)")
   if config.rl.length_control not in ("interrupt", "penalty"):

@@ -24,8 +24,8 @@ _NOT_MODEL_FIELDS = ("preset", "hf_checkpoint", "logits_chunk")
 def model_config(config):
   """ModelConfig from `config.model`: the preset, then every field that names a ModelConfig field.
 
-  With `config.model.hf_checkpoint` set, the architecture comes from that checkpoint's config.json
-  and only the numerics fields (dtypes, fp32 head, scan, remat) apply.
+  With `config.model.hf_checkpoint` set (local or gs://), the architecture comes from that
+  checkpoint's config.json and only the numerics fields (dtypes, fp32 head, scan, remat) apply.
   """
   fields = {f.name for f in dataclasses.fields(models.ModelConfig)}
   m = config.model.to_dict() if hasattr(config.model, "to_dict") else dict(config.model)
@@ -35,13 +35,16 @@ def model_config(config):
                      f"{sorted(fields)}")
   overrides = {k: v for k, v in m.items() if k in fields}
   if m.get("hf_checkpoint"):
-    import os
-    with open(os.path.join(m["hf_checkpoint"], "config.json")) as f:
-      numerics = {k: overrides[k] for k in ("param_dtype", "dtype", "fp32_lm_head", "scan_layers",
-                                            "remat", "attention_impl", "attention_block",
-                                            "moe_impl", "moe_capacity_factor")
-                  if k in overrides}
-      cfg = models.from_hf_config(json.load(f), **numerics)
+    from scalerl_jax import storage
+    cfg_path = storage.join(m["hf_checkpoint"], "config.json")   # local or gs://
+    if not storage.exists(cfg_path):
+      raise FileNotFoundError(f"config.model.hf_checkpoint={m['hf_checkpoint']!r}: no "
+                              "config.json there (expected a save_pretrained directory)")
+    numerics = {k: overrides[k] for k in ("param_dtype", "dtype", "fp32_lm_head", "scan_layers",
+                                          "remat", "attention_impl", "attention_block",
+                                          "moe_impl", "moe_capacity_factor")
+                if k in overrides}
+    cfg = models.from_hf_config(json.loads(storage.read_text(cfg_path)), **numerics)
   else:
     cfg = models.get_preset(m["preset"], **overrides)
   if cfg.is_moe and "mesh" in config and cfg.moe_impl == "dispatch":
@@ -95,35 +98,53 @@ def pin_to_device_cpus(config, role: str, index: int = 0) -> list[int] | None:
   return [cpu]
 
 
+def padded_length(length: int, multiple: int, max_len: int) -> int:
+  """The token-axis length a learner batch whose longest row has `length` tokens is padded to:
+  rounded up to a multiple of `multiple` (`learner.pad_multiple`; few distinct shapes compile),
+  clamped to `max_len` (the longest sequence the config allows, `max_sequence_len`): never above
+  it. Pure; the preflight calls it too. Raises ValueError for a row longer than `max_len` or a
+  multiple < 1."""
+  length, multiple, max_len = int(length), int(multiple), int(max_len)
+  if multiple < 1:
+    raise ValueError(f"learner.pad_multiple={multiple}: must be >= 1")
+  if length > max_len:
+    raise ValueError(f"a sequence of {length} tokens exceeds the longest the config allows "
+                     f"({max_len} = rollout.max_prompt_len + think_budget_max + injected + "
+                     f"answer_budget)")
+  return min(-(-max(length, 1) // multiple) * multiple, max_len)
+
+
+def max_sequence_len(config) -> int:
+  """Longest learner row the config allows: max prompt + the longest completion (thinking budget,
+  the injected interruption tokens (cap 64), answer budget). The plan tool's memory plan must
+  cover it (tools/plan.py sizes prompt + think + answer; a longer sum is a config error)."""
+  return int(config.rollout.max_prompt_len) + max_completion_len(config)
+
+
+def wire_dtype(config) -> str | None:
+  """The dtype float32 params are pushed to generators in (`weights.wire_dtype`): "bfloat16", or
+  None for float32 (no cast). Every weight push (StreamPublisher, the vLLM load) uses it."""
+  w = config.get("weights")
+  name = "bfloat16" if w is None else w.get("wire_dtype", "bfloat16")
+  if name not in recipes.WIRE_DTYPES:
+    raise ValueError(f"weights.wire_dtype={name!r}; expected one of {recipes.WIRE_DTYPES}")
+  return None if name == "float32" else name
+
+
 def max_completion_len(config) -> int:
   """Longest completion a generator can produce under config.rollout (incl. interruption)."""
   r = config.rollout
   return int(r.think_budget_max + 64 + r.answer_budget)
 
 
-# The learner's token-axis pad bucket (trainer.pad_time pads to `pad_length(T)`; tests check both
-# agree, so a change of the padding rule changes this arithmetic too).
-PAD_BUCKET = 32
-
-
-def pad_length(tokens: int, bucket: int = PAD_BUCKET) -> int:
-  """Length trainer.pad_time pads a batch whose longest sequence has `tokens` tokens to: the
-  smallest `bucket` x 2^k >= tokens."""
-  t = int(bucket)
-  while t < int(tokens):
-    t *= 2
-  return t
-
-
-def max_sequence_len(config) -> int:
-  """Longest sequence a rollout can hold: prompt budget + the longest completion."""
-  return int(config.rollout.max_prompt_len) + max_completion_len(config)
-
-
-def padded_length(config) -> int:
-  """Token length of the learner's padded batch when a sequence reaches `max_sequence_len`: the
-  sequence length the train step compiles for (and the memory plan must be made at)."""
-  return pad_length(max_sequence_len(config))
+def train_seq_len(config) -> int:
+  """The token length of the learner's padded batch when a row reaches `max_sequence_len`
+  (`padded_length` with `learner.pad_multiple`, as trainer.pad_time pads): the longest sequence
+  the train step compiles for, the length its memory plan must be made at (tools.plan's default,
+  launch.preflight's check)."""
+  longest = max_sequence_len(config)
+  lc = config.get("learner") or {}
+  return padded_length(longest, int(lc.get("pad_multiple", 128)), longest)
 
 
 def vllm_max_model_len(config) -> int:

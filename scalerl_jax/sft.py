@@ -1,4 +1,11 @@
-"""Supervised warm start: the base policy RL starts from (the paper starts from an SFT model).
+"""The start policy of a run: `model.hf_checkpoint` when set, else a supervised warm start.
+
+With `config.model.hf_checkpoint` (a save_pretrained directory, local or gs://) the checkpoint IS
+the start policy: every learner process reads only the slices its devices hold, straight from the
+safetensors files (models/hf_slices.py), into the run's mesh; no SFT runs and WORKDIR/base_policy
+is neither read nor written (an existing one, from an earlier SFT run in this workdir, is ignored
+with a warning). Without a checkpoint, a dataset that ships SFT traces gets the supervised warm
+start below (the paper starts from an SFT model); one that ships none is an error.
 
 `warm_start(config, model_cfg, dataset, workdir)` trains on the dataset's SFT traces with token-level
 cross-entropy (loss only on `loss_mask` tokens: never on the prompt or injected interruption text):
@@ -72,8 +79,34 @@ def train_sft(model_cfg, params, phases, *, batch_size: int, lr: float, seed: in
   return params, losses
 
 
+def start_from_checkpoint(config, model_cfg, path: str, workdir: str | None = None):
+  """Params of the start checkpoint `path`, already placed: sharded over the mesh of
+  `config.mesh.shape` (rules table) when JAX has several devices (every process calls this and
+  reads only its own slices), else on the one device. Returns (params, info)."""
+  from scalerl_jax import sharding
+  from scalerl_jax.models import hf_slices
+  if workdir and storage.exists(storage.join(workdir, BASE_DIR, "config.json")):
+    logging.warning("model.hf_checkpoint=%s is the start policy: ignoring %s (an earlier SFT "
+                    "warm start in this workdir)", path, storage.join(workdir, BASE_DIR))
+  if jax.device_count() > 1:
+    mesh = sharding.make_mesh(config.mesh.shape)
+    shardings = sharding.param_shardings(model_cfg, mesh, config.mesh.rules)
+  else:
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree.map(lambda _: one, sharding.abstract_params(model_cfg))
+  params, stats = hf_slices.load_sharded(path, model_cfg, shardings)
+  logging.info("start policy: %s (%.0f MB read by this process in %d requests, %.1f s; its "
+               "devices hold %.0f MB)", path, stats["bytes_read"] / 1e6, stats["requests"],
+               stats["seconds"], stats["local_param_bytes"] / 1e6)
+  return params, {"start": "hf_checkpoint", "hf_checkpoint": path, **stats}
+
+
 def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
-  """Loads WORKDIR/base_policy if present, else trains it (config.sft) and saves it there."""
+  """The start policy: `model.hf_checkpoint` when set (`start_from_checkpoint`); else
+  WORKDIR/base_policy if present, else SFT on the dataset's traces (config.sft), saved there."""
+  ckpt = str(config.model.get("hf_checkpoint", "") or "")
+  if ckpt:
+    return start_from_checkpoint(config, model_cfg, ckpt, workdir)
   path = storage.join(workdir, BASE_DIR)
   if storage.exists(storage.join(path, "config.json")):   # written last: the copy is complete
     logging.info("SFT warm start: loading cached base policy from %s", path)
@@ -82,7 +115,7 @@ def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
     return params, {"sft_cached": True}
   if not hasattr(dataset, "sft_batch"):
     raise ValueError(f"dataset kind {config.data.kind!r} has no SFT traces; set "
-                     "config.model.hf_checkpoint to an SFT checkpoint instead")
+                     "config.model.hf_checkpoint to the start (SFT) checkpoint")
   n = config.sft.num_examples
   phases = []
   if config.sft.get("clean_steps", 0):

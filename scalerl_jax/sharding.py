@@ -127,10 +127,18 @@ def cache_shardings(cache: Any, mesh: Mesh, rules) -> Any:
 
 
 def shard_params(params: Any, cfg: ModelConfig, mesh: Mesh, rules) -> Any:
-  """Places host params (e.g. from models.load_hf; the same on every process) into their
-  shardings; each process materialises only the slices its own devices hold (multi-host safe)."""
+  """Places params into their shardings. Host params (e.g. from models.load_hf; the same on every
+  process): each process materialises only the slices its own devices hold (multi-host safe).
+  jax.Arrays already in their sharding (models.hf_slices.load_sharded) are kept as they are; other
+  fully addressable ones are treated as host params."""
   import numpy as np
   shardings = param_shardings(cfg, mesh, rules)
-  return jax.tree.map(
-      lambda x, sh: jax.make_array_from_callback(np.shape(x), sh, lambda idx: np.asarray(x)[idx]),
-      params, shardings)
+
+  def place(x, sh):
+    if isinstance(x, jax.Array):
+      if x.sharding.is_equivalent_to(sh, x.ndim):
+        return x
+      if not x.is_fully_addressable:
+        raise ValueError(f"a param of shape {x.shape} is sharded as {x.sharding}, not {sh}")
+    return jax.make_array_from_callback(np.shape(x), sh, lambda idx: np.asarray(x)[idx])
+  return jax.tree.map(place, params, shardings)

@@ -126,6 +126,20 @@ def getsize(p) -> int:
   return int(_fs().size(_strip(p))) if is_remote(p) else os.path.getsize(p)
 
 
+def stat(p) -> dict:
+  """A file's metadata, no content read: {"size"} plus, for gs://, the object's server-side
+  checksums ("crc32c", "md5": base64 as GCS reports them, when present) and, locally, "mtime_ns"."""
+  if not is_remote(p):
+    st = os.stat(p)
+    return {"size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
+  info = _fs().info(_strip(p))
+  out = {"size": int(info["size"])}
+  for key, name in (("crc32c", "crc32c"), ("md5Hash", "md5")):
+    if info.get(key):
+      out[name] = str(info[key])
+  return out
+
+
 def open(p, mode: str = "r", **kw):  # noqa: A001 - the layer's open
   """builtins.open for local paths, a gcsfs file for gs:// (written as one object on close)."""
   if not is_remote(p):
@@ -258,6 +272,21 @@ def local_copy(src):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def cached_local_copy(src, root: str | None = None) -> str:
+  """A local directory holding directory `src`'s files: `src` itself when local, else a copy under
+  ROOT (default TMPDIR/scalerl-ckpt)/BUCKET/PATH made once per machine (config.json copied last
+  marks it complete; a later call reuses it). For consumers that need a local path (a vLLM engine
+  started on a gs:// checkpoint)."""
+  if not is_remote(src):
+    return str(src)
+  scheme, rest = _strip(src).split("://", 1)
+  dest = os.path.join(root or os.path.join(tempfile.gettempdir(), "scalerl-ckpt"), scheme,
+                      *rest.strip("/").split("/"))
+  if not os.path.isfile(os.path.join(dest, "config.json")):
+    copy_tree(src, dest, last=("config.json",))
+  return dest
+
+
 def local_dir(workdir, configured: str = "") -> str:
   """Where a run keeps what must be on a local disk (WAL, child logs, TensorBoard staging, the
   files its child processes read): `configured` if set, the workdir when local, else
@@ -310,3 +339,59 @@ def check_remote_writable(workdir: str, probe_name: str) -> None:
   except Exception as e:  # noqa: BLE001 - gcsfs raises auth / HTTP errors of many types
     raise RemoteStorageError(f"cannot write to {workdir}: {type(e).__name__}: {e}") from None
 
+
+
+class RangedFile:
+  """Byte-range reads of one file, local (`os.pread`) or gs:// (one ranged GET per range through
+  gcsfs, several ranges concurrently): never a full copy. Counts `bytes_read` and `requests`."""
+
+  def __init__(self, p):
+    self.path = str(p)
+    self.remote = is_remote(p)
+    self.bytes_read = 0
+    self.requests = 0
+    if self.remote:
+      self._fs = _fs()
+      self.size = int(self._fs.size(_strip(p)))
+    else:
+      self._fd = os.open(p, os.O_RDONLY)
+      self.size = os.fstat(self._fd).st_size
+
+  def read(self, offset: int, n: int) -> bytes:
+    """`n` bytes at `offset` (fewer only at the end of the file)."""
+    return self.read_many([(offset, n)])[0]
+
+  def read_many(self, ranges) -> list:
+    """[(offset, n), ...] -> [bytes, ...] in order."""
+    ranges = [(int(o), int(n)) for o, n in ranges]
+    if self.remote:
+      out = self._fs.cat_ranges([_strip(self.path)] * len(ranges), [o for o, _ in ranges],
+                                [o + n for o, n in ranges])
+      for r in out:
+        if isinstance(r, Exception):
+          raise r
+    else:
+      out = [os.pread(self._fd, n, o) for o, n in ranges]
+    self.requests += len(ranges)
+    self.bytes_read += sum(len(r) for r in out)
+    return out
+
+  def map(self, offset: int, n: int):
+    """A read-only uint8 memory map of bytes [offset, offset + n) (local files only); its pages
+    are read as they are touched. Counted as one request; callers count the bytes they use."""
+    if self.remote:
+      raise ValueError(f"{self.path}: memory maps are for local files")
+    import numpy as np
+    self.requests += 1
+    return np.memmap(self.path, dtype=np.uint8, mode="r", offset=int(offset), shape=(int(n),))
+
+  def close(self) -> None:
+    if not self.remote and self._fd >= 0:
+      os.close(self._fd)
+      self._fd = -1
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()

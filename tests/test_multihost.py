@@ -54,7 +54,8 @@ def _worker(mode, out_path):
     # tensor major: each process holds one tensor half of BOTH fsdp shards, so both processes
     # feed every row (a batch replicated across processes, as in sequence-parallel layouts)
     config.mesh.shape = (("data", 1), ("tensor", 2), ("fsdp", 2), ("expert", 1))
-  apply_fn = lambda p, t, pos: models.forward(p, cfg, t, pos)
+  config.model.logits_chunk = 8   # log-probs over 4 sequence chunks of the 32 positions
+  apply_fn = lambda p, t, pos: models.forward_hidden(p, cfg, t, pos)   # (hidden, head kernel)
   batches = _batches(cfg.vocab_size)
   t0 = time.perf_counter()
   init = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(0)))
@@ -69,7 +70,12 @@ def _worker(mode, out_path):
                                            params_sharding=shardings, vocab_size=cfg.vocab_size)
     rows = learner.local_rows(batches[0]["tokens"].shape[0])
     metrics = [learner.step({k: v[rows] for k, v in b.items()}) for b in batches]
+  # The parity gate's learner log-probs (trainer._parity): every process passes the global tokens;
+  # sharded over the batch, chunked over the sequence (no [B,T,V] logits), a collective.
+  logp = learner.token_logprobs(batches[0]["tokens"])
   params = distributed.gather_to_host(learner.state.params)
+  from scalerl_jax.trainer import learner_token_logprobs   # one host, whole logits: the reference
+  ref_lp = learner_token_logprobs(cfg, params, batches[0]["tokens"])
   bcast = None
   if mode == "multi":   # process 0's batch reaches every host byte for byte (bool / int64 kept)
     src = dict(b=np.array([[True, False, True]]), i=np.arange(4, dtype=np.int64) << 40,
@@ -85,6 +91,8 @@ def _worker(mode, out_path):
                         bcast=bcast, rows=[rows.start, rows.stop] if mode != "nomesh" else None,
                         steps=int(np.asarray(distributed.gather_to_host(learner.state.step))),
                         losses=[m["loss"] for m in metrics],
+                        logp_shape=list(logp.shape), logp_sum=float(np.sum(logp)),
+                        logp_vs_full_logits=float(np.abs(logp - ref_lp).max()),
                         max_update=max(float(np.abs(a - b).max()) for a, b in
                                        zip(jax.tree.leaves(params), jax.tree.leaves(init))), seconds=time.perf_counter() - t0)))
 
@@ -173,6 +181,10 @@ def test_two_processes_equal_one(tmp_path):
   assert all(o["steps"] == STEPS for o in outs + [s, n])
   for o in outs:                          # every host sees the same (global) metrics
     np.testing.assert_allclose(o["losses"], s["losses"], rtol=1e-5, atol=1e-7)
+  # parity-gate log-probs: multi-host sharded + chunked == one-host whole-logits reference
+  for o in outs + [s, n]:
+    assert o["logp_shape"] == [16, 32] and o["logp_vs_full_logits"] <= 1e-5, o
+    assert abs(o["logp_sum"] - n["logp_sum"]) <= 1e-5 * abs(n["logp_sum"]), (o, n)
   multi, one, flat = (np.load(tmp_path / f"{m}.npz") for m in ("multi", "single", "nomesh"))
   assert set(multi.files) == set(one.files) == set(flat.files) and len(multi.files) > 5
   assert n["max_update"] > 1e-4, n          # the 3 steps really moved the parameters
@@ -263,7 +275,7 @@ def test_main_runs_as_two_processes(tmp_path):
          "--config.sft.steps=10", "--config.eval.every_steps=3",
          "--config.eval.samples_per_prompt=1", "--config.data.heldout=8",
          "--config.rollout.max_lag=1", "--config.checkpoint.every_steps=3",
-         "--config.pin_cpus=False"]
+         "--config.pin_cpus=False", "--config.health.parity_gate=always"]
   procs = [subprocess.Popen(cmd, cwd=ROOT, env=_env(1, SCALERL_COORDINATOR=f"127.0.0.1:{port}",
                                                     SCALERL_NUM_PROCESSES=2, SCALERL_PROCESS_ID=i),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -282,6 +294,10 @@ def test_main_runs_as_two_processes(tmp_path):
   assert [l["step"] for l in lines if l["kind"] == "eval"] == [0, 3]
   assert all(np.isfinite(l["loss"]) and 0 <= l["max_lag"] <= 1 for l in train)
   assert sum(l["policy_tokens"] for l in train) > 0
+  # The parity gate runs multi-host (it was off for every multi-host learner): step 1 re-scored
+  # the whole first batch with the sharded learner; an fp32 JAX generator matches it closely.
+  assert train[0]["health/parity_tokens"] > 0 and train[0]["health/parity_alarm"] == 0
+  assert train[0]["health/parity_mean_abs"] < 1e-3, train[0]
   step, meta, _ = checkpoint.find_valid(str(tmp_path))
   assert step == 3 and meta["consumed"]["step"] == 3
   # The collectively saved state restores in one process and moved away from the base policy.

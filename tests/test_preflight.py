@@ -1,6 +1,6 @@
 """launch/preflight.py: each launch fault planted (one at a time) in a rendered variant is caught
 with ONE line naming the variant, the number and the knob; the arithmetic it relies on
-(runtime.pad_length = trainer.pad_time, topologies.process_row_spans, the vLLM KV-cache engine
+(runtime.train_seq_len = trainer.pad_time's width, topologies.process_row_spans, the vLLM KV-cache engine
 args) checked against the code; the render flags reach every pod."""
 import os
 import shutil
@@ -207,17 +207,20 @@ def test_main_config_files_with_no_data_and_default_layout(tmp_path, baseline):
 
 
 # ---- the arithmetic, against the code --------------------------------------------------------------
-def test_pad_length_is_what_pad_time_pads_to():
+def test_train_seq_len_is_what_pad_time_pads_a_longest_batch_to():
+  """runtime.train_seq_len (the plan tool's default length, the preflight's check) is the width
+  trainer.pad_time gives a batch holding a longest sequence."""
   from scalerl_jax import runtime
-  from scalerl_jax.trainer import pad_time
-  for t in (1, 31, 32, 33, 100, 16384, 16404, 16448, 20000):
-    got = pad_time({"tokens": np.zeros((2, t), np.int32)})["tokens"].shape[1]
-    assert got == runtime.pad_length(t), t
-  c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
-  assert runtime.max_sequence_len(c) == 2048 + 12288 + 64 + 2048 == 16448
-  assert runtime.padded_length(c) == 32768          # today's pad rule: powers of two x 32
   from scalerl_jax.tools.plan import default_seq_len
-  assert default_seq_len(c) == runtime.padded_length(c)
+  from scalerl_jax.trainer import pad_time
+  c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
+  longest = runtime.max_sequence_len(c)
+  assert longest == 2048 + 12288 + 64 + 2048 == 16448
+  got = pad_time({"tokens": np.zeros((1, longest), np.int32)}, int(c.learner.pad_multiple),
+                 longest)["tokens"].shape[1]
+  assert got == runtime.train_seq_len(c) == default_seq_len(c) == 16448
+  c.learner.pad_multiple = 1000
+  assert runtime.train_seq_len(c) == 16448                 # clamped to the longest sequence
 
 
 def test_process_row_spans():
@@ -315,7 +318,7 @@ def test_render_flags_reach_every_pod(tmp_path):
 
 
 def test_render_refuses_bad_flags(tmp_path):
-  for args, msg in ((["--checkpoint=gs://b/ck"], "paths on the data volume"),
+  for args, msg in ((["--tokenizer=gs://b/tok"], "a path on the data volume"),
                     (["--image=gpu=x"], "unknown image role"),
                     (["--override", "rollout.max_lag"], "expected key=value"),
                     (["--override", "rollout.nope=1"], "unknown config field"),

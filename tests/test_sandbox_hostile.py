@@ -6,6 +6,7 @@ Every program knows the host's real paths, the buffer's port and the token's var
 worst case); where it could "prove" a breach by printing a secret, the expected output IS that
 secret, so the sandbox leaking it would make the test fail with reward 1.
 """
+import dataclasses
 import hashlib
 import json
 import os
@@ -228,3 +229,205 @@ def test_hostile_program(name, template, expected, reasons, buffer, recorded, tm
 
 def test_suite_is_big_enough():
   assert len(HOSTILE) >= 30 and len({h[0] for h in HOSTILE}) == len(HOSTILE)
+
+
+# --- Holes found by the red team (issue 28): memory RLIMIT_AS does not count, the grader's
+# keyring, AF_VSOCK / netlink / packet sockets, inherited rlimits, kernel interfaces. Each program
+# prints what it got; on the pre-seccomp sandbox each of these tests fails.
+
+_MACHINE = os.uname().machine
+# io_uring_setup, userfaultfd, perf_event_open, bpf, fanotify_init, add_key, request_key, keyctl
+_NR = {"x86_64": dict(io_uring_setup=425, userfaultfd=323, perf_event_open=298, bpf=321,
+                      fanotify_init=300, add_key=248, request_key=249, keyctl=250),
+       "aarch64": dict(io_uring_setup=425, userfaultfd=282, perf_event_open=241, bpf=280,
+                       fanotify_init=262, add_key=217, request_key=218, keyctl=219)}.get(_MACHINE)
+needs_nr = pytest.mark.skipif(_NR is None, reason=f"syscall numbers not listed for {_MACHINE}")
+
+SHM_1GIB = r'''
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+got = 0
+for i in range(32):                  # 32 x 32 MiB = 1 GiB of SysV shm, each detached once touched
+  sid = libc.shmget(0, 32 << 20, 0o1600)
+  if sid < 0:
+    break
+  p = libc.shmat(sid, None, 0)
+  ctypes.memset(p, 1, 32 << 20)
+  libc.shmdt(p)
+  got += 32
+print(got)
+'''
+MEMFD_960MIB = r'''
+import os
+fds, got = [], 0
+for i in range(60):                  # 60 x 16 MiB (RLIMIT_FSIZE each) = 960 MiB, never mapped
+  try:
+    fd = os.memfd_create("m%d" % i)
+    os.ftruncate(fd, 16 << 20)
+    os.posix_fallocate(fd, 0, 16 << 20)
+  except OSError:
+    break
+  fds.append(fd)
+  got += 16
+print(got)
+'''
+
+
+def _shmem_mib() -> int:
+  for line in open("/proc/meminfo"):
+    if line.startswith("Shmem:"):
+      return int(line.split()[1]) >> 10
+  return 0
+
+
+@pytest.mark.parametrize("src,full", [(SHM_1GIB, "1024"), (MEMFD_960MIB, "960")],
+                         ids=["sysv_shm_1gib", "memfd_960mib"])
+def test_memory_outside_rlimit_as_is_bounded(src, full):
+  """SysV shm (created, touched, detached) and never-mapped memfds are not counted by RLIMIT_AS
+  (256 MiB here): a cgroup ceiling kills the sandbox at 256+64+64 MiB ("memory"), or, without
+  one, seccomp refuses shmget/memfd_create. Never more than the ceiling is held, nor kept."""
+  shm0 = _shmem_mib()
+  g = rewards.grade_code(f"</think>\n```python\n{src}```",
+                         json.dumps([{"input": "", "output": full}]),
+                         dataclasses.replace(LIMITS, wall_s=15.0))   # slow page faults under load
+  assert g.reward == 0.0 and g.sandboxed, g
+  if sandbox.cgroup_pool() is not None:
+    assert g.reason == "memory", g
+  else:
+    assert g.reason == "wrong_answer", g          # printed 0: the first call was refused
+  deadline = time.monotonic() + 10.0              # an IPC namespace is freed asynchronously
+  while _shmem_mib() > shm0 + 64 and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert _shmem_mib() <= shm0 + 64, (shm0, _shmem_mib())
+
+
+def test_shm_and_memfd_refused_without_a_cgroup_ceiling():
+  s = dataclasses.replace(sandbox.settings(), cgroup="none")
+  for src in (SHM_1GIB, MEMFD_960MIB):
+    r = sandbox.run_program(src, limits=LIMITS, s=s)
+    assert (r.status, r.stdout) == ("ok", b"0\n"), r
+
+
+KEYRING = r'''
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+kid = libc.syscall({request_key}, b"user", b"scalerl-hostile", None, 0)
+buf = ctypes.create_string_buffer(256)
+if kid > 0:
+  n = libc.syscall({keyctl}, 11, kid, buf, 256)          # KEYCTL_READ
+  print(buf.raw[:max(n, 0)].decode())
+else:
+  r = libc.syscall({add_key}, b"user", b"planted", b"x", 1, ctypes.c_long(-3))
+  print("request_key", ctypes.get_errno(), "add_key", r, ctypes.get_errno())
+'''
+
+
+@needs_nr
+def test_grader_session_keyring_is_not_shared():
+  """The grader's session keyring holds a secret; a program reading it (request_key + KEYCTL_READ)
+  would print it. It must see neither the grader's keyring (a fresh one is joined) nor be able to
+  use keyctl at all (seccomp: EPERM), and it must not plant keys."""
+  import ctypes
+  libc = ctypes.CDLL(None, use_errno=True)
+  assert libc.syscall(_NR["keyctl"], 1, None) > 0                 # a keyring of the test's own
+  kid = libc.syscall(_NR["add_key"], b"user", b"scalerl-hostile", SECRET.encode(), len(SECRET),
+                     ctypes.c_long(-3))
+  assert kid > 0, ctypes.get_errno()
+  src = KEYRING.format(**_NR)
+  g = rewards.grade_code(f"</think>\n```python\n{src}```",
+                         json.dumps([{"input": "", "output": SECRET}]), LIMITS)
+  assert g.reward == 0.0 and g.sandboxed, g
+  r = sandbox.run_program(src, limits=LIMITS)
+  assert r.stdout == b"request_key 1 add_key -1 1\n", r                  # EPERM, EPERM
+  # without seccomp the fresh keyring alone hides the grader's key
+  r = sandbox.run_program(src, limits=LIMITS,
+                          s=dataclasses.replace(sandbox.settings(), seccomp=False))
+  assert r.status == "ok" and SECRET.encode() not in r.stdout, r
+  assert r.stdout.startswith(b"request_key 126"), r                      # ENOKEY: not found
+  libc.syscall(_NR["keyctl"], 1, None)                             # drop the test's keyring
+
+
+SOCKETS = r'''
+import socket
+out = []
+for fam, typ in ({families}):
+  try:
+    socket.socket(fam, typ)
+    out.append("open")
+  except OSError as e:
+    out.append(str(e.errno))
+print(" ".join(out))
+'''
+
+
+@pytest.mark.parametrize("families", ["(40, 1),", "(16, 3), (17, 3), (17, 2)"],
+                         ids=["af_vsock", "netlink_and_packet"])
+def test_sockets_other_than_unix_inet_are_refused(families):
+  """AF_VSOCK reaches the VM host (no network namespace isolates it); AF_NETLINK and AF_PACKET
+  are kernel surfaces no program needs. socket() of any family but AF_UNIX/AF_INET/AF_INET6 is
+  EPERM (1); the allowed ones still open."""
+  n = families.count("(")
+  g = rewards.grade_code(f"</think>\n```python\n{SOCKETS.format(families=families)}```",
+                         json.dumps([{"input": "", "output": " ".join(["open"] * n)}]), LIMITS)
+  assert g.reward == 0.0 and g.sandboxed, g
+  r = sandbox.run_program(SOCKETS.format(families=families), limits=LIMITS)
+  assert r.stdout.decode().split() == ["1"] * n, r
+  r = sandbox.run_program(SOCKETS.format(families="(1, 1), (2, 1), (10, 2)"), limits=LIMITS)
+  assert r.stdout == b"open open open\n", r
+
+
+RLIMITS = r'''
+import resource as R
+print([R.getrlimit(x) for x in (R.RLIMIT_RTPRIO, R.RLIMIT_MEMLOCK, R.RLIMIT_MSGQUEUE,
+                                R.RLIMIT_SIGPENDING)], open("/proc/self/oom_score_adj").read().strip())
+try:
+  open("/proc/self/oom_score_adj", "w").write("0")
+except OSError as e:
+  print("lower", e.errno)
+print(open("/proc/self/oom_score_adj").read().strip())
+'''
+
+
+def test_rlimits_reset_and_oom_first():
+  """The grader's rtprio/memlock/msgqueue/sigpending limits are not inherited (the test raises
+  its RTPRIO to 50 first where it may; MEMLOCK 8 MiB, MSGQUEUE 800 KiB and SIGPENDING ~96k are
+  the defaults here), and sandboxed programs are the OOM killer's first choice (1000); where the
+  grader holds CAP_SYS_RESOURCE the floor is locked: the program cannot lower it."""
+  import resource as R
+  saved = R.getrlimit(R.RLIMIT_RTPRIO)
+  try:
+    R.setrlimit(R.RLIMIT_RTPRIO, (50, 50))       # needs CAP_SYS_RESOURCE (not in every container)
+  except (ValueError, OSError):
+    pass
+  try:
+    r = sandbox.run_program(RLIMITS, limits=LIMITS)
+  finally:
+    R.setrlimit(R.RLIMIT_RTPRIO, saved)
+  lines = r.stdout.decode().splitlines()
+  assert r.status == "ok" and lines[0] == "[(0, 0), (0, 0), (0, 0), (64, 64)] 1000", r
+  cap_eff = int(next(l for l in open("/proc/self/status") if l.startswith("CapEff:")).split()[1], 16)
+  if cap_eff >> 24 & 1:                      # CAP_SYS_RESOURCE: the spawner locked the floor
+    assert lines[1:] == ["lower 13", "1000"], r                            # EACCES
+
+
+KERNEL_IFACES = r'''
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+out = []
+for nr, args in (({io_uring_setup}, (0, 0)), ({userfaultfd}, (1,)), ({perf_event_open}, (0, 0, -1, -1, 0)),
+                 ({bpf}, (0, 0, 0)), ({fanotify_init}, (0x200, 0))):   # UFFD_USER_MODE_ONLY, FAN_REPORT_FID
+  r = libc.syscall(nr, *args)
+  out.append(str(ctypes.get_errno()) if r < 0 else "open")
+print(" ".join(out))
+'''
+
+
+@needs_nr
+def test_kernel_interfaces_are_refused():
+  """io_uring, userfaultfd, perf_event_open, bpf, fanotify: reachable from an unprivileged user
+  namespace (EFAULT/EINVAL = the kernel parsed the call), refused by seccomp with EPERM (1)."""
+  r = sandbox.run_program(KERNEL_IFACES.format(**_NR), limits=LIMITS)
+  assert r.status == "ok" and r.stdout == b"1 1 1 1 1\n", r

@@ -141,3 +141,17 @@ def test_code_job_refuses_to_start_without_sandbox(tmp_path):
   with pytest.raises(rewards.SandboxUnavailable, match="did not start"):
     job.run(c, str(workdir), progress=False)
   assert not (workdir / "config.json").exists() and not (workdir / "base_policy").exists()
+
+
+def test_missing_seccomp_stops_the_start_and_names_the_knob(monkeypatch):
+  from scalerl_jax.rewards import seccomp
+
+  def unavailable(allow_ipc_memory):
+    raise seccomp.SeccompUnavailable("Unable to find libseccomp: install the system library")
+  monkeypatch.setattr(seccomp, "filter_bpf", unavailable)
+  with pytest.raises(sandbox.SandboxUnavailable, match="code_seccomp=False"):
+    sandbox.check_sandbox()
+  r = sandbox.run_program("print('ran')")
+  assert r.status == "sandbox_error" and "libseccomp" in r.detail and r.stdout == b""
+  with pytest.raises(ValueError, match="rewards.code_cgroup='v3'"):
+    sandbox.configure(cgroup="v3")

@@ -186,6 +186,7 @@ def generators(specs):
           "replicas": job["replicas"],
           "selector": {"matchLabels": sel},
           "template": {"metadata": {"labels": sel}, "spec": {
+              "serviceAccountName": job["service_account"],
               "nodeSelector": dict(job["node_selector"]),
               "tolerations": _tolerations(job),
               "containers": [{
@@ -367,10 +368,10 @@ def main(argv=None):
   ap.add_argument("--name", default="", help="job name prefix (default scalerl)")
   ap.add_argument("--data_pvc", default="", help="read-only PVC mounted at "
                   f"{spec_lib.DATA_MOUNT} on every pod that reads data or the checkpoint")
-  ap.add_argument("--data", default="", help="config.data.path (on the data volume)")
+  ap.add_argument("--data", default="", help="config.data.path (on the data volume, or gs://)")
   ap.add_argument("--tokenizer", default="", help="config.data.tokenizer_path (on the data volume)")
   ap.add_argument("--checkpoint", default="", help="config.model.hf_checkpoint: start weights "
-                  "(on the data volume)")
+                  "(on the data volume, or gs://)")
   ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                   help="config override for EVERY pod (repeatable), e.g. rollout.max_lag=4")
   ap.add_argument("--no-preflight", dest="preflight", action="store_false",

@@ -1,4 +1,5 @@
-"""Real prompt sets: Polaris-53K-style math and DeepCoder-style code, from JSONL or Parquet.
+"""Real prompt sets: Polaris-53K-style math and DeepCoder-style code, from JSONL or Parquet
+(local paths or gs://, through scalerl_jax.storage).
 
 File formats (one record per JSONL line or Parquet row; extra fields are ignored):
   math (kind=polaris):    {"problem": str, "answer": str | number}
@@ -18,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from typing import Any, Iterator
 
 import numpy as np
 
+from scalerl_jax import storage
 from scalerl_jax.types import PromptSpec
 
 
@@ -40,19 +41,21 @@ class MalformedTest(DataError):
 
 
 def iter_records(path: str) -> Iterator[tuple[str, dict]]:
-  """Yields (location, record) from a .jsonl / .json (list) / .parquet file; location is 'file:line'."""
-  if not os.path.isfile(path):
+  """Yields (location, record) from a .jsonl / .json (list) / .parquet file, local or gs://
+  (read through scalerl_jax.storage); location is 'file:line'."""
+  if not storage.isfile(path):
     raise FileNotFoundError(f"data file {path!r} does not exist")
   if path.endswith(".parquet"):
     try:
       import pyarrow.parquet as pq
     except ImportError:
       raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
-    table = pq.read_table(path)
+    with storage.open(path, "rb") as f:
+      table = pq.read_table(f)
     for i, row in enumerate(table.to_pylist()):
       yield f"{path}:row {i}", row
   elif path.endswith(".jsonl"):
-    with open(path, encoding="utf-8") as f:
+    with storage.open(path, encoding="utf-8") as f:
       for n, line in enumerate(f, 1):
         if not line.strip():
           continue
@@ -64,7 +67,7 @@ def iter_records(path: str) -> Iterator[tuple[str, dict]]:
           raise DataError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
         yield f"{path}:{n}", rec
   elif path.endswith(".json"):
-    with open(path, encoding="utf-8") as f:
+    with storage.open(path, encoding="utf-8") as f:
       try:
         recs = json.load(f)
       except json.JSONDecodeError as e:

@@ -37,6 +37,7 @@ import numpy as np
 
 from scalerl_jax import models
 from scalerl_jax.models import hf_io
+from scalerl_jax.models import safetensors_format as st_format
 from scalerl_jax.generation.generator import Generator
 from scalerl_jax.generation.interruption import think_budget
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion, PromptSpec, SamplingSpec
@@ -193,45 +194,13 @@ def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
   return state, jnp.all(state["done"])[None]
 
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I32": np.int32,
-              "I64": np.int64, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-
-
 def named_from_safetensors(payload: bytes | bytearray | memoryview) -> dict[str, np.ndarray]:
   """Zero-copy decode of a safetensors blob (runtime.params_to_payload's format): {name: view}.
 
   Same result as `safetensors.numpy.load(bytes(payload))`, but every array is a read-only numpy
   view into `payload` (no `bytes()` copy of the whole payload, no per-tensor copies). The views
-  keep `payload` alive. Format: u64-LE header length N, N bytes of JSON {name: {dtype, shape,
-  data_offsets: [begin, end]}} (offsets relative to the end of the header), then the data."""
-  import json
-  import struct
-  buf = memoryview(payload).cast("B")
-  if len(buf) < 8:
-    raise ValueError("safetensors payload shorter than its 8-byte header length")
-  (n,) = struct.unpack("<Q", buf[:8])
-  if 8 + n > len(buf):
-    raise ValueError(f"safetensors header length {n} exceeds the payload ({len(buf)} bytes)")
-  header = json.loads(bytes(buf[8:8 + n]))
-  base = 8 + n
-  out = {}
-  for name, meta in header.items():
-    if name == "__metadata__":
-      continue
-    if meta["dtype"] == "BF16":
-      import ml_dtypes
-      dt = np.dtype(ml_dtypes.bfloat16)
-    elif meta["dtype"] in _ST_DTYPES:
-      dt = np.dtype(_ST_DTYPES[meta["dtype"]])
-    else:
-      raise ValueError(f"tensor {name!r}: unsupported safetensors dtype {meta['dtype']!r}")
-    begin, end = meta["data_offsets"]
-    shape = tuple(int(d) for d in meta["shape"])
-    if end - begin != int(np.prod(shape, dtype=np.int64)) * dt.itemsize or base + end > len(buf):
-      raise ValueError(f"tensor {name!r}: data_offsets {begin, end} do not match shape {shape}")
-    arr = np.frombuffer(buf, dtype=dt, count=(end - begin) // dt.itemsize, offset=base + begin)
-    out[name] = arr.reshape(shape)
-  return out
+  keep `payload` alive. The parser is the project's one (models/safetensors_format.py)."""
+  return st_format.decode_blob(payload)
 
 
 def split_cache(cache):

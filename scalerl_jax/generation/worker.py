@@ -66,7 +66,11 @@ log = logging.getLogger("scalerl.worker")
 
 
 def _make_generator(backend, config, model_cfg, weights, version, workdir):
-  """`weights`: our-layout params (a streamed version) or HF-named arrays (a blob version)."""
+  """`weights`: our-layout params (a streamed version) or HF-named arrays (a blob version).
+
+  Both backends start from the learner's published version, which at version 0 is the run's
+  start policy (model.hf_checkpoint, or the SFT base policy); vLLM loads version 0 of a run with
+  a start checkpoint from that checkpoint's directory (`vllm_start_dir`)."""
   if weights["kind"] == "params":
     params = weights["params"]
   else:
@@ -82,14 +86,30 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir):
     model_dir = recipes.vllm_model_dir(config)
   except recipes.ConfigError as e:
     raise SystemExit(f"error: {e}") from None
+  engine_dtype = "float32" if model_cfg.dtype == "float32" else "bfloat16"
   if not model_dir:
+    model_dir = vllm_start_dir(config, version)
+  if not model_dir:   # exported in the engine's dtype (a bf16 engine: half an fp32 export's bytes)
     model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
-    models.save_hf(model_cfg, params, model_dir)
+    models.save_hf(model_cfg, params, model_dir, dtype=engine_dtype)
   return VLLMGenerator(
-      model_dir, dtype="float32" if model_cfg.dtype == "float32" else "bfloat16",
+      model_dir, dtype=engine_dtype,
       head_dtype="float32" if model_cfg.fp32_lm_head else None,
       max_model_len=runtime.vllm_max_model_len(config),
       initial_version=version, seed=int(config.seed), **_vllm_args(config))
+
+
+def vllm_start_dir(config, version: int) -> str:
+  """The directory a vLLM engine starts on without `generator.vllm_model_dir`: the run's start
+  checkpoint (`model.hf_checkpoint`) when the generator starts at version 0 (which is that
+  checkpoint), so nothing is exported; a gs:// checkpoint is copied to this machine once
+  (storage.cached_local_copy: vLLM loads from a local path). "" = export the fetched weights
+  (no start checkpoint, or a later version). The parity gate checks the engine either way."""
+  ckpt = str(config.model.get("hf_checkpoint", "") or "")
+  if not ckpt or int(version) != 0:
+    return ""
+  from scalerl_jax import storage
+  return storage.cached_local_copy(ckpt)
 
 
 def _vllm_args(config) -> dict:

@@ -123,3 +123,48 @@ def split_microbatches(tree, microbatches: int):
     b = x.shape[0]
     return jnp.swapaxes(x.reshape((b // microbatches, microbatches) + x.shape[1:]), 0, 1)
   return jax.tree.map(split, tree)
+
+
+def bucket_lengths(T: int, multiple: int, max_buckets: int) -> tuple[int, ...]:
+  """Token lengths a micro-batch of a [B, T] batch may be cut to (ascending, the last is T): the
+  multiples of `multiple` below T, thinned to at most `max_buckets` evenly spaced ones (each
+  is one compiled branch of the step)."""
+  T, multiple, max_buckets = int(T), max(1, int(multiple)), max(1, int(max_buckets))
+  cands = sorted({min(k * multiple, T) for k in range(1, -(-T // multiple) + 1)} | {T})
+  if len(cands) > max_buckets:
+    n = len(cands)
+    cands = [cands[-(-(i + 1) * n // max_buckets) - 1] for i in range(max_buckets)]
+  return tuple(cands)
+
+
+def needed_lengths(loss_mask) -> np.ndarray:
+  """Per row, 1 + the last loss position (0 for a row without loss tokens): positions after it
+  cannot change the row's loss or gradient (causal attention)."""
+  m = np.asarray(loss_mask).astype(bool)
+  last = m.shape[1] - np.argmax(m[:, ::-1], axis=1)
+  return np.where(m.any(axis=1), last, 0).astype(np.int32)
+
+
+def length_sorted_order(loss_mask, microbatches: int) -> np.ndarray:
+  """A row permutation after which `split_microbatches`' strided micro-batch m holds the m-th
+  run of rows sorted by `needed_lengths` (so each micro-batch can be cut to its own bucket).
+  The loss and gradient do not depend on row order (every aggregation is per prompt id / global)."""
+  need = needed_lengths(loss_mask)
+  b = need.shape[0]
+  per = b // microbatches
+  order = np.argsort(need, kind="stable")          # sorted position j -> original row
+  perm = np.empty(b, np.int64)
+  j = np.arange(b)
+  perm[(j % per) * microbatches + j // per] = order
+  return perm
+
+
+def microbatch_token_slots(loss_mask, microbatches: int, buckets) -> int:
+  """Token slots the learner computes on for a batch (rows x its micro-batch's bucket length),
+  as the step's per-micro-batch cut chooses them."""
+  need = needed_lengths(loss_mask)
+  b = need.shape[0]
+  mb_need = need.reshape(b // microbatches, microbatches).max(axis=0)   # strided micro-batches
+  buckets = np.asarray(buckets)
+  cut = buckets[np.minimum(np.searchsorted(buckets, mb_need), len(buckets) - 1)]
+  return int(cut.sum()) * (b // microbatches)

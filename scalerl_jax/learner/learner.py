@@ -23,6 +23,7 @@ from scalerl_jax.learner.optimizer import make_optimizer
 from scalerl_jax.learner.optimizer import warmup_constant_schedule
 from scalerl_jax.learner.state import LearnerState
 from scalerl_jax.learner.train_step import ApplyFn
+from scalerl_jax.learner.train_step import make_logprob_fn
 from scalerl_jax.learner.train_step import make_train_step
 
 log = logging.getLogger(__name__)
@@ -94,10 +95,13 @@ class Learner:
       params = jax.device_put(params, params_sharding)
     self.batch_sharding = batch_sh
     model = config.get("model") or {}
+    lcfg = config.get("learner") or {}     # per-micro-batch length buckets (train_step)
     step_fn = make_train_step(apply_fn, self.optimizer, self.spec, self.microbatches,
                               lr_schedule=self.lr_schedule, with_entropy=with_entropy,
                               logits_chunk=int(model.get("logits_chunk", 1024)),
-                              batch_partition=partition, mesh=mesh, temperature=self.temperature)
+                              batch_partition=partition, mesh=mesh, temperature=self.temperature,
+                              pad_multiple=int(lcfg.get("pad_multiple", 0)),
+                              max_buckets=int(lcfg.get("max_buckets", 8)))
     create = lambda p: LearnerState.create(p, self.optimizer)
     if mesh is None:
       self.state = jax.jit(create)(params)
@@ -106,6 +110,28 @@ class Learner:
         self.state = jax.jit(create, out_shardings=state_sh)(params)
     self._step = jit_train_step(step_fn, mesh=mesh, state_sharding=state_sh,
                                 batch_sharding=batch_sh, donate=donate)
+    logp = make_logprob_fn(apply_fn, int(model.get("logits_chunk", 1024)), self.temperature)
+    self._logp = (jax.jit(logp) if mesh is None else jax.jit(
+        logp, in_shardings=(state_sh.params, batch_sh, batch_sh),
+        out_shardings=NamedSharding(mesh, P())))
+
+  def _place_rows(self, arrays: Mapping[str, Any]) -> dict:
+    """Global [B, ...] host arrays (the same on every process) placed like a batch."""
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    if self.batch_sharding is None:
+      return jax.device_put(arrays)
+    return jax.device_put(arrays, self.batch_sharding)
+
+  def token_logprobs(self, tokens, routes=None) -> np.ndarray:
+    """The learner's log-probs of `tokens` [B,T] under the current params (float32 [B,T], 0 at
+    t=0), computed like its step: sharded over the batch axes, chunked over the sequence (never
+    [B,T,V] logits). Multi-host: a collective; every process passes the same global `tokens`."""
+    placed = self._place_rows({"tokens": np.asarray(tokens, np.int32),
+                               **({"routes": np.asarray(routes, np.int32)}
+                                  if routes is not None else {})})
+    with self.mesh_context():
+      out = self._logp(self.state.params, placed["tokens"], placed.get("routes"))
+    return np.asarray(jax.device_get(out))
 
   def mesh_context(self):
     """Mesh + logical-axis rules active while tracing/running (model activation constraints)."""

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from scalerl_jax import rl
 from scalerl_jax.learner import metrics as metrics_lib
-from scalerl_jax.learner.batch import RLSpec, prepare, split_microbatches
+from scalerl_jax.learner.batch import RLSpec, bucket_lengths, prepare, split_microbatches
 from scalerl_jax.learner.logprobs import chunked_token_logprobs, token_logprobs
 from scalerl_jax.learner.state import LearnerState
 
@@ -131,10 +131,30 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
   return treedef.unflatten(new_p), new_opt, grad_norm, update_norm, ok, finite
 
 
+def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: float = 1.0):
+  """``(params, tokens, routes=None) -> logp float32 [B,T]`` (0 at t=0): the learner's own
+  log-probs (log_softmax(logits / T)) as its step computes them. With an ``apply_fn`` returning
+  (hidden, head kernel) they are computed over sequence chunks of ``logits_chunk`` positions, so
+  [B,T,V] logits never exist; under a mesh the batch stays sharded like the step's (the parity
+  gate of a multi-host learner, trainer._parity)."""
+  def fn(params, tokens, routes=None):
+    tokens = jnp.asarray(tokens, jnp.int32)
+    b, t = tokens.shape
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
+    out = apply_fn(params, tokens, pos, **({"routes": routes} if routes is not None else {}))
+    if isinstance(out, tuple) and isinstance(out[-1], dict):
+      out = out[0] if len(out) == 2 else out[:-1]
+    if isinstance(out, tuple):
+      return chunked_token_logprobs(*out, tokens, logits_chunk, False, temperature=temperature)[0]
+    return token_logprobs(out, tokens, False, temperature=temperature)[0]
+  return fn
+
+
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
                     microbatches: int = 1, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
-                    mesh=None, logits_chunk: int = 1024, temperature: float = 1.0) -> Callable:
+                    mesh=None, logits_chunk: int = 1024, temperature: float = 1.0,
+                    pad_multiple: int = 0, max_buckets: int = 8) -> Callable:
   """Builds the un-jitted step function ``(state, batch) -> (state, metrics)``.
 
   When ``apply_fn`` returns (hidden, head kernel), log-probs and entropies are computed over
@@ -143,6 +163,13 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
   log_softmax(logits / T), the distribution ``gen_logprobs`` come from (else every IS ratio is biased).
 
   ``batch_partition`` (with ``mesh``) constrains each micro-batch's rows to the batch mesh axes.
+
+  ``pad_multiple`` > 0 (with M > 1 micro-batches): each micro-batch is cut to its own length
+  bucket (`bucket_lengths(T, pad_multiple, max_buckets)`: the smallest one covering its rows'
+  last loss position) by a `lax.switch` over one compiled branch per bucket, so a micro-batch of
+  short rows costs short-row FLOPs. Exact: positions after a row's last loss token cannot change
+  its loss (causal attention), and D is the full batch's. Rows sorted by length
+  (`batch.length_sorted_order`, the trainer does it) make the cuts effective.
   """
   loss_fn = rl.get_loss(spec.loss)
 
@@ -188,9 +215,23 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
     else:
       mbs = constrain(split_microbatches(inputs, microbatches))
 
+      T = inputs["tokens"].shape[1]
+      buckets = bucket_lengths(T, pad_multiple, max_buckets) if pad_multiple > 0 else (T,)
+
+      def cut(mb, L):          # the token axis of every [rows, T, ...] input cut to L
+        return {k: (v[:, :L] if v.ndim >= 2 else v) for k, v in mb.items()}
+
+      def mb_grad(mb):
+        if len(buckets) == 1:
+          return grad_fn(params, mb)
+        pos = jnp.arange(T, dtype=jnp.int32)
+        need = jnp.max(jnp.where(mb["loss_mask"], pos[None] + 1, 0))
+        k = jnp.minimum(jnp.searchsorted(jnp.asarray(buckets, jnp.int32), need), len(buckets) - 1)
+        return jax.lax.switch(k, [lambda m, L=L: grad_fn(params, cut(m, L)) for L in buckets], mb)
+
       def body(carry, mb):   # the scan carry IS the one accumulator (updated in place)
         g_acc, s_acc = carry
-        g, s = grad_fn(params, mb)
+        g, s = mb_grad(mb)
         return (jax.tree.map(jnp.add, g_acc, g), metrics_lib.combine(s_acc, s)), None
 
       init = (jax.tree.map(jnp.zeros_like, params), metrics_lib.zeros())

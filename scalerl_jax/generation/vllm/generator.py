@@ -104,6 +104,7 @@ class VLLMGenerator(Generator):
                reset_prefix_cache_on_update=reset_prefix_cache_on_update,
                engine_args=dict(engine_args or {}), report_progress=bool(report_progress))
     self.max_model_len = max_model_len
+    self.dtype = dtype
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -321,6 +322,24 @@ class VLLMGenerator(Generator):
                    mb_per_s=nbytes / 1e6 / wall if wall > 0 else float("inf"))
       self.last_update_stats = stats
       return stats
+
+  @property
+  def push_dtype(self) -> str | None:
+    """The wire dtype of float32 arrays pushed by `load_params` / `load_payload`: "bfloat16" for a
+    bf16 engine (it stores bf16 weights, LM head included: the FP32 head casts at compute time;
+    vLLM's own cast is the same round-to-nearest-even), None (as they are) for an fp32 engine."""
+    return P.BF16 if self.dtype == P.BF16 else None
+
+  def load_params(self, params, version: int, model_cfg) -> None:
+    """Our-layout params (a streamed version, bf16 or fp32) as HF names, pushed in `push_dtype`."""
+    from scalerl_jax import models   # JAX stays out of this module's import at load time
+    self.load_weights(models.hf_named_arrays(model_cfg, params), version,
+                      wire_dtype=self.push_dtype)
+
+  def load_payload(self, payload, version: int, fmt: str = "safetensors") -> None:
+    """A published weight blob, pushed in `push_dtype`."""
+    from scalerl_jax import runtime
+    self.load_weights(runtime.payload_to_named(payload, fmt), version, wire_dtype=self.push_dtype)
 
   # -- extras ----------------------------------------------------------------------------------------
   def info(self) -> dict:
