@@ -9,7 +9,8 @@ Everything here is arithmetic on the resolved run config and the model preset, n
                                  runtime.wire_dtype where it exists, else today's fp32 push)
   generator host memory          the weight versions a generator worker holds in host RAM
                                  (generator.eval_hold_versions + the one being fetched), or at
-                                 start one version plus its HF export for vLLM, + VLLM_HOST_BYTES
+                                 start one version plus its HF export for vLLM (none when vLLM
+                                 starts from the start checkpoint), + VLLM_HOST_BYTES
   vLLM KV cache                  gpu_memory_utilization x HBM x TP - bf16 weights -
                                  VLLM_WORKSPACE_BYTES per GPU (activations, CUDA graphs), or the
                                  explicit generator.kv_cache_bytes; needed: decode_batch x
@@ -82,7 +83,10 @@ def generator_host_bytes(config) -> dict:
   versions = int(g.get("eval_hold_versions", 2)) + 1
   wire = wire_bytes_per_param(config)
   steady = versions * n * wire
-  export = 0 if g.get("vllm_model_dir") else n * engine_bytes_per_param(config)
+  # vLLM starts on generator.vllm_model_dir or the start checkpoint (generation.worker
+  # vllm_start_dir: a gs:// one is copied to local disk); else on an HF export of version 0
+  started_from_disk = g.get("vllm_model_dir") or config.model.get("hf_checkpoint")
+  export = 0 if started_from_disk else n * engine_bytes_per_param(config)
   start = n * wire + export
   total = max(steady, start) + VLLM_HOST_BYTES + SHM_BYTES
   return dict(versions=versions, steady=steady, start=start, total=total)
