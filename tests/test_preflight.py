@@ -56,8 +56,7 @@ def _edit_run_config(docs, old, new):
 
 @pytest.fixture(scope="module")
 def baseline():
-  """Failures of each committed variant as rendered (today: the pad length and the fp32 push,
-  which other changes fix), so a planted fault shows as exactly the new lines."""
+  """Failures of each committed variant as rendered: none."""
   return {v: set(preflight.check_variant(os.path.join(RENDERED, v)).failures)
           for v in ("8b-gb200", "scout-gb200")}
 
@@ -81,17 +80,11 @@ def _new_line(rep, baseline, variant, *needles):
   return line
 
 
-def test_committed_variants_fail_only_on_what_other_changes_fix(baseline):
-  """Re-rendered manifests: every launch check passes; what is left is the learner's pad length
-  (32,768, no plan there) and the fp32 weight push (4 bytes/param), both fixed outside launch/,
-  plus for Scout the generator's host memory that the fp32 push makes too large."""
-  for v, fails in baseline.items():
-    kinds = sorted("pad length" in l and "no memory plan" in l and "32768" in l and "16448" in l
-                   or "weight push 4 bytes/param" in l
-                   or ("generator memory request 1404 GiB > 800 GiB" in l and v == "scout-gb200")
-                   for l in fails)
-    assert all(kinds), fails
-    assert len(fails) == (3 if v == "scout-gb200" else 2), fails
+def test_committed_variants_pass(baseline):
+  """Re-rendered manifests (python -m launch.gke.render --all) pass every check."""
+  assert baseline == {"8b-gb200": set(), "scout-gb200": set()}
+  for v in ("8b-h100", "8b-tpu-v5p"):
+    assert preflight.check_variant(os.path.join(RENDERED, v)).failures == []
 
 
 def test_generators_without_the_data_volume(tmp_path, baseline):
@@ -117,6 +110,16 @@ def test_override_on_the_learner_only(tmp_path, baseline):
   rep = _plant(tmp_path, "8b-gb200", edit)
   _new_line(rep, baseline, "8b-gb200", "the learner's rollout.max_lag=4 reaches no other pod: "
             "generators rollout.max_lag=8, buffer --max-lag=8", "--override")
+
+
+def test_fp32_weight_push(tmp_path, baseline):
+  rep = _plant(tmp_path, "8b-gb200", lambda docs: _edit_run_config(
+      docs, "'wire_dtype': 'bfloat16'", "'wire_dtype': 'float32'"))
+  new = [l for l in rep.failures if l not in baseline["8b-gb200"]]
+  # the push line, and the generator's held versions at 4 bytes/param outgrow its request
+  assert any("weight push 4 bytes/param = 32.1 GB per generator, 2.6 s at 12.5 GB/s" in l and
+             "target 2 bytes/param" in l and "weights.wire_dtype" in l for l in new), new
+  assert len(new) == 2 and any("generator memory request 71 GiB < 106 GiB" in l for l in new), new
 
 
 def test_fixed_512_mib_kv_cache(tmp_path, baseline):
@@ -180,7 +183,7 @@ def test_no_liveness_probe(tmp_path, baseline, component):
 def test_generator_memory_for_more_held_versions(tmp_path, baseline):
   rep = _plant(tmp_path, "8b-gb200", lambda docs: _edit_run_config(
       docs, "'eval_hold_versions': 2", "'eval_hold_versions': 6"))
-  _new_line(rep, baseline, "8b-gb200", "generator memory request 122 GiB < 226 GiB it holds "
+  _new_line(rep, baseline, "8b-gb200", "generator memory request 71 GiB < 121 GiB it holds "
             "(7 weight versions", "generator.eval_hold_versions")
 
 
