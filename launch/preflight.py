@@ -70,14 +70,17 @@ class Report:
     self.variant, self.failures, self.infos = variant, [], []
 
   def fail(self, msg: str, knob: str) -> None:
+    """One failure line: what, the number, the knob."""
     self.failures.append(f"FAIL {self.variant}: {msg} (knob: {knob})")
 
   def info(self, msg: str) -> None:
+    """One info line."""
     self.infos.append(f"  {self.variant}: {msg}")
 
 
 # ---- reading the manifests -----------------------------------------------------------------------
 def load_docs(d: str) -> list[dict]:
+  """Every YAML document of a rendered directory."""
   import yaml
   docs = []
   for path in sorted(glob.glob(os.path.join(d, "*.yaml"))):
@@ -203,6 +206,7 @@ def generator_config(v: Variant, pod, c):
 
 
 def export_config(v: Variant, pod, c):
+  """The config scalerl_jax.data.export builds (its config file + overrides, no recipe)."""
   from scalerl_jax import recipes
   path = _flag(c["command"], "--config")
   cfg, src = v.load(pod, c, path.partition(":")[0])
@@ -233,6 +237,7 @@ def _diff(a, b, keys=None) -> tuple | None:
 
 # ---- the checks ----------------------------------------------------------------------------------
 def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Report:
+  """Every check of the module docstring on one rendered variant directory."""
   from scalerl_jax import runtime
   from scalerl_jax import topologies
   v = Variant(d)
@@ -393,6 +398,7 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
 
 
 def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:
+  """vLLM: TP vs GPUs per pod, and the KV cache vs max_num_seqs sequences of max_model_len."""
   from scalerl_jax.generation import worker
   from scalerl_jax.generation.vllm.generator import VLLMGenerator
   gplat = next((ACCELERATOR_OF_SELECTOR[x] for x in gpod.get("nodeSelector", {}).values()
@@ -430,6 +436,7 @@ def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:
 
 
 def check_push(r: Report, cfg, learner_hosts: int) -> None:
+  """The weight push: bytes per parameter (target 2) and seconds at PUSH_BANDWIDTH."""
   p = sizing.push(cfg)
   reps = int(cfg.generator.num_workers) // max(1, int(cfg.generator.tensor_parallel or 1))
   fleet_s = reps * p["bytes"] / (max(1, learner_hosts) * p["bandwidth"])
@@ -449,6 +456,7 @@ def _request(c) -> int:
 
 
 def check_pod_memory(r: Report, v: Variant, cfg, gcfg, lc, platform, hosts, chips, bc) -> None:
+  """Memory requests of generator, learner and buffer pods vs what they hold (sizing.py)."""
   from launch.sizing import GIB
   if gcfg is not None:
     gpod = _pod_spec(v.gen_dep)
@@ -557,6 +565,7 @@ def check_volumes(r: Report, cfg, pod, c, who: str, workdir, data_only: bool = F
 
 
 def check_probe(r: Report, who: str, c) -> None:
+  """A liveness probe, on a port the container declares when it is a TCP probe."""
   p = c.get("livenessProbe")
   if not p:
     r.fail(f"{who} container {c['name']} has no livenessProbe (a hung process is never restarted)",
@@ -564,7 +573,8 @@ def check_probe(r: Report, who: str, c) -> None:
     return
   if "tcpSocket" in p:
     port = p["tcpSocket"]["port"]
-    ports = {x.get("name") for x in c.get("ports", [])} | {x["containerPort"] for x in c.get("ports", [])}
+    ports = {x.get("name") for x in c.get("ports", [])}
+    ports |= {x["containerPort"] for x in c.get("ports", [])}
     if port not in ports:
       r.fail(f"{who} livenessProbe port {port} is not a port of the container",
              "launch/gke/render.py probes")
@@ -617,6 +627,7 @@ def aot_plan(cfg, seq_len) -> dict:
 
 
 def store_plan(plan: dict) -> None:
+  """Adds (or replaces) a plan in PLAN_CACHE."""
   with open(PLAN_CACHE) as f:
     data = json.load(f)
   keys = ("model", "layout", "seq_len", "microbatches", "batch_rows")
@@ -639,6 +650,7 @@ def variant_dirs(paths) -> list[str]:
 
 
 def run(paths, aot: bool = False, update_cache: bool = False, out=sys.stdout) -> list[Report]:
+  """Checks every variant under `paths`, prints its lines to `out`, returns the reports."""
   reports = []
   for d in variant_dirs(paths):
     rep = check_variant(d, aot=aot, update_cache=update_cache)
@@ -651,6 +663,7 @@ def run(paths, aot: bool = False, update_cache: bool = False, out=sys.stdout) ->
 
 
 def main(argv=None) -> int:
+  """CLI: exit status 1 when any variant fails."""
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("dirs", nargs="*", default=[os.path.join(REPO, "launch", "gke", "rendered")],
                   help="rendered variant directories (or a folder of them)")
