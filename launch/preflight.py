@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib.util
 import inspect
 import json
 import os

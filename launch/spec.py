@@ -21,7 +21,6 @@ same `--config.key=value` overrides instead.
 from __future__ import annotations
 
 import copy
-import math
 import posixpath
 import pprint
 from typing import Any
