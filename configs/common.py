@@ -45,6 +45,7 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.recipe = "scalerl"  # scalerl | deepseek_grpo | qwen_dapo | magistral | minimax
+  c.recipe_applied = ""  # recipe already applied to this config (a resolved run config): not reapplied
   c.total_steps = 1000
 
   c.model = ml_collections.ConfigDict(dict(
@@ -110,7 +111,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.generator.chunk_steps = 16       # JAX backend: decode steps per jitted chunk (weight swaps between)
   c.generator.groups_per_lease = 4   # groups a worker leases (and generates) at once
   c.generator.tensor_parallel = 1    # vLLM engine tensor-parallel size (devices per generator)
-  c.generator.decode_batch = 64      # plan tool: sequences in the generator's KV cache
+  c.generator.decode_batch = 64      # sequences in a generator's KV cache (vLLM max_num_seqs)
+  c.generator.gpu_memory_utilization = 0.9  # vLLM on GPU: share of HBM for weights + KV cache
+  c.generator.kv_cache_bytes = 0     # vLLM: explicit KV-cache bytes (0 = from gpu_memory_utilization)
   c.generator.eval_hold_versions = 2  # weight versions a generator keeps for pinned evaluations
   c.generator.eval_groups_per_lease = 64  # evaluation groups (prompts) a worker samples at once
   c.generator.vllm_args = ml_collections.ConfigDict()   # extra VLLMGenerator kwargs (engine_args...)

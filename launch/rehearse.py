@@ -73,7 +73,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The tiny-model swap: appended as --config.KEY=VALUE to the learner, generator and export commands.
 TINY_OVERRIDES = (
     "model.preset=tiny_synthetic", "model.dtype=float32", "model.remat=none",
-    "model.scan_layers=False",
+    "model.scan_layers=False", "model.hf_checkpoint=",
     "mesh.shape=(('data', 1), ('fsdp', -1), ('tensor', 1), ('expert', 1))",
     "optim.microbatches=1", "optim.lr=0.0001", "optim.warmup_steps=1",
     "rollout.prompts_per_step=4", "rollout.generations_per_prompt=4",
@@ -332,13 +332,38 @@ class Rehearsal:
         return a.split("=", 1)[1]
     raise RehearsalError("the learner command has no --workdir")
 
+  def _configmap(self, name: str) -> dict:
+    for d in self.docs:
+      if d.get("kind") == "ConfigMap" and d["metadata"]["name"] == name:
+        return dict(d.get("data") or {})
+    raise RehearsalError(f"ConfigMap {name!r} is not in {self.dir} (render it: python -m "
+                         "launch.gke.render)")
+
   def _tiny_config(self):
     sys.path.insert(0, REPO)
+    import tempfile
     from launch.spec import load_config
     from scalerl_jax import recipes
-    cmd = self._learner_container()["command"]
-    file = next(a.split("=", 1)[1] for a in cmd if a.startswith("--config="))
-    config = load_config(os.path.join(REPO, file.partition(":")[0]), file.partition(":")[2] or None)
+    p = next(p for p in self.pods if p.annotations)
+    c = self._learner_container()
+    file = next(a.split("=", 1)[1] for a in c["command"] if a.startswith("--config="))
+    path, _, arg = file.partition(":")
+    if path.startswith("/"):    # the run-config ConfigMap mounted in the learner pod
+      vols = {v["name"]: v for v in p.spec.get("volumes", [])}
+      mount = next((m for m in c.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")
+                    and "configMap" in vols.get(m["name"], {})), None)
+      if mount is None:
+        raise RehearsalError(f"the learner reads {path}, which no mounted ConfigMap holds")
+      data = self._configmap(vols[mount["name"]]["configMap"]["name"])
+      key = path[len(mount["mountPath"].rstrip("/")) + 1:]
+      if key not in data:
+        raise RehearsalError(f"ConfigMap of {mount['mountPath']} has no {key!r}")
+      with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "run_config.py"), "w") as f:
+          f.write(data[key])
+        config = load_config(os.path.join(tmp, "run_config.py"), arg or None)
+    else:
+      config = load_config(os.path.join(REPO, path), arg or None)
     overrides = [f"--config.{o}" for o in TINY_OVERRIDES]
     recipes.apply_overrides(config, overrides)
     return recipes.apply_recipe(config, recipes.locked_keys(overrides))
@@ -347,6 +372,13 @@ class Rehearsal:
   def _volume_dir(self, p: Pod, vol: dict) -> str:
     if "persistentVolumeClaim" in vol:
       d = os.path.join(self.state, "pvc", vol["persistentVolumeClaim"]["claimName"])
+    elif "configMap" in vol:
+      d = os.path.join(self.state, "pods", p.name, "configmap", vol["name"])
+      if not os.path.isdir(d):
+        os.makedirs(d)
+        for k, v in self._configmap(vol["configMap"]["name"]).items():
+          with open(os.path.join(d, k), "w") as f:
+            f.write(v)
     elif "secret" in vol:
       d = os.path.join(self.state, "pods", p.name, "secret", vol["name"])
       if not os.path.isdir(d):
@@ -818,6 +850,9 @@ def main(argv=None) -> int:
                   help="--kill learner: kill at --kill-at-step without waiting for a finished "
                        "checkpoint (before the first one: the learners start over)")
   ap.add_argument("--timeout", type=float, default=1500.0)
+  ap.add_argument("--strict-preflight", action="store_true",
+                  help="stop (exit 2) when the preflight of the real-size manifests fails; "
+                       "default: report its failures and rehearse the tiny model anyway")
   a = ap.parse_args(argv)
   try:
     if a.steps < 1:
@@ -838,12 +873,21 @@ def main(argv=None) -> int:
   except RehearsalError as e:       # checked before anything is started or written
     print(f"rehearse: error: {e}", file=sys.stderr)
     return USAGE_ERROR
+  # The real-size arithmetic of these manifests (launch/preflight.py); the rehearsal itself runs
+  # the tiny model, so a failure here stops it only with --strict-preflight.
+  from launch import preflight
+  (rep,) = preflight.run([a.manifests], out=sys.stderr)
+  if rep.failures and a.strict_preflight:
+    print(f"rehearse: error: preflight failed ({len(rep.failures)} failures, above)",
+          file=sys.stderr)
+    return USAGE_ERROR
   r.set_state_dir(a.state_dir or tempfile.mkdtemp(prefix="scalerl-rehearse-"), a.workdir)
   try:
     s = r.run()
   except RuntimeError as e:
     print(f"rehearse: failed: {e} (pod logs: {r.state}/pods/)", file=sys.stderr)
     return 1
+  s["preflight"] = rep.failures
   with open(os.path.join(r.state, "summary.json"), "w") as f:
     json.dump(s, f, indent=1)
   print(json.dumps(s))

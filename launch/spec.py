@@ -7,13 +7,27 @@ Three jobs, sized from the config (PAPER_NOTES §4: 80 GB200 per run, 16 trainin
 
 Launch knobs are not in configs/common.py; an optional `config.launch` ConfigDict overrides
 `LAUNCH_DEFAULTS` key by key (and the xm_launch / render flags override both).
+
+One run config for every pod: `resolve` turns the config file + the learner layout that fits the
+learner's hosts x chips + the launch's data / checkpoint / generator settings + the user's
+`config_overrides` ("key=value") into ONE resolved config (the recipe applied once and marked
+`recipe_applied`). The GKE renderer ships it as the ConfigMap `RUN_CONFIG_NAME` (a `get_config()`
+file, `run_config_text`) that every pod mounts at RUN_CONFIG_MOUNT and reads: the learner as
+`--config=RUN_CONFIG_PATH:LAYOUT` (the file refuses another layout), the generators as
+`--run_config=RUN_CONFIG_PATH`, the prompt export as `--config=RUN_CONFIG_PATH`; the buffer's
+flags come from it. Without a ConfigMap (xm_launch) every config-reading command carries the
+same `--config.key=value` overrides instead.
 """
 from __future__ import annotations
 
 import copy
 import posixpath
+import pprint
 from typing import Any
 
+from launch import sizing
+from scalerl_jax import recipes
+from scalerl_jax import topologies
 from scalerl_jax.processes import buffer_flags
 
 BUFFER_PORT = 50051
@@ -22,9 +36,17 @@ COORDINATOR_PORT = 8476
 WEIGHTS_PORT = 50052                 # each learner pod's WeightSource (config.weights.port)
 WAL_MOUNT = "/wal"                   # the buffer pod's write-ahead log volume (a PVC: local disk)
 PROMPTS_FILE = "/prompts/prompts.jsonl"
+ALIVE_FILE = "/tmp/scalerl/alive"     # a generator's heartbeat thread touches it (liveness probe)
 # Downward-API values a pod gets from Kubernetes (renderers turn them into `fieldRef` env vars).
 FIELD_POD_IP = "status.podIP"
 FIELD_COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+# The resolved run config (a ConfigMap every pod mounts read-only) and the data volume.
+RUN_CONFIG_NAME = "run-config"
+RUN_CONFIG_MOUNT = "/etc/scalerl/run"
+RUN_CONFIG_FILE = "run_config.py"
+RUN_CONFIG_PATH = f"{RUN_CONFIG_MOUNT}/{RUN_CONFIG_FILE}"
+DATA_MOUNT = "/data"                 # the read-only data PVC: prompts, tokenizer, start checkpoint
+ROLES = ("learner-tpu", "learner-gpu", "vllm", "buffer")
 SECRET_NAME = "scalerl-buffer-token"
 SECRET_KEY = "token"
 # TLS (docs/ROLLOUT.md "TLS"): one certificate for every gRPC server of the run (the buffer service
@@ -40,13 +62,16 @@ PLATFORMS: dict[str, dict[str, Any]] = {
     "tpu-v5p": dict(kind="tpu", chips_per_host=4, resource="google.com/tpu", xm_resource="tpu_v5p",
                     node_selector={"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice"},
                     topology={4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4"},
-                    machine_type="ct5p-hightpu-4t", cpu="200", memory="400Gi", arch="amd64"),
+                    machine_type="ct5p-hightpu-4t", cpu="200", memory="400Gi", arch="amd64",
+                    topology_prefix="tpu_v5p", hbm_bytes=95 * 10**9),
     "gpu-h100": dict(kind="gpu", chips_per_host=8, resource="nvidia.com/gpu", xm_resource="h100",
                      node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
-                     machine_type="a3-highgpu-8g", cpu="200", memory="1600Gi", arch="amd64"),
+                     machine_type="a3-highgpu-8g", cpu="200", memory="1600Gi", arch="amd64",
+                     topology_prefix="h100", hbm_bytes=80 * 10**9),
     "gpu-gb200": dict(kind="gpu", chips_per_host=4, resource="nvidia.com/gpu", xm_resource="gb200",
                       node_selector={"cloud.google.com/gke-accelerator": "nvidia-gb200"},
-                      machine_type="a4x-highgpu-4g", cpu="128", memory="800Gi", arch="arm64"),
+                      machine_type="a4x-highgpu-4g", cpu="128", memory="800Gi", arch="arm64",
+                      topology_prefix="gb200", hbm_bytes=186 * 10**9),
 }
 
 LAUNCH_DEFAULTS = dict(
@@ -59,7 +84,16 @@ LAUNCH_DEFAULTS = dict(
     image_prefix="us-docker.pkg.dev/PROJECT/scalerl",
     image_tag="0.1.0",
     workdir="gs://BUCKET/scalerl/run",
-    data_pvc="scalerl-data",           # read-only volume with config.data.path and tokenizer_path
+    data_pvc="scalerl-data",           # read-only volume (at DATA_MOUNT) with config.data.path,
+                                       # data.tokenizer_path and model.hf_checkpoint
+    data="",                           # config.data.path ("" = keep the config's): DATA_MOUNT/... or gs://
+    tokenizer="",                      # config.data.tokenizer_path ("" = keep the config's)
+    checkpoint="",                     # config.model.hf_checkpoint: start weights, DATA_MOUNT/... or gs://
+    layout="",                         # learner layout (config.layouts); "" = the one for the chips
+    images={},                         # {role: full image reference}, overrides prefix/tag per role
+    config_overrides=(),               # "key=value" config overrides, applied for EVERY pod
+    run_config="file",                 # "configmap": pods read RUN_CONFIG_PATH (GKE); "file":
+                                       # config_file + the overrides on every command (xm_launch)
     wal_storage="200Gi",               # the buffer's WAL PVC (ReadWriteOnce; survives pod restarts)
     service_account="scalerl",         # Kubernetes SA of learner + buffer pods (Workload Identity:
                                        # read/write the gs:// workdir)
@@ -71,10 +105,21 @@ TP_BY_PRESET = {"llama3_8b": 1, "llama4_scout_17b_16e": 4}
 
 
 def _launch_settings(config, overrides: dict | None) -> dict:
-  s = dict(LAUNCH_DEFAULTS)
+  s = copy.deepcopy(LAUNCH_DEFAULTS)
   if "launch" in config:
     s.update(dict(config.launch))
   s.update({k: v for k, v in (overrides or {}).items() if v is not None})
+  unknown = sorted(set(s) - set(LAUNCH_DEFAULTS))
+  if unknown:
+    raise ValueError(f"unknown launch settings {unknown}; known: {sorted(LAUNCH_DEFAULTS)}")
+  bad_roles = sorted(set(s["images"] or {}) - set(ROLES))
+  if bad_roles:
+    raise ValueError(f"--image {bad_roles[0]}=...: unknown image role; roles: {ROLES}")
+  if s["run_config"] not in ("file", "configmap"):
+    raise ValueError(f"run_config={s['run_config']!r}; expected 'file' or 'configmap'")
+  if "://" in str(s["tokenizer"]):
+    raise ValueError(f"--tokenizer={s['tokenizer']} must be a path on the data volume (e.g. "
+                     f"{DATA_MOUNT}/tokenizer): the tokenizer is loaded from a local directory")
   for key in ("learner_platform", "generator_platform"):
     if s[key] not in PLATFORMS:
       raise ValueError(f"{key}={s[key]!r}; expected one of {sorted(PLATFORMS)}")
@@ -85,11 +130,86 @@ def _launch_settings(config, overrides: dict | None) -> dict:
 
 def image(s: dict, role: str) -> str:
   """Container image for `role` in {learner-tpu, learner-gpu, vllm, buffer}."""
+  if (s.get("images") or {}).get(role):
+    return s["images"][role]
   return f"{s['image_prefix']}/scalerl-jax-{role}:{s['image_tag']}"
 
 
+def layout_platform(topology: str) -> str | None:
+  """The PLATFORMS key a topology name (scalerl_jax.topologies) runs on, e.g. gb200_16 -> gpu-gb200."""
+  for name, p in PLATFORMS.items():
+    if topology.rsplit("_", 1)[0] == p["topology_prefix"]:
+      return name
+  return None
+
+
+def pick_layout(config, platform: str, chips: int) -> str:
+  """The learner layout of `config.layouts` for `chips` accelerators of `platform`: the one named
+  after its topology first (gb200_16 before a variant like h100_16_fsdp); ValueError if none."""
+  if "layouts" not in config:
+    raise ValueError("config has no `layouts` (configs/8b.py, configs/scout.py have them)")
+  fit = [n for n, l in config.layouts.items()
+         if layout_platform(str(l.topology)) == platform
+         and topologies.get_topology(str(l.topology)).num_devices == chips]
+  if not fit:
+    raise ValueError(f"no layout in config.layouts for {chips} {platform} chips; has "
+                     f"{sorted(config.layouts)} (knob: --layout / --train_chips)")
+  return sorted(fit, key=lambda n: (n != str(config.layouts[n].topology), n))[0]
+
+
+def resolve_run_config(config, s: dict, tensor_parallel: int):
+  """The ONE run config every pod reads (module docstring): layout, launch settings, overrides,
+  the recipe applied once. Returns (config, the `--config.k=v` overrides it was built with)."""
+  config = copy.deepcopy(config)
+  layout = s["layout"]
+  if layout:
+    topologies.apply_layout(config, layout)
+    topo = topologies.get_topology(str(config.topology))
+    if (layout_platform(topo.name) != s["learner_platform"]
+        or topo.num_devices != int(s["train_chips"])):
+      raise ValueError(f"layout {layout} is for {topo.num_devices} {layout_platform(topo.name)} "
+                       f"devices, the learner has {s['train_chips']} {s['learner_platform']} "
+                       "(knob: --layout / --learner_platform / --train_chips)")
+  over = []
+  for key, value in (("data.path", s["data"]), ("data.tokenizer_path", s["tokenizer"]),
+                     ("model.hf_checkpoint", s["checkpoint"]),
+                     ("generator.tensor_parallel", tensor_parallel)):
+    if value not in ("", None):
+      over.append(f"--config.{key}={value}")
+  for kv in s["config_overrides"] or ():
+    key, sep, value = str(kv).partition("=")
+    if not sep:
+      raise ValueError(f"config override {kv!r}: expected key=value (knob: --override)")
+    over.append(f"--config.{key.removeprefix('--config.')}={value}")
+  recipes.apply_overrides(config, over)
+  locked = recipes.locked_keys(over)
+  if "topology" in locked:            # as main does: the named layout takes effect
+    topologies.apply_layout(config)
+  config = recipes.apply_recipe(config, locked)
+  config.recipe_applied = config.recipe
+  recipes.validate(config)
+  return config, over
+
+
+def run_config_text(config, header: str = "") -> str:
+  """The resolved config as a `get_config(arg)` Python file (what main's --config, the generator
+  worker's --run_config and data.export --config load); `arg`, when given, must be its layout."""
+  body = pprint.pformat(config.to_dict(), width=100, sort_dicts=False)
+  layout = str(config.get("layout", ""))
+  return (f'"""{header or "Resolved ScaleRL run config."} Every pod reads this file."""\n'
+          "import ml_collections\n\n"
+          f"LAYOUT = {layout!r}\n"
+          f"CONFIG = {body}\n\n\n"
+          "def get_config(arg=None):\n"
+          "  if arg and arg != LAYOUT:\n"
+          "    raise ValueError(f'this run config was resolved for learner layout {LAYOUT!r}, '\n"
+          "                     f'the command names {arg!r}: re-render (launch.gke.render --layout)')\n"
+          "  return ml_collections.ConfigDict(CONFIG)\n")
+
+
 def resolve(config, overrides: dict | None = None) -> dict:
-  """The three job specs (plain JSON-able dicts) for `config` (+ launch overrides)."""
+  """The three job specs (plain JSON-able dicts) for `config` (+ launch overrides), and the one
+  resolved run config they all read (`run_config`)."""
   s = _launch_settings(config, overrides)
   lp, gp = PLATFORMS[s["learner_platform"]], PLATFORMS[s["generator_platform"]]
   chips = int(s["train_chips"])
@@ -106,11 +226,20 @@ def resolve(config, overrides: dict | None = None) -> dict:
   tp = int(s["tensor_parallel"]) or TP_BY_PRESET.get(config.model.preset, 1)
   if gen_gpus % tp:
     raise ValueError(f"generator.num_workers={gen_gpus} GPUs is not a multiple of tensor_parallel={tp}")
+  if "layouts" in config and not s["layout"]:
+    s["layout"] = pick_layout(config, s["learner_platform"], chips)
+  run_cfg, run_over = resolve_run_config(config, s, tp)
+  layout = str(run_cfg.get("layout", ""))
   name = s["name"]
   buffer_addr = f"{name}-buffer.{s['namespace']}.svc.cluster.local:{BUFFER_PORT}"
   cfg_file = s["config_file"]
+  if s["run_config"] == "configmap":     # every pod mounts the resolved config
+    cfg_path, cfg_over = RUN_CONFIG_PATH, []
+  else:                                  # every config-reading command carries the overrides
+    cfg_path, cfg_over = cfg_file, list(run_over)
+  learner_cfg = f"{cfg_path}:{layout}" if layout else cfg_path
   token_env = config.buffer.auth_token_env
-  common_args = [f"--config={cfg_file}", f"--config.buffer.address={buffer_addr}"]
+  common_args = [f"--config={learner_cfg}", *cfg_over, f"--config.buffer.address={buffer_addr}"]
   tls = None
   if s["tls"]:
     paths = {k: f"{TLS_MOUNT}/{f}" for k, f in TLS_FILES.items()}
@@ -133,13 +262,25 @@ def resolve(config, overrides: dict | None = None) -> dict:
                                                 f"{COORDINATOR_PORT}",
                         "SCALERL_NUM_PROCESSES": str(hosts)})
     learner_fields["SCALERL_PROCESS_ID"] = FIELD_COMPLETION_INDEX
+    # The memory plans (tools/plan.py, topologies.usable_bytes) assume this share of HBM.
+    if layout:
+      frac = topologies.get_topology(str(run_cfg.topology)).usable_fraction
+      learner_env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{frac:g}"
   learner_role = "learner-tpu" if lp["kind"] == "tpu" else "learner-gpu"
+  gen_mem = sizing.generator_memory_request_gib(run_cfg)
   return {
       "name": name,
       "namespace": s["namespace"],
       "config_file": cfg_file,
+      "layout": layout,
+      "config_overrides": list(run_over),
       "model_preset": config.model.preset,
       "total_chips": chips + gen_gpus,
+      "run_config": {"name": RUN_CONFIG_NAME, "mount": RUN_CONFIG_MOUNT, "file": RUN_CONFIG_FILE,
+                     "path": RUN_CONFIG_PATH, "mode": s["run_config"],
+                     "text": run_config_text(run_cfg, f"GENERATED by launch.spec.resolve from "
+                                                      f"{cfg_file} (learner {s['learner_platform']} "
+                                                      f"layout {layout}): the resolved run config.")},
       "learner": {
           "name": f"{name}-learner", "platform": s["learner_platform"],
           "image": image(s, learner_role), "accelerator_resource": lp["resource"],
@@ -165,22 +306,26 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "replicas": gen_gpus // tp, "gpus_per_replica": tp,
           "node_selector": dict(gp["node_selector"]), "machine_type": gp["machine_type"],
           "arch": gp["arch"],
-          "cpu": str(8 * tp), "memory": f"{64 * tp}Gi", "port": VLLM_PORT,
-          # One vLLM engine per pod; generator id = pod name; run config = the same config file.
-          "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_file}",
-                      f"--buffer={buffer_addr}", "--backend=vllm", "--workdir=/tmp/scalerl",
-                      f"--tensor_parallel={tp}", *tls_args("generator")],
+          # Host memory: the weight versions a generator holds + its start-up export (sizing.py).
+          "cpu": str(8 * tp), "memory": f"{gen_mem}Gi", "port": VLLM_PORT,
+          "alive_file": ALIVE_FILE,
+          # One vLLM engine per pod; generator id = pod name; run config = the resolved one.
+          "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_path}",
+                      *cfg_over, f"--buffer={buffer_addr}", "--backend=vllm",
+                      "--workdir=/tmp/scalerl", f"--alive_file={ALIVE_FILE}",
+                      *tls_args("generator")],
           "env": {}, "field_env": {}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+          "service_account": s["service_account"],   # gs:// data / start checkpoint
       },
       "buffer": {
           "name": f"{name}-buffer", "image": image(s, "buffer"), "port": BUFFER_PORT,
           "address": buffer_addr, "cpu": "8", "memory": "32Gi", "prompts_file": PROMPTS_FILE,
-          "export_command": ["python", "-m", "scalerl_jax.data.export", f"--config={cfg_file}",
-                             f"--out={PROMPTS_FILE}"],
+          "export_command": ["python", "-m", "scalerl_jax.data.export", f"--config={cfg_path}",
+                             *cfg_over, f"--out={PROMPTS_FILE}"],
           # The same flags main passes when it starts the buffer itself (processes.buffer_flags):
           # NPR threshold, WAL on the pod's volume, the learner-state file in the workdir.
           "command": ["python", "-m", "scalerl_jax.buffer.server",
-                      *buffer_flags(config, prompts=PROMPTS_FILE, host="0.0.0.0", port=BUFFER_PORT,
+                      *buffer_flags(run_cfg, prompts=PROMPTS_FILE, host="0.0.0.0", port=BUFFER_PORT,
                                     wal_dir=WAL_MOUNT,
                                     learner_state=posixpath.join(workdir, "learner_state.json"),
                                     tls=tls_args("buffer"))],
@@ -191,6 +336,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
       "secret": {"name": SECRET_NAME, "key": SECRET_KEY, "env": token_env},
       "tls": tls,
       "data_pvc": s["data_pvc"],
+      "data_mount": DATA_MOUNT,
   }
 
 

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from scalerl_jax import hosts
+from scalerl_jax import topologies
 from scalerl_jax.learner import Learner
 from scalerl_jax.learner.batch import validate_batch
 
@@ -245,7 +246,8 @@ def _make_learner_class():
         raise ValueError("MultiHostLearner needs a mesh")
       self._global_rows = int(rows)
       rows_here = process_row_slice(self.batch_sharding, rows)
-      if (rows_here.stop - rows_here.start) * jax.process_count() != rows:
+      if not topologies.even_process_split(rows_here.stop - rows_here.start, rows,
+                                           jax.process_count()):
         raise ValueError(f"uneven batch split across {jax.process_count()} processes: {rows_here}")
 
     def local_rows(self, global_rows: int | None = None) -> slice:

@@ -112,10 +112,16 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
 
 def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = frozenset()
                  ) -> ml_collections.ConfigDict:
-  """Returns a copy of `config` with `config.recipe`'s settings (keys in `locked` are kept)."""
+  """Returns a copy of `config` with `config.recipe`'s settings (keys in `locked` are kept).
+
+  A config whose `recipe_applied` names its recipe (a resolved run config: launch/gke's
+  run-config ConfigMap) is returned unchanged: applying a recipe twice would undo the overrides
+  it was resolved with and scale `rollout.prompts_per_step` again."""
   if config.recipe not in RECIPES:
     raise ConfigError(f"unknown recipe {config.recipe!r}; choose one of {sorted(RECIPES)}")
   c = ml_collections.ConfigDict(config.to_dict())
+  if config.get("recipe_applied", "") == config.recipe:
+    return c
   for key, value in RECIPES[config.recipe].items():
     if key in locked:
       continue

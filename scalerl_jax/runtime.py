@@ -137,6 +137,21 @@ def max_completion_len(config) -> int:
   return int(r.think_budget_max + 64 + r.answer_budget)
 
 
+def train_seq_len(config) -> int:
+  """The token length of the learner's padded batch when a row reaches `max_sequence_len`
+  (`padded_length` with `learner.pad_multiple`, as trainer.pad_time pads): the longest sequence
+  the train step compiles for, the length its memory plan must be made at (tools.plan's default,
+  launch.preflight's check)."""
+  longest = max_sequence_len(config)
+  lc = config.get("learner") or {}
+  return padded_length(longest, int(lc.get("pad_multiple", 128)), longest)
+
+
+def vllm_max_model_len(config) -> int:
+  """`max_model_len` a vLLM generator engine is started with (prompt + completion + 16)."""
+  return max_sequence_len(config) + 16
+
+
 def params_to_payload(model_cfg, params) -> bytes:
   """Serializes params as one safetensors blob in HF naming (the weight interchange format)."""
   from safetensors.numpy import save

@@ -27,6 +27,7 @@ XLA_PYTHON_CLIENT_MEM_FRACTION=0.9; the default is 0.75) and 95 % on TPU (runtim
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 GB = 10 ** 9
@@ -172,3 +173,52 @@ def rows_per_microbatch(config) -> int:
   if batch % m:
     raise ValueError(f"train batch {batch} not divisible by microbatches {m}")
   return batch // m
+
+
+def batch_axes_of(rules) -> tuple:
+  """The mesh axes the `batch` rule splits micro-batch rows over (major first)."""
+  for name, axes in rules:
+    if name == "batch":
+      axes = axes if isinstance(axes, (tuple, list)) else (axes,)
+      return tuple(a for a in axes if a is not None)
+  return ()
+
+
+def process_row_spans(mesh_shape, rules, num_processes: int, rows: int) -> list[tuple[int, int]]:
+  """[start, stop) of the batch rows each of `num_processes` processes feeds, from arithmetic
+  alone: the mesh's devices are laid out process-major in mesh order (`sharding.make_mesh` over
+  `jax.devices()`, equal devices per process), rows are split over the `batch` rule's axes.
+  Raises ValueError if the devices do not divide over the processes, the rows do not split
+  evenly over the batch shards, or a process's rows are not contiguous."""
+  import numpy as np
+  names = [str(a) for a, _ in mesh_shape]
+  sizes = [int(s) for _, s in mesh_shape]
+  devices = math.prod(sizes)
+  if num_processes < 1 or devices % num_processes:
+    raise ValueError(f"mesh {dict(zip(names, sizes))} has {devices} devices, not a multiple of "
+                     f"{num_processes} processes")
+  axes = batch_axes_of(rules)
+  shards = math.prod(sizes[names.index(a)] for a in axes)
+  if rows % shards:
+    raise ValueError(f"{rows} rows do not split over {shards} batch shards {axes}")
+  per = rows // shards
+  coords = np.indices(sizes).reshape(len(sizes), devices)        # device d's mesh coordinates
+  shard = np.zeros(devices, np.int64)
+  for a in axes:                                                 # major first, as the rules say
+    shard = shard * sizes[names.index(a)] + coords[names.index(a)]
+  spans = []
+  for p, ids in enumerate(np.split(shard, num_processes)):
+    u = np.unique(ids)
+    if u[-1] - u[0] + 1 != u.size:
+      raise ValueError(f"process {p}'s batch rows are not contiguous (shards {u.tolist()})")
+    spans.append((int(u[0]) * per, (int(u[-1]) + 1) * per))
+  return spans
+
+
+def even_process_split(rows_here: int, rows: int, num_processes: int) -> bool:
+  """A process feeding `rows_here` of `rows` rows is an even split over `num_processes` processes:
+  the batch is cut into rows / rows_here distinct slices, each fed by the same number of processes
+  (rows_here == rows: every process feeds the whole batch, a layout whose batch axes stay inside
+  one process, e.g. the sequence-parallel ones)."""
+  return (rows_here > 0 and rows % rows_here == 0
+          and num_processes % (rows // rows_here) == 0)

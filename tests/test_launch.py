@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import kubernetes_validate
 import ml_collections
@@ -79,9 +80,9 @@ def load_variant(name):
 
 
 def test_rendered_manifests_are_up_to_date(tmp_path):
-  for name, (cfg, lp, gp) in render.VARIANTS.items():
+  for name, (cfg, lp, gp, extra) in render.VARIANTS.items():
     out = tmp_path / name
-    render.render(cfg, lp, gp, str(out))
+    render.render(cfg, lp, gp, str(out), extra)
     for fresh in sorted(out.iterdir()):
       committed = os.path.join(render.RENDERED_DIR, name, fresh.name)
       assert os.path.exists(committed), f"{committed} missing: run python -m launch.gke.render --all"
@@ -100,8 +101,8 @@ def as_job(jobset):
 def test_manifests_validate_against_kubernetes_schemas(variant):
   docs = load_variant(variant)
   kinds = sorted(k for k, _ in docs)
-  assert kinds == ["Deployment", "Deployment", "JobSet", "PersistentVolumeClaim", "Secret", "Secret",
-                   "Service", "Service"]
+  assert kinds == ["ConfigMap", "Deployment", "Deployment", "JobSet", "PersistentVolumeClaim",
+                   "Secret", "Secret", "Service", "Service"]
   for (kind, _), d in docs.items():
     if kind == "JobSet":
       assert d["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
@@ -125,12 +126,33 @@ def pod_spec(doc):
   return doc["spec"]["template"]["spec"]
 
 
+def variant_specs(variant):
+  """(config file's config, specs) of a committed variant, resolved as the renderer does."""
+  cfg_file, lp, gp, extra = render.VARIANTS[variant]
+  config = spec_lib.load_config(os.path.join(REPO, cfg_file))
+  return config, spec_lib.resolve(config, render.variant_settings(cfg_file, lp, gp, extra))
+
+
+def run_config_of(variant):
+  """The resolved run config every pod of `variant` reads (its ConfigMap's file)."""
+  cm = load_variant(variant)[("ConfigMap", spec_lib.RUN_CONFIG_NAME)]
+  text = cm["data"][spec_lib.RUN_CONFIG_FILE]
+
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, spec_lib.RUN_CONFIG_FILE)
+    with open(path, "w") as f:
+      f.write(text)
+    return spec_lib.load_config(path), text
+
+
+LAYOUTS = {"8b-gb200": "gb200_16", "8b-tpu-v5p": "tpu_v5p_16", "8b-h100": "h100_16",
+           "scout-gb200": "gb200_16"}
+
+
 @pytest.mark.parametrize("variant", sorted(render.VARIANTS))
 def test_manifests_match_configs(variant):
-  cfg_file, lp, gp = render.VARIANTS[variant]
-  config = spec_lib.load_config(os.path.join(REPO, cfg_file))
-  specs = spec_lib.resolve(config, dict(learner_platform=lp, generator_platform=gp,
-                                        config_file=cfg_file))
+  cfg_file, lp, gp, _ = render.VARIANTS[variant]
+  config, specs = variant_specs(variant)
   docs = load_variant(variant)
   name = specs["name"]
   # learner: 16 training chips over hosts
@@ -141,7 +163,13 @@ def test_manifests_match_configs(variant):
   per_host = int(c["resources"]["limits"][res])
   assert job["parallelism"] * per_host == 16 == specs["learner"]["chips"]
   assert c["image"] == specs["learner"]["image"] and c["command"][:3] == ["python", "-m", "scalerl_jax.main"]
-  assert f"--config={cfg_file}" in c["command"]
+  # every pod reads the one resolved run config; the learner's command names its layout
+  assert specs["layout"] == LAYOUTS[variant]
+  assert f"--config={spec_lib.RUN_CONFIG_PATH}:{LAYOUTS[variant]}" in c["command"]
+  run_cfg, _ = run_config_of(variant)
+  assert run_cfg.layout == LAYOUTS[variant] and run_cfg.recipe_applied == run_cfg.recipe
+  assert run_cfg.data.path.startswith(spec_lib.DATA_MOUNT + "/")
+  assert run_cfg.model.hf_checkpoint.startswith(spec_lib.DATA_MOUNT + "/")
   # generators: config.generator.num_workers GPUs
   dep = docs[("Deployment", f"{name}-vllm")]
   g = pod_spec(dep)["containers"][0]
@@ -159,6 +187,7 @@ def test_manifests_match_configs(variant):
   assert f"--port={spec_lib.BUFFER_PORT}" in b["command"]
   assert bsvc["spec"]["selector"] == bdep["spec"]["template"]["metadata"]["labels"]
   r = config.rollout
+  r = run_cfg.rollout
   for flag in (f"--prompts-per-step={r.prompts_per_step}", f"--group-size={r.generations_per_prompt}",
                f"--max-lag={r.max_lag}", f"--mode={r.mode}"):
     assert flag in b["command"]
@@ -278,13 +307,16 @@ def test_pods_read_exactly_what_their_manifests_give():
   parsers = {"scalerl_jax.buffer.server": server.build_parser(),
              "scalerl_jax.data.export": export.build_parser(),
              "scalerl_jax.generation.worker": worker.build_parser()}
-  read = env_names_read_by_code()
+  read = env_names_read_by_code() | READ_BY_LIBRARIES
   learner_argvs, learners = [], []
+
+  tmp = tempfile.mkdtemp()
   for variant in sorted(render.VARIANTS):
-    cfg_file, lp, gp = render.VARIANTS[variant]
-    config = spec_lib.load_config(os.path.join(REPO, cfg_file))
-    specs = spec_lib.resolve(config, dict(learner_platform=lp, generator_platform=gp,
-                                          config_file=cfg_file))
+    _, specs = variant_specs(variant)
+    config, text = run_config_of(variant)     # the resolved config every pod reads
+    local_cfg = os.path.join(tmp, f"{variant}.py")
+    with open(local_cfg, "w") as f:
+      f.write(text)
     token_env = config.buffer.auth_token_env
     seen = set()
     for component, c, pod in containers(load_variant(variant)):
@@ -296,8 +328,11 @@ def test_pods_read_exactly_what_their_manifests_give():
       assert argv[:2] == ["python", "-m"]
       module, args = argv[2], argv[3:]
       seen.add(module)
+      if module in ("scalerl_jax.main", "scalerl_jax.generation.worker", "scalerl_jax.data.export"):
+        assert mounted(spec_lib.RUN_CONFIG_PATH, c), (variant, c["name"])   # the ConfigMap
+        assert mounted(config.data.path, c), (variant, c["name"])           # the data volume
       if module == "scalerl_jax.main":
-        learner_argvs.append(args)
+        learner_argvs.append([a.replace(spec_lib.RUN_CONFIG_PATH, local_cfg) for a in args])
         learners.append((variant, specs, env, c, pod))
         continue
       a = parsers[module].parse_args(args)      # SystemExit (a test error) on an unknown flag
@@ -316,7 +351,10 @@ def test_pods_read_exactly_what_their_manifests_give():
         assert a.learner_state == "gs://BUCKET/scalerl/run/learner_state.json"
         assert a.token_env == token_env in env
       elif module == "scalerl_jax.generation.worker":
-        assert a.run_config == cfg_file and a.backend == "vllm" and token_env in env
+        assert a.run_config == spec_lib.RUN_CONFIG_PATH and a.backend == "vllm" and token_env in env
+        assert mounted(config.model.hf_checkpoint, c)
+      elif module == "scalerl_jax.data.export":
+        assert a.config == spec_lib.RUN_CONFIG_PATH
     assert seen == {"scalerl_jax.main", "scalerl_jax.buffer.server", "scalerl_jax.data.export",
                     "scalerl_jax.generation.worker"}
   # The learner commands through main's own absl flags + recipes.validate, in one subprocess.
@@ -344,6 +382,10 @@ def test_pods_read_exactly_what_their_manifests_give():
     assert cfg["buffer"]["external"] and cfg["buffer"]["address"] == specs["buffer"]["address"]
     assert cfg["workdir"] == "gs://BUCKET/scalerl/run"
     assert pod["serviceAccountName"] == "scalerl"
+
+
+# Set on pods for libraries, not read by scalerl_jax/: XLA's client reads its share of GPU memory.
+READ_BY_LIBRARIES = {"XLA_PYTHON_CLIENT_MEM_FRACTION"}
 
 
 def test_unread_env_var_is_caught():

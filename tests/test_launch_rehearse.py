@@ -84,6 +84,16 @@ def test_missing_secret_is_one_line(tmp_path):
   assert not state.exists()
 
 
+def test_missing_run_config_map_is_one_line(tmp_path):
+  d = tmp_path / "variant"
+  shutil.copytree(VARIANT, d)
+  os.remove(d / "run-config.yaml")
+  state = tmp_path / "state"
+  r = _rehearse([str(d), "--steps=1", f"--state-dir={state}"])
+  _one_line_error(r, "ConfigMap 'run-config' is not in")
+  assert not state.exists()
+
+
 def test_tpu_variant_and_bad_dir_are_one_line(tmp_path):
   state = tmp_path / "state"
   r = _rehearse([os.path.join(ROOT, "launch", "gke", "rendered", "8b-tpu-v5p"), f"--state-dir={state}"])

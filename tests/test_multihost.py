@@ -43,12 +43,17 @@ def _worker(mode, out_path):
   from scalerl_jax import models, sharding
   from scalerl_jax.learner import Learner
 
-  cfg = models.get_preset("tiny_llama3", num_layers=2, vocab_size=97, d_model=64, head_dim=16,
-                          ffn_dim=128)
+  replicated = os.environ.get("TEST_MESH") == "replicated"   # tensor 2 splits the vocab: even
+  cfg = models.get_preset("tiny_llama3", num_layers=2, vocab_size=98 if replicated else 97,
+                          d_model=64, head_dim=16, ffn_dim=128)
   config = tiny.get_config()
   config.optim.microbatches = 2
   config.optim.lr, config.optim.warmup_steps = 3e-4, 1   # explicit: independent of tiny.py tuning
   config.mesh.shape = (("data", 2), ("fsdp", 2), ("tensor", 1), ("expert", 1))
+  if replicated:
+    # tensor major: each process holds one tensor half of BOTH fsdp shards, so both processes
+    # feed every row (a batch replicated across processes, as in sequence-parallel layouts)
+    config.mesh.shape = (("data", 1), ("tensor", 2), ("fsdp", 2), ("expert", 1))
   config.model.logits_chunk = 8   # log-probs over 4 sequence chunks of the 32 positions
   apply_fn = lambda p, t, pos: models.forward_hidden(p, cfg, t, pos)   # (hidden, head kernel)
   batches = _batches(cfg.vocab_size)
@@ -187,6 +192,41 @@ def test_two_processes_equal_one(tmp_path):
     diff = max(float(np.abs(multi[k].astype(np.float64) - ref[k]).max()) for k in multi.files)
     print(f"max |multi - {name}| = {diff:.3g}")
     assert diff <= TOL, (name, diff)
+
+
+@pytest.mark.slow
+def test_batch_replicated_across_processes(tmp_path):
+  """Both processes feed the whole batch (their devices hold all batch shards): an even split
+  (topologies.even_process_split), trained as one process with the same mesh. Before, a process
+  slice longer than rows / processes was refused ("uneven batch split across 2 processes")."""
+  me = os.path.abspath(__file__)
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, me, "multi", str(tmp_path / "multi.npz")], cwd=ROOT,
+      env=_env(2, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
+               SCALERL_PROCESS_ID=i, TEST_MESH="replicated"),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  single = subprocess.run([sys.executable, me, "single", str(tmp_path / "single.npz")], cwd=ROOT,
+                          env=_env(4, TEST_MESH="replicated"), capture_output=True, text=True,
+                          timeout=300)
+  outs = []
+  try:
+    for p in procs:
+      so, se = p.communicate(timeout=300)
+      assert p.returncode == 0, se[-4000:]
+      outs.append(_last_json(so))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert single.returncode == 0, single.stderr[-4000:]
+  s = _last_json(single.stdout)
+  assert [tuple(o["rows"]) for o in outs] == [(0, 16), (0, 16)]
+  for o in outs:
+    np.testing.assert_allclose(o["losses"], s["losses"], rtol=1e-5, atol=1e-7)
+  multi, one = np.load(tmp_path / "multi.npz"), np.load(tmp_path / "single.npz")
+  diff = max(float(np.abs(multi[k].astype(np.float64) - one[k]).max()) for k in multi.files)
+  assert diff <= TOL, diff
 
 
 @pytest.mark.slow

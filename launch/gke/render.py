@@ -1,11 +1,17 @@
 """Renders GKE manifests from a config via launch/spec.py, so they cannot drift from the configs.
 
   python -m launch.gke.render --all                      # re-render every committed variant
-  python -m launch.gke.render --config=configs/8b.py --learner_platform=gpu-gb200 --out=DIR
+  python -m launch.gke.render --config=configs/8b.py --learner_platform=gpu-gb200 --out=DIR \
+      --workdir=gs://BUCKET/run --image_prefix=REGISTRY --namespace=NS \
+      --data=/data/polaris.jsonl --tokenizer=/data/tokenizer --checkpoint=/data/ckpt/llama3-8b \
+      --override rollout.max_lag=4 --override generator.decode_batch=32
 
-Per variant directory: learner-jobset.yaml (JobSet), generators.yaml (Deployment + headless Service),
-buffer.yaml (WAL PersistentVolumeClaim, Deployment, Service: gRPC port), secret.yaml (Secret templates: the buffer token and,
-with TLS (the default), the certificate / key / CA every pod mounts read-only at spec.TLS_MOUNT).
+Per variant directory: run-config.yaml (ConfigMap `run-config`: the ONE resolved run config every
+pod mounts at spec.RUN_CONFIG_MOUNT and reads), learner-jobset.yaml (JobSet), generators.yaml
+(Deployment + headless Service), buffer.yaml (WAL PersistentVolumeClaim, Deployment, Service: gRPC
+port), secret.yaml (Secret templates: the buffer token and, with TLS (the default), the
+certificate / key / CA every pod mounts read-only at spec.TLS_MOUNT). Every render ends with the
+preflight (launch/preflight.py, arithmetic only) of what it wrote; a failure exits 1.
 """
 from __future__ import annotations
 
@@ -22,13 +28,21 @@ if _REPO not in sys.path:
 from launch import spec as spec_lib  # noqa: E402
 
 RENDERED_DIR = os.path.join(_REPO, "launch", "gke", "rendered")
-# Committed variants: directory -> (config file, learner platform, generator platform).
+# Committed variants: directory -> (config file, learner platform, generator platform, settings).
+# The learner layout is the config's layout for the platform's 16 chips (spec.pick_layout);
+# 8b-h100: one H100 (80 GB) per vLLM engine holds the KV of 23 sequences of 16,464 tokens at
+# gpu_memory_utilization 0.9 (launch/sizing.py), so its engines run 16 at once, not 64.
 VARIANTS = {
-    "8b-gb200": ("configs/8b.py", "gpu-gb200", "gpu-gb200"),    # the paper: 80 GB200 = 16 + 64
-    "8b-tpu-v5p": ("configs/8b.py", "tpu-v5p", "gpu-gb200"),
-    "8b-h100": ("configs/8b.py", "gpu-h100", "gpu-h100"),
-    "scout-gb200": ("configs/scout.py", "gpu-gb200", "gpu-gb200"),
+    "8b-gb200": ("configs/8b.py", "gpu-gb200", "gpu-gb200", {}),   # the paper: 80 GB200 = 16 + 64
+    "8b-tpu-v5p": ("configs/8b.py", "tpu-v5p", "gpu-gb200", {}),
+    "8b-h100": ("configs/8b.py", "gpu-h100", "gpu-h100",
+                {"config_overrides": ("generator.decode_batch=16",)}),
+    "scout-gb200": ("configs/scout.py", "gpu-gb200", "gpu-gb200", {}),
 }
+# Where the committed variants expect the data volume's files (the `scalerl-data` PVC).
+DEFAULT_DATA = {"data": f"{spec_lib.DATA_MOUNT}/polaris-53k.jsonl",
+                "tokenizer": f"{spec_lib.DATA_MOUNT}/tokenizer/{{preset}}",
+                "checkpoint": f"{spec_lib.DATA_MOUNT}/checkpoints/{{preset}}"}
 SECRET_PLACEHOLDER = "REPLACE-ME-see-launch-README"
 
 
@@ -73,6 +87,34 @@ def _data_volume(specs):
   return {"name": "data", "persistentVolumeClaim": {"claimName": specs["data_pvc"], "readOnly": True}}
 
 
+def _data_mount(specs):
+  return {"name": "data", "mountPath": specs["data_mount"], "readOnly": True}
+
+
+def _run_config_mounts(specs):
+  """(volumeMounts, volumes) of the run-config ConfigMap, empty when commands read a file."""
+  rc = specs["run_config"]
+  if rc["mode"] != "configmap":
+    return [], []
+  return ([{"name": "run-config", "mountPath": rc["mount"], "readOnly": True}],
+          [{"name": "run-config", "configMap": {"name": rc["name"]}}])
+
+
+def run_config_map(specs):
+  """The ConfigMap `run-config`: the resolved config as the Python file every pod loads."""
+  rc = specs["run_config"]
+  return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(specs, rc["name"], "config"),
+          "data": {rc["file"]: rc["text"]}}
+
+
+def _tcp_probes(port, startup_s: int):
+  """(startupProbe, livenessProbe) on a TCP port: up to `startup_s` to open it, then restarted
+  after 2 minutes without it."""
+  return ({"tcpSocket": {"port": port}, "periodSeconds": 30,
+           "failureThreshold": max(1, startup_s // 30)},
+          {"tcpSocket": {"port": port}, "periodSeconds": 30, "failureThreshold": 4})
+
+
 def learner_jobset(specs):
   job = specs["learner"]
   n = str(job["chips_per_host"])
@@ -92,13 +134,17 @@ def learner_jobset(specs):
               "ports": [{"name": "coordinator", "containerPort": job["coordinator_port"]},
                         {"name": "weights", "containerPort": job["weights_port"]}],
               "env": env,
+              # The weight source listens once the model is loaded (checkpoint read + first
+              # compile: up to an hour allowed); a learner that stops serving it is restarted.
+              "startupProbe": _tcp_probes("weights", 3600)[0],
+              "livenessProbe": _tcp_probes("weights", 3600)[1],
               "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
                                          job["accelerator_resource"]: n},
                             "limits": {job["accelerator_resource"]: n}},
-              "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}] +
+              "volumeMounts": [_data_mount(specs)] + _run_config_mounts(specs)[0] +
                               _tls_mounts(specs)[0],
           }],
-          "volumes": [_data_volume(specs)] + _tls_mounts(specs)[1],
+          "volumes": [_data_volume(specs)] + _run_config_mounts(specs)[1] + _tls_mounts(specs)[1],
       },
   }
   return {
@@ -117,6 +163,18 @@ def learner_jobset(specs):
   }
 
 
+ALIVE_MAX_AGE_S = 120
+
+
+def _alive_probe(job, failures: int):
+  """exec probe: the generator's --alive_file was touched within ALIVE_MAX_AGE_S."""
+  check = (f"import os, sys, time; p = {job['alive_file']!r}; "
+           f"sys.exit(0 if os.path.exists(p) and time.time() - os.path.getmtime(p) < "
+           f"{ALIVE_MAX_AGE_S} else 1)")
+  return {"exec": {"command": ["python", "-c", check]}, "periodSeconds": 30,
+          "failureThreshold": failures}
+
+
 def generators(specs):
   job = specs["generators"]
   n = str(job["gpus_per_replica"])
@@ -128,20 +186,25 @@ def generators(specs):
           "replicas": job["replicas"],
           "selector": {"matchLabels": sel},
           "template": {"metadata": {"labels": sel}, "spec": {
+              "serviceAccountName": job["service_account"],
               "nodeSelector": dict(job["node_selector"]),
               "tolerations": _tolerations(job),
               "containers": [{
                   "name": "vllm", "image": job["image"], "command": job["command"],
                   "ports": [{"name": "http", "containerPort": job["port"]}],
                   "env": _env(job),
+                  # The worker's heartbeat thread touches --alive_file every generator.heartbeat_s
+                  # once its engine is up (weights fetched from the learner: allowed an hour).
+                  "startupProbe": _alive_probe(job, 120),
+                  "livenessProbe": _alive_probe(job, 4),
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
                                              job["accelerator_resource"]: n},
                                 "limits": {job["accelerator_resource"]: n}},
-                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}] +
-                                  _tls_mounts(specs)[0],
+                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, _data_mount(specs)] +
+                                  _run_config_mounts(specs)[0] + _tls_mounts(specs)[0],
               }],
-              "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}] +
-                         _tls_mounts(specs)[1],
+              "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, _data_volume(specs)] +
+                         _run_config_mounts(specs)[1] + _tls_mounts(specs)[1],
           }},
       },
   }
@@ -168,14 +231,17 @@ def buffer(specs):
               "serviceAccountName": job["service_account"],
               "initContainers": [{
                   "name": "export-prompts", "image": job["image"], "command": job["export_command"],
-                  "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True},
-                                   {"name": "prompts", "mountPath": "/prompts"}],
+                  "volumeMounts": [_data_mount(specs), {"name": "prompts", "mountPath": "/prompts"}]
+                                  + _run_config_mounts(specs)[0],
               }],
               "containers": [{
                   "name": "buffer", "image": job["image"], "command": job["command"],
                   "ports": [{"name": "grpc", "containerPort": job["port"]}],
                   "env": _env(job),
                   "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10},
+                  # The gRPC port opens after the WAL replay: allowed 30 minutes.
+                  "startupProbe": _tcp_probes("grpc", 1800)[0],
+                  "livenessProbe": _tcp_probes("grpc", 1800)[1],
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"]},
                                 "limits": {"memory": job["memory"]}},
                   "volumeMounts": [{"name": "prompts", "mountPath": "/prompts", "readOnly": True},
@@ -184,7 +250,7 @@ def buffer(specs):
               }],
               "volumes": [_data_volume(specs), {"name": "prompts", "emptyDir": {}},
                           {"name": "wal", "persistentVolumeClaim": {"claimName": wal_claim}}] +
-                         _tls_mounts(specs)[1],
+                         _run_config_mounts(specs)[1] + _tls_mounts(specs)[1],
           }},
       },
   }
@@ -221,23 +287,48 @@ def tls_secret(specs):
 def manifests(specs) -> dict[str, list[dict]]:
   """{file name: [documents]} for one variant."""
   secrets = [secret(specs)] + ([tls_secret(specs)] if specs.get("tls") else [])
-  return {"learner-jobset.yaml": [learner_jobset(specs)], "generators.yaml": generators(specs),
-          "buffer.yaml": buffer(specs), "secret.yaml": secrets}
+  out = {"learner-jobset.yaml": [learner_jobset(specs)], "generators.yaml": generators(specs),
+         "buffer.yaml": buffer(specs), "secret.yaml": secrets}
+  if specs["run_config"]["mode"] == "configmap":
+    out["run-config.yaml"] = [run_config_map(specs)]
+  return out
+
+
+class _Dumper(yaml.SafeDumper):
+  """Multi-line strings (the run config file) as YAML literal blocks."""
+
+
+_Dumper.add_representer(str, lambda d, v: d.represent_scalar(
+    "tag:yaml.org,2002:str", v, style="|" if "\n" in v else None))
 
 
 def render_text(docs: list[dict], header: str) -> str:
-  body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=True, width=100)
+  body = yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, explicit_start=True, width=100)
   return header + body
 
 
-def render(config_file: str, learner_platform: str, generator_platform: str, out_dir: str) -> list[str]:
+def variant_settings(config_file: str, learner_platform: str, generator_platform: str,
+                     settings: dict | None = None) -> dict:
+  """Launch settings of a render: the committed defaults (data volume paths) + `settings`."""
+  config = spec_lib.load_config(os.path.join(_REPO, config_file))
+  preset = config.model.preset
+  s = {k: v.format(preset=preset) for k, v in DEFAULT_DATA.items()}
+  s.update(learner_platform=learner_platform, generator_platform=generator_platform,
+           config_file=config_file, run_config="configmap")
+  s.update({k: v for k, v in (settings or {}).items() if v not in (None, "", (), [], {})})
+  return s
+
+
+def render(config_file: str, learner_platform: str, generator_platform: str, out_dir: str,
+           settings: dict | None = None) -> list[str]:
   """Writes the variant's manifests to `out_dir`; returns the written paths."""
   config = spec_lib.load_config(os.path.join(_REPO, config_file))
-  specs = spec_lib.resolve(config, dict(learner_platform=learner_platform,
-                                        generator_platform=generator_platform,
-                                        config_file=config_file))
+  s = variant_settings(config_file, learner_platform, generator_platform, settings)
+  specs = spec_lib.resolve(config, s)
+  over = "".join(f" --override {o.removeprefix('--config.')}" for o in specs["config_overrides"])
   header = (f"# GENERATED by `python -m launch.gke.render` from {config_file} "
-            f"(learner {learner_platform}, generators {generator_platform}). Do not edit.\n")
+            f"(learner {learner_platform} layout {specs['layout']}, generators "
+            f"{generator_platform}). Do not edit.\n# Resolved with:{over}\n")
   os.makedirs(out_dir, exist_ok=True)
   paths = []
   for fname, docs in manifests(specs).items():
@@ -248,23 +339,72 @@ def render(config_file: str, learner_platform: str, generator_platform: str, out
   return paths
 
 
+def _kv(items, what):
+  out = {}
+  for it in items or ():
+    k, sep, v = it.partition("=")
+    if not sep:
+      raise SystemExit(f"render: error: {what} {it!r}: expected KEY=VALUE")
+    out[k] = v
+  return out
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--all", action="store_true", help=f"render every variant into {RENDERED_DIR}")
   ap.add_argument("--config", default="configs/8b.py")
   ap.add_argument("--learner_platform", default="gpu-gb200", choices=sorted(spec_lib.PLATFORMS))
   ap.add_argument("--generator_platform", default="gpu-gb200", choices=sorted(spec_lib.PLATFORMS))
+  ap.add_argument("--train_chips", type=int, default=None, help="learner accelerators (default 16)")
+  ap.add_argument("--layout", default="", help="learner layout (config.layouts); default: the "
+                  "config's layout for the learner's chips")
+  ap.add_argument("--workdir", default="", help="run directory, gs://BUCKET/... (default "
+                  f"{spec_lib.LAUNCH_DEFAULTS['workdir']})")
+  ap.add_argument("--image_prefix", default="", help="registry prefix of the four images")
+  ap.add_argument("--image_tag", default="", help="tag of the four images")
+  ap.add_argument("--image", action="append", default=[], metavar="ROLE=REF",
+                  help=f"full image reference of one role {spec_lib.ROLES} (repeatable)")
+  ap.add_argument("--namespace", default="")
+  ap.add_argument("--name", default="", help="job name prefix (default scalerl)")
+  ap.add_argument("--data_pvc", default="", help="read-only PVC mounted at "
+                  f"{spec_lib.DATA_MOUNT} on every pod that reads data or the checkpoint")
+  ap.add_argument("--data", default="", help="config.data.path (on the data volume, or gs://)")
+  ap.add_argument("--tokenizer", default="", help="config.data.tokenizer_path (on the data volume)")
+  ap.add_argument("--checkpoint", default="", help="config.model.hf_checkpoint: start weights "
+                  "(on the data volume, or gs://)")
+  ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                  help="config override for EVERY pod (repeatable), e.g. rollout.max_lag=4")
+  ap.add_argument("--no-preflight", dest="preflight", action="store_false",
+                  help="skip the preflight of the written manifests")
   ap.add_argument("--out", help="output directory (required without --all)")
   a = ap.parse_args(argv)
-  if a.all:
-    for name, (cfg, lp, gp) in VARIANTS.items():
-      for p in render(cfg, lp, gp, os.path.join(RENDERED_DIR, name)):
-        print(os.path.relpath(p, _REPO))
-  elif a.out:
-    for p in render(a.config, a.learner_platform, a.generator_platform, a.out):
-      print(p)
-  else:
-    ap.error("give --out DIR or --all")
+  settings = dict(train_chips=a.train_chips, layout=a.layout, workdir=a.workdir,
+                  image_prefix=a.image_prefix, image_tag=a.image_tag,
+                  images=_kv(a.image, "--image"), namespace=a.namespace, name=a.name,
+                  data_pvc=a.data_pvc, data=a.data, tokenizer=a.tokenizer,
+                  checkpoint=a.checkpoint, config_overrides=tuple(a.override))
+  dirs = []
+  try:
+    if a.all:
+      for name, (cfg, lp, gp, extra) in VARIANTS.items():
+        s = dict(extra)
+        s.update({k: v for k, v in settings.items() if v not in (None, "", (), [], {})})
+        out = os.path.join(RENDERED_DIR, name)
+        for p in render(cfg, lp, gp, out, s):
+          print(os.path.relpath(p, _REPO))
+        dirs.append(out)
+    elif a.out:
+      for p in render(a.config, a.learner_platform, a.generator_platform, a.out, settings):
+        print(p)
+      dirs.append(a.out)
+    else:
+      ap.error("give --out DIR or --all")
+  except ValueError as e:
+    raise SystemExit(f"render: error: {e}") from None
+  if a.preflight:
+    from launch import preflight
+    if preflight.main(dirs):
+      raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -96,11 +96,10 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir, datas
   if not model_dir:   # exported in the engine's dtype (a bf16 engine: half an fp32 export's bytes)
     model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
     models.save_hf(model_cfg, params, model_dir, dtype=engine_dtype)
-  r = config.rollout
   return VLLMGenerator(
       model_dir, dtype=engine_dtype,
       head_dtype="float32" if model_cfg.fp32_lm_head else None,
-      max_model_len=int(r.max_prompt_len + runtime.max_completion_len(config) + 16),
+      max_model_len=runtime.vllm_max_model_len(config),
       initial_version=version, seed=int(config.seed), **_vllm_args(config))
 
 
@@ -118,9 +117,15 @@ def vllm_start_dir(config, version: int) -> str:
 
 
 def _vllm_args(config) -> dict:
-  """config.generator.vllm_args, with generator.tensor_parallel as the engine's TP size."""
-  extra = {k: (v.to_dict() if hasattr(v, "to_dict") else v)
-           for k, v in dict(config.generator.vllm_args).items()}
+  """The engine's sizing from config.generator (KV cache from gpu_memory_utilization unless
+  kv_cache_bytes is set; decode_batch concurrent sequences), then config.generator.vllm_args,
+  with generator.tensor_parallel as the engine's TP size."""
+  g = config.generator
+  extra = dict(kv_cache_bytes=int(g.get("kv_cache_bytes", 0)) or None,
+               gpu_memory_utilization=float(g.get("gpu_memory_utilization", 0.9)),
+               max_num_seqs=int(g.get("decode_batch", 64)))
+  extra.update({k: (v.to_dict() if hasattr(v, "to_dict") else v)
+                for k, v in dict(g.vllm_args).items()})
   tp = int(config.generator.tensor_parallel or 1)
   if tp > 1:
     extra["engine_args"] = {"tensor_parallel_size": tp, **dict(extra.get("engine_args") or {})}
@@ -177,9 +182,19 @@ class Worker:
     if self.heartbeat_s > 0:
       threading.Thread(target=self._heartbeat, daemon=True).start()
 
+  alive_file = None   # set by main (--alive_file): touched at every heartbeat (a liveness probe)
+
+  def touch_alive(self) -> None:
+    """Marks this process alive: `alive_file`'s mtime is now (launch/gke: the pod's probe)."""
+    if self.alive_file:
+      os.makedirs(os.path.dirname(os.path.abspath(self.alive_file)), exist_ok=True)
+      with open(self.alive_file, "a"):
+        os.utime(self.alive_file)
+
   def _heartbeat(self):
     """Extends this worker's leases every `heartbeat_s` (a silent worker loses them after the TTL)."""
     while not self._stop.wait(self.heartbeat_s):
+      self.touch_alive()
       try:
         r = self.client.heartbeat(self.lease_id, self.gen.version, group_ids=sorted(self._working),
                                   held_versions=self.held_versions())
@@ -466,6 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--tls_ca", default=None,
                   help="PEM CA the buffer's certificate is verified with (overrides config.tls.ca)")
   ap.add_argument("--tls_server_name", default=None, help="overrides config.tls.server_name")
+  ap.add_argument("--alive_file", default=None,
+                  help="touched at start and every generator.heartbeat_s (liveness probe)")
   return ap
 
 
@@ -489,6 +506,8 @@ def main(argv=None):
     cpu_decode_devices(config, pinned)
   w = Worker(config, a.buffer, a.generator_id, a.backend or config.generator.backend,
              a.workdir or os.path.dirname(os.path.abspath(a.run_config)))
+  w.alive_file = a.alive_file
+  w.touch_alive()
   def on_term(*_):
     # SIGTERM also comes from PDEATHSIG when the learner died: a client call may be retrying a
     # dead buffer for its whole retry budget, so exit for sure after a short grace period.

@@ -231,6 +231,14 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
   return out
 
 
+def default_seq_len(config) -> int:
+  """The sequence length a plan is made at unless --seq_len says otherwise: the token length the
+  learner's train step really compiles for when a batch holds a longest sequence
+  (runtime.train_seq_len: prompt + completion budgets, padded as trainer.pad_time pads).
+  launch.preflight checks that the plan it uses was made at this length (or a longer one)."""
+  return runtime.train_seq_len(config)
+
+
 def plan(config, seq_len: int | None = None, with_generator: bool = True, with_flops: bool = True,
          mfu: float = 0.4) -> dict:
   """The plan JSON of `config` on `config.topology` (needs that many jax devices)."""
@@ -245,7 +253,7 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
   model_cfg = runtime.model_config(config)
   r = config.rollout
   batch_rows = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
-  seq_len = int(seq_len or r.max_prompt_len + r.think_budget_max + r.answer_budget)
+  seq_len = int(seq_len or default_seq_len(config))
   mesh = sharding.make_mesh(config.mesh.shape, devices[:topo.num_devices])
   compiled, info = compile_learner(config, model_cfg, mesh, batch_rows, seq_len)
   st, st_sh = info["abstract_state"], info["state_shardings"]
@@ -331,8 +339,8 @@ if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to configs/8b.py or scout.py.")
   _TOPOLOGY = flags.DEFINE_string("topology", "", "Topology name (scalerl_jax.topologies); "
                                   "default: config.topology.")
-  _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Tokens per sequence (default prompt + think + "
-                                  "answer budgets = 16,384).")
+  _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Tokens per sequence (default: the learner's pad "
+                                  "length, runtime.train_seq_len).")
   _MICROBATCHES = flags.DEFINE_integer("microbatches", 0, "Override config.optim.microbatches.")
   _GENERATOR = flags.DEFINE_boolean("generator", True, "Also compile the generator decode step.")
   _FLOPS = flags.DEFINE_boolean("flops", True, "Also compile the FLOPs probe (compute report).")

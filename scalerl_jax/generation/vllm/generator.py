@@ -62,7 +62,11 @@ class VLLMGenerator(Generator):
     dtype: engine dtype ("bfloat16" default, or "float32").
     head_dtype: LM-head dtype ("float32" = FP32 head, the paper's setting; "model" = engine dtype).
     max_model_len: longest prompt + completion (incl. injected tokens).
-    kv_cache_bytes: KV-cache memory (host RAM on CPU).
+    kv_cache_bytes: explicit KV-cache memory; None (default) = on GPU, vLLM sizes the cache from
+      `gpu_memory_utilization` (what is left of that share of HBM after weights and activations);
+      on CPU, CPU_KV_CACHE_BYTES of host RAM.
+    gpu_memory_utilization: share of each GPU's memory the engine may use (GPU, kv_cache_bytes None).
+    max_num_seqs: sequences the engine runs at once (the launch sets generator.decode_batch).
     enforce_eager: skip torch.compile (faster start, slower decode on CPU).
     omp_threads_bind: VLLM_CPU_OMP_THREADS_BIND for the CPU backend (e.g. "0-1"); None = vLLM's auto.
     initial_version: policy version of the checkpoint weights.
@@ -76,7 +80,8 @@ class VLLMGenerator(Generator):
 
   def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "bfloat16",
                head_dtype: str | None = "float32", max_model_len: int = 4096,
-               kv_cache_bytes: int = 512 << 20, enforce_eager: bool = False,
+               kv_cache_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
+               enforce_eager: bool = False,
                enable_prefix_caching: bool = True, max_num_seqs: int = 256,
                max_num_batched_tokens: int | None = None, seed: int = 0,
                omp_threads_bind: str | None = None, initial_version: int = 0,
@@ -91,7 +96,8 @@ class VLLMGenerator(Generator):
     sock_path = os.path.join(self._dir, "worker.sock")
     self.log_path = str(log_path or os.path.join(self._dir, "worker.log"))
     cfg = dict(model=str(model_dir), dtype=dtype, head_dtype=head_dtype, max_model_len=max_model_len,
-               kv_cache_bytes=int(kv_cache_bytes), enforce_eager=enforce_eager,
+               kv_cache_bytes=None if kv_cache_bytes is None else int(kv_cache_bytes),
+               gpu_memory_utilization=float(gpu_memory_utilization), enforce_eager=enforce_eager,
                enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
                max_num_batched_tokens=max_num_batched_tokens, seed=seed,
                initial_version=initial_version,

@@ -37,10 +37,14 @@ from scalerl_jax.generation.interruption import think_budget
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP
 from scalerl_jax.generation.vllm import protocol as P
 EXT_CLS = "scalerl_jax.generation.vllm.ext.ScaleRLWorkerExtension"
+# KV cache on the CPU backend when no explicit `kv_cache_bytes` is given (host RAM; on GPU the
+# cache is sized from `gpu_memory_utilization` instead).
+CPU_KV_CACHE_BYTES = 512 << 20
 
 DEFAULTS = {
     "model": None, "dtype": "bfloat16", "head_dtype": "float32", "max_model_len": 4096,
-    "kv_cache_bytes": 512 << 20, "enforce_eager": False, "enable_prefix_caching": True,
+    "kv_cache_bytes": None, "gpu_memory_utilization": 0.9, "enforce_eager": False,
+    "enable_prefix_caching": True,
     "max_num_seqs": 256, "max_num_batched_tokens": None, "seed": 0, "initial_version": 0,
     "reset_prefix_cache_on_update": True, "engine_args": {}, "report_progress": False,
 }
@@ -65,6 +69,26 @@ def checkpoint_generation_overrides(model_dir: str) -> dict:
   if "attn_temperature_tuning" in hf:
     return {"attn_temperature_tuning": bool(hf["attn_temperature_tuning"])}
   return {}
+
+
+def kv_cache_args(cfg: dict, on_gpu: bool) -> dict:
+  """Engine args that size the KV cache: an explicit `kv_cache_bytes` wins; else on GPU vLLM's
+  `gpu_memory_utilization` (the cache gets what that share of HBM leaves after weights and
+  activations: a fixed size would cap a 16k-token fleet far below its concurrency, or refuse
+  to start), on CPU CPU_KV_CACHE_BYTES of host RAM."""
+  if cfg.get("kv_cache_bytes"):
+    return {"kv_cache_memory_bytes": int(cfg["kv_cache_bytes"])}
+  if on_gpu:
+    return {"gpu_memory_utilization": float(cfg.get("gpu_memory_utilization") or 0.9)}
+  return {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+
+
+def _on_gpu() -> bool:
+  try:
+    import torch
+    return bool(torch.cuda.is_available())
+  except ImportError:   # pragma: no cover - the vLLM venv has torch
+    return False
 
 
 def find_subsequence(seq, sub) -> int:
@@ -104,10 +128,10 @@ class Worker:
     cfg = self.cfg
     kw = dict(model=cfg["model"], skip_tokenizer_init=True, dtype=cfg["dtype"],
               logprobs_mode="processed_logprobs", max_model_len=cfg["max_model_len"],
-              kv_cache_memory_bytes=int(cfg["kv_cache_bytes"]),
               enable_prefix_caching=cfg["enable_prefix_caching"], enforce_eager=cfg["enforce_eager"],
               max_num_seqs=cfg["max_num_seqs"], seed=cfg["seed"], generation_config="vllm",
               worker_extension_cls=EXT_CLS, disable_log_stats=True)
+    kw.update(kv_cache_args(cfg, _on_gpu()))
     if cfg["head_dtype"]:
       kw["hf_overrides"] = {"head_dtype": cfg["head_dtype"]}
     if cfg["max_num_batched_tokens"]:

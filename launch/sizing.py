@@ -1,0 +1,143 @@
+"""Launch arithmetic shared by the renderer (launch/spec.py) and the preflight (launch/preflight.py).
+
+Everything here is arithmetic on the resolved run config and the model preset, never a compile:
+
+  params / KV bytes per token    the preset's parameter count (tools.describe.count_params on
+                                 abstract shapes) and 2 (K, V) x layers x kv_heads x head_dim x
+                                 2 bytes (bf16 KV cache) per token
+  weight push                    params x the wire bytes per parameter (`wire_bytes_per_param`:
+                                 runtime.wire_dtype where it exists, else today's fp32 push)
+  generator host memory          the weight versions a generator worker holds in host RAM
+                                 (generator.eval_hold_versions + the one being fetched), or at
+                                 start one version plus its HF export for vLLM (none when vLLM
+                                 starts from the start checkpoint), + VLLM_HOST_BYTES
+  vLLM KV cache                  gpu_memory_utilization x HBM x TP - bf16 weights -
+                                 VLLM_WORKSPACE_BYTES per GPU (activations, CUDA graphs), or the
+                                 explicit generator.kv_cache_bytes; needed: decode_batch x
+                                 max_model_len x KV bytes per token
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import math
+
+GIB = 2 ** 30
+VLLM_HOST_BYTES = 16 * GIB          # vLLM engine + torch + tokenizer-less worker, host RAM (stated)
+VLLM_WORKSPACE_BYTES = 4 * GIB      # per GPU: vLLM's profiled activation peak + CUDA graphs (stated)
+SHM_BYTES = 2 * (64 << 20)          # the /dev/shm weight-chunk slots (VLLMGenerator, medium Memory)
+MEMORY_HEADROOM = 1.15              # requests = estimate x this, rounded up to whole GiB
+PUSH_BANDWIDTH = 12.5e9             # bytes/s: 100 Gbit/s per pod NIC (stated, not measured)
+TARGET_WIRE_BYTES = 2               # bf16 on the wire: the target default
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_numbers(model_items: tuple) -> dict:
+  import ml_collections
+
+  from scalerl_jax import runtime
+  from scalerl_jax.tools.describe import count_params
+  c = ml_collections.ConfigDict({"model": dict(model_items)})
+  cfg = runtime.model_config(c)
+  n = count_params(cfg)["params_total"]
+  kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+  return dict(params=int(n), kv_bytes_per_token=int(kv), num_kv_heads=int(cfg.num_kv_heads))
+
+
+def model_numbers(config) -> dict:
+  """{params, kv_bytes_per_token, num_kv_heads} of the run's model (from its preset: the start
+  checkpoint's config.json is on the data volume, not here)."""
+  m = copy.deepcopy(config.model.to_dict())
+  m["hf_checkpoint"] = ""
+  return _preset_numbers(tuple(sorted((k, v) for k, v in m.items())))
+
+
+def wire_bytes_per_param(config) -> int:
+  """Bytes a float32 parameter takes on the wire to the generators: runtime.wire_dtype(config)
+  where the code has it (bfloat16: 2), else 4 (the push sends the learner's fp32 params as is)."""
+  from scalerl_jax import runtime
+  fn = getattr(runtime, "wire_dtype", None)
+  if fn is None:
+    return 4
+  return 2 if fn(config) in ("bfloat16", "float16") else 4
+
+
+def engine_bytes_per_param(config) -> int:
+  """Bytes per weight in the vLLM engine (its dtype follows model.dtype)."""
+  return 4 if str(config.model.dtype) == "float32" else 2
+
+
+def push(config) -> dict:
+  """Bytes of one weight push to one generator and its seconds at PUSH_BANDWIDTH."""
+  n = model_numbers(config)["params"]
+  b = wire_bytes_per_param(config)
+  return dict(bytes_per_param=b, bytes=n * b, seconds=n * b / PUSH_BANDWIDTH,
+              bandwidth=PUSH_BANDWIDTH)
+
+
+def generator_host_bytes(config) -> dict:
+  """Host RAM of one generator pod (module docstring): the steady state's held versions and the
+  start-up's one version + HF export, the larger of the two, + vLLM's own + the shm slots."""
+  n = model_numbers(config)["params"]
+  g = config.generator
+  versions = int(g.get("eval_hold_versions", 2)) + 1
+  wire = wire_bytes_per_param(config)
+  steady = versions * n * wire
+  # vLLM starts on generator.vllm_model_dir or the start checkpoint (generation.worker
+  # vllm_start_dir: a gs:// one is copied to local disk); else on an HF export of version 0
+  started_from_disk = g.get("vllm_model_dir") or config.model.get("hf_checkpoint")
+  export = 0 if started_from_disk else n * engine_bytes_per_param(config)
+  start = n * wire + export
+  total = max(steady, start) + VLLM_HOST_BYTES + SHM_BYTES
+  return dict(versions=versions, steady=steady, start=start, total=total)
+
+
+def generator_memory_request_gib(config) -> int:
+  """The generator pod's memory request (GiB): the estimate x MEMORY_HEADROOM, rounded up."""
+  return int(math.ceil(generator_host_bytes(config)["total"] * MEMORY_HEADROOM / GIB))
+
+
+def kv_cache(config, hbm_bytes: int, tensor_parallel: int) -> dict:
+  """What one vLLM engine's KV cache holds vs what the config asks of it (module docstring)."""
+  from scalerl_jax import runtime
+  mn = model_numbers(config)
+  g = config.generator
+  tp = int(tensor_parallel)
+  weights = mn["params"] * engine_bytes_per_param(config)
+  explicit = int(g.get("kv_cache_bytes", 0) or 0)
+  util = float(g.get("gpu_memory_utilization", 0.9))
+  if explicit:
+    capacity = explicit * tp
+  else:
+    capacity = int(util * hbm_bytes * tp - weights - VLLM_WORKSPACE_BYTES * tp)
+  max_len = runtime.vllm_max_model_len(config)
+  per_seq = max_len * mn["kv_bytes_per_token"]
+  seqs = int(g.get("decode_batch", 64))
+  return dict(capacity=capacity, per_seq=per_seq, max_model_len=max_len, seqs=seqs,
+              needed=seqs * per_seq, fits_seqs=max(0, capacity // per_seq),
+              explicit=bool(explicit), gpu_memory_utilization=util, weights=weights)
+
+
+def buffer_host_bytes(config, learner_hosts: int = 1) -> int:
+  """The buffer pod's host RAM: rollouts of max_lag + 2 steps (tokens, log-probs, versions,
+  mask: 13 bytes a token at the longest sequence) + the weight versions it holds when weights
+  go through it (weights.serve_from="buffer": two)."""
+  from scalerl_jax import runtime
+  r = config.rollout
+  batch = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
+  rollouts = (int(r.max_lag) + 2) * batch * runtime.max_sequence_len(config) * 13
+  weights = 0
+  if str(config.weights.get("serve_from", "learner")) == "buffer":
+    weights = 2 * model_numbers(config)["params"] * wire_bytes_per_param(config)
+  return rollouts + weights + 2 * GIB
+
+
+def parse_quantity(q: str) -> int:
+  """A Kubernetes memory quantity ("64Gi", "800Gi", "32G", "1024Mi") in bytes."""
+  q = str(q)
+  units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6,
+           "G": 10**9, "T": 10**12}
+  for u in sorted(units, key=len, reverse=True):
+    if q.endswith(u):
+      return int(float(q[:-len(u)]) * units[u])
+  return int(float(q))
