@@ -85,7 +85,9 @@ def test_sorted_bucketed_microbatches_give_the_same_loss_and_gradient():
   for name, b in (("sorted", sorted_batch), ("unsorted", batch)):
     g, m = _run(_step(4, 16, 8), b)
     e = tree_rel_err(g, g_ref)
-    assert e <= 1e-6, (name, e)
+    # fp32 sums in another order (4 micro-batches vs 1): 1.7e-6 measured; a wrong aggregation
+    # (per-micro-batch normalisation, a dropped row) is off by 1e-2 or more
+    assert e <= 1e-5, (name, e)
     for k in ("loss", "denominator", "is_ratio_mean", "is_ratio_max", "kl_k3", "entropy",
               "tokens", "effective_samples"):
       assert abs(m[k] - m_ref[k]) <= 2e-6 * max(1.0, abs(m_ref[k])), (name, k, m[k], m_ref[k])
