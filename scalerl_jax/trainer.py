@@ -39,7 +39,7 @@ from scalerl_jax.data import stats_metrics
 from scalerl_jax.fleet_eval import FleetEvaluator, eval_prompts, peak_rss_mb, summarize
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner
-from scalerl_jax.ledger import ComputeLedger
+from scalerl_jax.ledger import ComputeLedger, StepTokens
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.rewards import sandbox_still_works
@@ -445,6 +445,7 @@ class Trainer:
     every = int(self.config.health.get("parity_every", 0) or 0)
     if not self._parity_on() or not (first or (every and step % every == 0)):
       return {}
+    self._rescored = True                 # the compute ledger books this forward pass
     mask = full["loss_mask"].astype(bool) & (full["versions"] == step)
     routes = full.get("routes") if self.config.rl.get("routing_replay", False) else None
     lp = learner_token_logprobs(self.model_cfg, self.learner.state.params, full["tokens"],
@@ -471,13 +472,15 @@ class Trainer:
     if self.multi:                        # process 0's batch to every process
       arrays = distributed.broadcast_from_main(arrays)
     t_wait = time.time() - t0
+    self._rescored = False
     parity = self._parity(step, full) if self.main else {}
     t1 = time.time()
     rows = self.learner.local_rows(arrays["tokens"].shape[0])
     m = self.learner.step({k: v[rows] for k, v in arrays.items()})
     t_train = time.time() - t1
-    generated = int(arrays["loss_mask"].sum())
-    self.ledger.add_tokens(trained=int(m.get("tokens", generated)), generated=generated)
+    if self.main:   # process 0 books the global batch (its ledger is the one logged and saved)
+      self.ledger.add_step(StepTokens.from_arrays(full, loss=int(m["tokens"]),
+                                                  rescored=self._rescored))
     t_pub = self.publish(step + 1)
     if not self.main:
       return {"step": step + 1, "kind": "train", **m}
@@ -498,7 +501,7 @@ class Trainer:
            "mean_reward": float(arrays["rewards"].mean()), **self._task_rewards(batch),
            "wait_s": t_wait, "train_s": t_train,
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
-           "policy_tokens": generated, "time": time.time(), **parity}
+           "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity}
     abort = None
     if self.health is not None:
       from scalerl_jax.health import RunUnhealthy
@@ -571,7 +574,8 @@ class Trainer:
     zero = {k: 0.0 for k in ("compute_hours", "train_hours", "gen_hours", "eval_hours",
                              "eval_gen_hours", "compute_hours_with_eval")}
     self.last_eval = {**rec, "step": 0, "kind": "eval", **zero,
-                      "train_flops": 0.0, "gen_flops": 0.0}
+                      "train_flops": 0.0, "gen_flops": 0.0, "train_loss_flops": 0.0,
+                      "train_pad_flops": 0.0}
     self.metrics.write({**self.last_eval, **stats_metrics(self.dataset)})
 
   def run(self) -> dict:
