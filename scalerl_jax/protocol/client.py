@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import random
 import time
 from typing import Iterable, Iterator, Optional, Sequence
@@ -37,6 +38,7 @@ from scalerl_jax.types import PromptSpec
 from scalerl_jax.protocol.wire import varint
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE,)
+log = logging.getLogger("scalerl.rpc")
 
 
 def _ident(x):
@@ -112,6 +114,9 @@ class BufferClient:
       except grpc.RpcError as e:
         if e.code() not in _RETRY or self._give_up(attempt, t0):
           raise
+        # e.g. "GOAWAY received; Error code: 2; Debug Text: Cancelling all calls" when the
+        # buffer shut down with this call open (gRPC's own line is off: scalerl_jax/__init__.py)
+        log.debug("%s: %s (%s); retry %d", self.address, e.code().name, e.details(), attempt + 1)
       attempt += 1
       self.retried += 1
       time.sleep(delay * (0.5 + random.random()))
