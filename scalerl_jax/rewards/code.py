@@ -66,7 +66,7 @@ _REL_TOL = decimal.Decimal("1e-6")
 
 def _tokens(text: str) -> list[str]:
   """Whitespace-separated tokens; only ASCII whitespace separates (str.split() also splits on
-  U+00A0, U+2028, U+001C-U+001F, ... which would merge distinct expected tokens)."""
+  U+00A0, U+2028, U+001C-U+001F, ..., so `x y` matched an expected token `x<NBSP>y`)."""
   text = _WS.sub(" ", text).strip(" ")
   return text.split(" ") if text else []
 
