@@ -40,7 +40,7 @@ from scalerl_jax.fleet_eval import FleetEvaluator, eval_prompts, peak_rss_mb, su
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner
 from scalerl_jax.learner.batch import length_sorted_order
-from scalerl_jax.ledger import ComputeLedger
+from scalerl_jax.ledger import ComputeLedger, StepTokens
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.rewards import sandbox_still_works
@@ -448,6 +448,7 @@ class Trainer:
     every = int(self.config.health.get("parity_every", 0) or 0)
     if not self._parity_on() or not (first or (every and step % every == 0)):
       return {}
+    self._rescored = True                 # the compute ledger books this forward pass
     routes = arrays.get("routes") if self.config.rl.get("routing_replay", False) else None
     lp = self.learner.token_logprobs(arrays["tokens"], routes)
     if not self.main:
@@ -486,13 +487,15 @@ class Trainer:
       arrays = distributed.broadcast_from_main(arrays)
     t_wait = time.time() - t0
     step0 = self._step0_check(step, arrays["rewards"], batch)
+    self._rescored = False
     parity = self._parity(step, arrays, versions if self.main else None)
     t1 = time.time()
     rows = self.learner.local_rows(arrays["tokens"].shape[0])
     m = self.learner.step({k: v[rows] for k, v in arrays.items()})
     t_train = time.time() - t1
-    generated = int(arrays["loss_mask"].sum())
-    self.ledger.add_tokens(trained=int(m.get("tokens", generated)), generated=generated)
+    if self.main:   # process 0 books the global batch (its ledger is the one logged and saved)
+      self.ledger.add_step(StepTokens.from_arrays(full, loss=int(m["tokens"]),
+                                                  rescored=self._rescored))
     t_pub = self.publish(step + 1)
     if not self.main:
       return {"step": step + 1, "kind": "train", **m}
@@ -513,7 +516,8 @@ class Trainer:
            "mean_reward": float(arrays["rewards"].mean()), **self._task_rewards(batch),
            "wait_s": t_wait, "train_s": t_train,
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
-           "policy_tokens": generated, "time": time.time(), **parity, **step0}
+           "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity,
+           **step0}
     abort = None
     if self.health is not None:
       from scalerl_jax.health import RunUnhealthy
@@ -611,7 +615,8 @@ class Trainer:
     zero = {k: 0.0 for k in ("compute_hours", "train_hours", "gen_hours", "eval_hours",
                              "eval_gen_hours", "compute_hours_with_eval")}
     self.last_eval = {**rec, "step": 0, "kind": "eval", **zero,
-                      "train_flops": 0.0, "gen_flops": 0.0}
+                      "train_flops": 0.0, "gen_flops": 0.0, "train_loss_flops": 0.0,
+                      "train_pad_flops": 0.0}
     self.metrics.write({**self.last_eval, **stats_metrics(self.dataset)})
 
   def run(self) -> dict:

@@ -100,6 +100,35 @@ def test_interrupted_tokens_have_zero_loss_weight(run_dir):
   assert n_interrupted > 0
 
 
+def test_ledger_counts_every_processed_token(run_dir):
+  """Each train line's FLOPs grow by 6N (learner) and 2N (generators) per real token of the dumped
+  batch: prompts, injected tokens and zero-variance-filtered groups included, padding not
+  (docs/COMPUTE.md "What the FLOPs count"); the loss-token FLOPs are the smaller useful part."""
+  from scalerl_jax import runtime
+  from scalerl_jax.tools.describe import count_params
+  config = runtime.load_run_config(os.path.join(run_dir, "config.json"))
+  n = float(count_params(runtime.model_config(config))["params_active"])
+  lines = _lines(run_dir)
+  train = {l["step"]: l for l in lines if l["kind"] == "train"}
+  prev = {k: 0.0 for k in ("train_flops", "gen_flops", "train_loss_flops", "train_pad_flops")}
+  injected = 0
+  for step in range(1, 7):
+    b = np.load(os.path.join(run_dir, "batches", f"step_{step - 1:06d}.npz"))
+    real = int(b["prompt_lengths"].sum() + b["completion_lengths"].sum())
+    injected += int(b["completion_lengths"].sum() - b["loss_mask"].sum())
+    assert 0 < real < b["tokens"].size                         # the batch is padded
+    l = train[step]
+    assert l["train_flops"] - prev["train_flops"] == pytest.approx(6 * n * real, rel=1e-9)
+    assert l["gen_flops"] - prev["gen_flops"] == pytest.approx(2 * n * real, rel=1e-9)
+    assert l["train_loss_flops"] - prev["train_loss_flops"] == pytest.approx(6 * n * l["tokens"],
+                                                                             rel=1e-9)
+    assert l["train_pad_flops"] - prev["train_pad_flops"] == pytest.approx(
+        6 * n * (b["tokens"].size - real), rel=1e-9)
+    assert l["train_loss_flops"] < l["train_flops"]
+    prev = l
+  assert injected > 0          # interrupted samples' injected tokens were in the count
+
+
 def test_validation_never_saw_a_training_prompt(run_dir):
   held = {tuple(p.prompt_tokens) for p in synthetic.make_split(0, 0, 16)[1]}
   trained = set()

@@ -431,3 +431,124 @@ def test_kernel_interfaces_are_refused():
   namespace (EFAULT/EINVAL = the kernel parsed the call), refused by seccomp with EPERM (1)."""
   r = sandbox.run_program(KERNEL_IFACES.format(**_NR), limits=LIMITS)
   assert r.status == "ok" and r.stdout == b"1 1 1 1 1\n", r
+
+# ==================================================================================================
+# Gaming the comparison (issue #28). Programs that run cleanly but try to pass without the right
+# output by exploiting how outputs are compared (scalerl_jax/rewards/code.py::outputs_match and
+# json_equal; rules in docs/SANDBOX.md "How outputs are compared"). Kept apart from the sandbox
+# tests above. EXPLOITS got reward 1.0 from the comparison before issue #28 (checked against the
+# old code); GUARDS were already rejected and stay so; HONEST are correct programs in unusual but
+# legitimate formats that must keep passing.
+# ==================================================================================================
+
+def _stdin_tests(*outputs):
+  return [{"input": "", "output": o} for o in outputs]
+
+
+def _fn_tests(*outputs):
+  return {"fn_name": "f", "tests": [{"input": "0", "output": o, "testtype": "functional"}
+                                    for o in outputs]}
+
+
+# (id, program, answer (tests), expected reason after the fix)
+EXPLOITS = [
+    # float('nan') compared with `abs(x - y) > tol` is never "too far": nan passed every number
+    ("nan_for_every_number", "print('nan')\n", _stdin_tests("3\n", "-17\n", "2.5\n"),
+     "wrong_answer"),
+    ("nan_spellings", "print('-NaN +nan NAN')\n", _stdin_tests("1 2 3\n"), "wrong_answer"),
+    ("nan_against_inf", "print('nan')\n", _stdin_tests("inf\n"), "wrong_answer"),
+    ("infinity_against_inf", "print('Infinity')\n", _stdin_tests("inf\n"), "wrong_answer"),
+    ("overflowing_exponent_against_inf", "print('1e999')\n", _stdin_tests("inf\n"), "wrong_answer"),
+    # relative tolerance on integers: answers mod 1e9+7 were accepted up to ~1000 off
+    ("integer_off_by_999", "print(999999000)\n", _stdin_tests("999999999\n"), "wrong_answer"),
+    ("integer_beyond_float_precision", "print(12345678901234567890)\n",
+     _stdin_tests("12345678901234567891\n"), "wrong_answer"),
+    ("almost_zero_for_zero", "print('0.0000001')\n", _stdin_tests("0\n"), "wrong_answer"),
+    # float() parses forms that are not the expected token's text
+    ("leading_zeros_dropped", "print('11 7')\n", _stdin_tests("0011 007\n"), "wrong_answer"),
+    ("unicode_digits", "print('\\u0663')\n", _stdin_tests("3\n"), "wrong_answer"),
+    ("underscore_digits", "print('1_000')\n", _stdin_tests("1000\n"), "wrong_answer"),
+    ("leading_plus", "print('+5')\n", _stdin_tests("5\n"), "wrong_answer"),
+    # str.split() splits on Unicode spaces: an expected 'x<NBSP>y' token was matched by 'x y'
+    ("unicode_space_splits_expected_token", "print('x y')\n", _stdin_tests("x\u00a0y\n"),
+     "wrong_answer"),
+    # decode('utf-8', 'replace') maps any invalid byte onto an expected U+FFFD
+    ("invalid_utf8_as_replacement_char", "import sys\nsys.stdout.buffer.write(b'\\xff\\n')\n",
+     _stdin_tests("\ufffd\n"), "wrong_answer"),
+    # functional: Python's == has True == 1 and False == 0
+    ("bool_for_int", "def f(x):\n  return True\n", _fn_tests("1"), "wrong_answer"),
+    ("bool_for_zero_in_list", "def f(x):\n  return [False, True]\n", _fn_tests("[0, 1]"),
+     "wrong_answer"),
+    # functional: the program owns the interpreter, so it can print any text as its "JSON"
+    ("overflowing_float_for_infinity", "import json\njson.dumps = lambda v: '1e999'\n"
+     "def f(x):\n  return 0\n", _fn_tests("Infinity"), "wrong_answer"),
+    # functional: json.loads raised RecursionError out of grade_code (it must never raise)
+    ("deeply_nested_json", "import json\njson.dumps = lambda v: '[' * 5000 + ']' * 5000\n"
+     "def f(x):\n  return 0\n", _fn_tests("[]"), "wrong_answer"),
+    # tests that expect nothing: a program that does nothing passed them
+    ("empty_program_on_empty_outputs", "pass\n", _stdin_tests("", "\n", "  \n"), "trivial_tests"),
+    ("none_on_null_outputs", "def f(x):\n  pass\n", _fn_tests("null", "null"), "trivial_tests"),
+]
+
+GUARDS = [
+    ("hex_number", "print('0x10')\n", _stdin_tests("16\n"), "wrong_answer"),
+    ("trailing_token", "print(3, 'junk')\n", _stdin_tests("3\n"), "wrong_answer"),
+    ("missing_token", "print(3)\n", _stdin_tests("3 4\n"), "wrong_answer"),
+    ("empty_output", "pass\n", _stdin_tests("3\n"), "wrong_answer"),
+    ("whitespace_only_output", "print('   ')\n", _stdin_tests("3\n"), "wrong_answer"),
+    ("bool_text_for_number", "print('True')\n", _stdin_tests("1\n"), "wrong_answer"),
+    ("inf_for_big_number", "print('inf')\n", _stdin_tests("1e308\n"), "wrong_answer"),
+    ("number_for_text", "print(0)\n", _stdin_tests("NO\n"), "wrong_answer"),
+    ("wrong_case", "print('yes')\n", _stdin_tests("YES\n"), "wrong_answer"),
+    ("mixed_tokens_swapped", "print('abc 1')\n", _stdin_tests("1 abc\n"), "wrong_answer"),
+    ("functional_nan_for_number", "def f(x):\n  return float('nan')\n", _fn_tests("1.5"),
+     "wrong_answer"),
+    ("functional_extra_output", "print(1)\ndef f(x):\n  return 1\n", _fn_tests("1"),
+     "wrong_answer"),
+]
+
+HONEST = [
+    ("float_more_digits", "print(1/3)\n", _stdin_tests("0.3333333333\n")),
+    ("float_for_integer_value", "print('2.000 2e0 1E+3')\n", _stdin_tests("2 2 1000\n")),
+    ("fraction_within_1e-6", "print(2.5000001)\n", _stdin_tests("2.5\n")),
+    ("negative_zero", "print('-0 -0.0')\n", _stdin_tests("0 0.0\n")),
+    ("layout_differs", "print('1\\t2\\r\\n3   ')\n", _stdin_tests("1 2\n3\n")),
+    ("same_literal_non_finite", "print('nan inf -inf')\n", _stdin_tests("nan inf -inf\n")),
+    ("mixed_text_and_numbers", "print('Case #1: 0.50 YES')\n", _stdin_tests("Case #1: 0.5 YES\n")),
+    ("some_tests_empty", "n = int(input())\nif n:\n  print(n)\n",
+     [{"input": "0\n", "output": ""}, {"input": "5\n", "output": "5\n"}]),
+    ("functional_float_for_int", "def f(x):\n  return [2.0, {'b': None, 'a': 'x'}]\n",
+     _fn_tests('[2, {"a": "x", "b": null}]')),
+    ("functional_same_non_finite", "def f(x):\n  return [float('nan'), float('inf')]\n",
+     _fn_tests("[NaN, Infinity]")),
+]
+
+
+def _grade(program, tests):
+  return rewards.grade_code(f"</think>\n```python\n{program}```", json.dumps(tests), LIMITS)
+
+
+@pytest.mark.parametrize("name,program,tests,reason", EXPLOITS + GUARDS,
+                         ids=[e[0] for e in EXPLOITS + GUARDS])
+def test_gaming_the_comparison_gets_no_reward(name, program, tests, reason):
+  g = _grade(program, tests)
+  assert (g.reward, g.reason) == (0.0, reason), g
+
+
+@pytest.mark.parametrize("name,program,tests", HONEST, ids=[h[0] for h in HONEST])
+def test_honest_output_formats_still_pass(name, program, tests):
+  g = _grade(program, tests)
+  assert (g.reward, g.reason, g.sandboxed) == (1.0, "pass", True), g
+
+
+def test_comparison_rules_without_a_sandbox():
+  """The same rules on the pure functions (no program run): tolerance edges and sizes."""
+  from scalerl_jax.rewards.code import outputs_match, json_equal
+  assert outputs_match("1.000001", "1.0") and not outputs_match("1.0000011", "1.0")
+  assert outputs_match("1000000.5", "1000000.0") and not outputs_match("1000000.5", "1000000")
+  assert not outputs_match("1e99999999999999999999999", "1")          # Decimal cannot hold it
+  assert outputs_match("1e999 -1e-999", "1e999 -1e-999")
+  assert outputs_match("", " \n\t") and not outputs_match("\u00a0", "")
+  big = " ".join(str(i) for i in range(200000))
+  assert outputs_match(big + "\n", big) and not outputs_match(big + " 0", big)
+  assert json_equal(2, 2) and not json_equal(True, 1) and not json_equal(1, True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import random
 import time
 from typing import Iterable, Iterator, Optional, Sequence
@@ -37,6 +38,7 @@ from scalerl_jax.types import PromptSpec
 from scalerl_jax.protocol.wire import varint
 
 _RETRY = (grpc.StatusCode.UNAVAILABLE,)
+log = logging.getLogger("scalerl.rpc")
 
 
 def _ident(x):
@@ -112,6 +114,9 @@ class BufferClient:
       except grpc.RpcError as e:
         if e.code() not in _RETRY or self._give_up(attempt, t0):
           raise
+        # e.g. "GOAWAY received; Error code: 2; Debug Text: Cancelling all calls" when the
+        # buffer shut down with this call open (gRPC's own line is off: scalerl_jax/__init__.py)
+        log.debug("%s: %s (%s); retry %d", self.address, e.code().name, e.details(), attempt + 1)
       attempt += 1
       self.retried += 1
       time.sleep(delay * (0.5 + random.random()))
@@ -268,7 +273,8 @@ def assignment_prompt(a: pb.Assignment) -> PromptSpec:
 
 
 def batch_to_arrays(batch: Batch, pad_id: int = 0) -> dict[str, np.ndarray]:
-  """Pads a batch into the learner's arrays (docs/ARCHITECTURE.md "Rollout batch"), [B*G, T]."""
+  """Pads a batch into the learner's arrays (docs/ARCHITECTURE.md "Rollout batch"), [B*G, T], plus
+  `prompt_lengths` / `completion_lengths` [B*G] (each row's real tokens, for the compute ledger)."""
   rows = [(g.group_id, r) for g in batch.groups for r in g.rollouts]
   dec = [(gid, codec.decode(r.prompt_tokens, pb.INT32, "p", 1 << 31), codec.rollout_to_completion(r))
          for gid, r in rows]
@@ -277,7 +283,8 @@ def batch_to_arrays(batch: Batch, pad_id: int = 0) -> dict[str, np.ndarray]:
   with_routes = n > 0 and all(c.routes is not None for _, _, c in dec)
   out = dict(tokens=np.full((n, T), pad_id, np.int32), gen_logprobs=np.zeros((n, T), np.float32),
              loss_mask=np.zeros((n, T), bool), rewards=np.zeros((n,), np.float32),
-             prompt_ids=np.zeros((n,), np.int32), versions=np.zeros((n, T), np.int32))
+             prompt_ids=np.zeros((n,), np.int32), versions=np.zeros((n, T), np.int32),
+             prompt_lengths=np.zeros((n,), np.int32), completion_lengths=np.zeros((n,), np.int32))
   if with_routes:   # MoE routing replay: int32 [B*G, T, R, K] (padding rows / tokens: expert 0)
     out["routes"] = np.zeros((n, T, *dec[0][2].routes.shape[1:]), np.int32)
   for i, (gid, p, c) in enumerate(dec):
@@ -290,4 +297,5 @@ def batch_to_arrays(batch: Batch, pad_id: int = 0) -> dict[str, np.ndarray]:
     out["versions"][i, P:P + L] = c.versions
     out["rewards"][i] = c.reward
     out["prompt_ids"][i] = gid
+    out["prompt_lengths"][i], out["completion_lengths"][i] = P, L
   return out

@@ -19,7 +19,7 @@ REWARDS: Registry[RewardFn] = Registry("reward")
 class Grade:
   """One graded completion: `reward` in [0, 1], the recorded `reason` (pass, wrong_answer,
   no_answer, ...; code adds runtime_error, timeout, memory, output_limit, file_limit,
-  sandbox_error, bad_tests, no_code) and whether model code ran inside the sandbox."""
+  sandbox_error, bad_tests, trivial_tests, no_code) and whether model code ran inside the sandbox."""
   reward: float
   reason: str
   sandboxed: bool = False
