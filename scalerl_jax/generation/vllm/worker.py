@@ -351,8 +351,10 @@ class Worker:
     end = end_rule.end_index(r1["tokens"])
     if end >= 0:   # thinking ended naturally: the answer gets answer_budget tokens after it
       left = answer - (len(r1["tokens"]) - end)
-      if left <= 0:
-        return {**out, "finish_reason": FINISH_LENGTH}
+      if left <= 0:   # the answer already has its budget: cut there, as the JAX sampler stops
+        k = end + answer
+        return {**{f: out[f][:k] for f in ("tokens", "logprobs", "versions", "mask")},
+                "budget": budget, "finish_reason": FINISH_LENGTH}
       cont, reason, extra = prompt + r1["tokens"], None, []
     else:          # budget exhausted while thinking: inject the interruption and answer
       left, cont, reason, extra = answer, prompt + r1["tokens"] + inj, FINISH_INTERRUPTED, inj
