@@ -6,8 +6,9 @@
   multiple of 16 so few shapes compile);
 * temperature / top-p sampling, stop tokens, float32 log-probs from the FP32 LM head;
 * forced length interruption (PAPER_NOTES §3): each sample draws a thinking budget uniformly from
-  [think_budget_min, think_budget_max]; if it has not closed its thinking by then, the interruption
-  tokens are fed in (policy_mask False, log-prob 0) and it gets `answer_budget` more tokens;
+  [think_budget_min, think_budget_max]; if it has not closed its thinking by then (interruption.py's
+  end-of-thinking rule, shared with vLLM: the text contains `</think>`), the interruption tokens
+  are fed in (policy_mask False, log-prob 0) and it gets `answer_budget` more tokens;
 * in-flight weight updates: decoding runs in jitted chunks of `chunk_steps` tokens; weights handed to
   `load_weights` (from any thread) are swapped in between chunks, so sequences in progress continue
   with the new weights and their old KV cache, and every later token is stamped with the new version.
