@@ -15,6 +15,7 @@ import numpy as np
 
 from scalerl_jax import models
 from scalerl_jax import recipes
+from scalerl_jax.generation import interruption
 from scalerl_jax.types import SamplingSpec
 
 WEIGHTS_FORMAT = "safetensors"
@@ -60,11 +61,17 @@ def sampling_spec(config, dataset, seed: int, temperature: float | None = None,
   `temperature` / `top_p` override the generator's (evaluation: config.eval)."""
   r, g = config.rollout, config.generator
   interrupt = config.rl.length_control == "interrupt"
+  # Text mode of the end-of-thinking rule when the tokenizer exposes its vocabulary's texts (HF
+  # tokenizers: "</think>" may be several tokens); else the exact id sequence (interruption.py).
+  texts = getattr(dataset.tokenizer, "vocab_texts", None)
+  end_text = getattr(dataset.tokenizer, "think_end_text", "") if texts else ""
   return SamplingSpec(
       temperature=float(g.temperature if temperature is None else temperature),
       top_p=float(g.top_p if top_p is None else top_p), stop_tokens=tuple(dataset.stop_tokens),
       think_budget_min=int(r.think_budget_min), think_budget_max=int(r.think_budget_max),
       answer_budget=int(r.answer_budget), think_end_tokens=tuple(dataset.think_end_tokens),
+      think_end_text=end_text,
+      think_end_vocab=interruption.think_end_vocab(texts, end_text) if end_text else (),
       interruption_tokens=(tuple(dataset.interruption_tokens(r.interruption_text))
                            if interrupt else ()),
       seed=int(seed))

@@ -49,5 +49,10 @@ class SamplingSpec:
   think_budget_max: int = 12288
   answer_budget: int = 2048
   think_end_tokens: tuple[int, ...] = ()     # e.g. tokens of "</think>"; ends thinking naturally
+  # Text mode of the end-of-thinking rule (generation/interruption.py): thinking ends once the
+  # decoded completion contains think_end_text; think_end_vocab = (id, text) of the tokens that
+  # can write it (interruption.think_end_vocab). Empty: exact id sequence think_end_tokens.
+  think_end_text: str = ""
+  think_end_vocab: tuple[tuple[int, str], ...] = ()
   interruption_tokens: tuple[int, ...] = ()  # injected when the thinking budget is exhausted
   seed: int = 0

@@ -6,6 +6,7 @@ the tokenizer's chat template plus the template's answer instruction and think p
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Iterable
 
@@ -62,9 +63,20 @@ class HFTokenizer:
     """Token ids of the chat-templated prompt (the template supplies bos etc.)."""
     return self.encode(self.prompt_text(problem))
 
+  think_end_text = "</think>"   # the text that closes the thinking
+
   @property
   def think_end_ids(self) -> tuple[int, ...]:
-    return tuple(self.encode("</think>"))
+    return tuple(self.encode(self.think_end_text))
+
+  @functools.cached_property
+  def vocab_texts(self) -> tuple[str, ...]:
+    """decode([i]) of every id (special tokens kept, no clean-up): what the end-of-thinking rule
+    reads (generation/interruption.py: `</think>` may take several tokens and merge with its
+    neighbours, e.g. Llama-3's "</", "think", ">\n")."""
+    return tuple(self.tok.batch_decode([[i] for i in range(len(self.tok))],
+                                       skip_special_tokens=False,
+                                       clean_up_tokenization_spaces=False))
 
   @property
   def stop_ids(self) -> tuple[int, ...]:

@@ -10,8 +10,11 @@ clip((L_max - |y|) / L_cache - 1, -1, 0) added (L_max=14336, L_cache=2048 by def
 """
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
+import functools
+from typing import Sequence
 
+import numpy as np
 
 
 def think_budget(seed: int, prompt_id: int, sample: int, lo: int, hi: int) -> int:
@@ -39,3 +42,131 @@ def apply_length_penalty(reward: float | np.ndarray, length: int | np.ndarray,
   """The reward transform: correct traces get `length_penalty` added; others are unchanged."""
   r = np.asarray(reward, np.float64) + np.where(correct, length_penalty(length, l_max, l_cache), 0.0)
   return float(r) if np.ndim(r) == 0 else r
+
+
+# ----------------------------------------------------------------------------- end of thinking
+# THE rule both backends use to decide where thinking ended (the JAX sampler inside its jitted
+# decode loop, the vLLM worker on the token ids vLLM returns):
+#
+#   thinking ends at the first generated token after which the decoded text of the completion so
+#   far contains `think_end_text` ("</think>"), read token by token.
+#
+# A tokenizer may split "</think>" into several tokens (Llama-3-style byte-level BPE: "</",
+# "think", ">") and merge its ends with the neighbouring text ("</think>\n" -> "</", "think",
+# ">\n"), so neither "the first token of </think>" nor "the exact id sequence of encode('</think>')"
+# is right. The rule is run as a token-level automaton (KMP over the decoded text of each token):
+# a per-row int state, one table lookup per token, jit-friendly. Only the few vocabulary tokens
+# that can advance a partial match or complete one matter (`think_end_vocab`); every other token
+# resets the state. Without the vocabulary's texts (the built-in word-level tasks, whose
+# "</think>" is one special token) the rule is the exact id sequence `think_end_tokens`, run by the
+# same automaton over one private symbol per distinct id.
+
+_SYMBOL0 = 0xE000   # Unicode private-use area: one symbol per distinct id in id mode
+
+
+def _kmp_failure(pattern: str) -> list[int]:
+  """fail[i] = length of the longest proper border of pattern[:i] (KMP), for i in 0..len."""
+  fail = [0] * (len(pattern) + 1)
+  k = 0
+  for i in range(1, len(pattern)):
+    while k and pattern[i] != pattern[k]:
+      k = fail[k]
+    if pattern[i] == pattern[k]:
+      k += 1
+    fail[i + 1] = k
+  return fail
+
+
+def _read(pattern: str, fail: list[int], state: int, text: str) -> tuple[int, bool]:
+  """(state after reading `text` from `state`, whether `pattern` was completed inside it)."""
+  m, hit = len(pattern), False
+  for ch in text:
+    while state and (state == m or pattern[state] != ch):
+      state = fail[state]
+    if pattern[state] == ch:
+      state += 1
+    hit |= state == m
+  return state, hit
+
+
+def think_end_vocab(texts: Sequence[str], end_text: str = "</think>"
+                    ) -> tuple[tuple[int, str], ...]:
+  """The (id, decoded text) pairs of the vocabulary tokens that take part in writing `end_text`:
+  those that complete it, or leave (from some partial match, incl. none) a partial match. `texts`
+  is the decoded text of every id (texts[i] = decode([i])). All other tokens reset a match.
+  Cached per (texts, end_text)."""
+  return _think_end_vocab(tuple(texts), str(end_text))
+
+
+@functools.lru_cache(maxsize=4)
+def _think_end_vocab(texts: tuple[str, ...], end_text: str) -> tuple[tuple[int, str], ...]:
+  if not end_text:
+    raise ValueError("think_end_text is empty: give the text that closes the thinking (</think>)")
+  fail, first, rest = _kmp_failure(end_text), end_text[0], set(end_text[1:])
+  out = []
+  for i, w in enumerate(texts):
+    if not w or (first not in w and w[0] not in rest):   # cannot start, continue or end a match
+      continue
+    if any(_read(end_text, fail, s, w) != (0, False) for s in range(len(end_text))):
+      out.append((i, w))
+  return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ThinkEndAutomaton:
+  """The end-of-thinking rule compiled to a token-level automaton (see the rule above).
+
+  `ids` [R] are the tokens that matter; column R of the tables stands for every other token.
+  `next_state[s, c]` / `hit[s, c]` [S+1, R+1]: the state after token column c from state s, and
+  whether the text `end` was completed by it. State 0 = no partial match."""
+  ids: np.ndarray
+  next_state: np.ndarray
+  hit: np.ndarray
+
+  def columns(self, vocab_size: int) -> np.ndarray:
+    """Dense token id -> table column map [vocab_size] int32 (for a jitted lookup)."""
+    col = np.full((vocab_size,), len(self.ids), np.int32)
+    ok = (self.ids >= 0) & (self.ids < vocab_size)
+    col[self.ids[ok]] = np.nonzero(ok)[0].astype(np.int32)
+    return col
+
+  def end_index(self, tokens: Sequence[int]) -> int:
+    """Index just past the token that ends thinking in `tokens` (generated ids), or -1."""
+    where = {int(t): c for c, t in enumerate(self.ids)}
+    other, state = len(self.ids), 0
+    for i, t in enumerate(tokens):
+      c = where.get(int(t), other)
+      if self.hit[state, c]:
+        return i + 1
+      state = int(self.next_state[state, c])
+    return -1
+
+
+@functools.lru_cache(maxsize=8)
+def _automaton(think_end_tokens: tuple[int, ...], think_end_text: str,
+               vocab: tuple[tuple[int, str], ...]) -> ThinkEndAutomaton:
+  if vocab:
+    pattern, pairs = think_end_text, vocab
+  else:   # id mode: the exact id sequence, one private symbol per distinct id
+    sym = {t: chr(_SYMBOL0 + k) for k, t in enumerate(dict.fromkeys(think_end_tokens))}
+    pattern, pairs = "".join(sym[t] for t in think_end_tokens), tuple((t, sym[t]) for t in sym)
+  R = len(pairs)
+  nxt = np.zeros((len(pattern) + 1, R + 1), np.int32)
+  hit = np.zeros((len(pattern) + 1, R + 1), bool)
+  if pattern:
+    fail = _kmp_failure(pattern)
+    for c, (_, w) in enumerate(pairs):
+      for s in range(len(pattern)):   # state len(pattern) is never held: thinking has ended
+        nxt[s, c], hit[s, c] = _read(pattern, fail, s, w)
+  return ThinkEndAutomaton(np.asarray([t for t, _ in pairs], np.int64).reshape(-1), nxt, hit)
+
+
+def think_end_automaton(think_end_tokens: Sequence[int] = (), think_end_text: str = "",
+                        think_end_vocab: Sequence[Sequence] = ()) -> ThinkEndAutomaton:
+  """The end-of-thinking automaton of a SamplingSpec's fields (a dict's lists work too): text mode
+  when `think_end_vocab` is given (`think_end_text` then required), else the exact id sequence
+  `think_end_tokens` (empty: thinking never ends naturally). Cached per distinct rule."""
+  vocab = tuple((int(t), str(w)) for t, w in think_end_vocab)
+  if vocab and not think_end_text:
+    raise ValueError("SamplingSpec.think_end_vocab is set but think_end_text is empty")
+  return _automaton(tuple(int(t) for t in think_end_tokens), str(think_end_text), vocab)

@@ -6,8 +6,9 @@
   multiple of 16 so few shapes compile);
 * temperature / top-p sampling, stop tokens, float32 log-probs from the FP32 LM head;
 * forced length interruption (PAPER_NOTES §3): each sample draws a thinking budget uniformly from
-  [think_budget_min, think_budget_max]; if it has not closed its thinking by then, the interruption
-  tokens are fed in (policy_mask False, log-prob 0) and it gets `answer_budget` more tokens;
+  [think_budget_min, think_budget_max]; if it has not closed its thinking by then (interruption.py's
+  end-of-thinking rule, shared with vLLM: the text contains `</think>`), the interruption tokens
+  are fed in (policy_mask False, log-prob 0) and it gets `answer_budget` more tokens;
 * in-flight weight updates: decoding runs in jitted chunks of `chunk_steps` tokens; weights handed to
   `load_weights` (from any thread) are swapped in between chunks, so sequences in progress continue
   with the new weights and their old KV cache, and every later token is stamped with the new version.
@@ -39,7 +40,7 @@ from scalerl_jax import models
 from scalerl_jax.models import hf_io
 from scalerl_jax.models import safetensors_format as st_format
 from scalerl_jax.generation.generator import Generator
-from scalerl_jax.generation.interruption import think_budget
+from scalerl_jax.generation.interruption import think_budget, think_end_automaton
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion, PromptSpec, SamplingSpec
 
 _THINK, _FORCE, _ANSWER = 0, 1, 2
@@ -128,7 +129,7 @@ def _decode_chunk(params, cfg, state, n_steps, consts, use_top_p=True, mesh=None
 
 
 def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
-  interrupt, stop, temperature, top_p, answer_budget, version = consts
+  interrupt, stop, temperature, top_p, answer_budget, version, end_cols, end_next, end_hit = consts
   n_int = interrupt.shape[0]
   rows = None
   if sharded:   # this shard's rows of the whole batch: same uniforms as one device draws
@@ -162,7 +163,11 @@ def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
     # Phase transitions.
     is_stop = jnp.any(token[:, None] == stop[None, :], axis=-1) & ~forcing
     thinking = s["phase"] == _THINK
-    closes = thinking & (token == s["end_think"])
+    # End of thinking: interruption.py's automaton (the text so far contains </think>), one
+    # table lookup per token whatever the number of tokens "</think>" takes.
+    end_col = end_cols[token]
+    closes = thinking & end_hit[s["think_state"], end_col]
+    think_state = jnp.where(thinking, end_next[s["think_state"], end_col], s["think_state"])
     think_count = s["think_count"] + (thinking & live).astype(jnp.int32)
     start_force = thinking & ~closes & (think_count >= s["budget"]) & ~is_stop
     force_idx = jnp.where(forcing, s["force_idx"] + 1, jnp.where(start_force, 0, s["force_idx"]))
@@ -173,7 +178,8 @@ def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
     answer_count = s["answer_count"] + answering.astype(jnp.int32)
     out_of_room = length >= s["tokens"].shape[1]
     done = s["done"] | (live & (is_stop | (answer_count >= answer_budget) | out_of_room))
-    out.update(length=length, think_count=think_count, force_idx=force_idx, phase=phase,
+    out.update(length=length, think_count=think_count, think_state=think_state,
+               force_idx=force_idx, phase=phase,
                answer_count=answer_count, done=done,
                interrupted=s["interrupted"] | (start_force & live),
                stopped=s["stopped"] | (live & is_stop))
@@ -255,8 +261,8 @@ def _grow_cache(cache, size: int):
               v=tuple(pad(a, 0, 3) for a in cache["v"]), pos=pad(cache["pos"], -1, 1))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 8, 9, 10, 11, 12, 13, 14))
-def _start(params, cfg, tokens, mask, budget, end_think, rng, version, cap, L, kv_dtype, split,
+@functools.partial(jax.jit, static_argnums=(1, 7, 8, 9, 10, 11, 12, 13))
+def _start(params, cfg, tokens, mask, budget, rng, version, cap, L, kv_dtype, split,
            phase, mesh=None, record_routes=False):
   """Empty `cap`-slot cache (split per layer if `split`), prompt prefill and the decode state;
   with a `mesh`, each device builds its slice of the rows (see _decode_chunk). `record_routes`:
@@ -264,15 +270,15 @@ def _start(params, cfg, tokens, mask, budget, end_think, rng, version, cap, L, k
   P = jax.sharding.PartitionSpec
   fn = functools.partial(_start_rows, cfg=cfg, cap=cap, L=L, kv_dtype=kv_dtype, split=split,
                          phase=phase, record_routes=record_routes)
-  args = (params, tokens, mask, budget, end_think, rng, version)
+  args = (params, tokens, mask, budget, rng, version)
   if mesh is None:
     return fn(*args)
   out = jax.eval_shape(fn, *args)
-  return _on_rows(fn, mesh, (P(), P(_ROWS), P(_ROWS), P(_ROWS), P(), P(), P()),
+  return _on_rows(fn, mesh, (P(), P(_ROWS), P(_ROWS), P(_ROWS), P(), P()),
                   _state_specs(out))(*args)
 
 
-def _start_rows(params, tokens, mask, budget, end_think, rng, version, *, cfg, cap, L, kv_dtype,
+def _start_rows(params, tokens, mask, budget, rng, version, *, cfg, cap, L, kv_dtype,
                 split, phase, record_routes=False):
   B = tokens.shape[0]
   cache = models.init_cache(cfg, B, cap, dtype=kv_dtype)
@@ -293,7 +299,7 @@ def _start_rows(params, tokens, mask, budget, end_think, rng, version, *, cfg, c
       versions=jnp.zeros((B, L), jnp.int32), policy=jnp.zeros((B, L), bool),
       length=z(jnp.int32), think_count=z(jnp.int32), force_idx=z(jnp.int32),
       phase=jnp.full((B,), phase, jnp.int32), answer_count=z(jnp.int32), budget=budget,
-      end_think=jnp.full((B,), end_think, jnp.int32), done=z(bool), interrupted=z(bool),
+      think_state=z(jnp.int32), done=z(bool), interrupted=z(bool),
       stopped=z(bool), logit_version=version, step=jnp.zeros((), jnp.int32))
 
 
@@ -427,8 +433,11 @@ class JaxSampler(Generator):
     budget = np.array([think_budget(spec.seed, p.prompt_id, j, spec.think_budget_min,
                                     spec.think_budget_max) for p, j in zip(rows, sample_index)])
     budget = np.concatenate([budget, budget[-1:].repeat(B_pad - B)])
-    end_think = (spec.think_end_tokens[0] if spec.think_end_tokens
-                 else (self.end_think_token if self.end_think_token is not None else -1))
+    # Where thinking ends: interruption.py's rule (shared with the vLLM worker).
+    end_ids = spec.think_end_tokens or (() if self.end_think_token is None
+                                        else (self.end_think_token,))
+    end = think_end_automaton(end_ids, spec.think_end_text, spec.think_end_vocab)
+    end_consts = (end.columns(self.cfg.vocab_size), end.next_state, end.hit)
     # The cache grows with the sequences (see _cache_capacity): every decode step
     # attends over all allocated slots, so a cache sized for the longest completion from the start
     # would make early steps read mostly empty slots. Scanned-layer models keep one full cache.
@@ -437,7 +446,7 @@ class JaxSampler(Generator):
     # One jitted call builds the cache, runs the prompt and the whole state (no per-array
     # dispatches); host scalars go in as numpy values (no device ops to create them).
     state = _start(self._params, self.cfg, tokens, mask, budget.astype(np.int32),
-                   np.int32(end_think), jax.random.PRNGKey(spec.seed), np.int32(self._version),
+                   jax.random.PRNGKey(spec.seed), np.int32(self._version),
                    cap, L, self.kv_dtype, grow, _ANSWER if not n_int else _THINK, self._mesh,
                    self.record_routes)
     interrupt = np.asarray(list(spec.interruption_tokens) or [0], np.int32)
@@ -450,7 +459,7 @@ class JaxSampler(Generator):
         cap = _cache_capacity(P + min(start + self.chunk_steps, L), P + L)
         state["cache"] = _grow_cache(state["cache"], cap)
       consts = (interrupt, stop, np.float32(spec.temperature), np.float32(spec.top_p),
-                np.int32(answer_budget), np.int32(self._version))
+                np.int32(answer_budget), np.int32(self._version)) + end_consts
       state, all_done = _decode_chunk(self._params, self.cfg, state,
                                       min(self.chunk_steps, L - start), consts, spec.top_p < 1.0,
                                       self._mesh)

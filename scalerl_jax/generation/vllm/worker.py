@@ -16,10 +16,11 @@ speaks `vllm/protocol.py` to it. What the worker does (docs/VLLM.md has the deta
 * in-flight weight updates: pause(mode="keep", clear_cache=False) -> `load_weights` (HF names) ->
   `update_weight_version` -> resume; running sequences keep their KV cache and continue. Per-token
   versions come from vLLM's own per-step weight-version stamps (`RequestOutput.weight_versions`);
-* forced length interruption: thinking budget ~ U[think_budget_min, think_budget_max]; if no
-  `think_end_tokens` appeared within it, `interruption_tokens` are appended (logprob 0, policy_mask
-  False) and a continuation request (prompt + thinking + injected; prefix cache reuses the KV)
-  answers for up to `answer_budget` tokens; finish reason "interrupted".
+* forced length interruption: thinking budget ~ U[think_budget_min, think_budget_max]; if
+  thinking did not end within it (interruption.py's rule, the JAX sampler's too: the decoded text
+  contains `</think>`, whatever tokens write it), `interruption_tokens` are appended (logprob 0,
+  policy_mask False) and a continuation request (prompt + thinking + injected; prefix cache
+  reuses the KV) answers for up to `answer_budget` tokens; finish reason "interrupted".
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import traceback
 
 import numpy as np
 
-from scalerl_jax.generation.interruption import think_budget
+from scalerl_jax.generation.interruption import think_budget, think_end_automaton
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP
 from scalerl_jax.generation.vllm import protocol as P
 EXT_CLS = "scalerl_jax.generation.vllm.ext.ScaleRLWorkerExtension"
@@ -283,7 +284,9 @@ class Worker:
     flat = arrays["prompt_tokens"]
     offs = np.concatenate([[0], np.cumsum(lens)])
     prompts = [flat[offs[i]:offs[i + 1]].tolist() for i in range(len(lens))]
-    jobs = [self._sample(prompts[i], int(pid), j, spec)
+    end = think_end_automaton(spec["think_end_tokens"], spec.get("think_end_text", ""),
+                              spec.get("think_end_vocab", ()))
+    jobs = [self._sample(prompts[i], int(pid), j, spec, end)
             for i, pid in enumerate(header["prompt_ids"]) for j in range(n)]
     results = await asyncio.gather(*jobs)
     metas, toks, lps, vers, mask = [], [], [], [], []
@@ -323,8 +326,9 @@ class Worker:
     return {"tokens": tokens, "logprobs": logprobs, "versions": versions.tolist(),
             "finish": o.finish_reason}
 
-  async def _sample(self, prompt: list[int], pid: int, j: int, spec: dict) -> dict:
-    """One completion with forced length interruption (see module docstring)."""
+  async def _sample(self, prompt: list[int], pid: int, j: int, spec: dict, end_rule) -> dict:
+    """One completion with forced length interruption (see module docstring); `end_rule` is the
+    end-of-thinking automaton (interruption.think_end_automaton)."""
     inj = list(spec["interruption_tokens"])
     answer = int(spec["answer_budget"])
     # Without interruption tokens there is no thinking phase: think_budget_max + answer_budget.
@@ -344,11 +348,13 @@ class Worker:
            "mask": [True] * len(r1["tokens"]), "budget": budget}
     if r1["finish"] == "stop":
       return {**out, "finish_reason": FINISH_STOP}
-    end = find_subsequence(r1["tokens"], spec["think_end_tokens"])
+    end = end_rule.end_index(r1["tokens"])
     if end >= 0:   # thinking ended naturally: the answer gets answer_budget tokens after it
       left = answer - (len(r1["tokens"]) - end)
-      if left <= 0:
-        return {**out, "finish_reason": FINISH_LENGTH}
+      if left <= 0:   # the answer already has its budget: cut there, as the JAX sampler stops
+        k = end + answer
+        return {**{f: out[f][:k] for f in ("tokens", "logprobs", "versions", "mask")},
+                "budget": budget, "finish_reason": FINISH_LENGTH}
       cont, reason, extra = prompt + r1["tokens"], None, []
     else:          # budget exhausted while thinking: inject the interruption and answer
       left, cont, reason, extra = answer, prompt + r1["tokens"] + inj, FINISH_INTERRUPTED, inj
