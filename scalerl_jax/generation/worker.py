@@ -100,7 +100,7 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir, datas
       model_dir, dtype=engine_dtype,
       head_dtype="float32" if model_cfg.fp32_lm_head else None,
       max_model_len=runtime.vllm_max_model_len(config),
-      initial_version=version, seed=int(config.seed), **_vllm_args(config))
+      initial_version=version, seed=int(config.seed), **vllm_args(config))
 
 
 def vllm_start_dir(config, version: int) -> str:
@@ -116,7 +116,7 @@ def vllm_start_dir(config, version: int) -> str:
   return storage.cached_local_copy(ckpt)
 
 
-def _vllm_args(config) -> dict:
+def vllm_args(config) -> dict:
   """The engine's sizing from config.generator (KV cache from gpu_memory_utilization unless
   kv_cache_bytes is set; decode_batch concurrent sequences), then config.generator.vllm_args,
   with generator.tensor_parallel as the engine's TP size."""
