@@ -31,7 +31,7 @@ def _hand_batch():
   g1 = [_rollout(1, 0, [8, 9], [1, 1, 0, 0, 1], 1.0), _rollout(1, 1, [8, 9], [1], 1.0)]
   groups = [pb.Group(group_id=0, prompt_id=10, rollouts=g0),
             pb.Group(group_id=1, prompt_id=11, rollouts=g1)]
-  return pad_time(client.batch_to_arrays(client.Batch(0, groups, pb.BatchSummary())))
+  return pad_time(client.batch_to_arrays(client.Batch(0, groups, pb.BatchSummary())), 32, 64)
 
 
 def test_step_tokens_hand_count():

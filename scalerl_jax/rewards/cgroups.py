@@ -84,6 +84,7 @@ class CgroupPool:
     self.version = version
     self.bases = bases                   # v1: (memory base, pids base); v2: (base,)
     self._free: list[Slot] = []
+    self._dying: list[Slot] = []         # released with processes (or pids) still charged
     self._lock = threading.Lock()
     self._ids = itertools.count()
     self.pid = os.getpid()
@@ -146,7 +147,11 @@ class CgroupPool:
   def acquire(self, memory_bytes: int, pids: int) -> Slot:
     """A slot (reused or new) with memory ceiling `memory_bytes` (no swap) and `pids` tasks."""
     with self._lock:
-      slot = next((x for x in reversed(self._free) if not self._shmem(x)), None)
+      settled = [x for x in self._dying if self._idle(x)]
+      for x in settled:
+        self._dying.remove(x)
+      self._free.extend(settled)
+      slot = next((x for x in reversed(self._free) if not self._shmem(x) and self._idle(x)), None)
       if slot is not None:
         self._free.remove(slot)
     if slot is not None:
@@ -191,6 +196,18 @@ class CgroupPool:
     slot.oom_before = self.oom_kills(slot)
     return slot
 
+  def _idle(self, slot: Slot) -> bool:
+    """No process in the slot and no task charged to its pids counter. A killed sandbox's tasks
+    leave cgroup.procs at exit but stay charged until reaped; a new sandbox in a slot whose
+    pids.current is still near pids.max fails bwrap's clone with EAGAIN ("Creating new namespace
+    failed: Resource temporarily unavailable", seen in 12-38 of 120 short-limit kills)."""
+    try:
+      if any(_read(f).strip() for f in slot.procs_files):
+        return False
+      return int(_read(os.path.join(slot.pids_dir, "pids.current")).strip() or 0) == 0
+    except (OSError, ValueError):
+      return False
+
   def _shmem(self, slot: Slot) -> int:
     """Bytes of shmem (SysV shm, memfd, tmpfs) still charged to the slot: an IPC namespace is
     freed asynchronously after its last process, so a slot is reused only once this is 0."""
@@ -213,18 +230,17 @@ class CgroupPool:
     return 0
 
   def release(self, slot: Slot) -> int:
-    """Returns the OOM kills during this use; the slot goes back to the pool if it is empty
-    (else it is left alone, and removed once empty by a later process's detect)."""
+    """Returns the OOM kills during this use; the slot goes back to the pool, to be reused once
+    it holds no process and no charged task (`_idle`)."""
     try:
       kills = self.oom_kills(slot) - slot.oom_before
-      empty = all(not _read(f).strip() for f in slot.procs_files)
     except OSError:
       return 0
-    if empty:
-      with self._lock:
-        self._free.append(slot)
-    else:
-      log.warning("sandbox cgroup %s still has processes; not reused", slot.dirs[0])
+    idle = self._idle(slot)
+    with self._lock:                     # a dying slot is reused once its tasks are reaped
+      (self._free if idle else self._dying).append(slot)
+    if not idle:
+      log.debug("sandbox cgroup %s still has tasks; reused once they are gone", slot.dirs[0])
     return kills
 
   def remove_all(self) -> None:
@@ -233,7 +249,8 @@ class CgroupPool:
     if os.getpid() != self.pid:          # a forked child: the slots are its parent's
       return
     with self._lock:
-      free, self._free = self._free, []
+      free, self._free = self._free + self._dying, []
+      self._dying = []
     for slot in free:
       self._drop(slot)
     self._remove_stale(dead_only=False)
