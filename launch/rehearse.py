@@ -90,6 +90,52 @@ TINY_OVERRIDES = (
     "audit.trained_ids=True", "audit.wal_archive=True",
 )
 PLACEHOLDER = "REPLACE-ME"
+# --real-shape: the rows and lengths a rehearsal step has (the learner's mesh, layout, processes,
+# devices per process, model numerics and recipe stay the variant's; the model is the start
+# checkpoint's, a miniature one: launch/miniature.py).
+REAL_SHAPE_PROMPTS, REAL_SHAPE_GROUP = 4, 4
+
+
+def real_shape_overrides(config, steps: int, shape: tuple[int, int], inputs: dict) -> list[str]:
+  """The overrides of `--real-shape` for the variant's run config `config` on `shape` = (learner
+  processes, devices each): only widths shrink. The batch is REAL_SHAPE_PROMPTS x
+  REAL_SHAPE_GROUP rows and the micro-batches are reduced so that each keeps the variant's rows
+  per micro-batch (8b-gb200: 768 rows / 192 = 4, so 16 rows / 4); sequence lengths shrink
+  (prompt <= 64, think 24-32, answer 8 tokens); generators run the JAX backend on one CPU device
+  (no vLLM here). Refuses (RehearsalError) a shape whose arithmetic does not fit
+  (topologies.run_shape_failures: the job-start preflight)."""
+  from scalerl_jax import topologies
+  r = config.rollout
+  rows_real = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
+  per_mb = max(1, rows_real // int(config.optim.microbatches))
+  rows = REAL_SHAPE_PROMPTS * REAL_SHAPE_GROUP
+  if rows % per_mb:
+    raise RehearsalError(f"--real-shape: {rows} rows do not hold whole micro-batches of the "
+                         f"variant's {per_mb} rows (optim.microbatches)")
+  out = [f"rollout.prompts_per_step={REAL_SHAPE_PROMPTS}",
+         f"rollout.generations_per_prompt={REAL_SHAPE_GROUP}", "rollout.batch_size=0",
+         f"optim.microbatches={rows // per_mb}",
+         "rollout.think_budget_min=24", "rollout.think_budget_max=32", "rollout.answer_budget=8",
+         "rollout.max_prompt_len=64", "data.heldout=8",
+         f"eval.every_steps={steps}", "eval.samples_per_prompt=2",
+         "generator.backend=jax", "generator.tensor_parallel=1", "generator.decode_batch=16",
+         "checkpoint.every_steps=2", "pin_cpus=False",
+         "audit.trained_ids=True", "audit.wal_archive=True"]
+  if "step0_reward_check" in config.health:   # random miniature weights earn no reward at step 0
+    out.append("health.step0_reward_check=False")
+  out += [f"{k}={v}" for k, v in inputs.items()]
+  probe = config.copy_and_resolve_references()
+  from scalerl_jax import recipes
+  recipes.apply_overrides(probe, [f"--config.{o}" for o in out])
+  hosts, chips = shape
+  fails = topologies.run_shape_failures(probe, hosts, hosts * chips)
+  if fails:
+    raise RehearsalError(f"--real-shape: {fails[0]}")
+  if not probe.model.get("hf_checkpoint"):
+    raise RehearsalError("--real-shape needs a start checkpoint whose widths fit the layout "
+                         "(model.hf_checkpoint is empty: --checkpoint=DIR, python -m "
+                         "launch.miniature)")
+  return out
 USAGE_ERROR = 2
 
 
@@ -276,8 +322,12 @@ class Rehearsal:
 
   def __init__(self, manifest_dir: str, *, steps: int, workdir: str, state_dir: str,
                generators: int = 2, kill: str = "", kill_at_step: int = 0, timeout_s: float = 1500,
-               kill_before_checkpoint: bool = False):
+               kill_before_checkpoint: bool = False, real_shape: bool = False,
+               inputs: dict | None = None):
     self.dir, self.steps, self.state = manifest_dir, int(steps), os.path.abspath(state_dir)
+    self.real_shape = bool(real_shape)
+    # --checkpoint / --data / --tokenizer: {config key: value}, appended to every config reader
+    self.inputs = {k: v for k, v in (inputs or {}).items() if v}
     self.kill, self.kill_at = kill, int(kill_at_step or max(1, steps // 2))
     self.kill_needs_checkpoint = kill == "learner" and not kill_before_checkpoint
     # Killed before any checkpoint, deterministically: the first one is due after the kill step
@@ -296,6 +346,7 @@ class Rehearsal:
     self.events: list[dict] = []
     self.kill_report: dict = {}
     self.jobset_restarts = 0
+    self.overrides: list[str] = []
     self.tiny = self._tiny_config()
 
   def set_state_dir(self, state_dir: str, workdir: str = "") -> None:
@@ -364,9 +415,21 @@ class Rehearsal:
         config = load_config(os.path.join(tmp, "run_config.py"), arg or None)
     else:
       config = load_config(os.path.join(REPO, path), arg or None)
-    overrides = [f"--config.{o}" for o in TINY_OVERRIDES]
+    if self.real_shape:
+      self.overrides = real_shape_overrides(config, self.steps, self._learner_shape(),
+                                            self.inputs)
+    else:
+      self.overrides = list(TINY_OVERRIDES) + [f"{k}={v}" for k, v in self.inputs.items()]
+    overrides = [f"--config.{o}" for o in self.overrides]
     recipes.apply_overrides(config, overrides)
     return recipes.apply_recipe(config, recipes.locked_keys(overrides))
+
+  def _learner_shape(self) -> tuple[int, int]:
+    """(learner pods, accelerators per pod) of the JobSet: the real shape kept by --real-shape."""
+    learners = self._learners()
+    lim = learners[0].spec["containers"][0].get("resources", {}).get("limits", {})
+    chips = [int(v) for k, v in lim.items() if k in ("nvidia.com/gpu", "google.com/tpu")]
+    return len(learners), (chips[0] if chips else 1)
 
   # -- commands --
   def _volume_dir(self, p: Pod, vol: dict) -> str:
@@ -460,9 +523,11 @@ class Rehearsal:
     if argv and argv[0] == "python":
       argv[0] = sys.executable
     role = _role(argv)
-    tiny = [f"--config.{o}" for o in TINY_OVERRIDES]
+    tiny = [f"--config.{o}" for o in self.overrides]
     if role == "learner":
       argv += tiny + [f"--config.total_steps={self.steps}"] + self.extra_learner
+      if self.real_shape:   # the pod's accelerators as simulated CPU devices
+        env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={self._learner_shape()[1]}")
     elif role == "generator":
       argv += tiny + ["--backend=jax"]
     elif role == "export":
@@ -699,6 +764,8 @@ class Rehearsal:
                            "exit_codes": p.exit_codes} for p in self.pods},
          "events": self.events}
     s["learner_processes"] = _learner_processes(self)
+    s["knobs"] = _knobs(self)
+    s["overrides"] = list(self.overrides)
     s["weights"] = _weights(self)
     buf = [p for p in self.pods if _component(p) == "buffer"][0]
     s["buffer"] = _buffer_state(self, buf)
@@ -749,6 +816,22 @@ def _learner_processes(r: Rehearsal) -> dict:
     text = _read_logs(r, p)
     m = re.findall(r"jax\.distributed: process (\d+) of (\d+)", text)
     out[p.name] = {"process": int(m[-1][0]), "of": int(m[-1][1])} if m else None
+  return out
+
+
+def _knobs(r: Rehearsal) -> dict:
+  """Per pod and role: the run-config knobs its process logged at its last start
+  (`run config (ROLE): k=v ...`, runtime.knob_line), and the learner's devices."""
+  out = {}
+  for p in r.pods:
+    text = _read_logs(r, p)
+    got = {}
+    for role, rest in re.findall(r"run config \((\w+)\): (.*)", text):
+      got[role] = dict(re.findall(r"(\S+?)=((?:\([^=]*\)\)|\S+))(?= \S+=|$)", rest.strip()))
+    m = re.findall(r"learner devices: (\d+) local of (\d+) in (\d+) processes", text)
+    if m:
+      got["devices"] = {"local": int(m[-1][0]), "global": int(m[-1][1]), "processes": int(m[-1][2])}
+    out[p.name] = got
   return out
 
 
@@ -849,6 +932,13 @@ def main(argv=None) -> int:
   ap.add_argument("--kill-before-checkpoint", action="store_true",
                   help="--kill learner: kill at --kill-at-step without waiting for a finished "
                        "checkpoint (before the first one: the learners start over)")
+  ap.add_argument("--real-shape", action="store_true",
+                  help="keep the variant's learner processes x devices and layout (simulated "
+                       "CPU devices); only widths, batch and lengths shrink (needs a start "
+                       "checkpoint that fits the layout: --checkpoint, launch.miniature)")
+  ap.add_argument("--checkpoint", default="", help="model.hf_checkpoint for every pod (DIR or gs://)")
+  ap.add_argument("--data", default="", help="data.path for every pod (jsonl / parquet, or gs://)")
+  ap.add_argument("--tokenizer", default="", help="data.tokenizer_path for every pod (DIR)")
   ap.add_argument("--timeout", type=float, default=1500.0)
   ap.add_argument("--strict-preflight", action="store_true",
                   help="stop (exit 2) when the preflight of the real-size manifests fails; "
@@ -869,7 +959,9 @@ def main(argv=None) -> int:
     r = Rehearsal(a.manifests, steps=a.steps, workdir=a.workdir,
                   state_dir=a.state_dir or tempfile.gettempdir(), generators=a.generators,
                   kill=a.kill, kill_at_step=a.kill_at_step, timeout_s=a.timeout,
-                  kill_before_checkpoint=a.kill_before_checkpoint)
+                  kill_before_checkpoint=a.kill_before_checkpoint, real_shape=a.real_shape,
+                  inputs={"model.hf_checkpoint": a.checkpoint, "data.path": a.data,
+                          "data.tokenizer_path": a.tokenizer})
   except RehearsalError as e:       # checked before anything is started or written
     print(f"rehearse: error: {e}", file=sys.stderr)
     return USAGE_ERROR
@@ -877,7 +969,7 @@ def main(argv=None) -> int:
   # the tiny model, so a failure here stops it only with --strict-preflight.
   from launch import preflight
   (rep,) = preflight.run([a.manifests], out=sys.stderr)
-  if rep.failures and a.strict_preflight:
+  if rep.failures and (a.strict_preflight or a.real_shape):
     print(f"rehearse: error: preflight failed ({len(rep.failures)} failures, above)",
           file=sys.stderr)
     return USAGE_ERROR

@@ -102,6 +102,15 @@ def main(argv):
     spec = distributed.initialize(config)   # multi-host: before any JAX computation
   except (recipes.ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
+  import jax
+  from scalerl_jax import runtime
+  print(runtime.knob_line(config, "learner"), file=sys.stderr, flush=True)
+  print(f"learner devices: {jax.local_device_count()} local of {jax.device_count()} in "
+        f"{jax.process_count()} processes", file=sys.stderr, flush=True)
+  if config.get("recipe_applied", ""):   # a resolved run config (launch.gke.render): its preflight
+    failures = topologies.run_shape_failures(config, jax.process_count(), jax.device_count())
+    if failures:
+      sys.exit(f"preflight at job start: {failures[0]}")
   try:
     _run(config)
   except BaseException as e:  # multi-host: a failed process exits now (no shutdown barrier)

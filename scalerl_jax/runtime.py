@@ -201,3 +201,24 @@ def _tuplify(x):
   if isinstance(x, list):
     return tuple(_tuplify(v) for v in x)
   return x
+
+
+# The knobs each pod logs at start (`knob_line`): one resolved run config reaches every pod iff
+# these read the same in every pod's log (launch.rehearse --real-shape checks it).
+KEY_KNOBS = ("rollout.max_lag", "rollout.prompts_per_step", "rollout.generations_per_prompt",
+             "rollout.mode", "rl.npr_threshold", "layout", "mesh.shape", "optim.microbatches",
+             "model.hf_checkpoint", "data.path", "data.tokenizer_path")
+
+
+def knob_line(config, role: str) -> str:
+  """One line `run config (ROLE): k=v ...` of KEY_KNOBS (those the config has), for pod logs."""
+  out = []
+  for k in KEY_KNOBS:
+    node = config
+    for part in k.split("."):
+      node = node.get(part, None) if hasattr(node, "get") else None
+      if node is None:
+        break
+    if node is not None:
+      out.append(f"{k}={node}")
+  return f"run config ({role}): " + " ".join(out)

@@ -222,3 +222,47 @@ def even_process_split(rows_here: int, rows: int, num_processes: int) -> bool:
   one process, e.g. the sequence-parallel ones)."""
   return (rows_here > 0 and rows % rows_here == 0
           and num_processes % (rows // rows_here) == 0)
+
+
+def run_shape_failures(config, num_processes: int, num_devices: int) -> list[str]:
+  """The learner's shape arithmetic against the processes and devices it runs on (the preflight's
+  layout / batch-split / micro-batch checks, launch/preflight.py, at job start): one line each,
+  naming the knob. [] when the shape fits."""
+  out = []
+  shape = tuple((str(a), int(s)) for a, s in config.mesh.shape)
+  sizes = [s for _, s in shape]
+  if all(s > 0 for s in sizes):
+    if math.prod(sizes) != num_devices:
+      out.append(f"mesh {dict(shape)} needs {math.prod(sizes)} devices, the job has "
+                 f"{num_processes} processes x {num_devices // max(1, num_processes)} = "
+                 f"{num_devices} (knob: mesh.shape / the layout)")
+      return out
+  elif num_devices % math.prod(s for s in sizes if s > 0):
+    out.append(f"mesh {dict(shape)}: {num_devices} devices not divisible by the fixed axes "
+               "(knob: mesh.shape)")
+    return out
+  layout = str(config.get("layout", "") or "")
+  if layout and layout in config.get("layouts", {}):
+    same = tuple((str(a), int(s)) for a, s in config.layouts[layout].mesh) == shape
+    topo = get_topology(str(config.topology)) if same and config.get("topology") else None
+    if topo is not None and topo.num_devices != num_devices:
+      out.append(f"layout {layout} is for {topo.num_devices} devices, the job has "
+                 f"{num_devices} (knob: the learner's --config=...:LAYOUT)")
+  if not all(s > 0 for s in sizes):
+    return out
+  rows = int(config.rollout.batch_size or
+             config.rollout.prompts_per_step * config.rollout.generations_per_prompt)
+  try:
+    spans = process_row_spans(shape, config.mesh.rules, num_processes, rows)
+    n = spans[0][1] - spans[0][0]
+    if any(b - a != n for a, b in spans) or not even_process_split(n, rows, num_processes):
+      out.append(f"uneven batch split: {rows} rows over {num_processes} processes as {spans} "
+                 "(knob: the layout's mesh)")
+  except ValueError as e:
+    out.append(f"batch split over {num_processes} processes: {e} (knob: the layout's mesh)")
+  m = int(config.optim.microbatches)
+  shards = batch_split(config)
+  if rows % m or (rows // m) % shards:
+    out.append(f"{rows} rows / {m} micro-batches do not split over {shards} batch shards "
+               "(knob: optim.microbatches)")
+  return out

@@ -387,6 +387,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                      max_weight_bytes=a.max_weight_bytes,
                      weight_chunk_bytes=a.weight_chunk_bytes, tls=tls).start()
   srv.learner_state_path = a.learner_state or ""
+  # the run-config knobs this pod got (as flags: processes.buffer_flags), as the other pods log them
+  print(f"run config (buffer): rollout.max_lag={a.max_lag} rollout.prompts_per_step="
+        f"{a.prompts_per_step} rollout.generations_per_prompt={a.group_size} rollout.mode={a.mode} "
+        f"rl.npr_threshold={a.npr_threshold}", file=sys.stderr, flush=True)
   out = {"port": srv.port, "address": srv.address}
   if srv.wal is not None or srv.wal_report:
     out["wal"] = srv.wal_report

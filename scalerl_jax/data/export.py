@@ -51,6 +51,8 @@ def main(argv=None) -> None:
   a = ap.parse_args(rest)
   sys.path.insert(0, os.getcwd())   # so `from configs import common` resolves from the repo root
   config = recipes.apply_overrides(_load_config(a.config), overrides)   # --config.a.b=v, as main
+  from scalerl_jax import runtime
+  print(runtime.knob_line(config, "export"), file=sys.stderr, flush=True)
   ds = build_dataset(config.data, config.rollout.max_prompt_len)
   n = write_prompts(ds.train if a.split == "train" else ds.heldout, a.out)
   print(json.dumps({"out": a.out, "split": a.split, "prompts": n, "kind": ds.kind}))

@@ -500,6 +500,7 @@ def main(argv=None):
   a.generator_id = a.generator_id or os.environ.get("HOSTNAME") or socket.gethostname()
   if a.tensor_parallel:
     config.generator.tensor_parallel = a.tensor_parallel
+  print(runtime.knob_line(config, "generator"), file=sys.stderr, flush=True)
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
   pinned = runtime.pin_to_device_cpus(config, "generator", index)
   if (a.backend or config.generator.backend) == "jax":
