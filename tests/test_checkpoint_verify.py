@@ -5,7 +5,6 @@ re-hashing a file whose mtime changed). A corrupt or uncommitted step is still r
 import os
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from scalerl_jax import checkpoint

@@ -5,7 +5,6 @@ gradient as the unsorted, uncut full batch."""
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -16,7 +15,7 @@ from scalerl_jax.learner import LearnerState, RLSpec, make_train_step
 from scalerl_jax.learner.batch import (bucket_lengths, length_sorted_order,
                                        microbatch_token_slots, needed_lengths)
 from scalerl_jax.trainer import pad_time
-from test_learner_step import CFG, _params, apply_fn, model_batch, tree_rel_err
+from test_learner_step import _params, apply_fn, model_batch, tree_rel_err
 
 
 def test_padded_length_is_a_clamped_multiple():

@@ -13,7 +13,7 @@ from scalerl_jax.data.hf_tokenizer import HFTokenizer
 from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer, write_tiny_tokenizer
 from scalerl_jax.generation.fake import ScriptedInstructModel, scripted_reply
 from scalerl_jax.health import NoRewardSignal, step0_reward_check
-from scalerl_jax.types import PromptSpec, SamplingSpec
+from scalerl_jax.types import SamplingSpec
 
 HEAD = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 12 + 7?"
 ASSISTANT = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
