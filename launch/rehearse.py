@@ -8,8 +8,10 @@ Reads the YAML files `kubectl apply` would get (every *.yaml of the directory) a
 describe the way Kubernetes would, with a tiny model:
 
 * Pods: the learner JobSet's pods (`parallelism` of them, one process each, one `jax.distributed`
-  job over gloo on CPU: the JobSet's own SCALERL_* env), the buffer Deployment's pod (its init
-  container first) and `--generators` pods of the generator Deployment (its `replicas` capped).
+  job over gloo on CPU: the JobSet's own SCALERL_* env; a TPU slice's `distributed.auto=True`,
+  with --real-shape only, becomes that env: coordinator = pod 0, count, completion index), the
+  buffer Deployment's pod (its init container first) and `--generators` pods of the generator
+  Deployment (its `replicas` capped).
 * Each container's command runs as written with the container's env: `value`, downward-API
   `fieldRef`s (pod IP, name, the Job completion index), `secretKeyRef`s filled from the Secret
   manifests in the directory (a `REPLACE-ME` placeholder gets a generated test token / a test TLS

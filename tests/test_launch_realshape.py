@@ -10,9 +10,15 @@ index + >= 3 shards, Llama-3-style tokenizer) in an emulated gs:// bucket, with 
 parquet from the same bucket. It must pass the preflight, reach step 3, and every pod (4 learner
 processes, 2 JAX generators, the buffer and its prompt export) must log the one override.
 
-8b-gb200 (4 processes x 4 devices) runs in the normal suite (~3.5 min here); every committed
-GPU variant runs under `long` (`make test-long`). 8b-tpu-v5p is a TPU slice JobSet (jax.distributed
-auto-detection), which the rehearsal refuses on CPU (tests/test_launch_rehearse.py)."""
+8b-gb200 (4 processes x 4 devices) runs in the normal suite (~3.5 min here); every other
+committed variant runs under `long` (`make test-long`): 8b-h100 (2 x 8, tensor 8; rendered with its
+own generator.decode_batch=16, launch/gke/render.py VARIANTS), 8b-tpu-v5p and scout-gb200.
+8b-tpu-v5p is a TPU slice JobSet (`distributed.auto=True`): --real-shape replaces the
+auto-detection by the GPU variants' coordinator env (pod 0, 4 processes, the completion index) and
+keeps its 4 chips per pod as 4 CPU devices; the ICI topology and the auto-detection itself are not
+exercised. Measured here (2 shared cores, a full suite running alongside): 8b-h100 3 steps in
+168 s of rehearsal (test 194 s), 8b-tpu-v5p
+(4 x 4) 3 steps in 196 s (test 229 s)."""
 import json
 import os
 import subprocess
