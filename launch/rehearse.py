@@ -8,8 +8,10 @@ Reads the YAML files `kubectl apply` would get (every *.yaml of the directory) a
 describe the way Kubernetes would, with a tiny model:
 
 * Pods: the learner JobSet's pods (`parallelism` of them, one process each, one `jax.distributed`
-  job over gloo on CPU: the JobSet's own SCALERL_* env), the buffer Deployment's pod (its init
-  container first) and `--generators` pods of the generator Deployment (its `replicas` capped).
+  job over gloo on CPU: the JobSet's own SCALERL_* env; a TPU slice's `distributed.auto=True`,
+  with --real-shape only, becomes that env: coordinator = pod 0, count, completion index), the
+  buffer Deployment's pod (its init container first) and `--generators` pods of the generator
+  Deployment (its `replicas` capped).
 * Each container's command runs as written with the container's env: `value`, downward-API
   `fieldRef`s (pod IP, name, the Job completion index), `secretKeyRef`s filled from the Secret
   manifests in the directory (a `REPLACE-ME` placeholder gets a generated test token / a test TLS
@@ -90,6 +92,9 @@ TINY_OVERRIDES = (
     "audit.trained_ids=True", "audit.wal_archive=True",
 )
 PLACEHOLDER = "REPLACE-ME"
+# A TPU slice learner's jax.distributed auto-detection (launch/spec.py); --real-shape replaces it
+# by the coordinator env the GPU variants carry (pod 0 of the JobSet, COORDINATOR_PORT).
+TPU_AUTO_ARG = "--config.distributed.auto=True"
 # --real-shape: the rows and lengths a rehearsal step has (the learner's mesh, layout, processes,
 # devices per process, model numerics and recipe stay the variant's; the model is the start
 # checkpoint's, a miniature one: launch/miniature.py).
@@ -246,9 +251,12 @@ class Pod:
     self.started = False
 
 
-def plan_pods(docs, generators: int, subnet: str) -> tuple[list[Pod], dict]:
+def plan_pods(docs, generators: int, subnet: str,
+              real_shape: bool = False) -> tuple[list[Pod], dict]:
   """The pods the manifests describe (generator Deployment capped at `generators` replicas) and
-  {"jobset": {name, max_restarts, hostnames}}; refuses what cannot run here."""
+  {"jobset": {name, max_restarts, hostnames, tpu_auto}}; refuses what cannot run here. A TPU
+  slice JobSet (`--config.distributed.auto=True`) runs only with `real_shape`: its
+  auto-detection is replaced by the explicit coordinator env (Rehearsal.command)."""
   pods, jobset, ips = [], None, iter(range(1, 250))
   deployments = [x for x in docs if x.get("kind") == "Deployment"]
   jobsets = [x for x in docs if x.get("kind") == "JobSet"]
@@ -268,16 +276,19 @@ def plan_pods(docs, generators: int, subnet: str) -> tuple[list[Pod], dict]:
                           "app.kubernetes.io/component", "")))
   (js,) = jobsets
   jmd = js["metadata"]
-  hostnames = {}
+  hostnames, tpu_auto = {}, False
   for rj in js["spec"]["replicatedJobs"]:
     tmpl = rj["template"]["spec"]
     for r in range(int(rj.get("replicas", 1))):
       for k in range(int(tmpl.get("parallelism", 1))):
         pspec = tmpl["template"]["spec"]
         for c in pspec.get("containers", []):
-          if any("distributed.auto=True" in a for a in c.get("command", [])):
-            raise RehearsalError(f"{jmd['name']}: a TPU slice JobSet (jax.distributed auto-"
-                                 "detection) cannot be rehearsed on CPU; use a GPU variant")
+          if any(a == TPU_AUTO_ARG for a in c.get("command", [])):
+            if not real_shape:
+              raise RehearsalError(f"{jmd['name']}: a TPU slice JobSet (jax.distributed auto-"
+                                   "detection) cannot be rehearsed on CPU with the tiny model; "
+                                   "use --real-shape or a GPU variant")
+            tpu_auto = True
         name = f"{jmd['name']}-{rj['name']}-{r}-{k}"
         p = Pod(name, pspec, jmd["name"], f"{subnet}.{next(ips)}",
                 {"batch.kubernetes.io/job-completion-index": str(k)},
@@ -289,7 +300,7 @@ def plan_pods(docs, generators: int, subnet: str) -> tuple[list[Pod], dict]:
         hostnames[f"{name}.{sub}"] = p.ip
   jobset = {"name": jmd["name"],
             "max_restarts": int(js["spec"].get("failurePolicy", {}).get("maxRestarts", 0)),
-            "hostnames": hostnames}
+            "hostnames": hostnames, "tpu_auto": tpu_auto}
   return pods, jobset
 
 
@@ -338,7 +349,7 @@ class Rehearsal:
     self.docs = load_manifests(manifest_dir)
     self.secrets = fill_secrets(self.docs)
     subnet = f"127.{random.randint(100, 250)}.{random.randint(1, 250)}"
-    self.pods, self.jobset = plan_pods(self.docs, generators, subnet)
+    self.pods, self.jobset = plan_pods(self.docs, generators, subnet, real_shape=self.real_shape)
     self.hosts = hosts_table(self.docs, self.pods, self.jobset)
     self._check_secret_refs()
     self.workdir_manifest = self._manifest_workdir()
@@ -528,6 +539,9 @@ class Rehearsal:
       argv += tiny + [f"--config.total_steps={self.steps}"] + self.extra_learner
       if self.real_shape:   # the pod's accelerators as simulated CPU devices
         env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={self._learner_shape()[1]}")
+      if self.jobset["tpu_auto"] and TPU_AUTO_ARG in argv:
+        argv.remove(TPU_AUTO_ARG)
+        env.update(self._tpu_coordinator_env(p, c))
     elif role == "generator":
       argv += tiny + ["--backend=jax"]
     elif role == "export":
@@ -535,6 +549,18 @@ class Rehearsal:
     elif role == "buffer":
       argv += self._buffer_changes(argv)
     return argv, env
+
+  def _tpu_coordinator_env(self, p: Pod, c: dict) -> dict:
+    """What a TPU slice's jax.distributed auto-detection finds, as the GPU variants' explicit env
+    (launch/spec.py): the coordinator on learner pod 0 (its JobSet host name and `coordinator`
+    container port), the JobSet's pod count, this pod's Job completion index."""
+    from launch.spec import COORDINATOR_PORT
+    learners = self._learners()
+    port = next((x["containerPort"] for x in c.get("ports", []) if x.get("name") == "coordinator"),
+                COORDINATOR_PORT)
+    sub = next(h for h in self.jobset["hostnames"] if h.startswith(learners[0].name + "."))
+    return {"SCALERL_COORDINATOR": f"{sub}:{port}", "SCALERL_NUM_PROCESSES": str(len(learners)),
+            "SCALERL_PROCESS_ID": p.annotations["batch.kubernetes.io/job-completion-index"]}
 
   def _buffer_changes(self, argv: list[str]) -> list[str]:
     """The buffer flags the tiny config changes (argparse keeps the last value of a flag)."""

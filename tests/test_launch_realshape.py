@@ -10,9 +10,15 @@ index + >= 3 shards, Llama-3-style tokenizer) in an emulated gs:// bucket, with 
 parquet from the same bucket. It must pass the preflight, reach step 3, and every pod (4 learner
 processes, 2 JAX generators, the buffer and its prompt export) must log the one override.
 
-8b-gb200 (4 processes x 4 devices) runs in the normal suite (~3.5 min here); every committed
-GPU variant runs under `long` (`make test-long`). 8b-tpu-v5p is a TPU slice JobSet (jax.distributed
-auto-detection), which the rehearsal refuses on CPU (tests/test_launch_rehearse.py)."""
+8b-gb200 (4 processes x 4 devices) runs in the normal suite (~3.5 min here); every other
+committed variant runs under `long` (`make test-long`): 8b-h100 (2 x 8, tensor 8; rendered with its
+own generator.decode_batch=16, launch/gke/render.py VARIANTS), 8b-tpu-v5p and scout-gb200.
+8b-tpu-v5p is a TPU slice JobSet (`distributed.auto=True`): --real-shape replaces the
+auto-detection by the GPU variants' coordinator env (pod 0, 4 processes, the completion index) and
+keeps its 4 chips per pod as 4 CPU devices; the ICI topology and the auto-detection itself are not
+exercised. Measured here (2 shared cores, a full suite running alongside): 8b-h100 3 steps in
+168 s of rehearsal (test 194 s), 8b-tpu-v5p
+(4 x 4) 3 steps in 196 s (test 229 s)."""
 import json
 import os
 import subprocess
@@ -25,15 +31,25 @@ from gcs_emulator import running_emulator
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RENDERED = os.path.join(ROOT, "launch", "gke", "rendered")
 BUCKET = "scalerl-realshape"
-# variant: (config, learner platform, generator platform, learner processes, devices each, mesh)
+# variant: (config, learner platform, generator platform, learner processes, devices each, mesh,
+# layout)
 VARIANTS = {
     "8b-gb200": ("configs/8b.py", "gpu-gb200", "gpu-gb200", 4, 4,
-                 "(('data', 1), ('fsdp', 4), ('tensor', 4), ('expert', 1))"),
+                 "(('data', 1), ('fsdp', 4), ('tensor', 4), ('expert', 1))", "gb200_16"),
     "8b-h100": ("configs/8b.py", "gpu-h100", "gpu-h100", 2, 8,
-                "(('data', 1), ('fsdp', 2), ('tensor', 8), ('expert', 1))"),
+                "(('data', 1), ('fsdp', 2), ('tensor', 8), ('expert', 1))", "h100_16"),
+    "8b-tpu-v5p": ("configs/8b.py", "tpu-v5p", "gpu-gb200", 4, 4,
+                   "(('data', 1), ('fsdp', 4), ('tensor', 4), ('expert', 1))", "tpu_v5p_16"),
     "scout-gb200": ("configs/scout.py", "gpu-gb200", "gpu-gb200", 4, 4,
-                    "(('data', 1), ('fsdp', 1), ('tensor', 1), ('expert', 16))"),
+                    "(('data', 1), ('fsdp', 1), ('tensor', 1), ('expert', 16))", "gb200_16"),
 }
+
+
+def _variant_overrides(name):
+  """The committed variant's own settings (launch/gke/render.py VARIANTS: 8b-h100's
+  generator.decode_batch=16, without which its render preflight refuses the vLLM KV cache)."""
+  from launch.gke import render
+  return list(render.VARIANTS[name][3].get("config_overrides", ()))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +75,7 @@ def _run(argv, env, timeout):
 
 
 def _rehearse_real_shape(name, tmp_path, env, steps=3, timeout=840):
-  config, lplat, gplat, procs, devs, mesh = VARIANTS[name]
+  config, lplat, gplat, procs, devs, mesh, layout = VARIANTS[name]
   mini = tmp_path / "mini"
   # the miniature checkpoint + data that fit the committed variant's layout, uploaded to gs://
   r = _run(["-m", "launch.miniature", os.path.join(RENDERED, name), f"--out={mini}"], env, 300)
@@ -71,11 +87,12 @@ def _rehearse_real_shape(name, tmp_path, env, steps=3, timeout=840):
             "storage.write_bytes(sys.argv[4], open(sys.argv[3], 'rb').read())",
             made["checkpoint"], ck, made["data"], data], env, 300)
   assert r.returncode == 0, r.stderr[-2000:]
-  # rendered as a user does: gs:// data and checkpoint, ONE override
+  # rendered as a user does: gs:// data and checkpoint, ONE override (+ the variant's own settings)
   out = tmp_path / name
+  own = [a for o in _variant_overrides(name) for a in ("--override", o)]
   r = _run(["-m", "launch.gke.render", f"--config={config}", f"--learner_platform={lplat}",
             f"--generator_platform={gplat}", f"--out={out}", f"--data={data}",
-            f"--checkpoint={ck}", "--override", "rollout.max_lag=3"], env, 300)
+            f"--checkpoint={ck}", "--override", "rollout.max_lag=3", *own], env, 300)
   assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
   state = tmp_path / "state"
   r = _run(["-m", "launch.rehearse", str(out), "--real-shape", f"--steps={steps}",
@@ -100,7 +117,7 @@ def _rehearse_real_shape(name, tmp_path, env, steps=3, timeout=840):
     if comp == "learner":   # the variant's shape, not the fsdp=-1 swap
       assert k["devices"] == {"local": devs, "global": procs * devs, "processes": procs}, k
       assert k["learner"]["mesh.shape"] == mesh, k
-      assert k["learner"]["layout"] == ("h100_16" if name == "8b-h100" else "gb200_16"), k
+      assert k["learner"]["layout"] == layout, k
   w = s["weights"]
   assert all(w["served_chunks"][p] > 0 for p in lp), w
   # the learner started from the checkpoint in the bucket (job.py's start line)
@@ -123,9 +140,30 @@ def test_real_shape_8b_gb200(tmp_path, emulator):
 @pytest.mark.long
 @pytest.mark.timeout(2400)
 @pytest.mark.xdist_group("rehearse")
-@pytest.mark.parametrize("name", ["8b-h100", "scout-gb200"])
+@pytest.mark.parametrize("name", ["8b-h100", "8b-tpu-v5p", "scout-gb200"])
 def test_real_shape_long(name, tmp_path, emulator):
   _rehearse_real_shape(name, tmp_path, emulator, timeout=2340)
+
+
+def test_real_shape_tpu_slice_gets_the_explicit_coordinator(tmp_path):
+  """8b-tpu-v5p's learner asks jax.distributed to auto-detect the slice; --real-shape runs it as
+  the GPU variants run: coordinator env (pod 0, port 8476), 4 processes, the completion index,
+  4 simulated CPU devices per pod (its google.com/tpu limit). The tiny rehearsal still refuses."""
+  from launch import rehearse
+  d = os.path.join(RENDERED, "8b-tpu-v5p")
+  with pytest.raises(rehearse.RehearsalError, match="TPU slice"):
+    rehearse.Rehearsal(d, steps=3, workdir="", state_dir=str(tmp_path / "tiny"))
+  x = rehearse.Rehearsal(d, steps=3, workdir="", state_dir=str(tmp_path / "real"), real_shape=True)
+  learners = [p for p in x.pods if p.component == "learner"]
+  assert len(learners) == 4
+  for i, p in enumerate(learners):
+    argv, env = x.command(p, p.spec["containers"][0])
+    assert rehearse.TPU_AUTO_ARG in p.spec["containers"][0]["command"]
+    assert not any("distributed.auto" in a for a in argv), argv
+    assert env["SCALERL_COORDINATOR"] == "scalerl-learner-learner-0-0.scalerl-learner:8476"
+    assert (env["SCALERL_NUM_PROCESSES"], env["SCALERL_PROCESS_ID"]) == ("4", str(i))
+    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=4"
+    assert x.hosts["scalerl-learner-learner-0-0.scalerl-learner"] == learners[0].ip
 
 
 def test_real_shape_refuses_a_shape_that_does_not_fit():
