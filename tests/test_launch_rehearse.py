@@ -316,7 +316,7 @@ def test_start_over_after_a_previous_run_makes_the_running_buffer_rewind(tmp_pat
   from scalerl_jax.buffer.server import BufferServer
   from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.types import PromptSpec
-  cfg = ml_collections.ConfigDict(dict(resume="auto", local_dir="",
+  cfg = ml_collections.ConfigDict(dict(resume="auto", local_dir="", checkpoint=dict(verify="metadata"),
                                        rl=dict(npr_threshold=0.9)))
   wd = tmp_path / "run"
   wd.mkdir()
