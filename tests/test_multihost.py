@@ -146,19 +146,18 @@ def test_spec_from_config_and_env():
     DistributedSpec.from_config(None, dict(env, SCALERL_PROCESS_ID="5"))
 
 
-@pytest.mark.slow
-def test_two_processes_equal_one(tmp_path):
-  me = os.path.abspath(__file__)
+def _start_two(me, tmp_path, **extra_env):
+  """This file's "multi" mode as 2 processes of one jax.distributed job (2 CPU devices each)."""
   port = _free_port()
-  procs = [subprocess.Popen(
+  return [subprocess.Popen(
       [sys.executable, me, "multi", str(tmp_path / "multi.npz")], cwd=ROOT,
       env=_env(2, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
-               SCALERL_PROCESS_ID=i), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
-  single = subprocess.run([sys.executable, me, "single", str(tmp_path / "single.npz")], cwd=ROOT,
-                          env=_env(4), capture_output=True, text=True, timeout=300)
-  nomesh = subprocess.run([sys.executable, me, "nomesh", str(tmp_path / "nomesh.npz")], cwd=ROOT,
-                          env=_env(1), capture_output=True, text=True, timeout=300)
+               SCALERL_PROCESS_ID=i, **extra_env),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+
+
+def _collect_two(procs) -> list:
+  """Each process's last JSON line (each must exit 0); kills what is left on a failure."""
   outs = []
   try:
     for p in procs:
@@ -169,6 +168,18 @@ def test_two_processes_equal_one(tmp_path):
     for p in procs:
       if p.poll() is None:
         p.kill()
+  return outs
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(tmp_path):
+  me = os.path.abspath(__file__)
+  procs = _start_two(me, tmp_path)
+  single = subprocess.run([sys.executable, me, "single", str(tmp_path / "single.npz")], cwd=ROOT,
+                          env=_env(4), capture_output=True, text=True, timeout=300)
+  nomesh = subprocess.run([sys.executable, me, "nomesh", str(tmp_path / "nomesh.npz")], cwd=ROOT,
+                          env=_env(1), capture_output=True, text=True, timeout=300)
+  outs = _collect_two(procs)
   assert single.returncode == 0, single.stderr[-4000:]
   assert nomesh.returncode == 0, nomesh.stderr[-4000:]
   s, n = _last_json(single.stdout), _last_json(nomesh.stdout)
@@ -200,25 +211,11 @@ def test_batch_replicated_across_processes(tmp_path):
   (topologies.even_process_split), trained as one process with the same mesh. Before, a process
   slice longer than rows / processes was refused ("uneven batch split across 2 processes")."""
   me = os.path.abspath(__file__)
-  port = _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, me, "multi", str(tmp_path / "multi.npz")], cwd=ROOT,
-      env=_env(2, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
-               SCALERL_PROCESS_ID=i, TEST_MESH="replicated"),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  procs = _start_two(me, tmp_path, TEST_MESH="replicated")
   single = subprocess.run([sys.executable, me, "single", str(tmp_path / "single.npz")], cwd=ROOT,
                           env=_env(4, TEST_MESH="replicated"), capture_output=True, text=True,
                           timeout=300)
-  outs = []
-  try:
-    for p in procs:
-      so, se = p.communicate(timeout=300)
-      assert p.returncode == 0, se[-4000:]
-      outs.append(_last_json(so))
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+  outs = _collect_two(procs)
   assert single.returncode == 0, single.stderr[-4000:]
   s = _last_json(single.stdout)
   assert [tuple(o["rows"]) for o in outs] == [(0, 16), (0, 16)]
