@@ -226,6 +226,17 @@ def broadcast_from_main(arrays: Mapping[str, Any] | None) -> dict[str, np.ndarra
   return out
 
 
+def meet(name: str, timeout_s: float = 3600.0) -> None:
+  """Every process waits here until all have arrived (the coordination service's barrier, not a
+  device collective, so it has its own timeout). `name` must be the same on every process and
+  new for each meeting. A single process returns at once."""
+  import jax
+  if jax.process_count() == 1:
+    return
+  from orbax.checkpoint import multihost
+  multihost.get_barrier_sync_fn()(key=f"scalerl/{name}", timeout_ms=int(timeout_s * 1000))
+
+
 def _make_learner_class():
 
   class MultiHostLearner(Learner):
@@ -234,6 +245,22 @@ def _make_learner_class():
     Each host validates its own rows, then the global batch is assembled with
     make_array_from_process_local_data; the step and metrics are identical on every host.
     """
+
+    def run_program(self, fn, *args):
+      """The first run of each program (per argument shapes) compiles it ahead, then meets the
+      other processes before running. gloo connects a program's collectives when it first runs
+      and gives up after 30 s: a process that compiled much slower (a loaded host, a colder
+      compilation cache) failed the faster one's first step with "Connect timeout"."""
+      import jax
+      key = (id(fn),) + tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x))))
+                              for x in jax.tree.leaves(args))
+      met = self.__dict__.setdefault("_met", set())
+      if key not in met:
+        with self.mesh_context():
+          fn.lower(*args).compile()
+        meet(f"compiled-{len(met)}")
+        met.add(key)
+      return super().run_program(fn, *args)
 
     def global_rows(self) -> int:
       return int(self._global_rows)

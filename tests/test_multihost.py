@@ -69,6 +69,8 @@ def _worker(mode, out_path):
     learner = distributed.MultiHostLearner(apply_fn, params, config, mesh=mesh,
                                            params_sharding=shardings, vocab_size=cfg.vocab_size)
     rows = learner.local_rows(batches[0]["tokens"].shape[0])
+    if jax.process_index() == 1:   # a slower host: its first step starts TEST_SKEW_S late
+      time.sleep(float(os.environ.get("TEST_SKEW_S", 0)))
     metrics = [learner.step({k: v[rows] for k, v in b.items()}) for b in batches]
   # The parity gate's learner log-probs (trainer._parity): every process passes the global tokens;
   # sharded over the batch, chunked over the sequence (no [B,T,V] logits), a collective.
@@ -174,7 +176,9 @@ def _collect_two(procs) -> list:
 @pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
   me = os.path.abspath(__file__)
-  procs = _start_two(me, tmp_path)
+  # Process 1 starts its first step 45 s late (more than gloo's 30 s connect timeout), as a slower
+  # host would: CI failed "Gloo context initialization failed ... Connect timeout" on such a skew.
+  procs = _start_two(me, tmp_path, TEST_SKEW_S=45)
   single = subprocess.run([sys.executable, me, "single", str(tmp_path / "single.npz")], cwd=ROOT,
                           env=_env(4), capture_output=True, text=True, timeout=300)
   nomesh = subprocess.run([sys.executable, me, "nomesh", str(tmp_path / "nomesh.npz")], cwd=ROOT,

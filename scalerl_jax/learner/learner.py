@@ -129,9 +129,14 @@ class Learner:
     placed = self._place_rows({"tokens": np.asarray(tokens, np.int32),
                                **({"routes": np.asarray(routes, np.int32)}
                                   if routes is not None else {})})
-    with self.mesh_context():
-      out = self._logp(self.state.params, placed["tokens"], placed.get("routes"))
+    out = self.run_program(self._logp, self.state.params, placed["tokens"], placed.get("routes"))
     return np.asarray(jax.device_get(out))
+
+  def run_program(self, fn, *args):
+    """Runs one of this learner's jitted programs (the step, the log-probs) under its mesh. A
+    multi-host learner first compiles it and meets the other processes (see MultiHostLearner)."""
+    with self.mesh_context():
+      return fn(*args)
 
   def mesh_context(self):
     """Mesh + logical-axis rules active while tracing/running (model activation constraints)."""
@@ -156,8 +161,7 @@ class Learner:
   def step(self, batch: Mapping[str, Any]) -> dict[str, float]:
     """One optimizer step; returns metrics as python floats. Raises ValueError on a bad batch."""
     batch = self.device_batch(batch)
-    with self.mesh_context():
-      self.state, metrics = self._step(self.state, batch)
+    self.state, metrics = self.run_program(self._step, self.state, batch)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     if metrics["skipped"]:
       reason = "empty after zero-variance filtering" if metrics["skip_reason"] == 1 else \
