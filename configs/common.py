@@ -204,8 +204,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Supervised warm start (only for datasets that ship SFT traces, e.g. the synthetic task; real
   # runs start from an SFT checkpoint via model.hf_checkpoint).
+  # cache_dir: a local directory of finished warm starts shared by runs (sweeps, tests), one
+  # subdirectory per hash of (model, sft, data, seed); "" = $SCALERL_SFT_CACHE_DIR, else none.
   c.sft = ml_collections.ConfigDict(dict(clean_steps=0, steps=0, batch_size=64, lr=1e-3,
-                                         num_examples=2048))
+                                         num_examples=2048, cache_dir=""))
   c.pull_timeout_s = 1800.0
   c.resume = "auto"        # auto: the same command resumes from the newest valid checkpoint; never
   c.pin_cpus = False       # CPU hosts: one CPU per role (learner, each generator), like devices

@@ -19,9 +19,11 @@ later run with the same workdir loads that directory instead of training again.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 
 import jax
@@ -116,18 +118,16 @@ def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
   if not hasattr(dataset, "sft_batch"):
     raise ValueError(f"dataset kind {config.data.kind!r} has no SFT traces; set "
                      "config.model.hf_checkpoint to the start (SFT) checkpoint")
-  n = config.sft.num_examples
-  phases = []
-  if config.sft.get("clean_steps", 0):
-    phases.append((*dataset.sft_batch(n, seed=config.seed, step_noise=0.0), config.sft.clean_steps))
-  phases.append((*dataset.sft_batch(n, seed=config.seed + 1), config.sft.steps))
-  params = models.init_params(model_cfg, jax.random.PRNGKey(config.seed))
-  t0 = time.time()
-  params, losses = train_sft(model_cfg, params, phases, batch_size=config.sft.batch_size,
-                             lr=config.sft.lr, seed=config.seed, progress=progress)
-  info = {"sft_cached": False, "sft_steps": config.sft.steps,
-          "sft_clean_steps": config.sft.get("clean_steps", 0), "sft_seconds": time.time() - t0,
-          "sft_final_loss": float(np.mean(losses[-10:]))}
+  cache = cache_entry(config)
+  if cache and os.path.exists(os.path.join(cache, "config.json")):
+    logging.info("SFT warm start: from the shared cache %s", cache)
+    _, params = models.load_hf(cache, **_numerics(model_cfg))
+    with open(os.path.join(cache, "sft_info.json")) as f:
+      info = dict(json.load(f), sft_cache=cache)
+  else:
+    params, info = _run_sft(config, model_cfg, dataset, progress)
+    if cache:
+      _fill_cache(cache, model_cfg, params, info)
   if storage.is_remote(path):   # staged locally, uploaded with config.json last
     with storage.staged_dir(path) as tmp:
       models.save_hf(model_cfg, jax.device_get(params), tmp)
@@ -142,6 +142,52 @@ def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
   logging.info("SFT warm start: %d steps in %.0f s, final loss %.3f -> %s", config.sft.steps,
                info["sft_seconds"], info["sft_final_loss"], path)
   return params, info
+
+
+def _run_sft(config, model_cfg, dataset, progress: bool):
+  n = config.sft.num_examples
+  phases = []
+  if config.sft.get("clean_steps", 0):
+    phases.append((*dataset.sft_batch(n, seed=config.seed, step_noise=0.0), config.sft.clean_steps))
+  phases.append((*dataset.sft_batch(n, seed=config.seed + 1), config.sft.steps))
+  params = models.init_params(model_cfg, jax.random.PRNGKey(config.seed))
+  t0 = time.time()
+  params, losses = train_sft(model_cfg, params, phases, batch_size=config.sft.batch_size,
+                             lr=config.sft.lr, seed=config.seed, progress=progress)
+  return params, {"sft_cached": False, "sft_steps": config.sft.steps,
+                  "sft_clean_steps": config.sft.get("clean_steps", 0),
+                  "sft_seconds": time.time() - t0, "sft_final_loss": float(np.mean(losses[-10:]))}
+
+
+def cache_entry(config) -> str:
+  """The shared warm-start cache directory for this config (`sft.cache_dir`, else
+  $SCALERL_SFT_CACHE_DIR; "" = no cache): one subdirectory per sha256 of everything the warm
+  start depends on (the model, sft, data sections and the seed), so a different config never
+  reuses another's policy."""
+  root = str(config.sft.cache_dir or os.environ.get("SCALERL_SFT_CACHE_DIR", ""))
+  if not root:
+    return ""
+  if storage.is_remote(root):
+    raise ValueError(f"sft.cache_dir={root!r}: must be a local directory")
+  sft_cfg = {k: v for k, v in config.sft.to_dict().items() if k != "cache_dir"}
+  key = json.dumps(dict(model=config.model.to_dict(), sft=sft_cfg, data=config.data.to_dict(),
+                        seed=config.seed), sort_keys=True, default=str)
+  return os.path.join(root, hashlib.sha256(key.encode()).hexdigest()[:24])
+
+
+def _fill_cache(entry: str, model_cfg, params, info: dict) -> None:
+  """Writes the entry once (a temporary directory renamed into place: two runs finishing the
+  same warm start at once leave one complete copy)."""
+  if os.path.exists(entry):
+    return
+  tmp = f"{entry}.tmp-{os.getpid()}"
+  models.save_hf(model_cfg, jax.device_get(params), tmp)
+  with open(os.path.join(tmp, "sft_info.json"), "w") as f:
+    json.dump(info, f)
+  try:
+    os.rename(tmp, entry)
+  except OSError:          # another run put it there first
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _numerics(model_cfg) -> dict:

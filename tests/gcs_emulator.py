@@ -12,11 +12,7 @@ import subprocess
 import sys
 import time
 
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+from helpers import free_port
 
 
 @contextlib.contextmanager

@@ -17,14 +17,14 @@ This file is also the worker: `python tests/test_ckpt_start.py worker CKPT REF_D
 """
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gcs_emulator import free_port, running_emulator  # noqa: E402
+from gcs_emulator import running_emulator  # noqa: E402
+from helpers import finish, free_port, start  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "scalerl-ckpt"
@@ -166,19 +166,12 @@ def _run_two(ckpt, ref_dir, tmp_path, **env):
   outs = [str(tmp_path / f"p{i}" / "out.json") for i in range(2)]
   for o in outs:
     os.makedirs(os.path.dirname(o), exist_ok=True)
-  procs = [subprocess.Popen(
-      [sys.executable, os.path.abspath(__file__), "worker", ckpt, ref_dir, outs[i]], cwd=ROOT,
-      env=_env(SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
-               SCALERL_PROCESS_ID=i, **env),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-  try:
-    res = [p.communicate(timeout=600) for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for p, (_, err) in zip(procs, res):
-    assert p.returncode == 0, err[-4000:]
+  res = finish([start([sys.executable, os.path.abspath(__file__), "worker", ckpt, ref_dir, outs[i]],
+                      str(tmp_path / f"p{i}" / "log"), cwd=ROOT,
+                      env=_env(SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
+                               SCALERL_PROCESS_ID=i, **env)) for i in range(2)], timeout=600)
+  for rc, _, err in res:
+    assert rc == 0, err[-4000:]
   return [json.load(open(o)) for o in outs]
 
 

@@ -47,14 +47,16 @@ def test_learner_buffer_and_fleet_as_separate_jobs(tmp_path):
       [sys.executable, "-m", "scalerl_jax.buffer.server", "--host=127.0.0.1",
        f"--port={port}", "--token-env=SCALERL_BUFFER_TOKEN", f"--prompts={prompts}",
        "--prompts-per-step=8", "--group-size=8", "--max-lag=8"],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "buffer.err", "w"),
+      text=True)   # stdout: one line (its port); its log to a file (an unread pipe blocks)
   worker = learner = None
   try:
     assert json.loads(buffer.stdout.readline())["port"] == port
     worker = subprocess.Popen(
         [sys.executable, "-m", "scalerl_jax.generation.worker", "--run_config=configs/tiny.py",
          f"--buffer=127.0.0.1:{port}", "--backend=jax", f"--workdir={tmp_path}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.err", "w"),
+        text=True)
     learner = subprocess.run(
         [sys.executable, "-m", "scalerl_jax.main", "--config=configs/tiny.py",
          f"--workdir={tmp_path / 'run'}", "--config.buffer.external=True",

@@ -51,11 +51,12 @@ def server(tmp_path_factory, request):
       [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--token-env",
        "FUZZ_TOKEN", "--prompts", str(prompts), "--prompts-per-step", "2", "--group-size", "2",
        "--max-lag", "1", "--max-message-bytes", str(MAX_MSG), "--max-completion-tokens",
-       str(MAX_TOKENS)] + tls.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+       str(MAX_TOKENS)] + tls.argv(), stdout=subprocess.PIPE, stderr=open(d / "server.err", "w"),
+      env=env, text=True)   # its log (a line per refused message) to a file: an unread pipe blocks
   line = proc.stdout.readline()
-  assert line, proc.stderr.read()
+  assert line, (d / "server.err").read_text()
   port = json.loads(line)["port"]
-  yield proc, f"127.0.0.1:{port}", tls
+  yield proc, f"127.0.0.1:{port}", tls, d / "server.err"
   proc.terminate()
   proc.wait(timeout=10)
 
@@ -160,7 +161,7 @@ def _mutations(a):
 
 
 def test_fuzz_live_server(server):
-  proc, address, tls = server
+  proc, address, tls, err_log = server
   c = BufferClient(address, TOKEN, tls=tls)
   c.publish_weights(0, b"w0")
   (a,) = c.lease("fuzz-gen", 1, 5)
@@ -315,5 +316,6 @@ def test_fuzz_live_server(server):
   c.close()
   ch.close()
   proc.terminate()
-  _, err = proc.communicate(timeout=10)
+  proc.wait(timeout=10)
+  err = err_log.read_text()
   assert "Traceback" not in err and "Exception calling application" not in err, err[-3000:]

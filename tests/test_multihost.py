@@ -7,13 +7,15 @@ This file is also the worker: `python tests/test_multihost.py MODE OUT.npz`, MOD
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # also run as a script
+from helpers import finish, free_port, start  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
@@ -114,12 +116,6 @@ def _fail_worker():
     raise
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _env(devices, **extra):
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -150,26 +146,19 @@ def test_spec_from_config_and_env():
 
 def _start_two(me, tmp_path, **extra_env):
   """This file's "multi" mode as 2 processes of one jax.distributed job (2 CPU devices each)."""
-  port = _free_port()
-  return [subprocess.Popen(
-      [sys.executable, me, "multi", str(tmp_path / "multi.npz")], cwd=ROOT,
-      env=_env(2, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
-               SCALERL_PROCESS_ID=i, **extra_env),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  port = free_port()
+  return [start([sys.executable, me, "multi", str(tmp_path / "multi.npz")],
+                str(tmp_path / f"multi{i}"), cwd=ROOT,
+                env=_env(2, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
+                         SCALERL_PROCESS_ID=i, **extra_env)) for i in range(2)]
 
 
 def _collect_two(procs) -> list:
-  """Each process's last JSON line (each must exit 0); kills what is left on a failure."""
+  """Each process's last JSON line (each must exit 0)."""
   outs = []
-  try:
-    for p in procs:
-      so, se = p.communicate(timeout=300)
-      assert p.returncode == 0, se[-4000:]
-      outs.append(_last_json(so))
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+  for rc, so, se in finish(procs, timeout=600):
+    assert rc == 0, se[-4000:]
+    outs.append(_last_json(so))
   return outs
 
 
@@ -210,6 +199,7 @@ def test_two_processes_equal_one(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long      # a second 2-process job + a reference (~300 s in the suite); make test-long
 def test_batch_replicated_across_processes(tmp_path):
   """Both processes feed the whole batch (their devices hold all batch shards): an even split
   (topologies.even_process_split), trained as one process with the same mesh. Before, a process
@@ -235,31 +225,26 @@ def test_failed_process_exits_at_once_and_so_do_the_others(tmp_path):
   """distributed.exit_on_error (main calls it): when process 0 fails, both processes exit 1 within
   seconds with a one-line error, not after jax.distributed's 5-min shutdown barrier (process 1
   blocked in a collective waiting for process 0 fails as soon as process 0 is gone)."""
-  port = _free_port()
+  port = free_port()
   t0 = time.time()
-  procs = [subprocess.Popen(
-      [sys.executable, os.path.abspath(__file__), "fail", "-"], cwd=ROOT,
-      env=_env(1, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
-               SCALERL_PROCESS_ID=i), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-      for i in range(2)]
-  try:
-    errs = [p.communicate(timeout=240)[1] for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
+  res = finish([start([sys.executable, os.path.abspath(__file__), "fail", "-"],
+                      str(tmp_path / f"fail{i}"), cwd=ROOT,
+                      env=_env(1, SCALERL_COORDINATOR=f"127.0.0.1:{port}",
+                               SCALERL_NUM_PROCESSES=2, SCALERL_PROCESS_ID=i))
+                for i in range(2)], timeout=240)
+  rcs, errs = [r[0] for r in res], [r[2] for r in res]
   took = time.time() - t0
   print(f"both exited in {took:.0f} s")
-  assert procs[0].returncode == 1, errs[0][-2000:]
+  assert rcs[0] == 1, errs[0][-2000:]
   lines = [[l for l in e.splitlines() if l.startswith("learner process ")] for e in errs]
   assert lines[0] == ["learner process 0 of 2 failed: RuntimeError: process 0 fails on purpose "
                       "(exiting now, without jax.distributed's shutdown barrier)"], errs[0][-2000:]
   # process 1: its collective fails (exit 1, our one line), or jax's coordination agent ends it
   # first when process 0's coordination service goes away (SIGABRT, jax's own fatal message)
-  if procs[1].returncode == 1:
+  if rcs[1] == 1:
     assert len(lines[1]) == 1 and lines[1][0].startswith("learner process 1 of 2 failed: "), errs[1]
   else:
-    assert procs[1].returncode == -6 and "another task died" in errs[1], errs[1][-2000:]
+    assert rcs[1] == -6 and "another task died" in errs[1], errs[1][-2000:]
   assert took < 120, took          # jax's shutdown barrier alone waits 300 s
 
 
@@ -272,25 +257,19 @@ def test_main_runs_as_two_processes(tmp_path):
   rewards: not assumed either way)."""
   import jax
   from scalerl_jax import checkpoint
-  port = _free_port()
+  port = free_port()
   cmd = [sys.executable, "-m", "scalerl_jax.main", "--config=configs/tiny.py",
          f"--workdir={tmp_path}", "--config.total_steps=3", "--config.sft.clean_steps=20",
          "--config.sft.steps=10", "--config.eval.every_steps=3",
          "--config.eval.samples_per_prompt=1", "--config.data.heldout=8",
          "--config.rollout.max_lag=1", "--config.checkpoint.every_steps=3",
          "--config.pin_cpus=False", "--config.health.parity_gate=always"]
-  procs = [subprocess.Popen(cmd, cwd=ROOT, env=_env(1, SCALERL_COORDINATOR=f"127.0.0.1:{port}",
-                                                    SCALERL_NUM_PROCESSES=2, SCALERL_PROCESS_ID=i),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
-  try:
-    outs = [p.communicate(timeout=800) for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-4000:]
+  res = finish([start(cmd, str(tmp_path / f"main{i}"), cwd=ROOT,
+                      env=_env(1, SCALERL_COORDINATOR=f"127.0.0.1:{port}",
+                               SCALERL_NUM_PROCESSES=2, SCALERL_PROCESS_ID=i))
+                for i in range(2)], timeout=800)
+  for rc, _, err in res:
+    assert rc == 0, err[-4000:]
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   train = [l for l in lines if l["kind"] == "train"]
   assert [l["step"] for l in train] == [1, 2, 3]               # once each: only process 0 logs

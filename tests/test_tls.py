@@ -10,7 +10,6 @@ by a plaintext and a CA-less client (both refused), at generator temperature 0.7
 on-policy step has IS ratios of 1 and KL(gen‖learner) ~ 0 (docs/LEARNER.md)."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import grpc
 import numpy as np
 import pytest
 
+from helpers import free_port
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.protocol.rpc import TLS
@@ -122,14 +122,8 @@ def test_config_validation_of_tls(certs, tmp_path):
   recipes.validate(c)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def test_tiny_run_over_tls_at_temperature_07(certs, tmp_path):
-  port = _free_port()
+  port = free_port()
   address = f"127.0.0.1:{port}"
   cmd = [sys.executable, "-m", "scalerl_jax.main", "--config=configs/tiny.py",
          f"--workdir={tmp_path}", "--config.total_steps=2", "--config.sft.clean_steps=20",

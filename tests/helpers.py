@@ -1,0 +1,64 @@
+"""Shared test helpers: free ports and child processes whose output goes to files.
+
+Why files: a child whose stdout/stderr is a pipe that nobody reads blocks once it has written
+64 KiB. Tests that started several processes with `stdout=PIPE, stderr=PIPE` and then waited for
+them one by one (`p.communicate()` in a loop), or ran other work first, left the others' pipes
+unread: in the suite a JAX process blocked on its log writes while its partner waited for it at
+jax.distributed's shutdown barrier, which timed out after 300 s (`test_two_processes_equal_one`,
+a fresh-clone run). Output written to files never blocks, and every process is waited for
+against one deadline.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import time
+
+
+def free_port() -> int:
+  """A TCP port free on 127.0.0.1 now."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class Logged:
+  """A child process whose stdout and stderr go to `<log>.out` / `<log>.err`."""
+  proc: subprocess.Popen
+  log: str
+
+  def output(self) -> tuple[str, str]:
+    """(stdout, stderr) written so far."""
+    read = lambda p: open(p, errors="replace").read() if os.path.exists(p) else ""
+    return read(self.log + ".out"), read(self.log + ".err")
+
+
+def start(cmd: list[str], log: str, **popen_kwargs) -> Logged:
+  """Starts `cmd` with stdout/stderr to files `log`.out / `log`.err (never a pipe)."""
+  os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+  with open(log + ".out", "w") as out, open(log + ".err", "w") as err:
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, **popen_kwargs)
+  return Logged(proc, log)
+
+
+def finish(children: list[Logged], timeout: float) -> list[tuple[int | None, str, str]]:
+  """Waits for every child against one deadline; returns [(returncode, stdout, stderr)]. A child
+  still running at the deadline is killed (its returncode is then None in the result)."""
+  deadline = time.time() + timeout
+  results = []
+  try:
+    for c in children:
+      try:
+        rc = c.proc.wait(timeout=max(0.1, deadline - time.time()))
+      except subprocess.TimeoutExpired:
+        rc = None
+      results.append((rc, *c.output()))
+  finally:
+    for c in children:
+      if c.proc.poll() is None:
+        c.proc.kill()
+        c.proc.wait()
+  return results
