@@ -40,7 +40,8 @@ def _args(argv=None):
   p.add_argument("--rounds", type=int, default=5, help="timed rounds per side")
   p.add_argument("--steps", type=int, default=2, help="train steps per timed round")
   p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                 help="torch threads; 1 also makes XLA single-threaded")
+                 help="CPUs for both sides: torch threads, and the process's affinity mask "
+                      "(set before JAX is imported, so XLA's pools use as many)")
   p.add_argument("--width_div", type=int, default=0, help="8B slice: divide widths (0 = auto)")
   p.add_argument("--peak_tflops", type=float, default=0.0, help="peak FLOP/s for MFU (TFLOP/s)")
   p.add_argument("--no_peer", action="store_true", help="skip the PyTorch side")
@@ -161,9 +162,14 @@ def _time(step, sync, steps):
 
 def main(argv=None):
   args = _args(argv)
-  if args.threads == 1:   # single-threaded XLA too (a contention-robust like-for-like comparison)
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+  # Both sides on the same `threads` CPUs: the affinity mask is set before JAX and torch are
+  # imported (XLA:CPU sizes its thread pools from the schedulable CPUs, torch from
+  # set_num_threads). The old `--threads 1` appended a malformed XLA flag that was ignored, so XLA
+  # kept every core while torch had one (wall ratio 1.017 where the CPU-time ratio was 0.558).
+  affinity = None
+  if hasattr(os, "sched_setaffinity") and args.threads < len(os.sched_getaffinity(0)):
+    affinity = sorted(os.sched_getaffinity(0))[:args.threads]
+    os.sched_setaffinity(0, affinity)
   import jax
   import torch
   from configs import tiny
@@ -214,7 +220,7 @@ def main(argv=None):
              ours_best=round(best["ours"], 1), peer_best=round(best.get("peer", float("nan")), 1),
              ratio_best=round(best["ours"] / best["peer"], 3) if "peer" in best else None,
              preset=args.preset, batch=args.batch, seq=args.seq, params=n_params,
-             backend=backend, threads=args.threads, loadavg_1m=load,
+             backend=backend, threads=args.threads, cpus=affinity, loadavg_1m=load,
              step_s_ours=[round(x, 3) for x in times["ours"]],
              step_s_peer=[round(x, 3) for x in times.get("peer", [])],
              tok_per_cpu_s_ours=round(cpu_tok_s["ours"], 1),

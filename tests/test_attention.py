@@ -58,12 +58,14 @@ def _check(fn, case, tol=1e-5):
     q = _temperature(q, pos)
   ct = ct * (pos >= 0)[..., None, None]
   run = lambda f: lambda q, k, v: jnp.sum(f(q, k, v, pos, pos, chunk_size=chunk) * ct)
-  ref_out = A.einsum_attention(q, k, v, pos, pos, chunk_size=chunk)
-  out = fn(q, k, v, pos, pos, chunk_size=chunk)
+  fwd = lambda f: jax.jit(lambda q, k, v: f(q, k, v, pos, pos, chunk_size=chunk))
+  ref_out = fwd(A.einsum_attention)(q, k, v)
+  out = fwd(fn)(q, k, v)
   valid = (pos >= 0)[..., None, None]
   errs = [float(jnp.max(jnp.abs((out - ref_out) * valid)))]
-  g_ref = jax.grad(run(A.einsum_attention), argnums=(0, 1, 2))(q, k, v)
-  g = jax.grad(run(fn), argnums=(0, 1, 2))(q, k, v)
+  # jitted: op-by-op (eager) gradients of these graphs took most of the module's ~180 s
+  g_ref = jax.jit(jax.grad(run(A.einsum_attention), argnums=(0, 1, 2)))(q, k, v)
+  g = jax.jit(jax.grad(run(fn), argnums=(0, 1, 2)))(q, k, v)
   errs += [float(jnp.max(jnp.abs(a - b)) / max(1.0, float(jnp.max(jnp.abs(b)))))
            for a, b in zip(g, g_ref)]
   print(case, "out, dq, dk, dv errors", errs)
@@ -128,6 +130,6 @@ def test_chunked_logprobs_equal_whole_logits(chunk):
     assert float(jnp.max(jnp.abs(a - b))) / max(1.0, float(jnp.max(jnp.abs(b)))) <= 1e-6
   f_whole = lambda h, k: jnp.sum(token_logprobs(jnp.einsum("BTD,DV->BTV", h, k), tokens)[0] * w)
   f_chunk = lambda h, k: jnp.sum(chunked_token_logprobs(h, k, tokens, chunk)[0] * w)
-  for a, b in zip(jax.grad(f_chunk, (0, 1))(hidden, kernel),
-                  jax.grad(f_whole, (0, 1))(hidden, kernel)):
+  for a, b in zip(jax.jit(jax.grad(f_chunk, (0, 1)))(hidden, kernel),
+                  jax.jit(jax.grad(f_whole, (0, 1)))(hidden, kernel)):
     assert float(jnp.max(jnp.abs(a - b))) / max(1.0, float(jnp.max(jnp.abs(b)))) <= 1e-6

@@ -55,7 +55,7 @@ def test_attention_backends_parity_and_gradient(kv_heads, impl):
   def lp(p, c):
     logits = models.forward(p, c, tokens)
     return jax.numpy.sum(jax.nn.log_softmax(logits)[..., 0])
-  g_f, g_e = (jax.grad(lp)(params, c) for c in (cfg, ref))
+  g_f, g_e = (jax.jit(jax.grad(lp), static_argnums=1)(params, c) for c in (cfg, ref))
   scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(g_e))
   err = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(g_f), jax.tree.leaves(g_e)))
   assert err / scale <= 1e-5, err / scale
