@@ -246,6 +246,10 @@ def _make_learner_class():
     make_array_from_process_local_data; the step and metrics are identical on every host.
     """
 
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      self._met = set()      # (program, argument shapes) already compiled and met on
+
     def run_program(self, fn, *args):
       """The first run of each program (per argument shapes) compiles it ahead, then meets the
       other processes before running. gloo connects a program's collectives when it first runs
@@ -254,12 +258,11 @@ def _make_learner_class():
       import jax
       key = (id(fn),) + tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x))))
                               for x in jax.tree.leaves(args))
-      met = self.__dict__.setdefault("_met", set())
-      if key not in met:
+      if key not in self._met:
         with self.mesh_context():
           fn.lower(*args).compile()
-        meet(f"compiled-{len(met)}")
-        met.add(key)
+        meet(f"compiled-{len(self._met)}")
+        self._met.add(key)
       return super().run_program(fn, *args)
 
     def global_rows(self) -> int:

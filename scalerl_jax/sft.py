@@ -130,14 +130,10 @@ def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
       _fill_cache(cache, model_cfg, params, info)
   if storage.is_remote(path):   # staged locally, uploaded with config.json last
     with storage.staged_dir(path) as tmp:
-      models.save_hf(model_cfg, jax.device_get(params), tmp)
-      with open(os.path.join(tmp, "sft_info.json"), "w") as f:
-        json.dump(info, f)
+      _save_policy(tmp, model_cfg, params, info)
   else:
     tmp = path + ".tmp"
-    models.save_hf(model_cfg, jax.device_get(params), tmp)
-    with open(os.path.join(tmp, "sft_info.json"), "w") as f:
-      json.dump(info, f)
+    _save_policy(tmp, model_cfg, params, info)
     os.replace(tmp, path)
   logging.info("SFT warm start: %d steps in %.0f s, final loss %.3f -> %s", config.sft.steps,
                info["sft_seconds"], info["sft_final_loss"], path)
@@ -181,13 +177,18 @@ def _fill_cache(entry: str, model_cfg, params, info: dict) -> None:
   if os.path.exists(entry):
     return
   tmp = f"{entry}.tmp-{os.getpid()}"
-  models.save_hf(model_cfg, jax.device_get(params), tmp)
-  with open(os.path.join(tmp, "sft_info.json"), "w") as f:
-    json.dump(info, f)
+  _save_policy(tmp, model_cfg, params, info)
   try:
     os.rename(tmp, entry)
   except OSError:          # another run put it there first
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_policy(directory: str, model_cfg, params, info: dict) -> None:
+  """A warm start as written everywhere: HF safetensors + config.json, and sft_info.json."""
+  models.save_hf(model_cfg, jax.device_get(params), directory)
+  with open(os.path.join(directory, "sft_info.json"), "w") as f:
+    json.dump(info, f)
 
 
 def _numerics(model_cfg) -> dict:

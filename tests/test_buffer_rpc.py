@@ -1,7 +1,6 @@
 """RPC-level behaviour of the live buffer: weights publish/fetch/watch, disconnects, retries."""
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -11,6 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
+from helpers import free_port
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.buffer.server import BufferServer
@@ -101,9 +101,7 @@ def test_disconnect_mid_stream_keeps_acknowledged():
 
 
 def test_client_retries_until_server_is_up():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = free_port()
   c = BufferClient(f"127.0.0.1:{port}", TOKEN, retries=8, backoff_s=0.1)
   box = {}
   t = threading.Thread(target=lambda: box.update(st=c.status()))

@@ -4,11 +4,12 @@ auth token. The worker reads the same config FILE as the learner (`--run_config=
 and names itself after the host; the learner runs with `--config.buffer.external=True`."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+
+from helpers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,23 +41,21 @@ def test_learner_buffer_and_fleet_as_separate_jobs(tmp_path):
   prompts = tmp_path / "prompts.jsonl"
   subprocess.run([sys.executable, "-m", "scalerl_jax.data.export", "--config=configs/tiny.py",
                   f"--out={prompts}"], cwd=ROOT, env=env, check=True, timeout=120)
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  buffer = subprocess.Popen(
-      [sys.executable, "-m", "scalerl_jax.buffer.server", "--host=127.0.0.1",
-       f"--port={port}", "--token-env=SCALERL_BUFFER_TOKEN", f"--prompts={prompts}",
-       "--prompts-per-step=8", "--group-size=8", "--max-lag=8"],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=open(tmp_path / "buffer.err", "w"),
-      text=True)   # stdout: one line (its port); its log to a file (an unread pipe blocks)
+  port = free_port()
+  with open(tmp_path / "buffer.err", "w") as err:   # its log to a file (an unread pipe blocks)
+    buffer = subprocess.Popen(
+        [sys.executable, "-m", "scalerl_jax.buffer.server", "--host=127.0.0.1",
+         f"--port={port}", "--token-env=SCALERL_BUFFER_TOKEN", f"--prompts={prompts}",
+         "--prompts-per-step=8", "--group-size=8", "--max-lag=8"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)   # stdout: its port
   worker = learner = None
   try:
     assert json.loads(buffer.stdout.readline())["port"] == port
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "scalerl_jax.generation.worker", "--run_config=configs/tiny.py",
-         f"--buffer=127.0.0.1:{port}", "--backend=jax", f"--workdir={tmp_path}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.err", "w"),
-        text=True)
+    with open(tmp_path / "worker.err", "w") as err:
+      worker = subprocess.Popen(
+          [sys.executable, "-m", "scalerl_jax.generation.worker", "--run_config=configs/tiny.py",
+           f"--buffer=127.0.0.1:{port}", "--backend=jax", f"--workdir={tmp_path}"],
+          cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
     learner = subprocess.run(
         [sys.executable, "-m", "scalerl_jax.main", "--config=configs/tiny.py",
          f"--workdir={tmp_path / 'run'}", "--config.buffer.external=True",

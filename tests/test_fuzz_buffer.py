@@ -47,12 +47,13 @@ def server(tmp_path_factory, request):
   prompts.write_text("".join(json.dumps({"prompt_id": 7 + i, "tokens": [1, 2, 3 + i],
                                          "answer": "4"}) + "\n" for i in range(4)))
   env = dict(os.environ, FUZZ_TOKEN=TOKEN, PYTHONPATH=ROOT)
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--token-env",
-       "FUZZ_TOKEN", "--prompts", str(prompts), "--prompts-per-step", "2", "--group-size", "2",
-       "--max-lag", "1", "--max-message-bytes", str(MAX_MSG), "--max-completion-tokens",
-       str(MAX_TOKENS)] + tls.argv(), stdout=subprocess.PIPE, stderr=open(d / "server.err", "w"),
-      env=env, text=True)   # its log (a line per refused message) to a file: an unread pipe blocks
+  # its log (a line per refused message) to a file: an unread pipe blocks
+  with open(d / "server.err", "w") as err:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--token-env",
+         "FUZZ_TOKEN", "--prompts", str(prompts), "--prompts-per-step", "2", "--group-size", "2",
+         "--max-lag", "1", "--max-message-bytes", str(MAX_MSG), "--max-completion-tokens",
+         str(MAX_TOKENS)] + tls.argv(), stdout=subprocess.PIPE, stderr=err, env=env, text=True)
   line = proc.stdout.readline()
   assert line, (d / "server.err").read_text()
   port = json.loads(line)["port"]

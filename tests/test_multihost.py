@@ -144,13 +144,19 @@ def test_spec_from_config_and_env():
     DistributedSpec.from_config(None, dict(env, SCALERL_PROCESS_ID="5"))
 
 
+def _two_processes(cmd, log, devices, **extra_env):
+  """`cmd` as the 2 processes of one jax.distributed job (`devices` CPU devices each); output to
+  files `log`0 / `log`1 (.out/.err)."""
+  port = free_port()
+  return [start(cmd, f"{log}{i}", cwd=ROOT,
+                env=_env(devices, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
+                         SCALERL_PROCESS_ID=i, **extra_env)) for i in range(2)]
+
+
 def _start_two(me, tmp_path, **extra_env):
   """This file's "multi" mode as 2 processes of one jax.distributed job (2 CPU devices each)."""
-  port = free_port()
-  return [start([sys.executable, me, "multi", str(tmp_path / "multi.npz")],
-                str(tmp_path / f"multi{i}"), cwd=ROOT,
-                env=_env(2, SCALERL_COORDINATOR=f"127.0.0.1:{port}", SCALERL_NUM_PROCESSES=2,
-                         SCALERL_PROCESS_ID=i, **extra_env)) for i in range(2)]
+  return _two_processes([sys.executable, me, "multi", str(tmp_path / "multi.npz")],
+                        str(tmp_path / "multi"), 2, **extra_env)
 
 
 def _collect_two(procs) -> list:
@@ -225,13 +231,9 @@ def test_failed_process_exits_at_once_and_so_do_the_others(tmp_path):
   """distributed.exit_on_error (main calls it): when process 0 fails, both processes exit 1 within
   seconds with a one-line error, not after jax.distributed's 5-min shutdown barrier (process 1
   blocked in a collective waiting for process 0 fails as soon as process 0 is gone)."""
-  port = free_port()
   t0 = time.time()
-  res = finish([start([sys.executable, os.path.abspath(__file__), "fail", "-"],
-                      str(tmp_path / f"fail{i}"), cwd=ROOT,
-                      env=_env(1, SCALERL_COORDINATOR=f"127.0.0.1:{port}",
-                               SCALERL_NUM_PROCESSES=2, SCALERL_PROCESS_ID=i))
-                for i in range(2)], timeout=240)
+  res = finish(_two_processes([sys.executable, os.path.abspath(__file__), "fail", "-"],
+                              str(tmp_path / "fail"), 1), timeout=240)
   rcs, errs = [r[0] for r in res], [r[2] for r in res]
   took = time.time() - t0
   print(f"both exited in {took:.0f} s")
@@ -257,17 +259,13 @@ def test_main_runs_as_two_processes(tmp_path):
   rewards: not assumed either way)."""
   import jax
   from scalerl_jax import checkpoint
-  port = free_port()
   cmd = [sys.executable, "-m", "scalerl_jax.main", "--config=configs/tiny.py",
          f"--workdir={tmp_path}", "--config.total_steps=3", "--config.sft.clean_steps=20",
          "--config.sft.steps=10", "--config.eval.every_steps=3",
          "--config.eval.samples_per_prompt=1", "--config.data.heldout=8",
          "--config.rollout.max_lag=1", "--config.checkpoint.every_steps=3",
          "--config.pin_cpus=False", "--config.health.parity_gate=always"]
-  res = finish([start(cmd, str(tmp_path / f"main{i}"), cwd=ROOT,
-                      env=_env(1, SCALERL_COORDINATOR=f"127.0.0.1:{port}",
-                               SCALERL_NUM_PROCESSES=2, SCALERL_PROCESS_ID=i))
-                for i in range(2)], timeout=800)
+  res = finish(_two_processes(cmd, str(tmp_path / "main"), 1), timeout=800)
   for rc, _, err in res:
     assert rc == 0, err[-4000:]
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
