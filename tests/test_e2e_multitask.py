@@ -66,7 +66,8 @@ def test_reward_log_code_only_graded_in_the_sandbox(run_dir):
   code = [r for r in rows if r["task"] == "code"]
   ran = [r for r in code if r["reason"] not in ("no_code", "bad_tests")]
   assert ran and all(r["sandboxed"] for r in ran)        # every program that ran ran in bwrap
-  assert not any(r["reason"] in ("bad_tests", "sandbox_error") for r in code)
+  broken = [r for r in code if r["reason"] in ("bad_tests", "sandbox_error")]
+  assert not broken, broken[:3]                          # their detail says why
   assert not any(r["sandboxed"] for r in rows if r["task"] == "math")
   assert all(r["prompt_id"] >= 1 << 32 for r in code)   # task from the prompt-id range
   assert all(r["reward"] == (1.0 if r["reason"] == "pass" else 0.0) for r in rows)

@@ -353,14 +353,38 @@ def _collect(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | N
   return status, bytes(out), bytes(err)
 
 
+SANDBOX_ATTEMPTS = 2        # a sandbox that failed to start (the program never ran) is tried again
+RETRY_DELAY_S = 0.25
+
+
 def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
                 limits: Limits | None = None, s: Settings | None = None) -> RunResult:
   """Runs `src` (stdin mode, or functional when `fn_name`) in a fresh sandbox; never raises for
-  anything the program does. On any limit the whole sandbox is SIGKILLed."""
+  anything the program does. On any limit the whole sandbox is SIGKILLed.
+
+  A `sandbox_error` means the program never started (nothing of it ran), so the start is tried
+  again once after RETRY_DELAY_S: a one-off failure of the sandbox's own set-up (a clone that
+  briefly hit a limit on a loaded host) must not cost a completion its reward. The first failure
+  is logged as a warning; a second failure returns sandbox_error with both details."""
   limits = limits or Limits()
   s = s or _settings
   if s.mode == "none":
     return _run_unsandboxed(src, stdin_text, fn_name, limits)
+  r = _run_sandboxed(src, stdin_text, fn_name, limits, s)
+  if r.status != "sandbox_error":
+    return r
+  log.warning("the sandbox failed to start (%s); trying once more", r.detail[:300])
+  time.sleep(RETRY_DELAY_S)
+  r2 = _run_sandboxed(src, stdin_text, fn_name, limits, s)
+  if r2.status != "sandbox_error":
+    return r2
+  return dataclasses.replace(r2, detail=f"{r2.detail} (failed {SANDBOX_ATTEMPTS} times; first: "
+                                        f"{r.detail[:300]})")
+
+
+def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limits,
+                   s: Settings) -> RunResult:
+  """One attempt of run_program under bwrap."""
   t0 = time.monotonic()
   try:
     bwrap = bwrap_path(s)
