@@ -38,3 +38,34 @@ if "SCALERL_SFT_CACHE_DIR" not in os.environ and _MADE_HERE:
 def pytest_unconfigure(config):
   if _MADE_HERE and not hasattr(config, "workerinput"):   # the controller (or a plain run)
     shutil.rmtree(_MADE_HERE, ignore_errors=True)
+
+
+# Suite profiling: with SCALERL_TEST_CPU_LOG=PATH every test phase appends one JSON line to
+# PATH.<worker> with its wall seconds and the CPU seconds of this process and of the children it
+# reaped (a `main` run's generator and buffer processes included). Under `-n 2` on 2 cores, wall
+# time mixes in the other worker's load; CPU seconds are what a test costs the suite.
+_CPU_LOG = os.environ.get("SCALERL_TEST_CPU_LOG", "")
+if _CPU_LOG:
+  import json
+  import time
+
+  import pytest
+
+  def _profiled(phase):
+    @pytest.hookimpl(hookwrapper=True)
+    def hook(item, *args):
+      t0, c0 = time.monotonic(), os.times()
+      yield
+      t1, c1 = time.monotonic(), os.times()
+      worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+      with open(f"{_CPU_LOG}.{worker}", "a") as f:
+        f.write(json.dumps(dict(
+            test=item.nodeid, phase=phase, wall=round(t1 - t0, 2),
+            cpu=round(c1.user - c0.user + c1.system - c0.system, 2),
+            children=round(c1.children_user - c0.children_user
+                           + c1.children_system - c0.children_system, 2))) + "\n")
+    return hook
+
+  pytest_runtest_setup = _profiled("setup")
+  pytest_runtest_call = _profiled("call")
+  pytest_runtest_teardown = _profiled("teardown")

@@ -27,7 +27,8 @@ pytestmark = pytest.mark.xdist_group("e2e_smoke")
 def run_dir(tmp_path_factory):
   wd = tmp_path_factory.mktemp("smoke")
   cmd = [sys.executable, "-m", "scalerl_jax.main", "--config=configs/tiny.py", f"--workdir={wd}",
-         "--config.total_steps=6", "--config.sft.steps=40", "--config.eval.every_steps=2",
+         "--config.total_steps=6", "--config.sft.clean_steps=20", "--config.sft.steps=10",
+         "--config.eval.every_steps=2",
          "--config.eval.samples_per_prompt=2", "--config.data.heldout=16",
          f"--config.rollout.max_lag={K}", "--config.debug_dump_every=1",
          # Gold thinking is 8 tokens: a 3-5 token budget forces interruptions.
