@@ -70,6 +70,8 @@ import sys
 import tempfile
 import time
 
+from scalerl_jax import xla_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The tiny-model swap: appended as --config.KEY=VALUE to the learner, generator and export commands.
@@ -538,7 +540,8 @@ class Rehearsal:
     if role == "learner":
       argv += tiny + [f"--config.total_steps={self.steps}"] + self.extra_learner
       if self.real_shape:   # the pod's accelerators as simulated CPU devices
-        env["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={self._learner_shape()[1]}")
+        env["XLA_FLAGS"] = xla_env.with_device_count(env.get("XLA_FLAGS"),
+                                                     self._learner_shape()[1])
       if self.jobset["tpu_auto"] and TPU_AUTO_ARG in argv:
         argv.remove(TPU_AUTO_ARG)
         env.update(self._tpu_coordinator_env(p, c))
@@ -584,7 +587,9 @@ class Rehearsal:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCALERL_")}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)
+    flags = xla_env.with_device_count(env.pop("XLA_FLAGS", None), None)   # ours, not a test's
+    if flags:                                                                # device count
+      env["XLA_FLAGS"] = flags
     return env
 
   def _spawn(self, p: Pod, c: dict) -> subprocess.Popen:

@@ -16,6 +16,14 @@ import socket
 import subprocess
 import time
 
+from scalerl_jax import xla_env
+
+
+def xla_flags(devices: int | None = None) -> str:
+  """This process's XLA_FLAGS (the suite's compile flags, conftest.py; a user's
+  `--xla_cpu_max_isa=...`) with the simulated device count set to `devices` (None: removed)."""
+  return xla_env.with_device_count(os.environ.get("XLA_FLAGS"), devices)
+
 
 def free_port() -> int:
   """A TCP port free on 127.0.0.1 now."""

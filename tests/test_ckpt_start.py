@@ -24,7 +24,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gcs_emulator import running_emulator  # noqa: E402
-from helpers import finish, free_port, start  # noqa: E402
+from helpers import finish, free_port, start, xla_flags  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "scalerl-ckpt"
@@ -155,7 +155,7 @@ def _worker(ckpt, ref_dir, out_path):
 
 
 def _env(**extra):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(4),
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   env.update({k: str(v) for k, v in extra.items()})
   return env

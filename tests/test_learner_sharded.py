@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from helpers import xla_flags
+
 TOL_PARAMS = 1e-5
 
 
@@ -68,7 +70,7 @@ def _main():
 
 @pytest.mark.slow
 def test_sharded_equals_unsharded():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(8),
              JAX_PLATFORMS="cpu")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from helpers import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _SCRIPT = os.path.join(ROOT, "tests", "moe_procs.py")
@@ -18,7 +20,7 @@ _SCRIPT = os.path.join(ROOT, "tests", "moe_procs.py")
 
 def run_moe_procs(mode: str) -> dict:
   """Runs `tests/moe_procs.py MODE` on 8 simulated CPU devices; its last stdout line (JSON)."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(8),
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, _SCRIPT, mode], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=1500)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # also run as a script
-from helpers import finish, free_port, start  # noqa: E402
+from helpers import finish, free_port, start, xla_flags  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
@@ -117,7 +117,7 @@ def _fail_worker():
 
 
 def _env(devices, **extra):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(devices),
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   env.update({k: str(v) for k, v in extra.items()})
   return env

@@ -15,13 +15,15 @@ import sys
 
 import pytest
 
+from helpers import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _SCRIPT = os.path.join(ROOT, "tests", "plan_procs.py")
 
 
 def _env(devices):
-  return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+  return dict(os.environ, XLA_FLAGS=xla_flags(devices),
               JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
@@ -95,7 +97,7 @@ def test_real_width_step_shardings_follow_rules():
 def test_plan_cli_8b_short_sequence():
   """Full-size 8B on tpu_v5p_16 (16 fake devices via re-exec), 1,024-token sequences."""
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_flags(None)         # the tool re-executes itself with the device count
   proc = subprocess.run(
       [sys.executable, "-m", "scalerl_jax.tools.plan", "--config=configs/8b.py",
        "--topology=tpu_v5p_16", "--seq_len=1024", "--generator=false", "--flops=false"],

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from helpers import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _SCRIPT = os.path.join(ROOT, "tests", "sharding_procs.py")
@@ -13,7 +15,7 @@ _SCRIPT = os.path.join(ROOT, "tests", "sharding_procs.py")
 
 @pytest.mark.slow
 def test_sharded_equals_unsharded_8_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(8),
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   proc = subprocess.run([sys.executable, _SCRIPT], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=1500)

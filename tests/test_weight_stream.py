@@ -21,6 +21,8 @@ from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.types import PromptSpec
 from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher, flatten
 
+from helpers import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "stream-test-token"
 PROCS = os.path.join(ROOT, "tests", "weight_stream_procs.py")
@@ -77,7 +79,7 @@ def test_sharded_learner_streams_to_generator_process_bit_exact_bounded_memory(t
     chunk = 256 << 10
     gen = subprocess.Popen([sys.executable, PROCS, "generator", address], env=env,
                            stdout=subprocess.PIPE, text=True)          # waits for the version
-    lenv = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    lenv = dict(env, XLA_FLAGS=xla_flags(8))
     learner = subprocess.run([sys.executable, PROCS, "learner", address, "3", str(chunk)],
                              env=lenv, capture_output=True, text=True, timeout=300)
     assert learner.returncode == 0, learner.stderr[-3000:]

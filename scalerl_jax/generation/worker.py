@@ -47,6 +47,7 @@ from scalerl_jax import models
 from scalerl_jax import recipes
 from scalerl_jax import rewards
 from scalerl_jax import runtime
+from scalerl_jax import xla_env
 from scalerl_jax.data import build_dataset
 from scalerl_jax.generation import interruption
 from scalerl_jax.generation.sampler import JaxSampler
@@ -460,8 +461,7 @@ def cpu_decode_devices(config, pinned) -> int:
     log.warning("generator.jax_devices=%d ignored: this generator is pinned to CPU %s", n, pinned)
     config.generator.jax_devices = n = 1
   if n > 1:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={n}").strip()
+    os.environ["XLA_FLAGS"] = xla_env.with_device_count(os.environ.get("XLA_FLAGS"), n)
   return n
 
 

@@ -47,6 +47,7 @@ from scalerl_jax import models
 from scalerl_jax import runtime
 from scalerl_jax import sharding
 from scalerl_jax import topologies
+from scalerl_jax import xla_env
 from scalerl_jax.learner import jit_train_step
 from scalerl_jax.learner import LearnerState
 from scalerl_jax.learner import make_optimizer
@@ -56,7 +57,7 @@ from scalerl_jax.learner import state_shardings
 from scalerl_jax.learner import warmup_constant_schedule
 from scalerl_jax.learner.learner import batch_axes
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+_DEVICE_FLAG = xla_env.DEVICE_COUNT_FLAG
 
 
 def _bytes_per_device(abstract_tree, shardings) -> int:
@@ -310,8 +311,8 @@ def _ensure_devices(n: int) -> None:
     return
   if os.environ.get("_SCALERL_PLAN_REEXEC"):
     raise RuntimeError(f"re-exec did not provide {n} devices (XLA_FLAGS={os.environ.get('XLA_FLAGS')})")
-  flags_ = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_FLAG)]
-  env = dict(os.environ, XLA_FLAGS=" ".join(flags_ + [want]), JAX_PLATFORMS="cpu",
+  env = dict(os.environ, XLA_FLAGS=xla_env.with_device_count(os.environ.get("XLA_FLAGS"), n),
+             JAX_PLATFORMS="cpu",
              _SCALERL_PLAN_REEXEC="1")
   sys.stdout.flush()
   os.execve(sys.executable, [sys.executable, "-m", "scalerl_jax.tools.plan", *sys.argv[1:]], env)
