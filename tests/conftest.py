@@ -16,18 +16,20 @@ the workers start, and they inherit the variable), so only the first run of each
 * A `JAX_COMPILATION_CACHE_DIR` already in the environment is kept. The directory made here is
   removed when the run ends.
 
-Second suite-wide setting: XLA:CPU compiles with LLVM's optimizer off
-(`--xla_backend_optimization_level=0` appended to XLA_FLAGS, for this process and every process
-the tests start; tests that simulate N devices replace only the device count,
-`helpers.xla_flags`). The suite's programs are tiny and mostly compiled, not run: measured on
-this 2-core box, test_sampler.py 135 -> 81 CPU-s, test_models.py + test_learner_step.py
-294 -> 179 CPU-s, a 6-step tiny `main` run 89 -> 80 CPU-s (its SFT steps run slower, its compiles
-faster). XLA's fusion and buffer decisions happen before LLVM, so `memory_analysis()` and
+Second: compile-bound tests compile with LLVM's optimizer off (`--xla_backend_optimization_level=0`,
+helpers.with_test_compile_flags): the in-process tests (set below) and the N-device scripts the
+tests start (`helpers.xla_flags(N)`: moe, sharding, plan, multihost, ...). Their programs are
+tiny and mostly compiled, not run: on this 2-core box test_sampler.py 135 -> 81 CPU-s,
+test_models.py + test_learner_step.py 294 -> 179 CPU-s. `python -m scalerl_jax.main` runs (and
+the rehearsal's pods) keep XLA's default: with the shared compilation cache they mostly run, and
+at level 0 the suite's e2e runs took 10-25 % more CPU (SFT and decode steps run slower).
+XLA's fusion and buffer decisions happen before LLVM, so `memory_analysis()` and
 `cost_analysis()` are the same; results differ from the default level in the last bits (the
-tiny model's logits and gradients: max relative difference 5e-7 to 8e-7, from a different
-vectorised summation order), and every process of a test uses the same level, so bit-exact
-comparisons between them still hold. The benches (`bench/`) and real runs keep XLA's default. A level already in XLA_FLAGS is kept
-(`XLA_FLAGS=--xla_backend_optimization_level=3 make test` tests at the default).
+tiny model's logits and gradients: max relative difference 5e-7 to 8e-7, a different vectorised
+summation order). No test compares bits across levels: a multi-process test starts all its JAX
+processes with helpers.xla_flags, and tolerance-based parity tests are far above 1e-6. A level
+already in XLA_FLAGS is kept (`XLA_FLAGS=--xla_backend_optimization_level=3 make test` tests
+everything at the default).
 """
 import os
 import shutil
@@ -35,9 +37,18 @@ import tempfile
 
 import jax  # noqa: F401  (first: this process's jax config is read before the variables are set)
 
-_OPT_FLAG = "--xla_backend_optimization_level"
-if not any(f.startswith(_OPT_FLAG) for f in os.environ.get("XLA_FLAGS", "").split()):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {_OPT_FLAG}=0").strip()
+from helpers import with_test_compile_flags  # noqa: E402
+
+# This process (the in-process tests) compiles at the tests' level: XLA reads XLA_FLAGS once, at
+# its first compile, which happens here; the variable is then restored, so `main` runs and the
+# rehearsal's pods inherit the user's flags unchanged.
+_USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
+os.environ["XLA_FLAGS"] = with_test_compile_flags(_USER_XLA_FLAGS)
+jax.jit(lambda x: x + 1)(0).block_until_ready()
+if _USER_XLA_FLAGS is None:
+  del os.environ["XLA_FLAGS"]
+else:
+  os.environ["XLA_FLAGS"] = _USER_XLA_FLAGS
 
 _MADE_HERE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:

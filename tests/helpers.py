@@ -19,10 +19,23 @@ import time
 from scalerl_jax import xla_env
 
 
+TEST_OPT_FLAG = "--xla_backend_optimization_level"
+
+
+def with_test_compile_flags(flags: str | None) -> str:
+  """An XLA_FLAGS value plus the compile-bound tests' `--xla_backend_optimization_level=0`
+  (LLVM's optimizer off; conftest.py says why), unless it already names a level."""
+  kept = (flags or "").split()
+  if any(f.startswith(TEST_OPT_FLAG) for f in kept):
+    return " ".join(kept)
+  return " ".join(kept + [f"{TEST_OPT_FLAG}=0"])
+
+
 def xla_flags(devices: int | None = None) -> str:
-  """This process's XLA_FLAGS (the suite's compile flags, conftest.py; a user's
-  `--xla_cpu_max_isa=...`) with the simulated device count set to `devices` (None: removed)."""
-  return xla_env.with_device_count(os.environ.get("XLA_FLAGS"), devices)
+  """XLA_FLAGS for a compile-bound JAX script a test starts: the inherited flags (a user's
+  `--xla_cpu_max_isa=...`), the tests' compile level, and the simulated device count set to
+  `devices` (None: removed)."""
+  return xla_env.with_device_count(with_test_compile_flags(os.environ.get("XLA_FLAGS")), devices)
 
 
 def free_port() -> int:
