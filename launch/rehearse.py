@@ -587,8 +587,10 @@ class Rehearsal:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCALERL_")}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
-    flags = xla_env.with_device_count(env.pop("XLA_FLAGS", None), None)   # ours, not a test's
-    if flags:                                                                # device count
+    # inherited flags stay (e.g. --xla_cpu_max_isa); a caller's device count does not: each pod
+    # gets its own (learner pods below)
+    flags = xla_env.with_device_count(env.pop("XLA_FLAGS", None), None)
+    if flags:
       env["XLA_FLAGS"] = flags
     return env
 

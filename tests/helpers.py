@@ -38,6 +38,46 @@ def xla_flags(devices: int | None = None) -> str:
   return xla_env.with_device_count(with_test_compile_flags(os.environ.get("XLA_FLAGS")), devices)
 
 
+def proc_state(pid: int) -> str | None:
+  """The state letter of /proc/PID/stat (R, S, Z, ...), or None when there is no such process."""
+  try:
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+  except (OSError, IndexError):
+    return None
+
+
+def alive(pid: int) -> bool:
+  """True while `pid` exists and is not a zombie."""
+  return proc_state(pid) not in (None, "Z")
+
+
+def children(pid: int) -> list[int]:
+  """The pids whose parent is `pid` now."""
+  out = []
+  for d in os.listdir("/proc"):
+    if d.isdigit():
+      try:
+        if int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
+          out.append(int(d))
+      except (OSError, IndexError, ValueError):
+        pass
+  return out
+
+
+def descendants(pid: int) -> list[int]:
+  """Children of `pid` and theirs (generator workers, the buffer, their reapers, vLLM engines)."""
+  kids = children(pid)
+  return kids + [g for k in kids for g in descendants(k)]
+
+
+def cmdline(pid: int) -> str:
+  """The command line of `pid`, arguments joined by spaces ("" once it is gone)."""
+  try:
+    return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+  except OSError:
+    return ""
+
+
 def free_port() -> int:
   """A TCP port free on 127.0.0.1 now."""
   with socket.socket() as s:

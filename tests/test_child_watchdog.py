@@ -18,34 +18,13 @@ import time
 
 import pytest
 
+from helpers import alive, descendants
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRACE_S = 1.0
 SLACK_S = 6.0     # process exit + polling on a loaded 2-core box
 
 PROCS = os.path.join(ROOT, "tests", "child_watchdog_procs.py")
-
-
-def _state(pid):
-  try:
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-  except OSError:
-    return None
-
-
-def _alive(pid):
-  return _state(pid) not in (None, "Z")
-
-
-def _descendants(pid):
-  kids = []
-  for d in os.listdir("/proc"):
-    if d.isdigit():
-      try:
-        if int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
-          kids.append(int(d))
-      except (OSError, IndexError, ValueError):
-        pass
-  return kids + [g for k in kids for g in _descendants(k)]
 
 
 @pytest.mark.parametrize("dll", ["CDLL", "PyDLL"], ids=["c_call_gil_released", "c_call_gil_held"])
@@ -58,18 +37,18 @@ def test_child_stuck_in_a_c_call_dies_after_its_parent_is_killed(tmp_path, dll):
     child = int(parent.stdout.readline())
     end = time.time() + 60
     while not ready.exists():
-      assert _alive(child) and time.time() < end, "the child did not reach its C call"
+      assert alive(child) and time.time() < end, "the child did not reach its C call"
       time.sleep(0.02)
-    family = [child] + _descendants(child)           # the child and its reaper
+    family = [child] + descendants(child)           # the child and its reaper
     assert len(family) == 2, family
     time.sleep(0.2)                                  # inside the second lock now
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
     t_kill = time.time()
-    while any(_alive(p) for p in family) and time.time() - t_kill < GRACE_S + SLACK_S:
+    while any(alive(p) for p in family) and time.time() - t_kill < GRACE_S + SLACK_S:
       time.sleep(0.02)
     gone_s = time.time() - t_kill
-    left = [p for p in family if _alive(p)]
+    left = [p for p in family if alive(p)]
     assert not left, f"survivors after {gone_s:.1f} s: {left}"
     print(f"\n[{dll}] child stuck in pthread_mutex_lock gone {gone_s:.2f} s after its parent's "
           f"SIGKILL (grace {GRACE_S} s)")
@@ -78,7 +57,7 @@ def test_child_stuck_in_a_c_call_dies_after_its_parent_is_killed(tmp_path, dll):
     if parent.poll() is None:
       parent.kill()
     for p in [locals().get("child")] + locals().get("family", []):
-      if p and _alive(p):
+      if p and alive(p):
         os.kill(p, signal.SIGKILL)
 
 
@@ -99,14 +78,14 @@ def test_what_a_child_leaves_in_its_group_dies_when_it_exits(tmp_path):
     grandchild = int(pidfile.read_text())
     assert os.getpgid(grandchild) == child              # in the child's group, as vLLM's are
     t0 = time.time()
-    while (_alive(child) or _alive(grandchild)) and time.time() - t0 < SLACK_S:
+    while (alive(child) or alive(grandchild)) and time.time() - t0 < SLACK_S:
       time.sleep(0.02)
-    assert not _alive(child)
-    assert not _alive(grandchild), f"the grandchild still ran {SLACK_S} s after the child exited"
+    assert not alive(child)
+    assert not alive(grandchild), f"the grandchild still ran {SLACK_S} s after the child exited"
     assert parent.poll() is None                        # the run's main process is untouched
     print(f"\nthe grandchild was gone {time.time() - t0:.2f} s after the child exited")
   finally:
     parent.kill()
     parent.wait()
-    if grandchild and _alive(grandchild):
+    if grandchild and alive(grandchild):
       os.kill(grandchild, signal.SIGKILL)

@@ -16,6 +16,8 @@ import time
 import numpy as np
 import pytest
 
+from helpers import alive, cmdline, descendants
+
 # One xdist worker for the module: the corrupt-checkpoint test reuses the uninterrupted run.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,47 +42,14 @@ def _lines(wd):
   return [json.loads(l) for l in open(os.path.join(wd, "metrics.jsonl"))]
 
 
-def _children(pid):
-  out = []
-  for d in os.listdir("/proc"):
-    if d.isdigit():
-      try:
-        if int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
-          out.append(int(d))
-      except (OSError, IndexError, ValueError):
-        pass
-  return out
-
-
-def _descendants(pid):
-  """Children of `pid` and theirs (generator workers, the buffer, their reapers, vLLM engines)."""
-  kids = _children(pid)
-  return kids + [g for k in kids for g in _descendants(k)]
-
-
-def _cmdline(pid):
-  try:
-    return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:300]
-  except OSError:
-    return "?"
-
-
 def _wait_children_gone(kids, timeout_s=30.0):
   """Waits for `kids` to exit; names every survivor (pid and command line) in the failure."""
   end = time.time() + timeout_s
-  while any(_alive(k) for k in kids) and time.time() < end:
+  while any(alive(k) for k in kids) and time.time() < end:
     time.sleep(0.05)
-  left = [k for k in kids if _alive(k)]
+  left = [k for k in kids if alive(k)]
   assert not left, "a child outlived the killed learner: " + "; ".join(
-      f"pid {k} [{_cmdline(k)}]" for k in left)
-
-
-def _alive(pid):
-  try:
-    st = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    return st != "Z"
-  except OSError:
-    return False
+      f"pid {k} [{cmdline(k)[:300] or '?'}]" for k in left)
 
 
 def _params(wd, step):
@@ -110,7 +79,7 @@ def runs(tmp_path_factory):
     assert p.poll() is None, open(os.path.join(b, "first.log")).read()[-4000:]
     assert time.time() - t0 < 600
     time.sleep(0.01)
-  kids = _descendants(p.pid)
+  kids = descendants(p.pid)
   os.kill(p.pid, signal.SIGKILL)                # the learner (main process) dies without warning
   p.wait()
   t_kill = time.time()
@@ -223,7 +192,7 @@ def test_async_two_generators_kill9_learner_resumes_without_training_a_rollout_t
                 for l in (_lines(wd) if os.path.exists(os.path.join(wd, "metrics.jsonl")) else [])):
     assert p.poll() is None and time.time() - t0 < 600
     time.sleep(0.01)
-  kids = _descendants(p.pid)
+  kids = descendants(p.pid)
   os.kill(p.pid, signal.SIGKILL)
   p.wait()
   _wait_children_gone(kids)

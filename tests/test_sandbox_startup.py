@@ -177,7 +177,7 @@ def test_a_sandbox_that_fails_to_start_once_is_tried_again(tmp_path, caplog):
       r = sandbox.run_program("print(6 * 7)")
     assert (r.status, r.stdout, r.sandboxed) == ("ok", b"42\n", True)
     assert os.path.exists(f"{flag_dir}/failed")   # the first start really failed
-    assert any("trying once more" in m and "Resource temporarily" in m for m in caplog.messages)
+    assert any("trying again" in m and "Resource temporarily" in m for m in caplog.messages)
     marker = tmp_path / "ran"
     sandbox.configure(bwrap=_fake_bwrap(tmp_path, "echo 'bwrap: Creating new namespace failed' >&2; exit 1"))
     r = sandbox.run_program(f"open({str(marker)!r}, 'w').write('x')")

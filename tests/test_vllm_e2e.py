@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from test_resume import _alive, _children
+from helpers import alive, children, cmdline
 from test_vllm_worker import require_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
@@ -46,13 +46,6 @@ def _metrics(wd):
   return out
 
 
-def _cmdline(pid):
-  try:
-    return open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
-  except OSError:
-    return ""
-
-
 def test_main_with_vllm_backend_and_kill9_of_its_generator(tmp_path):
   """One real run does both (one vLLM run and engine start fewer in the suite):
 
@@ -74,16 +67,16 @@ def test_main_with_vllm_backend_and_kill9_of_its_generator(tmp_path):
       assert p.poll() is None, log.read_text()[-3000:]
       assert time.time() - t0 < 600
       time.sleep(0.05)
-    gen = [c for c in _children(p.pid) if "--generator_id gen-0" in _cmdline(c)]
+    gen = [c for c in children(p.pid) if "--generator_id gen-0" in cmdline(c)]
     assert len(gen) == 1
-    engines = [c for c in _children(gen[0]) if "generation.vllm.worker" in _cmdline(c)]
+    engines = [c for c in children(gen[0]) if "generation.vllm.worker" in cmdline(c)]
     assert engines, "no vLLM engine process under the generator"
     os.kill(gen[0], signal.SIGKILL)
     t_kill = time.time()
-    while any(_alive(e) for e in engines) and time.time() - t_kill < 60:
+    while any(alive(e) for e in engines) and time.time() - t_kill < 60:
       time.sleep(0.1)
     engine_exit_s = time.time() - t_kill
-    assert not any(_alive(e) for e in engines), "the vLLM engine outlived its generator"
+    assert not any(alive(e) for e in engines), "the vLLM engine outlived its generator"
     rc = p.wait(timeout=900)
     assert rc == 0, log.read_text()[-3000:]
   finally:

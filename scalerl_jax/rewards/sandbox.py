@@ -363,23 +363,25 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
   anything the program does. On any limit the whole sandbox is SIGKILLed.
 
   A `sandbox_error` means the program never started (nothing of it ran), so the start is tried
-  again once after RETRY_DELAY_S: a one-off failure of the sandbox's own set-up (a clone that
-  briefly hit a limit on a loaded host) must not cost a completion its reward. The first failure
-  is logged as a warning; a second failure returns sandbox_error with both details."""
+  again, up to SANDBOX_ATTEMPTS starts RETRY_DELAY_S apart: a one-off failure of the sandbox's
+  own set-up (a clone that briefly hit a limit on a loaded host) must not cost a completion its
+  reward. Each failure but the last is logged as a warning; when every start failed, the result
+  is sandbox_error with the last detail and the first one."""
   limits = limits or Limits()
   s = s or _settings
   if s.mode == "none":
     return _run_unsandboxed(src, stdin_text, fn_name, limits)
-  r = _run_sandboxed(src, stdin_text, fn_name, limits, s)
-  if r.status != "sandbox_error":
-    return r
-  log.warning("the sandbox failed to start (%s); trying once more", r.detail[:300])
-  time.sleep(RETRY_DELAY_S)
-  r2 = _run_sandboxed(src, stdin_text, fn_name, limits, s)
-  if r2.status != "sandbox_error":
-    return r2
-  return dataclasses.replace(r2, detail=f"{r2.detail} (failed {SANDBOX_ATTEMPTS} times; first: "
-                                        f"{r.detail[:300]})")
+  first = None
+  for attempt in range(1, SANDBOX_ATTEMPTS + 1):
+    r = _run_sandboxed(src, stdin_text, fn_name, limits, s)
+    if r.status != "sandbox_error":
+      return r
+    first = first or r
+    if attempt < SANDBOX_ATTEMPTS:
+      log.warning("the sandbox failed to start (%s); trying again", r.detail[:300])
+      time.sleep(RETRY_DELAY_S)
+  return dataclasses.replace(r, detail=f"{r.detail} (failed {SANDBOX_ATTEMPTS} times; first: "
+                                       f"{first.detail[:300]})")
 
 
 def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limits,
