@@ -27,6 +27,7 @@ import time
 
 import pytest
 from gcs_emulator import running_emulator
+from helpers import with_test_compile_flags
 
 from scalerl_jax import xla_env
 
@@ -61,6 +62,9 @@ def emulator(tmp_path_factory):
            if k not in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
     env["STORAGE_EMULATOR_HOST"] = url
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    # The pods compile at the tests' level (tests/conftest.py): a 3-step rehearsal is mostly
+    # compiles; alone here 295 -> 266 CPU-s (the rehearsal keeps inherited flags for every pod)
+    env["XLA_FLAGS"] = with_test_compile_flags(env.get("XLA_FLAGS"))
     subprocess.run([sys.executable, "-c", "from scalerl_jax import storage; "
                     "storage.configure_emulator(); import fsspec; "
                     f"fsspec.filesystem('gs').mkdir('{BUCKET}')"],
