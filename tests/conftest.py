@@ -21,7 +21,9 @@ helpers.with_test_compile_flags): the in-process tests (set below) and the N-dev
 tests start (`helpers.xla_flags(N)`: moe, sharding, plan, multihost, ...). Their programs are
 tiny and mostly compiled, not run: on this 2-core box test_sampler.py 135 -> 81 CPU-s,
 test_models.py + test_learner_step.py 294 -> 179 CPU-s. `python -m scalerl_jax.main` runs (and
-the rehearsal's pods) keep XLA's default: with the shared compilation cache they mostly run, and
+the rehearsal's pods) keep XLA's default (except the 3-step real-shape rehearsal, which is mostly
+compiles: test_launch_realshape.py passes the tests' level to its pods): with the shared
+compilation cache they mostly run, and
 at level 0 the suite's e2e runs took 10-25 % more CPU (SFT and decode steps run slower).
 XLA's fusion and buffer decisions happen before LLVM, so `memory_analysis()` and
 `cost_analysis()` are the same; results differ from the default level in the last bits (the
@@ -71,7 +73,7 @@ def pytest_unconfigure(config):
 # Suite profiling: with SCALERL_TEST_CPU_LOG=PATH every test phase appends one JSON line to
 # PATH.<worker> with its wall seconds and the CPU seconds of this process and of the children it
 # reaped (a `main` run's generator and buffer processes included). Under `-n 3` on 2 cores, wall
-# time mixes in the other worker's load; CPU seconds are what a test costs the suite.
+# time mixes in the other workers' load; CPU seconds are what a test costs the suite.
 _CPU_LOG = os.environ.get("SCALERL_TEST_CPU_LOG", "")
 if _CPU_LOG:
   import json
