@@ -4,6 +4,7 @@ runs as its own process and logs every acknowledged rollout id, and a buffer lau
     python tests/test_fault_common.py ADDRESS GEN_ID SEED LOG_PATH [--per-sample] [--heartbeat-s S]
 
 Each line of LOG_PATH is JSON: {"start_version": v, "pid": p} once, then per push
+{"leased": group_id} as each lease arrives, and per push
 {"gid": group_id, "ids": [...], "dup": [...], "t": time} (only after the push was acknowledged).
 """
 import argparse
@@ -31,13 +32,13 @@ def write_prompts(path, n=24):
   return path
 
 
-def buffer_argv(prompts, wal_dir, B, G, k, ttl, mode="pipeline"):
+def buffer_argv(prompts, wal_dir, B, G, k, ttl, mode="pipeline", archive=False):
   argv = [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0",
           "--prompts", prompts, "--prompts-per-step", str(B), "--group-size", str(G),
           "--max-lag", str(k), "--lease-ttl-s", str(ttl), "--mode", mode, "--max-workers", "32",
           "--no-tune-malloc"]
   if wal_dir:
-    argv += ["--wal-dir", wal_dir]
+    argv += ["--wal-dir", wal_dir] + (["--wal-archive"] if archive else [])
   return argv
 
 
@@ -102,6 +103,7 @@ def _main(argv=None):
     while True:
       for asg in c.lease(lease_id, max_groups=1, wait_timeout_s=0.5):
         working["gids"] = [asg.group_id]
+        log({"leased": asg.group_id})
         got = c.fetch_weights(version, wait_timeout_s=0 if version >= asg.min_version else 30)
         if got:
           version = got[0]
