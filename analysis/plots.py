@@ -7,10 +7,12 @@ changes the global pyplot backend and works headless.
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
-from scalerl_jax import storage
+from scalerl_jax import lazy, storage
+
+# matplotlib costs ~0.6 CPU-s to import; the training process imports this module but plots once.
+_agg = lazy.module("matplotlib.backends.backend_agg")
+_mpl_figure = lazy.module("matplotlib.figure")
 
 
 def _save(fig, path) -> None:
@@ -20,8 +22,8 @@ def _save(fig, path) -> None:
 
 
 def _figure(**kw):
-  fig = Figure(**kw)
-  FigureCanvasAgg(fig)
+  fig = _mpl_figure.Figure(**kw)
+  _agg.FigureCanvasAgg(fig)
   return fig
 
 __all__ = ["plot_curves", "plot_curve_panels", "plot_comparison", "plot_forecast"]

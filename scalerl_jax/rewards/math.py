@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import threading
 
-from math_verify import parse, verify
-
+from scalerl_jax import lazy
 from scalerl_jax.rewards.registry import register
 from scalerl_jax.rewards.text import strip_thinking
+
+math_verify = lazy.module("math_verify")   # SymPy: ~0.6 CPU-s, paid by the processes that grade math
 
 
 def _in_main_thread() -> bool:
@@ -17,10 +18,10 @@ def _parse_gold(answer: str):
   timeout = 5 if _in_main_thread() else None   # math-verify's timeout uses signal.alarm (main only)
   a = answer.strip()
   if "$" not in a and "\\boxed" not in a and "\\(" not in a:
-    gold = parse("$" + a + "$", parsing_timeout=timeout)
+    gold = math_verify.parse("$" + a + "$", parsing_timeout=timeout)
     if gold:
       return gold
-  return parse(a, parsing_timeout=timeout)
+  return math_verify.parse(a, parsing_timeout=timeout)
 
 
 @register("math")
@@ -31,7 +32,7 @@ def math_reward(completion_text: str, answer: str) -> float:
     return 0.0
   main = _in_main_thread()
   gold = _parse_gold(answer)
-  pred = parse(tail, parsing_timeout=5 if main else None)
+  pred = math_verify.parse(tail, parsing_timeout=5 if main else None)
   if not gold or not pred:
     return 0.0
-  return 1.0 if verify(gold, pred, timeout_seconds=5 if main else None) else 0.0
+  return 1.0 if math_verify.verify(gold, pred, timeout_seconds=5 if main else None) else 0.0
