@@ -151,8 +151,9 @@ class BufferServer:
     if self.wal is not None:
       self.wal.close()
 
-  def wait(self) -> None:
-    self._server.wait_for_termination()
+  def wait(self, timeout: Optional[float] = None) -> bool:
+    """Blocks until the server has stopped (True) or `timeout` seconds passed (False)."""
+    return not self._server.wait_for_termination(timeout)
 
   # ---- plumbing ----------------------------------------------------------------------------------
   def _handlers(self):
@@ -395,8 +396,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   if srv.wal is not None or srv.wal_report:
     out["wal"] = srv.wal_report
   print(json.dumps(out), flush=True)
-  signal.signal(signal.SIGTERM, lambda *_: srv.stop(0))
-  srv.wait()
+  # The handler only flags the request; this thread stops the server. grpc's stop() run inside the
+  # handler (it interrupts grpc's own wait on this thread) once hung for good, SIGTERMs included:
+  # an orphaned buffer found alive minutes after its run was killed.
+  stopping = threading.Event()
+  signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+  while not srv.wait(timeout=0.2):
+    if stopping.is_set():
+      srv.stop(0)
+      break
   if srv.restart_requested.is_set():
     time.sleep(1.0)                   # stop() runs on its thread: let it close the WAL
     sys.exit(RESTART_EXIT)
