@@ -153,3 +153,21 @@ def test_the_blocker_blocks():
   out = subprocess.run([sys.executable, "-c", _BLOCK_JAX, "scalerl_jax.generation.sampler"],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
   assert out.returncode != 0 and "must not import JAX" in out.stderr
+
+
+def test_process_entry_points_do_not_import_sympy_or_matplotlib_until_used():
+  """`import scalerl_jax.main` / `generation.worker` leave SymPy (math_verify) and matplotlib to
+  their first use (lazy.module): 0.6 CPU-s each, paid by every process a run or a test starts.
+  The first math grade and the first plot do load them."""
+  code = ("import sys, scalerl_jax.main, scalerl_jax.generation.worker\n"
+          "heavy = lambda: sorted(m for m in ('sympy', 'matplotlib', 'math_verify') if m in sys.modules)\n"
+          "before = heavy()\n"
+          "from scalerl_jax.rewards.math import math_reward\n"
+          "from scalerl_jax import lazy\n"
+          "r = math_reward('</think> 1/2', '0.5')\n"
+          "lazy.module('matplotlib.figure').Figure()\n"
+          "print(before, heavy(), r)")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == ["[]", "['math_verify',", "'matplotlib',", "'sympy']", "1.0"], out.stdout
