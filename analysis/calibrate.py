@@ -17,12 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.errors import NoImprovementError
-from analysis.posterior import LEVEL, fit_posterior
+from analysis.errors import AnalysisError, NoImprovementError
+from analysis.forecast import eval_samples
+from analysis.metrics import read_run
+from analysis.posterior import LEVEL, MISSPEC_GAIN, MISSPEC_PRIOR, fit_posterior, lfo_excess
 from analysis.simulation import NoiseSpec, heldout_offsets, simulate_run
 from analysis.synthetic import TABLE1
 
-__all__ = ["coverage_study", "pairs_study", "identifiability_study", "main"]
+__all__ = ["coverage_study", "pairs_study", "identifiability_study", "real_study", "main"]
 
 ROWS = tuple(TABLE1)
 PREFIX_RATIOS = (0.25, 1.0, 2.0)
@@ -48,9 +50,11 @@ def coverage_study(n_runs: int = 200, seed: int = 0, spec: NoiseSpec = NoiseSpec
     post, budget = _half_fit(run, spec, seed + i)
     b = post.band([budget], level)
     bm = post.band([budget], level, measurement=True, seed=i)
+    b0 = post.band([budget], level, misspec=False)
     lo, hi, pred = float(b["lo"][0]), float(b["hi"][0]), float(b["pred"][0])
     rows.append({"row": name, "truth": float(run.truth[-1]), "measured": float(run.y[-1]), "pred": pred,
                  "lo": lo, "hi": hi, "m_lo": float(bm["lo"][0]), "m_hi": float(bm["hi"][0]),
+                 "lo0": float(b0["lo"][0]), "hi0": float(b0["hi"][0]), "kappa": post.misspec["kappa"],
                  "identifiable": post.identifiability()["identifiable"]})
   cov_t = np.mean([r["lo"] <= r["truth"] <= r["hi"] for r in rows])
   cov_m = np.mean([r["lo"] <= r["measured"] <= r["hi"] for r in rows])
@@ -68,6 +72,8 @@ def coverage_study(n_runs: int = 200, seed: int = 0, spec: NoiseSpec = NoiseSpec
   return {"n_runs": n_runs, "level": level, "coverage_truth": float(cov_t), "coverage_measured": float(cov_m),
           "measurement_band_covers_measured": float(cov_mm), "measurement_band_covers_truth": float(cov_mt),
           "median_width": float(np.median([r["hi"] - r["lo"] for r in rows])), "per_row": per_row,
+          "coverage_truth_without_term": float(np.mean([r["lo0"] <= r["truth"] <= r["hi0"] for r in rows])),
+          "median_width_without_term": float(np.median([r["hi0"] - r["lo0"] for r in rows])),
           "runs": rows}
 
 
@@ -134,6 +140,122 @@ def identifiability_study(n_runs: int = 200, seed: int = 2, spec: NoiseSpec = No
           "no_rise_yet": {str(r): v for r, v in no_rise.items()}}
 
 
+CUTS = (0.25, 0.5, 0.75)
+
+
+def _real_cut(run, share: float, seed: int, n_samples: float | None) -> dict | None:
+  """One forecast of a real run from its evaluations up to ``share`` of its final compute: the
+    posterior (with the run's leave-future-out misfit) and the final measured value; None when
+    the prefix cannot be forecast (too few evaluations, no rise yet)."""
+  budget = float(run.compute[-1])
+  m = (run.compute > 0) & (run.compute <= share * budget)
+  try:
+    post = fit_posterior(run.compute[m], run.value[m], run.r0, n_samples=n_samples, seed=seed,
+                         n_draws=8000)
+  except AnalysisError:
+    return None
+  m &= run.compute > 0   # the run's own misfit, whatever gain is in use (the grid scales it)
+  post.misspec.update(lfo_excess(run.compute[m], run.value[m], run.r0, n_samples=n_samples, seed=seed))
+  return {"run": run.name, "share": share, "post": post, "budget": budget, "final": float(run.value[-1])}
+
+
+def _score(cut: dict, prior: float, gain: float, level: float = LEVEL, misspec: bool = True) -> dict:
+  """The ``level`` bands of one cut at its run's final compute with the misspecification term set
+    to ``(prior, gain)``: the curve band and the band of one evaluation (what a final measurement
+    falls in), and whether each covers the final measured value."""
+  post = cut["post"]
+  saved = dict(post.misspec)
+  post.misspec["kappa"] = float(np.hypot(prior, gain * post.misspec["kappa_run"])) if misspec else 0.0
+  try:
+    b = post.band([cut["budget"]], level, misspec=misspec)
+    bm = post.band([cut["budget"]], level, measurement=True, misspec=misspec)
+  finally:
+    post.misspec = saved
+  f = cut["final"]
+  return {"pred": float(bm["pred"][0]), "lo": float(b["lo"][0]), "hi": float(b["hi"][0]),
+          "m_lo": float(bm["lo"][0]), "m_hi": float(bm["hi"][0]),
+          "covers": bool(bm["lo"][0] <= f <= bm["hi"][0]), "curve_covers": bool(b["lo"][0] <= f <= b["hi"][0]),
+          "err": float(bm["pred"][0] - f), "width": float(bm["hi"][0] - bm["lo"][0])}
+
+
+def _table(cuts: list[dict], prior: float, gain: float, misspec: bool = True) -> dict:
+  """Per cut share: coverage of the final value (measurement band; curve band), median |error|,
+    median band width."""
+  out = {}
+  for share in CUTS:
+    rows = [_score(c, prior, gain, misspec=misspec) for c in cuts if c["share"] == share]
+    if rows:
+      out[str(share)] = {"n": len(rows), "coverage": float(np.mean([r["covers"] for r in rows])),
+                         "curve_coverage": float(np.mean([r["curve_covers"] for r in rows])),
+                         "median_abs_err": float(np.median([abs(r["err"]) for r in rows])),
+                         "median_width": float(np.median([r["width"] for r in rows]))}
+  return out
+
+
+def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04),
+               gains=(0.0, 0.5, 1.0, 1.5, 2.0)) -> dict:
+  """The misspecification term on real runs (analysis/real_runs/): every run forecast from 25, 50
+    and 75 % of its final compute. ``(MISSPEC_PRIOR, MISSPEC_GAIN)`` is the grid point whose
+    measurement band covers the final value of the calibration runs (``real_runs.CALIBRATION``)
+    closest to ``LEVEL`` over the three cuts (ties: the narrower band); the held-out runs are
+    reported with it, with the band without the term beside it."""
+  from analysis import real_runs
+  root = Path(runs_dir or real_runs.OUT)
+  names = sorted(p.name for p in root.iterdir() if (p / "metrics.jsonl").is_file()) if root.is_dir() else []
+  if not names:
+    raise AnalysisError(f"no real runs in {root}: make them with `python -m analysis.real_runs` "
+                        "(~2-3 min per run on 2 cores)")
+  cuts = {"calibration": [], "held_out": []}
+  skipped = []
+  for i, name in enumerate(names):
+    run = read_run(root / name)
+    n_samples = eval_samples(root / name)
+    split = "calibration" if name in real_runs.CALIBRATION else "held_out"
+    for share in CUTS:
+      c = _real_cut(run, share, seed + 100 * i, n_samples)
+      if c is None:
+        skipped.append(f"{name}@{share}")
+      else:
+        cuts[split].append(c)
+  grid = []
+  for prior in priors:
+    for gain in gains:
+      t = _table(cuts["calibration"], prior, gain)
+      cov = np.mean([v["coverage"] for v in t.values()])
+      width = np.mean([v["median_width"] for v in t.values()])
+      grid.append({"prior": prior, "gain": gain, "coverage": float(cov), "width": float(width)})
+  best = min(grid, key=lambda g: (round(abs(g["coverage"] - LEVEL), 3), g["width"]))
+  current = (MISSPEC_PRIOR, MISSPEC_GAIN)
+  res = {"runs": names, "calibration_runs": [n for n in names if n in real_runs.CALIBRATION],
+         "skipped_cuts": skipped, "level": LEVEL, "grid": grid, "fitted": {"prior": best["prior"], "gain": best["gain"]},
+         "in_use": {"prior": current[0], "gain": current[1]}}
+  for split, cc in cuts.items():
+    res[split] = {"with_term": _table(cc, *current), "without_term": _table(cc, 0.0, 0.0, misspec=False),
+                  "kappa_run_median": float(np.median([c["post"].misspec["kappa_run"] for c in cc])) if cc else None}
+  return res
+
+
+def markdown_real(res: dict) -> str:
+  """The real-run study as markdown."""
+  f, u = res["fitted"], res["in_use"]
+  L = [f"{len(res['runs'])} real runs (analysis/real_runs/), {len(res['calibration_runs'])} for calibration; "
+       f"each forecast from 25/50/75 % of its final compute, {res['level']:.0%} bands at the final compute. "
+       f"Fitted on the calibration runs: MISSPEC_PRIOR={f['prior']:g}, MISSPEC_GAIN={f['gain']:g}; in use: "
+       f"{u['prior']:g}, {u['gain']:g}.", "",
+       "| runs | cut | n | band covers final value (measurement band) | curve band covers | median abs. error "
+       "| median width | without the term: covers | without: width |", "|---|---|---|---|---|---|---|---|---|"]
+  for split in ("held_out", "calibration"):
+    w, wo = res[split]["with_term"], res[split]["without_term"]
+    for share, v in w.items():
+      o = wo.get(share, {})
+      L.append(f"| {split.replace('_', '-')} | {float(share):.0%} | {v['n']} | **{v['coverage']:.0%}** | "
+               f"{v['curve_coverage']:.0%} | {v['median_abs_err']:.4f} | {v['median_width']:.4f} | "
+               f"{o.get('coverage', float('nan')):.0%} | {o.get('median_width', float('nan')):.4f} |")
+  if res["skipped_cuts"]:
+    L += ["", f"Cuts with no forecast (too few evaluations or no rise yet): {', '.join(res['skipped_cuts'])}."]
+  return "\n".join(L) + "\n"
+
+
 def markdown_coverage(cov: dict) -> str:
   """The coverage study as markdown."""
   L = [f"{cov['n_runs']} runs fitted on the first half of the budget, {cov['level']:.0%} bands at the full budget. "
@@ -141,7 +263,9 @@ def markdown_coverage(cov: dict) -> str:
        f"evaluation in {cov['coverage_measured']:.1%} (median width {cov['median_width']:.4f}). "
        f"Measurement band (`pred_lo`/`pred_hi`): covers the measured final evaluation in "
        f"**{cov['measurement_band_covers_measured']:.1%}**, the noise-free value in "
-       f"{cov['measurement_band_covers_truth']:.1%}.", "",
+       f"{cov['measurement_band_covers_truth']:.1%}. Without the misspecification term the curve band "
+       f"covers the noise-free value in {cov.get('coverage_truth_without_term', float('nan')):.1%} (median "
+       f"width {cov.get('median_width_without_term', float('nan')):.4f}).", "",
        "| Table-1 row | runs | curve band covers noise-free | curve band covers measured | measurement band "
        "covers measured | median curve-band width | median abs. error |",
        "|---|---|---|---|---|---|---|"]
@@ -179,13 +303,15 @@ def main(argv=None) -> int:
   ap.add_argument("--pairs", type=int, default=200, help="simulated pairs of recipes")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--out", default=None, help="directory for calibration.json and calibration.md")
-  ap.add_argument("--only", choices=("coverage", "pairs", "ident"), default=None,
-                  help="run one study (the three are independent; run them as three processes)")
+  ap.add_argument("--only", choices=("real", "coverage", "pairs", "ident"), default=None,
+                  help="run one study (they are independent; run them as separate processes)")
+  ap.add_argument("--real-runs", default=None, help="directory of real runs (default analysis/real_runs)")
   args = ap.parse_args(argv)
   out = Path(args.out) if args.out else None
   if out:
     out.mkdir(parents=True, exist_ok=True)
-  studies = {"coverage": (lambda: coverage_study(args.runs, seed=args.seed), markdown_coverage),
+  studies = {"real": (lambda: real_study(args.real_runs, seed=args.seed), markdown_real),
+             "coverage": (lambda: coverage_study(args.runs, seed=args.seed), markdown_coverage),
              "pairs": (lambda: pairs_study(args.pairs, seed=args.seed + 1), markdown_pairs),
              "ident": (lambda: identifiability_study(args.runs, seed=args.seed + 2), markdown_ident)}
   for name, (run, md) in studies.items():

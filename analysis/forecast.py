@@ -23,7 +23,7 @@ import numpy as np
 from analysis.compare import A_TOLERANCE, compare_runs
 from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
 from analysis.metrics import METRICS_FILE, RunData, read_metrics_lines, read_run
-from analysis.posterior import LEVEL, MIN_EVALS, Posterior, fit_posterior
+from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
 from scalerl_jax import storage
 
 __all__ = ["forecast_run", "forecast_runs", "format_table", "eval_samples", "main"]
@@ -78,12 +78,18 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
   band = post.band([budget], level)
   mband = post.band([budget], level, measurement=True, seed=seed)
   ident = post.identifiability(level=level)
+  width = float(band["hi"][0] - band["lo"][0])
+  if width > WIDE_BAND:   # the parameters may be pinned down while the curve's future is not
+    ident["reasons"] = ident["reasons"] + [
+        f"the {level:.0%} band at the budget is {width:.3f} wide (> {WIDE_BAND:g}; misspecification "
+        f"kappa {post.misspec['kappa']:.3g} per ln compute): evaluate further before trusting the value"]
   rec = {"run": run.name, "run_dir": run.run_dir, "budget": float(budget), "until": until,
          "n_evals": int(len(C)), "last_compute": float(C[-1]), "last_value": float(y[-1]), "R0": run.r0,
          "pred": float(band["pred"][0]), "lo": float(band["lo"][0]), "hi": float(band["hi"][0]), "level": level,
          "pred_lo": float(mband["lo"][0]), "pred_hi": float(mband["hi"][0]),
          "identifiable": ident["identifiable"],
-         "verdict": "identifiable" if ident["identifiable"] else "not yet identifiable",
+         "verdict": verdict(ident["identifiable"], width),
+         "misspec": {k: _finite_or_none(post.misspec.get(k)) for k in ("kappa", "kappa_prior", "kappa_run")},
          "reasons": ident["reasons"], "p_cmid_beyond_last": ident["p_cmid_beyond_last"],
          "A": float(np.median(post.A)), "B": float(np.median(post.B)), "C_mid": float(np.median(post.C_mid)),
          "ci": {p: post.interval(p, level) for p in ("A", "B", "C_mid")}, "ci_level": level,

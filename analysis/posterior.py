@@ -31,7 +31,8 @@ from analysis.errors import AnalysisError, NoImprovementError, TooFewPointsError
 from analysis.metrics import validate_curve
 from analysis.scaling import MIN_POINTS, fit_sigmoid, sigmoid_curve
 
-__all__ = ["Posterior", "fit_posterior", "estimate_noise", "whiten", "ar1_matrix", "ar1_excess_ml", "MIN_EVALS", "B_PRIOR", "LEVEL", "MODEL_ERROR"]
+__all__ = ["Posterior", "fit_posterior", "estimate_noise", "whiten", "ar1_matrix", "ar1_excess_ml", "MIN_EVALS", "B_PRIOR", "LEVEL", "MODEL_ERROR",
+           "MISSPEC_PRIOR", "MISSPEC_GAIN", "LFO_SPLIT", "lfo_excess", "WIDE_BAND", "verdict"]
 
 MIN_EVALS = 4            # evaluations after step 0 needed for any forecast
 B_PRIOR = (0.2, 10.0)
@@ -41,6 +42,30 @@ LEVEL = 0.9              # the band the forecast reports
 #: from those, and checked on the fresh seed 1 (docs/ANALYSIS.md).
 MODEL_ERROR = 1.5
 _RHOS = np.array([0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95])
+
+#: Misspecification term (issue #29): real curves drift from Eq. 1 (late rises, slow starts,
+#: plateaus), which no noise model of Eq. 1 covers. Beyond the last evaluation ``C_last`` the band
+#: adds a discrepancy ``N(0, tau(C)^2)``, ``tau(C) = kappa ln(C / C_last)`` (it grows with the
+#: extrapolation distance), with ``kappa^2 = MISSPEC_PRIOR^2 + (MISSPEC_GAIN kappa_run)^2``:
+#: ``kappa_run`` is the run's own leave-future-out misfit (``lfo_excess``: Eq. 1 fitted on the
+#: evaluations up to ``LFO_SPLIT`` of its compute, its error on the later ones beyond what the
+#: posterior and the noise explain, per unit of ln compute). Both constants are to be fitted on the
+#: calibration half of the real runs in analysis/real_runs/ (``python -m analysis.calibrate
+#: --only real``; docs/ANALYSIS.md "Misspecification"). Until then both are 0: the band is Eq. 1's
+#: alone, as before (issue #29 is open; the first real runs showed ``kappa_run`` is too noisy on
+#: prefixes still before the curve's bend, see NOTES.md session 14).
+MISSPEC_PRIOR = 0.0
+MISSPEC_GAIN = 0.0
+LFO_SPLIT = 0.5
+#: A band at the budget wider than this is called out even when Eq. 1's parameters are identifiable.
+WIDE_BAND = 0.1
+
+
+def verdict(identifiable: bool, band_width: float) -> str:
+  """The forecast's one-phrase verdict (analysis.forecast and the live forecast say the same)."""
+  if not identifiable:
+    return "not yet identifiable"
+  return "identifiable, wide band" if band_width > WIDE_BAND else "identifiable"
 
 
 def ar1_matrix(n: int, rho: float) -> np.ndarray:
@@ -104,16 +129,30 @@ class Posterior:
   y: np.ndarray
   noise: dict                   # d, s2, rho, inflate, sigma (total sd per evaluation)
   map: dict                     # the grid point of highest posterior
+  misspec: dict = dataclasses.field(default_factory=lambda: {"kappa": 0.0, "c_last": np.inf})
 
   def curves(self, C) -> np.ndarray:
     """Eq. 1 of every draw at compute ``C``: array (n_draws, len(C))."""
     C = np.atleast_1d(np.asarray(C, float))
     return sigmoid_curve(C[None], self.A[:, None], self.B[:, None], self.C_mid[:, None], self.R0[:, None])
 
-  def band(self, C, level: float = LEVEL, measurement: bool = False, seed: int = 0) -> dict:
+  def misspec_sd(self, C) -> np.ndarray:
+    """sd of the misspecification term at compute ``C``: ``kappa ln(C / C_last)`` beyond the last
+    evaluation, 0 up to it."""
+    C = np.atleast_1d(np.asarray(C, float))
+    with np.errstate(divide="ignore"):
+      x = np.log(np.maximum(C, 1e-300) / self.misspec["c_last"])
+    return self.misspec["kappa"] * np.maximum(x, 0.0)
+
+  def band(self, C, level: float = LEVEL, measurement: bool = False, seed: int = 0,
+           misspec: bool = True) -> dict:
     """Median and central ``level`` band of the curve at compute ``C`` (arrays); with
-    ``measurement``, of one evaluation there (the curve plus the noise model's sd)."""
+    ``measurement``, of one evaluation there (the curve plus the noise model's sd). ``misspec``
+    (default): the curve carries the misspecification term beyond the last evaluation."""
     cur = self.curves(C)
+    tau = self.misspec_sd(C) if misspec else np.zeros(1)
+    if np.any(tau > 0):
+      cur = cur + np.random.default_rng([seed, 29]).normal(0.0, 1.0, cur.shape) * tau[None, :]
     if measurement:
       cur = cur + np.random.default_rng(seed).normal(0.0, self.noise["sigma"], cur.shape)
     q = np.percentile(cur, [50, (1 - level) / 2 * 100, (1 + level) / 2 * 100], axis=0)
@@ -305,17 +344,44 @@ def estimate_noise(C, y, r0: float, n_samples: float | None = None) -> dict:
   return {"d": d, "s2": s2, "rho": rho, "inflate": inflate, "v0": inflate * (d0 + s2)}
 
 
+def lfo_excess(C, y, r0: float, *, n_samples: float | None = None, split: float = LFO_SPLIT,
+               seed: int = 0) -> dict:
+  """Leave-future-out misfit of Eq. 1 inside one run: the posterior fitted on the evaluations with
+    ``C <= split C_last`` predicts the later ones; ``kappa_run`` is the root mean square of their
+    errors beyond the predictive variance (curve draws + noise model), per unit of ln compute
+    past the prefix's last evaluation (0 when Eq. 1 explains them, or too few evaluations)."""
+  C, y = np.asarray(C, float), np.asarray(y, float)
+  m = C <= split * C[-1]
+  out = {"kappa_run": 0.0, "lfo_prefix": int(m.sum()), "lfo_future": int((~m).sum())}
+  if m.sum() < MIN_EVALS or (~m).sum() < 2:
+    return out
+  try:
+    post = fit_posterior(C[m], y[m], r0, n_samples=n_samples, n_draws=4000, seed=seed, misspec=False)
+  except AnalysisError:
+    return out
+  cur = post.curves(C[~m])
+  err = y[~m] - np.median(cur, axis=0)
+  var = cur.var(axis=0) + post.noise["sigma"] ** 2
+  x = np.log(C[~m] / C[m][-1])
+  excess = max(float(np.mean(err ** 2 - var)), 0.0)
+  out.update(kappa_run=float(np.sqrt(excess / np.mean(x ** 2))), lfo_mean_err=float(np.mean(err)))
+  return out
+
+
 def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: int = 20000,
                   seed: int = 0, value_max: float = 1.0, noise: dict | None = None,
-                  r0_noise: bool = True, model_error: float = MODEL_ERROR) -> Posterior:
+                  r0_noise: bool = True, model_error: float = MODEL_ERROR,
+                  misspec: bool = True) -> Posterior:
   """Posterior of Eq. 1 for evaluations ``(C, y)`` (C > 0) with ``r0`` the measured step-0 value.
 
     ``n_samples``: generations behind each evaluation (held-out prompts x samples per prompt, e.g.
     1000 x 16); sets the binomial part of the noise (omitted: all noise is estimated from the
     residuals). ``noise``: a fixed noise model (``estimate_noise``'s keys) instead of the estimate.
     ``r0_noise``: treat the step-0 value as a measurement too (its error integrated out).
-    ``model_error``: sd factor on the whole noise model (``MODEL_ERROR``; 1 = none). Returns
-    a ``Posterior`` with ``n_draws`` draws (seeded by ``seed``).
+    ``model_error``: sd factor on the whole noise model (``MODEL_ERROR``; 1 = none).
+    ``misspec``: estimate the misspecification term (``MISSPEC_PRIOR``, ``lfo_excess``); False
+    gives a band of Eq. 1's uncertainty alone. Returns a ``Posterior`` with ``n_draws`` draws
+    (seeded by ``seed``).
     """
   C, y = validate_curve(C, y, min_points=1, what="forecast input")
   m = C > 0
@@ -385,5 +451,10 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   jc, jb = np.unravel_index(j, (len(cm), len(bg)))
   a_map = float(np.clip(st["S1"][j] / st["S2"][j], a_lo, a_hi))
   noise["sigma"] = float(np.sqrt(noise["inflate"] * (noise["d"] + noise["s2"])))
+  ms = {"kappa_prior": MISSPEC_PRIOR if misspec else 0.0, "gain": MISSPEC_GAIN, "c_last": float(C[-1]),
+        "kappa_run": 0.0}
+  if misspec and MISSPEC_GAIN > 0:   # one more fit per forecast: only when it counts
+    ms.update(lfo_excess(C, y, r0, n_samples=n_samples, seed=seed))
+  ms["kappa"] = float(np.hypot(ms["kappa_prior"], ms["gain"] * ms["kappa_run"]))
   return Posterior(A=R0 + a, B=b, C_mid=cmid, R0=R0, r0_measured=float(r0), C=C, y=y, noise=noise,
-                   map={"A": r0 + a_map, "B": float(bg[jb]), "C_mid": float(cm[jc])})
+                   map={"A": r0 + a_map, "B": float(bg[jb]), "C_mid": float(cm[jc])}, misspec=ms)

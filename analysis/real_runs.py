@@ -1,0 +1,135 @@
+"""Real RL curves made by this project on CPU, to calibrate forecast bands on (issue #29).
+
+  python -m analysis.real_runs [--only NAME,...] [--workdir /tmp/real_runs] [--out analysis/real_runs]
+
+Each entry of ``RUNS`` is one tiny run (``configs/tiny.py`` with ``SHARED`` settings): seeds, recipes and leave-one-out
+switches, and a few longer runs. Every run starts from the same SFT base policy (trained once by
+the first run, copied into the others' workdirs, as ``scalerl_jax.compare`` does), so the curves
+differ by their RL alone. A finished run leaves ``OUT/NAME/metrics.jsonl`` (its evaluation lines:
+step, compute_hours, val_pass_rate, val_samples) and ``OUT/NAME/command.txt`` (the exact
+command); a run whose ``metrics.jsonl`` exists is skipped, so the command resumes where it stopped.
+``analysis.calibrate --real`` reads them (the split into calibration and held-out runs is
+``CALIBRATION``). Cost: ~2-3 min per 120-step run on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "analysis", "real_runs")
+#: Settings every run shares (on top of configs/tiny.py); a run's own settings replace them. The
+#: learning rate is above tiny.py's 3e-5 so that 120 steps reach the curve's bend (at 3e-5 they
+#: are still on its straight early part; at 1e-4 the run saturates by step ~90 and then collapses).
+SHARED = {"total_steps": 120, "eval.every_steps": 3, "optim.lr": 5e-5}
+KEEP = ("step", "compute_hours", "val_pass_rate", "val_samples")
+_LONG = {"total_steps": 240, "eval.every_steps": 6}
+
+#: name -> config settings of the run.
+RUNS: dict[str, dict] = {
+    **{f"scalerl_s{s}": {"seed": s} for s in range(6)},
+    **{f"{r}_s{s}": {"recipe": r, "seed": s}
+       for r in ("qwen_dapo", "deepseek_grpo", "magistral", "minimax") for s in (0, 1)},
+    "loo_loss_dapo": {"rl.loss": "dapo"},
+    "loo_aggregation_sample": {"rl.aggregation": "sample"},
+    "loo_ppo_off_policy": {"rollout.mode": "ppo_off_policy"},
+    "loo_bf16_head": {"model.fp32_lm_head": False},
+    "lr_3e-5_s0": {"optim.lr": 3e-5, "seed": 0},
+    "lr_3e-5_s1": {"optim.lr": 3e-5, "seed": 1},
+    "lr_1e-4": {"optim.lr": 1e-4},
+    "long_scalerl_s100": {"seed": 100, **_LONG},
+    "long_qwen_dapo_s100": {"recipe": "qwen_dapo", "seed": 100, **_LONG},
+}
+
+#: Runs the misspecification term is fitted on; every other run is held out (chosen before the
+#: runs were looked at, except lr_1e-4, seen first and held out: every other seed, one of each
+#: recipe pair, half the switches, one of each learning rate pair, one long run).
+CALIBRATION = ("scalerl_s0", "scalerl_s2", "scalerl_s4", "qwen_dapo_s0", "deepseek_grpo_s0",
+               "magistral_s0", "minimax_s0", "loo_loss_dapo", "loo_ppo_off_policy", "lr_3e-5_s0",
+               "long_scalerl_s100")
+
+
+def command(name: str, workdir: str) -> list[str]:
+  """The training command of run `name` writing to `workdir`."""
+  settings = {**SHARED, **RUNS[name]}
+  return [sys.executable, "-m", "scalerl_jax.main", "--config=configs/tiny.py", f"--workdir={workdir}",
+          *(f"--config.{k}={v}" for k, v in settings.items())]
+
+
+def eval_lines(metrics_path: str) -> list[dict]:
+  """The evaluation lines of a run's metrics.jsonl, reduced to KEEP."""
+  out = []
+  with open(metrics_path) as f:
+    for line in f:
+      rec = json.loads(line)
+      if "val_pass_rate" in rec:
+        out.append({k: rec[k] for k in KEEP if k in rec})
+  return out
+
+
+def run_one(name: str, workdir: str, out: str, base: str) -> dict:
+  """Runs `name` (unless OUT/NAME/metrics.jsonl exists) and keeps its evaluation curve."""
+  dest = os.path.join(out, name)
+  if os.path.exists(os.path.join(dest, "metrics.jsonl")):
+    return {"run": name, "skipped": True}
+  wd = os.path.join(workdir, name)
+  if os.path.isdir(wd):
+    shutil.rmtree(wd)
+  os.makedirs(wd)
+  if os.path.isdir(base):                   # the shared SFT base policy
+    shutil.copytree(base, os.path.join(wd, "base_policy"))
+  cmd = command(name, wd)
+  t0 = time.time()
+  with open(os.path.join(wd, "stderr.txt"), "w") as err:
+    r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+  if r.returncode != 0:       # reported at the end; the other runs still run
+    last = open(os.path.join(wd, "stderr.txt")).read().strip().splitlines()[-1:] or [""]
+    return {"run": name, "error": f"exited {r.returncode}: {last[0][:300]}",
+            "stderr": os.path.join(wd, "stderr.txt")}
+  if not os.path.isdir(base):
+    shutil.copytree(os.path.join(wd, "base_policy"), base)
+  lines = eval_lines(os.path.join(wd, "metrics.jsonl"))
+  os.makedirs(dest, exist_ok=True)
+  with open(os.path.join(dest, "command.txt"), "w") as f:
+    f.write(" ".join(["python"] + cmd[1:]).replace(wd, f"WORKDIR/{name}") + "\n")
+  with open(os.path.join(dest, "metrics.jsonl.tmp"), "w") as f:
+    f.writelines(json.dumps(l) + "\n" for l in lines)
+  os.replace(os.path.join(dest, "metrics.jsonl.tmp"), os.path.join(dest, "metrics.jsonl"))
+  return {"run": name, "seconds": round(time.time() - t0, 1), "evals": len(lines),
+          "first": lines[0]["val_pass_rate"], "last": lines[-1]["val_pass_rate"]}
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--only", default="", help="comma-separated run names (default: all of RUNS)")
+  ap.add_argument("--workdir", default="/tmp/real_runs", help="where the runs train (scratch)")
+  ap.add_argument("--out", default=OUT, help="where each run's curve and command are kept")
+  a = ap.parse_args(argv)
+  names = [n for n in a.only.split(",") if n] or list(RUNS)
+  unknown = [n for n in names if n not in RUNS]
+  if unknown:
+    print(f"error: unknown run(s) {unknown}; known: {sorted(RUNS)}", file=sys.stderr)
+    return 2
+  from tqdm import tqdm
+  base = os.path.join(a.workdir, "base_policy")
+  failed = []
+  for name in tqdm(names, desc="real runs", unit="run"):
+    rec = run_one(name, a.workdir, a.out, base)
+    print(json.dumps(rec), flush=True)
+    if "error" in rec:
+      failed.append(name)
+  if failed:
+    print(f"error: {len(failed)} run(s) failed: {', '.join(failed)} (their stderr.txt is named above)",
+          file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,69 @@
+"""The forecast band's misspecification machinery (issue #29, open; analysis/posterior.py,
+docs/ANALYSIS.md "Misspecification"): the term's sd is kappa ln(C / C_last) beyond the last
+evaluation and widens the band only there; the run's leave-future-out misfit sees a drift inside
+the data and not an Eq. 1 curve; `analysis.calibrate --only real` reports every cut of the real
+runs in analysis/real_runs/. The constants stay 0 (Eq. 1's band alone) until they are fitted."""
+import numpy as np
+
+from analysis import calibrate, real_runs
+from analysis.metrics import append_metrics
+from analysis.posterior import MISSPEC_GAIN, MISSPEC_PRIOR, fit_posterior, lfo_excess
+from analysis.scaling import sigmoid_curve
+
+C_MID, B, A, R0 = 2000.0, 2.0, 0.6, 0.3
+C = np.arange(0.0, 16001.0, 200.0)
+
+
+def _curve(drift: float, start: float = 4000.0):
+  """Eq. 1, plus from `start` on a rise of `drift` per e-fold of compute past it (beyond A)."""
+  y = sigmoid_curve(np.maximum(C, 1e-9), A, B, C_MID, R0)
+  y[0] = R0
+  return y + drift * np.log(np.maximum(C, start) / start)
+
+
+def test_term_is_zero_up_to_the_last_evaluation_and_grows_with_ln_distance():
+  y = _curve(0.0) + np.random.default_rng(0).normal(0.0, 0.004, len(C))
+  m = (C > 0) & (C <= 8000)
+  post = fit_posterior(C[m], y[m], R0, n_samples=16000)
+  assert (MISSPEC_PRIOR, MISSPEC_GAIN) == (0.0, 0.0) and post.misspec["kappa"] == 0.0
+  base = post.band([16000.0])
+  np.testing.assert_allclose(base["lo"], post.band([16000.0], misspec=False)["lo"])
+  post.misspec["kappa"] = 0.02
+  sd = post.misspec_sd([4000.0, 8000.0, 8000.0 * np.e, 8000.0 * np.e ** 2])
+  np.testing.assert_allclose(sd, [0, 0, 0.02, 0.04])
+  wide = post.band([4000.0, 16000.0])
+  np.testing.assert_allclose(wide["lo"][0], post.band([4000.0])["lo"][0])   # inside: unchanged
+  w0, w1 = base["hi"][0] - base["lo"][0], wide["hi"][1] - wide["lo"][1]
+  # ~ sqrt(w0^2 + (2 * 1.645 * 0.02 ln 2)^2), up to the draws' randomness
+  assert abs(w1 - np.hypot(w0, 2 * 1.645 * 0.02 * np.log(2))) < 0.004, (w0, w1)
+
+
+def test_lfo_excess_sees_a_drift_inside_the_data_and_not_eq1():
+  rng = np.random.default_rng(1)
+  m = C > 0
+  noise = rng.normal(0.0, 0.003, len(C))
+  flat = lfo_excess(C[m], (_curve(0.0) + noise)[m], R0, n_samples=16000)
+  drift = lfo_excess(C[m], (_curve(0.06, start=6000.0) + noise)[m], R0, n_samples=16000)
+  assert flat["lfo_prefix"] == 40 and flat["lfo_future"] == 40
+  assert flat["kappa_run"] < 0.004, flat
+  assert drift["kappa_run"] > 0.01 and drift["lfo_mean_err"] > 0, drift
+
+
+def test_real_study_reports_every_cut_of_every_run(tmp_path):
+  names = ["scalerl_s0", "scalerl_s1"]                 # one calibration run, one held out
+  assert names[0] in real_runs.CALIBRATION and names[1] not in real_runs.CALIBRATION
+  for i, name in enumerate(names):
+    y = _curve(0.0) + np.random.default_rng(i).normal(0.0, 0.004, len(C))
+    for k in range(0, len(C), 2):
+      append_metrics(tmp_path / name, {"step": k, "compute_hours": float(C[k]),
+                                       "val_pass_rate": float(np.clip(y[k] if k else R0, 0, 1)),
+                                       "val_samples": 16000})
+  res = calibrate.real_study(tmp_path, priors=(0.0, 0.01), gains=(0.0, 1.0))
+  assert res["runs"] == names and res["calibration_runs"] == names[:1] and not res["skipped_cuts"]
+  assert len(res["grid"]) == 4 and res["fitted"]["prior"] in (0.0, 0.01)
+  for split in ("calibration", "held_out"):
+    for table in ("with_term", "without_term"):
+      assert sorted(res[split][table]) == ["0.25", "0.5", "0.75"] and all(
+          v["n"] == 1 for v in res[split][table].values()), res[split]
+  md = calibrate.markdown_real(res)
+  assert md.count("| held-out |") == 3 and md.count("| calibration |") == 3
