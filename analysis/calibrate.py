@@ -318,7 +318,11 @@ def main(argv=None) -> int:
     if args.only and name != args.only:
       continue
     t0 = time.time()
-    res = run()
+    try:
+      res = run()
+    except AnalysisError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
     text = md(res)
     print(text + f"({name}: {time.time() - t0:.0f} s)\n", flush=True)
     if out:

@@ -254,7 +254,7 @@ class LiveForecast:
     from analysis.errors import AnalysisError
     from analysis.forecast import eval_samples
     from analysis.metrics import read_run
-    from analysis.posterior import MIN_EVALS, fit_posterior
+    from analysis.posterior import MIN_EVALS, fit_posterior, verdict
     t0 = time.perf_counter()
     with self.lock:
       run = read_run(self.workdir)
@@ -276,7 +276,8 @@ class LiveForecast:
             "forecast/A_hi": a_hi, "forecast/R_at_budget": float(band["pred"][0]),
             "forecast/R_at_budget_lo": float(band["lo"][0]), "forecast/R_at_budget_hi": float(band["hi"][0]),
             "forecast/identifiable": int(ident["identifiable"]), "forecast/budget_hours": budget,
-            "forecast/verdict": "identifiable" if ident["identifiable"] else "not yet identifiable",
+            "forecast/verdict": verdict(ident["identifiable"], float(band["hi"][0] - band["lo"][0])),
+            "forecast/misspec_kappa": float(post.misspec["kappa"]),
             "forecast/refit_s": time.perf_counter() - t0}
 
   def _refit(self, step, compute_hours, total_steps):
