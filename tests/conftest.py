@@ -72,7 +72,7 @@ def pytest_unconfigure(config):
 
 # Suite profiling: with SCALERL_TEST_CPU_LOG=PATH every test phase appends one JSON line to
 # PATH.<worker> with its wall seconds and the CPU seconds of this process and of the children it
-# reaped (a `main` run's generator and buffer processes included). Under `-n 3` on 2 cores, wall
+# reaped (a `main` run's generator and buffer processes included). Under `-n 4` on 2 cores, wall
 # time mixes in the other workers' load; CPU seconds are what a test costs the suite.
 _CPU_LOG = os.environ.get("SCALERL_TEST_CPU_LOG", "")
 if _CPU_LOG:

@@ -1,4 +1,4 @@
-"""The suite's `xdist_group` marks take effect under `make test` (`-n 3 --dist loadgroup`).
+"""The suite's `xdist_group` marks take effect under `make test` (`-n 4 --dist loadgroup`).
 
 Modules mark themselves with one group when a costly module-scoped fixture (a tiny end-to-end
 run, a vLLM engine) must run once, and the vLLM tests share one group so that two engines never
