@@ -3,7 +3,7 @@ run as local processes from its own YAML (launch/README.md "Rehearsal"): 2 learn
 jax.distributed job (gloo), the buffer pod (init container first) and 2 generator pods (JAX), the
 tiny model swapped in by config overrides, Service names through $SCALERL_HOSTS.
 
-The slow tests each run a rehearsal: a local workdir with a kill -9 of the buffer pod (6 steps);
+The slow tests each run a rehearsal: a local workdir with a kill -9 of the buffer pod (5 steps, killed at step 2);
 a gs:// workdir on gcp-storage-emulator with a kill -9 of a learner pod once a checkpoint finished
 (6 steps, `long`; the JobSet restarts both; the run resumes from the checkpoint in the bucket); a
 local workdir with a kill -9 of a learner pod before any checkpoint finished (3 steps: the learners
@@ -167,22 +167,23 @@ def _learner_kill_checks(s):
 @pytest.mark.xdist_group("rehearse")
 def test_rehearse_local_kill_buffer(tmp_path):
   state = tmp_path / "state"
-  r = _rehearse([VARIANT, "--steps=6", f"--state-dir={state}", "--kill=buffer",
-                 "--kill-at-step=3"])
+  # 5 steps (5 evaluations after step 0: the fewest an Eq. 1 fit takes), killed at step 2
+  r = _rehearse([VARIANT, "--steps=5", f"--state-dir={state}", "--kill=buffer",
+                 "--kill-at-step=2"])
   s = _summary(r)
   print(json.dumps({k: s[k] for k in ("wall_s", "steps", "weights", "kill")}, indent=1))
-  _common_checks(s)
+  _common_checks(s, steps=5)
   buf = [p for p, v in s["pods"].items() if v["component"] == "buffer"][0]
   assert s["pods"][buf]["restarts"] == 1 and s["pods"][buf]["exit_codes"] == [-9]
   k = s["kill"]
   assert k["acked_at_kill"] > 0 and k["lost_count"] == 0 and not k["trained_twice"], k
-  assert k["delivered_steps"] == list(range(6))
+  assert k["delivered_steps"] == list(range(5))
   # the restarted pod replayed its WAL: its second start line reports the records it read
   log = open(state / "pods" / buf / "buffer.log").read()
   replays = [json.loads(l) for l in log.splitlines() if l.startswith('{"port"')]
   assert len(replays) == 2 and replays[1]["wal"]["records"], replays[-1]
   metrics = [json.loads(l) for l in open(state / "workdir" / "metrics.jsonl")]
-  assert [l["step"] for l in metrics if l["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+  assert [l["step"] for l in metrics if l["kind"] == "train"] == [1, 2, 3, 4, 5]
   if s["fit_exists"]:
     assert json.load(open(state / "workdir" / "fit" / "fit.json"))
 
