@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis import real_runs
 from analysis.errors import AnalysisError, NoImprovementError
 from analysis.forecast import eval_samples
 from analysis.metrics import read_run
@@ -50,7 +51,7 @@ def coverage_study(n_runs: int = 200, seed: int = 0, spec: NoiseSpec = NoiseSpec
     post, budget = _half_fit(run, spec, seed + i)
     b = post.band([budget], level)
     bm = post.band([budget], level, measurement=True, seed=i)
-    b0 = post.band([budget], level, misspec=False)
+    b0 = post.band([budget], level, kappa=0.0)
     lo, hi, pred = float(b["lo"][0]), float(b["hi"][0]), float(b["pred"][0])
     rows.append({"row": name, "truth": float(run.truth[-1]), "measured": float(run.y[-1]), "pred": pred,
                  "lo": lo, "hi": hi, "m_lo": float(bm["lo"][0]), "m_hi": float(bm["hi"][0]),
@@ -154,23 +155,19 @@ def _real_cut(run, share: float, seed: int, n_samples: float | None) -> dict | N
                          n_draws=8000)
   except AnalysisError:
     return None
-  m &= run.compute > 0   # the run's own misfit, whatever gain is in use (the grid scales it)
+  # the run's own misfit, whatever gain is in use (the grid scales it)
   post.misspec.update(lfo_excess(run.compute[m], run.value[m], run.r0, n_samples=n_samples, seed=seed))
   return {"run": run.name, "share": share, "post": post, "budget": budget, "final": float(run.value[-1])}
 
 
-def _score(cut: dict, prior: float, gain: float, level: float = LEVEL, misspec: bool = True) -> dict:
+def _score(cut: dict, prior: float, gain: float, level: float = LEVEL) -> dict:
   """The ``level`` bands of one cut at its run's final compute with the misspecification term set
-    to ``(prior, gain)``: the curve band and the band of one evaluation (what a final measurement
-    falls in), and whether each covers the final measured value."""
+    to ``(prior, gain)`` (0, 0: Eq. 1's band alone): the curve band and the band of one evaluation
+    (what a final measurement falls in), and whether each covers the final measured value."""
   post = cut["post"]
-  saved = dict(post.misspec)
-  post.misspec["kappa"] = float(np.hypot(prior, gain * post.misspec["kappa_run"])) if misspec else 0.0
-  try:
-    b = post.band([cut["budget"]], level, misspec=misspec)
-    bm = post.band([cut["budget"]], level, measurement=True, misspec=misspec)
-  finally:
-    post.misspec = saved
+  kappa = float(np.hypot(prior, gain * post.misspec["kappa_run"]))
+  b = post.band([cut["budget"]], level, kappa=kappa)
+  bm = post.band([cut["budget"]], level, measurement=True, kappa=kappa)
   f = cut["final"]
   return {"pred": float(bm["pred"][0]), "lo": float(b["lo"][0]), "hi": float(b["hi"][0]),
           "m_lo": float(bm["lo"][0]), "m_hi": float(bm["hi"][0]),
@@ -178,12 +175,12 @@ def _score(cut: dict, prior: float, gain: float, level: float = LEVEL, misspec: 
           "err": float(bm["pred"][0] - f), "width": float(bm["hi"][0] - bm["lo"][0])}
 
 
-def _table(cuts: list[dict], prior: float, gain: float, misspec: bool = True) -> dict:
+def _table(cuts: list[dict], prior: float, gain: float) -> dict:
   """Per cut share: coverage of the final value (measurement band; curve band), median |error|,
     median band width."""
   out = {}
   for share in CUTS:
-    rows = [_score(c, prior, gain, misspec=misspec) for c in cuts if c["share"] == share]
+    rows = [_score(c, prior, gain) for c in cuts if c["share"] == share]
     if rows:
       out[str(share)] = {"n": len(rows), "coverage": float(np.mean([r["covers"] for r in rows])),
                          "curve_coverage": float(np.mean([r["curve_covers"] for r in rows])),
@@ -199,7 +196,6 @@ def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.
     measurement band covers the final value of the calibration runs (``real_runs.CALIBRATION``)
     closest to ``LEVEL`` over the three cuts (ties: the narrower band); the held-out runs are
     reported with it, with the band without the term beside it."""
-  from analysis import real_runs
   root = Path(runs_dir or real_runs.OUT)
   names = sorted(p.name for p in root.iterdir() if (p / "metrics.jsonl").is_file()) if root.is_dir() else []
   if not names:
@@ -230,7 +226,7 @@ def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.
          "skipped_cuts": skipped, "level": LEVEL, "grid": grid, "fitted": {"prior": best["prior"], "gain": best["gain"]},
          "in_use": {"prior": current[0], "gain": current[1]}}
   for split, cc in cuts.items():
-    res[split] = {"with_term": _table(cc, *current), "without_term": _table(cc, 0.0, 0.0, misspec=False),
+    res[split] = {"with_term": _table(cc, *current), "without_term": _table(cc, 0.0, 0.0),
                   "kappa_run_median": float(np.median([c["post"].misspec["kappa_run"] for c in cc])) if cc else None}
   return res
 

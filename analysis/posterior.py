@@ -136,21 +136,22 @@ class Posterior:
     C = np.atleast_1d(np.asarray(C, float))
     return sigmoid_curve(C[None], self.A[:, None], self.B[:, None], self.C_mid[:, None], self.R0[:, None])
 
-  def misspec_sd(self, C) -> np.ndarray:
+  def misspec_sd(self, C, kappa: float | None = None) -> np.ndarray:
     """sd of the misspecification term at compute ``C``: ``kappa ln(C / C_last)`` beyond the last
-    evaluation, 0 up to it."""
+    evaluation, 0 up to it (``kappa``: this posterior's ``misspec["kappa"]`` unless given)."""
     C = np.atleast_1d(np.asarray(C, float))
     with np.errstate(divide="ignore"):
       x = np.log(np.maximum(C, 1e-300) / self.misspec["c_last"])
-    return self.misspec["kappa"] * np.maximum(x, 0.0)
+    return (self.misspec["kappa"] if kappa is None else kappa) * np.maximum(x, 0.0)
 
   def band(self, C, level: float = LEVEL, measurement: bool = False, seed: int = 0,
-           misspec: bool = True) -> dict:
+           kappa: float | None = None) -> dict:
     """Median and central ``level`` band of the curve at compute ``C`` (arrays); with
-    ``measurement``, of one evaluation there (the curve plus the noise model's sd). ``misspec``
-    (default): the curve carries the misspecification term beyond the last evaluation."""
+    ``measurement``, of one evaluation there (the curve plus the noise model's sd). Beyond the
+    last evaluation the curve carries the misspecification term (``kappa``: this posterior's
+    unless given; 0 = Eq. 1's uncertainty alone)."""
     cur = self.curves(C)
-    tau = self.misspec_sd(C) if misspec else np.zeros(1)
+    tau = self.misspec_sd(C, kappa)
     if np.any(tau > 0):
       cur = cur + np.random.default_rng([seed, 29]).normal(0.0, 1.0, cur.shape) * tau[None, :]
     if measurement:

@@ -8,7 +8,7 @@ the first run, copied into the others' workdirs, as ``scalerl_jax.compare`` does
 differ by their RL alone. A finished run leaves ``OUT/NAME/metrics.jsonl`` (its evaluation lines:
 step, compute_hours, val_pass_rate, val_samples) and ``OUT/NAME/command.txt`` (the exact
 command); a run whose ``metrics.jsonl`` exists is skipped, so the command resumes where it stopped.
-``analysis.calibrate --real`` reads them (the split into calibration and held-out runs is
+``analysis.calibrate --only real`` reads them (the split into calibration and held-out runs is
 ``CALIBRATION``). Cost: ~2-3 min per 120-step run on 2 cores.
 """
 
@@ -21,6 +21,10 @@ import shutil
 import subprocess
 import sys
 import time
+
+from tqdm import tqdm
+
+from analysis.metrics import read_metrics_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "analysis", "real_runs")
@@ -64,13 +68,8 @@ def command(name: str, workdir: str) -> list[str]:
 
 def eval_lines(metrics_path: str) -> list[dict]:
   """The evaluation lines of a run's metrics.jsonl, reduced to KEEP."""
-  out = []
-  with open(metrics_path) as f:
-    for line in f:
-      rec = json.loads(line)
-      if "val_pass_rate" in rec:
-        out.append({k: rec[k] for k in KEEP if k in rec})
-  return out
+  return [{k: rec[k] for k in KEEP if k in rec} for rec in read_metrics_lines(metrics_path)
+          if "val_pass_rate" in rec]
 
 
 def run_one(name: str, workdir: str, out: str, base: str) -> dict:
@@ -116,7 +115,6 @@ def main(argv=None) -> int:
   if unknown:
     print(f"error: unknown run(s) {unknown}; known: {sorted(RUNS)}", file=sys.stderr)
     return 2
-  from tqdm import tqdm
   base = os.path.join(a.workdir, "base_policy")
   failed = []
   for name in tqdm(names, desc="real runs", unit="run"):

@@ -27,7 +27,7 @@ def test_term_is_zero_up_to_the_last_evaluation_and_grows_with_ln_distance():
   post = fit_posterior(C[m], y[m], R0, n_samples=16000)
   assert (MISSPEC_PRIOR, MISSPEC_GAIN) == (0.0, 0.0) and post.misspec["kappa"] == 0.0
   base = post.band([16000.0])
-  np.testing.assert_allclose(base["lo"], post.band([16000.0], misspec=False)["lo"])
+  np.testing.assert_allclose(base["lo"], post.band([16000.0], kappa=0.0)["lo"])
   post.misspec["kappa"] = 0.02
   sd = post.misspec_sd([4000.0, 8000.0, 8000.0 * np.e, 8000.0 * np.e ** 2])
   np.testing.assert_allclose(sd, [0, 0, 0.02, 0.04])
