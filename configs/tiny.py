@@ -42,6 +42,9 @@ def get_config(arg=None):
   c.pin_cpus = True        # learner on CPU 0, the generator on CPU 1: one "device" per role
   c.generator.backend = "jax"
   c.generator.num_workers = 1
+  # --config.generator.backend=vllm: an eager engine. torch.compile of this 0.8M model costs
+  # ~70 s (tens of CPU-s) per engine start on 2 cores, more than its decoding saves in a demo run.
+  c.generator.vllm_args.enforce_eager = True
   c.eval.every_steps = 10
   c.eval.samples_per_prompt = 16
   # Learner-local evaluation: 64 prompts x 16 samples of a 0.8M model are cheap on the learner, and

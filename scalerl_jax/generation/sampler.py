@@ -43,7 +43,7 @@ from scalerl_jax.generation.generator import Generator
 from scalerl_jax.generation.interruption import think_budget, think_end_automaton
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion, PromptSpec, SamplingSpec
 
-_THINK, _FORCE, _ANSWER = 0, 1, 2
+PHASE_THINK, PHASE_FORCE, PHASE_ANSWER = 0, 1, 2   # a row thinks, is being interrupted, answers
 _BUCKET = 16
 
 
@@ -71,7 +71,7 @@ def _inverse_cdf(u, logp):
   return jnp.minimum(token, last).astype(jnp.int32)
 
 
-def _sample(u, logits, temperature, top_p, use_top_p: bool = True):
+def sample_rows(u, logits, temperature, top_p, use_top_p: bool = True):
   """Samples one token per row with uniforms u [B,1]; returns (token int32 [B], log-prob float32
   [B])."""
   scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
@@ -128,9 +128,50 @@ def _decode_chunk(params, cfg, state, n_steps, consts, use_top_p=True, mesh=None
   return _on_rows(fn, mesh, (P(), specs, P()), (specs, P(_ROWS)))(params, state, consts)
 
 
+def advance_rows(s, sampled, lp, interrupt, stop, answer_budget, end, room):
+  """One decode step's per-row bookkeeping, shared by the drain (`_chunk_steps`) and continuous
+  (generation/continuous.py) decoders: the token each row emits (the sampled one, or the next
+  interruption token while forcing, log-prob 0), and the rows' new length / phase / budget
+  counters / done flags.
+
+  `s`: the decode state's per-row arrays (length, phase, think_count, think_state, force_idx,
+  answer_count, budget, done, interrupted, stopped); `answer_budget`: a scalar or one per row;
+  `end`: the end-of-thinking automaton (columns, next_state, hit); `room`: the most tokens a
+  completion may hold. Returns (token, lp, live, forcing, fields)."""
+  end_cols, end_next, end_hit = end
+  n_int = interrupt.shape[0]
+  forcing = s["phase"] == PHASE_FORCE
+  forced_tok = interrupt[jnp.clip(s["force_idx"], 0, n_int - 1)]
+  token = jnp.where(forcing, forced_tok, sampled)
+  lp = jnp.where(forcing, 0.0, lp)
+  live = ~s["done"]
+  length = s["length"] + live.astype(jnp.int32)
+  is_stop = jnp.any(token[:, None] == stop[None, :], axis=-1) & ~forcing
+  thinking = s["phase"] == PHASE_THINK
+  # End of thinking: interruption.py's automaton (the text so far contains </think>), one table
+  # lookup per token whatever the number of tokens "</think>" takes.
+  end_col = end_cols[token]
+  closes = thinking & end_hit[s["think_state"], end_col]
+  think_state = jnp.where(thinking, end_next[s["think_state"], end_col], s["think_state"])
+  think_count = s["think_count"] + (thinking & live).astype(jnp.int32)
+  start_force = thinking & ~closes & (think_count >= s["budget"]) & ~is_stop
+  force_idx = jnp.where(forcing, s["force_idx"] + 1, jnp.where(start_force, 0, s["force_idx"]))
+  finished_force = forcing & (force_idx >= n_int)
+  phase = jnp.where(closes | finished_force, PHASE_ANSWER,
+                    jnp.where(start_force, PHASE_FORCE, s["phase"]))
+  answering = (s["phase"] == PHASE_ANSWER) & live
+  answer_count = s["answer_count"] + answering.astype(jnp.int32)
+  out_of_room = length >= room
+  done = s["done"] | (live & (is_stop | (answer_count >= answer_budget) | out_of_room))
+  fields = dict(length=length, think_count=think_count, think_state=think_state,
+                force_idx=force_idx, phase=phase, answer_count=answer_count, done=done,
+                interrupted=s["interrupted"] | (start_force & live),
+                stopped=s["stopped"] | (live & is_stop))
+  return token, lp, live, forcing, fields
+
+
 def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
   interrupt, stop, temperature, top_p, answer_budget, version, end_cols, end_next, end_hit = consts
-  n_int = interrupt.shape[0]
   rows = None
   if sharded:   # this shard's rows of the whole batch: same uniforms as one device draws
     b = state["done"].shape[0]
@@ -140,49 +181,22 @@ def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
   uniforms = _chunk_uniforms(state["rng"], step0, n_steps, state["done"].shape[0], rows)
 
   def body(i, s):
-    sampled, lp = _sample(uniforms[i], s["logits"], temperature, top_p, use_top_p)
-    forcing = s["phase"] == _FORCE
-    forced_tok = interrupt[jnp.clip(s["force_idx"], 0, n_int - 1)]
-    token = jnp.where(forcing, forced_tok, sampled)
-    lp = jnp.where(forcing, 0.0, lp)
-    live = ~s["done"]
-    pos = s["length"]
+    sampled, lp = sample_rows(uniforms[i], s["logits"], temperature, top_p, use_top_p)
+    token, lp, live, forcing, fields = advance_rows(
+        s, sampled, lp, interrupt, stop, answer_budget, (end_cols, end_next, end_hit),
+        room=s["tokens"].shape[1])
     # Every live row's next token goes to column step0 + i (all rows start together and advance
     # one token per step until done): one in-place column update per buffer, not a scatter.
     col = step0 + i
     def write(buf, val):
       old = jax.lax.dynamic_slice_in_dim(buf, col, 1, axis=1)[:, 0]
       return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(live, val, old)[:, None], col, 1)
-    out = dict(s)
+    out = dict(s, **fields)
     out["tokens"] = write(s["tokens"], token)
     out["logprobs"] = write(s["logprobs"], lp)
     # A token belongs to the policy whose forward pass produced the logits it was sampled from.
     out["versions"] = write(s["versions"], jnp.full_like(token, s["logit_version"]))
     out["policy"] = write(s["policy"], ~forcing)
-    length = pos + live.astype(jnp.int32)
-    # Phase transitions.
-    is_stop = jnp.any(token[:, None] == stop[None, :], axis=-1) & ~forcing
-    thinking = s["phase"] == _THINK
-    # End of thinking: interruption.py's automaton (the text so far contains </think>), one
-    # table lookup per token whatever the number of tokens "</think>" takes.
-    end_col = end_cols[token]
-    closes = thinking & end_hit[s["think_state"], end_col]
-    think_state = jnp.where(thinking, end_next[s["think_state"], end_col], s["think_state"])
-    think_count = s["think_count"] + (thinking & live).astype(jnp.int32)
-    start_force = thinking & ~closes & (think_count >= s["budget"]) & ~is_stop
-    force_idx = jnp.where(forcing, s["force_idx"] + 1, jnp.where(start_force, 0, s["force_idx"]))
-    finished_force = forcing & (force_idx >= n_int)
-    phase = jnp.where(closes | finished_force, _ANSWER,
-                      jnp.where(start_force, _FORCE, s["phase"]))
-    answering = (s["phase"] == _ANSWER) & live
-    answer_count = s["answer_count"] + answering.astype(jnp.int32)
-    out_of_room = length >= s["tokens"].shape[1]
-    done = s["done"] | (live & (is_stop | (answer_count >= answer_budget) | out_of_room))
-    out.update(length=length, think_count=think_count, think_state=think_state,
-               force_idx=force_idx, phase=phase,
-               answer_count=answer_count, done=done,
-               interrupted=s["interrupted"] | (start_force & live),
-               stopped=s["stopped"] | (live & is_stop))
     if "routes" in s:   # routing replay: the fed token's chosen experts per MoE layer
       logits, cache, routes = models.decode_step(params, cfg, jnp.where(live, token, 0),
                                                  s["cache"], return_routes=True)
@@ -447,7 +461,8 @@ class JaxSampler(Generator):
     # dispatches); host scalars go in as numpy values (no device ops to create them).
     state = _start(self._params, self.cfg, tokens, mask, budget.astype(np.int32),
                    jax.random.PRNGKey(spec.seed), np.int32(self._version),
-                   cap, L, self.kv_dtype, grow, _ANSWER if not n_int else _THINK, self._mesh,
+                   cap, L, self.kv_dtype, grow, PHASE_ANSWER if not n_int else PHASE_THINK,
+                   self._mesh,
                    self.record_routes)
     interrupt = np.asarray(list(spec.interruption_tokens) or [0], np.int32)
     stop = np.asarray(list(spec.stop_tokens) or [-1], np.int32)

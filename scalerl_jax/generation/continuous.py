@@ -1,0 +1,357 @@
+"""Continuous batching for the embedded JAX sampler: a fixed number of sequence slots kept full.
+
+`JaxSampler.generate` decodes one static batch and returns when its longest sequence ends; with
+think budgets drawn from [lo, hi] and answers of any length the batch empties long before that
+(uniform lengths in [L/8, L] keep ~56 % of the slots busy). `ContinuousDecoder` keeps
+`capacity` slots decoding: when a sequence ends its slot takes the next waiting sample, whose
+prompt is prefilled into that slot between decode chunks (JetStream's insert-and-generate).
+
+Layout (one device; the sampler's split KV cache, per-layer keys [B,K,S,H], values [B,K,H,S]):
+
+* cache columns [0, P) hold each slot's prompt (left-padded to the decoder's prompt width P);
+  columns [P, P + R) are a ring shared by all slots: decode step g writes every slot's new token
+  at column P + g mod R (one in-place column update per buffer, as in the static sampler), with
+  R >= the longest completion L, so a sequence never overwrites its own tokens. Attention masks
+  come from positions (models/attention.py), not from column order: a slot's positions are set at
+  its insertion (prompt 0..n-1, every other column -1 = empty), so what an earlier sequence left in
+  the ring is never attended to.
+* the outputs (tokens, log-probs, versions, policy mask) use the same ring [B, R]; a finished
+  slot's completion is read from columns (start + t) mod R.
+* randomness is per sample, not per slot or step: token t of sample j of prompt p draws
+  uniform(fold_in(key(seed, p, j), t)). The same request decodes to the same tokens whatever the
+  slot, the neighbours and the moment it was inserted (log-probs equal to float32 rounding: the
+  attention sums run over the columns in another order).
+* in-flight weight updates keep their meaning: `sampler.apply_pending()` runs between chunks;
+  each slot's pending logits carry the version that computed them (a prompt inserted after a
+  swap is prefilled with the new weights), every token is stamped with it, and old KV is kept.
+
+Not here (the static sampler does them): routing replay (`record_routes`), several devices, and
+scanned-layer models; `ContinuousDecoder` refuses those with one line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scalerl_jax import models
+from scalerl_jax.generation import sampler as sampler_lib
+from scalerl_jax.generation.interruption import think_budget, think_end_automaton
+from scalerl_jax.types import (FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion,
+                               PromptSpec, SamplingSpec)
+
+_BUCKET = 16
+
+
+@dataclasses.dataclass
+class SlotRequest:
+  """One sample to decode: sample `sample_index` of `prompt`, seeded by `seed` (with the prompt
+  id and the sample index), thinking for at most `think_budget` tokens and answering for at most
+  `answer_budget`. `tag` is the caller's (e.g. its group); handed back with the completion."""
+  prompt: PromptSpec
+  sample_index: int
+  seed: int
+  think_budget: int
+  answer_budget: int
+  tag: Any = None
+
+
+def requests_for(prompts: Sequence[PromptSpec], n: int, spec: SamplingSpec,
+                 answer_budgets: Sequence[int] | None = None, tag: Any = None
+                 ) -> list[SlotRequest]:
+  """`n` SlotRequests per prompt with the spec's seed, thinking budgets drawn as both backends
+  draw them (interruption.think_budget) and the spec's answer budget (or one per prompt)."""
+  out = []
+  for i, p in enumerate(prompts):
+    ab = spec.answer_budget if answer_budgets is None else int(answer_budgets[i])
+    for j in range(n):
+      out.append(SlotRequest(p, j, spec.seed, think_budget(
+          spec.seed, p.prompt_id, j, spec.think_budget_min, spec.think_budget_max), ab,
+          tag if tag is not None else i))
+  return out
+
+
+def _row_keys(seeds, prompt_ids, samples):
+  """The per-sample PRNG keys: fold_in(fold_in(PRNGKey(seed), prompt id), sample index)."""
+  one = lambda s, p, j: jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(s), p), j)
+  return jax.vmap(one)(seeds, prompt_ids, samples)
+
+
+def _row_uniforms(keys, lengths, n_steps: int):
+  """[n_steps, B, 1] uniforms: step i of a live row draws for its token number length + i."""
+  t = lengths[None, :] + jnp.arange(n_steps, dtype=jnp.int32)[:, None]
+  one = lambda k, i: jax.random.uniform(jax.random.fold_in(k, i), (), jnp.float32)
+  return jax.vmap(jax.vmap(one))(jnp.broadcast_to(keys, (n_steps, *keys.shape)), t)[..., None]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _empty(cfg, B: int, P: int, R: int, kv_dtype: str):
+  """A decode state with `B` free slots, prompt width `P` and ring `R` (see module doc)."""
+  cache = sampler_lib.split_cache(models.init_cache(cfg, B, P + R, dtype=kv_dtype))
+  zi = lambda: jnp.zeros((B,), jnp.int32)
+  return dict(
+      cache=cache, logits=jnp.zeros((B, cfg.vocab_size), jnp.float32),
+      keys=jnp.zeros((B, 2), jnp.uint32), logit_version=zi(),
+      tokens=jnp.zeros((B, R), jnp.int32), logprobs=jnp.zeros((B, R), jnp.float32),
+      versions=jnp.zeros((B, R), jnp.int32), policy=jnp.zeros((B, R), bool),
+      length=zi(), think_count=zi(), force_idx=zi(), phase=zi(), answer_count=zi(),
+      budget=zi(), answer_budget=zi(), think_state=zi(), done=jnp.ones((B,), bool),
+      interrupted=jnp.zeros((B,), bool), stopped=jnp.zeros((B,), bool),
+      g=jnp.zeros((), jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 12), donate_argnums=(2,))
+def _insert(params, cfg, state, slots, tokens, mask, budget, answer_budget, seeds, prompt_ids,
+            samples, version, phase0: int):
+  """Prefills k prompts [k, P] and puts them into `slots` [k] (an index >= B is padding:
+  dropped). Each slot's prompt goes to cache columns [0, P); its ring columns become empty."""
+  k, P = tokens.shape
+  cache = state["cache"]
+  S = cache["pos"].shape[1]
+  small = sampler_lib.split_cache(models.init_cache(cfg, k, P, dtype=cache["k"][0].dtype))
+  logits, small = models.prefill(params, cfg, tokens, small, mask)
+  put = lambda big, val: big.at[slots].set(val, mode="drop")
+  new_cache = dict(
+      cache,
+      k=tuple(big.at[slots, :, :P, :].set(sm, mode="drop")
+              for big, sm in zip(cache["k"], small["k"])),
+      v=tuple(big.at[slots, :, :, :P].set(sm, mode="drop")
+              for big, sm in zip(cache["v"], small["v"])),
+      pos=put(cache["pos"], jnp.concatenate(
+          [small["pos"], jnp.full((k, S - P), -1, jnp.int32)], axis=1)),
+      next_pos=put(cache["next_pos"], small["next_pos"]))
+  zero = jnp.zeros((k,), jnp.int32)
+  out = dict(state, cache=new_cache, logits=put(state["logits"], logits[:, -1]),
+             keys=put(state["keys"], _row_keys(seeds, prompt_ids, samples)),
+             logit_version=put(state["logit_version"], jnp.full((k,), version, jnp.int32)),
+             budget=put(state["budget"], budget),
+             answer_budget=put(state["answer_budget"], answer_budget),
+             phase=put(state["phase"], jnp.full((k,), phase0, jnp.int32)),
+             done=put(state["done"], jnp.zeros((k,), bool)),
+             interrupted=put(state["interrupted"], jnp.zeros((k,), bool)),
+             stopped=put(state["stopped"], jnp.zeros((k,), bool)))
+  for name in ("length", "think_count", "force_idx", "answer_count", "think_state"):
+    out[name] = put(state[name], zero)
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(1, 3, 4, 5), donate_argnums=(2,))
+def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts):
+  """`n_steps` decode steps of every slot; a finished or free slot computes but changes nothing
+  of its outputs. Returns (state, done [B], length [B])."""
+  interrupt, stop, temperature, top_p, version, end_cols, end_next, end_hit = consts
+  R = state["tokens"].shape[1]
+  P = state["cache"]["pos"].shape[1] - R
+  g0 = state["g"]
+  uniforms = _row_uniforms(state["keys"], state["length"], n_steps)
+
+  def body(i, s):
+    sampled, lp = sampler_lib.sample_rows(uniforms[i], s["logits"], temperature, top_p, use_top_p)
+    token, lp, live, forcing, fields = sampler_lib.advance_rows(
+        s, sampled, lp, interrupt, stop, s["answer_budget"], (end_cols, end_next, end_hit), room)
+    col = (g0 + i) % R
+
+    def write(buf, val):
+      old = jax.lax.dynamic_slice_in_dim(buf, col, 1, axis=1)[:, 0]
+      return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(live, val, old)[:, None], col, 1)
+    out = dict(s, **fields)
+    out["tokens"] = write(s["tokens"], token)
+    out["logprobs"] = write(s["logprobs"], lp)
+    out["versions"] = write(s["versions"], s["logit_version"])
+    out["policy"] = write(s["policy"], ~forcing)
+    cache = dict(s["cache"], index=P + col)
+    out["logits"], out["cache"] = models.decode_step(params, cfg, jnp.where(live, token, 0), cache)
+    out["logit_version"] = jnp.full_like(s["logit_version"], version)
+    return out
+
+  state = jax.lax.fori_loop(0, n_steps, body, state)
+  state["g"] = g0 + n_steps
+  return state, state["done"], state["length"]
+
+
+@dataclasses.dataclass
+class DecodeStats:
+  """What a ContinuousDecoder did: `live_row_steps` of `slot_steps` (occupancy = their ratio),
+  seconds decoding, inserting and idle (no slot busy and nothing to insert: `note_idle`)."""
+  chunks: int = 0
+  slot_steps: int = 0
+  live_row_steps: int = 0
+  tokens: int = 0
+  policy_tokens: int = 0
+  completions: int = 0
+  decode_s: float = 0.0
+  insert_s: float = 0.0
+  idle_s: float = 0.0
+
+  @property
+  def occupancy(self) -> float:
+    """Mean sequences in flight / capacity over the decode steps run."""
+    return self.live_row_steps / self.slot_steps if self.slot_steps else 0.0
+
+  def as_dict(self) -> dict:
+    return dict(dataclasses.asdict(self), occupancy=self.occupancy)
+
+
+class ContinuousDecoder:
+  """`capacity` decode slots on a JaxSampler's model and weights; see the module docstring.
+
+  `spec` fixes what all samples share (temperature, top_p, stop and interruption tokens, the
+  end-of-thinking rule); the budgets are per request (`SlotRequest`). `max_prompt_len`: the
+  prompt width P (rounded up to a multiple of 16); `max_completion_len`: the ring R (default
+  spec.think_budget_max + interruption tokens + spec.answer_budget, rounded up to 16), the most
+  tokens a completion may hold.
+
+      dec = ContinuousDecoder(sampler, capacity=64, spec=spec, max_prompt_len=64)
+      dec.insert(requests[:dec.free])           # as many as there are free slots
+      for req, completion in dec.step(): ...    # one chunk of decoding; the finished samples
+  """
+
+  def __init__(self, sampler: "sampler_lib.JaxSampler", capacity: int, spec: SamplingSpec,
+               max_prompt_len: int, max_completion_len: int | None = None,
+               chunk_steps: int | None = None):
+    if sampler.record_routes:
+      raise ValueError("continuous batching does not record MoE routes (routing replay): use "
+                       "generator.continuous=False")
+    if sampler.num_devices != 1:
+      raise ValueError(f"continuous batching decodes on one device, the sampler has "
+                       f"{sampler.num_devices} (generator.jax_devices)")
+    if sampler.cfg.scan_layers:
+      raise ValueError("continuous batching needs an unscanned model (model.scan_layers=False)")
+    if capacity <= 0:
+      raise ValueError(f"capacity must be positive, got {capacity}")
+    self.sampler, self.cfg, self.spec = sampler, sampler.cfg, spec
+    self.capacity = int(capacity)
+    self.P = -(-int(max_prompt_len) // _BUCKET) * _BUCKET
+    self.n_int = len(spec.interruption_tokens)
+    L = int(max_completion_len or spec.think_budget_max + self.n_int + spec.answer_budget)
+    self.room = L
+    self.R = -(-L // _BUCKET) * _BUCKET
+    if self.P + L > self.cfg.max_position_embeddings:
+      raise ValueError(f"prompt {self.P} + completion {L} tokens exceed the model's "
+                       f"{self.cfg.max_position_embeddings} positions")
+    self.chunk_steps = int(chunk_steps or sampler.chunk_steps)
+    end_ids = spec.think_end_tokens or (() if sampler.end_think_token is None
+                                        else (sampler.end_think_token,))
+    end = think_end_automaton(end_ids, spec.think_end_text, spec.think_end_vocab)
+    self._end = (end.columns(self.cfg.vocab_size), end.next_state, end.hit)
+    self._interrupt = np.asarray(list(spec.interruption_tokens) or [0], np.int32)
+    self._stop = np.asarray(list(spec.stop_tokens) or [-1], np.int32)
+    self.state = _empty(self.cfg, self.capacity, self.P, self.R, sampler.kv_dtype)
+    self._slots: list[SlotRequest | None] = [None] * self.capacity
+    self._start = [0] * self.capacity   # the decode step at which each slot's sample started
+    self._g = 0
+    self._length = np.zeros(self.capacity, np.int64)
+    self.stats = DecodeStats()
+
+  @property
+  def free(self) -> int:
+    """Slots without a sample."""
+    return sum(s is None for s in self._slots)
+
+  @property
+  def in_flight(self) -> list[SlotRequest]:
+    """The samples being decoded."""
+    return [s for s in self._slots if s is not None]
+
+  def insert(self, requests: Sequence[SlotRequest]) -> None:
+    """Puts `requests` into free slots (at most `free` of them) and prefills their prompts."""
+    requests = list(requests)
+    if not requests:
+      return
+    free = [i for i, s in enumerate(self._slots) if s is None]
+    if len(requests) > len(free):
+      raise ValueError(f"{len(requests)} requests for {len(free)} free slots")
+    t0 = time.perf_counter()
+    self.sampler.apply_pending()
+    k = 1 << (len(requests) - 1).bit_length()   # a power of two: few prefill shapes compile
+    tokens = np.zeros((k, self.P), np.int32)
+    mask = np.zeros((k, self.P), bool)
+    slots = np.full((k,), self.capacity, np.int32)   # >= capacity: padding, dropped
+    ints = np.zeros((5, k), np.int64)
+    for i, r in enumerate(requests + requests[-1:] * (k - len(requests))):
+      t = np.asarray(r.prompt.tokens, np.int32)
+      if t.ndim != 1 or not 0 < len(t) <= self.P:
+        raise ValueError(f"prompt {r.prompt.prompt_id}: {t.shape} tokens; the decoder takes 1 to "
+                         f"{self.P} (max_prompt_len)")
+      if r.think_budget < 0 or r.answer_budget <= 0:
+        raise ValueError(f"prompt {r.prompt.prompt_id}: budgets must be >= 0 (think) and > 0 "
+                         f"(answer), got {r.think_budget}, {r.answer_budget}")
+      tokens[i, self.P - len(t):] = t
+      mask[i, self.P - len(t):] = True
+      ints[:, i] = (r.think_budget, r.answer_budget if self.n_int else self.room,
+                    int(r.seed) & 0xFFFFFFFF, int(r.prompt.prompt_id) & 0x7FFFFFFF,
+                    r.sample_index)
+      if i < len(requests):
+        slots[i] = free[i]
+        self._slots[free[i]] = r
+        self._start[free[i]] = self._g
+        self._length[free[i]] = 0
+    self.state = _insert(self.sampler.params, self.cfg, self.state, slots, tokens, mask,
+                         ints[0].astype(np.int32), ints[1].astype(np.int32),
+                         ints[2].astype(np.uint32), ints[3].astype(np.int32),
+                         ints[4].astype(np.int32), np.int32(self.sampler.version),
+                         sampler_lib.PHASE_THINK if self.n_int else sampler_lib.PHASE_ANSWER)
+    self.stats.insert_s += time.perf_counter() - t0
+
+  def step(self) -> list[tuple[SlotRequest, Completion]]:
+    """Decodes one chunk (`chunk_steps` tokens per busy slot; weights queued on the sampler are
+    swapped in first) and returns the samples that finished, with their completions; their slots
+    are free again."""
+    t0 = time.perf_counter()
+    self.sampler.apply_pending()
+    spec = self.spec
+    consts = (self._interrupt, self._stop, np.float32(spec.temperature), np.float32(spec.top_p),
+              np.int32(self.sampler.version)) + self._end
+    self.state, done, length = _decode(self.sampler.params, self.cfg, self.state,
+                                       self.chunk_steps, self.room, spec.top_p < 1.0, consts)
+    done, length = jax.device_get((done, length))
+    self._g += self.chunk_steps
+    busy = np.array([s is not None for s in self._slots])
+    grown = np.where(busy, length - self._length, 0)
+    self._length = np.where(busy, length, self._length)
+    st = self.stats
+    st.chunks += 1
+    st.slot_steps += self.capacity * self.chunk_steps
+    st.live_row_steps += int(grown.sum())
+    finished = [i for i in range(self.capacity) if busy[i] and done[i]]
+    out = []
+    if finished:
+      host = jax.device_get({k: self.state[k] for k in (
+          "tokens", "logprobs", "versions", "policy", "interrupted", "stopped")})
+      for i in finished:
+        r, n = self._slots[i], int(length[i])
+        cols = (self._start[i] + np.arange(n)) % self.R
+        reason = (FINISH_INTERRUPTED if host["interrupted"][i]
+                  else FINISH_STOP if host["stopped"][i] else FINISH_LENGTH)
+        c = Completion(prompt_id=r.prompt.prompt_id, tokens=host["tokens"][i, cols],
+                       logprobs=host["logprobs"][i, cols], versions=host["versions"][i, cols],
+                       policy_mask=host["policy"][i, cols], finish_reason=reason)
+        st.completions += 1
+        st.tokens += n
+        st.policy_tokens += int(c.policy_mask.sum())
+        out.append((r, c))
+        self._slots[i] = None
+    st.decode_s += time.perf_counter() - t0
+    return out
+
+  def note_idle(self, seconds: float) -> None:
+    """Books `seconds` the caller waited with free slots and nothing to insert."""
+    self.stats.idle_s += float(seconds)
+
+  def run(self, requests: Sequence[SlotRequest]) -> list[tuple[SlotRequest, Completion]]:
+    """Decodes all `requests` (slots refilled as samples finish); returns them in finishing
+    order. For benches and tests; a generator worker drives insert/step itself."""
+    pending = list(requests)
+    out: list[tuple[SlotRequest, Completion]] = []
+    while pending or self.in_flight:
+      k = min(self.free, len(pending))
+      if k:
+        self.insert(pending[:k])
+        pending = pending[k:]
+      out.extend(self.step())
+    return out

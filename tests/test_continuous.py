@@ -1,0 +1,139 @@
+"""Continuous batching (generation/continuous.py): a freed slot takes the next sample mid-decode,
+and that sample decodes exactly as it does alone; weight swaps stamp mixed slots correctly;
+log-probs equal the learner's forward although the ring of cache columns wraps around."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scalerl_jax import models
+from scalerl_jax.generation.continuous import ContinuousDecoder, SlotRequest, requests_for
+from scalerl_jax.generation.sampler import JaxSampler
+from scalerl_jax.types import FINISH_INTERRUPTED, PromptSpec, SamplingSpec
+
+END_THINK = 5
+INTERRUPT = (40, 41, 42, END_THINK)
+SPEC = SamplingSpec(temperature=1.0, think_budget_min=4, think_budget_max=30, answer_budget=12,
+                    think_end_tokens=(END_THINK,), interruption_tokens=INTERRUPT, seed=7)
+
+# Thinking never ends by itself (no end-of-thinking tokens, no stop tokens): every completion is
+# exactly its think budget + 4 interruption tokens + its answer budget long.
+FIXED = SamplingSpec(temperature=1.0, think_budget_min=0, think_budget_max=30, answer_budget=12,
+                     interruption_tokens=INTERRUPT, seed=7)
+
+pytestmark = pytest.mark.xdist_group("sampler")   # the same tiny model as test_sampler.py
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg = models.get_preset("tiny_llama3", vocab_size=64, num_layers=2, d_model=128, ffn_dim=256,
+                          dtype="float32")
+  return cfg, models.init_params(cfg, jax.random.PRNGKey(0))
+
+
+def _learner_logprobs(cfg, params, prompt, completion):
+  """log softmax of the learner's full forward (float64 on the host) at each completion token."""
+  seq = np.concatenate([prompt, completion])[None]
+  logits = np.asarray(models.forward(params, cfg, jnp.asarray(seq)), np.float64)[0]
+  m = logits.max(-1, keepdims=True)
+  logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+  P = len(prompt)
+  return np.array([logp[P - 1 + t, completion[t]] for t in range(len(completion))])
+
+
+def _req(pid, tokens, think, answer, sample=0, seed=7):
+  return SlotRequest(PromptSpec(pid, np.asarray(tokens, np.int32)), sample, seed, think, answer)
+
+
+def test_freed_slot_is_refilled_and_decodes_as_alone(model):
+  cfg, params = model
+  # Two slots, three samples: A ends early (1 thinking token, 4 interruption tokens, 2 answer
+  # tokens), B runs long (30 + 4 + 12), C waits and takes A's slot while B is mid-sequence.
+  # The ring holds 48 columns: C (46 tokens) starts at decode step 8 and wraps around it.
+  a = _req(1, [1, 7, 8, 9], think=0, answer=2)
+  b = _req(2, [1, 3], think=30, answer=12)
+  c = _req(3, [4, 5, 6, 7, 8, 9, 10], think=30, answer=12, sample=3)
+  dec = ContinuousDecoder(JaxSampler(cfg, params, version=4), capacity=2, spec=FIXED,
+                          max_prompt_len=16, max_completion_len=48, chunk_steps=8)
+  dec.insert([a, b])
+  done = dec.step()
+  assert [r.prompt.prompt_id for r, _ in done] == [1] and dec.free == 1
+  assert done[0][1].finish_reason == FINISH_INTERRUPTED
+  assert done[0][1].tokens[1:5].tolist() == list(INTERRUPT) and len(done[0][1].tokens) == 7
+  dec.insert([c])                              # into A's slot, B in flight (8 tokens in)
+  assert len(dec.in_flight) == 2
+  got = {r.prompt.prompt_id: comp for r, comp in dec.run([])}
+  assert set(got) == {2, 3}
+  assert len(got[2].tokens) == len(got[3].tokens) == 46   # C: columns 8..53 of a 48-ring
+  # C alone in a fresh one-slot decoder: the same tokens; log-probs to float32 rounding.
+  alone = ContinuousDecoder(JaxSampler(cfg, params, version=4), capacity=1, spec=FIXED,
+                            max_prompt_len=16, max_completion_len=48, chunk_steps=8).run([c])
+  (_, ref), = alone
+  assert got[3].tokens.tolist() == ref.tokens.tolist()
+  np.testing.assert_allclose(got[3].logprobs, ref.logprobs, atol=1e-5)
+  assert got[3].policy_mask.tolist() == ref.policy_mask.tolist()
+  # ... and both equal the learner's forward (T = 1): the ring's columns hold the right keys.
+  for r, comp in ((b, got[2]), (c, got[3])):
+    assert np.all(comp.versions == 4)
+    lp = _learner_logprobs(cfg, params, r.prompt.tokens, comp.tokens)
+    pol = comp.policy_mask
+    np.testing.assert_allclose(comp.logprobs[pol], lp[pol], atol=2e-5)
+    assert np.all(comp.logprobs[~pol] == 0.0)
+  st = dec.stats
+  assert st.completions == 3 and 0 < st.occupancy <= 1
+  assert st.tokens == st.live_row_steps == 7 + 46 + 46
+  assert st.slot_steps == 2 * 8 * st.chunks
+
+
+def test_samples_do_not_depend_on_slot_or_neighbours(model):
+  """The same 12 requests through 3 slots and through 12 slots: identical completions."""
+  cfg, params = model
+  prompts = [PromptSpec(i, np.arange(1, 3 + i, dtype=np.int32) % 60 + 1) for i in range(4)]
+  reqs = requests_for(prompts, 3, SPEC)
+  out = {}
+  for cap in (3, 12):
+    dec = ContinuousDecoder(JaxSampler(cfg, params), capacity=cap, spec=SPEC, max_prompt_len=16,
+                            chunk_steps=8)
+    out[cap] = {(r.prompt.prompt_id, r.sample_index): c for r, c in dec.run(reqs)}
+  assert len(out[3]) == 12
+  for key, c in out[12].items():
+    assert c.tokens.tolist() == out[3][key].tokens.tolist(), key
+    np.testing.assert_allclose(c.logprobs, out[3][key].logprobs, atol=1e-5)
+  # samples of one prompt differ (per-sample keys), and the budgets are the spec's draws
+  assert len({tuple(out[12][(0, j)].tokens) for j in range(3)}) == 3
+
+
+def test_weight_swap_with_mixed_slots_stamps_versions(model):
+  cfg, params = model
+  params2 = models.init_params(cfg, jax.random.PRNGKey(1))
+  s = JaxSampler(cfg, params, version=0)
+  dec = ContinuousDecoder(s, capacity=2, spec=FIXED, max_prompt_len=16, chunk_steps=8)
+  short = _req(1, [1, 7, 8, 9], think=0, answer=2)
+  long = _req(2, [1, 3], think=30, answer=12)
+  dec.insert([short, long])
+  first = dec.step()                         # 8 tokens of `long` under version 0
+  assert [r.prompt.prompt_id for r, _ in first] == [1]
+  s.set_params(params2, 1)                   # applied before the next chunk / insertion
+  late = _req(3, [4, 5, 6], think=30, answer=12)
+  dec.insert([late])                         # prefilled with version 1
+  got = {r.prompt.prompt_id: c for r, c in dec.run([])}
+  v = got[2].versions
+  # `long`: its first 8 tokens and the 9th (sampled from logits version 0 computed) are version
+  # 0, every later one version 1; its old KV is kept.
+  assert v[:9].tolist() == [0] * 9 and np.all(v[9:] == 1) and len(v) == 46
+  assert np.all(got[3].versions == 1)
+  lp = _learner_logprobs(cfg, params2, late.prompt.tokens, got[3].tokens)
+  pol = got[3].policy_mask
+  np.testing.assert_allclose(got[3].logprobs[pol], lp[pol], atol=2e-5)
+
+
+def test_bad_requests_fail_with_one_line(model):
+  cfg, params = model
+  dec = ContinuousDecoder(JaxSampler(cfg, params), capacity=1, spec=SPEC, max_prompt_len=16)
+  with pytest.raises(ValueError, match="max_prompt_len"):
+    dec.insert([_req(1, np.ones(17), 4, 4)])
+  with pytest.raises(ValueError, match="free slots"):
+    dec.insert([_req(1, [1], 4, 4), _req(2, [1], 4, 4)])
+  with pytest.raises(ValueError, match="exceed the model's"):
+    ContinuousDecoder(JaxSampler(cfg, params), 1, SPEC, max_prompt_len=16,
+                      max_completion_len=cfg.max_position_embeddings)
