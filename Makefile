@@ -22,7 +22,7 @@ vllm-venv:
 	bash scripts/setup_vllm_venv.sh
 
 test: venv vllm-venv
-	SCALERL_REQUIRE_VLLM=1 $(VPY) -m pytest -q -n 4 --dist loadgroup --timeout=900 --durations=25 -m "not long" tests
+	SCALERL_REQUIRE_VLLM=1 $(VPY) -m pytest -q -n 4 --dist loadgroup --no-loadscope-reorder --timeout=900 --durations=25 -m "not long" tests
 
 # Tests too long for CI's budget (marker `long`): the gs:// rehearsal.
 test-long: venv

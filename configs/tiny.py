@@ -8,12 +8,18 @@ zero-variance filtering, No-Positive-Resampling, forced interruptions, FP32 head
 8 prompts x 8 generations per step, thinking budget 24-32 tokens then the interruption phrase,
 8 answer tokens. The base policy comes from a short SFT warm start on noisy traces (cached in
 WORKDIR/base_policy). head_dim is 64 so vLLM can serve the same model (generator.backend=vllm).
+
+`--config=configs/tiny.py:tailed`: the length-tailed workload (issue #25): thinking budgets drawn
+in [8, 96] tokens (a 1:12 spread, like the paper's 1k-12k) instead of [24, 32], and continuous
+batching in the generator (generator.continuous; `--config.generator.continuous=False` for the
+drain-per-lease loop on the same workload).
 """
 from configs import common
 
 
 def get_config(arg=None):
-  del arg
+  if arg not in (None, "", "tailed"):
+    raise ValueError(f"configs/tiny.py takes no argument or 'tailed', got {arg!r}")
   c = common.base_config()
   c.total_steps = 300
   c.model.preset = "tiny_llama3"
@@ -60,4 +66,8 @@ def get_config(arg=None):
   c.sft.lr = 1e-3
   c.sft.num_examples = 4096
   c.checkpoint.every_steps = 50
+  if arg == "tailed":
+    c.rollout.think_budget_min = 8
+    c.rollout.think_budget_max = 96
+    c.generator.continuous = True
   return c

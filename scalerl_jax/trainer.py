@@ -234,6 +234,18 @@ def make_learner(config, model_cfg, params):
                                       route_shape=route_shape)
 
 
+def generator_metrics(stats) -> dict:
+  """The generators' heartbeat counters (BatchSummary.generator_stats, cumulative over the run,
+  all generators) as metrics: gen_occupancy = sequences in flight / slots over every decode step
+  so far; gen_idle_s / gen_grade_s / gen_decode_s: seconds waiting for leases or weights with
+  empty slots, grading, decoding. {} before the first heartbeat with counters arrives."""
+  stats = dict(stats)
+  if not stats.get("slot_steps"):
+    return {}
+  return {"gen_occupancy": stats.get("live_row_steps", 0.0) / stats["slot_steps"],
+          **{f"gen_{k}": stats.get(k, 0.0) for k in ("idle_s", "grade_s", "decode_s")}}
+
+
 class Trainer:
   """Owns the Learner, the buffer client (learner side), the ledger and the logs.
 
@@ -517,7 +529,7 @@ class Trainer:
            "wait_s": t_wait, "train_s": t_train,
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
            "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity,
-           **step0}
+           **generator_metrics(batch.summary.generator_stats), **step0}
     abort = None
     if self.health is not None:
       from scalerl_jax.health import RunUnhealthy

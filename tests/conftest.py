@@ -65,6 +65,52 @@ if "SCALERL_SFT_CACHE_DIR" not in os.environ and _MADE_HERE:
   os.environ["SCALERL_SFT_CACHE_DIR"] = os.path.join(_MADE_HERE, "sft")
 
 
+# Run order under `make test` (`-n 4 --dist loadgroup --no-loadscope-reorder`): the longest work
+# units (an xdist_group, or a single test) first, each unit's tests in collection order; then
+# everything else in collection order. xdist's default order (groups by their number of tests,
+# then single tests alphabetically) left the 3-4 min single tests (two-process multihost with its
+# 45-s skew, the 2-device sampler, ...) to the last minutes: fc10 (session 15) idled 6-39 % of
+# both cores in its last 8 minutes while the other workers had run out of work. Wall seconds of
+# each unit in fc10, longest first (a unit not listed here runs after these):
+_FIRST = (
+    "vllm",                          # 1081 s: the vLLM engines, one at a time
+    "rehearse",                      # 518
+    "gcs",                           # 434
+    "e2e_smoke",                     # 312
+    "resume",                        # 298
+    "eval_e2e",                      # 285
+    "sampler",                       # 276
+    "moe",                           # 269
+    "forecast_e2e",                  # 266
+    "tests/test_multihost.py::test_two_processes_equal_one",              # 212
+    "routing_replay",                # 192
+    "fleet_eval",                    # 165
+    "tests/test_sampler_devices.py::test_two_devices_match_one_device",  # 159
+    "tests/test_chaos.py::test_chaos_three_minutes_fixed_seed",          # 144
+    "e2e_multitask",                 # 120
+    "e2e_instruct",                  # 108
+    "tests/test_multihost.py::test_main_runs_as_two_processes",          # 99
+    "tests/test_sharding.py::test_sharded_equals_unsharded_8_devices",   # 95
+    "tests/test_learner_sharded.py::test_sharded_equals_unsharded",      # 80
+    "tests/test_external_buffer.py::test_learner_buffer_and_fleet_as_separate_jobs",  # 79
+    "ckpt_start",                    # 69
+    "moe_flops",                     # 65
+)
+
+
+def _unit(item) -> str:
+  """The xdist work unit of a test: its xdist_group's name, else its node id."""
+  m = item.get_closest_marker("xdist_group")
+  if m is not None:
+    return str(m.args[0] if m.args else m.kwargs.get("name", ""))
+  return item.nodeid
+
+
+def pytest_collection_modifyitems(config, items):
+  rank = {u: i for i, u in enumerate(_FIRST)}
+  items.sort(key=lambda it: rank.get(_unit(it), len(rank)))   # stable: collection order within
+
+
 def pytest_unconfigure(config):
   if _MADE_HERE and not hasattr(config, "workerinput"):   # the controller (or a plain run)
     shutil.rmtree(_MADE_HERE, ignore_errors=True)

@@ -205,3 +205,26 @@ def test_snapshot_apply_round_trip_rebuilds_the_same_state(tmp_path):
   # both serve the same next lease and the same next batch once complete
   a1, a2 = st.lease("g", 1, 0), fresh.lease("g", 1, 0)
   assert [(a.group_id, a.prompt_id) for a in a1] == [(a.group_id, a.prompt_id) for a in a2]
+
+
+def test_heartbeat_stats_are_summed_into_every_batch_summary():
+  """Generators' cumulative counters (continuous batching occupancy, idle and grading seconds)
+  ride on heartbeats; every BatchSummary carries their sum over generator incarnations; bad
+  counters are refused with one line and change nothing."""
+  from scalerl_jax.trainer import generator_metrics
+  st, _ = _state(B=1, k=1)
+  st.heartbeat("g@1", stats={"slot_steps": 640, "live_row_steps": 600, "idle_s": 1.5})
+  st.heartbeat("g@2", stats={"slot_steps": 320, "live_row_steps": 200, "grade_s": 2.0})
+  st.heartbeat("g@1", stats={"slot_steps": 1280, "live_row_steps": 1200, "idle_s": 2.5})
+  for bad in ({"slot_steps": float("nan")}, {"x" * 65: 1.0}, {"slot_steps": -1.0},
+              {f"k{i}": 1.0 for i in range(17)}):
+    with pytest.raises(val.RejectError, match="heartbeat stats"):
+      st.heartbeat("g@3", stats=bad)
+  a = st.lease("g@1", 1, 0)[0]
+  _fill(st, a)
+  got = dict(st.pull(0, 0).summary.generator_stats)
+  assert got == {"slot_steps": 1600.0, "live_row_steps": 1400.0, "idle_s": 2.5, "grade_s": 2.0}
+  m = generator_metrics(got)
+  assert m == {"gen_occupancy": 1400 / 1600, "gen_idle_s": 2.5, "gen_grade_s": 2.0,
+               "gen_decode_s": 0.0}
+  assert generator_metrics({}) == {}

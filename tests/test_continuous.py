@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from scalerl_jax import models
-from scalerl_jax.generation.continuous import ContinuousDecoder, SlotRequest, requests_for
+from scalerl_jax.generation.continuous import ContinuousDecoder
+from scalerl_jax.generation.slots import SlotRequest, requests_for
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.types import FINISH_INTERRUPTED, PromptSpec, SamplingSpec
 

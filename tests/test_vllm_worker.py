@@ -324,3 +324,33 @@ def test_engine_start_failure_is_reported_with_the_cause(tmp_path):
     VLLMGenerator(bad, enforce_eager=True, startup_timeout=300)
   assert str(bad) in str(ei.value) or "config" in str(ei.value).lower()
   print(f"\n[vllm] bad model dir rejected in {time.monotonic() - t0:.1f} s")
+
+
+def test_continuous_slots_refill_a_freed_slot_while_others_run(gen, ckpts):
+  """VLLMSlots (generator.continuous on vLLM): one engine request per sample; a finished
+  sample's slot takes the next waiting one while the long sample is still running; each sample
+  keeps its own budgets (thinking never ends by itself here: lengths are exact)."""
+  from scalerl_jax.generation.slots import SlotRequest
+  from scalerl_jax.generation.vllm.generator import VLLMSlots
+  inj = (7, 8, 9)
+  spec = SamplingSpec(temperature=1.0, think_budget_min=0, think_budget_max=200, answer_budget=8,
+                      interruption_tokens=inj, seed=3)
+  p = _prompts(3, seed=4)
+  short = SlotRequest(p[0], 0, 3, think_budget=2, answer_budget=2)
+  long = SlotRequest(p[1], 1, 3, think_budget=150, answer_budget=40)
+  late = SlotRequest(p[2], 5, 3, think_budget=10, answer_budget=4)
+  slots = VLLMSlots(gen, capacity=2, spec=spec)
+  slots.insert([short, long])
+  done = []
+  while not done:
+    done = slots.step(timeout=1.0)
+  assert [r.prompt.prompt_id for r, _ in done] == [0] and slots.free == 1
+  assert [r.prompt.prompt_id for r in slots.in_flight] == [1]     # the long one still runs
+  slots.insert([late])
+  got = {r.prompt.prompt_id: c for r, c in [*done, *slots.run([])]}
+  assert {k: len(c.tokens) for k, c in got.items()} == {0: 2 + 3 + 2, 1: 150 + 3 + 40,
+                                                        2: 10 + 3 + 4}
+  assert all(c.finish_reason == FINISH_INTERRUPTED for c in got.values())
+  assert list(got[2].tokens[10:13]) == list(inj)
+  st = slots.stats
+  assert st.completions == 3 and 0 < st.occupancy <= 1 and st.tokens == 7 + 193 + 17

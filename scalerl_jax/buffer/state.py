@@ -25,7 +25,7 @@ import logging
 import struct
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -173,6 +173,7 @@ class BufferState:
     # generator id -> (versions it holds, when it said so): from leases and heartbeats that list
     # them; an evaluation nobody live holds any more is unservable (collect_eval).
     self._holders: dict[str, tuple[frozenset, float]] = {}
+    self._gen_stats: dict[str, dict[str, float]] = {}   # generator (incarnation) -> its counters
     # No-Positive-Resampling: pass-rate history of delivered groups; retired prompts are skipped
     # when the next epoch's order is drawn (PAPER_NOTES §3). None disables it.
     self.npr = None
@@ -311,7 +312,8 @@ class BufferState:
     return {int(v) for v in held_versions}
 
   def heartbeat(self, generator_id: str, group_ids: Sequence[int] | None = None,
-                held_versions: Sequence[int] | None = None) -> int:
+                held_versions: Sequence[int] | None = None,
+                stats: Mapping[str, float] | None = None) -> int:
     """Extends the incomplete leases held by `generator_id`; returns how many. `held_versions`
     (when given): the versions whose weights it holds, recorded as its lease requests' are.
 
@@ -319,11 +321,22 @@ class BufferState:
     incomplete groups keep their expiry and are re-queued after the TTL. A lease the buffer
     logged but whose response never reached the generator (the buffer crashed in between) would
     otherwise be kept alive forever by that generator's heartbeats, and its step never completes.
-    None: every incomplete group of `generator_id` (clients that do not list their groups)."""
+    None: every incomplete group of `generator_id` (clients that do not list their groups).
+    `stats`: the generator's cumulative counters, kept per generator (not in the WAL) and summed
+    into every BatchSummary."""
     val.check_id(generator_id, "generator_id", self.limits)
     listed = None if group_ids is None else {int(x) for x in group_ids}
     held = None if held_versions is None else self._held_set(held_versions)
+    if stats:
+      stats = val.check_generator_stats(stats)
     with self.cv:
+      if stats:
+        self._gen_stats[generator_id] = stats
+        if len(self._gen_stats) > 256:   # many incarnations: fold the oldest into one entry
+          old = next(k for k in self._gen_stats if k != "(retired)")
+          merged = self._gen_stats.setdefault("(retired)", {})
+          for k, v in self._gen_stats.pop(old).items():
+            merged[k] = merged.get(k, 0.0) + v
       if held is not None:
         self._holders[generator_id] = (frozenset(held), self.clock())
       self._expire()
@@ -492,7 +505,8 @@ class BufferState:
         nroll += 1
       blobs.append(_group_item_bytes(g))
       nbytes += len(blobs[-1])
-    summary = pb.BatchSummary(step=step, num_groups=len(batch), lag=lag_histogram(counts, negative))
+    summary = pb.BatchSummary(step=step, num_groups=len(batch), lag=lag_histogram(counts, negative),
+                              generator_stats=self.generator_stats())
     if how == "live":
       self._wal_append(walmod.DELIVER, dict(step=step, gids=[g.view.group_id for g in batch]))
       if self.npr is not None:
@@ -681,6 +695,16 @@ class BufferState:
           delivered_groups=self.delivered_groups, delivered_rollouts=self.delivered_rollouts,
           expired_groups=self.expired_groups, stale_dropped_groups=self.stale_dropped,
           digest=h.hexdigest())
+
+  def generator_stats(self) -> dict[str, float]:
+    """The generators' heartbeat counters summed over every generator (incarnation) that sent
+    them: each is cumulative, so the sum only grows."""
+    with self.cv:
+      total: dict[str, float] = {}
+      for st in self._gen_stats.values():
+        for k, v in st.items():
+          total[k] = total.get(k, 0.0) + v
+      return total
 
   def status_fields(self) -> dict:
     with self.cv:

@@ -30,10 +30,9 @@ scanned-layer models; `ContinuousDecoder` refuses those with one line.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,39 +40,11 @@ import numpy as np
 
 from scalerl_jax import models
 from scalerl_jax.generation import sampler as sampler_lib
-from scalerl_jax.generation.interruption import think_budget, think_end_automaton
-from scalerl_jax.types import (FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion,
-                               PromptSpec, SamplingSpec)
+from scalerl_jax.generation.interruption import think_end_automaton
+from scalerl_jax.generation.slots import DecodeStats, SlotRequest, drive
+from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion, SamplingSpec
 
 _BUCKET = 16
-
-
-@dataclasses.dataclass
-class SlotRequest:
-  """One sample to decode: sample `sample_index` of `prompt`, seeded by `seed` (with the prompt
-  id and the sample index), thinking for at most `think_budget` tokens and answering for at most
-  `answer_budget`. `tag` is the caller's (e.g. its group); handed back with the completion."""
-  prompt: PromptSpec
-  sample_index: int
-  seed: int
-  think_budget: int
-  answer_budget: int
-  tag: Any = None
-
-
-def requests_for(prompts: Sequence[PromptSpec], n: int, spec: SamplingSpec,
-                 answer_budgets: Sequence[int] | None = None, tag: Any = None
-                 ) -> list[SlotRequest]:
-  """`n` SlotRequests per prompt with the spec's seed, thinking budgets drawn as both backends
-  draw them (interruption.think_budget) and the spec's answer budget (or one per prompt)."""
-  out = []
-  for i, p in enumerate(prompts):
-    ab = spec.answer_budget if answer_budgets is None else int(answer_budgets[i])
-    for j in range(n):
-      out.append(SlotRequest(p, j, spec.seed, think_budget(
-          spec.seed, p.prompt_id, j, spec.think_budget_min, spec.think_budget_max), ab,
-          tag if tag is not None else i))
-  return out
 
 
 def _row_keys(seeds, prompt_ids, samples):
@@ -172,29 +143,6 @@ def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts
   state = jax.lax.fori_loop(0, n_steps, body, state)
   state["g"] = g0 + n_steps
   return state, state["done"], state["length"]
-
-
-@dataclasses.dataclass
-class DecodeStats:
-  """What a ContinuousDecoder did: `live_row_steps` of `slot_steps` (occupancy = their ratio),
-  seconds decoding, inserting and idle (no slot busy and nothing to insert: `note_idle`)."""
-  chunks: int = 0
-  slot_steps: int = 0
-  live_row_steps: int = 0
-  tokens: int = 0
-  policy_tokens: int = 0
-  completions: int = 0
-  decode_s: float = 0.0
-  insert_s: float = 0.0
-  idle_s: float = 0.0
-
-  @property
-  def occupancy(self) -> float:
-    """Mean sequences in flight / capacity over the decode steps run."""
-    return self.live_row_steps / self.slot_steps if self.slot_steps else 0.0
-
-  def as_dict(self) -> dict:
-    return dict(dataclasses.asdict(self), occupancy=self.occupancy)
 
 
 class ContinuousDecoder:
@@ -344,14 +292,5 @@ class ContinuousDecoder:
     self.stats.idle_s += float(seconds)
 
   def run(self, requests: Sequence[SlotRequest]) -> list[tuple[SlotRequest, Completion]]:
-    """Decodes all `requests` (slots refilled as samples finish); returns them in finishing
-    order. For benches and tests; a generator worker drives insert/step itself."""
-    pending = list(requests)
-    out: list[tuple[SlotRequest, Completion]] = []
-    while pending or self.in_flight:
-      k = min(self.free, len(pending))
-      if k:
-        self.insert(pending[:k])
-        pending = pending[k:]
-      out.extend(self.step())
-    return out
+    """Decodes all `requests` (slots refilled as samples finish): `slots.drive`."""
+    return drive(self, requests)

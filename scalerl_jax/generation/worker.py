@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent import futures
 
 import grpc
 
@@ -50,8 +52,10 @@ from scalerl_jax import runtime
 from scalerl_jax import xla_env
 from scalerl_jax.data import build_dataset
 from scalerl_jax.generation import interruption
+from scalerl_jax.generation.continuous import ContinuousDecoder
+from scalerl_jax.generation.slots import DecodeStats, requests_for
 from scalerl_jax.generation.sampler import JaxSampler
-from scalerl_jax.generation.vllm.generator import VLLMGenerator
+from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
 from scalerl_jax.models import hf_io
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
@@ -175,6 +179,8 @@ class Worker:
                                self.dataset)
     self._stop = threading.Event()
     self.rewound = False
+    # Occupancy, idle and grading seconds of either loop (sent with every heartbeat).
+    self.decode_stats = DecodeStats()
     threading.Thread(target=self._watch_weights, daemon=True).start()
     # The training groups this worker is generating (leased, not yet pushed): the heartbeats
     # extend only these (a lease whose response was lost in a buffer crash then expires).
@@ -198,7 +204,8 @@ class Worker:
       self.touch_alive()
       try:
         r = self.client.heartbeat(self.lease_id, self.gen.version, group_ids=sorted(self._working),
-                                  held_versions=self.held_versions())
+                                  held_versions=self.held_versions(),
+                                  stats=self.decode_stats.heartbeat_stats())
       except grpc.RpcError as e:
         log.warning("%s: heartbeat failed (%s)", self.id, e.code())
         continue
@@ -410,6 +417,8 @@ class Worker:
           [a.prompt_id for a in assignments]))
       t0 = time.time()
       groups = self.gen.generate(prompts, int(assignments[0].group_size), spec)
+      self._book_drain(groups, time.time() - t0)
+      t1 = time.perf_counter()
       rollouts, graded = [], []
       for a, p, group in zip(assignments, prompts, groups):
         for i, c in enumerate(group):
@@ -418,6 +427,7 @@ class Worker:
               generator_id=self.id, rewards=(self.rewards(c, a.answer, a.prompt_id, graded),),
               start_unix_s=t0))
       self._log_grades(graded)
+      self.decode_stats.grade_s += time.perf_counter() - t1
       try:
         self.client.push(rollouts)
       except grpc.RpcError as e:   # e.g. a lease expired: the buffer re-assigns the group
@@ -427,6 +437,155 @@ class Worker:
       finally:                     # pushed or given up: no longer this worker's to extend
         self._working = frozenset()
       done += len(assignments)
+    return done
+
+  def _book_drain(self, groups, seconds: float) -> None:
+    """Occupancy of one drained batch: its tokens vs its rows x the decode steps its longest
+    sample took (chunks of generator.chunk_steps on the JAX backend)."""
+    lengths = [len(c.tokens) for g in groups for c in g]
+    if not lengths:
+      return
+    chunk = int(self.config.generator.chunk_steps) if self.backend == "jax" else 1
+    st = self.decode_stats
+    st.slot_steps += len(lengths) * -(-max(lengths) // chunk) * chunk
+    st.live_row_steps += sum(lengths)
+    st.tokens += sum(lengths)
+    st.completions += len(lengths)
+    st.decode_s += seconds
+
+  # ---- continuous batching (generation/continuous.py) ------------------------------------------
+  def continuous_ok(self) -> str:
+    """"" when this worker decodes continuously (generator.continuous on the JAX backend), else
+    why it keeps the drain-per-lease loop."""
+    if not self.config.generator.get("continuous", False):
+      return "generator.continuous is off"
+    if self.backend not in ("jax", "vllm"):
+      return f"the {self.backend} backend"
+    if self.config.rollout.mode != "pipeline":
+      return f"rollout.mode={self.config.rollout.mode} (version-capped rounds)"
+    if self.backend == "jax" and (self.gen.record_routes or self.gen.num_devices != 1
+                                  or self.model_cfg.scan_layers):
+      return "routing replay, several decode devices or a scanned model"
+    return ""
+
+  def _grade_and_push(self, a, prompt, group, t0: float) -> int:
+    """Grades one finished group (a grading-pool thread) and pushes it; returns groups pushed."""
+    t1 = time.perf_counter()
+    rollouts, graded = [], []
+    for i, c in enumerate(group):
+      rollouts.append(codec.completion_to_rollout(
+          c, group_id=a.group_id, sample_index=i, prompt_tokens=prompt.tokens,
+          generator_id=self.id, rewards=(self.rewards(c, a.answer, a.prompt_id, graded),),
+          start_unix_s=t0))
+    with self._grade_lock:
+      self.decode_stats.grade_s += time.perf_counter() - t1
+      self._log_grades(graded)
+    try:
+      self.client.push(rollouts)
+      return 1
+    except grpc.RpcError as e:   # e.g. its lease expired: the buffer re-assigns the group
+      log.warning("%s: push of group %d rejected (%s: %s)", self.id, a.group_id, e.code(),
+                  e.details())
+      return 0
+    finally:
+      with self._grade_lock:
+        self._working = self._working - {a.group_id}
+
+  def run_continuous(self, max_groups: int = 0) -> int:
+    """The continuous loop: `generator.decode_batch` slots kept decoding (JAX: ContinuousDecoder;
+    vLLM: VLLMSlots, one engine request per sample); leases refilled ahead of need; each group
+    graded (a pool of `generator.grade_workers` threads) and pushed as soon as its last sample
+    ends. Evaluation leases are served between chunks (the slots pause meanwhile). PipelineRL-k
+    is the buffer's: a group's samples start only once this generator holds its minimum
+    version, and in-flight swaps only raise versions. Returns groups pushed."""
+    g = self.config.generator
+    n_lease = int(g.groups_per_lease)
+    n_eval = int(g.get("eval_groups_per_lease", 64))
+    spec0 = runtime.sampling_spec(self.config, self.dataset, seed=0)
+    if self.backend == "jax":
+      dec = ContinuousDecoder(self.gen, int(g.decode_batch), spec0,
+                              max_prompt_len=int(self.config.rollout.max_prompt_len))
+    else:
+      dec = VLLMSlots(self.gen, int(g.decode_batch), spec0)
+    dec.stats = self.decode_stats
+    pool = futures.ThreadPoolExecutor(max(1, int(g.get("grade_workers", 2))),
+                                      thread_name_prefix="grade")
+    self._grade_lock = threading.Lock()
+    waiting: collections.deque = collections.deque()   # (assignment, prompt, requests) leased
+    open_groups: dict = {}                              # group id -> [assignment, prompt, t0, {i: c}]
+    pushes: list = []
+    self.eval_groups = 0
+    done = 0
+    queued = lambda: sum(len(w[2]) for w in waiting)
+    next_lease = 0.0
+    try:
+      while not self._stop.is_set() and (not max_groups or done < max_groups):
+        # Lease ahead: keep a lease's samples waiting beyond the free slots (fewer leases while
+        # more than 4 leases' groups wait for their grades).
+        # An empty answer (the staleness window is full) is not asked again for 0.2 s.
+        if (queued() < dec.free + n_lease * int(self.config.rollout.generations_per_prompt)
+            and len(pushes) <= 4 * n_lease and time.monotonic() >= next_lease):
+          busy = bool(dec.in_flight) or bool(waiting)
+          t = time.perf_counter()
+          try:
+            resp = self.client.lease_response(self.lease_id, max_groups=n_lease,
+                                              wait_timeout_s=0.0 if busy else 2.0,
+                                              held_versions=self.held_versions(),
+                                              max_eval_groups=n_eval)
+          except grpc.RpcError as e:
+            log.warning("%s: lease failed (%s)", self.id, e.code())
+            resp = None
+            if not busy:
+              time.sleep(1.0)
+          if not busy:   # every slot free, waiting for work
+            dec.note_idle(time.perf_counter() - t)
+          if resp is not None:
+            self._set_pins(resp.eval_versions)
+            assignments = list(resp.assignments)
+            if not assignments:
+              next_lease = time.monotonic() + 0.2
+            if assignments and assignments[0].eval_id:
+              self.eval_groups += self.serve_eval(assignments)
+            elif assignments:
+              with self._grade_lock:
+                self._working = self._working | {a.group_id for a in assignments}
+              for a in assignments:
+                p = assignment_prompt(a)
+                seed = runtime.generation_seed(self.config.seed, a.min_version, [a.prompt_id])
+                spec = dataclasses.replace(spec0, seed=seed)
+                waiting.append((a, p, requests_for([p], int(a.group_size), spec, tag=a.group_id)))
+        # Fill free slots with samples whose minimum version this sampler has reached.
+        self.gen.apply_pending()
+        batch = []
+        while waiting and len(batch) < dec.free and waiting[0][0].min_version <= self.gen.version:
+          a, p, reqs = waiting[0]
+          take = reqs[:dec.free - len(batch)]
+          if a.group_id not in open_groups:
+            open_groups[a.group_id] = [a, p, time.time(), {}]
+          batch += take
+          if len(take) == len(reqs):
+            waiting.popleft()
+          else:
+            waiting[0] = (a, p, reqs[len(take):])
+        dec.insert(batch)
+        if not dec.in_flight:
+          t = time.perf_counter()
+          time.sleep(0.01)   # nothing to decode: waiting for a lease or for weights
+          dec.note_idle(time.perf_counter() - t)
+          continue
+        for r, c in dec.step():
+          entry = open_groups[r.tag]
+          entry[3][r.sample_index] = c
+          a = entry[0]
+          if len(entry[3]) == int(a.group_size):
+            del open_groups[r.tag]
+            group = [entry[3][i] for i in range(int(a.group_size))]
+            pushes.append(pool.submit(self._grade_and_push, a, entry[1], group, entry[2]))
+        done += sum(f.result() for f in pushes if f.done())
+        pushes = [f for f in pushes if not f.done()]
+    finally:
+      pool.shutdown(wait=True)
+      done += sum(f.result() for f in pushes if f.done() and not f.exception())
     return done
 
   def _log_grades(self, lines: list) -> None:
@@ -516,7 +675,13 @@ def main(argv=None):
     threading.Timer(5.0, os._exit, (0,)).start()
   signal.signal(signal.SIGTERM, on_term)
   try:
-    w.run()
+    why = w.continuous_ok()
+    log.info("%s: %s", a.generator_id, f"drain-per-lease loop ({why})" if why else
+             f"continuous batching, {w.config.generator.decode_batch} slots")
+    if why:
+      w.run()
+    else:
+      w.run_continuous()
   finally:
     w.close()
   if w.rewound:

@@ -26,7 +26,7 @@ import hashlib
 import logging
 import random
 import time
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -173,14 +173,16 @@ class BufferClient:
 
   def heartbeat(self, generator_id: str, version: int = 0,
                 group_ids: Sequence[int] | None = None,
-                held_versions: Sequence[int] | None = None) -> pb.HeartbeatResponse:
+                held_versions: Sequence[int] | None = None,
+                stats: Mapping[str, float] | None = None) -> pb.HeartbeatResponse:
     """Extends this generator's leases: only `group_ids` (the groups it is working on) when
     given, else every incomplete group leased to it; `held_versions` (when given) tells the
-    buffer which versions' weights it holds (see HeartbeatRequest in rollout.proto)."""
+    buffer which versions' weights it holds; `stats`: its cumulative counters (see
+    HeartbeatRequest in rollout.proto)."""
     req = pb.HeartbeatRequest(generator_id=generator_id, version=version,
                               group_ids=list(group_ids or ()), lists_groups=group_ids is not None,
                               held_versions=list(held_versions or ()),
-                              lists_held=held_versions is not None)
+                              lists_held=held_versions is not None, stats=dict(stats or {}))
     return self._retry(lambda: self._heartbeat(req, metadata=self._md, timeout=30))
 
   def fetch_weights(self, have_version: int = -1, wait_timeout_s: float = 0.0

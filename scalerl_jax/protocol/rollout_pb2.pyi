@@ -196,14 +196,23 @@ class LagHistogram(_message.Message):
     def __init__(self, counts: _Optional[_Iterable[int]] = ..., negative: _Optional[int] = ..., max_lag: _Optional[int] = ...) -> None: ...
 
 class BatchSummary(_message.Message):
-    __slots__ = ("step", "num_groups", "lag")
+    __slots__ = ("step", "num_groups", "lag", "generator_stats")
+    class GeneratorStatsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     STEP_FIELD_NUMBER: _ClassVar[int]
     NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_STATS_FIELD_NUMBER: _ClassVar[int]
     step: int
     num_groups: int
     lag: LagHistogram
-    def __init__(self, step: _Optional[int] = ..., num_groups: _Optional[int] = ..., lag: _Optional[_Union[LagHistogram, _Mapping]] = ...) -> None: ...
+    generator_stats: _containers.ScalarMap[str, float]
+    def __init__(self, step: _Optional[int] = ..., num_groups: _Optional[int] = ..., lag: _Optional[_Union[LagHistogram, _Mapping]] = ..., generator_stats: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class BatchItem(_message.Message):
     __slots__ = ("group", "summary")
@@ -343,20 +352,29 @@ class Status(_message.Message):
     def __init__(self, contents: _Optional[_Union[BufferContents, _Mapping]] = ..., mode: _Optional[str] = ..., max_lag: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., group_size: _Optional[int] = ..., admission_capacity: _Optional[int] = ..., lag_total: _Optional[_Union[LagHistogram, _Mapping]] = ..., recent: _Optional[_Iterable[_Union[BatchSummary, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("generator_id", "version", "group_ids", "lists_groups", "held_versions", "lists_held")
+    __slots__ = ("generator_id", "version", "group_ids", "lists_groups", "held_versions", "lists_held", "stats")
+    class StatsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     GENERATOR_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
     LISTS_GROUPS_FIELD_NUMBER: _ClassVar[int]
     HELD_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     LISTS_HELD_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     version: int
     group_ids: _containers.RepeatedScalarFieldContainer[int]
     lists_groups: bool
     held_versions: _containers.RepeatedScalarFieldContainer[int]
     lists_held: bool
-    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ..., group_ids: _Optional[_Iterable[int]] = ..., lists_groups: _Optional[bool] = ..., held_versions: _Optional[_Iterable[int]] = ..., lists_held: _Optional[bool] = ...) -> None: ...
+    stats: _containers.ScalarMap[str, float]
+    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ..., group_ids: _Optional[_Iterable[int]] = ..., lists_groups: _Optional[bool] = ..., held_versions: _Optional[_Iterable[int]] = ..., lists_held: _Optional[bool] = ..., stats: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("current_version", "leases_extended", "server_time_unix_s")

@@ -86,6 +86,25 @@ def check_id(value: str, field: str, limits: Limits) -> None:
     raise invalid(f"{field} contains non-printable characters")
 
 
+MAX_STAT_KEYS = 16
+
+
+def check_generator_stats(stats) -> dict[str, float]:
+  """A heartbeat's generator counters (HeartbeatRequest.stats): at most 16 printable keys of <= 64
+  chars, each value finite and in [0, 1e15] (cumulative counts and seconds)."""
+  if len(stats) > MAX_STAT_KEYS:
+    raise invalid(f"heartbeat stats has {len(stats)} keys, limit {MAX_STAT_KEYS}")
+  out = {}
+  for k, v in stats.items():
+    if not k or len(k) > 64 or not k.isprintable():
+      raise invalid(f"heartbeat stats key {k[:64]!r}: 1-64 printable chars")
+    v = float(v)
+    if not math.isfinite(v) or not 0 <= v <= 1e15:
+      raise invalid(f"heartbeat stats {k}={v!r} must be finite and in [0, 1e15]")
+    out[str(k)] = v
+  return out
+
+
 def check_timeout(value: float, field: str, limits: Limits) -> float:
   if not math.isfinite(value) or value < 0 or value > limits.max_timeout_s:
     raise invalid(f"{field}={value!r} must be finite and in [0, {limits.max_timeout_s}]")

@@ -30,6 +30,7 @@ import numpy as np
 
 from scalerl_jax.generation.vllm import protocol as P
 from scalerl_jax.generation.generator import Generator
+from scalerl_jax.generation.slots import DecodeStats, drive
 from scalerl_jax.processes import child_env, launcher_argv
 from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
 
@@ -236,19 +237,32 @@ class VLLMGenerator(Generator):
   def generate(self, prompts: Sequence[PromptSpec], n: int,
                spec: SamplingSpec) -> list[list[Completion]]:
     """Samples `n` completions per prompt; blocks until all are done (safe to call from threads)."""
+    pend = self.submit(prompts, n, spec)
+    return self.collect(pend, prompts, n) if pend is not None else []
+
+  def submit(self, prompts: Sequence[PromptSpec], n: int, spec: SamplingSpec,
+             sample_offset: int = 0):
+    """Sends a `generate` op without waiting (the engine batches every op in flight); returns
+    its handle for `collect` (None for no prompts). Samples sample_offset .. + n - 1 of each
+    prompt: seeds and thinking budgets follow the sample index."""
     if n < 1:
       raise ValueError(f"n must be >= 1, got {n}")
     if not prompts:
-      return []
+      return None
     toks = [np.asarray(p.tokens, np.int32).reshape(-1) for p in prompts]
     if any(t.size == 0 for t in toks):
       raise ValueError("empty prompt")
     spec_d = dataclasses.asdict(spec)
     spec_d = {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec_d.items()}
-    header, arrays = self._call("generate", {"n": n, "spec": spec_d,
-                                             "prompt_ids": [int(p.prompt_id) for p in prompts]},
-                                {"prompt_tokens": np.concatenate(toks),
-                                 "prompt_lens": np.asarray([t.size for t in toks], np.int32)})
+    return self._send("generate", {"n": n, "spec": spec_d, "sample_offset": int(sample_offset),
+                                   "prompt_ids": [int(p.prompt_id) for p in prompts]},
+                      {"prompt_tokens": np.concatenate(toks),
+                       "prompt_lens": np.asarray([t.size for t in toks], np.int32)})
+
+  def collect(self, pend, prompts: Sequence[PromptSpec], n: int,
+              timeout: float | None = None) -> list[list[Completion]]:
+    """Waits for a `submit`ted op; returns its completions, one group (list) per prompt."""
+    header, arrays = self._wait(pend, timeout)
     out: list[list[Completion]] = [[] for _ in prompts]
     off = 0
     for k, m in enumerate(header["completions"]):
@@ -398,3 +412,73 @@ class VLLMGenerator(Generator):
 
   def __exit__(self, *exc):
     self.close()
+
+
+class VLLMSlots:
+  """Continuous generation on a VLLMGenerator: one vLLM request per sample, up to `capacity` in
+  flight; the engine's scheduler batches them and a finished sample's slot is refilled at once.
+  Same interface as generation/continuous.py's ContinuousDecoder (`free`, `in_flight`,
+  `insert`, `step`, `stats`). Occupancy here is in time, not decode steps: `slot_steps` counts
+  slot-milliseconds, `live_row_steps` the milliseconds samples were in flight."""
+
+  def __init__(self, gen: VLLMGenerator, capacity: int, spec: SamplingSpec):
+    if capacity <= 0:
+      raise ValueError(f"capacity must be positive, got {capacity}")
+    self.gen, self.capacity, self.spec = gen, int(capacity), spec
+    self._ops: dict = {}   # pending op -> SlotRequest
+    self.stats = DecodeStats()
+    self._t = time.perf_counter()
+
+  @property
+  def free(self) -> int:
+    return self.capacity - len(self._ops)
+
+  @property
+  def in_flight(self) -> list:
+    return list(self._ops.values())
+
+  def _book(self) -> None:
+    now = time.perf_counter()
+    ms = (now - self._t) * 1e3
+    self._t = now
+    if self._ops:   # time the engine had work (free slots with nothing to insert: note_idle)
+      self.stats.slot_steps += int(round(self.capacity * ms))
+      self.stats.live_row_steps += int(round(len(self._ops) * ms))
+      self.stats.decode_s += ms / 1e3
+
+  def insert(self, requests) -> None:
+    """Submits each SlotRequest as its own request: its seed, sample index and budgets."""
+    if len(requests) > self.free:
+      raise ValueError(f"{len(requests)} requests for {self.free} free slots")
+    self._book()
+    for r in requests:
+      spec = dataclasses.replace(self.spec, seed=int(r.seed), think_budget_min=r.think_budget,
+                                 think_budget_max=r.think_budget, answer_budget=r.answer_budget)
+      self._ops[self.gen.submit([r.prompt], 1, spec, sample_offset=r.sample_index)] = r
+
+  def step(self, timeout: float = 0.05) -> list:
+    """Waits up to `timeout` s for samples to finish; returns them as (request, Completion)."""
+    t_end = time.perf_counter() + timeout
+    while True:
+      ready = [p for p in self._ops if p.event.is_set()]
+      if ready or not self._ops or time.perf_counter() >= t_end:
+        break
+      time.sleep(0.002)
+    self._book()
+    out = []
+    for p in ready:
+      r = self._ops.pop(p)
+      (c,), = self.gen.collect(p, [r.prompt], 1)
+      self.stats.completions += 1
+      self.stats.tokens += len(c.tokens)
+      self.stats.policy_tokens += int(np.sum(c.policy_mask))
+      out.append((r, c))
+    self.stats.chunks += 1
+    return out
+
+  def note_idle(self, seconds: float) -> None:
+    self.stats.idle_s += float(seconds)
+
+  def run(self, requests) -> list:
+    """Generates all `requests` (slots refilled as samples finish): `slots.drive`."""
+    return drive(self, requests)

@@ -286,13 +286,16 @@ class Worker:
     prompts = [flat[offs[i]:offs[i + 1]].tolist() for i in range(len(lens))]
     end = think_end_automaton(spec["think_end_tokens"], spec.get("think_end_text", ""),
                               spec.get("think_end_vocab", ()))
-    jobs = [self._sample(prompts[i], int(pid), j, spec, end)
+    # Samples sample_offset .. sample_offset + n - 1 of each prompt (a continuous generator sends
+    # one sample per request: n = 1, its index as the offset; seeds and budgets follow the index).
+    off = int(header.get("sample_offset", 0))
+    jobs = [self._sample(prompts[i], int(pid), off + j, spec, end)
             for i, pid in enumerate(header["prompt_ids"]) for j in range(n)]
     results = await asyncio.gather(*jobs)
     metas, toks, lps, vers, mask = [], [], [], [], []
     for (i, pid), j in ((ip, j) for ip in enumerate(header["prompt_ids"]) for j in range(n)):
       r = results[i * n + j]
-      metas.append({"prompt_id": int(pid), "sample": j, "finish_reason": r["finish_reason"],
+      metas.append({"prompt_id": int(pid), "sample": off + j, "finish_reason": r["finish_reason"],
                     "length": len(r["tokens"]), "budget": r["budget"]})
       toks += r["tokens"]; lps += r["logprobs"]; vers += r["versions"]; mask += r["mask"]
     return {"completions": metas}, {
