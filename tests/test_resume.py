@@ -31,7 +31,15 @@ def _cmd(wd, steps=N):
           "--config.eval.every_steps=100", "--config.eval.samples_per_prompt=1",
           "--config.data.heldout=8", "--config.rollout.max_lag=0",
           f"--config.checkpoint.every_steps={EVERY}", "--config.checkpoint.keep=3",
-          "--config.debug_dump_every=1"]
+          "--config.debug_dump_every=1", *_SYNC_SAVE]
+
+
+# Synchronous checkpoints: step C's checkpoint is committed before step C + 1 trains, so "step M
+# is logged" implies "checkpoint C exists" when the test kills the learner. With the default
+# asynchronous save the kill could land before step C's save was finalized (fc12, session 15: a
+# loaded box; the run then started over and wrote no resumes.jsonl). Killing mid-save is
+# tests/test_checkpoint_async.py's subject; here the kill must find checkpoint C.
+_SYNC_SAVE = ("--config.checkpoint.async_save=False",)
 
 
 def _env():

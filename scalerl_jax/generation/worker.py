@@ -495,7 +495,8 @@ class Worker:
     """The continuous loop: `generator.decode_batch` slots kept decoding (JAX: ContinuousDecoder;
     vLLM: VLLMSlots, one engine request per sample); leases refilled ahead of need; each group
     graded (a pool of `generator.grade_workers` threads) and pushed as soon as its last sample
-    ends. Evaluation leases are served between chunks (the slots pause meanwhile). PipelineRL-k
+    ends. Evaluation leases are served between chunks (the slots pause meanwhile; on vLLM, whose
+    one engine switches to the pinned version, the samples in flight finish first). PipelineRL-k
     is the buffer's: a group's samples start only once this generator holds its minimum
     version, and in-flight swaps only raise versions. Returns groups pushed."""
     g = self.config.generator
@@ -517,6 +518,17 @@ class Worker:
     self.eval_groups = 0
     done = 0
     queued = lambda: sum(len(w[2]) for w in waiting)
+
+    def finished(results):
+      """Files finished samples under their groups; a complete group goes to the grading pool."""
+      for r, c in results:
+        entry = open_groups[r.tag]
+        entry[3][r.sample_index] = c
+        a = entry[0]
+        if len(entry[3]) == int(a.group_size):
+          del open_groups[r.tag]
+          group = [entry[3][i] for i in range(int(a.group_size))]
+          pushes.append(pool.submit(self._grade_and_push, a, entry[1], group, entry[2]))
     next_lease = 0.0
     try:
       while not self._stop.is_set() and (not max_groups or done < max_groups):
@@ -545,6 +557,9 @@ class Worker:
             if not assignments:
               next_lease = time.monotonic() + 0.2
             if assignments and assignments[0].eval_id:
+              if self.backend != "jax":   # the engine switches versions: finish what runs first
+                while dec.in_flight:
+                  finished(dec.step())
               self.eval_groups += self.serve_eval(assignments)
             elif assignments:
               with self._grade_lock:
@@ -573,14 +588,7 @@ class Worker:
           time.sleep(0.01)   # nothing to decode: waiting for a lease or for weights
           dec.note_idle(time.perf_counter() - t)
           continue
-        for r, c in dec.step():
-          entry = open_groups[r.tag]
-          entry[3][r.sample_index] = c
-          a = entry[0]
-          if len(entry[3]) == int(a.group_size):
-            del open_groups[r.tag]
-            group = [entry[3][i] for i in range(int(a.group_size))]
-            pushes.append(pool.submit(self._grade_and_push, a, entry[1], group, entry[2]))
+        finished(dec.step())
         done += sum(f.result() for f in pushes if f.done())
         pushes = [f for f in pushes if not f.done()]
     finally:
