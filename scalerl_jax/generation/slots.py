@@ -72,6 +72,7 @@ class DecodeStats:
     return self.live_row_steps / self.slot_steps if self.slot_steps else 0.0
 
   def as_dict(self) -> dict:
+    """Every counter and the occupancy, as a dict (bench and log lines)."""
     return dict(dataclasses.asdict(self), occupancy=self.occupancy)
 
 

@@ -431,10 +431,12 @@ class VLLMSlots:
 
   @property
   def free(self) -> int:
+    """Slots without a request in flight."""
     return self.capacity - len(self._ops)
 
   @property
   def in_flight(self) -> list:
+    """The SlotRequests being generated."""
     return list(self._ops.values())
 
   def _book(self) -> None:
@@ -477,6 +479,7 @@ class VLLMSlots:
     return out
 
   def note_idle(self, seconds: float) -> None:
+    """Books `seconds` the caller waited with free slots and nothing to insert."""
     self.stats.idle_s += float(seconds)
 
   def run(self, requests) -> list:
