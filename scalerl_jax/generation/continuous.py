@@ -126,15 +126,7 @@ def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts
     token, lp, live, forcing, fields = sampler_lib.advance_rows(
         s, sampled, lp, interrupt, stop, s["answer_budget"], (end_cols, end_next, end_hit), room)
     col = (g0 + i) % R
-
-    def write(buf, val):
-      old = jax.lax.dynamic_slice_in_dim(buf, col, 1, axis=1)[:, 0]
-      return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(live, val, old)[:, None], col, 1)
-    out = dict(s, **fields)
-    out["tokens"] = write(s["tokens"], token)
-    out["logprobs"] = write(s["logprobs"], lp)
-    out["versions"] = write(s["versions"], s["logit_version"])
-    out["policy"] = write(s["policy"], ~forcing)
+    out = dict(s, **fields, **sampler_lib.write_outputs(s, col, live, token, lp, forcing))
     cache = dict(s["cache"], index=P + col)
     out["logits"], out["cache"] = models.decode_step(params, cfg, jnp.where(live, token, 0), cache)
     out["logit_version"] = jnp.full_like(s["logit_version"], version)

@@ -170,6 +170,20 @@ def advance_rows(s, sampled, lp, interrupt, stop, answer_budget, end, room):
   return token, lp, live, forcing, fields
 
 
+def write_outputs(s, col, live, token, lp, forcing) -> dict:
+  """A decode step's outputs written at column `col` of the live rows' [B, L] buffers (one
+  in-place column update per buffer, not a scatter): tokens, log-probs, the policy mask, and the
+  version of the logits each token was sampled from (`s["logit_version"]`, one or one per row: a
+  token belongs to the policy whose forward pass produced its logits). Shared by the drain and
+  continuous decoders."""
+  def write(buf, val):
+    old = jax.lax.dynamic_slice_in_dim(buf, col, 1, axis=1)[:, 0]
+    return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(live, val, old)[:, None], col, 1)
+  return dict(tokens=write(s["tokens"], token), logprobs=write(s["logprobs"], lp),
+              versions=write(s["versions"], jnp.broadcast_to(s["logit_version"], token.shape)),
+              policy=write(s["policy"], ~forcing))
+
+
 def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
   interrupt, stop, temperature, top_p, answer_budget, version, end_cols, end_next, end_hit = consts
   rows = None
@@ -188,15 +202,7 @@ def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
     # Every live row's next token goes to column step0 + i (all rows start together and advance
     # one token per step until done): one in-place column update per buffer, not a scatter.
     col = step0 + i
-    def write(buf, val):
-      old = jax.lax.dynamic_slice_in_dim(buf, col, 1, axis=1)[:, 0]
-      return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(live, val, old)[:, None], col, 1)
-    out = dict(s, **fields)
-    out["tokens"] = write(s["tokens"], token)
-    out["logprobs"] = write(s["logprobs"], lp)
-    # A token belongs to the policy whose forward pass produced the logits it was sampled from.
-    out["versions"] = write(s["versions"], jnp.full_like(token, s["logit_version"]))
-    out["policy"] = write(s["policy"], ~forcing)
+    out = dict(s, **fields, **write_outputs(s, col, live, token, lp, forcing))
     if "routes" in s:   # routing replay: the fed token's chosen experts per MoE layer
       logits, cache, routes = models.decode_step(params, cfg, jnp.where(live, token, 0),
                                                  s["cache"], return_routes=True)

@@ -29,19 +29,15 @@ class SlotRequest:
   tag: Any = None
 
 
-def requests_for(prompts: Sequence[PromptSpec], n: int, spec: SamplingSpec,
-                 answer_budgets: Sequence[int] | None = None, tag: Any = None
+def requests_for(prompts: Sequence[PromptSpec], n: int, spec: SamplingSpec, tag: Any = None
                  ) -> list[SlotRequest]:
-  """`n` SlotRequests per prompt with the spec's seed, thinking budgets drawn as both backends
-  draw them (interruption.think_budget) and the spec's answer budget (or one per prompt)."""
-  out = []
-  for i, p in enumerate(prompts):
-    ab = spec.answer_budget if answer_budgets is None else int(answer_budgets[i])
-    for j in range(n):
-      out.append(SlotRequest(p, j, spec.seed, think_budget(
-          spec.seed, p.prompt_id, j, spec.think_budget_min, spec.think_budget_max), ab,
-          tag if tag is not None else i))
-  return out
+  """`n` SlotRequests per prompt with the spec's seed and answer budget, and thinking budgets
+  drawn as both backends draw them (interruption.think_budget). `tag` (default: the prompt's
+  index) goes with every request."""
+  return [SlotRequest(p, j, spec.seed, think_budget(spec.seed, p.prompt_id, j,
+                                                    spec.think_budget_min, spec.think_budget_max),
+                      spec.answer_budget, tag if tag is not None else i)
+          for i, p in enumerate(prompts) for j in range(n)]
 
 
 @dataclasses.dataclass
