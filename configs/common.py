@@ -114,8 +114,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.generator.decode_batch = 64      # sequences in a generator's KV cache (vLLM max_num_seqs)
   # Continuous batching (JAX: generation/continuous.py; vLLM: one request per sample): decode_batch
   # slots kept full, each group graded and pushed when its last sample ends. False: one batch
-  # per lease, drained.
-  c.generator.continuous = False
+  # per lease, drained (also the fallback where continuous cannot run: Worker.continuous_ok).
+  c.generator.continuous = True
   c.generator.grade_workers = 2      # threads grading finished groups off the decode path
   c.generator.gpu_memory_utilization = 0.9  # vLLM on GPU: share of HBM for weights + KV cache
   c.generator.kv_cache_bytes = 0     # vLLM: explicit KV-cache bytes (0 = from gpu_memory_utilization)

@@ -10,9 +10,9 @@ zero-variance filtering, No-Positive-Resampling, forced interruptions, FP32 head
 WORKDIR/base_policy). head_dim is 64 so vLLM can serve the same model (generator.backend=vllm).
 
 `--config=configs/tiny.py:tailed`: the length-tailed workload (issue #25): thinking budgets drawn
-in [8, 96] tokens (a 1:12 spread, like the paper's 1k-12k) instead of [24, 32], and continuous
-batching in the generator (generator.continuous; `--config.generator.continuous=False` for the
-drain-per-lease loop on the same workload).
+in [8, 96] tokens (a 1:12 spread, like the paper's 1k-12k) instead of [24, 32]. The generator
+batches continuously by default (generator.continuous); `--config.generator.continuous=False` runs
+the drain-per-lease loop on the same workload.
 """
 from configs import common
 
@@ -69,5 +69,4 @@ def get_config(arg=None):
   if arg == "tailed":
     c.rollout.think_budget_min = 8
     c.rollout.think_budget_max = 96
-    c.generator.continuous = True
   return c
