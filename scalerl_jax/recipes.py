@@ -208,6 +208,10 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
                       f"[{r.think_budget_min}, {r.think_budget_max}]")
   if g.backend == "vllm" and not config.buffer.get("external", False):
     vllm_model_dir(config)            # local generators: their start checkpoint is on this machine
+  if g.backend == "vllm" and config.rl.get("routing_replay", False):
+    raise ConfigError("rl.routing_replay=True needs generator.backend=jax: the vLLM generators "
+                      "do not record routed experts (vLLM 0.32 returns them only from its Model "
+                      "Runner V2, which needs Triton; docs/VLLM.md 'Routing replay')")
   if not g.temperature > 0:
     raise ConfigError(f"generator.temperature={g.temperature}: training rollouts need T > 0 (the "
                       f"learner computes log_softmax(logits / T) for the importance ratios)")

@@ -153,3 +153,14 @@ def test_expert_axis_must_divide_experts():
   c.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 1), ("expert", 3))
   with pytest.raises(ValueError, match="does not divide num_experts=16"):
     runtime.model_config(c)
+
+
+def test_routing_replay_on_vllm_is_refused_at_start():
+  """R3 with vLLM generators fails before any process starts (vLLM 0.32 returns routed experts
+  only from its Triton-based Model Runner V2; docs/VLLM.md), not at the first learner step."""
+  c = _get("scout")
+  c.rl.routing_replay = True
+  with pytest.raises(recipes.ConfigError, match="routing_replay=True needs generator.backend=jax"):
+    recipes.validate(c)
+  c.generator.backend = "jax"
+  recipes.validate(c)
