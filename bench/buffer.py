@@ -32,7 +32,6 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,18 +39,9 @@ import time
 
 import numpy as np
 
+from bench.common import cpu_of, cpu_seconds, free_port
+
 TOKEN = "bench-token"
-
-
-def _proc_cpu_s(pid: int) -> float:
-  """user+system CPU seconds of a process (Linux /proc)."""
-  with open(f"/proc/{pid}/stat") as f:
-    fields = f.read().rsplit(")", 1)[1].split()
-  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_now(pids) -> float:
-  return sum(_proc_cpu_s(p) for p in pids)
 
 
 def _rollout_parts(tokens: int, prompt_len: int, seed: int = 0):
@@ -144,8 +134,8 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4, extra
       ready.get(timeout=120)
     c.status()
     pids = [os.getpid(), srv.pid] + [p.pid for p in procs]
-    cpu0 = _cpu_now(pids)
-    base = [_proc_cpu_s(p) for p in pids]
+    cpu0 = cpu_of(pids)
+    base = [cpu_seconds(p) for p in pids]
     go.set()
     t0 = time.perf_counter()
     got_bytes = got = step = 0
@@ -159,8 +149,8 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4, extra
       step += 1
       c.publish_weights(step, b"w" * 1024)
     wall = time.perf_counter() - t0
-    cpu = _cpu_now(pids) - cpu0
-    per = {name: round(_proc_cpu_s(pid) - b, 2) for name, pid, b in
+    cpu = cpu_of(pids) - cpu0
+    per = {name: round(cpu_seconds(pid) - b, 2) for name, pid, b in
            zip(["learner", "server"] + [f"producer{i}" for i in range(producers)], pids, base)}
     st = c.status()
     stop.set()
@@ -199,18 +189,12 @@ def _redis_producer(port, idx, count, tokens, prompt_len, ready, go, batch):
   r.close()
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _bench_redis(n_rollouts, producers, tokens, prompt_len, batch):
   import redis
   exe = shutil.which("redis-server")
   if exe is None:
     raise SystemExit("redis-server not found (Debian package `redis-server`)")
-  port = _free_port()
+  port = free_port()
   srv = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                           "--appendonly", "no", "--protected-mode", "no"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -233,8 +217,8 @@ def _bench_redis(n_rollouts, producers, tokens, prompt_len, batch):
     for _ in procs:
       ready.get(timeout=120)
     pids = [os.getpid(), srv.pid] + [p.pid for p in procs]
-    cpu0 = _cpu_now(pids)
-    base = [_proc_cpu_s(p) for p in pids]
+    cpu0 = cpu_of(pids)
+    base = [cpu_seconds(p) for p in pids]
     go.set()
     t0 = time.perf_counter()
     last, got, got_bytes = "0-0", 0, 0
@@ -248,8 +232,8 @@ def _bench_redis(n_rollouts, producers, tokens, prompt_len, batch):
         last = eid
       r.xtrim("rollouts", minid=last)     # the consumer frees what it read (bounded memory)
     wall = time.perf_counter() - t0
-    cpu = _cpu_now(pids) - cpu0
-    per = {name: round(_proc_cpu_s(pid) - b, 2) for name, pid, b in
+    cpu = cpu_of(pids) - cpu0
+    per = {name: round(cpu_seconds(pid) - b, 2) for name, pid, b in
            zip(["consumer", "redis-server"] + [f"producer{i}" for i in range(producers)], pids, base)}
     for p in procs:
       p.join()

@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from bench.common import cpu_seconds
+
 SERVICE = "floor.Floor"
 
 
@@ -39,12 +41,6 @@ def _opts():
 
 def _ident(x):
   return x
-
-
-def _cpu(pid: int) -> float:
-  with open(f"/proc/{pid}/stat") as f:
-    fields = f.read().rsplit(")", 1)[1].split()
-  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def serve(forward: bool) -> None:
@@ -122,7 +118,7 @@ def _run(count, size, producers, forward):
     ch = grpc.insecure_channel(address, options=_opts())
     pull = ch.unary_stream(f"/{SERVICE}/Pull", _ident, _ident)
     pids = [os.getpid(), srv.pid]
-    base = [_cpu(p) for p in pids]
+    base = [cpu_seconds(p) for p in pids]
     go.set()
     t0 = time.perf_counter()
     got = 0
@@ -135,7 +131,7 @@ def _run(count, size, producers, forward):
       p.join()
     if not forward:
       got = per * producers * size
-    cpu = {n: round(_cpu(p) - b, 2) for n, p, b in zip(["consumer", "server"], pids, base)}
+    cpu = {n: round(cpu_seconds(p) - b, 2) for n, p, b in zip(["consumer", "server"], pids, base)}
     cpu.update({f"producer{i}": round(c, 2) for i, c in enumerate(pcpu)})
     ch.close()
     return dict(MB_per_s=round(got / wall / 1e6, 1), wall_s=round(wall, 3), cpu_s=cpu,
@@ -155,7 +151,7 @@ def _pull_only(count, size, streams):
     pull = ch.unary_stream(f"/{SERVICE}/Pull", _ident, _ident)
     for _ in pull(b"1,1024"):
       pass
-    base = [_cpu(os.getpid()), _cpu(srv.pid)]
+    base = [cpu_seconds(os.getpid()), cpu_seconds(srv.pid)]
     got = [0] * streams
 
     def one(i):
@@ -168,8 +164,8 @@ def _pull_only(count, size, streams):
     for t in ts:
       t.join()
     wall = time.perf_counter() - t0
-    cpu = dict(consumer=round(_cpu(os.getpid()) - base[0], 2),
-               server=round(_cpu(srv.pid) - base[1], 2))
+    cpu = dict(consumer=round(cpu_seconds(os.getpid()) - base[0], 2),
+               server=round(cpu_seconds(srv.pid) - base[1], 2))
     ch.close()
     return dict(MB_per_s=round(sum(got) / wall / 1e6, 1), wall_s=round(wall, 3), cpu_s=cpu,
                 cpu_s_per_GB=round(sum(cpu.values()) / (sum(got) / 1e9), 2))

@@ -61,6 +61,8 @@ import time
 
 import numpy as np
 
+from bench.common import cpu_seconds
+
 
 _ST_NAMES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int32): "I32",
              np.dtype(np.int64): "I64", np.dtype(np.float64): "F64"}
@@ -121,9 +123,7 @@ def cpu_s() -> float:
   """CPU seconds (user + system, all threads) of this process plus the buffer process."""
   t = time.process_time()
   if _SERVER_PID[0]:
-    with open(f"/proc/{_SERVER_PID[0]}/stat") as f:
-      fields = f.read().rsplit(")", 1)[1].split()
-    t += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    t += cpu_seconds(_SERVER_PID[0])
   return t
 
 

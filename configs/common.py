@@ -173,7 +173,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint = ml_collections.ConfigDict(dict(every_steps=50, keep=3))
   c.checkpoint.async_save = True     # the learner keeps stepping while orbax writes; manifest after
   c.checkpoint.verify = "metadata"   # resume check: commit marker + object checksums | "full" re-read
-  # Audit trail for fault-injection runs (tools/chaos.py, tools/audit.py): trained_ids writes
+  # Audit trail for fault-injection runs (harness/chaos.py, tools/audit.py): trained_ids writes
   # WORKDIR/trained_ids.jsonl (the rollout ids of each step, truncated on resume like metrics);
   # wal_archive makes the buffer move compacted WAL segments to WAL_DIR/archive/ instead of
   # deleting them, so every acknowledged rollout stays on disk.

@@ -145,7 +145,7 @@ class MetricsLog:
   def _check_tb(self) -> None:
     """tensorboardX writes events on a thread; when that thread dies (a full disk: ENOSPC on its
     flush) every later add_scalar blocks forever on its bounded queue, and the run hangs. Found by
-    the chaos harness (tools/chaos.py, disk_full): raise instead, so the run stops like on any other
+    the chaos harness (harness/chaos.py, disk_full): raise instead, so the run stops like on any other
     failed write and the same command resumes it once there is space."""
     fw = getattr(self.tb, "file_writer", None)
     worker = getattr(getattr(fw, "event_writer", None), "_worker", None)

@@ -1,4 +1,5 @@
-"""Shared test helpers: free ports and child processes whose output goes to files.
+"""Shared test helpers: child processes whose output goes to files, XLA flags for test scripts,
+and (re-exported from `harness.procs`) process trees, free ports and `wait_until`.
 
 Why files: a child whose stdout/stderr is a pipe that nobody reads blocks once it has written
 64 KiB. Tests that started several processes with `stdout=PIPE, stderr=PIPE` and then waited for
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import subprocess
 import time
 
+# The process, port and polling helpers are the harness's (one copy for tests, benches, chaos).
+from harness.procs import (alive, argv, children, cmdline, cpu_seconds, descendants,  # noqa: F401
+                           free_port, proc_stat, proc_state, wait_until)
 from scalerl_jax import xla_env
 
 
@@ -38,53 +41,6 @@ def xla_flags(devices: int | None = None) -> str:
   return xla_env.with_device_count(with_test_compile_flags(os.environ.get("XLA_FLAGS")), devices)
 
 
-def proc_state(pid: int) -> str | None:
-  """The state letter of /proc/PID/stat (R, S, Z, ...), or None when there is no such process."""
-  try:
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-  except (OSError, IndexError):
-    return None
-
-
-def alive(pid: int) -> bool:
-  """True while `pid` exists and is not a zombie."""
-  return proc_state(pid) not in (None, "Z")
-
-
-def children(pid: int) -> list[int]:
-  """The pids whose parent is `pid` now."""
-  out = []
-  for d in os.listdir("/proc"):
-    if d.isdigit():
-      try:
-        if int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
-          out.append(int(d))
-      except (OSError, IndexError, ValueError):
-        pass
-  return out
-
-
-def descendants(pid: int) -> list[int]:
-  """Children of `pid` and theirs (generator workers, the buffer, their reapers, vLLM engines)."""
-  kids = children(pid)
-  return kids + [g for k in kids for g in descendants(k)]
-
-
-def cmdline(pid: int) -> str:
-  """The command line of `pid`, arguments joined by spaces ("" once it is gone)."""
-  try:
-    return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-  except OSError:
-    return ""
-
-
-def free_port() -> int:
-  """A TCP port free on 127.0.0.1 now."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @dataclasses.dataclass
 class Logged:
   """A child process whose stdout and stderr go to `<log>.out` / `<log>.err`."""
@@ -105,20 +61,20 @@ def start(cmd: list[str], log: str, **popen_kwargs) -> Logged:
   return Logged(proc, log)
 
 
-def finish(children: list[Logged], timeout: float) -> list[tuple[int | None, str, str]]:
+def finish(logged: list[Logged], timeout: float) -> list[tuple[int | None, str, str]]:
   """Waits for every child against one deadline; returns [(returncode, stdout, stderr)]. A child
   still running at the deadline is killed (its returncode is then None in the result)."""
   deadline = time.time() + timeout
   results = []
   try:
-    for c in children:
+    for c in logged:
       try:
         rc = c.proc.wait(timeout=max(0.1, deadline - time.time()))
       except subprocess.TimeoutExpired:
         rc = None
       results.append((rc, *c.output()))
   finally:
-    for c in children:
+    for c in logged:
       if c.proc.poll() is None:
         c.proc.kill()
         c.proc.wait()

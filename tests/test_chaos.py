@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_chaos_three_minutes_fixed_seed(tmp_path):
   t0 = time.time()
   r = subprocess.run(
-      [sys.executable, "-m", "scalerl_jax.tools.chaos", "--config=configs/tiny.py",
+      [sys.executable, "-m", "harness.chaos", "--config=configs/tiny.py",
        "--minutes", "3", "--seed", "18", "--workdir", str(tmp_path), "--total-steps", "30",
        "--faults", "8", "--pairs", "1", "--warmup-s", "10", "--grace-min", "6",
        "--tmpfs-mb", "512", "--target-wait-s", "180"],

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("scalerl_jax", "analysis", "launch", "bench", "configs")
+PACKAGES = ("scalerl_jax", "analysis", "launch", "bench", "configs", "harness")
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -112,6 +112,16 @@ def test_no_import_cycle():
   edges, _ = import_graph()
   assert len(edges) > 100          # the whole project was read
   assert cycles(edges) == []
+
+
+def test_the_runtime_package_never_imports_the_harness_or_the_benches():
+  """`harness/` (test and fault-injection helpers, the chaos command) and `bench/` are not part
+  of any process of a run: nothing under scalerl_jax/ imports them."""
+  edges, _ = import_graph()
+  bad = sorted((m, d) for m, deps in edges.items() if m.split(".")[0] == "scalerl_jax"
+               for d in deps if d.split(".")[0] in ("harness", "bench"))
+  assert bad == []
+  assert ("harness.chaos", "harness.procs") in {(m, d) for m, deps in edges.items() for d in deps}
 
 
 def test_no_private_name_imported_from_another_module():

@@ -1,6 +1,6 @@
 """Chaos harness: a tiny run with random faults, then its invariants checked from its files.
 
-  python -m scalerl_jax.tools.chaos --config=configs/tiny.py --minutes M --seed S --workdir DIR \
+  python -m harness.chaos --config=configs/tiny.py --minutes M --seed S --workdir DIR \
       [--total-steps N] [--faults N] [--pairs N] [--config.KEY=VALUE ...]
 
 Runs `python -m scalerl_jax.main` (2 JAX generators, `config.resume=auto`) in DIR/run and, at times
@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 
+from harness.procs import alive, argv, descendants, free_port, proc_stat, wait_until
 from scalerl_jax.tools import audit as auditmod
 
 KINDS = ("kill_generator", "kill_buffer", "kill_learner", "stop_generator", "drop_connection",
@@ -51,13 +52,7 @@ KINDS = ("kill_generator", "kill_buffer", "kill_learner", "stop_generator", "dro
 # that end the learner's process tree go second.
 _ORDER = {"stop_generator": 0, "disk_full": 1, "kill_buffer": 2, "kill_generator": 3,
           "drop_connection": 4, "kill_learner": 5, "corrupt_checkpoint": 6}
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Proxy:
@@ -139,45 +134,11 @@ class Proxy:
 
 
 # ---- processes ---------------------------------------------------------------------------------
-def _stat(pid: int):
-  try:
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-  except OSError:
-    return None
-
-
-def alive(pid: int) -> bool:
-  st = _stat(pid)
-  return st is not None and st[0] != "Z"
-
-
-def _argv(pid: int) -> list[str]:
-  try:
-    return open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
-  except OSError:
-    return []
-
-
-def descendants(pid: int) -> list[int]:
-  kids: dict[int, list[int]] = {}
-  for d in os.listdir("/proc"):
-    if d.isdigit():
-      st = _stat(int(d))
-      if st is not None:
-        kids.setdefault(int(st[1]), []).append(int(d))
-  out, todo = [], [pid]
-  while todo:
-    for k in kids.get(todo.pop(), []):
-      out.append(k)
-      todo.append(k)
-  return out
-
-
 def _module_procs(root_pid: int, module: str) -> list[int]:
   """Descendants running `python -m module` (not their launcher-forked reapers)."""
   out = []
   for p in descendants(root_pid):
-    a = _argv(p)
+    a = argv(p)
     if len(a) > 2 and a[1] == "-m" and a[2] == module and alive(p):
       out.append(p)
   return out
@@ -215,7 +176,7 @@ class Chaos:
       self.tmpfs = r.returncode == 0
       if not self.tmpfs:
         self.log(f"no tmpfs ({r.stderr.strip()}): disk_full faults are skipped")
-    self.buffer_port, proxy_port = _free_port(), _free_port()
+    self.buffer_port, proxy_port = free_port(), free_port()
     self.proxy = Proxy(proxy_port, self.buffer_port)
     self.cmd = [sys.executable, "-m", "scalerl_jax.main", f"--config={a.config}",
                 f"--workdir={self.run_dir}", f"--config.total_steps={a.total_steps}",
@@ -271,9 +232,8 @@ class Chaos:
       self.seen_pids.update(descendants(self.learner.pid))
 
   def wait_tree_gone(self, pids, timeout_s: float = 60.0) -> list[int]:
-    end = time.time() + timeout_s
-    while time.time() < end and any(alive(p) for p in pids):
-      time.sleep(0.1)
+    wait_until(lambda: not any(alive(p) for p in pids), timeout_s, interval_s=0.1,
+               raise_on_timeout=False)
     return [p for p in pids if alive(p)]
 
   def _last_train(self) -> dict:
@@ -337,7 +297,7 @@ class Chaos:
       return None
     ck = self.valid_checkpoints()
     if kind in ("kill_generator", "stop_generator"):
-      g = [p for p in self._gens() if _stat(p) and _stat(p)[0] != "T"]
+      g = [p for p in self._gens() if proc_stat(p) and proc_stat(p)[0] != "T"]
       return sorted(g)[self.rng.randrange(len(g))] if g else None
     if kind == "kill_buffer":
       b = self._buffer()
@@ -369,7 +329,7 @@ class Chaos:
       hold = self.a.lease_ttl_s + 3.0
       f.update(pid=target, stopped_s=hold)
       self.timers.append((now + hold, lambda: self._cont(target)))
-      f["_end"] = lambda: not alive(target) or (_stat(target) or ["T"])[0] != "T"
+      f["_end"] = lambda: not alive(target) or (proc_stat(target) or ["T"])[0] != "T"
     elif kind == "drop_connection":
       f["connections"] = self.proxy.cut()
       f["_end"] = lambda: self.proxy.last_accept > now
