@@ -6,7 +6,7 @@ Model code names only logical axes (docs/ARCHITECTURE.md); this module maps them
   mesh = make_mesh(config.mesh.shape)
   rules = config.mesh.rules
   params, specs = sharded_init(cfg, rng, mesh, rules)          # no full host copy
-  with use_mesh(mesh, rules):      # or: with mesh, nn.logical_axis_rules(rules):
+  with use_mesh(mesh, rules):
     logits = jax.jit(models.forward, static_argnums=1)(params, cfg, tokens)
 """
 from __future__ import annotations
@@ -112,9 +112,7 @@ def sharded_init(cfg: ModelConfig, rng: jax.Array, mesh: Mesh, rules) -> tuple[A
 @contextlib.contextmanager
 def use_mesh(mesh: Mesh, rules):
   """Context for running the model sharded: jax.set_mesh(mesh) + nn.logical_axis_rules(rules).
-
-  (The legacy `with mesh, nn.logical_axis_rules(rules):` works too.)
-  """
+  The one way in: the legacy `with mesh:` block (deprecated since JAX 0.8.2) is not supported."""
   _check_rules(rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     yield

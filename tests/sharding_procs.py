@@ -6,7 +6,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 import json, sys
-import flax.linen as nn, jax, numpy as np
+import jax, numpy as np
 from configs.common import DEFAULT_RULES
 from scalerl_jax import models, sharding
 from scalerl_jax.models.testing import rel_err
@@ -20,7 +20,7 @@ for name in ("tiny_llama3", "tiny_llama4"):
                           num_layers=2 if name == "tiny_llama3" else 4)
   tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (8, 24))
   fwd = jax.jit(models.forward, static_argnums=1)
-  # llama4 (all logical axes incl. experts) on every mesh; llama3 on one plus the legacy context
+  # llama4 (all logical axes incl. experts) on every mesh; llama3 on one
   shapes = ((8, 1, 1, 1), (2, 2, 2, 1), (1, 2, 1, 4)) if name == "tiny_llama4" else ((2, 2, 2, 1),)
   for shape in shapes:
     mesh = sharding.make_mesh(tuple(zip(("data", "fsdp", "tensor", "expert"), shape)))
@@ -28,11 +28,6 @@ for name in ("tiny_llama3", "tiny_llama4"):
     host = jax.tree.map(np.asarray, params)
     ref = np.asarray(fwd(host, cfg, tokens))          # unsharded (no mesh, no rules)
     n_sharded = sum(not s.is_fully_replicated for s in jax.tree.leaves(shardings))
-    if name == "tiny_llama3":  # the legacy context works too
-      with mesh, nn.logical_axis_rules(DEFAULT_RULES):
-        legacy = jax.jit(models.forward, static_argnums=1)(params, cfg, tokens)
-      out["legacy"] = dict(forward=rel_err(np.asarray(legacy), ref),
-                           logits_sharding=str(legacy.sharding.spec))
     with sharding.use_mesh(mesh, DEFAULT_RULES):
       got = jax.jit(models.forward, static_argnums=1)(params, cfg, tokens)
       cache = models.init_cache(cfg, 8, 24)

@@ -22,8 +22,7 @@ def test_sharded_equals_unsharded_8_devices():
   assert proc.returncode == 0, proc.stderr[-4000:]
   res = json.loads(proc.stdout.strip().splitlines()[-1])
   print(json.dumps(res, indent=1))
-  assert len(res) == 5
-  assert res.pop("legacy")["forward"] <= 1e-5
+  assert len(res) == 4
   for key, r in res.items():
     # the residual stream / logits really are sharded over batch (and vocab over tensor)
     assert r["logits_shard"][0] == 8 // r["batch_split"], (key, r)

@@ -40,24 +40,12 @@ def param(mod: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | N
   return p.astype(dtype_of(mod.cfg.dtype))
 
 
-def _legacy_mesh():
-  """The mesh of a legacy `with mesh:` block (flax only sees jax.set_mesh meshes)."""
-  try:
-    from jax._src import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-    m = mesh_lib.thread_resources.env.physical_mesh
-    return None if m.empty else m
-  except Exception:  # pylint: disable=broad-except
-    return None
-
-
 def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
   """Logical sharding constraint on an activation.
 
-  No-op without logical-axis rules or without a mesh. Works under `jax.set_mesh(mesh)` and under
-  the legacy `with mesh:` context.
+  No-op without logical-axis rules or without a mesh (`sharding.use_mesh` sets both).
   """
-  mesh = _legacy_mesh() if jax.sharding.get_abstract_mesh().empty else None
-  return nn.with_logical_constraint(x, axes, mesh=mesh)
+  return nn.with_logical_constraint(x, axes)
 
 
 class RMSNorm(nn.Module):

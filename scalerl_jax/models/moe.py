@@ -64,16 +64,11 @@ def dense_experts(x, top_idx, gates, wg, wu, wd, constrain=lambda a, _: a):
 
 
 # ------------------------------------------------------------------ mesh layout from the rules
-def _current_mesh():
-  mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty:
-    return mesh
-  try:  # a legacy `with mesh:` block
-    from jax._src import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-    m = mesh_lib.thread_resources.env.physical_mesh
-    return None if m.empty else m
-  except Exception:  # pylint: disable=broad-except
-    return None
+def current_mesh():
+  """The mesh of the enclosing `jax.set_mesh` / `sharding.use_mesh` block, or None outside one
+  (public JAX API only; the legacy `with mesh:` block, deprecated since JAX 0.8.2, is not seen)."""
+  m = jax.sharding.get_abstract_mesh()
+  return None if m.empty else m
 
 
 def _axes(name: str, rules, mesh) -> tuple[str, ...]:
@@ -199,7 +194,7 @@ def dispatch_experts(x, top_idx, gates, wg, wu, wd, capacity_factor: float = 0.0
   runs the same body on one device.
   """
   E = wg.shape[0]
-  mesh, rules = _current_mesh(), nn.get_logical_axis_rules()
+  mesh, rules = current_mesh(), nn.get_logical_axis_rules()
   kw = dict(num_experts=E, capacity_factor=capacity_factor)
   if mesh is None or not rules:
     return _local_moe(x, top_idx, gates, wg, wu, wd, expert_axes=(), tokens_over_experts=False,
