@@ -450,7 +450,13 @@ class BufferState:
         return None
     done = sorted((x for x in self._groups.values() if x.complete),
                   key=lambda x: (x.deadline, x.completed_seq))
-    return done[:self.B] if len(done) >= self.B else None
+    if len(done) < self.B:
+      return None
+    # Which groups: by deadline, FIFO by completion among equal deadlines. Their row order: by
+    # (deadline, group id), so a batch's layout does not depend on which generator's grader
+    # finished first (continuous generators complete groups in timing-dependent order; a resumed
+    # synchronous run must reproduce the uninterrupted run's batches row for row).
+    return sorted(done[:self.B], key=lambda x: (x.deadline, x.view.group_id))
 
   def next_step(self) -> tuple[int, Optional[int]]:
     """(the step the next pull must ask for, the step of the batch a retried pull re-sends)."""
