@@ -47,22 +47,30 @@ def _args(argv=None):
   p.add_argument("--no_peer", action="store_true", help="skip the PyTorch side")
   p.add_argument("--peer_attn", default="sdpa", help="HF attention implementation: sdpa | eager")
   p.add_argument("--attention", default="auto",
-                 help="our attention_impl: auto | xla_einsum | blockwise | cudnn | splash (models/attention.py)")
+                 help="our attention_impl: auto | xla_einsum | blockwise | causal_blocks | cudnn | "
+                      "splash (models/attention.py)")
+  p.add_argument("--head_precision", default="fp32", choices=("fp32", "tf32", "bf16"),
+                 help="LM-head matmul on BOTH sides: fp32 (ours Precision.HIGHEST; the peer's head "
+                      "outside autocast, TF32 off), tf32 (ours HIGH; peer fp32 with TF32 on), bf16 "
+                      "(ours bf16 operands, f32 accumulation; peer's head under bf16 autocast)")
+  p.add_argument("--remat", default="none", help="our remat policy: none | dots | full")
+  p.add_argument("--q_block", type=int, default=64, help="causal_blocks query-block size")
   return p.parse_args(argv)
 
 
-def model_config(preset: str, width_div: int, backend: str, attention: str = "auto"):
+def model_config(preset: str, width_div: int, backend: str, attention: str = "auto",
+                 head_precision: str = "fp32", remat: str = "none", q_block: int = 64):
   from scalerl_jax import models
-  impl = attention
+  kw = dict(attention_impl=attention, head_precision=head_precision, remat=remat,
+            attention_q_block=q_block)
   if preset != "llama3_8b_slice":
-    return models.get_preset(preset, dtype="float32", param_dtype="float32", attention_impl=impl)
+    return models.get_preset(preset, dtype="float32", param_dtype="float32", **kw)
   div = width_div or (1 if backend == "gpu" else 8)
   return models.get_preset(
       "llama3_8b", num_layers=2, d_model=4096 // div, num_heads=32 // div,
       num_kv_heads=max(8 // div, 1), head_dim=128, ffn_dim=14336 // div,
       vocab_size=128256 // div, dtype="float32" if backend == "cpu" else "bfloat16",
-      param_dtype="float32", scan_layers=False, remat="none", bos_token_id=None, eos_token_id=None,
-      attention_impl=impl)
+      param_dtype="float32", scan_layers=False, bos_token_id=None, eos_token_id=None, **kw)
 
 
 def make_batch(cfg, b: int, t: int, seed: int = 0, gens: int = 4) -> dict:
@@ -80,6 +88,22 @@ def make_batch(cfg, b: int, t: int, seed: int = 0, gens: int = 4) -> dict:
               rewards=rewards, prompt_ids=np.repeat(np.arange(b // gens), gens).astype(np.int32))
 
 
+def attention_flops(cfg, b: int, t: int, impl: str, q_block: int = 64) -> float:
+  """Training FLOPs (forward + backward = 3x forward) of the score and probability-value
+  matmuls as each kernel executes them: 'full' computes all T x T tiles (our xla_einsum /
+  blockwise, HF eager), 'causal' only the lower triangle (HF sdpa's CPU flash kernel and cuDNN
+  skip the masked blocks; modelled as T(T+1)/2), 'causal_blocks' the lower block triangle
+  (query blocks of `q_block` slots see keys up to their block's end)."""
+  per_pair = 2 * 2 * cfg.num_heads * cfg.head_dim            # QK^T and PV, 2 FLOPs per MAC
+  if impl == "causal_blocks":
+    pairs = sum(min(s + q_block, t) * (min(s + q_block, t) - s) for s in range(0, t, q_block))
+  elif impl == "causal":
+    pairs = t * (t + 1) // 2
+  else:
+    pairs = t * t
+  return 3.0 * per_pair * pairs * b * cfg.num_layers
+
+
 def flops_per_token(cfg, t: int) -> float:
   """Training FLOPs/token: 6·(matmul params) + 6·L·T·H·Dh (causal attention QK^T and AV, fwd+bwd)."""
   d, h, k, dh, f, v, layers = (cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
@@ -90,7 +114,8 @@ def flops_per_token(cfg, t: int) -> float:
 
 
 def ours(cfg, params, batch, config):
-  """Returns (step() -> loss, sync()) for the jitted JAX learner."""
+  """Returns (step() -> loss, sync(), XLA's FLOPs of one compiled step or NaN off CPU) for the
+  jitted JAX learner."""
   import jax
   import jax.numpy as jnp
   from scalerl_jax import models
@@ -98,6 +123,13 @@ def ours(cfg, params, batch, config):
   learner = Learner(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
                     jax.tree.map(jnp.asarray, params), config, with_entropy=False)
   dev_batch = learner.device_batch(batch)
+  # XLA's own FLOP count of the compiled step. CPU only: on GPU the matmuls are cuBLAS / cuDNN
+  # custom calls that cost analysis does not count (an H200 run read 91 GFLOP for a 96 TFLOP step).
+  hlo_flops = float("nan")
+  if jax.default_backend() == "cpu":
+    cost = learner._step.lower(learner.state, dev_batch).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    hlo_flops = float(cost.get("flops", float("nan")))
 
   def step():
     learner.state, m = learner._step(learner.state, dev_batch)
@@ -105,11 +137,15 @@ def ours(cfg, params, batch, config):
 
   def sync(m):
     return float(m["loss"])
-  return step, sync
+  return step, sync, hlo_flops
 
 
-def peer(cfg, hf_model, batch, config):
-  """HF PyTorch eager train step with the same CISPO / prompt-aggregation loss."""
+def peer(cfg, hf_model, batch, config, head_precision: str = "fp32"):
+  """HF PyTorch eager train step with the same CISPO / prompt-aggregation loss.
+
+  On GPU the body runs under bf16 autocast (fp32 master weights), like our bf16 compute; the LM
+  head runs as `head_precision` says, matched to ours: fp32 = hidden and lm_head weight in float32
+  outside autocast with TF32 off, tf32 = the same with TF32 on, bf16 = under autocast."""
   import torch
   o = config.optim
   opt = torch.optim.AdamW(hf_model.parameters(), lr=o.lr, betas=(o.b1, o.b2), eps=o.eps,
@@ -133,10 +169,18 @@ def peer(cfg, hf_model, batch, config):
   w = mask.float() / group_tokens[:, None]
   denom = w.sum()
 
+  torch.backends.cuda.matmul.allow_tf32 = head_precision == "tf32"
+  head_w = hf_model.get_output_embeddings().weight
+
   def step():
     opt.zero_grad(set_to_none=True)
     with autocast:
-      logits = hf_model(input_ids=tok).logits.float()[:, :-1]
+      hidden = hf_model.model(input_ids=tok).last_hidden_state
+      if head_precision == "bf16":
+        logits = hf_model.get_output_embeddings()(hidden)
+    if head_precision != "bf16":
+      logits = hidden.float() @ head_w.float().t()
+    logits = logits.float()[:, :-1]
     logp = torch.log_softmax(logits, -1).gather(-1, tok[:, 1:, None])[..., 0]
     ratio = torch.exp(logp.detach() - gen)
     term = -torch.clamp(ratio, max=config.rl.cispo_eps_max) * adv[:, None] * logp
@@ -148,6 +192,11 @@ def peer(cfg, hf_model, batch, config):
     return loss.detach()
 
   return step, lambda m: float(m)
+
+
+def _num(x: float, digits: int):
+  """round(x, digits), or None for NaN (JSON has no NaN)."""
+  return None if x != x else round(x, digits)
 
 
 def _time(step, sync, steps):
@@ -176,16 +225,18 @@ def main(argv=None):
   from scalerl_jax.models import testing
   torch.set_num_threads(args.threads)
   backend = jax.default_backend()
-  cfg = model_config(args.preset, args.width_div, backend, args.attention)
+  cfg = model_config(args.preset, args.width_div, backend, args.attention, args.head_precision,
+                     args.remat, args.q_block)
   config = tiny.get_config()
   config.optim.lr, config.optim.warmup_steps, config.optim.microbatches = 5e-7, 100, 1
+  config.model.head_precision = cfg.head_precision      # the learner's chunked head reads it
   batch = make_batch(cfg, args.batch, args.seq)
   hf_model = testing.random_hf_model(dataclasses.replace(cfg, dtype="float32"), seed=0)
   params = testing.params_from_torch(cfg, hf_model)
   n_params = sum(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params))
   tokens_per_step = args.batch * args.seq
 
-  o_step, o_sync = ours(cfg, params, batch, config)
+  o_step, o_sync, hlo_flops = ours(cfg, params, batch, config)
   t0 = time.perf_counter()
   loss_ours = [o_sync(o_step())]                       # compile + first step
   t_compile = time.perf_counter() - t0
@@ -196,7 +247,7 @@ def main(argv=None):
     hf_model.set_attn_implementation(args.peer_attn)
     if backend == "gpu" and torch.cuda.is_available():
       hf_model.cuda()
-    p_step, p_sync = peer(cfg, hf_model, batch, config)
+    p_step, p_sync = peer(cfg, hf_model, batch, config, args.head_precision)
     loss_peer = [p_sync(p_step()), p_sync(p_step())]   # also warms up the allocator
     sides["peer"] = (p_step, p_sync)
   times = {k: [] for k in sides}
@@ -212,6 +263,15 @@ def main(argv=None):
   tok_s = {k: tokens_per_step / statistics.median(v) for k, v in times.items()}
   best = {k: tokens_per_step / min(v) for k, v in times.items()}   # least-disturbed round
   fpt = flops_per_token(cfg, args.seq)
+  from scalerl_jax.models import attention as attention_lib
+  impl = attention_lib.resolve(cfg.attention_impl)
+  if impl == "causal_blocks" and args.seq > attention_lib.CAUSAL_BLOCKS_MAX_T:
+    impl = "blockwise"
+  ours_kernel = {"cudnn": "causal", "splash": "causal"}.get(impl, impl)
+  peer_kernel = "causal" if args.peer_attn == "sdpa" else "full"
+  attn = {side: attention_flops(cfg, args.batch, args.seq, kern, cfg.attention_q_block)
+          for side, kern in (("ours", ours_kernel), ("peer", peer_kernel))}
+  six_nt = fpt * tokens_per_step
   peak = args.peak_tflops * 1e12 if args.peak_tflops else (
       989e12 if backend == "gpu" else args.threads * 2.6e9 * 32)
   load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -229,7 +289,15 @@ def main(argv=None):
                         else None),
              compile_and_first_step_s=round(t_compile, 2),
              loss_steps12_ours=loss_ours, loss_steps12_peer=loss_peer,
-             peer_attn=None if args.no_peer else args.peer_attn, attention=cfg.attention_impl,
+             peer_attn=None if args.no_peer else args.peer_attn, attention=impl,
+             head_precision=args.head_precision, remat=cfg.remat,
+             affinity_before_import=affinity is not None,
+             hlo_gflop_per_step=_num(hlo_flops / 1e9, 2),
+             six_nt_gflop_per_step=round(six_nt / 1e9, 2),
+             hlo_over_6nt=_num(hlo_flops / six_nt, 3),
+             attn_gflop_ours=round(attn["ours"] / 1e9, 2), attn_kernel_ours=ours_kernel,
+             attn_gflop_peer=round(attn["peer"] / 1e9, 2),
+             attn_kernel_peer=None if args.no_peer else peer_kernel,
              flops_per_token=fpt, peak_flops=peak,
              mfu_ours=round(tok_s["ours"] * fpt / peak, 4),
              mfu_peer=round(tok_s["peer"] * fpt / peak, 4) if "peer" in tok_s else None,

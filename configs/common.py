@@ -55,9 +55,14 @@ def base_config() -> ml_collections.ConfigDict:
       moe_capacity_factor=0.0))        # dispatch: 0 = dropless; c > 0 = c x average rows per expert,
                                        # overflow copies dropped and counted (metric moe_dropped)
   # Training-path attention backend (models/attention.py): auto = cuDNN flash attention on GPU,
-  # Pallas splash on TPU, blockwise (pure-JAX flash) elsewhere; xla_einsum = materialised scores.
+  # Pallas splash on TPU, causal_blocks (query-blocked, tiles above the diagonal skipped)
+  # elsewhere; blockwise = pure-JAX flash; xla_einsum = materialised scores.
   c.model.attention_impl = "auto"
   c.model.attention_block = 512      # key-block size of the blockwise backend
+  c.model.attention_q_block = 64     # query-block size of the causal_blocks backend (CPU default)
+  # LM-head matmul precision: fp32 (HIGHEST, the paper's FP32 head) | tf32 | bf16 inputs with fp32
+  # accumulation (GPU / TPU speed; log-prob error measured in docs/LEARNER.md "Head precision").
+  c.model.head_precision = "fp32"
   c.model.logits_chunk = 1024        # learner log-probs over sequence chunks of this many positions
 
   c.mesh = ml_collections.ConfigDict(dict(

@@ -43,6 +43,7 @@ def model_config(config):
                               "config.json there (expected a save_pretrained directory)")
     numerics = {k: overrides[k] for k in ("param_dtype", "dtype", "fp32_lm_head", "scan_layers",
                                           "remat", "attention_impl", "attention_block",
+                                          "attention_q_block", "head_precision",
                                           "moe_impl", "moe_capacity_factor")
                 if k in overrides}
     cfg = models.from_hf_config(json.loads(storage.read_text(cfg_path)), **numerics)

@@ -40,13 +40,15 @@ def test_llama3_parity(kv_heads, tied, rope):
   assert _parity(cfg) <= TOL
 
 
-@pytest.mark.parametrize("impl", ["xla_einsum", "blockwise"])
+@pytest.mark.parametrize("impl", ["xla_einsum", "blockwise", "causal_blocks"])
 @pytest.mark.parametrize("kv_heads", [4, 1])
 def test_attention_backends_parity_and_gradient(kv_heads, impl):
-  """Each CPU attention backend (blockwise with 16-slot key blocks, so 3 blocks) matches HF and
+  """Each CPU attention backend (blockwise with 16-slot key blocks, so 3 blocks; causal_blocks
+  with 16-slot query blocks) matches HF and
   the xla_einsum reference in value and in the gradient of a log-prob sum; cudnn / splash are
   refused on CPU."""
-  cfg = _small("tiny_llama3", num_kv_heads=kv_heads, attention_impl=impl, attention_block=16)
+  cfg = _small("tiny_llama3", num_kv_heads=kv_heads, attention_impl=impl, attention_block=16,
+               attention_q_block=16)
   assert _parity(cfg) <= TOL
   ref = _small("tiny_llama3", num_kv_heads=kv_heads, attention_impl="xla_einsum")
   params = models.init_params(ref, jax.random.PRNGKey(1))
@@ -122,6 +124,38 @@ def test_fp32_head_flag_and_bf16():
   low = _fwd(params, cfg.replace(fp32_lm_head=False), tokens)
   assert low.dtype == np.float32
   assert np.max(np.abs(np.asarray(out) - np.asarray(low))) > 0  # head really ran in bf16
+
+
+def test_swiglu_vjp_matches_autodiff_in_float64_terms():
+  """The SwiGLU custom VJP (only g and u saved) equals autodiff of silu(g) * u, and the NumPy
+  derivative: d/dg = dh * u * s * (1 + g (1 - s)), d/du = dh * silu(g)."""
+  from scalerl_jax.models.layers import swiglu
+  r = np.random.default_rng(0)
+  g, u, dh = (jax.numpy.asarray(r.normal(size=(6, 40)) * 3, jax.numpy.float32) for _ in range(3))
+  out, vjp = jax.vjp(swiglu, g, u)
+  ref_out, ref_vjp = jax.vjp(lambda a, b: jax.nn.silu(a) * b, g, u)
+  np.testing.assert_allclose(out, ref_out, rtol=1e-6)
+  for a, b in zip(vjp(dh), ref_vjp(dh)):
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+  g64, u64, dh64 = (np.asarray(x, np.float64) for x in (g, u, dh))
+  s = 1 / (1 + np.exp(-g64))
+  np.testing.assert_allclose(vjp(dh)[0], dh64 * u64 * s * (1 + g64 * (1 - s)), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(vjp(dh)[1], dh64 * g64 * s, rtol=1e-5, atol=1e-6)
+
+
+def test_head_precision_choices():
+  """fp32 / tf32 run the head in float32 (equal on CPU: XLA:CPU has no TF32); bf16 rounds both
+  operands (a measurable difference); anything else is refused when the config is built."""
+  cfg = models.get_preset("tiny_llama3", num_layers=1)
+  params = models.init_params(cfg, jax.random.PRNGKey(0))
+  tokens = np.arange(8, dtype=np.int32)[None]
+  out = {p: np.asarray(_fwd(params, cfg.replace(head_precision=p), tokens))
+         for p in ("fp32", "tf32", "bf16")}
+  assert all(o.dtype == np.float32 for o in out.values())
+  np.testing.assert_array_equal(out["fp32"], out["tf32"])
+  assert 0 < np.max(np.abs(out["bf16"] - out["fp32"])) < 0.05
+  with pytest.raises(ValueError, match="head_precision"):
+    cfg.replace(head_precision="fp16")
 
 
 def test_config_roundtrip_and_errors():

@@ -101,7 +101,8 @@ class Learner:
                               logits_chunk=int(model.get("logits_chunk", 1024)),
                               batch_partition=partition, mesh=mesh, temperature=self.temperature,
                               pad_multiple=int(lcfg.get("pad_multiple", 0)),
-                              max_buckets=int(lcfg.get("max_buckets", 8)))
+                              max_buckets=int(lcfg.get("max_buckets", 8)),
+                              head_precision=str(model.get("head_precision", "fp32")))
     create = lambda p: LearnerState.create(p, self.optimizer)
     if mesh is None:
       self.state = jax.jit(create)(params)
@@ -110,7 +111,8 @@ class Learner:
         self.state = jax.jit(create, out_shardings=state_sh)(params)
     self._step = jit_train_step(step_fn, mesh=mesh, state_sharding=state_sh,
                                 batch_sharding=batch_sh, donate=donate)
-    logp = make_logprob_fn(apply_fn, int(model.get("logits_chunk", 1024)), self.temperature)
+    logp = make_logprob_fn(apply_fn, int(model.get("logits_chunk", 1024)), self.temperature,
+                           str(model.get("head_precision", "fp32")))
     self._logp = (jax.jit(logp) if mesh is None else jax.jit(
         logp, in_shardings=(state_sh.params, batch_sh, batch_sh),
         out_shardings=NamedSharding(mesh, P())))

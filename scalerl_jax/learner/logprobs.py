@@ -8,6 +8,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from scalerl_jax.models.layers import head_matmul
+
 
 def token_logprobs(logits, tokens, with_entropy: bool = True, temperature: float = 1.0):
   """Returns (logp [B,T], entropy [B,T] or None), both float32.
@@ -35,7 +37,7 @@ def token_logprobs(logits, tokens, with_entropy: bool = True, temperature: float
 
 
 def chunked_token_logprobs(hidden, kernel, tokens, chunk: int = 1024, with_entropy: bool = True,
-                           temperature: float = 1.0):
+                           temperature: float = 1.0, precision: str = "fp32"):
   """`token_logprobs` of logits = hidden @ kernel, computed over sequence chunks of `chunk`.
 
   hidden [B,T,D] and kernel [D,V] in the head dtype (float32 for the FP32 LM head; see
@@ -43,7 +45,8 @@ def chunked_token_logprobs(hidden, kernel, tokens, chunk: int = 1024, with_entro
   lax.map whose body is jax.checkpoint'ed, so the backward pass recomputes them chunk by chunk too:
   the [B,T,V] logits (8.4 GB for one 16k sequence of a 128,256 vocabulary) never exist whole.
   Same values as token_logprobs(hidden @ kernel, tokens, temperature=temperature); T need not
-  divide by `chunk`.
+  divide by `chunk`. `precision`: the head matmul's (models.layers.head_matmul; config
+  model.head_precision).
   """
   B, T, _ = hidden.shape
   tokens = jnp.asarray(tokens, jnp.int32)
@@ -58,7 +61,7 @@ def chunked_token_logprobs(hidden, kernel, tokens, chunk: int = 1024, with_entro
 
   @jax.checkpoint
   def one(h_c, t_c):
-    logits = jnp.einsum("BcD,DV->BcV", h_c, kernel).astype(jnp.float32)
+    logits = head_matmul(h_c, kernel, precision)                         # [B,c,V] float32
     if float(temperature) != 1.0:
       logits = logits / jnp.float32(temperature)
     lse = jax.nn.logsumexp(logits, axis=-1)

@@ -70,10 +70,12 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
 
   The whole-tree path (`tree_update`) keeps the scaled gradients, the update tree and the new
   moments alive next to the accumulator until lax.cond picks them (~3x the fp32 parameter bytes of
-  XLA temporaries). Here the accumulator `acc` is the only parameter-sized buffer: pass 1 reduces
-  the update norm slice by slice (for the skip guard), pass 2 rewrites params, mu and nu slice by
-  slice with dynamic_update_slice inside a fori_loop (in place; zero trips when the step is
-  skipped). Per element the arithmetic is optax's: acc / D, clip_by_global_norm's select, then
+  XLA temporaries). Here the accumulator `acc` is the only parameter-sized buffer: ONE pass
+  rewrites params, mu and nu slice by slice with dynamic_update_slice inside a fori_loop (in
+  place; zero trips when the step is skipped) and sums the update's squares on the way (the
+  update_norm metric). The skip guard is decided before it, from the loss and the gradient norm
+  (the old second pass, which computed every update twice to check its norm first, cost 30-60 ms
+  a step on CPU, issue #26). Per element the arithmetic is optax's: acc / D, clip_by_global_norm's select, then
   `optimizer.adamw.update` on the slice (moments, bias correction, weight decay, -lr).
   """
   clip, adamw = optimizer.max_grad_norm, optimizer.adamw
@@ -95,31 +97,33 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
   def take(x, i):
     return jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=True)
 
-  def sq_norm(a, p, m, n):
-    k = _num_slices(a)
-    if k == 1:
-      return jnp.sum(jnp.square(update(a, p, m, n)[3]))
-    body = lambda i, s: s + jnp.sum(jnp.square(update(*(take(x, i) for x in (a, p, m, n)))[3]))
-    return jax.lax.fori_loop(0, k, body, jnp.zeros((), jnp.float32))
-
   leaves, treedef = jax.tree.flatten(acc)
   cols = [leaves, treedef.flatten_up_to(params), treedef.flatten_up_to(moments.mu),
           treedef.flatten_up_to(moments.nu)]
-  update_norm = jnp.sqrt(sum(sq_norm(*xs) for xs in zip(*cols)))
-  ok, finite = _guard(loss, grad_norm, update_norm, denom)
+  # One pass: the guard is decided before the update from what can be non-finite (the loss and
+  # the gradient norm; with finite gradients AdamW's update of finite parameters is finite), so
+  # params, mu and nu are rewritten in the same pass that sums the update's squares. A skipped
+  # step runs zero trips (its update_norm reads 0).
+  ok, finite = _guard(loss, grad_norm, jnp.zeros((), jnp.float32), denom)
 
   def apply(a, p, m, n):
+    """((new p, mu, nu), sum of the update's squares) of one leaf, slice by slice."""
     k = _num_slices(a)
     if k == 1:
-      p2, m2, n2, _ = update(a, p, m, n)
-      return tuple(jnp.where(ok, new, old) for new, old in ((p2, p), (m2, m), (n2, n)))
+      p2, m2, n2, u = update(a, p, m, n)
+      new = tuple(jnp.where(ok, x, y) for x, y in ((p2, p), (m2, m), (n2, n)))
+      return new, jnp.where(ok, jnp.sum(jnp.square(u)), 0.0)
 
     def body(i, carry):
-      new = update(take(a, i), *(take(x, i) for x in carry))[:3]
-      return tuple(jax.lax.dynamic_update_index_in_dim(x, y, i, 0) for x, y in zip(carry, new))
-    return jax.lax.fori_loop(0, jnp.where(ok, k, 0), body, (p, m, n))
+      xs, sq = carry
+      p2, m2, n2, u = update(take(a, i), *(take(x, i) for x in xs))
+      xs = tuple(jax.lax.dynamic_update_index_in_dim(x, y, i, 0) for x, y in zip(xs, (p2, m2, n2)))
+      return xs, sq + jnp.sum(jnp.square(u))
+    return jax.lax.fori_loop(0, jnp.where(ok, k, 0), body, ((p, m, n), jnp.zeros((), jnp.float32)))
 
-  new_p, new_m, new_n = zip(*(apply(*xs) for xs in zip(*cols)))
+  done = [apply(*xs) for xs in zip(*cols)]
+  update_norm = jnp.sqrt(sum(sq for _, sq in done))
+  new_p, new_m, new_n = zip(*(xs for xs, _ in done))
   # Counters (adam count, schedule count) advance as optax advances them, only on applied steps.
   zero = jnp.zeros((), jnp.float32)
   _, st = adamw.update(zero, (moments._replace(mu=zero, nu=zero),) + rest, zero)
@@ -131,7 +135,8 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
   return treedef.unflatten(new_p), new_opt, grad_norm, update_norm, ok, finite
 
 
-def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: float = 1.0):
+def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: float = 1.0,
+                    head_precision: str = "fp32"):
   """``(params, tokens, routes=None) -> logp float32 [B,T]`` (0 at t=0): the learner's own
   log-probs (log_softmax(logits / T)) as its step computes them. With an ``apply_fn`` returning
   (hidden, head kernel) they are computed over sequence chunks of ``logits_chunk`` positions, so
@@ -145,7 +150,8 @@ def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: fl
     if isinstance(out, tuple) and isinstance(out[-1], dict):
       out = out[0] if len(out) == 2 else out[:-1]
     if isinstance(out, tuple):
-      return chunked_token_logprobs(*out, tokens, logits_chunk, False, temperature=temperature)[0]
+      return chunked_token_logprobs(*out, tokens, logits_chunk, False, temperature=temperature,
+                                    precision=head_precision)[0]
     return token_logprobs(out, tokens, False, temperature=temperature)[0]
   return fn
 
@@ -154,11 +160,13 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
                     microbatches: int = 1, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
                     mesh=None, logits_chunk: int = 1024, temperature: float = 1.0,
-                    pad_multiple: int = 0, max_buckets: int = 8) -> Callable:
+                    pad_multiple: int = 0, max_buckets: int = 8,
+                    head_precision: str = "fp32") -> Callable:
   """Builds the un-jitted step function ``(state, batch) -> (state, metrics)``.
 
   When ``apply_fn`` returns (hidden, head kernel), log-probs and entropies are computed over
   sequence chunks of ``logits_chunk`` positions (learner/logprobs.chunked_token_logprobs).
+  ``head_precision``: the chunked LM head's matmul precision (models.layers.head_matmul).
   ``temperature``: the generators' sampling temperature T; learner log-probs are
   log_softmax(logits / T), the distribution ``gen_logprobs`` come from (else every IS ratio is biased).
 
@@ -181,7 +189,7 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
       out, aux = (out[0] if len(out) == 2 else out[:-1]), out[-1]
     if isinstance(out, tuple):
       logp, ent = chunked_token_logprobs(*out, mb["tokens"], logits_chunk, with_entropy,
-                                         temperature=temperature)
+                                         temperature=temperature, precision=head_precision)
     else:
       logp, ent = token_logprobs(out, mb["tokens"], with_entropy, temperature=temperature)
     mask = mb["loss_mask"].astype(bool)

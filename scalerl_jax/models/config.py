@@ -12,8 +12,10 @@ from typing import Any, Mapping
 FAMILIES = ("llama3", "llama4")
 REMAT_POLICIES = ("none", "full", "dots")
 # Training-path attention backends (models/attention.py): auto = cudnn on GPU, splash on TPU,
-# blockwise elsewhere; xla_einsum = the materialised-scores reference.
-ATTENTION_IMPLS = ("auto", "xla_einsum", "blockwise", "cudnn", "splash")
+# causal_blocks elsewhere; xla_einsum = the materialised-scores reference.
+ATTENTION_IMPLS = ("auto", "xla_einsum", "blockwise", "causal_blocks", "cudnn", "splash")
+# LM-head matmul precision (layers.head_matmul; docs/LEARNER.md "Head precision").
+HEAD_PRECISIONS = ("fp32", "tf32", "bf16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +60,14 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"                 # compute dtype
   fp32_lm_head: bool = True              # LM head in float32 -> float32 logits
+  head_precision: str = "fp32"           # fp32 (HIGHEST) | tf32 | bf16 (layers.head_matmul)
   scan_layers: bool = False              # nn.scan over repeating blocks of the layer pattern
   remat: str = "none"                    # none | full | dots
   # Cache-free (training / scoring) attention backend, one of ATTENTION_IMPLS (models/attention.py);
   # the KV-cache decode path always materialises its scores.
   attention_impl: str = "auto"
   attention_block: int = 512             # key-block size of the blockwise (flash) backend
+  attention_q_block: int = 64            # query-block size of the causal_blocks backend
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -75,6 +79,11 @@ class ModelConfig:
                        f"{self.attention_impl!r}")
     if self.attention_block <= 0:
       raise ValueError(f"attention_block must be positive, got {self.attention_block}")
+    if self.attention_q_block <= 0:
+      raise ValueError(f"attention_q_block must be positive, got {self.attention_q_block}")
+    if self.head_precision not in HEAD_PRECISIONS:
+      raise ValueError(f"head_precision must be one of {HEAD_PRECISIONS}, got "
+                       f"{self.head_precision!r}")
     if self.moe_impl not in ("dense", "dispatch"):
       raise ValueError(f"moe_impl must be 'dense' or 'dispatch', got {self.moe_impl!r}")
     if self.moe_capacity_factor < 0:

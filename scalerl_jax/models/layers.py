@@ -48,6 +48,69 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
   return nn.with_logical_constraint(x, axes)
 
 
+def linear(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x [..., D] @ w [D, F] -> [..., F] as ONE 2-D matmul on x.reshape(-1, D).
+
+  The 3-D einsum form ("BTD,DF->BTF") made XLA:CPU write a transposed copy of the activation
+  gradient for every weight gradient and run that dot off its fast path (issue #26: the MLP block's
+  forward + backward 764 ms as einsums, 456 ms as 2-D matmuls, HF 461 ms). The reshapes are
+  bitcasts (row-major, leading dims merged).
+  """
+  lead = x.shape[:-1]
+  return jnp.dot(x.reshape(-1, x.shape[-1]), w).reshape(*lead, w.shape[-1])
+
+
+_HEAD_PRECISION = {"fp32": jax.lax.Precision.HIGHEST, "tf32": jax.lax.Precision.HIGH,
+                   "bf16": jax.lax.Precision.DEFAULT}
+
+
+def head_matmul(x: jax.Array, w: jax.Array, precision: str = "fp32") -> jax.Array:
+  """LM-head logits x [..., D] @ w [D, V] -> float32 [..., V], one 2-D matmul.
+
+  `precision` (ModelConfig.head_precision, docs/LEARNER.md "Head precision"): 'fp32' multiplies
+  the operands as given at full precision (Precision.HIGHEST: no TF32 / bf16 passes on GPU and
+  TPU); 'tf32' lets the GPU use TensorFloat-32 (TPU: 3-pass bf16); 'bf16' rounds both operands to
+  bfloat16 and accumulates in float32. CPU computes all three in float32, except that 'bf16'
+  still rounds the operands.
+  """
+  if precision not in _HEAD_PRECISION:
+    raise ValueError(f"head_precision must be one of {tuple(_HEAD_PRECISION)}, got {precision!r}")
+  if precision == "bf16":
+    x, w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+  lead = x.shape[:-1]
+  out = jnp.dot(x.reshape(-1, x.shape[-1]), w, precision=_HEAD_PRECISION[precision],
+                preferred_element_type=jnp.float32)
+  return out.reshape(*lead, w.shape[-1])
+
+
+@jax.custom_vjp
+def swiglu(g: jax.Array, u: jax.Array) -> jax.Array:
+  """silu(g) * u with a backward that keeps only the pre-activations g and u.
+
+  Autodiff of `jax.nn.silu(g) * u` keeps sigmoid(g), silu(g) and u (three [B*T, F] tensors per
+  layer); this VJP recomputes sigmoid(g) from g instead: d/dg = dh * u * s * (1 + g * (1 - s)),
+  d/du = dh * g * s, s = sigmoid(g). Checked against autodiff in tests/test_models.py.
+  """
+  return jax.nn.silu(g) * u
+
+
+def _swiglu_fwd(g, u):
+  return jax.nn.silu(g) * u, (g, u)
+
+
+def _swiglu_bwd(res, dh):
+  g, u = res
+  gf = g.astype(jnp.float32)
+  s = jax.nn.sigmoid(gf)
+  dhf = dh.astype(jnp.float32)
+  dg = dhf * u.astype(jnp.float32) * s * (1.0 + gf * (1.0 - s))
+  du = dhf * gf * s
+  return dg.astype(g.dtype), du.astype(u.dtype)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 class RMSNorm(nn.Module):
   """RMSNorm as HF: normalize in float32, cast back, multiply by weight."""
   cfg: ModelConfig
@@ -120,14 +183,16 @@ class Attention(nn.Module):
     else:
       out, new_kv = self._decode(q, k, v, mask, kv, index)
     out = constrain(out, ("batch", "seq", "act_heads", "head_dim"))
-    return jnp.einsum("BTNH,NHD->BTD", out, wo), new_kv
+    B, T = out.shape[:2]
+    return linear(out.reshape(B, T, N * H), wo.reshape(N * H, D)), new_kv
 
   def _qkv(self, x, positions, wq, wk, wv):
-    """Fused projection [D, N+2K, H] (one matmul), then RoPE + QK-norm or NoPE temperature."""
+    """q, k, v projections [B,T,N|K,H], then RoPE + QK-norm or NoPE temperature."""
     cfg = self.cfg
-    N, K = cfg.num_heads, cfg.num_kv_heads
-    qkv = jnp.einsum("BTD,DMH->BTMH", x, jnp.concatenate([wq, wk, wv], axis=1))
-    q, k, v = qkv[:, :, :N], qkv[:, :, N:N + K], qkv[:, :, N + K:]
+    B, T, D = x.shape
+    H = cfg.head_dim
+    # Three 2-D matmuls on [B*T, D] (see `linear`): no concatenated weight, no sliced output.
+    q, k, v = (linear(x, w.reshape(D, -1)).reshape(B, T, -1, H) for w in (wq, wk, wv))
     q = constrain(q, ("batch", "seq", "act_heads", "head_dim"))
     k = constrain(k, ("batch", "seq", "act_kv_heads", "head_dim"))
     v = constrain(v, ("batch", "seq", "act_kv_heads", "head_dim"))
@@ -146,7 +211,8 @@ class Attention(nn.Module):
     cfg = self.cfg
     chunk = cfg.attention_chunk_size if self.chunked else None
     return attention_lib.attention(q, k, v, positions, positions, impl=cfg.attention_impl,
-                                   chunk_size=chunk, block=cfg.attention_block)
+                                   chunk_size=chunk, block=cfg.attention_block,
+                                   q_block=cfg.attention_q_block)
 
   def _decode_heads_major(self, q, k, v, mask, kv, index):
     """Cache k [B,K,S,H], v [B,K,H,S] (the sampler's per-layer buffers), updated at `index`."""
@@ -207,10 +273,9 @@ class MLP(nn.Module):
     wg = param(self, "gate", (D, F), ("embed", "mlp"))
     wu = param(self, "up", (D, F), ("embed", "mlp"))
     wd = param(self, "down", (F, D), ("mlp", "embed"))
-    gu = jnp.einsum("BTD,DF->BTF", x, jnp.concatenate([wg, wu], axis=1))
-    h = jax.nn.silu(gu[..., :F]) * gu[..., F:]
+    h = swiglu(linear(x, wg), linear(x, wu))
     h = constrain(h, ("batch", "seq", "act_mlp"))
-    return jnp.einsum("BTF,FD->BTD", h, wd)
+    return linear(h, wd)
 
 
 class MoE(nn.Module):

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from scalerl_jax.models.config import ModelConfig
-from scalerl_jax.models.layers import DecoderLayer, RMSNorm, constrain, dtype_of, param
+from scalerl_jax.models.layers import (DecoderLayer, RMSNorm, constrain, dtype_of, head_matmul,
+                                      param)
 
 Params = Any
 Cache = dict[str, jax.Array]
@@ -128,19 +129,13 @@ class Transformer(nn.Module):
     x = RMSNorm(cfg, name="final_norm")(x)
     if hidden_only:   # the learner's chunked LM head (learner/logprobs.py) applies w itself
       return self._head(emb, x), new_kv
-    head_dtype = jnp.float32 if cfg.fp32_lm_head else dtype_of(cfg.dtype)
-    if cfg.tie_embeddings:
-      w = emb.astype(head_dtype)
-      logits = jnp.einsum("BTD,VD->BTV", x.astype(head_dtype), w)
-    else:
-      w = param(self, "lm_head", (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
-      logits = jnp.einsum("BTD,DV->BTV", x.astype(head_dtype), w.astype(head_dtype))
+    logits = head_matmul(*self._head(emb, x), cfg.head_precision)
     logits = constrain(logits, ("batch", "seq", "act_vocab"))
     return logits.astype(jnp.float32), new_kv
 
   def _head(self, emb, x):
     """(x [B,T,D], kernel [D,V]) in the head dtype (float32 with fp32_lm_head): the operands of
-    the logits einsum of `__call__`."""
+    `head_matmul` (the logits of `__call__`, and the learner's chunked head)."""
     cfg = self.cfg
     head_dtype = jnp.float32 if cfg.fp32_lm_head else dtype_of(cfg.dtype)
     if cfg.tie_embeddings:

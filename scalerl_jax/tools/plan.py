@@ -122,7 +122,8 @@ def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int):
                             lr_schedule=warmup_constant_schedule(config.optim.lr,
                                                                  config.optim.warmup_steps),
                             batch_partition=partition, mesh=mesh,
-                            logits_chunk=int(config.model.get("logits_chunk", 1024)))
+                            logits_chunk=int(config.model.get("logits_chunk", 1024)),
+                            head_precision=model_cfg.head_precision)
   jitted = jit_train_step(step_fn, mesh=mesh, state_sharding=state_sh, batch_sharding=batch_sh)
   t0 = time.perf_counter()
   with sharding.use_mesh(mesh, rules):
@@ -135,16 +136,19 @@ def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int):
   return compiled, info
 
 
-def probe_flops(config, model_cfg, mesh, rows: int, seq_len: int, num_layers: int) -> float:
+def probe_flops(config, model_cfg, mesh, rows: int, seq_len: int, num_layers: int,
+                remat: str = "none") -> float:
   """Compiled FLOPs (all devices) of forward + backward of one micro-batch of `rows` x `seq_len`
-  tokens through `num_layers` unscanned layers, without remat, on `mesh` with the config's rules."""
+  tokens through `num_layers` unscanned layers, with `remat` (default none: the model's FLOPs;
+  the config's policy: the hardware FLOPs, recomputation included), on `mesh` with the config's
+  rules."""
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
   from scalerl_jax import models, sharding
   from scalerl_jax.learner.learner import batch_axes
 
-  cfg = model_cfg.replace(num_layers=num_layers, scan_layers=False, remat="none")
+  cfg = model_cfg.replace(num_layers=num_layers, scan_layers=False, remat=remat)
   rules = tuple(config.mesh.rules)
   params = sharding.abstract_params(cfg)
   p_sh = sharding.param_shardings(cfg, mesh, rules)
@@ -169,9 +173,14 @@ def compute_report(config, model_cfg, mesh, topo, batch_rows: int, seq_len: int,
   rows = batch_rows // m
   p = model_cfg.scan_period
   t0 = time.perf_counter()
+  layers = lambda a, b: a + (model_cfg.num_layers / p - 1) * (b - a)
   f1 = probe_flops(config, model_cfg, mesh, rows, seq_len, p)
   f2 = probe_flops(config, model_cfg, mesh, rows, seq_len, 2 * p)
-  per_mb = f1 + (model_cfg.num_layers / p - 1) * (f2 - f1)
+  per_mb = layers(f1, f2)
+  remat_mb = per_mb
+  if model_cfg.remat != "none":   # what the remat policy costs: its recomputation, compiled
+    remat_mb = layers(*(probe_flops(config, model_cfg, mesh, rows, seq_len, n, model_cfg.remat)
+                        for n in (p, 2 * p)))
   tokens_mb = rows * seq_len
   per_token = per_mb / tokens_mb
   n_active = count_params(model_cfg)["params_active"]
@@ -183,6 +192,8 @@ def compute_report(config, model_cfg, mesh, topo, batch_rows: int, seq_len: int,
       flops_per_step=step_flops, flops_per_token=per_token, params_active=n_active,
       six_n_active_per_token=six_n, attention_flops_per_token=attn,
       flops_per_token_vs_6n_plus_attention=round(per_token / (six_n + attn), 4),
+      remat=model_cfg.remat, hardware_flops_per_step=remat_mb * m,
+      remat_flops_overhead=round(remat_mb / per_mb - 1.0, 4),
       peak_flops_per_device=topo.peak_flops, mfu=mfu,
       step_seconds=None if step_s is None else round(step_s, 2),
       device_hours_per_step=None if step_s is None else round(step_s * topo.num_devices / 3600, 4),
@@ -240,9 +251,16 @@ def default_seq_len(config) -> int:
   return runtime.train_seq_len(config)
 
 
+REMAT_ORDER = ("none", "dots", "full")   # cheapest first: the recomputation each policy costs
+
+
 def plan(config, seq_len: int | None = None, with_generator: bool = True, with_flops: bool = True,
-         mfu: float = 0.4) -> dict:
-  """The plan JSON of `config` on `config.topology` (needs that many jax devices)."""
+         mfu: float = 0.4, choose_remat: bool = False) -> dict:
+  """The plan JSON of `config` on `config.topology` (needs that many jax devices).
+
+  choose_remat: compile the learner with each policy of REMAT_ORDER in turn and keep the first
+  whose plan fits (`remat_choice` lists every try: peak GB and fits); the rest of the plan is
+  made with that policy. None fitting: the last (full) is reported, with fits False."""
   import jax
 
   topo = topologies.get_topology(config.topology)
@@ -256,7 +274,15 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
   batch_rows = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
   seq_len = int(seq_len or default_seq_len(config))
   mesh = sharding.make_mesh(config.mesh.shape, devices[:topo.num_devices])
-  compiled, info = compile_learner(config, model_cfg, mesh, batch_rows, seq_len)
+  tried = []
+  for policy in (REMAT_ORDER if choose_remat else (model_cfg.remat,)):
+    model_cfg = model_cfg.replace(remat=policy)
+    compiled, info = compile_learner(config, model_cfg, mesh, batch_rows, seq_len)
+    peak = _memory(compiled)["peak_bytes"]
+    tried.append(dict(remat=policy, peak_gb=round(peak / 1e9, 2),
+                      fits=bool(peak <= topo.usable_bytes)))
+    if tried[-1]["fits"]:
+      break
   st, st_sh = info["abstract_state"], info["state_shardings"]
   mem = _memory(compiled)
   m = int(config.optim.microbatches)
@@ -286,6 +312,9 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
   out["total_bytes"] = out["peak_bytes"]
   out["fits"] = bool(out["total_bytes"] <= topo.usable_bytes)
   out["total_gb"] = round(out["total_bytes"] / 1e9, 2)
+  if choose_remat:
+    out["remat_choice"] = dict(chosen=model_cfg.remat, tried=tried,
+                               configured=runtime.model_config(config).remat)
   out["moe"] = (dict(impl=model_cfg.moe_impl, capacity_factor=model_cfg.moe_capacity_factor)
                 if model_cfg.is_moe else None)
   if with_flops:
@@ -333,7 +362,8 @@ def main(argv):
     config.optim.microbatches = _MICROBATCHES.value
   _ensure_devices(topologies.get_topology(config.topology).num_devices)
   print(json.dumps(plan(config, _SEQ_LEN.value or None, with_generator=_GENERATOR.value,
-                        with_flops=_FLOPS.value, mfu=_MFU.value)))
+                        with_flops=_FLOPS.value, mfu=_MFU.value,
+                        choose_remat=_CHOOSE_REMAT.value)))
 
 
 if __name__ == "__main__":
@@ -345,6 +375,9 @@ if __name__ == "__main__":
   _MICROBATCHES = flags.DEFINE_integer("microbatches", 0, "Override config.optim.microbatches.")
   _GENERATOR = flags.DEFINE_boolean("generator", True, "Also compile the generator decode step.")
   _FLOPS = flags.DEFINE_boolean("flops", True, "Also compile the FLOPs probe (compute report).")
+  _CHOOSE_REMAT = flags.DEFINE_boolean(
+      "choose_remat", False, "Try remat none, dots, full in turn; plan with the first that fits "
+      "(reported as remat_choice; the layout's config should name it).")
   _MFU = flags.DEFINE_float("mfu", 0.4, "Model FLOPs utilisation assumed for the step-time "
                             "estimate (bench.learner measured 0.327 on one H200, docs/LEARNER.md).")
   app.run(main)
