@@ -11,7 +11,7 @@ phrase and <= 2048 answer tokens, prompt <= 2048 (so <= 16,384 tokens a sequence
 eps 1e-15, wd 0.01, 100 warm-up steps, PipelineRL-8, CISPO eps_max 5, FP32 LM head.
 
 Learner state: fp32 params + fp32 Adam moments (16 B/param incl. the fp32 gradient: 128 GB total),
-bf16 compute, full remat, scanned layers. The model's attention materialises the [T, T] scores, so
+bf16 compute, scanned layers, remat per layout as the memory plan chooses (below). The model's attention materialises the [T, T] scores, so
 heads are split over `tensor` to keep a 16k-token sequence's scores small; each micro-batch holds
 ONE sequence per (data x fsdp) shard. Measured results: docs/SCALE.md.
 """
@@ -22,9 +22,13 @@ DEFAULT_TOPOLOGY = "h100_16"
 
 # mesh over (data, fsdp, tensor, expert); microbatches = 768 / (data * fsdp): one 16k sequence per
 # batch shard per micro-batch.
+# remat: the cheapest policy whose AOT plan fits (`python -m scalerl_jax.tools.plan
+# --choose_remat`, tries none -> dots -> full; peak GB/device at 16,448 tokens, 2026-12-04):
+# h100_16 none 37.0 / 72; h100_16_fsdp full 31.1 (none 203, dots 119); tpu_v5p_16 none 60.3 / 90.3;
+# tpu_v5p_64 none 51.1; gb200_16 none 60.3 / 167.4 (docs/SCALE.md "Remat by the plan").
 LAYOUTS = {
     "h100_16": dict(mesh=(("data", 1), ("fsdp", 2), ("tensor", 8), ("expert", 1)),
-                    microbatches=384, remat="full", scan_layers=True,
+                    microbatches=384, remat="none", scan_layers=True,
                     note="tensor = the 8 NVLink GPUs of a node, fsdp across the 2 nodes"),
     # No tensor parallelism: with flash (blockwise / cuDNN) attention and the chunked LM head a
     # 16k sequence no longer needs its heads split; one sequence per device per micro-batch.
@@ -33,11 +37,11 @@ LAYOUTS = {
                          microbatches=48, remat="full", scan_layers=True,
                          note="pure FSDP over both nodes"),
     "tpu_v5p_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)),
-                       microbatches=192, remat="full", scan_layers=True),
+                       microbatches=192, remat="none", scan_layers=True),
     "tpu_v5p_64": dict(mesh=(("data", 1), ("fsdp", 16), ("tensor", 4), ("expert", 1)),
-                       microbatches=48, remat="full", scan_layers=True),
+                       microbatches=48, remat="none", scan_layers=True),
     "gb200_16": dict(mesh=(("data", 1), ("fsdp", 4), ("tensor", 4), ("expert", 1)),
-                     microbatches=192, remat="full", scan_layers=True),
+                     microbatches=192, remat="none", scan_layers=True),
 }
 
 

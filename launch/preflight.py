@@ -583,7 +583,8 @@ def check_probe(r: Report, who: str, c) -> None:
 def _plan_key(cfg, seq_len):
   rows = int(cfg.rollout.batch_size or cfg.rollout.prompts_per_step * cfg.rollout.generations_per_prompt)
   return dict(model=str(cfg.model.preset), layout=str(cfg.layout), seq_len=int(seq_len),
-              microbatches=int(cfg.optim.microbatches), batch_rows=rows)
+              microbatches=int(cfg.optim.microbatches), batch_rows=rows,
+              remat=str(cfg.model.remat))
 
 
 def cached_plans(cfg) -> list[dict]:
@@ -629,7 +630,7 @@ def store_plan(plan: dict) -> None:
   """Adds (or replaces) a plan in PLAN_CACHE."""
   with open(PLAN_CACHE) as f:
     data = json.load(f)
-  keys = ("model", "layout", "seq_len", "microbatches", "batch_rows")
+  keys = ("model", "layout", "seq_len", "microbatches", "batch_rows", "remat")
   data["plans"] = [p for p in data["plans"] if any(p.get(k) != plan[k] for k in keys)] + [plan]
   with open(PLAN_CACHE, "w") as f:
     json.dump(data, f, indent=2)

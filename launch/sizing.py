@@ -80,7 +80,7 @@ def generator_host_bytes(config) -> dict:
   start-up's one version + HF export, the larger of the two, + vLLM's own + the shm slots."""
   n = model_numbers(config)["params"]
   g = config.generator
-  versions = int(g.get("eval_hold_versions", 2)) + 1
+  versions = int(g.eval_hold_versions) + 1
   wire = wire_bytes_per_param(config)
   steady = versions * n * wire
   # vLLM starts on generator.vllm_model_dir or the start checkpoint (generation.worker

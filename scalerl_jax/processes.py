@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 
+from scalerl_jax.generation import interruption
 from scalerl_jax.protocol.rpc import TLS
 
 _PR_SET_PDEATHSIG = 1
@@ -122,8 +123,7 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
            f"--prompts={prompts}", f"--prompts-per-step={r.prompts_per_step}",
            f"--group-size={r.generations_per_prompt}", f"--max-lag={r.max_lag}",
            f"--mode={r.mode}", f"--max-message-bytes={b.max_message_bytes}",
-           # = runtime.max_completion_len(config) (the generators' bound; runtime imports JAX)
-           f"--max-completion-tokens={r.think_budget_max + 64 + r.answer_budget}",
+           f"--max-completion-tokens={interruption.max_completion_len(r)}",
            f"--shuffle-seed={config.seed}"]
   if config.rl.no_positive_resampling:
     flags.append(f"--npr-threshold={config.rl.npr_threshold}")

@@ -275,7 +275,7 @@ def heldout_size(data) -> int:
 def check_eval(config) -> None:
   """The eval section: mode, sizes, and num_prompts against the held-out split's size."""
   e = config.eval
-  if e.get("mode", "local") not in ("fleet", "local"):
+  if e.mode not in ("fleet", "local"):
     raise ConfigError(f"eval.mode={e.mode!r}; expected 'fleet' (the generators evaluate, through "
                       f"the buffer's evaluation lane) or 'local' (learner process 0 samples)")
   if int(e.samples_per_prompt) < 1:
@@ -293,7 +293,7 @@ def check_eval(config) -> None:
                       f"data.heldout); lower eval.num_prompts or raise data.heldout")
   if not float(e.get("timeout_s", 1.0)) > 0:
     raise ConfigError(f"eval.timeout_s must be > 0, got {e.timeout_s}")
-  if int(config.generator.get("eval_hold_versions", 2)) < 1:
+  if int(config.generator.eval_hold_versions) < 1:
     raise ConfigError(f"generator.eval_hold_versions must be >= 1, got "
                       f"{config.generator.eval_hold_versions}")
 

@@ -140,9 +140,9 @@ def wire_dtype(config) -> str | None:
 
 
 def max_completion_len(config) -> int:
-  """Longest completion a generator can produce under config.rollout (incl. interruption)."""
-  r = config.rollout
-  return int(r.think_budget_max + 64 + r.answer_budget)
+  """Longest completion a generator can produce under config.rollout (incl. interruption;
+  generation.interruption.max_completion_len)."""
+  return interruption.max_completion_len(config.rollout)
 
 
 def train_seq_len(config) -> int:

@@ -278,19 +278,19 @@ class Trainer:
     # prompts, either sampled here (mode "local") or by the generators through the buffer's
     # evaluation lane (mode "fleet": process 0 submits and collects rewards; nothing collective).
     self.eval_set = eval_prompts(dataset.heldout, int(config.eval.num_prompts), int(config.seed))
-    self.eval_fleet = config.eval.get("mode", "local") == "fleet"
+    self.eval_fleet = config.eval.mode == "fleet"
     self.fleet = None
     if self.eval_fleet and self.main:
       self.fleet = FleetEvaluator(
           client, self.eval_set, num_prompts=0,
           samples_per_prompt=int(config.eval.samples_per_prompt), seed=int(self.eval_spec.seed),
           temperature=self.eval_spec.temperature, top_p=self.eval_spec.top_p,
-          hold_versions=int(config.generator.get("eval_hold_versions", 2)),
+          hold_versions=int(config.generator.eval_hold_versions),
           timeout_s=float(config.eval.get("timeout_s", 1800.0)),
           task_names=dataset.tasks if dataset.is_mixture else (),
           watchdog=lambda: self.watchdog() if self.watchdog is not None else None)
     self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep),
-                                async_save=bool(config.checkpoint.get("async_save", False)))
+                                async_save=bool(config.checkpoint.async_save))
     self.watchdog = None   # callable raising when a child process died (set by main)
     audit = config.get("audit")
     self.audit_ids = bool(audit is not None and audit.get("trained_ids", False)) and self.main

@@ -69,7 +69,9 @@ def test_every_layout_divides(name):
     assert cfg.d_model % (mesh["fsdp"] * mesh["expert"]) == 0
     if cfg.num_experts:
       assert cfg.num_experts % ep == 0 and cfg.expert_ffn_dim % tp == 0
-    assert (c.model.remat, c.model.scan_layers) == ("full", True)
+    # remat: the memory plan's choice per layout (tools.plan --choose_remat; configs/8b.py), which
+  # launch.preflight checks against the plan cache for the rendered variants
+  assert c.model.remat in ("none", "dots", "full") and c.model.scan_layers
 
 
 def test_topology_selection_and_errors():
@@ -119,7 +121,7 @@ def test_hf_checkpoint_sets_architecture(tmp_path):
   cfg = runtime.model_config(c)
   assert (cfg.num_layers, cfg.vocab_size, cfg.d_model) == (3, 100, small.d_model)
   assert (cfg.param_dtype, cfg.dtype, cfg.remat, cfg.scan_layers) == ("float32", "bfloat16",
-                                                                      "full", True)
+                                                                      c.model.remat, True)
 
 
 def test_8b_math_code_is_the_paper_math_code_run():

@@ -17,6 +17,18 @@ from typing import Sequence
 import numpy as np
 
 
+# Completion tokens reserved for the injected interruption text (its tokenization under any of the
+# supported tokenizers is shorter): the generators' bound is think_budget_max + this + answer_budget.
+INTERRUPTION_ALLOWANCE = 64
+
+
+def max_completion_len(rollout) -> int:
+  """Longest completion a generator can produce under `config.rollout` (interruption included):
+  the one formula the learner's padding (runtime), the buffer's `--max-completion-tokens`
+  (processes) and the KV budgets share."""
+  return int(rollout.think_budget_max + INTERRUPTION_ALLOWANCE + rollout.answer_budget)
+
+
 def think_budget(seed: int, prompt_id: int, sample: int, lo: int, hi: int) -> int:
   """The thinking budget of sample `sample` of prompt `prompt_id`: uniform over the integers in
   [lo, hi] (both inclusive), reproducible per (seed, prompt, sample) whatever the batch around it.

@@ -172,7 +172,7 @@ class Worker:
     self._pins: set = set()
     self._held_lock = threading.Lock()
     self._swap_lock = threading.Lock()     # non-JAX backends: eval swaps vs the weight watcher
-    self.hold_n = int(config.generator.get("eval_hold_versions", 2))
+    self.hold_n = int(config.generator.eval_hold_versions)
     if weights["kind"] == "params":
       self._remember(version, weights["params"])
     self.gen = _make_generator(backend, config, self.model_cfg, weights, version, workdir,

@@ -48,14 +48,25 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
   return nn.with_logical_constraint(x, axes)
 
 
+def _sharded() -> bool:
+  """True inside a mesh of more than one device (`sharding.use_mesh` / `jax.set_mesh`)."""
+  m = moe.current_mesh()
+  return m is not None and m.size > 1
+
+
 def linear(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x [..., D] @ w [D, F] -> [..., F] as ONE 2-D matmul on x.reshape(-1, D).
+  """x [..., D] @ w [D, F] -> [..., F]: ONE 2-D matmul on x.reshape(-1, D) on a single device.
 
   The 3-D einsum form ("BTD,DF->BTF") made XLA:CPU write a transposed copy of the activation
   gradient for every weight gradient and run that dot off its fast path (issue #26: the MLP block's
   forward + backward 764 ms as einsums, 456 ms as 2-D matmuls, HF 461 ms). The reshapes are
-  bitcasts (row-major, leading dims merged).
+  bitcasts (row-major, leading dims merged). Under a multi-device mesh the einsum form stays: the
+  merged [B*T] axis carries both the batch and the sequence sharding, which the SPMD partitioner
+  could not map onto the weight gradient's layout ("involuntary full rematerialization" of
+  [B*T/8, D] activations, 7 times in the 8B h100_16 plan) where the einsum compiles cleanly.
   """
+  if _sharded():
+    return jnp.einsum("...D,DF->...F", x, w)
   lead = x.shape[:-1]
   return jnp.dot(x.reshape(-1, x.shape[-1]), w).reshape(*lead, w.shape[-1])
 
@@ -77,6 +88,9 @@ def head_matmul(x: jax.Array, w: jax.Array, precision: str = "fp32") -> jax.Arra
     raise ValueError(f"head_precision must be one of {tuple(_HEAD_PRECISION)}, got {precision!r}")
   if precision == "bf16":
     x, w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+  if _sharded():   # see `linear`
+    return jnp.einsum("...D,DV->...V", x, w, precision=_HEAD_PRECISION[precision],
+                      preferred_element_type=jnp.float32)
   lead = x.shape[:-1]
   out = jnp.dot(x.reshape(-1, x.shape[-1]), w, precision=_HEAD_PRECISION[precision],
                 preferred_element_type=jnp.float32)
