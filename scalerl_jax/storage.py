@@ -10,7 +10,7 @@ State that must stay on a local disk (the buffer's write-ahead log: fsync'd appe
 logs: open file descriptors; TensorBoard's event writer: appends) lives in `local_dir(workdir)`:
 the workdir itself when it is local, else a fixed directory per workdir under the system temp dir
 (or `config.local_dir`), so a rerun on the same machine finds its WAL again. Logs and TensorBoard
-events are uploaded into the workdir (`upload_tree`).
+events are copied into the workdir at the end (`copy_tree`).
 
 The GCS emulator's standard variable is honoured: with $STORAGE_EMULATOR_HOST set, gcsfs talks to
 it anonymously, and `configure_emulator()` points tensorstore (orbax's array writer) at it too

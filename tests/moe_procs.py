@@ -91,7 +91,8 @@ def flops():
     config = scout.get_config("gb200_16")
     config.model.update(dict(d_model=256, num_heads=4, num_kv_heads=2, head_dim=64,
                              expert_ffn_dim=512, ffn_dim=1024, vocab_size=2048, num_layers=8,
-                             attention_chunk_size=512, moe_impl=impl, moe_capacity_factor=cf))
+                             attention_chunk_size=512, moe_impl=impl, moe_capacity_factor=cf,
+                             remat="none"))   # the dispatch FLOPs, not the remat policy's
     config.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 1), ("expert", 4))
     config.optim.microbatches = 2
     cfg = runtime.model_config(config)

@@ -124,6 +124,19 @@ def test_the_runtime_package_never_imports_the_harness_or_the_benches():
   assert ("harness.chaos", "harness.procs") in {(m, d) for m, deps in edges.items() for d in deps}
 
 
+def test_the_buffer_state_machine_names_no_grpc_type():
+  """buffer/state.py is the admission state machine: its refusals are kinds
+  (protocol.validation.precondition, exhausted, ...), the status code is the protocol's choice."""
+  def imported(name):
+    tree = ast.parse((ROOT / "scalerl_jax" / "buffer" / name).read_text())
+    return {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+            for a in n.names} | {n.module.split(".")[0] for n in ast.walk(tree)
+                                 if isinstance(n, ast.ImportFrom) and n.module}
+  assert "grpc" in imported("server.py")            # the check sees a gRPC import where one is
+  assert "grpc" not in imported("state.py")
+  assert "grpc" not in (ROOT / "scalerl_jax" / "buffer" / "state.py").read_text()
+
+
 def test_no_private_name_imported_from_another_module():
   _, private = import_graph()
   assert private == []

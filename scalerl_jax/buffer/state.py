@@ -27,7 +27,6 @@ import threading
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
-import grpc
 import numpy as np
 
 from scalerl_jax.protocol import codec
@@ -99,8 +98,7 @@ class PulledBatch:
 
 def _check_alive(alive: Callable[[], bool], what: str) -> None:
   if not alive():
-    raise val.RejectError(grpc.StatusCode.CANCELLED,
-                          f"{what}: the caller went away or the server is stopping")
+    raise val.cancelled(f"{what}: the caller went away or the server is stopping")
 
 
 def _group_item_bytes(g: _Group) -> bytes:
@@ -368,8 +366,7 @@ class BufferState:
         g = self._groups.get(r.group_id)
         if g is None:
           if 0 < r.group_id < self._next_group_id:
-            raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"group {r.group_id} is no longer leased (expired or delivered)")
+            raise val.precondition(f"group {r.group_id} is no longer leased (expired or delivered)")
           raise val.invalid(f"group_id {r.group_id} was never leased")
         views.append(g.view)
       version = self.version
@@ -384,8 +381,7 @@ class BufferState:
           continue
         g = self._groups.get(r.group_id)
         if g is None:
-          raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"group {r.group_id} expired while the rollout was validated")
+          raise val.precondition(f"group {r.group_id} expired while the rollout was validated")
         key = (r.group_id, r.sample_index)
         if r.sample_index in g.samples or key in slots:
           other = g.samples[r.sample_index].rollout_id if r.sample_index in g.samples else "?"
@@ -474,8 +470,7 @@ class BufferState:
       if self._last_batch is not None and step == self._last_batch.step:
         return self._last_batch                 # retry of the same step: same groups, not new ones
       if step != self.ns:
-        raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"learner asked for step {step}; the next step is {self.ns}")
+        raise val.precondition(f"learner asked for step {step}; the next step is {self.ns}")
       while True:
         self._expire()
         batch = self._ready(step)
@@ -483,9 +478,8 @@ class BufferState:
           break
         left = end - self.clock()
         if left <= 0:
-          raise val.RejectError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                f"no complete batch for step {step} within {timeout_s}s "
-                                f"(version {self.version}, {len(self._groups)} groups outstanding)")
+          raise val.timed_out(f"no complete batch for step {step} within {timeout_s}s "
+                              f"(version {self.version}, {len(self._groups)} groups outstanding)")
         _check_alive(alive, "PullBatch")
         self.cv.wait(min(left, 0.25))
       return self._deliver(step, batch, "live")
@@ -552,9 +546,8 @@ class BufferState:
         n = len(job.prompts) if job is not None else len(self._evals_done[req.eval_id].results)
         return pb.EvalAck(eval_id=req.eval_id, groups=n, duplicate=True)
       if len(self._evals) >= self.limits.max_open_evals:
-        raise val.RejectError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"{len(self._evals)} evaluations open (limit "
-                              f"{self.limits.max_open_evals}); collect or cancel some first")
+        raise val.exhausted(f"{len(self._evals)} evaluations open (limit "
+                            f"{self.limits.max_open_evals}); collect or cancel some first")
     prompts = val.validate_eval_request(req, version, self.limits)   # outside the lock
     with self.cv:
       if req.eval_id not in self._evals:
@@ -618,9 +611,8 @@ class BufferState:
           if r.eval_id in self._evals_done:
             dup += 1
             continue
-          raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"evaluation {r.eval_id} is not open (collected, cancelled or "
-                                f"lost in a buffer restart)")
+          raise val.precondition(f"evaluation {r.eval_id} is not open (collected, cancelled or "
+                                 f"lost in a buffer restart)")
         if not 0 <= r.group_id < len(job.prompts):
           raise val.invalid(f"eval {r.eval_id}: group_id {r.group_id} out of range "
                             f"[0, {len(job.prompts)})")
@@ -628,8 +620,7 @@ class BufferState:
           dup += 1
           continue
         if r.group_id in job.todo:
-          raise val.RejectError(grpc.StatusCode.FAILED_PRECONDITION,
-                                f"eval {r.eval_id} group {r.group_id} is not leased")
+          raise val.precondition(f"eval {r.eval_id} group {r.group_id} is not leased")
         val.validate_eval_result(r, version=job.req.version, samples=job.req.samples_per_prompt,
                                  prompt_id=job.prompts[r.group_id].prompt_id, limits=self.limits)
         seen.add((r.eval_id, r.group_id))
@@ -655,9 +646,8 @@ class BufferState:
           return done
         job = self._evals.get(eval_id)
         if job is None:
-          raise val.RejectError(grpc.StatusCode.NOT_FOUND,
-                                f"evaluation {eval_id} is not open (never submitted, or lost in a "
-                                f"buffer restart: resubmit it)")
+          raise val.not_found(f"evaluation {eval_id} is not open (never submitted, or lost in a "
+                              f"buffer restart: resubmit it)")
         if cancel:
           del self._evals[eval_id]
           self.cv.notify_all()
@@ -734,7 +724,7 @@ class BufferState:
       if best_effort:
         log.error("WAL write failed: %s", e)
         return
-      raise val.RejectError(grpc.StatusCode.UNAVAILABLE, f"write-ahead log write failed: {e}")
+      raise val.unavailable(f"write-ahead log write failed: {e}")
 
   def _wal_lease(self, g, round_start: int, snap: bool = False) -> None:
     v = g.view

@@ -25,6 +25,7 @@ from scalerl_jax import rl
 from scalerl_jax.learner import metrics as metrics_lib
 from scalerl_jax.learner.batch import RLSpec, bucket_lengths, prepare, split_microbatches
 from scalerl_jax.learner.logprobs import chunked_token_logprobs, token_logprobs
+from scalerl_jax.learner.optimizer import ClippedAdamW
 from scalerl_jax.learner.state import LearnerState
 
 # (params, tokens, positions) -> float32 logits [B,T,V], or (hidden [B,T,D], head kernel [D,V])
@@ -247,7 +248,7 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
     denom = prep["denominator"]
     safe = jnp.where(denom > 0, denom, 1.0)
     loss = stats["loss_sum"] / safe
-    update = sliced_update if hasattr(optimizer, "adamw") else tree_update
+    update = sliced_update if isinstance(optimizer, ClippedAdamW) else tree_update
     new_params, new_opt, grad_norm, update_norm, ok, finite = update(
         optimizer, acc, safe, params, state.opt_state, loss, denom)
     new_state = LearnerState(params=new_params, opt_state=new_opt,

@@ -164,19 +164,22 @@ def causal_block_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=Non
   G = N // K
   scale = float(H ** -0.5 if scale is None else scale)
   Q = int(max(1, min(q_block, T)))
-  qh = jnp.einsum("BTKGH->BKGTH", q.reshape(B, T, K, G, H))
+  # [B,K,T,G,H]: a query block's T-slice is contiguous with its G heads, so each block's two
+  # products are plain batched matmuls over (B,K) with M = Q*G rows ("BKMH,BKSH->BKMS").
+  qh = jnp.einsum("BTKGH->BKTGH", q.reshape(B, T, K, G, H))
   kh, vh = jnp.einsum("BSKH->BKSH", k), jnp.einsum("BSKH->BKSH", v)
   outs = []
   for start in range(0, T, Q):
     end = min(start + Q, T)
-    s = jnp.einsum("BKGTH,BKSH->BKGTS", qh[:, :, :, start:end], kh[:, :, :end],
+    rows = (end - start) * G
+    s = jnp.einsum("BKMH,BKSH->BKMS", qh[:, :, start:end].reshape(B, K, rows, H), kh[:, :, :end],
                    preferred_element_type=jnp.float32) * scale
     m = position_mask(q_pos[:, start:end], kv_pos[:, :end], chunk_size)      # [B,Q,S_i]
-    s = jnp.where(m[:, None, None], s, _MASKED)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    outs.append(jnp.einsum("BKGTS,BKSH->BKGTH", p, vh[:, :, :end]))
-  out = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]        # [B,K,G,T,H]
-  return jnp.einsum("BKGTH->BTKGH", out).reshape(B, T, N, H)
+    s = jnp.where(m[:, None, :, None], s.reshape(B, K, end - start, G, end), _MASKED)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype).reshape(B, K, rows, end)
+    outs.append(jnp.einsum("BKMS,BKSH->BKMH", p, vh[:, :, :end]).reshape(B, K, end - start, G, H))
+  out = jnp.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]        # [B,K,T,G,H]
+  return jnp.einsum("BKTGH->BTKGH", out).reshape(B, T, N, H)
 
 
 # ------------------------------------------------------------------ blockwise (flash, pure JAX)

@@ -32,6 +32,38 @@ def invalid(message: str) -> RejectError:
   return RejectError(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
+# The buffer's refusals by what went wrong; the status each answers with is decided here, so the
+# buffer's state machine (buffer/state.py) names no gRPC type.
+def precondition(message: str) -> RejectError:
+  """The request is well formed but the state does not allow it (wrong step, stale version)."""
+  return RejectError(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+def cancelled(message: str) -> RejectError:
+  """The caller went away (a dead learner's pull)."""
+  return RejectError(grpc.StatusCode.CANCELLED, message)
+
+
+def timed_out(message: str) -> RejectError:
+  """Nothing arrived within the request's own timeout."""
+  return RejectError(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+
+
+def exhausted(message: str) -> RejectError:
+  """A bound is full (open evaluations, pending work)."""
+  return RejectError(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
+
+def not_found(message: str) -> RejectError:
+  """An id the buffer does not hold."""
+  return RejectError(grpc.StatusCode.NOT_FOUND, message)
+
+
+def unavailable(message: str) -> RejectError:
+  """The buffer cannot serve right now (its write-ahead log failed): retry elsewhere / later."""
+  return RejectError(grpc.StatusCode.UNAVAILABLE, message)
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
   """Per-field limits (the whole message is bounded separately by grpc max_receive_message_length)."""

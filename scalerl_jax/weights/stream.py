@@ -66,11 +66,12 @@ def _np_dtype(name: str) -> np.dtype:
 
 
 def _path_key(k) -> str | int:
-  if hasattr(k, "key"):
+  from jax import tree_util as tu
+  if isinstance(k, (tu.DictKey, tu.FlattenedIndexKey)):
     return k.key
-  if hasattr(k, "idx"):
+  if isinstance(k, tu.SequenceKey):
     return int(k.idx)
-  if hasattr(k, "name"):
+  if isinstance(k, tu.GetAttrKey):
     return k.name
   raise TypeError(f"unsupported pytree key {k!r}")
 
