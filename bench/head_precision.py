@@ -17,12 +17,13 @@ ours/peer = mean |error| of our fp32 head / the peer's (ratio > 1: ours more acc
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import numpy as np
+
+from bench.common import last_line
 
 
 def _args(argv=None):
@@ -105,13 +106,9 @@ def main(argv=None):
   for name, r in rows.items():
     print(f"{name:10s} max|dlogp| {r['max_abs']:.3e}  mean|dlogp| {r['mean_abs']:.3e}  "
           f"max|ratio-1| {r['max_ratio_err']:.3e}  {r['ms']:.2f} ms", file=sys.stderr)
-  res = dict(ours=rows["fp32"]["mean_abs"], peer=rows["peer_fp32"]["mean_abs"],
-             unit="mean |log p - log p_float64|",
-             ratio=round(rows["peer_fp32"]["mean_abs"] / max(rows["fp32"]["mean_abs"], 1e-30), 3),
-             head=[d, v], tokens=n, logit_std=args.logit_std, backend=jax.default_backend(),
-             precisions=rows)
-  print(json.dumps(res))
-  return res
+  return last_line(rows["fp32"]["mean_abs"], rows["peer_fp32"]["mean_abs"],
+                   "mean |log p - log p_float64|", higher_is_better=False, head=[d, v], tokens=n,
+                   logit_std=args.logit_std, backend=jax.default_backend(), precisions=rows)
 
 
 if __name__ == "__main__":

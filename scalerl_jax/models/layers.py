@@ -54,8 +54,9 @@ def _sharded() -> bool:
   return m is not None and m.size > 1
 
 
-def linear(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x [..., D] @ w [D, F] -> [..., F]: ONE 2-D matmul on x.reshape(-1, D) on a single device.
+def linear(x: jax.Array, w: jax.Array, **dot_kw) -> jax.Array:
+  """x [..., D] @ w [D, F] -> [..., F]: ONE 2-D matmul on x.reshape(-1, D) on a single device
+  (`dot_kw`: jnp.dot's precision / preferred_element_type).
 
   The 3-D einsum form ("BTD,DF->BTF") made XLA:CPU write a transposed copy of the activation
   gradient for every weight gradient and run that dot off its fast path (issue #26: the MLP block's
@@ -66,9 +67,9 @@ def linear(x: jax.Array, w: jax.Array) -> jax.Array:
   [B*T/8, D] activations, 7 times in the 8B h100_16 plan) where the einsum compiles cleanly.
   """
   if _sharded():
-    return jnp.einsum("...D,DF->...F", x, w)
+    return jnp.einsum("...D,DF->...F", x, w, **dot_kw)
   lead = x.shape[:-1]
-  return jnp.dot(x.reshape(-1, x.shape[-1]), w).reshape(*lead, w.shape[-1])
+  return jnp.dot(x.reshape(-1, x.shape[-1]), w, **dot_kw).reshape(*lead, w.shape[-1])
 
 
 _HEAD_PRECISION = {"fp32": jax.lax.Precision.HIGHEST, "tf32": jax.lax.Precision.HIGH,
@@ -76,7 +77,7 @@ _HEAD_PRECISION = {"fp32": jax.lax.Precision.HIGHEST, "tf32": jax.lax.Precision.
 
 
 def head_matmul(x: jax.Array, w: jax.Array, precision: str = "fp32") -> jax.Array:
-  """LM-head logits x [..., D] @ w [D, V] -> float32 [..., V], one 2-D matmul.
+  """LM-head logits x [..., D] @ w [D, V] -> float32 [..., V] through `linear`.
 
   `precision` (ModelConfig.head_precision, docs/LEARNER.md "Head precision"): 'fp32' multiplies
   the operands as given at full precision (Precision.HIGHEST: no TF32 / bf16 passes on GPU and
@@ -88,13 +89,7 @@ def head_matmul(x: jax.Array, w: jax.Array, precision: str = "fp32") -> jax.Arra
     raise ValueError(f"head_precision must be one of {tuple(_HEAD_PRECISION)}, got {precision!r}")
   if precision == "bf16":
     x, w = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
-  if _sharded():   # see `linear`
-    return jnp.einsum("...D,DV->...V", x, w, precision=_HEAD_PRECISION[precision],
-                      preferred_element_type=jnp.float32)
-  lead = x.shape[:-1]
-  out = jnp.dot(x.reshape(-1, x.shape[-1]), w, precision=_HEAD_PRECISION[precision],
-                preferred_element_type=jnp.float32)
-  return out.reshape(*lead, w.shape[-1])
+  return linear(x, w, precision=_HEAD_PRECISION[precision], preferred_element_type=jnp.float32)
 
 
 @jax.custom_vjp
