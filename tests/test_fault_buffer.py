@@ -267,3 +267,63 @@ def test_wal_replay_ppo_off_policy_round(tmp_path):
     c.close()
   finally:
     srv2.stop()
+
+
+def test_failed_wal_commit_leaves_no_bytes_behind(tmp_path):
+  """A commit that fails mid-write (a full disk: the kernel writes what fits, then errors) must cut
+  its bytes off the segment: a torn record followed by later commits hides them from replay (they
+  were acked, then lost, and the groups they delivered are delivered again: the chaos run's
+  duplicates), and a buffered tail of the failed record written out by the next commit resurrects a
+  record the caller was told had failed. Real kernel behaviour, via RLIMIT_FSIZE in a child."""
+  import subprocess
+  import sys
+  d = str(tmp_path / "wal")
+  r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "wal_procs.py"),
+                      "full_disk", d], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  assert out["error"] is not None and "too large" in out["error"].lower(), out
+  assert out["after_fail"] == out["before"], out            # nothing of C (or the DELIVER) left
+  recs, torn = wal.read_segment(out["segment"], truncate=False)
+  assert torn is None
+  assert [(t, b[:1]) for t, b in recs] == [(wal.SNAPSHOT, b"{"), (wal.ROLLOUT, b"A"),
+                                           (wal.ROLLOUT, b"B"), (wal.ROLLOUT, b"D")]
+  print(f"\n[wal-full-disk] {out}")
+
+
+def test_wal_commit_after_a_failed_cut_fails_until_the_cut_succeeds(tmp_path, monkeypatch):
+  """If even the truncation fails, no later record may land behind the failed one's bytes."""
+  import errno
+  d = str(tmp_path / "wal")
+  w = wal.WAL(d)
+  w.start_snapshot(iter([wal.encode(wal.SNAPSHOT, dict(ns=0))]))
+  w.append(wal.ROLLOUT, b"A" * 100)
+  w.commit()
+  seg = wal.segments(d)[-1][1]
+  good = os.path.getsize(seg)
+  real_writev, real_trunc = os.writev, os.ftruncate
+
+  def half_then_enospc(fd, bufs):          # a short write, as at a full disk, then the error
+    data = b"".join(bytes(b) for b in bufs)
+    real_writev(fd, [data[:len(data) // 2]])
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  def no_trunc(fd, n):
+    raise OSError(errno.EIO, "Input/output error")
+
+  monkeypatch.setattr(os, "writev", half_then_enospc)
+  monkeypatch.setattr(os, "ftruncate", no_trunc)
+  w.append(wal.ROLLOUT, b"C" * 1000)
+  with pytest.raises(OSError, match="No space"):
+    w.commit()
+  assert os.path.getsize(seg) > good                       # the cut failed: bytes still there
+  monkeypatch.setattr(os, "writev", real_writev)
+  w.append(wal.ROLLOUT, b"D" * 100)
+  with pytest.raises(OSError, match="could not be cut off"):
+    w.commit()                                             # refused, not appended behind them
+  monkeypatch.setattr(os, "ftruncate", real_trunc)
+  w.append(wal.ROLLOUT, b"E" * 100)
+  w.commit()
+  w.close()
+  recs, torn = wal.read_segment(seg, truncate=False)
+  assert torn is None and [b[:1] for _, b in recs[1:]] == [b"A", b"E"]

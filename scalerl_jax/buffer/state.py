@@ -721,8 +721,9 @@ class BufferState:
       self.wal.commit()
     except OSError as e:
       self.wal.discard()
+      log.error("WAL write failed%s: %s", " (best effort: went on)" if best_effort else
+                " (the request fails, nothing of it is kept)", e)
       if best_effort:
-        log.error("WAL write failed: %s", e)
         return
       raise val.unavailable(f"write-ahead log write failed: {e}")
 

@@ -16,6 +16,7 @@ This module must not import jax (the buffer server process does not).
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -76,6 +77,26 @@ def encode_parts(rtype: int, body) -> tuple:
 
 def decode_body(rtype: int, body: bytes):
   return body if rtype == ROLLOUT else json.loads(body)
+
+
+_IOV_MAX = 1024
+
+
+def _write_all(fd: int, parts: list) -> None:
+  """Writes every byte of `parts` with writev, resuming after short writes (a short write then
+  an error is how a full disk shows itself)."""
+  views = [memoryview(p).cast("B") for p in parts if len(p)]
+  while views:
+    n = os.writev(fd, views[:_IOV_MAX])
+    if n <= 0:
+      raise OSError(errno.ENOSPC, "writev wrote nothing")
+    while n > 0:
+      if n >= len(views[0]):
+        n -= len(views[0])
+        views.pop(0)
+      else:
+        views[0] = views[0][n:]
+        n = 0
 
 
 def segments(wal_dir: str) -> list[tuple[int, str]]:
@@ -175,7 +196,10 @@ class WAL:
     self._lock = threading.Lock()
     self._pending: list = []          # bytes-like parts of the appended records
     self._pending_records = 0
-    self._f = None
+    self._fd: Optional[int] = None    # the active segment, opened O_APPEND, written unbuffered
+    self._path = ""
+    self._end = 0                     # its size after the last durable commit
+    self._torn: Optional[str] = None  # a failed commit's bytes could not be cut off (see commit)
     self._last_sync = 0.0
     self.bytes_written = self.records_written = self.commits = 0
 
@@ -188,8 +212,7 @@ class WAL:
     """Compaction: writes `records` (the first must be a SNAPSHOT) into a new segment, fsyncs it,
     makes it the active segment and deletes the older ones. Returns the new segment's name."""
     with self._lock:
-      if self._f is not None:
-        self._f.close()
+      self._close_fd()
       idx = self._next_index()
       path = os.path.join(self.dir, f"wal-{idx:08d}.log")
       tmp = path + ".tmp"
@@ -208,7 +231,7 @@ class WAL:
           else:
             os.remove(p)
       self._fsync_dir()
-      self._f = open(path, "ab")
+      self._open(path)
       return os.path.basename(path)
 
   def append(self, rtype: int, body) -> None:
@@ -220,32 +243,72 @@ class WAL:
     self._pending_records = 0
 
   def commit(self) -> None:
-    """Writes the appended records; raises OSError if they could not be made durable."""
+    """Writes the appended records; raises OSError if they could not be made durable.
+
+    A failed commit leaves nothing behind: its bytes (a partial write at ENOSPC, or whole records
+    whose fsync failed) are cut off the segment before the error is raised, so the records the
+    caller was told failed never reappear at replay, and later records never sit behind a torn one
+    (`read_segment` stops at the first bad record; everything after it would be invisible, then
+    truncated away at the next start). The segment is written unbuffered (os.writev): no library
+    buffer keeps a failed record's tail to write out with the next commit. If the cut itself fails,
+    every later commit fails until it succeeds."""
     with self._lock:
       if not self._pending:
         return
       parts, n = self._pending, self._pending_records
       self._pending, self._pending_records = [], 0
       size = sum(len(p) for p in parts)
-      if self._f is None:
+      if self._fd is None:
         raise OSError("WAL not opened (start_snapshot was not called)")
-      if self._f.tell() + size > self.segment_bytes and self._f.tell() > 0:
+      self._cut()                        # a previous failed commit's bytes, if still there
+      if self._end + size > self.segment_bytes and self._end > 0:
         self._rotate()
-      self._f.writelines(parts)          # large parts bypass the file buffer (no joined copy)
-      self._f.flush()
-      now = time.time()
-      if self.fsync == "batch" or (self.fsync == "interval"
-                                   and now - self._last_sync >= self.fsync_interval_s):
-        os.fsync(self._f.fileno())
-        self._last_sync = now
+      try:
+        _write_all(self._fd, parts)      # large parts are written from the caller's bytes
+        now = time.time()
+        if self.fsync == "batch" or (self.fsync == "interval"
+                                     and now - self._last_sync >= self.fsync_interval_s):
+          os.fsync(self._fd)
+          self._last_sync = now
+      except OSError:
+        self._torn = "commit failed"
+        try:
+          self._cut()
+        except OSError:
+          pass                           # still torn: the next commit retries the cut first
+        raise
+      self._end += size
       self.bytes_written += size
       self.records_written += n
       self.commits += 1
 
+  def _cut(self) -> None:
+    """Truncates the active segment back to its last durable commit after a failed one."""
+    if self._torn is None:
+      return
+    try:
+      os.ftruncate(self._fd, self._end)
+      os.fsync(self._fd)
+    except OSError as e:
+      raise OSError(e.errno, f"WAL segment {self._path} holds a failed commit's bytes past offset "
+                             f"{self._end} that could not be cut off: {e.strerror}") from e
+    self._torn = None
+
+  def _open(self, path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    self._close_fd()                     # only once the new segment exists
+    self._fd, self._path = fd, path
+    self._end = os.fstat(self._fd).st_size
+    self._torn = None
+
+  def _close_fd(self) -> None:
+    if self._fd is not None:
+      os.close(self._fd)
+      self._fd = None
+
   def _rotate(self) -> None:
-    os.fsync(self._f.fileno())
-    self._f.close()
-    self._f = open(os.path.join(self.dir, f"wal-{self._next_index():08d}.log"), "ab")
+    os.fsync(self._fd)
+    self._open(os.path.join(self.dir, f"wal-{self._next_index():08d}.log"))
     self._fsync_dir()
 
   def _fsync_dir(self) -> None:
@@ -260,11 +323,12 @@ class WAL:
 
   def close(self) -> None:
     with self._lock:
-      if self._f is not None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        self._f = None
+      if self._fd is not None:
+        try:
+          self._cut()
+          os.fsync(self._fd)
+        finally:
+          self._close_fd()
 
   # ---- weights -----------------------------------------------------------------------------------
   def save_weights(self, version: int, payload: bytes, sha256: str, fmt: str) -> None:
