@@ -201,7 +201,7 @@ def main(argv=None):
       ref = st_load(payload)
       dec = named_from_safetensors(direct)
       assert ref.keys() == dec.keys() and all(np.array_equal(ref[k], dec[k]) for k in ref)
-      del named, direct, dec, ref
+      named = direct = dec = ref = None   # free (not del: the timed lambdas name them)
       import hashlib
       _ = _t(st, "sha256_once_ref", lambda: hashlib.sha256(payload).hexdigest())
       _ = _t(st, "publish", lambda: client.publish_weights(
@@ -219,10 +219,10 @@ def main(argv=None):
         sampler.apply_pending()   # what generate() does between chunks
         jax.block_until_ready(sampler.params)
       _ = _t(st, "load_jax_naive", lambda: load(naive))
-      del naive
+      naive = None
       _ = _t(st, "load_jax_zero_copy", lambda: load(fast))
       assert sampler.version == version
-      del fast, fetched, got
+      fast = fetched = got = None
       st.update(measure_stream(client, sampler, params, 10 * rep + 2, args.stream_chunk_mb << 20))
       runs.append({"stages_s": st, "named": None})
       print(f"[bench.weights] rep {rep}: " + json.dumps({k: round(x, 4) for k, x in st.items()}),

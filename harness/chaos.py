@@ -538,7 +538,7 @@ class Chaos:
   def fire(self, kinds: list[str]) -> None:
     first = None
     for j, kind in enumerate(kinds):
-      target = self._wait_for(lambda: self.ready(kind), self.a.target_wait_s)
+      target = self._wait_for(lambda kind=kind: self.ready(kind), self.a.target_wait_s)
       if target is None:
         self.skipped[kind] = self.skipped.get(kind, 0) + 1
         self.log(f"skipped {kind}: no target within {self.a.target_wait_s:.0f} s")
@@ -558,7 +558,7 @@ class Chaos:
 
   def stop_all(self) -> None:
     self._free()
-    for t, fn in list(self.timers):
+    for _t, fn in list(self.timers):
       if fn != self._free:
         fn()
     self.timers = []

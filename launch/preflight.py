@@ -283,7 +283,7 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
                "export --config")
   # One line for the fault: the first learner setting other pods do not share, with each pod's.
   mine, theirs = None, []
-  for who, ocfg, osrc, keys in others:
+  for who, ocfg, _osrc, keys in others:
     diff = _diff(cfg, ocfg, keys)
     if diff:
       mine = mine or f"{diff[0]}={diff[1]!r}"
@@ -391,7 +391,7 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
     if "scalerl_jax.data.export" in ic["command"]:
       check_volumes(r, cfg, bpod, ic, "prompt export", None, data_only=True)
   # probes
-  for who, pod, c in (("learner", lpod, lc), ("generator", gpod, gc), ("buffer", bpod, bc)):
+  for who, _pod, c in (("learner", lpod, lc), ("generator", gpod, gc), ("buffer", bpod, bc)):
     check_probe(r, who, c)
   return r
 

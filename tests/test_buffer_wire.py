@@ -26,7 +26,7 @@ def test_parse_push_views_are_the_request_bytes():
   (req,) = pack_push_requests(raws, batch_bytes=1 << 20)
   got = wire.parse_push(req)
   assert [r.rollout_id for r, _ in got] == ["r0", "r1", "r2"]
-  for (r, view), raw in zip(got, raws):
+  for (_r, view), raw in zip(got, raws):
     assert isinstance(view, memoryview) and view.obj is req and bytes(view) == raw
 
 

@@ -319,7 +319,7 @@ def test_pods_read_exactly_what_their_manifests_give():
       f.write(text)
     token_env = config.buffer.auth_token_env
     seen = set()
-    for component, c, pod in containers(load_variant(variant)):
+    for _component, c, pod in containers(load_variant(variant)):
       env = resolved_env(c)
       referenced = {v for a in c["command"] for v in env if f"$({v})" in a}
       unread = set(env) - read - {token_env} - referenced

@@ -48,7 +48,7 @@ def _main():
 
   rng = np.random.default_rng(0)
   losses = []
-  for step in range(3):
+  for _step in range(3):
     batch, _ = ref.make_batch(rng, num_prompts=4, gens=4, seq=32)
     batch["tokens"] = rng.integers(0, cfg.vocab_size, batch["tokens"].shape).astype(np.int32)
     batch["gen_logprobs"] = np.full(batch["tokens"].shape, -np.log(cfg.vocab_size), np.float32)

@@ -9,7 +9,7 @@ from scalerl_jax.trainer import MetricsLog
 def test_dead_tensorboard_writer_raises_instead_of_hanging(tmp_path):
   ml = MetricsLog(str(tmp_path))
   ml.write({"step": 1, "kind": "train", "loss": 0.5})
-  worker = getattr(ml.tb.file_writer.event_writer, "_worker")
+  worker = getattr(ml.tb.file_writer.event_writer, "_worker")  # noqa: B009 (a private attribute of tensorboardX, read on purpose)
   worker.stop()                       # what an exception in its flush does: the thread ends
   worker.join(10)
   assert not worker.is_alive()

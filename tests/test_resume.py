@@ -216,7 +216,7 @@ def test_async_two_generators_kill9_learner_resumes_without_training_a_rollout_t
   assert all(l["max_lag"] <= 2 for l in train)
   from scalerl_jax.checkpoint import read_meta, step_dirs
   ids, per_step = [], {}
-  for s, d in step_dirs(wd):
+  for _s, d in step_dirs(wd):
     for k, v in read_meta(d)["consumed"]["recent"].items():
       per_step[int(k)] = v
   assert sorted(per_step) == list(range(steps))

@@ -102,7 +102,7 @@ def ref_keep(rewards, prompt_ids, zero_variance_filter=True):
     return np.array(valid), 0
   keep = np.array(valid)
   dropped = 0
-  for p, rows in ref_groups(prompt_ids, valid).items():
+  for _p, rows in ref_groups(prompt_ids, valid).items():
     rs = [float(rewards[i]) for i in rows]
     if max(rs) == min(rs):
       dropped += 1

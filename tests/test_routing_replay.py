@@ -145,7 +145,7 @@ def test_bad_routes_are_refused(params):
       "range": codec.encode_routes(np.where(routes == routes.max(), E, routes)),
       "negative": codec.encode_routes(-np.ones_like(routes)),
   }
-  for name, bad in cases.items():
+  for _name, bad in cases.items():
     rr = pb.Rollout()
     rr.CopyFrom(r)
     rr.routes.CopyFrom(bad)

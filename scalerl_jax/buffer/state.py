@@ -725,7 +725,7 @@ class BufferState:
                 " (the request fails, nothing of it is kept)", e)
       if best_effort:
         return
-      raise val.unavailable(f"write-ahead log write failed: {e}")
+      raise val.unavailable(f"write-ahead log write failed: {e}") from e
 
   def _wal_lease(self, g, round_start: int, snap: bool = False) -> None:
     v = g.view

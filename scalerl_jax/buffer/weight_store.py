@@ -60,9 +60,7 @@ class WeightStore:
   def publish(self, request_iterator, context):
     """PublishWeights handler: dispatches on the first message (manifest -> streamed, else blob)."""
     srv = self.srv
-    first = None
-    for first in request_iterator:
-      break
+    first = next(iter(request_iterator), None)
     if first is None:
       srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "no chunks sent")
     first = srv._req(first, context)

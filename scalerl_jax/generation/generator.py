@@ -40,7 +40,7 @@ class Generator(abc.ABC):
   def version(self) -> int:
     """The policy version currently used for new tokens."""
 
-  def close(self) -> None:
+  def close(self) -> None:  # noqa: B027 (an optional hook: by default nothing to release)
     """Releases processes and memory."""
 
   def load_params(self, params: Any, version: int, model_cfg: Any) -> None:
@@ -56,5 +56,5 @@ class Generator(abc.ABC):
     from scalerl_jax import runtime   # JAX stays out of this module's import (vLLM client side)
     self.load_weights(runtime.payload_to_named(payload, fmt), version)
 
-  def apply_pending(self) -> None:
+  def apply_pending(self) -> None:  # noqa: B027 (an optional hook: by default nothing queued)
     """Applies a queued weight update now if the backend queues them (default: nothing queued)."""

@@ -169,9 +169,9 @@ class VLLMGenerator(Generator):
         break
       except socket.timeout:
         if self._proc.poll() is not None:
-          raise VLLMWorkerError(f"worker exited with code {self._proc.returncode}")
+          raise VLLMWorkerError(f"worker exited with code {self._proc.returncode}") from None
         if time.monotonic() > deadline:
-          raise VLLMWorkerError(f"no connection within {timeout:.0f} s")
+          raise VLLMWorkerError(f"no connection within {timeout:.0f} s") from None
     # The ready message comes after the engine start (tens of seconds); bound that wait too.
     self._sock.settimeout(max(1.0, deadline - time.monotonic()))
 
