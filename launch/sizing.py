@@ -85,7 +85,7 @@ def generator_host_bytes(config) -> dict:
   steady = versions * n * wire
   # vLLM starts on generator.vllm_model_dir or the start checkpoint (generation.worker
   # vllm_start_dir: a gs:// one is copied to local disk); else on an HF export of version 0
-  started_from_disk = g.get("vllm_model_dir") or config.model.get("hf_checkpoint")
+  started_from_disk = g.vllm_model_dir or config.model.hf_checkpoint
   export = 0 if started_from_disk else n * engine_bytes_per_param(config)
   start = n * wire + export
   total = max(steady, start) + VLLM_HOST_BYTES + SHM_BYTES
@@ -104,15 +104,15 @@ def kv_cache(config, hbm_bytes: int, tensor_parallel: int) -> dict:
   g = config.generator
   tp = int(tensor_parallel)
   weights = mn["params"] * engine_bytes_per_param(config)
-  explicit = int(g.get("kv_cache_bytes", 0) or 0)
-  util = float(g.get("gpu_memory_utilization", 0.9))
+  explicit = int(g.kv_cache_bytes or 0)
+  util = float(g.gpu_memory_utilization)
   if explicit:
     capacity = explicit * tp
   else:
     capacity = int(util * hbm_bytes * tp - weights - VLLM_WORKSPACE_BYTES * tp)
   max_len = runtime.vllm_max_model_len(config)
   per_seq = max_len * mn["kv_bytes_per_token"]
-  seqs = int(g.get("decode_batch", 64))
+  seqs = int(g.decode_batch)
   return dict(capacity=capacity, per_seq=per_seq, max_model_len=max_len, seqs=seqs,
               needed=seqs * per_seq, fits_seqs=max(0, capacity // per_seq),
               explicit=bool(explicit), gpu_memory_utilization=util, weights=weights)
@@ -127,7 +127,7 @@ def buffer_host_bytes(config, learner_hosts: int = 1) -> int:
   batch = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
   rollouts = (int(r.max_lag) + 2) * batch * runtime.max_sequence_len(config) * 13
   weights = 0
-  if str(config.weights.get("serve_from", "learner")) == "buffer":
+  if str(config.weights.serve_from) == "buffer":
     weights = 2 * model_numbers(config)["params"] * wire_bytes_per_param(config)
   return rollouts + weights + 2 * GIB
 

@@ -99,8 +99,8 @@ def step0_reward_check(rewards, cfg, samples=None, task_templates=None, task_rew
   n, nz = int(r.size), int(np.count_nonzero(r))
   frac = nz / n if n else 0.0
   out = {"health/step0_nonzero_frac": frac}
-  if (not n or not cfg.get("step0_reward_check", True) or n < int(cfg.get("step0_min_samples", 0))
-      or frac > float(cfg.get("step0_min_nonzero_frac", 0.0))):
+  if (not n or not cfg.step0_reward_check or n < int(cfg.step0_min_samples)
+      or frac > float(cfg.step0_min_nonzero_frac)):
     return out
   why = (_step0_reason(samples, task_templates or {}, task_rewards or {}) if samples
          else "see process 0's log for why")
@@ -157,14 +157,14 @@ class HealthMonitor:
 
   def __init__(self, cfg):
     self.cfg = cfg
-    abort_on = cfg.get("abort_on", "") or ""
+    abort_on = cfg.abort_on or ""
     if isinstance(abort_on, str):
       abort_on = [a.strip() for a in abort_on.split(",") if a.strip()]
     self.abort_on = tuple(abort_on)
     unknown = [s for s in self.abort_on if s not in SIGNALS]
     if unknown:
       raise ValueError(f"health.abort_on: unknown signal(s) {unknown}; choose from {list(SIGNALS)}")
-    self.abort_from_step = int(cfg.get("abort_from_step", 0) or 0)
+    self.abort_from_step = int(cfg.abort_from_step or 0)
     self.skipped_run = 0
 
   def aborts(self, name: str, step: int) -> bool:

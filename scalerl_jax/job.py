@@ -96,17 +96,17 @@ def prepare_resume(config, workdir: str) -> dict | None:
   NPR history), so a buffer that kept running with the previous run's versions and deliveries
   restarts and rewinds to step 0 from its WAL instead of refusing version 0 (a fresh buffer has
   nothing to rewind). A first run in an empty workdir writes no request."""
-  mode = str(config.get("resume", "auto"))
+  mode = str(config.resume)
   if mode not in RESUME_MODES:
     raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
-  vmode = str(config.checkpoint.get("verify", "metadata"))
+  vmode = str(config.checkpoint.verify)
   if vmode not in checkpoint.VERIFY_MODES:
     raise ValueError(f"checkpoint.verify must be one of {checkpoint.VERIFY_MODES}, got {vmode!r}")
   found = checkpoint.find_valid(workdir, full=vmode == "full") if mode == "auto" else None
   ls_path = storage.join(workdir, "learner_state.json")
   if found is None:
     previous = _set_aside_previous_run(workdir,
-                                       storage.local_dir(workdir, config.get("local_dir", "")))
+                                       storage.local_dir(workdir, config.local_dir))
     start_over = None
     if previous:
       npr = PassRateHistory(threshold=config.rl.npr_threshold).to_dict()
@@ -159,10 +159,10 @@ def _run_follower(config, workdir: str) -> dict:
   start checkpoint (model.hf_checkpoint) is read at once, each process its own slices."""
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   model_cfg = runtime.model_config(config)
-  if config.model.get("hf_checkpoint", ""):   # each process reads its own slices, in parallel
+  if config.model.hf_checkpoint:   # each process reads its own slices, in parallel
     params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
   shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
-  if not config.model.get("hf_checkpoint", ""):
+  if not config.model.hf_checkpoint:
     params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
   trainer = Trainer(config, workdir, dataset, model_cfg, params,
                     BufferClient(shared["address"], shared["token"], tls=TLS.from_config(config)),
@@ -185,12 +185,12 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   if multi and jax.process_index() != 0:
     return _run_follower(config, workdir)
   runtime.pin_to_device_cpus(config, "learner")   # before JAX starts its thread pools
-  external = bool(config.buffer.get("external", False))   # token checked by recipes.validate
+  external = bool(config.buffer.external)   # token checked by recipes.validate
   os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
   token = os.environ[config.buffer.auth_token_env]
   # gs:// workdirs: what must be on a local disk (WAL, child logs, the files children read) goes to
   # `local` (docs/STORAGE.md); for a local workdir local == workdir.
-  local = storage.local_dir(workdir, config.get("local_dir", ""))
+  local = storage.local_dir(workdir, config.local_dir)
   os.makedirs(local, exist_ok=True)
   resume = prepare_resume(config, workdir)
   ls_path = storage.join(workdir, "learner_state.json")
@@ -233,7 +233,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
       storage.append_text(storage.join(workdir, "resumes.jsonl"), json.dumps(resume) + "\n")
     if not external:
       procs.start_workers(int(config.generator.num_workers), config_path,
-                          config.buffer.get("generator_address", "") or address,
+                          config.buffer.generator_address or address,
                           config.generator.backend)
       procs.start_supervisor(interval_s=1.0)
       trainer.watchdog = procs.check

@@ -41,11 +41,17 @@ def _one_line(e: BaseException) -> str:
 def _config_error(e: BaseException, argv) -> str:
   """One line for an exception raised while loading the config file or applying overrides."""
   if isinstance(e, (KeyError, AttributeError)):     # ml_collections: an unknown field
-    key = str(e.args[0] if e.args else e).strip("\"'")
+    while e.args and isinstance(e.args[0], BaseException):   # AttributeError(KeyError(...))
+      e = e.args[0]
+    first, *hint = str(e.args[0] if e.args else e).split("\n")
+    key = first.strip("\"'")
     bad = [a.split("=")[0] for a in argv if a.startswith("--config.") and
            a.split("=")[0].rsplit(".", 1)[-1] == key]
     where = f" ({bad[0]})" if bad else ""
-    return f"unknown config field {key!r}{where}: not declared in the config file / base_config"
+    hint = " ".join(hint).strip()                        # ml_collections' "Did you mean ..."
+    hint = f"; {hint[:1].lower()}{hint[1:]}" if hint else ""
+    return (f"unknown config field {key!r}{where}: not declared in the config file / "
+            f"base_config{hint}")
   return f"bad --config: {_one_line(e)}"
 
 
@@ -107,7 +113,7 @@ def main(argv):
   print(runtime.knob_line(config, "learner"), file=sys.stderr, flush=True)
   print(f"learner devices: {jax.local_device_count()} local of {jax.device_count()} in "
         f"{jax.process_count()} processes", file=sys.stderr, flush=True)
-  if config.get("recipe_applied", ""):   # a resolved run config (launch.gke.render): its preflight
+  if config.recipe_applied:   # a resolved run config (launch.gke.render): its preflight
     failures = topologies.run_shape_failures(config, jax.process_count(), jax.device_count())
     if failures:
       sys.exit(f"preflight at job start: {failures[0]}")

@@ -127,19 +127,19 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
            f"--shuffle-seed={config.seed}"]
   if config.rl.no_positive_resampling:
     flags.append(f"--npr-threshold={config.rl.npr_threshold}")
-  if config.rl.get("routing_replay", False):   # MoE: the generators send routes; validate them
+  if config.rl.routing_replay:   # MoE: the generators send routes; validate them
     from scalerl_jax import models, runtime   # JAX, only for an MoE run with routing replay
     cfg = runtime.model_config(config)
     flags.append(f"--route-shape={models.num_moe_layers(cfg)},{cfg.num_experts_per_tok},"
                  f"{cfg.num_experts}")
   if wal_dir:
     flags += [f"--wal-dir={wal_dir}", f"--wal-fsync={b.wal_fsync}"]
-    if config.get("audit") is not None and config.audit.get("wal_archive", False):
+    if config.audit.wal_archive:
       flags.append("--wal-archive")
   if learner_state:
     flags.append(f"--learner-state={learner_state}")
   flags += list(tls)
-  if b.get("lease_ttl_s", None) is not None:
+  if b.lease_ttl_s is not None:
     flags.append(f"--lease-ttl-s={b.lease_ttl_s}")
   return flags
 
@@ -210,8 +210,8 @@ class ProcessGroup:
                           port=int(port or 0), wal_dir=wal_dir, learner_state=learner_state,
                           tls=TLS.from_config(config).argv())]
     b = config.buffer
-    self.max_restarts["buffer"] = int(b.get("max_restarts", 3))
-    self.max_restarts["gen"] = int(config.generator.get("max_restarts", 3))
+    self.max_restarts["buffer"] = int(b.max_restarts)
+    self.max_restarts["gen"] = int(config.generator.max_restarts)
     return self.start_buffer_argv(argv, timeout_s, wal_dir or "")
 
   def start_buffer_argv(self, argv: list[str], timeout_s: float = 60.0, wal_dir: str = "") -> str:

@@ -157,7 +157,7 @@ def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = fro
   if config.recipe not in RECIPES:
     raise ConfigError(f"unknown recipe {config.recipe!r}; choose one of {sorted(RECIPES)}")
   c = ml_collections.ConfigDict(config.to_dict())
-  if config.get("recipe_applied", "") == config.recipe:
+  if config.recipe_applied == config.recipe:
     return c
   for key, value in RECIPES[config.recipe].items():
     if key in locked:
@@ -173,7 +173,7 @@ def vllm_model_dir(config: ml_collections.ConfigDict) -> str:
   """`generator.vllm_model_dir` ("" = export the learner's weights), checked to be an HF
   checkpoint directory on this machine; checked by `validate` for local generators and by each
   generator process at start (an external fleet's pods hold their own copy)."""
-  vdir = str(config.generator.get("vllm_model_dir", "") or "")
+  vdir = str(config.generator.vllm_model_dir or "")
   if vdir and not os.path.isfile(os.path.join(vdir, "config.json")):
     raise ConfigError(f"generator.vllm_model_dir={vdir!r} is not an HF checkpoint directory on "
                       "this machine (no config.json); leave it empty to start vLLM on the "
@@ -206,9 +206,9 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if not 0 <= r.think_budget_min <= r.think_budget_max:
     raise ConfigError(f"need 0 <= think_budget_min <= think_budget_max, got "
                       f"[{r.think_budget_min}, {r.think_budget_max}]")
-  if g.backend == "vllm" and not config.buffer.get("external", False):
+  if g.backend == "vllm" and not config.buffer.external:
     vllm_model_dir(config)            # local generators: their start checkpoint is on this machine
-  if g.backend == "vllm" and config.rl.get("routing_replay", False):
+  if g.backend == "vllm" and config.rl.routing_replay:
     raise ConfigError("rl.routing_replay=True needs generator.backend=jax: the vLLM generators "
                       "do not record routed experts (vLLM 0.32 returns them only from its Model "
                       "Runner V2, which needs Triton; docs/VLLM.md 'Routing replay')")
@@ -222,7 +222,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
                       "log-probs would be renormalised over the kept tokens while the learner's "
                       "are over the whole vocabulary, which biases every importance ratio; use "
                       "eval.top_p / eval.temperature for evaluation only")
-  if not (0.0 < config.eval.get("top_p", 1.0) <= 1.0 and config.eval.get("temperature", 1.0) > 0):
+  if not (0.0 < config.eval.top_p <= 1.0 and config.eval.temperature > 0):
     raise ConfigError(f"eval.top_p must be in (0, 1] and eval.temperature > 0, got "
                       f"{config.eval.get('top_p', 1.0)} / {config.eval.get('temperature', 1.0)}")
   try:
@@ -232,21 +232,21 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     raise ConfigError(str(e)) from None
   if g.backend not in BACKENDS:
     raise ConfigError(f"generator.backend={g.backend!r}; expected one of {BACKENDS}")
-  if config.buffer.get("external", False) and not os.environ.get(config.buffer.auth_token_env):
+  if config.buffer.external and not os.environ.get(config.buffer.auth_token_env):
     raise ConfigError(f"buffer.external=True: set ${config.buffer.auth_token_env} to the buffer "
                       f"service's auth token")
-  if config.buffer.get("external", False) and config.buffer.address.endswith(":0"):
+  if config.buffer.external and config.buffer.address.endswith(":0"):
     raise ConfigError(f"buffer.external=True needs buffer.address=HOST:PORT of the buffer service, "
                       f"got {config.buffer.address!r}")
   if g.num_workers < 1:
     raise ConfigError(f"generator.num_workers must be >= 1, got {g.num_workers}")
-  w = config.get("weights")
-  if w is not None and w.get("serve_from", "buffer") not in ("learner", "buffer"):
+  w = config.weights
+  if w.serve_from not in ("learner", "buffer"):
     raise ConfigError(f"weights.serve_from={w.serve_from!r}; expected 'learner' (each learner "
                       f"process serves its shards) or 'buffer'")
-  if w is not None and w.get("wire_dtype", "bfloat16") not in WIRE_DTYPES:
+  if w.wire_dtype not in WIRE_DTYPES:
     raise ConfigError(f"weights.wire_dtype={w.wire_dtype!r}; expected one of {WIRE_DTYPES}")
-  if w is not None and not 0 <= int(w.get("port", 0)) <= 65535:
+  if not 0 <= int(w.port) <= 65535:
     raise ConfigError(f"weights.port={w.port} is not a TCP port (0 = any free port)")
   if config.rl.length_control not in ("interrupt", "penalty"):
     raise ConfigError(f"rl.length_control={config.rl.length_control!r}; expected "
@@ -291,7 +291,7 @@ def check_eval(config) -> None:
   if n > held:
     raise ConfigError(f"eval.num_prompts={n} is larger than the held-out split ({held} prompts, "
                       f"data.heldout); lower eval.num_prompts or raise data.heldout")
-  if not float(e.get("timeout_s", 1.0)) > 0:
+  if not float(e.timeout_s) > 0:
     raise ConfigError(f"eval.timeout_s must be > 0, got {e.timeout_s}")
   if int(config.generator.eval_hold_versions) < 1:
     raise ConfigError(f"generator.eval_hold_versions must be >= 1, got "
@@ -305,12 +305,12 @@ def check_attention(config, platform: str | None = None) -> None:
   The platform is read without initialising a JAX backend (validate runs before
   jax.distributed.initialize): $JAX_PLATFORMS, else the installed plugins."""
   m = config.model
-  impl = m.get("attention_impl", "auto")
+  impl = m.attention_impl
   try:
     attention.check_available(impl, platform or attention.installed_platform())
   except ValueError as e:
     raise ConfigError(f"model.{e}") from None
-  if int(m.get("attention_block", 512)) < 1 or int(m.get("logits_chunk", 1024)) < 1:
+  if int(m.attention_block) < 1 or int(m.logits_chunk) < 1:
     raise ConfigError("model.attention_block and model.logits_chunk must be >= 1")
 
 

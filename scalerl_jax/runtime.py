@@ -35,7 +35,7 @@ def model_config(config):
     raise ValueError(f"config.model has unknown fields {unknown}; ModelConfig fields are "
                      f"{sorted(fields)}")
   overrides = {k: v for k, v in m.items() if k in fields}
-  if m.get("hf_checkpoint"):
+  if config.model.hf_checkpoint:
     from scalerl_jax import storage
     cfg_path = storage.join(m["hf_checkpoint"], "config.json")   # local or gs://
     if not storage.exists(cfg_path):
@@ -92,7 +92,7 @@ def pin_to_device_cpus(config, role: str, index: int = 0) -> list[int] | None:
   """With `config.pin_cpus`, pins this process to its own CPU(s), modelling one accelerator per
   role on a CPU host: the learner takes CPU 0, generator i takes CPU 1 + i (mod the CPU count).
   Must run before JAX initializes its thread pools. Returns the CPUs, or None when not pinning."""
-  if not config.get("pin_cpus", False) or not hasattr(os, "sched_setaffinity"):
+  if not config.pin_cpus or not hasattr(os, "sched_setaffinity"):
     return None
   cpus = sorted(os.sched_getaffinity(0))
   if len(cpus) < 2:
@@ -132,8 +132,7 @@ def max_sequence_len(config) -> int:
 def wire_dtype(config) -> str | None:
   """The dtype float32 params are pushed to generators in (`weights.wire_dtype`): "bfloat16", or
   None for float32 (no cast). Every weight push (StreamPublisher, the vLLM load) uses it."""
-  w = config.get("weights")
-  name = "bfloat16" if w is None else w.get("wire_dtype", "bfloat16")
+  name = config.weights.wire_dtype
   if name not in recipes.WIRE_DTYPES:
     raise ValueError(f"weights.wire_dtype={name!r}; expected one of {recipes.WIRE_DTYPES}")
   return None if name == "float32" else name
@@ -151,8 +150,7 @@ def train_seq_len(config) -> int:
   the train step compiles for, the length its memory plan must be made at (tools.plan's default,
   launch.preflight's check)."""
   longest = max_sequence_len(config)
-  lc = config.get("learner") or {}
-  return padded_length(longest, int(lc.get("pad_multiple", 128)), longest)
+  return padded_length(longest, int(config.learner.pad_multiple), longest)
 
 
 def vllm_max_model_len(config) -> int:

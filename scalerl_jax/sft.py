@@ -106,7 +106,7 @@ def start_from_checkpoint(config, model_cfg, path: str, workdir: str | None = No
 def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
   """The start policy: `model.hf_checkpoint` when set (`start_from_checkpoint`); else
   WORKDIR/base_policy if present, else SFT on the dataset's traces (config.sft), saved there."""
-  ckpt = str(config.model.get("hf_checkpoint", "") or "")
+  ckpt = str(config.model.hf_checkpoint or "")
   if ckpt:
     return start_from_checkpoint(config, model_cfg, ckpt, workdir)
   path = storage.join(workdir, BASE_DIR)
@@ -143,7 +143,7 @@ def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
 def _run_sft(config, model_cfg, dataset, progress: bool):
   n = config.sft.num_examples
   phases = []
-  if config.sft.get("clean_steps", 0):
+  if config.sft.clean_steps:
     phases.append((*dataset.sft_batch(n, seed=config.seed, step_noise=0.0), config.sft.clean_steps))
   phases.append((*dataset.sft_batch(n, seed=config.seed + 1), config.sft.steps))
   params = models.init_params(model_cfg, jax.random.PRNGKey(config.seed))
@@ -151,7 +151,7 @@ def _run_sft(config, model_cfg, dataset, progress: bool):
   params, losses = train_sft(model_cfg, params, phases, batch_size=config.sft.batch_size,
                              lr=config.sft.lr, seed=config.seed, progress=progress)
   return params, {"sft_cached": False, "sft_steps": config.sft.steps,
-                  "sft_clean_steps": config.sft.get("clean_steps", 0),
+                  "sft_clean_steps": config.sft.clean_steps,
                   "sft_seconds": time.time() - t0, "sft_final_loss": float(np.mean(losses[-10:]))}
 
 

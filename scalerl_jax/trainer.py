@@ -138,7 +138,7 @@ class MetricsLog:
     except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
       self.tb = None
     self.wandb = None
-    if wandb_cfg is not None and wandb_cfg.get("project"):
+    if wandb_cfg is not None and wandb_cfg.project:
       from scalerl_jax.wandb_sink import WandbSink
       self.wandb = WandbSink(workdir, wandb_cfg, run_config, local_dir=local_dir)
 
@@ -212,7 +212,7 @@ def make_learner(config, model_cfg, params):
   slice, or several JAX processes): `distributed.MultiHostLearner` over the mesh of
   `config.mesh.shape` with the rules table's parameter shardings; `params` (host numpy, the same
   on every process) are placed shard by shard, never gathered on one device."""
-  if config.rl.get("routing_replay", False) and not model_cfg.is_moe:
+  if config.rl.routing_replay and not model_cfg.is_moe:
     raise ValueError("rl.routing_replay=True needs an MoE model")
   # (hidden, head kernel): the learner computes log-probs over sequence chunks (logits_chunk);
   # capacity-mode MoE adds aux {'moe_dropped'} (dropped token-expert copies, a metric).
@@ -220,7 +220,7 @@ def make_learner(config, model_cfg, params):
   apply_fn = lambda p, tokens, positions, routes=None: models.forward_hidden(
       p, model_cfg, tokens, positions, routes=routes, return_aux=aux)
   route_shape = None
-  if config.rl.get("routing_replay", False):
+  if config.rl.routing_replay:
     route_shape = (models.num_moe_layers(model_cfg), model_cfg.num_experts_per_tok,
                    model_cfg.num_experts)
   if jax.device_count() == 1:
@@ -271,8 +271,8 @@ class Trainer:
                                 params_active=n_active)
     self.npr = PassRateHistory(threshold=config.rl.npr_threshold)
     self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345,
-                                           temperature=float(config.eval.get("temperature", 1.0)),
-                                           top_p=float(config.eval.get("top_p", 1.0)))
+                                           temperature=float(config.eval.temperature),
+                                           top_p=float(config.eval.top_p))
     self.last_eval = None
     # Evaluation (docs/ROLLOUT.md "Evaluation through the fleet"): eval.num_prompts held-out
     # prompts, either sampled here (mode "local") or by the generators through the buffer's
@@ -286,14 +286,13 @@ class Trainer:
           samples_per_prompt=int(config.eval.samples_per_prompt), seed=int(self.eval_spec.seed),
           temperature=self.eval_spec.temperature, top_p=self.eval_spec.top_p,
           hold_versions=int(config.generator.eval_hold_versions),
-          timeout_s=float(config.eval.get("timeout_s", 1800.0)),
+          timeout_s=float(config.eval.timeout_s),
           task_names=dataset.tasks if dataset.is_mixture else (),
           watchdog=lambda: self.watchdog() if self.watchdog is not None else None)
     self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep),
                                 async_save=bool(config.checkpoint.async_save))
     self.watchdog = None   # callable raising when a child process died (set by main)
-    audit = config.get("audit")
-    self.audit_ids = bool(audit is not None and audit.get("trained_ids", False)) and self.main
+    self.audit_ids = bool(config.audit.trained_ids) and self.main
     self.learner_state_path = learner_state_path
     self.source, self.sources = self._start_weight_source()
     self.start_step = 0
@@ -303,15 +302,15 @@ class Trainer:
     if resume_step is not None:
       self._restore(resume_step)
     self.metrics = (MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None,
-                               wandb_cfg=config.get("wandb"), run_config=config.to_dict(),
-                               local_dir=storage.local_dir(workdir, config.get("local_dir", "")))
+                               wandb_cfg=config.wandb, run_config=config.to_dict(),
+                               local_dir=storage.local_dir(workdir, config.local_dir))
                     if self.main else _NoLog())
     from scalerl_jax.health import HealthMonitor, LiveForecast
-    self.health = HealthMonitor(config.health) if config.get("health") is not None else None
-    fc = config.get("forecast")
+    self.health = HealthMonitor(config.health)
+    fc = config.forecast
     self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
                                   lock=self.metrics.lock)
-                     if self.main and fc is not None and fc.enabled else None)
+                     if self.main and fc.enabled else None)
 
   def _restore(self, step: int) -> None:
     """Loads checkpoint `step`: learner state, ledger (the wall time since the save is booked:
@@ -334,13 +333,13 @@ class Trainer:
   def _start_weight_source(self):
     """config.weights.serve_from="learner": this process's WeightSource and every process's
     source address (a collective when multi-host); else (None, None)."""
-    w = self.config.get("weights")
-    if w is None or w.get("serve_from", "buffer") == "buffer":
+    w = self.config.weights
+    if w.serve_from == "buffer":
       return None, None
     if w.serve_from != "learner":
       raise ValueError(f"weights.serve_from={w.serve_from!r}: expected 'learner' or 'buffer'")
     # Reachable from other hosts unless this is one process with its own local buffer and fleet.
-    local = not self.multi and not self.config.buffer.get("external", False)
+    local = not self.multi and not self.config.buffer.external
     host = w.host or ("127.0.0.1" if local else "0.0.0.0")
     src = WeightSource(self.token, host=host, port=int(w.port), advertise=w.advertise or None,
                        tls=TLS.from_config(self.config))
@@ -416,7 +415,7 @@ class Trainer:
   def _pull(self, step: int):
     """PullBatch(step), polling the watchdog (dead child processes) while it waits."""
     import grpc
-    deadline = time.time() + float(self.config.get("pull_timeout_s", 1800))
+    deadline = time.time() + float(self.config.pull_timeout_s)
     while True:
       try:
         return self.client.pull_batch(step, timeout_s=10.0)
@@ -443,10 +442,7 @@ class Trainer:
                           json.dumps({"step": step + 1, "ids": ids}) + "\n")
 
   def _parity_on(self) -> bool:
-    h = self.config.get("health")
-    if h is None:
-      return False
-    mode = h.get("parity_gate", "off")
+    mode = self.config.health.parity_gate
     return mode == "always" or (mode == "vllm" and self.config.generator.backend == "vllm")
 
   def _parity(self, step: int, arrays: dict, versions) -> dict:
@@ -457,11 +453,11 @@ class Trainer:
     versions, in `arrays`' row order) compares and reports."""
     from scalerl_jax.health import RunUnhealthy, parity_check
     first = step == self.start_step
-    every = int(self.config.health.get("parity_every", 0) or 0)
+    every = int(self.config.health.parity_every)
     if not self._parity_on() or not (first or (every and step % every == 0)):
       return {}
     self._rescored = True                 # the compute ledger books this forward pass
-    routes = arrays.get("routes") if self.config.rl.get("routing_replay", False) else None
+    routes = arrays.get("routes") if self.config.rl.routing_replay else None
     lp = self.learner.token_logprobs(arrays["tokens"], routes)
     if not self.main:
       return {}
@@ -478,12 +474,12 @@ class Trainer:
     batch = arrays = versions = None
     if self.main:
       batch = self._pull(step)
-      lc = self.config.get("learner") or {}
-      full = pad_time(batch_to_arrays(batch, pad_id=0), int(lc.get("pad_multiple", 128)),
+      lc = self.config.learner
+      full = pad_time(batch_to_arrays(batch, pad_id=0), int(lc.pad_multiple),
                       runtime.max_sequence_len(self.config))
       self._book(step, batch)
       keys = ("tokens", "gen_logprobs", "loss_mask", "rewards", "prompt_ids")
-      if self.config.rl.get("routing_replay", False):
+      if self.config.rl.routing_replay:
         if "routes" not in full:
           raise ValueError("rl.routing_replay=True but the batch's rollouts carry no routes "
                            "(generator without record_routes?)")
@@ -491,7 +487,7 @@ class Trainer:
       arrays = {k: full[k] for k in keys}
       versions = full["versions"]
       m = self.learner.microbatches
-      if bool(lc.get("sort_rows", True)) and m > 1 and len(arrays["tokens"]) % m == 0:
+      if bool(lc.sort_rows) and m > 1 and len(arrays["tokens"]) % m == 0:
         perm = length_sorted_order(arrays["loss_mask"], m)
         arrays = {k: v[perm] for k, v in arrays.items()}   # loss unchanged; see train_step
         versions = versions[perm]
@@ -513,7 +509,7 @@ class Trainer:
       return {"step": step + 1, "kind": "train", **m}
     self._collect_evals()
     lag = list(batch.summary.lag.counts)
-    dump_every = int(self.config.get("debug_dump_every", 0))
+    dump_every = int(self.config.debug_dump_every)
     if dump_every and step % dump_every == 0:   # for tests and debugging: the exact batch trained
       storage.makedirs(storage.join(self.workdir, "batches"))
       reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
@@ -547,8 +543,8 @@ class Trainer:
     """The step-0 reward check (health.step0_reward_check) on a fresh run's first batch, before
     any update: every process decides from the broadcast rewards; process 0 also reads the
     completions to say why. Raises health.NoRewardSignal (after a `health_abort` metrics line)."""
-    h = self.config.get("health")
-    if step != 0 or h is None:
+    h = self.config.health
+    if step != 0:
       return {}
     from scalerl_jax.health import NoRewardSignal, step0_reward_check
     from scalerl_jax.protocol import codec

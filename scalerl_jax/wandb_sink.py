@@ -36,7 +36,7 @@ class WandbSink:
     self.workdir = workdir
     self.local = workdir if not storage.is_remote(workdir) else (
         local_dir or storage.local_dir(workdir))
-    mode = cfg.get("mode", "auto") or "auto"
+    mode = cfg.mode or "auto"
     if mode == "auto":
       mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
     id_path = storage.join(workdir, "wandb_id.txt")
@@ -47,9 +47,9 @@ class WandbSink:
       storage.write_text(id_path, run_id + "\n")
     os.environ.setdefault("WANDB_SILENT", "true")
     os.makedirs(self.local, exist_ok=True)
-    self.run = wandb.init(project=cfg.project, entity=cfg.get("entity") or None, dir=self.local,
+    self.run = wandb.init(project=cfg.project, entity=cfg.entity or None, dir=self.local,
                           id=run_id, resume="allow", mode=mode, config=run_config or {},
-                          name=cfg.get("name") or storage.basename(storage.abspath(workdir)))
+                          name=cfg.name or storage.basename(storage.abspath(workdir)))
     self.run.define_metric("trainer_step")
     self.run.define_metric("*", step_metric="trainer_step")
     self.mode = mode

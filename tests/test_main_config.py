@@ -68,3 +68,48 @@ def test_recipes_apply_paper_definitions():
   assert (s.rl.loss, s.rl.aggregation, s.rl.adv_norm, s.rollout.mode, s.rollout.max_lag) == \
       ("cispo", "prompt", "batch", "pipeline", 8)
   assert s.rl.zero_variance_filter and s.rl.no_positive_resampling and s.model.fp32_lm_head
+
+
+def test_undeclared_knob_is_a_clear_error(tmp_path):
+  """A knob is declared once (configs/common.py); reading or overriding one that is not declared
+  fails with its name and ml_collections' nearest declared name, never a silent default."""
+  c = tiny.get_config()
+  with pytest.raises(AttributeError, match='decode_bach.*Did you mean "decode_batch"'):
+    _ = c.generator.decode_bach
+  r = _main(tmp_path, "--config.generator.decode_bach=3")
+  assert r.returncode == 2
+  (line,) = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert ("unknown config field 'decode_bach' (--config.generator.decode_bach)" in line
+          and 'did you mean "decode_batch"' in line), r.stderr[-2000:]
+
+
+def test_declared_knobs_are_read_without_a_second_default():
+  """`config....get("knob", default)` repeats (and can contradict) configs/common.py's default:
+  no production read of a DECLARED knob may use .get (undeclared ones, e.g. `layout` outside the
+  scale-out configs, still may)."""
+  import re
+  from configs import common
+  base = common.base_config()
+
+  def declared(path: list[str]) -> bool:
+    node = base
+    for k in path:
+      if not hasattr(node, "keys") or k not in node.keys():
+        return False
+      node = node[k]
+    return True
+
+  pat = re.compile(r"\b(?:self\.)?config((?:\.\w+)*)\.get\(\s*\"(\w+)\"")
+  found = []
+  for top in ("scalerl_jax", "launch", "analysis"):
+    for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+      for f in files:
+        if f.endswith(".py"):
+          path = os.path.join(dirpath, f)
+          for n, line in enumerate(open(path), 1):
+            for m in pat.finditer(line):
+              keys = [k for k in m.group(1).split(".") if k] + [m.group(2)]
+              if declared(keys):
+                found.append(f"{os.path.relpath(path, ROOT)}:{n}: config.{'.'.join(keys)}")
+  assert not found, "\n".join(found)
+  assert declared(["generator", "decode_batch"]) and not declared(["layout"])

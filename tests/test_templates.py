@@ -171,9 +171,10 @@ def test_scripted_reply_follows_the_prompt():
       "It equals 5.\n</think>\n\nThe answer is \\boxed{5}.")
 
 
-class _Health(dict):
-  def __init__(self, **kw):
-    super().__init__(common.base_config().health.to_dict(), **kw)
+def _Health(**kw):
+  h = common.base_config().health
+  h.update(kw)
+  return h
 
 
 def _samples(n, text="The answer is 7.", finish="stop"):

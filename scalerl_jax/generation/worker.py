@@ -90,7 +90,7 @@ def _make_generator(backend, config, model_cfg, weights, version, workdir, datas
     return JaxSampler(model_cfg, params, version=version,
                       chunk_steps=int(config.generator.chunk_steps),
                       devices=n_dev if n_dev > 1 else None,
-                      record_routes=bool(config.rl.get("routing_replay", False)))
+                      record_routes=bool(config.rl.routing_replay))
   try:   # the fleet's own copy of the checkpoint (the learner's version must equal it), or ""
     model_dir = recipes.vllm_model_dir(config)
   except recipes.ConfigError as e:
@@ -114,7 +114,7 @@ def vllm_start_dir(config, version: int) -> str:
   checkpoint), so nothing is exported; a gs:// checkpoint is copied to this machine once
   (storage.cached_local_copy: vLLM loads from a local path). "" = export the fetched weights
   (no start checkpoint, or a later version). The parity gate checks the engine either way."""
-  ckpt = str(config.model.get("hf_checkpoint", "") or "")
+  ckpt = str(config.model.hf_checkpoint or "")
   if not ckpt or int(version) != 0:
     return ""
   from scalerl_jax import storage
@@ -126,9 +126,9 @@ def vllm_args(config) -> dict:
   kv_cache_bytes is set; decode_batch concurrent sequences), then config.generator.vllm_args,
   with generator.tensor_parallel as the engine's TP size."""
   g = config.generator
-  extra = dict(kv_cache_bytes=int(g.get("kv_cache_bytes", 0)) or None,
-               gpu_memory_utilization=float(g.get("gpu_memory_utilization", 0.9)),
-               max_num_seqs=int(g.get("decode_batch", 64)))
+  extra = dict(kv_cache_bytes=int(g.kv_cache_bytes) or None,
+               gpu_memory_utilization=float(g.gpu_memory_utilization),
+               max_num_seqs=int(g.decode_batch))
   extra.update({k: (v.to_dict() if hasattr(v, "to_dict") else v)
                 for k, v in dict(g.vllm_args).items()})
   tp = int(config.generator.tensor_parallel or 1)
@@ -152,12 +152,12 @@ class Worker:
     if not token:
       raise SystemExit(f"error: env var {config.buffer.auth_token_env} (buffer token) is unset")
     self.client = BufferClient(address, token, tls=TLS.from_config(config),
-                               retry_budget_s=float(config.generator.get("retry_budget_s", 60.0)))
+                               retry_budget_s=float(config.generator.retry_budget_s))
     self.dataset = build_dataset(config.data, config.rollout.max_prompt_len)
     if self.dataset.needs_sandbox:   # this process grades model programs: its sandbox must work
       rewards.prepare_code_rewards(config)
     self.reward_log = None
-    if config.rewards.get("log", True):
+    if config.rewards.log:
       os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
       self.reward_log = open(os.path.join(workdir, "logs", f"rewards-{generator_id}.jsonl"), "a")
     self.model_cfg = runtime.model_config(config)
@@ -185,7 +185,7 @@ class Worker:
     # The training groups this worker is generating (leased, not yet pushed): the heartbeats
     # extend only these (a lease whose response was lost in a buffer crash then expires).
     self._working: frozenset = frozenset()
-    self.heartbeat_s = float(config.generator.get("heartbeat_s", 10.0))
+    self.heartbeat_s = float(config.generator.heartbeat_s)
     if self.heartbeat_s > 0:
       threading.Thread(target=self._heartbeat, daemon=True).start()
 
@@ -387,7 +387,7 @@ class Worker:
     done = 0
     self.eval_groups = 0
     n_lease = int(self.config.generator.groups_per_lease)
-    n_eval = int(self.config.generator.get("eval_groups_per_lease", 64))
+    n_eval = int(self.config.generator.eval_groups_per_lease)
     while not self._stop.is_set() and (not max_groups or done < max_groups):
       try:
         resp = self.client.lease_response(self.lease_id, max_groups=n_lease, wait_timeout_s=2.0,
@@ -457,7 +457,7 @@ class Worker:
   def continuous_ok(self) -> str:
     """"" when this worker decodes continuously (generator.continuous on the JAX backend), else
     why it keeps the drain-per-lease loop."""
-    if not self.config.generator.get("continuous", False):
+    if not self.config.generator.continuous:
       return "generator.continuous is off"
     if self.backend not in ("jax", "vllm"):
       return f"the {self.backend} backend"
@@ -501,7 +501,7 @@ class Worker:
     version, and in-flight swaps only raise versions. Returns groups pushed."""
     g = self.config.generator
     n_lease = int(g.groups_per_lease)
-    n_eval = int(g.get("eval_groups_per_lease", 64))
+    n_eval = int(g.eval_groups_per_lease)
     spec0 = runtime.sampling_spec(self.config, self.dataset, seed=0)
     if self.backend == "jax":
       dec = ContinuousDecoder(self.gen, int(g.decode_batch), spec0,
@@ -509,7 +509,7 @@ class Worker:
     else:
       dec = VLLMSlots(self.gen, int(g.decode_batch), spec0)
     dec.stats = self.decode_stats
-    pool = futures.ThreadPoolExecutor(max(1, int(g.get("grade_workers", 2))),
+    pool = futures.ThreadPoolExecutor(max(1, int(g.grade_workers)),
                                       thread_name_prefix="grade")
     self._grade_lock = threading.Lock()
     waiting: collections.deque = collections.deque()   # (assignment, prompt, requests) leased

@@ -70,12 +70,11 @@ class Learner:
                vocab_size: int | None = None, with_entropy: bool = True, donate: bool = True,
                temperature: float | None = None,
                route_shape: tuple[int, int, int] | None = None):
-    """`temperature`: the generators' sampling temperature (default `config.generator.temperature`,
-    1 without a generator section): learner log-probs are log_softmax(logits / T).
+    """`temperature`: the generators' sampling temperature (default `config.generator.temperature`): learner log-probs are log_softmax(logits / T).
     `route_shape` (R, K, E): validates batch["routes"] (MoE routing replay)."""
     self.spec = RLSpec.from_config(config.rl)
     if temperature is None:
-      temperature = float(config.generator.get("temperature", 1.0)) if "generator" in config else 1.0
+      temperature = float(config.generator.temperature)
     self.temperature = float(temperature)
     self.microbatches = int(config.optim.microbatches)
     self.vocab_size = vocab_size
@@ -94,15 +93,14 @@ class Learner:
       state_sh = state_shardings(self.optimizer, params, params_sharding, mesh)
       params = jax.device_put(params, params_sharding)
     self.batch_sharding = batch_sh
-    model = config.get("model") or {}
-    lcfg = config.get("learner") or {}     # per-micro-batch length buckets (train_step)
+    model, lcfg = config.model, config.learner   # lcfg: per-micro-batch length buckets (train_step)
     step_fn = make_train_step(apply_fn, self.optimizer, self.spec, self.microbatches,
                               lr_schedule=self.lr_schedule, with_entropy=with_entropy,
-                              logits_chunk=int(model.get("logits_chunk", 1024)),
+                              logits_chunk=int(model.logits_chunk),
                               batch_partition=partition, mesh=mesh, temperature=self.temperature,
-                              pad_multiple=int(lcfg.get("pad_multiple", 0)),
-                              max_buckets=int(lcfg.get("max_buckets", 8)),
-                              head_precision=str(model.get("head_precision", "fp32")))
+                              pad_multiple=int(lcfg.pad_multiple),
+                              max_buckets=int(lcfg.max_buckets),
+                              head_precision=str(model.head_precision))
     create = lambda p: LearnerState.create(p, self.optimizer)
     if mesh is None:
       self.state = jax.jit(create)(params)

@@ -77,13 +77,10 @@ class TLS:
 
   @classmethod
   def from_config(cls, config) -> "TLS":
-    """From `config.tls` (absent: plaintext)."""
-    t = config.get("tls") if hasattr(config, "get") else None
-    if not t:
-      return cls()
-    return cls(cert=str(t.get("cert", "") or ""), key=str(t.get("key", "") or ""),
-               ca=str(t.get("ca", "") or ""), mutual=bool(t.get("mutual", False)),
-               server_name=str(t.get("server_name", "") or ""))
+    """From `config.tls` (its files all "": plaintext)."""
+    t = config.tls
+    return cls(cert=str(t.cert or ""), key=str(t.key or ""), ca=str(t.ca or ""),
+               mutual=bool(t.mutual), server_name=str(t.server_name or ""))
 
   def check(self, server: bool = False) -> None:
     """Raises ValueError (one line) on an inconsistent setting or an unreadable PEM file."""

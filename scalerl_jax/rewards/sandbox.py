@@ -616,11 +616,9 @@ def prepare_code_rewards(config) -> dict:
   """Start-up hook for a job any of whose tasks uses the code reward: applies
   config.rewards.code_{sandbox,bwrap,python} to this process and runs check_sandbox. Raises
   SandboxUnavailable (the run must not start) when the sandbox cannot run programs."""
-  r = config.get("rewards", {}) if hasattr(config, "get") else getattr(config, "rewards", {})
-  get = r.get if hasattr(r, "get") else (lambda k, d: getattr(r, k, d))
-  s = configure(mode=get("code_sandbox", "bwrap"), bwrap=get("code_bwrap", ""),
-                python=get("code_python", "/usr/bin/python3"), seccomp=get("code_seccomp", True),
-                cgroup=get("code_cgroup", "auto"))
+  r = config.rewards
+  s = configure(mode=r.code_sandbox, bwrap=r.code_bwrap, python=r.code_python,
+                seccomp=r.code_seccomp, cgroup=r.code_cgroup)
   info = check_sandbox(s)
   log.info("code rewards: %s", info)
   return info

@@ -122,7 +122,7 @@ def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int):
                             lr_schedule=warmup_constant_schedule(config.optim.lr,
                                                                  config.optim.warmup_steps),
                             batch_partition=partition, mesh=mesh,
-                            logits_chunk=int(config.model.get("logits_chunk", 1024)),
+                            logits_chunk=int(config.model.logits_chunk),
                             head_precision=model_cfg.head_precision)
   jitted = jit_train_step(step_fn, mesh=mesh, state_sharding=state_sh, batch_sharding=batch_sh)
   t0 = time.perf_counter()
@@ -322,8 +322,8 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
   if with_generator:
     g = config.generator
     out["generator"] = compile_generator(
-        config, model_cfg, devices, int(g.get("tensor_parallel", 8)),
-        int(g.get("decode_batch", 64)), seq_len)
+        config, model_cfg, devices, int(g.tensor_parallel),
+        int(g.decode_batch), seq_len)
     gen = out["generator"]
     # vLLM (the production generator) holds weights + KV cache + a small workspace; the XLA:CPU
     # decode peak below also counts whole-cache copies the CPU backend makes, so it is reported
