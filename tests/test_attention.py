@@ -106,6 +106,29 @@ def test_causal_blocks_skips_the_tiles_above_the_diagonal():
   assert 0.5 <= ours / ref <= 0.65, (ours, ref)
 
 
+def test_executed_branch_only_counts_the_path_a_slot_layout_batch_runs():
+  """XLA's cost analysis counts the dispatch's lax.cond as its costlier branch (the blockwise
+  fallback when that one costs more): `executed_branch_only` traces the fast path alone, for
+  counting. Same output on a slot-layout batch, the kernel's own FLOPs, no case/if op in its HLO;
+  the flag is off after."""
+  q, k, v, _ = _inputs()
+  q, k, v = q[:, :256], k[:, :256], v[:, :256]
+  pos = jnp.asarray(np.arange(256)[None].repeat(B, 0).astype(np.int32))
+  f = lambda *a: A.attention(*a, impl="causal_blocks", q_block=32, block=64)
+  guarded = jax.jit(f).lower(q, k, v, pos, pos)
+  with A.executed_branch_only():
+    fast = jax.jit(lambda *a: f(*a)).lower(q, k, v, pos, pos)
+  has_cond = lambda low: any(op in low.as_text() for op in ("stablehlo.case", "stablehlo.if"))
+  assert has_cond(guarded) and not has_cond(fast)
+  cost = lambda low: low.compile().cost_analysis()["flops"]
+  direct = jax.jit(lambda *a: A.causal_block_attention(*a, q_block=32)).lower(q, k, v, pos, pos)
+  assert cost(fast) == pytest.approx(cost(direct), rel=1e-6)      # the kernel, nothing else
+  assert cost(guarded) >= cost(fast) * (1 - 1e-6)                  # the cond: its costlier branch
+  np.testing.assert_allclose(np.asarray(fast.compile()(q, k, v, pos, pos)),
+                             np.asarray(guarded.compile()(q, k, v, pos, pos)), rtol=1e-5, atol=1e-6)
+  assert has_cond(jax.jit(lambda *a: f(*a)).lower(q, k, v, pos, pos))
+
+
 @pytest.mark.parametrize("case", ["causal", "chunked_boundary_in_block", "right_padding"])
 def test_cudnn_wrapper_matches_einsum(case):
   """The cudnn backend's slot-layout wrapper (chunk folding, sequence lengths), run with

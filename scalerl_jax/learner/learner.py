@@ -109,8 +109,8 @@ class Learner:
         self.state = jax.jit(create, out_shardings=state_sh)(params)
     self._step = jit_train_step(step_fn, mesh=mesh, state_sharding=state_sh,
                                 batch_sharding=batch_sh, donate=donate)
-    logp = make_logprob_fn(apply_fn, int(model.get("logits_chunk", 1024)), self.temperature,
-                           str(model.get("head_precision", "fp32")))
+    logp = make_logprob_fn(apply_fn, int(model.logits_chunk), self.temperature,
+                           str(model.head_precision))
     self._logp = (jax.jit(logp) if mesh is None else jax.jit(
         logp, in_shardings=(state_sh.params, batch_sh, batch_sh),
         out_shardings=NamedSharding(mesh, P())))

@@ -35,6 +35,7 @@ C chunk index, J query slots of one chunk.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -49,6 +50,21 @@ from scalerl_jax.models.config import ATTENTION_IMPLS as IMPLS
 # longer sequences take the blockwise (flash) path, whose memory is O(T * block).
 CAUSAL_BLOCKS_MAX_T = 4096
 _MASKED = float(np.finfo(np.float32).min)
+_FAST_PATH_ONLY = [False]   # executed_branch_only(): trace the slot-layout path without the cond
+
+
+@contextlib.contextmanager
+def executed_branch_only():
+  """While tracing inside this context, `attention` emits only its slot-layout path, without the
+  lax.cond that guards it. For XLA cost analysis alone: cost analysis counts a cond as its costlier
+  branch, so a causal_blocks step's HLO FLOPs included the blockwise fallback that a learner batch
+  (always slot layout) never runs. The caller must check `slot_layout` on its batch; never train
+  inside it."""
+  _FAST_PATH_ONLY[0] = True
+  try:
+    yield
+  finally:
+    _FAST_PATH_ONLY[0] = False
 # Which platform each accelerator-only backend needs.
 _NEEDS = {"cudnn": "gpu", "splash": "tpu"}
 
@@ -111,9 +127,10 @@ def attention(q, k, v, q_pos, kv_pos, *, impl: str = "auto", chunk_size: int | N
     fast = functools.partial(dot_product_attention_slots, implementation="cudnn")
   else:
     fast = splash_attention_slots
-  return jax.lax.cond(slot_layout(q_pos, kv_pos),
-                      lambda *a: fast(*a, chunk_size=chunk_size, scale=scale).astype(q.dtype),
-                      slow, q, k, v, q_pos, kv_pos)
+  run_fast = lambda *a: fast(*a, chunk_size=chunk_size, scale=scale).astype(q.dtype)
+  if _FAST_PATH_ONLY[0]:
+    return run_fast(q, k, v, q_pos, kv_pos)
+  return jax.lax.cond(slot_layout(q_pos, kv_pos), run_fast, slow, q, k, v, q_pos, kv_pos)
 
 
 def position_mask(q_pos, kv_pos, chunk_size: int | None):
