@@ -241,7 +241,7 @@ class RunCheckpointer:
 
   def _finish(self, step: int, good: list[int], on_done, t0: float, blocking_s: float) -> None:
     """Waits for orbax to commit `step`, writes its manifest, then calls `on_done(step)`."""
-    if self.async_save and hasattr(os, "setpriority"):
+    if self.async_save and os.name == "posix":
       try:   # Linux: this thread only (hashing for the manifest) yields the CPU to the train step
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
       except OSError:

@@ -247,6 +247,7 @@ def _make_learner_class():
     """
 
     def __init__(self, *args, **kwargs):
+      self._global_rows: int | None = None   # set by the first batch or set_global_rows
       super().__init__(*args, **kwargs)
       self._met = set()      # (program, argument shapes) already compiled and met on
 
@@ -297,7 +298,7 @@ def _make_learner_class():
       batch = {k: np.asarray(v) for k, v in batch.items()}
       validate_batch(batch, 1, self.vocab_size, self.route_shape)
       local = batch["tokens"].shape[0]
-      if not hasattr(self, "_global_rows"):
+      if self._global_rows is None:
         self.set_global_rows(local * jax.process_count())
       want = self.local_rows()
       if local != want.stop - want.start:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 
 import ml_collections
 import numpy as np
@@ -29,7 +30,7 @@ def model_config(config):
   checkpoint's config.json and only the numerics fields (dtypes, fp32 head, scan, remat) apply.
   """
   fields = {f.name for f in dataclasses.fields(models.ModelConfig)}
-  m = config.model.to_dict() if hasattr(config.model, "to_dict") else dict(config.model)
+  m = config.model.to_dict()
   unknown = [k for k in m if k not in fields and k not in _NOT_MODEL_FIELDS]
   if unknown:
     raise ValueError(f"config.model has unknown fields {unknown}; ModelConfig fields are "
@@ -92,7 +93,7 @@ def pin_to_device_cpus(config, role: str, index: int = 0) -> list[int] | None:
   """With `config.pin_cpus`, pins this process to its own CPU(s), modelling one accelerator per
   role on a CPU host: the learner takes CPU 0, generator i takes CPU 1 + i (mod the CPU count).
   Must run before JAX initializes its thread pools. Returns the CPUs, or None when not pinning."""
-  if not config.pin_cpus or not hasattr(os, "sched_setaffinity"):
+  if not config.pin_cpus or not sys.platform.startswith("linux"):   # sched_setaffinity: Linux
     return None
   cpus = sorted(os.sched_getaffinity(0))
   if len(cpus) < 2:
@@ -215,7 +216,7 @@ def knob_line(config, role: str) -> str:
   for k in KEY_KNOBS:
     node = config
     for part in k.split("."):
-      node = node.get(part, None) if hasattr(node, "get") else None
+      node = node.get(part, None) if isinstance(node, (dict, ml_collections.ConfigDict)) else None
       if node is None:
         break
     if node is not None:

@@ -115,7 +115,7 @@ def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
     with storage.local_copy(path) as local:                # gs://: fetched to a temporary dir
       _, params = models.load_hf(local, **_numerics(model_cfg))
     return params, {"sft_cached": True}
-  if not hasattr(dataset, "sft_batch"):
+  if dataset.sft is None:
     raise ValueError(f"dataset kind {config.data.kind!r} has no SFT traces; set "
                      "config.model.hf_checkpoint to the start (SFT) checkpoint")
   cache = cache_entry(config)

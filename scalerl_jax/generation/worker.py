@@ -44,6 +44,7 @@ import time
 from concurrent import futures
 
 import grpc
+import ml_collections
 
 from scalerl_jax import models
 from scalerl_jax import recipes
@@ -129,7 +130,7 @@ def vllm_args(config) -> dict:
   extra = dict(kv_cache_bytes=int(g.kv_cache_bytes) or None,
                gpu_memory_utilization=float(g.gpu_memory_utilization),
                max_num_seqs=int(g.decode_batch))
-  extra.update({k: (v.to_dict() if hasattr(v, "to_dict") else v)
+  extra.update({k: (v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v)
                 for k, v in dict(g.vllm_args).items()})
   tp = int(config.generator.tensor_parallel or 1)
   if tp > 1:

@@ -210,7 +210,7 @@ def from_hf_config(hf: Any, **overrides: Any) -> ModelConfig:
 
   Accepts LlamaConfig / Llama4TextConfig, or a Llama4Config (its text_config is used).
   """
-  d = hf.to_dict() if hasattr(hf, "to_dict") else dict(hf)
+  d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
   if "text_config" in d and d.get("model_type") == "llama4":
     d = dict(d["text_config"])
   model_type = d.get("model_type", "llama")
