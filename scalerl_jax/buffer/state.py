@@ -35,6 +35,7 @@ from scalerl_jax.protocol import validation as val
 from scalerl_jax.buffer import wal as walmod
 from scalerl_jax.protocol import wire
 from scalerl_jax.buffer import replay
+from scalerl_jax.buffer.eval_lane import EvalLane
 from scalerl_jax.rl.npr import PassRateHistory
 from scalerl_jax.types import PromptSpec
 
@@ -68,23 +69,6 @@ class _Group:
     """The newest policy version among the stored tokens (-1 when none is stored)."""
     return max((st.checked.min_version + len(st.checked.version_counts) - 1
                 for st in self.samples.values()), default=-1)
-
-
-@dataclasses.dataclass
-class _EvalJob:
-  """An open evaluation (the evaluation lane): one group per held-out prompt, pinned to `version`.
-  Not in the WAL (docs/ROLLOUT.md "Evaluation through the fleet")."""
-  req: pb.EvalRequest              # the request as sent (its prompts are re-sent in assignments)
-  prompts: list                    # list[val.EvalPromptView]
-  todo: collections.deque          # group indices not leased (front: expired ones, re-leased first)
-  leased: dict = dataclasses.field(default_factory=dict)    # index -> (generator_id, expires_at)
-  results: dict = dataclasses.field(default_factory=dict)   # index -> pb.EvalGroupResult
-  held: bool = False               # a generator holding the version was told to keep it
-  superseded_at: Optional[float] = None   # first seen older than the newest published version
-
-  @property
-  def complete(self) -> bool:
-    return len(self.results) == len(self.prompts)
 
 
 @dataclasses.dataclass
@@ -177,10 +161,8 @@ class BufferState:
     self.npr = None
     if npr_threshold is not None:
       self.npr = PassRateHistory(threshold=npr_threshold)
-    # The evaluation lane: open evaluations by id (insertion = submission order) and the last few
-    # collected ones (a retried CollectEval gets the same answer). Kept out of the WAL.
-    self._evals: dict[int, _EvalJob] = {}
-    self._evals_done: collections.OrderedDict = collections.OrderedDict()
+    # The evaluation lane (buffer/eval_lane.py): not in the WAL; called with self.cv held.
+    self.evals = EvalLane(limits, lease_ttl_s)
 
   # ---- admission ---------------------------------------------------------------------------------
   def capacity(self) -> int:
@@ -234,7 +216,7 @@ class BufferState:
       self._holders[generator_id] = (frozenset(held), self.clock())
       while True:
         self._expire()
-        ev = self._eval_take(generator_id, n_eval, held)
+        ev = self.evals.take(generator_id, n_eval, held, self.clock())
         if ev:
           return ev
         cap = self.capacity()
@@ -286,11 +268,7 @@ class BufferState:
       self._wal_append(walmod.EXPIRE, dict(gid=gid))
       self._apply_expire(gid)
     self._wal_commit(best_effort=True)
-    for job in self._evals.values():           # evaluation leases: back to the front of the lane
-      gone = sorted(i for i, (_, exp) in job.leased.items() if exp < now)
-      for i in gone:
-        del job.leased[i]
-      job.todo.extendleft(reversed(gone))      # in group order (evaluation chunks stay aligned)
+    self.evals.expire(now)
 
   def _apply_expire(self, gid: int) -> None:
     g = self._groups.pop(gid)
@@ -343,12 +321,7 @@ class BufferState:
         if g.generator_id == generator_id and not g.complete and (listed is None or gid in listed):
           g.expires_at = self.clock() + self.lease_ttl_s
           n += 1
-      for job in self._evals.values():
-        for i, (gen, _) in list(job.leased.items()):
-          if gen == generator_id:
-            job.leased[i] = (gen, self.clock() + self.lease_ttl_s)
-            n += 1
-      return n
+      return n + self.evals.renew(generator_id, self.clock())
 
   # ---- ingest ------------------------------------------------------------------------------------
   def add_rollouts(self, items: Sequence[tuple]) -> list[pb.Ack]:
@@ -425,9 +398,7 @@ class BufferState:
       self._wal_commit()
       self.weights_meta = rec
       self.version = version
-      for job in self._evals.values():         # the supersession clock of _unservable
-        if job.req.version < version and job.superseded_at is None:
-          job.superseded_at = self.clock()
+      self.evals.superseded(version, self.clock())   # the clock of EvalLane.unservable
       self.cv.notify_all()
 
   def _ready(self, s: int) -> Optional[list[_Group]]:
@@ -536,139 +507,53 @@ class BufferState:
     self.cv.notify_all()
     return self._last_batch
 
-  # ---- evaluation lane ---------------------------------------------------------------------------
+  # ---- evaluation lane (buffer/eval_lane.py: the lane's rules; here the lock and the waiting) ----
   def submit_eval(self, req: pb.EvalRequest) -> pb.EvalAck:
     """Opens evaluation `req.eval_id` (validation.validate_eval_request); idempotent on the id."""
     with self.cv:
       version = self.version
-      if req.eval_id in self._evals or req.eval_id in self._evals_done:
-        job = self._evals.get(req.eval_id)
-        n = len(job.prompts) if job is not None else len(self._evals_done[req.eval_id].results)
-        return pb.EvalAck(eval_id=req.eval_id, groups=n, duplicate=True)
-      if len(self._evals) >= self.limits.max_open_evals:
-        raise val.exhausted(f"{len(self._evals)} evaluations open (limit "
-                            f"{self.limits.max_open_evals}); collect or cancel some first")
+      dup = self.evals.known(req.eval_id)
+      if dup is not None:
+        return dup
     prompts = val.validate_eval_request(req, version, self.limits)   # outside the lock
     with self.cv:
-      if req.eval_id not in self._evals:
-        self._evals[req.eval_id] = _EvalJob(req, prompts, collections.deque(range(len(prompts))))
+      if self.evals.open(req, prompts):
         self.cv.notify_all()
       return pb.EvalAck(eval_id=req.eval_id, groups=len(prompts))
 
   def eval_versions(self) -> list[int]:
     """Versions pinned by open evaluations (generators keep those weights)."""
     with self.cv:
-      return sorted({job.req.version for job in self._evals.values()})
-
-  def _eval_take(self, generator_id: str, max_groups: int, held: set) -> list[pb.Assignment]:
-    """Up to `max_groups` unleased groups of the oldest open evaluation pinned to a held version
-    (call with the lock held); marks every open evaluation of a held version `held`."""
-    out = []
-    for eid, job in self._evals.items():
-      if job.req.version not in held:
-        continue
-      job.held = True
-      if out or not job.todo:
-        continue
-      now = self.clock()
-      r = job.req
-      while job.todo and len(out) < max_groups:
-        i = job.todo.popleft()
-        job.leased[i] = (generator_id, now + self.lease_ttl_s)
-        p = job.prompts[i]
-        out.append(pb.Assignment(
-            group_id=i, prompt_id=p.prompt_id, prompt_tokens=r.prompts[i].prompt_tokens,
-            answer=p.answer, group_size=r.samples_per_prompt, min_version=r.version,
-            max_version=r.version, lease_expires_unix_s=now + self.lease_ttl_s, eval_id=eid,
-            eval_seed=r.seed, temperature=r.temperature, top_p=r.top_p, task=p.task))
-    return out
-
-  def _unservable(self, job: _EvalJob) -> bool:
-    """The evaluation can never complete (call with the lock held): its version is no longer the
-    newest published (a generator cannot fetch it any more), has not been for a lease TTL, and no
-    generator that reported within a lease TTL holds it (every one that had it restarted, or
-    none fetched it). A live holder reports at every lease and heartbeat, well inside a TTL."""
-    now = self.clock()
-    if job.req.version >= self.version:
-      job.superseded_at = None
-      return False
-    if job.superseded_at is None:
-      job.superseded_at = now
-    if now - job.superseded_at < self.lease_ttl_s:
-      return False
-    return not any(job.req.version in held for held, t in self._holders.values()
-                   if now - t <= self.lease_ttl_s)
+      return self.evals.versions()
 
   def add_eval_results(self, results: Sequence[pb.EvalGroupResult]) -> pb.EvalPushResponse:
-    """Stores evaluation results all-or-nothing (validation.validate_eval_result); a group
-    already reported counts as a duplicate. Unknown (collected, cancelled, lost) evaluations are
-    FAILED_PRECONDITION."""
+    """Stores evaluation results all-or-nothing (EvalLane.add_results)."""
     with self.cv:
-      plan, dup, seen = [], 0, set()
-      for r in results:
-        job = self._evals.get(r.eval_id)
-        if job is None:
-          if r.eval_id in self._evals_done:
-            dup += 1
-            continue
-          raise val.precondition(f"evaluation {r.eval_id} is not open (collected, cancelled or "
-                                 f"lost in a buffer restart)")
-        if not 0 <= r.group_id < len(job.prompts):
-          raise val.invalid(f"eval {r.eval_id}: group_id {r.group_id} out of range "
-                            f"[0, {len(job.prompts)})")
-        if r.group_id in job.results or (r.eval_id, r.group_id) in seen:
-          dup += 1
-          continue
-        if r.group_id in job.todo:
-          raise val.precondition(f"eval {r.eval_id} group {r.group_id} is not leased")
-        val.validate_eval_result(r, version=job.req.version, samples=job.req.samples_per_prompt,
-                                 prompt_id=job.prompts[r.group_id].prompt_id, limits=self.limits)
-        seen.add((r.eval_id, r.group_id))
-        plan.append((job, r))
-      for job, r in plan:
-        job.leased.pop(r.group_id, None)
-        job.results[r.group_id] = r
-      if plan:
+      out = self.evals.add_results(results)
+      if out.accepted:
         self.cv.notify_all()
-      return pb.EvalPushResponse(accepted=len(plan), duplicate=dup)
+      return out
 
   def collect_eval(self, eval_id: int, timeout_s: float, cancel: bool = False,
                    alive: Callable[[], bool] = lambda: True) -> pb.EvalResult:
     """The state of evaluation `eval_id`, waiting up to `timeout_s` for it to complete; a complete
     one carries every group's result and is closed (kept for a retried collect). `cancel` drops
-    it. NOT_FOUND for an id never submitted (or lost in a buffer restart)."""
+    it. NOT_FOUND for an id never submitted (or lost in a buffer restart). An evaluation that can
+    never complete (EvalLane.unservable) is answered at once."""
     val.check_timeout(timeout_s, "timeout_s", self.limits)
     end = self.clock() + timeout_s
     with self.cv:
       while True:
-        done = self._evals_done.get(eval_id)
-        if done is not None:
-          return done
-        job = self._evals.get(eval_id)
-        if job is None:
-          raise val.not_found(f"evaluation {eval_id} is not open (never submitted, or lost in a "
-                              f"buffer restart: resubmit it)")
-        if cancel:
-          del self._evals[eval_id]
-          self.cv.notify_all()
-          return pb.EvalResult(eval_id=eval_id, version=job.req.version, complete=False,
-                               pending_groups=len(job.prompts) - len(job.results), held=job.held)
-        if job.complete:
-          del self._evals[eval_id]
-          out = pb.EvalResult(eval_id=eval_id, version=job.req.version, complete=True,
-                              held=job.held,
-                              results=[job.results[i] for i in range(len(job.prompts))])
-          self._evals_done[eval_id] = out
-          while len(self._evals_done) > 4:
-            self._evals_done.popitem(last=False)
-          self.cv.notify_all()
+        out = self.evals.collect(eval_id, cancel)
+        if out is not None:
+          if cancel or out.complete:
+            self.cv.notify_all()
           return out
+        job = self.evals.jobs[eval_id]
         left = end - self.clock()
-        unservable = self._unservable(job)
+        unservable = self.evals.unservable(job, self.version, self._holders, self.clock())
         if left <= 0 or unservable:
-          return pb.EvalResult(eval_id=eval_id, version=job.req.version, complete=False,
-                               pending_groups=len(job.prompts) - len(job.results), held=job.held,
-                               unservable=unservable)
+          return job.state(unservable=unservable)
         _check_alive(alive, "CollectEval")
         self._expire()
         self.cv.wait(min(left, 0.25))
