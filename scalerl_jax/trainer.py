@@ -18,15 +18,12 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import threading
 import time
 
 import jax
 import numpy as np
 from tqdm import tqdm
 
-from analysis.metrics import append_metrics
 from scalerl_jax import distributed
 from scalerl_jax import models
 from scalerl_jax import runtime
@@ -46,6 +43,7 @@ from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.rewards import sandbox_still_works
 from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.tools.describe import count_params
+from scalerl_jax.tracking import MetricsLog, NoTracker
 from scalerl_jax.weights.source import WeightSource
 from scalerl_jax.weights.stream import StreamPublisher
 
@@ -113,98 +111,6 @@ def pad_time(arrays: dict, multiple: int, max_len: int) -> dict:
     if k in arrays:
       out[k] = np.pad(arrays[k], ((0, 0), (0, T2 - T)) + ((0, 0),) * (arrays[k].ndim - 2))
   return out
-
-
-class MetricsLog:
-  """metrics.jsonl (docs/METRICS.md) + TensorBoard event files (+ W&B with `wandb_cfg.project`).
-
-  For a gs:// workdir the TensorBoard writer (tensorboardX appends to a local file) writes into
-  LOCAL_DIR/tb, which is uploaded to WORKDIR/tb after every evaluation and at close."""
-
-  def __init__(self, workdir: str, purge_step: int | None = None, wandb_cfg=None,
-               run_config: dict | None = None, local_dir: str | None = None):
-    self._append = append_metrics
-    self.workdir = workdir
-    self.lock = threading.Lock()   # the live forecast writes (and reads the file) from its thread
-    self.tb_dir = storage.join(workdir, "tb")
-    self.tb_local = (os.path.join(local_dir or storage.local_dir(workdir), "tb")
-                     if storage.is_remote(workdir) else self.tb_dir)
-    try:
-      from tensorboardX import SummaryWriter
-
-      # purge_step: a resumed run hides the events the crashed run logged after its checkpoint.
-      # max_queue: roomy, so the queue never fills before `_check_tb` sees a dead writer thread.
-      self.tb = SummaryWriter(self.tb_local, purge_step=purge_step, max_queue=4096)
-    except ImportError:   # pragma: no cover - tensorboardX is in requirements.txt
-      self.tb = None
-    self.wandb = None
-    if wandb_cfg is not None and wandb_cfg.project:
-      from scalerl_jax.wandb_sink import WandbSink
-      self.wandb = WandbSink(workdir, wandb_cfg, run_config, local_dir=local_dir)
-
-  def _check_tb(self) -> None:
-    """tensorboardX writes events on a thread; when that thread dies (a full disk: ENOSPC on its
-    flush) every later add_scalar blocks forever on its bounded queue, and the run hangs. Found by
-    the chaos harness (harness/chaos.py, disk_full): raise instead, so the run stops like on any other
-    failed write and the same command resumes it once there is space."""
-    fw = getattr(self.tb, "file_writer", None)
-    worker = getattr(getattr(fw, "event_writer", None), "_worker", None)
-    if worker is not None and not worker.is_alive():
-      raise OSError(f"the TensorBoard event writer for {self.tb_local} died (disk full?); free "
-                    f"space and rerun the same command to resume from the last checkpoint")
-
-  def write(self, record: dict) -> None:
-    with self.lock:
-      self._append(self.workdir, record)
-      if self.tb is not None:
-        self._check_tb()
-        for k, v in record.items():
-          if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
-            self.tb.add_scalar(k, v, record["step"])
-        if record.get("kind") == "eval":
-          self._upload_tb()
-      if self.wandb is not None:
-        self.wandb.log(record)
-
-  def log_images(self, images: dict, step: int) -> None:
-    """End-of-run plots (fit, forecast) to W&B."""
-    if self.wandb is not None:
-      with self.lock:
-        self.wandb.log_images(images, step)
-
-  def _upload_tb(self) -> None:
-    if self.tb_local != self.tb_dir:   # gs://: the local event files, uploaded whole
-      self.tb.flush()
-      storage.copy_tree(self.tb_local, self.tb_dir)
-
-  def close(self):
-    """Closes TensorBoard; the W&B run stays open for the end-of-run plots (`finish`)."""
-    if self.tb is not None:
-      self.tb.close()
-      self._upload_tb()
-
-  def finish(self):
-    if self.wandb is not None:
-      self.wandb.finish()
-      self.wandb = None
-
-
-class _NoLog:
-  """Metrics sink of the non-main processes of a multi-host learner (process 0 logs)."""
-
-  lock = None
-
-  def write(self, record: dict) -> None:
-    pass
-
-  def log_images(self, images: dict, step: int) -> None:
-    pass
-
-  def close(self) -> None:
-    pass
-
-  def finish(self) -> None:
-    pass
 
 
 def make_learner(config, model_cfg, params):
@@ -304,7 +210,7 @@ class Trainer:
     self.metrics = (MetricsLog(workdir, purge_step=self.start_step + 1 if self.start_step else None,
                                wandb_cfg=config.wandb, run_config=config.to_dict(),
                                local_dir=storage.local_dir(workdir, config.local_dir))
-                    if self.main else _NoLog())
+                    if self.main else NoTracker())
     from scalerl_jax.health import HealthMonitor, LiveForecast
     self.health = HealthMonitor(config.health)
     fc = config.forecast
