@@ -231,6 +231,7 @@ def base_config() -> ml_collections.ConfigDict:
   # templates"): bare (chat template only, `</think>` required) | reasoning_instruct (`<think>`
   # pre-filled + answer instruction, `</think>` required) | instruct (answer instruction only)
   c.data.template = "bare"
+  c.data.reward = ""                 # reward (scalerl_jax.rewards registry name); "" = the kind's (data.REWARD_FOR_KIND)
   c.data.synthetic_n_train = 4096    # built-in tasks (synthetic, tiny_code): train prompts
   c.data.synthetic_num_terms = 8     # built-in tasks: digits per problem
   c.data.synthetic_step_noise = 0.15  # built-in tasks: SFT trace step-error probability
@@ -254,7 +255,7 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 _TASK_KEYS = ("kind", "path", "tokenizer_path", "heldout", "split_seed", "system_prompt", "template",
-              "synthetic_n_train", "synthetic_num_terms", "synthetic_step_noise")
+              "reward", "synthetic_n_train", "synthetic_num_terms", "synthetic_step_noise")
 
 
 def task_section(kind: str, **overrides) -> ml_collections.ConfigDict:

@@ -15,7 +15,7 @@ import os
 import ml_collections
 
 from scalerl_jax import storage
-from scalerl_jax.data import KINDS, check_template
+from scalerl_jax.data import KINDS, check_template, reward_for
 from scalerl_jax.data import mixture
 from scalerl_jax.learner import RLSpec
 from scalerl_jax.models import attention
@@ -329,7 +329,8 @@ def check_data(data) -> None:
       where = f"data.tasks.{name}.kind" if name else "data.kind"
       raise ConfigError(f"{where}={kind!r}; expected one of {KINDS}")
     try:
-      check_template(kind, sec.get("template", ""))
+      check_template(kind, sec.template)
+      reward_for(sec)
     except ValueError as e:
       raise ConfigError(f"data.tasks.{name}: {e}" if name else str(e)) from None
 

@@ -78,8 +78,8 @@ class Dataset:
 
   @property
   def needs_sandbox(self) -> bool:
-    """True when some task's reward runs model-written programs (rewards.SANDBOXED_REWARDS)."""
-    return any(r in rewards.SANDBOXED_REWARDS for r in self.task_rewards.values())
+    """True when some task's reward runs model-written programs (rewards.is_sandboxed)."""
+    return any(rewards.is_sandboxed(r) for r in self.task_rewards.values())
 
   def task_of(self, prompt_id: int) -> str:
     """The task of a prompt id (mixture id ranges; "" for a one-task dataset)."""
@@ -180,7 +180,7 @@ def _mixture_sft(mix, parts, pad_id: int):
 
 def check_answers(kind: str, reward: str, prompts: list[PromptSpec]) -> None:
   """Start-up check of a sandboxed reward's answers: each must be valid test JSON."""
-  if reward not in rewards.SANDBOXED_REWARDS:
+  if not rewards.is_sandboxed(reward):
     return
   for p in prompts:
     try:
@@ -190,22 +190,32 @@ def check_answers(kind: str, reward: str, prompts: list[PromptSpec]) -> None:
           from None
 
 
-def _build_task(data_cfg, max_prompt_len: int) -> Dataset:
-  """One task's dataset from a data section (config.data, or one of config.data.tasks)."""
+def reward_for(data_cfg) -> str:
+  """The reward of a data section: `reward` when set (a registered name), else its kind's."""
   kind = data_cfg.kind
   if kind not in KINDS:
     raise ValueError(f"config.data.kind={kind!r}; expected one of {KINDS}")
+  name = str(data_cfg.reward or REWARD_FOR_KIND[kind])
+  if name not in rewards.names():
+    raise ValueError(f"config.data.reward={name!r}; registered rewards: {list(rewards.names())}")
+  return name
+
+
+def _build_task(data_cfg, max_prompt_len: int) -> Dataset:
+  """One task's dataset from a data section (config.data, or one of config.data.tasks)."""
+  kind = data_cfg.kind
+  reward = reward_for(data_cfg)
   heldout = int(data_cfg.heldout)
   seed = int(data_cfg.split_seed)
-  template = check_template(kind, data_cfg.get("template", templates.DEFAULT))
+  template = check_template(kind, data_cfg.template)
   if kind in ("synthetic", "tiny_code"):
-    return _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed)
+    return _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed, reward)
   path = data_cfg.path
   if not path:
     raise ValueError(f"config.data.path is empty (kind={kind} needs a JSONL or Parquet file)")
   tok = hf_tokenizer.HFTokenizer(data_cfg.tokenizer_path,
                                  system_prompt=data_cfg.system_prompt, template=template,
-                                 reward=REWARD_FOR_KIND[kind])
+                                 reward=reward)
   counts = {}
   if kind == "polaris":
     records = loaders.load_math(path)
@@ -218,8 +228,8 @@ def _build_task(data_cfg, max_prompt_len: int) -> Dataset:
   stats.unsupported = counts.get("unsupported", 0)
   stats.malformed = counts.get("malformed", 0)
   stats.records += stats.unsupported + stats.malformed
-  check_answers(kind, REWARD_FOR_KIND[kind], train + held)
-  return Dataset(kind, train, held, tok, REWARD_FOR_KIND[kind], tok.stop_ids, tok.think_end_ids,
+  check_answers(kind, reward, train + held)
+  return Dataset(kind, train, held, tok, reward, tok.stop_ids, tok.think_end_ids,
                  dataclasses.asdict(stats), task_templates={"": template})
 
 
@@ -236,7 +246,7 @@ def check_template(kind: str, name: str) -> str:
   return name
 
 
-def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed) -> Dataset:
+def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed, reward) -> Dataset:
   """The generated tasks (no files): the digit-sum task or the tiny code task."""
   mod = synthetic if kind == "synthetic" else tiny_code
   num_terms = data_cfg.synthetic_num_terms
@@ -254,8 +264,8 @@ def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed) -> Dataset:
     q = noise if step_noise is None else step_noise
     return synthetic.pad_batch(mod.sft_examples(train[:n], sft_seed, q))
 
-  check_answers(kind, REWARD_FOR_KIND[kind], specs[0] + specs[1])
-  return Dataset(kind, specs[0], specs[1], tok, REWARD_FOR_KIND[kind], (tok.eos_id,),
+  check_answers(kind, reward, specs[0] + specs[1])
+  return Dataset(kind, specs[0], specs[1], tok, reward, (tok.eos_id,),
                  (tok.end_think_id,), {"train": len(specs[0]), "heldout": len(specs[1])}, sft)
 
 
@@ -274,4 +284,4 @@ def stats_metrics(dataset: Dataset) -> dict:
 
 
 __all__ = ["Dataset", "build_dataset", "stats_metrics", "check_answers", "check_template", "KINDS",
-           "REWARD_FOR_KIND", "MIXTURE"]
+           "REWARD_FOR_KIND", "MIXTURE", "reward_for"]

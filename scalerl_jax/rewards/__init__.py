@@ -12,20 +12,20 @@ the caller passes `require_think_close=False` (a prompt template that asks for n
 scalerl_jax/data/templates.py): then a completion without `</think>` is graded whole.
 The length-penalty transform lives in scalerl_jax/generation/interruption.py, not here.
 
-A new reward: a module in this package with `@register("name")` on `fn(completion_text, answer)`,
-imported below. `scalerl_jax.data` depends on this package, never the other way round.
+A new reward: a module in this package with `@register("name")` on `fn(completion_text, answer)`
+(`sandboxed=True` if it runs model-written programs), imported below; select it with
+`--config.data.reward=name` (default: the data kind's, `data.REWARD_FOR_KIND`).
+`scalerl_jax.data` depends on this package, never the other way round.
 """
-from scalerl_jax.rewards.registry import REWARDS, Grade, compute_reward, get, grade, names, register
+from scalerl_jax.rewards.registry import (REWARDS, Grade, compute_reward, get, grade, is_sandboxed,
+                                          names, register)
 from scalerl_jax.rewards.text import END_THINK, answer_view, strip_thinking
 from scalerl_jax.rewards import code, math, sandbox, synthetic, tiny_code  # noqa: F401  (registers verifiers)
 from scalerl_jax.rewards.code import extract_code, grade_code, parse_tests, run_tests
 from scalerl_jax.rewards.sandbox import (SandboxUnavailable, check_sandbox, prepare_code_rewards,
                                          sandbox_still_works)
 
-# Rewards that run model-written programs: a job using any of them needs a working sandbox
-# (prepare_code_rewards at start-up) and answers that are valid test JSON (parse_tests).
-SANDBOXED_REWARDS = ("code", "tiny_code")
 
 __all__ = ["REWARDS", "Grade", "register", "get", "grade", "names", "compute_reward", "END_THINK",
            "answer_view", "strip_thinking", "extract_code", "grade_code", "parse_tests", "run_tests", "sandbox",
-           "SandboxUnavailable", "check_sandbox", "prepare_code_rewards", "sandbox_still_works", "SANDBOXED_REWARDS"]
+           "SandboxUnavailable", "check_sandbox", "prepare_code_rewards", "sandbox_still_works", "is_sandboxed"]

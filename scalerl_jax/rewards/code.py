@@ -245,7 +245,7 @@ def grade_code(completion_text: str, answer: str, limits: sandbox.Limits | None 
   return Grade(1.0 if reason == "pass" else 0.0, reason, sandboxed, passed, len(tests), detail)
 
 
-@register("code", grader=grade_code)
+@register("code", grader=grade_code, sandboxed=True)
 def code_reward(completion_text: str, answer: str) -> float:
   """1.0 iff the last code block after </think> passes all tests in `answer` (run sandboxed);
   raises ValueError when `answer` is not valid test JSON (grade_code records "bad_tests")."""

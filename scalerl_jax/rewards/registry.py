@@ -35,19 +35,31 @@ class Grade:
 
 GradeFn = Callable[[str, str], Grade]
 _GRADERS: dict[str, GradeFn] = {}
+_SANDBOXED: set[str] = set()
 
 
-def register(name: str, grader: GradeFn | None = None) -> Callable[[RewardFn], RewardFn]:
+def register(name: str, grader: GradeFn | None = None,
+             sandboxed: bool = False) -> Callable[[RewardFn], RewardFn]:
   """Decorator: `@register("name")` on fn(completion_text, answer) -> float; `grader` (optional)
-  returns the Grade with its reason for `grade(name, ...)`."""
+  returns the Grade with its reason for `grade(name, ...)`; `sandboxed`: the reward runs
+  model-written programs (a job using it checks the sandbox at start-up and its answers must be
+  test JSON)."""
   deco = REWARDS.register(name)
 
   def wrap(fn: RewardFn) -> RewardFn:
     deco(fn)
     if grader is not None:
       _GRADERS[name] = grader
+    if sandboxed:
+      _SANDBOXED.add(name)
     return fn
   return wrap
+
+
+def is_sandboxed(name: str) -> bool:
+  """Whether reward `name` runs model-written programs (registered with sandboxed=True)."""
+  get(name)                         # an unknown name is an error, not "not sandboxed"
+  return name in _SANDBOXED
 
 
 def get(name: str) -> RewardFn:

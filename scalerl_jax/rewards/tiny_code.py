@@ -67,7 +67,7 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-@register("tiny_code", grader=grade_tiny_code)
+@register("tiny_code", grader=grade_tiny_code, sandboxed=True)
 def tiny_code_reward(completion_text: str, answer: str) -> float:
   """1.0 iff the program written after `</think>` prints the target (run in the sandbox); raises
   ValueError when `answer` is not valid test JSON (grade_tiny_code records "bad_tests")."""
