@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import common
 from scalerl_jax import recipes
 from scalerl_jax.learner.logprobs import chunked_token_logprobs, token_logprobs
 from scalerl_jax.models import attention as A
@@ -151,7 +152,10 @@ def test_slot_layout_detects_what_the_fast_kernels_assume():
 
 
 def test_unavailable_backend_is_a_config_error():
-  cfg = lambda impl: type("C", (), {"model": {"attention_impl": impl}})()
+  def cfg(impl):
+    c = common.base_config()
+    c.model.attention_impl = impl
+    return c
   for impl, platform in (("cudnn", "cpu"), ("splash", "cpu"), ("splash", "gpu"),
                          ("cudnn", "tpu"), ("flash", "cpu")):
     with pytest.raises(recipes.ConfigError, match="attention_impl"):
