@@ -370,8 +370,7 @@ class Trainer:
     mask = arrays["loss_mask"].astype(bool) & (versions == step)
     out = parity_check(lp, arrays["gen_logprobs"], mask, self.config.health, version=step,
                        startup=first)
-    if (out.get("health/parity_alarm") and self.health is not None
-        and self.health.aborts("parity", step + 1)):
+    if out.get("health/parity_alarm") and self.health.aborts("parity", step + 1):
       raise RunUnhealthy(f"health.abort_on: parity re-score failed at step {step}", step, out)
     return out
 
@@ -433,13 +432,12 @@ class Trainer:
            "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity,
            **generator_metrics(batch.summary.generator_stats), **step0}
     abort = None
-    if self.health is not None:
-      from scalerl_jax.health import RunUnhealthy
-      try:
-        rec.update(self.health.check(rec))
-      except RunUnhealthy as e:
-        rec.update(e.metrics)
-        abort = e
+    from scalerl_jax.health import RunUnhealthy
+    try:
+      rec.update(self.health.check(rec))
+    except RunUnhealthy as e:
+      rec.update(e.metrics)
+      abort = e
     self.metrics.write(rec)
     if abort is not None:
       raise abort

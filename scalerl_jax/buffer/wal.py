@@ -199,7 +199,7 @@ class WAL:
     self._fd: Optional[int] = None    # the active segment, opened O_APPEND, written unbuffered
     self._path = ""
     self._end = 0                     # its size after the last durable commit
-    self._torn: Optional[str] = None  # a failed commit's bytes could not be cut off (see commit)
+    self._torn = False                # a failed commit's bytes may still be in the segment
     self._last_sync = 0.0
     self.bytes_written = self.records_written = self.commits = 0
 
@@ -271,7 +271,7 @@ class WAL:
           os.fsync(self._fd)
           self._last_sync = now
       except OSError:
-        self._torn = "commit failed"
+        self._torn = True
         try:
           self._cut()
         except OSError:
@@ -284,7 +284,7 @@ class WAL:
 
   def _cut(self) -> None:
     """Truncates the active segment back to its last durable commit after a failed one."""
-    if self._torn is None:
+    if not self._torn:
       return
     try:
       os.ftruncate(self._fd, self._end)
@@ -292,14 +292,14 @@ class WAL:
     except OSError as e:
       raise OSError(e.errno, f"WAL segment {self._path} holds a failed commit's bytes past offset "
                              f"{self._end} that could not be cut off: {e.strerror}") from e
-    self._torn = None
+    self._torn = False
 
   def _open(self, path: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     self._close_fd()                     # only once the new segment exists
     self._fd, self._path = fd, path
     self._end = os.fstat(self._fd).st_size
-    self._torn = None
+    self._torn = False
 
   def _close_fd(self) -> None:
     if self._fd is not None:

@@ -70,7 +70,8 @@ class Learner:
                vocab_size: int | None = None, with_entropy: bool = True, donate: bool = True,
                temperature: float | None = None,
                route_shape: tuple[int, int, int] | None = None):
-    """`temperature`: the generators' sampling temperature (default `config.generator.temperature`): learner log-probs are log_softmax(logits / T).
+    """`temperature`: the generators' sampling temperature (default
+    `config.generator.temperature`): learner log-probs are log_softmax(logits / T).
     `route_shape` (R, K, E): validates batch["routes"] (MoE routing replay)."""
     self.spec = RLSpec.from_config(config.rl)
     if temperature is None:
