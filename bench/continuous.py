@@ -73,6 +73,7 @@ def run_continuous(make_decoder, leases, spec, n) -> dict:
   tokens = sum(len(c.tokens) for _, c in out)
   assert tokens == dec.stats.tokens and len(out) == len(reqs)
   return dict(seconds=dt, tokens=tokens, tok_s=tokens / dt, occupancy=dec.stats.occupancy,
+              compute_occupancy=dec.stats.compute_occupancy, moves=dec.stats.moves,
               insert_s=round(dec.stats.insert_s, 3))
 
 
@@ -88,6 +89,8 @@ def main(argv=None):
   ap.add_argument("--answer", type=int, default=8)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--chunk", type=int, default=16, help="JAX: decode steps per jitted chunk")
+  ap.add_argument("--row-buckets", type=int, default=4,
+                  help="JAX: decoded row-count buckets (1 = every slot every step)")
   ap.add_argument("--omp-bind", default="0-1", help="vLLM: OMP threads binding")
   a = ap.parse_args(argv)
   from scalerl_jax.generation.vllm import parity as VP
@@ -103,7 +106,8 @@ def main(argv=None):
     cfg, params = models.load_hf(model_dir)
     gen = JaxSampler(cfg, params, chunk_steps=a.chunk)
     chunk = gen.chunk_steps
-    make = lambda: ContinuousDecoder(gen, a.capacity, spec, max_prompt_len=32)
+    make = lambda: ContinuousDecoder(gen, a.capacity, spec, max_prompt_len=32,
+                                     row_buckets=a.row_buckets)
   else:
     from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
     gen = closer = VLLMGenerator(model_dir, dtype="float32", head_dtype="float32",

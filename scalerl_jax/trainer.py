@@ -148,7 +148,10 @@ def generator_metrics(stats) -> dict:
   stats = dict(stats)
   if not stats.get("slot_steps"):
     return {}
-  return {"gen_occupancy": stats.get("live_row_steps", 0.0) / stats["slot_steps"],
+  live = stats.get("live_row_steps", 0.0)
+  compute = ({"gen_compute_occupancy": live / stats["row_steps"]} if stats.get("row_steps")
+             else {})
+  return {"gen_occupancy": live / stats["slot_steps"], **compute,
           **{f"gen_{k}": stats.get(k, 0.0) for k in ("idle_s", "grade_s", "decode_s")}}
 
 

@@ -104,6 +104,34 @@ def test_samples_do_not_depend_on_slot_or_neighbours(model):
   assert len({tuple(out[12][(0, j)].tokens) for j in range(3)}) == 3
 
 
+def test_live_slots_are_packed_into_a_smaller_bucket_without_changing_samples(model):
+  """8 slots, budgets 0-30: as samples end, the live ones are moved down and only a bucket of
+  8/4/2/1 rows is decoded, and attention reads a window of the ring (16 or 32 of its 48
+  columns) while the samples in flight are young. Every sample decodes as in the dense decoder
+  (row_buckets=1, every ring column), the moved ones included, and fewer rows are computed."""
+  cfg, params = model
+  prompts = [PromptSpec(i, np.arange(2, 4 + i, dtype=np.int32)) for i in range(4)]
+  reqs = requests_for(prompts, 3, FIXED)
+  out, stats = {}, {}
+  for nb in (1, 4):
+    dec = ContinuousDecoder(JaxSampler(cfg, params), capacity=8, spec=FIXED, max_prompt_len=16,
+                            chunk_steps=8, row_buckets=nb, windows=nb > 1)
+    assert dec.buckets == [8] if nb == 1 else dec.buckets == [1, 2, 4, 8]
+    out[nb] = {(r.prompt.prompt_id, r.sample_index): c for r, c in dec.run(reqs)}
+    stats[nb] = dec.stats
+  dense, packed = stats[1], stats[4]
+  assert dense.moves == dense.window_chunks == 0 and dense.row_steps == dense.slot_steps
+  assert 0 < packed.window_chunks < packed.chunks
+  assert packed.moves > 0 and packed.row_steps < 0.8 * packed.slot_steps
+  assert packed.live_row_steps == dense.live_row_steps == sum(len(c.tokens) for c in out[1].values())
+  assert packed.compute_occupancy > dense.compute_occupancy == dense.occupancy
+  assert len(out[4]) == 12
+  for key, c in out[1].items():
+    assert c.tokens.tolist() == out[4][key].tokens.tolist(), key
+    np.testing.assert_allclose(c.logprobs, out[4][key].logprobs, atol=1e-5)
+    assert c.policy_mask.tolist() == out[4][key].policy_mask.tolist()
+
+
 def test_weight_swap_with_mixed_slots_stamps_versions(model):
   cfg, params = model
   params2 = models.init_params(cfg, jax.random.PRNGKey(1))
@@ -126,6 +154,31 @@ def test_weight_swap_with_mixed_slots_stamps_versions(model):
   lp = _learner_logprobs(cfg, params2, late.prompt.tokens, got[3].tokens)
   pol = got[3].policy_mask
   np.testing.assert_allclose(got[3].logprobs[pol], lp[pol], atol=2e-5)
+
+
+def test_a_sample_moved_down_after_a_weight_swap_keeps_its_versions_and_kv(model):
+  """`long` in slot 1 is alone once `short` ends: it moves to slot 0 (a 1-row bucket) as the
+  swap to version 1 lands. Its versions and log-probs are those of the decoder that never moves
+  it (row_buckets=1), and its old KV is kept (the learner's forward under version 0 matches its
+  first tokens)."""
+  cfg, params = model
+  params2 = models.init_params(cfg, jax.random.PRNGKey(1))
+  got = {}
+  for nb in (1, 2):
+    s = JaxSampler(cfg, params, version=0)
+    dec = ContinuousDecoder(s, capacity=2, spec=FIXED, max_prompt_len=16, chunk_steps=8,
+                            row_buckets=nb)
+    dec.insert([_req(1, [1, 7, 8, 9], think=0, answer=2), _req(2, [1, 3], think=30, answer=12)])
+    assert [r.prompt.prompt_id for r, _ in dec.step()] == [1]
+    s.set_params(params2, 1)
+    (r, got[nb]), = dec.run([])
+    assert dec.stats.moves == (nb - 1) and r.prompt.prompt_id == 2
+  v = got[2].versions
+  assert v[:9].tolist() == [0] * 9 and np.all(v[9:] == 1) and len(v) == 46
+  assert got[2].tokens.tolist() == got[1].tokens.tolist()
+  np.testing.assert_allclose(got[2].logprobs, got[1].logprobs, atol=1e-5)
+  lp = _learner_logprobs(cfg, params, np.asarray([1, 3], np.int32), got[2].tokens)
+  np.testing.assert_allclose(got[2].logprobs[:8], lp[:8], atol=2e-5)
 
 
 def test_bad_requests_fail_with_one_line(model):

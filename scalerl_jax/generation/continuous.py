@@ -76,16 +76,21 @@ def _empty(cfg, B: int, P: int, R: int, kv_dtype: str):
       g=jnp.zeros((), jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 12), donate_argnums=(2,))
-def _insert(params, cfg, state, slots, tokens, mask, budget, answer_budget, seeds, prompt_ids,
-            samples, version, phase0: int):
-  """Prefills k prompts [k, P] and puts them into `slots` [k] (an index >= B is padding:
-  dropped). Each slot's prompt goes to cache columns [0, P); its ring columns become empty."""
-  k, P = tokens.shape
+@functools.partial(jax.jit, static_argnums=(1, 13), donate_argnums=(2,))
+def _insert(params, cfg, state, slots, src, tokens, mask, budget, answer_budget, seeds,
+            prompt_ids, samples, version, phase0: int):
+  """Prefills u distinct prompts [u, P] once and puts prompt `src[i]` into slot `slots[i]` (k of
+  them; a slot index >= B is padding: dropped): a group's samples share their prompt's prefill.
+  Each slot's prompt goes to cache columns [0, P); its ring columns become empty."""
+  P = tokens.shape[1]
+  k = slots.shape[0]
   cache = state["cache"]
   S = cache["pos"].shape[1]
-  small = sampler_lib.split_cache(models.init_cache(cfg, k, P, dtype=cache["k"][0].dtype))
+  small = sampler_lib.split_cache(models.init_cache(cfg, tokens.shape[0], P,
+                                                    dtype=cache["k"][0].dtype))
   logits, small = models.prefill(params, cfg, tokens, small, mask)
+  small = jax.tree_util.tree_map(lambda x: x if x.ndim == 0 else x[src], small)
+  logits = logits[src]
   put = lambda big, val: big.at[slots].set(val, mode="drop")
   new_cache = dict(
       cache,
@@ -111,14 +116,74 @@ def _insert(params, cfg, state, slots, tokens, mask, budget, answer_budget, seed
   return out
 
 
-@functools.partial(jax.jit, static_argnums=(1, 3, 4, 5), donate_argnums=(2,))
-def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts):
-  """`n_steps` decode steps of every slot; a finished or free slot computes but changes nothing
-  of its outputs. Returns (state, done [B], length [B])."""
+def _rows(state, n: int):
+  """Rows [:n] of every per-slot array of a decode state (scalars: the step counter `g` is
+  shared by all slots)."""
+  return jax.tree_util.tree_map(lambda x: x if x.ndim == 0 else x[:n], state)
+
+
+def _put_rows(state, sub):
+  """`state` with rows [:n] of every per-slot array (and the shared scalars) taken from `sub`."""
+  return jax.tree_util.tree_map(
+      lambda big, small: small if big.ndim == 0 else big.at[:small.shape[0]].set(small),
+      state, sub)
+
+
+def _cache_view(cache, rows: int, cols):
+  """Rows [:rows] of the KV cache, and with `cols` [C] only those columns (keys [b,K,C,H],
+  values [b,K,H,C], positions [b,C]); `cols` None: every column."""
+  if cols is None:
+    return _rows(cache, rows)
+  return dict(cache, k=tuple(x[:rows][:, :, cols, :] for x in cache["k"]),
+              v=tuple(x[:rows][..., cols] for x in cache["v"]),
+              pos=cache["pos"][:rows][:, cols], next_pos=cache["next_pos"][:rows])
+
+
+def _cache_put(cache, view, cols, src, dst):
+  """Writes a decoded view back: with `cols` None all of its rows; else its columns `src` (the
+  ones this chunk wrote) to the cache's columns `dst`."""
+  if cols is None:
+    return _put_rows(cache, view)
+  b = view["next_pos"].shape[0]
+  return dict(cache, k=tuple(big.at[:b, :, dst, :].set(sm[:, :, src, :])
+                             for big, sm in zip(cache["k"], view["k"])),
+              v=tuple(big.at[:b, :, :, dst].set(sm[..., src])
+                      for big, sm in zip(cache["v"], view["v"])),
+              pos=cache["pos"].at[:b, dst].set(view["pos"][:, src]),
+              next_pos=cache["next_pos"].at[:b].set(view["next_pos"]))
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _move(state, src, dst):
+  """Copies slot rows `src` [k] to slots `dst` [k] (a dst >= B is padding: dropped): packs the
+  live slots low, so that decoding a prefix of the slots decodes all of them."""
+  return jax.tree_util.tree_map(
+      lambda x: x if x.ndim == 0 else x.at[dst].set(x[src], mode="drop"), state)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 3, 4, 5, 7, 8), donate_argnums=(2,))
+def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts, rows: int,
+            width: int, first):
+  """`n_steps` decode steps of slots [0, rows) (the live ones are packed there: `rows` is a
+  bucket, so few shapes compile); a finished or free slot computes but changes nothing of its
+  outputs. `width` > 0: attention reads only the prompt columns and the `width` ring columns of
+  decode steps [first, first + width) (every live sample started at or after `first`, and
+  first + width >= g + n_steps), gathered once per chunk; 0: every ring column. Returns
+  (state, done [B], length [B])."""
   interrupt, stop, temperature, top_p, version, end_cols, end_next, end_hit = consts
-  R = state["tokens"].shape[1]
-  P = state["cache"]["pos"].shape[1] - R
-  g0 = state["g"]
+  full = state
+  R = full["tokens"].shape[1]
+  P = full["cache"]["pos"].shape[1] - R
+  g0 = full["g"]
+  steps = jnp.arange(n_steps, dtype=jnp.int32)
+  if width:
+    cols = jnp.concatenate([jnp.arange(P, dtype=jnp.int32),
+                            P + (first + jnp.arange(width, dtype=jnp.int32)) % R])
+    base = P + g0 - first            # the view's column of decode step g0
+  else:
+    cols = None
+  state = dict(_rows({k: v for k, v in full.items() if k != "cache"}, rows),
+               cache=_cache_view(full["cache"], rows, cols))
   uniforms = _row_uniforms(state["keys"], state["length"], n_steps)
 
   def body(i, s):
@@ -127,13 +192,16 @@ def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts
         s, sampled, lp, interrupt, stop, s["answer_budget"], (end_cols, end_next, end_hit), room)
     col = (g0 + i) % R
     out = dict(s, **fields, **sampler_lib.write_outputs(s, col, live, token, lp, forcing))
-    cache = dict(s["cache"], index=P + col)
+    cache = dict(s["cache"], index=base + i if width else P + col)
     out["logits"], out["cache"] = models.decode_step(params, cfg, jnp.where(live, token, 0), cache)
     out["logit_version"] = jnp.full_like(s["logit_version"], version)
     return out
 
   state = jax.lax.fori_loop(0, n_steps, body, state)
   state["g"] = g0 + n_steps
+  cache = _cache_put(full["cache"], state.pop("cache"), cols,
+                     base + steps if width else None, P + (g0 + steps) % R)
+  state = dict(_put_rows({k: v for k, v in full.items() if k != "cache"}, state), cache=cache)
   return state, state["done"], state["length"]
 
 
@@ -153,7 +221,7 @@ class ContinuousDecoder:
 
   def __init__(self, sampler: "sampler_lib.JaxSampler", capacity: int, spec: SamplingSpec,
                max_prompt_len: int, max_completion_len: int | None = None,
-               chunk_steps: int | None = None):
+               chunk_steps: int | None = None, row_buckets: int = 4, windows: bool = True):
     if sampler.record_routes:
       raise ValueError("continuous batching does not record MoE routes (routing replay): use "
                        "generator.continuous=False")
@@ -162,10 +230,12 @@ class ContinuousDecoder:
                        f"{sampler.num_devices} (generator.jax_devices)")
     if sampler.cfg.scan_layers:
       raise ValueError("continuous batching needs an unscanned model (model.scan_layers=False)")
-    if capacity <= 0:
-      raise ValueError(f"capacity must be positive, got {capacity}")
+    if capacity <= 0 or row_buckets <= 0:
+      raise ValueError(f"capacity and row_buckets must be positive, got {capacity}, {row_buckets}")
     self.sampler, self.cfg, self.spec = sampler, sampler.cfg, spec
     self.capacity = int(capacity)
+    # Decoded row counts: capacity, capacity/2, ... (`row_buckets` sizes, one compile each).
+    self.buckets = sorted({-(-self.capacity // 2 ** i) for i in range(int(row_buckets))})
     self.P = -(-int(max_prompt_len) // _BUCKET) * _BUCKET
     self.n_int = len(spec.interruption_tokens)
     L = int(max_completion_len or spec.think_budget_max + self.n_int + spec.answer_budget)
@@ -175,6 +245,10 @@ class ContinuousDecoder:
       raise ValueError(f"prompt {self.P} + completion {L} tokens exceed the model's "
                        f"{self.cfg.max_position_embeddings} positions")
     self.chunk_steps = int(chunk_steps or sampler.chunk_steps)
+    # Ring widths attention may read (powers of two from 2 chunks, below R; else all of R):
+    # samples far shorter than R (thinking ends early) do not pay for R's columns.
+    self.widths = [w for w in (2 ** i * self.chunk_steps for i in range(1, 12))
+                   if w < self.R] if windows else []
     end_ids = spec.think_end_tokens or (() if sampler.end_think_token is None
                                         else (sampler.end_think_token,))
     end = think_end_automaton(end_ids, spec.think_end_text, spec.think_end_vocab)
@@ -208,9 +282,10 @@ class ContinuousDecoder:
       raise ValueError(f"{len(requests)} requests for {len(free)} free slots")
     t0 = time.perf_counter()
     self.sampler.apply_pending()
-    k = 1 << (len(requests) - 1).bit_length()   # a power of two: few prefill shapes compile
-    tokens = np.zeros((k, self.P), np.int32)
-    mask = np.zeros((k, self.P), bool)
+    # powers of two: few prefill shapes compile
+    k = 1 << (len(requests) - 1).bit_length()
+    prompts: dict = {}     # distinct prompts (a group's samples share one): tokens -> row
+    src = np.zeros((k,), np.int32)
     slots = np.full((k,), self.capacity, np.int32)   # >= capacity: padding, dropped
     ints = np.zeros((5, k), np.int64)
     for i, r in enumerate(requests + requests[-1:] * (k - len(requests))):
@@ -221,8 +296,7 @@ class ContinuousDecoder:
       if r.think_budget < 0 or r.answer_budget <= 0:
         raise ValueError(f"prompt {r.prompt.prompt_id}: budgets must be >= 0 (think) and > 0 "
                          f"(answer), got {r.think_budget}, {r.answer_budget}")
-      tokens[i, self.P - len(t):] = t
-      mask[i, self.P - len(t):] = True
+      src[i] = prompts.setdefault(t.tobytes(), len(prompts))
       ints[:, i] = (r.think_budget, r.answer_budget if self.n_int else self.room,
                     int(r.seed) & 0xFFFFFFFF, int(r.prompt.prompt_id) & 0x7FFFFFFF,
                     r.sample_index)
@@ -231,7 +305,15 @@ class ContinuousDecoder:
         self._slots[free[i]] = r
         self._start[free[i]] = self._g
         self._length[free[i]] = 0
-    self.state = _insert(self.sampler.params, self.cfg, self.state, slots, tokens, mask,
+    u = 1 << (len(prompts) - 1).bit_length()
+    tokens = np.zeros((u, self.P), np.int32)
+    mask = np.zeros((u, self.P), bool)
+    for b, row in prompts.items():
+      t = np.frombuffer(b, np.int32)
+      tokens[row, self.P - len(t):] = t
+      mask[row, self.P - len(t):] = True
+    mask[len(prompts):, -1] = True    # padding rows: one token, never used
+    self.state = _insert(self.sampler.params, self.cfg, self.state, slots, src, tokens, mask,
                          ints[0].astype(np.int32), ints[1].astype(np.int32),
                          ints[2].astype(np.uint32), ints[3].astype(np.int32),
                          ints[4].astype(np.int32), np.int32(self.sampler.version),
@@ -244,11 +326,18 @@ class ContinuousDecoder:
     are free again."""
     t0 = time.perf_counter()
     self.sampler.apply_pending()
+    rows = self._pack()
     spec = self.spec
     consts = (self._interrupt, self._stop, np.float32(spec.temperature), np.float32(spec.top_p),
               np.int32(self.sampler.version)) + self._end
+    first = min((self._start[i] for i, r in enumerate(self._slots) if r is not None),
+                default=self._g)
+    need = self._g + self.chunk_steps - first
+    width = next((w for w in self.widths if w >= need), 0)
+    self.stats.window_chunks += bool(width)
     self.state, done, length = _decode(self.sampler.params, self.cfg, self.state,
-                                       self.chunk_steps, self.room, spec.top_p < 1.0, consts)
+                                       self.chunk_steps, self.room, spec.top_p < 1.0, consts,
+                                       rows, width, np.int32(first))
     done, length = jax.device_get((done, length))
     self._g += self.chunk_steps
     busy = np.array([s is not None for s in self._slots])
@@ -257,6 +346,7 @@ class ContinuousDecoder:
     st = self.stats
     st.chunks += 1
     st.slot_steps += self.capacity * self.chunk_steps
+    st.row_steps += rows * self.chunk_steps
     st.live_row_steps += int(grown.sum())
     finished = [i for i in range(self.capacity) if busy[i] and done[i]]
     out = []
@@ -278,6 +368,27 @@ class ContinuousDecoder:
         self._slots[i] = None
     st.decode_s += time.perf_counter() - t0
     return out
+
+  def _pack(self) -> int:
+    """The rows the next chunk decodes: the smallest bucket that holds every busy slot. When the
+    busy slots would fit a smaller bucket than the one their highest index needs, the ones above
+    it move down into free slots (`_move`: their KV rows, outputs and sampling state; a sample
+    draws its randomness by its own key and token index, so the move changes none of its
+    tokens)."""
+    busy = [i for i, s in enumerate(self._slots) if s is not None]
+    need = next(b for b in self.buckets if b >= len(busy))
+    if busy and busy[-1] >= need:
+      src = [i for i in busy if i >= need]
+      dst = [i for i in range(need) if self._slots[i] is None][:len(src)]
+      k = 1 << (len(src) - 1).bit_length()
+      pad = k - len(src)
+      self.state = _move(self.state, np.asarray(src + [0] * pad, np.int32),
+                         np.asarray(dst + [self.capacity] * pad, np.int32))
+      for a, b in zip(src, dst):
+        self._slots[b], self._slots[a] = self._slots[a], None
+        self._start[b], self._length[b] = self._start[a], self._length[a]
+      self.stats.moves += len(src)
+    return need
 
   def note_idle(self, seconds: float) -> None:
     """Books `seconds` the caller waited with free slots and nothing to insert."""

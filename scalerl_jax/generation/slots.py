@@ -42,12 +42,18 @@ def requests_for(prompts: Sequence[PromptSpec], n: int, spec: SamplingSpec, tag:
 
 @dataclasses.dataclass
 class DecodeStats:
-  """What a decoder did: `live_row_steps` of `slot_steps` (occupancy = their ratio), seconds
-  decoding, inserting and idle (no slot busy and nothing to insert: `note_idle`), and grading
-  (`grade_s`, booked by the generator worker). The drain-per-lease loop books the same fields."""
+  """What a decoder did: `live_row_steps` of `slot_steps` (occupancy = their ratio: sequences in
+  flight / capacity), of `row_steps` (the rows decode steps computed: the JAX decoder decodes a
+  bucket of packed slots, `moves` of them moved down to pack them, and in `window_chunks` of its
+  chunks attention read a window of its ring; compute occupancy = live_row_steps / row_steps), seconds decoding, inserting and idle (no slot busy and nothing to
+  insert: `note_idle`), and grading (`grade_s`, booked by the generator worker). The
+  drain-per-lease loop books the same fields."""
   chunks: int = 0
   slot_steps: int = 0
   live_row_steps: int = 0
+  row_steps: int = 0
+  moves: int = 0
+  window_chunks: int = 0
   tokens: int = 0
   policy_tokens: int = 0
   completions: int = 0
@@ -56,7 +62,7 @@ class DecodeStats:
   idle_s: float = 0.0
   grade_s: float = 0.0
 
-  HEARTBEAT_KEYS = ("slot_steps", "live_row_steps", "decode_s", "insert_s", "idle_s", "grade_s")
+  HEARTBEAT_KEYS = ("slot_steps", "live_row_steps", "row_steps", "decode_s", "insert_s", "idle_s", "grade_s")
 
   def heartbeat_stats(self) -> dict[str, float]:
     """The counters a generator reports in its heartbeats (HeartbeatRequest.stats)."""
@@ -67,9 +73,15 @@ class DecodeStats:
     """Mean sequences in flight / capacity over the decode steps run."""
     return self.live_row_steps / self.slot_steps if self.slot_steps else 0.0
 
+  @property
+  def compute_occupancy(self) -> float:
+    """Mean sequences in flight / rows computed over the decode steps run."""
+    return self.live_row_steps / self.row_steps if self.row_steps else 0.0
+
   def as_dict(self) -> dict:
     """Every counter and the occupancy, as a dict (bench and log lines)."""
-    return dict(dataclasses.asdict(self), occupancy=self.occupancy)
+    return dict(dataclasses.asdict(self), occupancy=self.occupancy,
+                compute_occupancy=self.compute_occupancy)
 
 
 def drive(decoder, requests: Sequence[SlotRequest]) -> list:

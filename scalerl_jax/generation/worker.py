@@ -449,6 +449,7 @@ class Worker:
     chunk = int(self.config.generator.chunk_steps) if self.backend == "jax" else 1
     st = self.decode_stats
     st.slot_steps += len(lengths) * -(-max(lengths) // chunk) * chunk
+    st.row_steps += len(lengths) * -(-max(lengths) // chunk) * chunk
     st.live_row_steps += sum(lengths)
     st.tokens += sum(lengths)
     st.completions += len(lengths)

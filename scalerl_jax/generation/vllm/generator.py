@@ -446,6 +446,7 @@ class VLLMSlots:
     if self._ops:   # time the engine had work (free slots with nothing to insert: note_idle)
       self.stats.slot_steps += int(round(self.capacity * ms))
       self.stats.live_row_steps += int(round(len(self._ops) * ms))
+      self.stats.row_steps += int(round(len(self._ops) * ms))   # the engine runs live ones only
       self.stats.decode_s += ms / 1e3
 
   def insert(self, requests) -> None:
