@@ -17,6 +17,16 @@ Layout (one device; the sampler's split KV cache, per-layer keys [B,K,S,H], valu
   the ring is never attended to.
 * the outputs (tokens, log-probs, versions, policy mask) use the same ring [B, R]; a finished
   slot's completion is read from columns (start + t) mod R.
+* a chunk decodes only a bucket of rows (capacity, /2, /4, /8: `row_buckets`), the busy slots
+  packed into it: when they would fit a smaller bucket, the ones above it are moved down
+  (`_move`, a copy of their rows). Under PipelineRL-k admission most slots are often empty; the
+  first version decoded all of them (session 18: the tailed tiny run took 266 s vs 195 s drained).
+* attention reads a window of the ring while the samples in flight are young: the prompt columns
+  and the ring columns of decode steps [first, first + W), `first` the oldest busy sample's start,
+  W the smallest of 2, 4, 8 ... chunks (below R) that reaches the chunk's end; gathered once per
+  chunk, the chunk's new columns written back. One old sample in flight means the whole ring.
+* an insertion prefills each distinct prompt once (a group's samples share their prompt) and
+  copies its KV to their slots.
 * randomness is per sample, not per slot or step: token t of sample j of prompt p draws
   uniform(fold_in(key(seed, p, j), t)). The same request decodes to the same tokens whatever the
   slot, the neighbours and the moment it was inserted (log-probs equal to float32 rounding: the
