@@ -17,7 +17,7 @@ reads (the `run-config` ConfigMap, or a config file + its command's overrides), 
                 or --aot: tools.plan compiled now (~10-20 s for 8B, minutes for Scout)
   XLA memory    GPU learner pods set XLA_PYTHON_CLIENT_MEM_FRACTION to the plan's usable fraction
   vLLM KV       each engine's KV cache (the engine args the generator worker really passes:
-                generation.worker.vllm_args over VLLMGenerator's defaults) holds max_num_seqs
+                generation.vllm.engine.vllm_args over VLLMGenerator's defaults) holds max_num_seqs
                 sequences of max_model_len tokens (launch/sizing.py)
   weight push   bytes per parameter on the wire (target 2: bf16) and seconds at the stated bandwidth
   pod memory    each pod's memory request covers what it holds (sizing.py) and fits its node share
@@ -398,7 +398,7 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
 
 def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:
   """vLLM: TP vs GPUs per pod, and the KV cache vs max_num_seqs sequences of max_model_len."""
-  from scalerl_jax.generation import worker
+  from scalerl_jax.generation.vllm import engine
   from scalerl_jax.generation.vllm.generator import VLLMGenerator
   gplat = next((ACCELERATOR_OF_SELECTOR[x] for x in gpod.get("nodeSelector", {}).values()
                 if x in ACCELERATOR_OF_SELECTOR), None)
@@ -413,7 +413,7 @@ def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:
   defaults = {k: p.default for k, p in inspect.signature(VLLMGenerator).parameters.items()
               if p.default is not inspect.Parameter.empty}
   args = dict(defaults)
-  args.update(worker.vllm_args(gcfg))
+  args.update(engine.vllm_args(gcfg))
   kv_bytes = args.get("kv_cache_bytes")
   seqs = int(args.get("max_num_seqs", 256))
   probe = gcfg.copy_and_resolve_references()

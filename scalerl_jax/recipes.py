@@ -17,13 +17,11 @@ import ml_collections
 from scalerl_jax import storage
 from scalerl_jax.data import KINDS, check_template, reward_for
 from scalerl_jax.data import mixture
+from scalerl_jax.generation import backends
 from scalerl_jax.learner import RLSpec
 from scalerl_jax.models import attention
 from scalerl_jax.protocol.rpc import TLS
 
-# generator.backend values: vLLM engines, the JAX sampler, or the scripted stand-in for an
-# instruct model (generation/fake.py; tests and demos of the prompt templates, no weights).
-BACKENDS = ("vllm", "jax", "scripted")
 
 # Batch 80 x 16 (Qwen2.5 / MiniMax) relative to ScaleRL's 48 x 16.
 _BIG_BATCH = 80 / 48
@@ -206,12 +204,16 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
   if not 0 <= r.think_budget_min <= r.think_budget_max:
     raise ConfigError(f"need 0 <= think_budget_min <= think_budget_max, got "
                       f"[{r.think_budget_min}, {r.think_budget_max}]")
-  if g.backend == "vllm" and not config.buffer.external:
+  if g.backend not in backends.names():
+    raise ConfigError(f"generator.backend={g.backend!r}; expected one of {backends.names()}")
+  backend = backends.get(g.backend)
+  if backend.local_checkpoint and not config.buffer.external:
     vllm_model_dir(config)            # local generators: their start checkpoint is on this machine
-  if g.backend == "vllm" and config.rl.routing_replay:
-    raise ConfigError("rl.routing_replay=True needs generator.backend=jax: the vLLM generators "
-                      "do not record routed experts (vLLM 0.32 returns them only from its Model "
-                      "Runner V2, which needs Triton; docs/VLLM.md 'Routing replay')")
+  if config.rl.routing_replay and not backend.records_routes:
+    raise ConfigError(f"rl.routing_replay=True needs a generator.backend that records routed "
+                      f"experts ({', '.join(n for n in backends.names() if backends.get(n).records_routes)}"
+                      f"): the {g.backend} generators do not (vLLM 0.32 returns them only from its "
+                      f"Model Runner V2, which needs Triton; docs/VLLM.md 'Routing replay')")
   if not g.temperature > 0:
     raise ConfigError(f"generator.temperature={g.temperature}: training rollouts need T > 0 (the "
                       f"learner computes log_softmax(logits / T) for the importance ratios)")
@@ -230,8 +232,6 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> N
     tls.check(server=tls.enabled)    # the learner serves weights (and runs the buffer) over TLS too
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if g.backend not in BACKENDS:
-    raise ConfigError(f"generator.backend={g.backend!r}; expected one of {BACKENDS}")
   if config.buffer.external and not os.environ.get(config.buffer.auth_token_env):
     raise ConfigError(f"buffer.external=True: set ${config.buffer.auth_token_env} to the buffer "
                       f"service's auth token")

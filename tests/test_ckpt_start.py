@@ -331,7 +331,7 @@ def test_vllm_generators_start_on_the_start_checkpoint(tmp_path):
   export the fetched weights ("")."""
   from configs.common import base_config
   from scalerl_jax import storage
-  from scalerl_jax.generation.worker import vllm_start_dir
+  from scalerl_jax.generation.vllm.engine import vllm_start_dir
   c = base_config()
   assert vllm_start_dir(c, 0) == ""
   c.model.hf_checkpoint = str(tmp_path / "ckpt")

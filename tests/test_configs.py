@@ -162,7 +162,7 @@ def test_routing_replay_on_vllm_is_refused_at_start():
   only from its Triton-based Model Runner V2; docs/VLLM.md), not at the first learner step."""
   c = _get("scout")
   c.rl.routing_replay = True
-  with pytest.raises(recipes.ConfigError, match="routing_replay=True needs generator.backend=jax"):
+  with pytest.raises(recipes.ConfigError, match=r"routing_replay=True needs a generator.backend that records routed experts \(jax\): the vllm"):
     recipes.validate(c)
   c.generator.backend = "jax"
   recipes.validate(c)

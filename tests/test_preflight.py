@@ -251,7 +251,7 @@ def test_vllm_engine_args_size_the_kv_cache_from_gpu_memory():
   from generator.decode_batch; an explicit generator.kv_cache_bytes is the override."""
   import inspect
 
-  from scalerl_jax.generation import worker as gen_worker
+  from scalerl_jax.generation.vllm import engine as gen_worker
   from scalerl_jax.generation.vllm import worker as vllm_worker
   from scalerl_jax.generation.vllm.generator import VLLMGenerator
   assert inspect.signature(VLLMGenerator).parameters["kv_cache_bytes"].default is None

@@ -41,7 +41,7 @@ def test_two_devices_match_one_device():
 
 def test_worker_cpu_decode_devices_flag(monkeypatch):
   """generator.jax_devices=2 adds the XLA:CPU device-count flag; a pinned generator keeps one."""
-  from scalerl_jax.generation.worker import cpu_decode_devices
+  from scalerl_jax.generation.jax_engine import cpu_decode_devices
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
   config = _config(jax_devices=2)
   assert cpu_decode_devices(config, pinned=[1]) == 1

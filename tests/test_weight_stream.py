@@ -234,6 +234,7 @@ def test_worker_takes_streamed_and_blob_versions():
   import jax
   from scalerl_jax import models, runtime
   from scalerl_jax.generation import worker as W
+  from scalerl_jax.generation.jax_engine import JaxEngine
   cfg = models.get_preset("tiny_llama3", vocab_size=128, d_model=64, num_layers=2, num_heads=2,
                           num_kv_heads=1, head_dim=32, ffn_dim=96, dtype="float32")
   params = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(1)))
@@ -244,7 +245,7 @@ def test_worker_takes_streamed_and_blob_versions():
     v, weights = w._fetch(-1, 5)
     assert v == 0 and weights["kind"] == "blob"
     conf = _config(chunk_steps=4)
-    w.gen = W._make_generator("jax", conf, cfg, weights, v, "/tmp")
+    w.gen = JaxEngine(conf).make(cfg, W._params_of(weights, cfg), v, "/tmp", None)
     assert _same(w.gen.params, params)
     new = jax.tree.map(lambda x: x + np.float32(1), params)
     StreamPublisher(c, 1, new, chunk_bytes=16 << 10, process_index=0).publish()

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import grpc
 import numpy as np
 
-from scalerl_jax.generation.generator import Generator
+from scalerl_jax.generation.generator import Engine, Generator
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol.client import BufferClient, assignment_prompt
 from scalerl_jax.types import FINISH_LENGTH, FINISH_STOP, Completion, PromptSpec, SamplingSpec
@@ -167,3 +167,13 @@ class ScriptedInstructModel(Generator):
             finish_reason=reason))
       out.append(group)
     return out
+
+
+class ScriptedEngine(Engine):
+  """The "scripted" generator backend (generation/backends.py): a ScriptedInstructModel on the
+  dataset's tokenizer; it needs no weights (`needs_params` False) and has no continuous decoder."""
+
+  needs_params = False
+
+  def make(self, model_cfg, params, version, workdir, dataset):
+    return ScriptedInstructModel(dataset.tokenizer, version=version)

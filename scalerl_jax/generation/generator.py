@@ -58,3 +58,47 @@ class Generator(abc.ABC):
 
   def apply_pending(self) -> None:  # noqa: B027 (an optional hook: by default nothing queued)
     """Applies a queued weight update now if the backend queues them (default: nothing queued)."""
+
+
+class Engine:
+  """How a generator worker runs one backend (generation/backends.py registers them by name):
+  built once per worker process with the run config. The worker calls only this surface.
+
+  `separate_eval`: an evaluation of a pinned version samples in a second generator
+  (`eval_generator`) and the training generator keeps its state; False: the one engine switches to
+  the pinned version (the worker lets its samples in flight finish first, then loads it)."""
+
+  separate_eval = False
+  needs_params = True      # False: `make` gets params=None (no weights are converted)
+
+  def __init__(self, config: Any):
+    self.config = config
+
+  def prepare_process(self, pinned: Sequence[int] | None) -> None:  # noqa: B027 (optional hook)
+    """Runs before JAX starts in the worker process (`pinned`: the CPUs it is pinned to)."""
+
+  @abc.abstractmethod
+  def make(self, model_cfg: Any, params: Any, version: int, workdir: str, dataset: Any) -> Generator:
+    """The worker's generator, on `params` (our layout) as policy `version`."""
+
+  def eval_generator(self, model_cfg: Any, params: Any, version: int) -> Generator:
+    """A second generator on `params` for one evaluation lease (`separate_eval` engines)."""
+    raise NotImplementedError(f"{type(self).__name__} switches its one engine for evaluations")
+
+  def continuous(self, gen: Generator, spec: SamplingSpec) -> Any:
+    """The continuous decoder over `gen` (`generator.decode_batch` slots; generation/slots.py
+    interface), or None when this backend has none."""
+    return None
+
+  def refuses_continuous(self, gen: Generator, model_cfg: Any) -> str:
+    """Why `gen` cannot decode continuously ("" when it can)."""
+    return "" if type(self).continuous is not Engine.continuous else "no continuous decoder"
+
+
+  def devices(self) -> int:
+    """Devices one generator of this backend holds (its evaluation device-seconds)."""
+    return 1
+
+  def drain_chunk(self) -> int:
+    """Decode steps per chunk of the drain loop (its occupancy booking; 1 = per token)."""
+    return 1

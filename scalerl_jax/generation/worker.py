@@ -38,25 +38,20 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from concurrent import futures
 
 import grpc
-import ml_collections
 
-from scalerl_jax import models
 from scalerl_jax import recipes
 from scalerl_jax import rewards
 from scalerl_jax import runtime
-from scalerl_jax import xla_env
 from scalerl_jax.data import build_dataset
+from scalerl_jax.generation import backends
 from scalerl_jax.generation import interruption
-from scalerl_jax.generation.continuous import ContinuousDecoder
+from scalerl_jax.generation.generator import Engine
 from scalerl_jax.generation.slots import DecodeStats, requests_for
-from scalerl_jax.generation.sampler import JaxSampler
-from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
 from scalerl_jax.models import hf_io
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
@@ -71,78 +66,23 @@ RESTART_EXIT = 75
 log = logging.getLogger("scalerl.worker")
 
 
-def _make_generator(backend, config, model_cfg, weights, version, workdir, dataset=None):
-  """`weights`: our-layout params (a streamed version) or HF-named arrays (a blob version);
-  backend "scripted" (generation/fake.py) needs only the dataset's tokenizer.
-
-  Both backends start from the learner's published version, which at version 0 is the run's
-  start policy (model.hf_checkpoint, or the SFT base policy); vLLM loads version 0 of a run with
-  a start checkpoint from that checkpoint's directory (`vllm_start_dir`)."""
-  if backend == "scripted":
-    from scalerl_jax.generation.fake import ScriptedInstructModel
-    return ScriptedInstructModel(dataset.tokenizer, version=version)
+def _params_of(weights, model_cfg):
+  """Our-layout params of a fetched version: a streamed version's params as they are, a
+  published blob's HF-named arrays converted."""
   if weights["kind"] == "params":
-    params = weights["params"]
-  else:
-    named = runtime.payload_to_named(weights["payload"], weights["fmt"])
-    params = hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
-  if backend == "jax":
-    n_dev = int(config.generator.jax_devices)   # see cpu_decode_devices
-    return JaxSampler(model_cfg, params, version=version,
-                      chunk_steps=int(config.generator.chunk_steps),
-                      devices=n_dev if n_dev > 1 else None,
-                      record_routes=bool(config.rl.routing_replay))
-  try:   # the fleet's own copy of the checkpoint (the learner's version must equal it), or ""
-    model_dir = recipes.vllm_model_dir(config)
-  except recipes.ConfigError as e:
-    raise SystemExit(f"error: {e}") from None
-  engine_dtype = "float32" if model_cfg.dtype == "float32" else "bfloat16"
-  if not model_dir:
-    model_dir = vllm_start_dir(config, version)
-  if not model_dir:   # exported in the engine's dtype (a bf16 engine: half an fp32 export's bytes)
-    model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
-    models.save_hf(model_cfg, params, model_dir, dtype=engine_dtype)
-  return VLLMGenerator(
-      model_dir, dtype=engine_dtype,
-      head_dtype="float32" if model_cfg.fp32_lm_head else None,
-      max_model_len=runtime.vllm_max_model_len(config),
-      initial_version=version, seed=int(config.seed), **vllm_args(config))
-
-
-def vllm_start_dir(config, version: int) -> str:
-  """The directory a vLLM engine starts on without `generator.vllm_model_dir`: the run's start
-  checkpoint (`model.hf_checkpoint`) when the generator starts at version 0 (which is that
-  checkpoint), so nothing is exported; a gs:// checkpoint is copied to this machine once
-  (storage.cached_local_copy: vLLM loads from a local path). "" = export the fetched weights
-  (no start checkpoint, or a later version). The parity gate checks the engine either way."""
-  ckpt = str(config.model.hf_checkpoint or "")
-  if not ckpt or int(version) != 0:
-    return ""
-  from scalerl_jax import storage
-  return storage.cached_local_copy(ckpt)
-
-
-def vllm_args(config) -> dict:
-  """The engine's sizing from config.generator (KV cache from gpu_memory_utilization unless
-  kv_cache_bytes is set; decode_batch concurrent sequences), then config.generator.vllm_args,
-  with generator.tensor_parallel as the engine's TP size."""
-  g = config.generator
-  extra = dict(kv_cache_bytes=int(g.kv_cache_bytes) or None,
-               gpu_memory_utilization=float(g.gpu_memory_utilization),
-               max_num_seqs=int(g.decode_batch))
-  extra.update({k: (v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v)
-                for k, v in dict(g.vllm_args).items()})
-  tp = int(config.generator.tensor_parallel or 1)
-  if tp > 1:
-    extra["engine_args"] = {"tensor_parallel_size": tp, **dict(extra.get("engine_args") or {})}
-  return extra
+    return weights["params"]
+  named = runtime.payload_to_named(weights["payload"], weights["fmt"])
+  return hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
 
 
 class Worker:
   """One generator process's loop (see module docstring)."""
 
-  def __init__(self, config, address: str, generator_id: str, backend: str, workdir: str):
+  def __init__(self, config, address: str, generator_id: str, backend: str, workdir: str,
+               engine: Engine | None = None):
     self.config, self.id = config, generator_id
+    # The backend's engine (generation/backends.py); main builds it first (prepare_process).
+    self.engine = engine or backends.engine_class(backend)(config)
     # Leases and heartbeats use a per-process identity: a restarted worker must not keep its dead
     # predecessor's half-done groups alive with its heartbeats (they expire and are re-leased).
     # A push that fails abandons its groups: the id then changes too (`_abandon`), so heartbeats
@@ -176,8 +116,8 @@ class Worker:
     self.hold_n = int(config.generator.eval_hold_versions)
     if weights["kind"] == "params":
       self._remember(version, weights["params"])
-    self.gen = _make_generator(backend, config, self.model_cfg, weights, version, workdir,
-                               self.dataset)
+    params = _params_of(weights, self.model_cfg) if self.engine.needs_params else None
+    self.gen = self.engine.make(self.model_cfg, params, version, workdir, self.dataset)
     self._stop = threading.Event()
     self.rewound = False
     # Occupancy, idle and grading seconds of either loop (sent with every heartbeat).
@@ -309,15 +249,13 @@ class Worker:
       self._evict()
 
   def _eval_generator(self, version: int, params):
-    """The generator an evaluation of `version` samples with. JAX: a second sampler on the
-    retained params for this lease only (the training sampler's state and pending swaps are
-    untouched; its device copy of the pinned params is dropped after the lease); other
-    backends: the one engine, switched to `version` (the caller holds _swap_lock)."""
-    if self.backend == "jax":   # the jitted decode functions are module-level: no recompile
-      n_dev = int(self.config.generator.jax_devices)
-      return JaxSampler(self.model_cfg, params, version=version,
-                        chunk_steps=int(self.config.generator.chunk_steps),
-                        devices=n_dev if n_dev > 1 else None)
+    """The generator an evaluation of `version` samples with. An engine with `separate_eval`
+    (JAX): a second generator on the retained params for this lease only (the training
+    generator's state and pending swaps are untouched; its copy of the pinned params is dropped
+    after the lease); other engines: the one engine, switched to `version` (the caller holds
+    _swap_lock)."""
+    if self.engine.separate_eval:
+      return self.engine.eval_generator(self.model_cfg, params, version)
     self.gen.max_version = version
     if self.gen.version != version:
       self.gen.load_params(params, version, self.model_cfg)
@@ -339,7 +277,7 @@ class Worker:
     prompts = [assignment_prompt(a) for a in assignments]
     spec = runtime.sampling_spec(self.config, self.dataset, seed=int(a0.eval_seed + a0.group_id),
                                  temperature=float(a0.temperature), top_p=float(a0.top_p))
-    swap = self.backend != "jax"
+    swap = not self.engine.separate_eval
     if swap:
       self._swap_lock.acquire()
     try:
@@ -356,8 +294,7 @@ class Worker:
         if newest != v and back is not None:
           self.gen.load_params(back, newest, self.model_cfg)
         self._swap_lock.release()
-    devices = (int(self.config.generator.jax_devices) if self.backend == "jax"
-               else int(self.config.generator.tensor_parallel or 1))
+    devices = self.engine.devices()
     results = []
     for a, group in zip(assignments, groups):
       bad = [c for c in group if len(c.versions) and (c.versions != v).any()]
@@ -446,7 +383,7 @@ class Worker:
     lengths = [len(c.tokens) for g in groups for c in g]
     if not lengths:
       return
-    chunk = int(self.config.generator.chunk_steps) if self.backend == "jax" else 1
+    chunk = self.engine.drain_chunk()
     st = self.decode_stats
     st.slot_steps += len(lengths) * -(-max(lengths) // chunk) * chunk
     st.row_steps += len(lengths) * -(-max(lengths) // chunk) * chunk
@@ -461,14 +398,10 @@ class Worker:
     why it keeps the drain-per-lease loop."""
     if not self.config.generator.continuous:
       return "generator.continuous is off"
-    if self.backend not in ("jax", "vllm"):
-      return f"the {self.backend} backend"
     if self.config.rollout.mode != "pipeline":
       return f"rollout.mode={self.config.rollout.mode} (version-capped rounds)"
-    if self.backend == "jax" and (self.gen.record_routes or self.gen.num_devices != 1
-                                  or self.model_cfg.scan_layers):
-      return "routing replay, several decode devices or a scanned model"
-    return ""
+    why = self.engine.refuses_continuous(self.gen, self.model_cfg)
+    return f"the {self.backend} backend: {why}" if why else ""
 
   def _grade_and_push(self, a, prompt, group, t0: float) -> int:
     """Grades one finished group (a grading-pool thread) and pushes it; returns groups pushed."""
@@ -505,11 +438,7 @@ class Worker:
     n_lease = int(g.groups_per_lease)
     n_eval = int(g.eval_groups_per_lease)
     spec0 = runtime.sampling_spec(self.config, self.dataset, seed=0)
-    if self.backend == "jax":
-      dec = ContinuousDecoder(self.gen, int(g.decode_batch), spec0,
-                              max_prompt_len=int(self.config.rollout.max_prompt_len))
-    else:
-      dec = VLLMSlots(self.gen, int(g.decode_batch), spec0)
+    dec = self.engine.continuous(self.gen, spec0)
     dec.stats = self.decode_stats
     pool = futures.ThreadPoolExecutor(max(1, int(g.grade_workers)),
                                       thread_name_prefix="grade")
@@ -559,7 +488,7 @@ class Worker:
             if not assignments:
               next_lease = time.monotonic() + 0.2
             if assignments and assignments[0].eval_id:
-              if self.backend != "jax":   # the engine switches versions: finish what runs first
+              if not self.engine.separate_eval:   # the engine switches versions: finish first
                 while dec.in_flight:
                   finished(dec.step())
               self.eval_groups += self.serve_eval(assignments)
@@ -620,20 +549,6 @@ class Worker:
       self.reward_log.close()
 
 
-def cpu_decode_devices(config, pinned) -> int:
-  """`config.generator.jax_devices` = N > 1 (default 1): the JAX sampler decodes data-parallel over
-  N XLA:CPU devices (bench.sampler --devices 2 on 2 cores: ~1.2-1.3x one device). Sets
-  --xla_force_host_platform_device_count before JAX starts; a generator pinned to one CPU
-  (`pin_cpus`) keeps one device. Returns the device count used."""
-  n = int(config.generator.jax_devices)
-  if n > 1 and pinned:
-    log.warning("generator.jax_devices=%d ignored: this generator is pinned to CPU %s", n, pinned)
-    config.generator.jax_devices = n = 1
-  if n > 1:
-    os.environ["XLA_FLAGS"] = xla_env.with_device_count(os.environ.get("XLA_FLAGS"), n)
-  return n
-
-
 def build_parser() -> argparse.ArgumentParser:
   """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
   ap = argparse.ArgumentParser(description="scalerl_jax generator worker")
@@ -641,7 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--buffer", required=True)
   ap.add_argument("--generator_id", default=None,
                   help="default: $HOSTNAME, else the host name (the pod name)")
-  ap.add_argument("--backend", choices=("jax", "vllm", "scripted"), default=None)
+  ap.add_argument("--backend", choices=backends.names(), default=None)
   ap.add_argument("--workdir", default=None)
   ap.add_argument("--tensor_parallel", type=int, default=0,
                   help="vLLM engine tensor-parallel size (overrides config.generator.tensor_parallel)")
@@ -672,10 +587,11 @@ def main(argv=None):
   print(runtime.knob_line(config, "generator"), file=sys.stderr, flush=True)
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
   pinned = runtime.pin_to_device_cpus(config, "generator", index)
-  if (a.backend or config.generator.backend) == "jax":
-    cpu_decode_devices(config, pinned)
-  w = Worker(config, a.buffer, a.generator_id, a.backend or config.generator.backend,
-             a.workdir or os.path.dirname(os.path.abspath(a.run_config)))
+  backend = a.backend or config.generator.backend
+  engine = backends.engine_class(backend)(config)
+  engine.prepare_process(pinned)     # before JAX starts (e.g. the XLA:CPU device count)
+  w = Worker(config, a.buffer, a.generator_id, backend,
+             a.workdir or os.path.dirname(os.path.abspath(a.run_config)), engine=engine)
   w.alive_file = a.alive_file
   w.touch_alive()
   def on_term(*_):

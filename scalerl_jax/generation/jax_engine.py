@@ -1,0 +1,65 @@
+"""The "jax" generator backend (generation/backends.py): the embedded JAX sampler
+(generation/sampler.py) and its continuous decoder (generation/continuous.py)."""
+from __future__ import annotations
+
+import logging
+import os
+
+from scalerl_jax import xla_env
+from scalerl_jax.generation.continuous import ContinuousDecoder
+from scalerl_jax.generation.generator import Engine
+from scalerl_jax.generation.sampler import JaxSampler
+
+log = logging.getLogger("scalerl.worker")
+
+
+def cpu_decode_devices(config, pinned) -> int:
+  """`config.generator.jax_devices` = N > 1 (default 1): the JAX sampler decodes data-parallel over
+  N XLA:CPU devices (bench.sampler --devices 2 on 2 cores: ~1.2-1.3x one device). Sets
+  --xla_force_host_platform_device_count before JAX starts; a generator pinned to one CPU
+  (`pin_cpus`) keeps one device. Returns the device count used."""
+  n = int(config.generator.jax_devices)
+  if n > 1 and pinned:
+    log.warning("generator.jax_devices=%d ignored: this generator is pinned to CPU %s", n, pinned)
+    config.generator.jax_devices = n = 1
+  if n > 1:
+    os.environ["XLA_FLAGS"] = xla_env.with_device_count(os.environ.get("XLA_FLAGS"), n)
+  return n
+
+
+class JaxEngine(Engine):
+  """JaxSampler generators (`generator.jax_devices`, `generator.chunk_steps`, routing replay when
+  `rl.routing_replay`); an evaluation samples in a second sampler on the pinned params (the
+  jitted decode functions are module-level: no recompile)."""
+
+  separate_eval = True
+
+  def prepare_process(self, pinned):
+    cpu_decode_devices(self.config, pinned)
+
+  def _sampler(self, model_cfg, params, version: int, record_routes: bool = False) -> JaxSampler:
+    n_dev = int(self.config.generator.jax_devices)
+    return JaxSampler(model_cfg, params, version=version,
+                      chunk_steps=int(self.config.generator.chunk_steps),
+                      devices=n_dev if n_dev > 1 else None, record_routes=record_routes)
+
+  def make(self, model_cfg, params, version, workdir, dataset):
+    return self._sampler(model_cfg, params, version, bool(self.config.rl.routing_replay))
+
+  def eval_generator(self, model_cfg, params, version):
+    return self._sampler(model_cfg, params, version)
+
+  def continuous(self, gen, spec):
+    return ContinuousDecoder(gen, int(self.config.generator.decode_batch), spec,
+                             max_prompt_len=int(self.config.rollout.max_prompt_len))
+
+  def refuses_continuous(self, gen, model_cfg) -> str:
+    if gen.record_routes or gen.num_devices != 1 or model_cfg.scan_layers:
+      return "routing replay, several decode devices or a scanned model"
+    return ""
+
+  def devices(self) -> int:
+    return int(self.config.generator.jax_devices)
+
+  def drain_chunk(self) -> int:
+    return int(self.config.generator.chunk_steps)

@@ -1,0 +1,78 @@
+"""The "vllm" generator backend (generation/backends.py): a VLLMGenerator engine per worker
+(generation/vllm/generator.py; the engine runs in its own venv) and `VLLMSlots`, one engine request
+per sample, as its continuous decoder. Imported by the JAX-side generator worker only."""
+from __future__ import annotations
+
+import tempfile
+
+import ml_collections
+
+from scalerl_jax import models
+from scalerl_jax import recipes
+from scalerl_jax import runtime
+from scalerl_jax import storage
+from scalerl_jax.generation.generator import Engine
+from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
+
+
+def vllm_start_dir(config, version: int) -> str:
+  """The directory a vLLM engine starts on without `generator.vllm_model_dir`: the run's start
+  checkpoint (`model.hf_checkpoint`) when the generator starts at version 0 (which is that
+  checkpoint), so nothing is exported; a gs:// checkpoint is copied to this machine once
+  (storage.cached_local_copy: vLLM loads from a local path). "" = export the fetched weights
+  (no start checkpoint, or a later version). The parity gate checks the engine either way."""
+  ckpt = str(config.model.hf_checkpoint or "")
+  if not ckpt or int(version) != 0:
+    return ""
+  return storage.cached_local_copy(ckpt)
+
+
+def vllm_args(config) -> dict:
+  """The engine's sizing from config.generator (KV cache from gpu_memory_utilization unless
+  kv_cache_bytes is set; decode_batch concurrent sequences), then config.generator.vllm_args,
+  with generator.tensor_parallel as the engine's TP size."""
+  g = config.generator
+  extra = dict(kv_cache_bytes=int(g.kv_cache_bytes) or None,
+               gpu_memory_utilization=float(g.gpu_memory_utilization),
+               max_num_seqs=int(g.decode_batch))
+  extra.update({k: (v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v)
+                for k, v in dict(g.vllm_args).items()})
+  tp = int(config.generator.tensor_parallel or 1)
+  if tp > 1:
+    extra["engine_args"] = {"tensor_parallel_size": tp, **dict(extra.get("engine_args") or {})}
+  return extra
+
+
+class VLLMEngine(Engine):
+  """One vLLM engine per worker, started from the learner's published version: at version 0 the
+  run's start policy (model.hf_checkpoint, or the SFT base policy). It loads version 0 of a run
+  with a start checkpoint from that checkpoint's directory (`vllm_start_dir`), a fleet's own copy
+  (`generator.vllm_model_dir`), or an export of the fetched weights. An evaluation switches the
+  engine to the pinned version."""
+
+  def make(self, model_cfg, params, version, workdir, dataset):
+    config = self.config
+    try:   # the fleet's own copy of the checkpoint (the learner's version must equal it), or ""
+      model_dir = recipes.vllm_model_dir(config)
+    except recipes.ConfigError as e:
+      raise SystemExit(f"error: {e}") from None
+    engine_dtype = "float32" if model_cfg.dtype == "float32" else "bfloat16"
+    if not model_dir:
+      model_dir = vllm_start_dir(config, version)
+    if not model_dir:   # exported in the engine's dtype (a bf16 engine: half an fp32 export's bytes)
+      model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
+      models.save_hf(model_cfg, params, model_dir, dtype=engine_dtype)
+    return VLLMGenerator(
+        model_dir, dtype=engine_dtype,
+        head_dtype="float32" if model_cfg.fp32_lm_head else None,
+        max_model_len=runtime.vllm_max_model_len(config),
+        initial_version=version, seed=int(config.seed), **vllm_args(config))
+
+  def continuous(self, gen, spec):
+    return VLLMSlots(gen, int(self.config.generator.decode_batch), spec)
+
+  def refuses_continuous(self, gen, model_cfg) -> str:
+    return ""
+
+  def devices(self) -> int:
+    return int(self.config.generator.tensor_parallel or 1)
