@@ -49,25 +49,46 @@ class Topology:
     return int(self.hbm_bytes * self.usable_fraction)
 
 
-_V5P_FLOPS, _H100_FLOPS, _GB200_FLOPS = 459e12, 989e12, 2.5e15
+@dataclasses.dataclass(frozen=True)
+class Accelerator:
+  """One accelerator family, the launch target a topology runs on (launch/spec.py's PLATFORMS
+  adds what a cluster needs to know: node pools, resources, machine types). `prefix` names its
+  topologies (`{prefix}_{devices}`); `kind` is tpu | gpu."""
+  name: str
+  kind: str
+  prefix: str
+  hbm_bytes: int
+  usable_fraction: float
+  peak_flops: float
+  source: str
+  sizes: tuple[int, ...]    # learner device counts with a named topology
 
-TOPOLOGIES: dict[str, Topology] = {
-    t.name: t for t in (
-        Topology("tpu_v5p_16", "tpu", 16, 95 * GB, 0.95, "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip",
-                 _V5P_FLOPS),
-        Topology("tpu_v5p_64", "tpu", 64, 95 * GB, 0.95, "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip",
-                 _V5P_FLOPS),
-        Topology("h100_16", "gpu", 16, 80 * GB, 0.90, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3",
-                 _H100_FLOPS),
-        Topology("gb200_16", "gpu", 16, 186 * GB, 0.90,
-                 "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU", _GB200_FLOPS),
-        # Larger targets, for models that do not fit the 16-device ones (docs/SCALE.md).
-        Topology("gb200_32", "gpu", 32, 186 * GB, 0.90,
-                 "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU", _GB200_FLOPS),
-        Topology("h100_64", "gpu", 64, 80 * GB, 0.90, "NVIDIA H100 SXM5 datasheet: 80 GB HBM3",
-                 _H100_FLOPS),
+
+#: The accelerator families, one entry each: a new launch target starts here (and its cluster
+#: facts in launch/spec.py PLATFORM_CLUSTER; each model config's LAYOUTS then lays it out).
+ACCELERATORS: dict[str, Accelerator] = {
+    a.name: a for a in (
+        Accelerator("tpu-v5p", "tpu", "tpu_v5p", 95 * GB, 0.95, 459e12,
+                    "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip", (16, 64)),
+        Accelerator("gpu-h100", "gpu", "h100", 80 * GB, 0.90, 989e12,
+                    "NVIDIA H100 SXM5 datasheet: 80 GB HBM3", (16, 64)),
+        # Larger targets (gb200_32, h100_64), for models that do not fit the 16-device ones.
+        Accelerator("gpu-gb200", "gpu", "gb200", 186 * GB, 0.90, 2.5e15,
+                    "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU", (16, 32)),
     )
 }
+
+TOPOLOGIES: dict[str, Topology] = {
+    f"{a.prefix}_{n}": Topology(f"{a.prefix}_{n}", a.kind, n, a.hbm_bytes, a.usable_fraction,
+                                a.source, a.peak_flops)
+    for a in ACCELERATORS.values() for n in a.sizes
+}
+
+
+def accelerator_of(topology: str) -> Accelerator | None:
+  """The accelerator family a topology name runs on (gb200_16 -> gpu-gb200), or None."""
+  prefix = topology.rsplit("_", 1)[0]
+  return next((a for a in ACCELERATORS.values() if a.prefix == prefix), None)
 
 
 # Sequence (context) parallelism through the rules table: micro-batch rows over `data` only and

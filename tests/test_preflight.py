@@ -325,7 +325,7 @@ def test_render_refuses_bad_flags(tmp_path):
                     (["--image=gpu=x"], "unknown image role"),
                     (["--override", "rollout.max_lag"], "expected key=value"),
                     (["--override", "rollout.nope=1"], "unknown config field"),
-                    (["--layout=tpu_v5p_16"], "")):
+                    (["--learner_platform=gpu-gb200", "--layout=tpu_v5p_16"], "")):
     with pytest.raises(SystemExit) as e:
       render.main(["--config=configs/8b.py", "--no-preflight", f"--out={tmp_path}/x", *args])
     assert "render: error:" in str(e.value) and msg in str(e.value), (args, str(e.value))

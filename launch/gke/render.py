@@ -353,8 +353,10 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--all", action="store_true", help=f"render every variant into {RENDERED_DIR}")
   ap.add_argument("--config", default="configs/8b.py")
-  ap.add_argument("--learner_platform", default="gpu-gb200", choices=sorted(spec_lib.PLATFORMS))
-  ap.add_argument("--generator_platform", default="gpu-gb200", choices=sorted(spec_lib.PLATFORMS))
+  ap.add_argument("--learner_platform", choices=sorted(spec_lib.PLATFORMS),
+                  default=spec_lib.LAUNCH_DEFAULTS["learner_platform"])
+  ap.add_argument("--generator_platform", choices=sorted(spec_lib.PLATFORMS),
+                  default=spec_lib.LAUNCH_DEFAULTS["generator_platform"])
   ap.add_argument("--train_chips", type=int, default=None, help="learner accelerators (default 16)")
   ap.add_argument("--layout", default="", help="learner layout (config.layouts); default: the "
                   "config's layout for the learner's chips")
