@@ -9,7 +9,8 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-FAMILIES = ("llama3", "llama4")
+from scalerl_jax.models import families
+
 REMAT_POLICIES = ("none", "full", "dots")
 # Training-path attention backends (models/attention.py): auto = cudnn on GPU, splash on TPU,
 # causal_blocks elsewhere; xla_einsum = the materialised-scores reference.
@@ -70,8 +71,7 @@ class ModelConfig:
   attention_q_block: int = 64            # query-block size of the causal_blocks backend
 
   def __post_init__(self):
-    if self.family not in FAMILIES:
-      raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+    fam = families.get(self.family)      # ValueError naming the registered families
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
     if self.attention_impl not in ATTENTION_IMPLS:
@@ -97,8 +97,8 @@ class ModelConfig:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                        f"({self.num_kv_heads})")
-    if self.family == "llama3" and self.num_experts:
-      raise ValueError("llama3 family is dense: num_experts must be 0")
+    if not fam.moe and self.num_experts:
+      raise ValueError(f"{self.family} family is dense: num_experts must be 0")
     if self.num_experts:
       if not 1 <= self.num_experts_per_tok <= self.num_experts:
         raise ValueError(f"num_experts_per_tok must be in [1, {self.num_experts}]")
@@ -125,7 +125,7 @@ class ModelConfig:
 
   def layer_uses_rope(self, i: int) -> bool:
     """False for Llama-4 NoPE layers."""
-    if self.family != "llama4":
+    if not families.get(self.family).nope_chunked:
       return True
     if self.no_rope_layers:
       return bool(self.no_rope_layers[i])
@@ -133,7 +133,7 @@ class ModelConfig:
 
   def layer_is_chunked(self, i: int) -> bool:
     """Chunked (local) attention: Llama-4 RoPE layers when attention_chunk_size is set."""
-    return (self.family == "llama4" and self.attention_chunk_size is not None
+    return (families.get(self.family).nope_chunked and self.attention_chunk_size is not None
             and self.layer_uses_rope(i))
 
   def layer_kind(self, i: int) -> tuple[bool, bool, bool]:
@@ -213,18 +213,13 @@ def from_hf_config(hf: Any, **overrides: Any) -> ModelConfig:
   d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
   if "text_config" in d and d.get("model_type") == "llama4":
     d = dict(d["text_config"])
-  model_type = d.get("model_type", "llama")
-  if model_type in ("llama",):
-    family = "llama3"
-  elif model_type in ("llama4_text", "llama4"):
-    family = "llama4"
-  else:
-    raise ValueError(f"unsupported HF model_type {model_type!r} (expected llama or llama4_text)")
+  fam = families.of_hf_model_type(d.get("model_type", "llama"))
+  family = fam.name
   rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
   rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
   if rope_type not in ("default", "llama3"):
     raise ValueError(f"unsupported rope_type {rope_type!r}")
-  theta = rope.get("rope_theta", d.get("rope_theta", 500000.0 if family == "llama4" else 10000.0))
+  theta = rope.get("rope_theta", d.get("rope_theta", fam.default_rope_theta))
   head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
   kw: dict[str, Any] = dict(
       family=family, vocab_size=d["vocab_size"], d_model=d["hidden_size"],
@@ -240,21 +235,7 @@ def from_hf_config(hf: Any, **overrides: Any) -> ModelConfig:
               rope_original_max_position=int(rope["original_max_position_embeddings"]))
   if d.get("attention_bias") or d.get("mlp_bias"):
     raise ValueError("attention_bias / mlp_bias are not supported")
-  if family == "llama3":
-    kw["ffn_dim"] = d["intermediate_size"]
-  else:
-    moe_layers = d.get("moe_layers")
-    kw.update(
-        ffn_dim=d.get("intermediate_size_mlp", 16384), expert_ffn_dim=d["intermediate_size"],
-        num_experts=d["num_local_experts"], num_experts_per_tok=d.get("num_experts_per_tok", 1),
-        interleave_moe_layer_step=d.get("interleave_moe_layer_step", 1),
-        moe_layers=tuple(moe_layers) if moe_layers is not None else None,
-        no_rope_layers=tuple(d["no_rope_layers"]) if d.get("no_rope_layers") else None,
-        no_rope_layer_interval=d.get("no_rope_layer_interval", 4),
-        attention_chunk_size=d.get("attention_chunk_size"),
-        use_qk_norm=bool(d.get("use_qk_norm", True)),
-        attn_temperature_tuning=bool(d.get("attn_temperature_tuning", True)),
-        floor_scale=int(d.get("floor_scale", 8192)), attn_scale=float(d.get("attn_scale", 0.1)))
+  kw.update(fam.from_hf(d))
   kw.update(overrides)
   cfg = ModelConfig(**kw)
   # Canonical form: drop explicit per-layer lists that equal what the step / interval derive.
@@ -277,7 +258,8 @@ def _rope_dict(cfg: ModelConfig) -> Mapping[str, Any]:
 
 
 def to_hf_config(cfg: ModelConfig):
-  """Returns the transformers config (LlamaConfig or Llama4TextConfig) describing `cfg`."""
+  """Returns the transformers config describing `cfg` (its family's class: LlamaConfig,
+  Llama4TextConfig)."""
   import transformers  # local import: only the HF I/O path needs it
   common = dict(
       vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.num_layers,
@@ -285,18 +267,8 @@ def to_hf_config(cfg: ModelConfig):
       head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
       max_position_embeddings=cfg.max_position_embeddings, rope_parameters=dict(_rope_dict(cfg)),
       bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, hidden_act="silu")
-  if cfg.family == "llama3":
-    return transformers.LlamaConfig(intermediate_size=cfg.ffn_dim, **common)
-  no_rope = cfg.no_rope_layers or tuple(int(cfg.layer_uses_rope(i)) for i in range(cfg.num_layers))
-  return transformers.Llama4TextConfig(
-      intermediate_size=cfg.expert_ffn_dim, intermediate_size_mlp=cfg.ffn_dim,
-      num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
-      interleave_moe_layer_step=cfg.interleave_moe_layer_step,
-      moe_layers=[i for i in range(cfg.num_layers) if cfg.layer_is_moe(i)],
-      no_rope_layers=list(no_rope), no_rope_layer_interval=cfg.no_rope_layer_interval,
-      attention_chunk_size=cfg.attention_chunk_size, use_qk_norm=cfg.use_qk_norm,
-      attn_temperature_tuning=cfg.attn_temperature_tuning, floor_scale=cfg.floor_scale,
-      attn_scale=cfg.attn_scale, **common)
+  fam = families.get(cfg.family)
+  return getattr(transformers, fam.hf_config_class)(**fam.to_hf(cfg), **common)
 
 
 def rope_inv_freq(cfg: ModelConfig):

@@ -21,6 +21,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from scalerl_jax.models import families
 from scalerl_jax.models import safetensors_format as st_format
 from scalerl_jax.models.config import ModelConfig, from_hf_config, to_hf_config
 
@@ -119,7 +120,7 @@ def _layer_to_hf(cfg: ModelConfig, i: int, t: dict) -> Iterator[tuple[str, np.nd
   yield p + "self_attn.o_proj.weight", np.asarray(a["o"]).reshape(N * H, D).T
   yield p + "input_layernorm.weight", np.asarray(t["attn_norm"]["scale"])
   yield p + "post_attention_layernorm.weight", np.asarray(t["ffn_norm"]["scale"])
-  ff = "mlp." if cfg.family == "llama3" else "feed_forward."
+  ff = families.get(cfg.family).ff_prefix
   if cfg.layer_is_moe(i):
     m = t["moe"]
     yield p + ff + "router.weight", np.asarray(m["router"]).T
@@ -216,7 +217,7 @@ def layer_sources(cfg: ModelConfig, i: int) -> dict:
                 "o": _src(p + "self_attn.o_proj.weight", (D, N * H), (D, N, H), (1, 2, 0))},
        "attn_norm": {"scale": _src(p + "input_layernorm.weight", (D,))},
        "ffn_norm": {"scale": _src(p + "post_attention_layernorm.weight", (D,))}}
-  ff = "mlp." if cfg.family == "llama3" else "feed_forward."
+  ff = families.get(cfg.family).ff_prefix
   if cfg.layer_is_moe(i):
     E, F = cfg.num_experts, cfg.expert_ffn_dim
     gu = p + ff + "experts.gate_up_proj"
@@ -295,7 +296,7 @@ def save_hf(cfg: ModelConfig, params: Any, path: str, *, dtype: str | None = Non
   """Writes config.json + safetensors (sharded with an index when max_shard_bytes is set)."""
   os.makedirs(path, exist_ok=True)
   hf_cfg = to_hf_config(cfg)
-  hf_cfg.architectures = ["LlamaForCausalLM" if cfg.family == "llama3" else "Llama4ForCausalLM"]
+  hf_cfg.architectures = [families.get(cfg.family).hf_architecture]
   out_dtype = dtype or cfg.param_dtype
   hf_cfg.dtype = out_dtype
   hf_cfg.to_json_file(os.path.join(path, "config.json"))

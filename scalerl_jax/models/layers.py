@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scalerl_jax.models import families
 from scalerl_jax.models import attention as attention_lib
 from scalerl_jax.models import moe
 from scalerl_jax.models.config import ModelConfig, rope_inv_freq
@@ -147,7 +148,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Arra
   freqs = positions.astype(jnp.float32)[..., None] * inv             # [B,T,H/2]
   cos, sin = jnp.cos(freqs)[:, :, None, :], jnp.sin(freqs)[:, :, None, :]
   xf = x.astype(jnp.float32)
-  if cfg.family == "llama4":
+  if families.get(cfg.family).rope_layout == "pairs":
     pairs = xf.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
     x0, x1 = pairs[..., 0], pairs[..., 1]
     out = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1).reshape(x.shape)

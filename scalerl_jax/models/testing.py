@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from scalerl_jax.models import families
 from scalerl_jax.models.config import ModelConfig, to_hf_config
 from scalerl_jax.models.hf_io import params_from_hf_tensors
 
@@ -17,7 +18,7 @@ def random_hf_model(cfg: ModelConfig, seed: int = 0, std: float = 0.02):
   torch.manual_seed(seed)
   hf_cfg = to_hf_config(cfg)
   hf_cfg._attn_implementation = "eager"
-  cls = transformers.LlamaForCausalLM if cfg.family == "llama3" else transformers.Llama4ForCausalLM
+  cls = getattr(transformers, families.get(cfg.family).hf_model_class)
   model = cls(hf_cfg).float().eval()
   with torch.no_grad():
     for name, p in model.named_parameters():

@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from scalerl_jax.models import families
 from scalerl_jax.models.config import ModelConfig
 from scalerl_jax.models.layers import (DecoderLayer, RMSNorm, constrain, dtype_of, head_matmul,
                                       param)
@@ -37,7 +38,7 @@ def build_masks(cfg: ModelConfig, q_pos: jax.Array, kv_pos: jax.Array) -> dict[s
   qp, kp = q_pos[:, :, None], kv_pos[:, None, :]
   full = (kp >= 0) & (qp >= 0) & (kp <= qp)
   masks = {"full": full}
-  if cfg.attention_chunk_size is not None and cfg.family == "llama4":
+  if cfg.attention_chunk_size is not None and families.get(cfg.family).nope_chunked:
     c = cfg.attention_chunk_size
     masks["chunked"] = full & (kp // c == qp // c)
   return masks

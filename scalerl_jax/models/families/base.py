@@ -1,0 +1,70 @@
+"""The model-family registry (the package docstring says what a family is)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One decoder family and its HF mapping.
+
+  `hf_model_types`: config.json `model_type` values read as this family; `hf_config_class` /
+  `hf_model_class` / `hf_architecture`: the transformers names; `ff_prefix`: the HF parameter
+  prefix of a layer's feed-forward block; `rope_layout`: "half" (rotate-half, HF Llama) or
+  "pairs" (interleaved pairs, HF Llama-4 complex rotary); `moe`: routed experts allowed;
+  `nope_chunked`: NoPE layers and chunked attention (Llama-4 `no_rope_layers`,
+  `attention_chunk_size`); `default_rope_theta`: when config.json has none.
+  `from_hf(d)`: the family's own ModelConfig fields from a config.json dict;
+  `to_hf(cfg)`: the family's own HF config fields of a ModelConfig."""
+  name: str
+  hf_model_types: tuple[str, ...]
+  hf_config_class: str
+  hf_model_class: str
+  ff_prefix: str
+  rope_layout: str
+  default_rope_theta: float
+  from_hf: Callable[[Mapping[str, Any]], dict]
+  to_hf: Callable[[Any], dict]
+  moe: bool = False
+  nope_chunked: bool = False
+
+  @property
+  def hf_architecture(self) -> str:
+    """config.json `architectures` entry."""
+    return self.hf_model_class
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+  """Adds `family` (a name registered twice is an error)."""
+  if family.name in _REGISTRY:
+    raise ValueError(f"model family {family.name!r} is registered twice")
+  if family.rope_layout not in ("half", "pairs"):
+    raise ValueError(f"family {family.name}: rope_layout must be 'half' or 'pairs'")
+  _REGISTRY[family.name] = family
+  return family
+
+
+def names() -> tuple[str, ...]:
+  """The registered family names."""
+  return tuple(_REGISTRY)
+
+
+def get(name: str) -> Family:
+  """The family called `name`; ValueError naming the known ones otherwise."""
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise ValueError(f"family must be one of {names()}, got {name!r}") from None
+
+
+def of_hf_model_type(model_type: str) -> Family:
+  """The family a config.json `model_type` belongs to; ValueError otherwise."""
+  for f in _REGISTRY.values():
+    if model_type in f.hf_model_types:
+      return f
+  known = [t for f in _REGISTRY.values() for t in f.hf_model_types]
+  raise ValueError(f"unsupported HF model_type {model_type!r} (expected one of {known})")
