@@ -57,29 +57,10 @@ TLS_SECRET_NAME = "scalerl-tls"
 TLS_MOUNT = "/etc/scalerl/tls"
 TLS_FILES = {"cert": "tls.crt", "key": "tls.key", "ca": "ca.crt"}
 
-# What a cluster needs to know of each accelerator family (topologies.ACCELERATORS holds the
-# hardware: kind, HBM, topology names): one host (pod), its resources and how GKE names it.
-PLATFORM_CLUSTER: dict[str, dict[str, Any]] = {
-    "tpu-v5p": dict(chips_per_host=4, resource="google.com/tpu", xm_resource="tpu_v5p",
-                    node_selector={"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice"},
-                    topology={4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4"},
-                    machine_type="ct5p-hightpu-4t", cpu="200", memory="400Gi", arch="amd64"),
-    "gpu-h100": dict(chips_per_host=8, resource="nvidia.com/gpu", xm_resource="h100",
-                     node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
-                     machine_type="a3-highgpu-8g", cpu="200", memory="1600Gi", arch="amd64"),
-    "gpu-gb200": dict(chips_per_host=4, resource="nvidia.com/gpu", xm_resource="gb200",
-                      node_selector={"cloud.google.com/gke-accelerator": "nvidia-gb200"},
-                      machine_type="a4x-highgpu-4g", cpu="128", memory="800Gi", arch="arm64"),
-}
-if set(PLATFORM_CLUSTER) != set(topologies.ACCELERATORS):
-  raise ImportError(f"launch/spec.py PLATFORM_CLUSTER {sorted(PLATFORM_CLUSTER)} != "
-                    f"topologies.ACCELERATORS {sorted(topologies.ACCELERATORS)}")
-
-# Accelerator platforms, by launch target name: the hardware (topologies.ACCELERATORS) and the
-# cluster facts above.
+# Accelerator platforms, by launch target name, from the one table of them
+# (topologies.ACCELERATORS: the hardware and what a cluster needs to know of one host).
 PLATFORMS: dict[str, dict[str, Any]] = {
-    name: dict(kind=a.kind, topology_prefix=a.prefix, hbm_bytes=a.hbm_bytes,
-               **PLATFORM_CLUSTER[name])
+    name: dict(kind=a.kind, topology_prefix=a.prefix, hbm_bytes=a.hbm_bytes, **a.cluster)
     for name, a in topologies.ACCELERATORS.items()
 }
 

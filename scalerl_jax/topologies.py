@@ -51,9 +51,11 @@ class Topology:
 
 @dataclasses.dataclass(frozen=True)
 class Accelerator:
-  """One accelerator family, the launch target a topology runs on (launch/spec.py's PLATFORMS
-  adds what a cluster needs to know: node pools, resources, machine types). `prefix` names its
-  topologies (`{prefix}_{devices}`); `kind` is tpu | gpu."""
+  """One accelerator family: a launch target. `prefix` names its topologies
+  (`{prefix}_{devices}`); `kind` is tpu | gpu; `cluster`: what a cluster needs to know of one
+  host (pod) of it (launch/spec.py PLATFORMS: chips_per_host, the Kubernetes resource, the
+  XManager resource, GKE node selector, TPU slice topologies by chip count, machine type, pod
+  cpu / memory, arch)."""
   name: str
   kind: str
   prefix: str
@@ -62,19 +64,30 @@ class Accelerator:
   peak_flops: float
   source: str
   sizes: tuple[int, ...]    # learner device counts with a named topology
+  cluster: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-#: The accelerator families, one entry each: a new launch target starts here (and its cluster
-#: facts in launch/spec.py PLATFORM_CLUSTER; each model config's LAYOUTS then lays it out).
+#: The accelerator families, one entry each: a new launch target is one entry here (each model
+#: config's LAYOUTS then lays the model out on its topologies).
 ACCELERATORS: dict[str, Accelerator] = {
     a.name: a for a in (
         Accelerator("tpu-v5p", "tpu", "tpu_v5p", 95 * GB, 0.95, 459e12,
-                    "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip", (16, 64)),
+                    "cloud.google.com/tpu/docs/v5p: 95 GB HBM2e/chip", (16, 64), dict(
+                        chips_per_host=4, resource="google.com/tpu", xm_resource="tpu_v5p",
+                        node_selector={"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice"},
+                        topology={4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4"},
+                        machine_type="ct5p-hightpu-4t", cpu="200", memory="400Gi", arch="amd64")),
         Accelerator("gpu-h100", "gpu", "h100", 80 * GB, 0.90, 989e12,
-                    "NVIDIA H100 SXM5 datasheet: 80 GB HBM3", (16, 64)),
+                    "NVIDIA H100 SXM5 datasheet: 80 GB HBM3", (16, 64), dict(
+                        chips_per_host=8, resource="nvidia.com/gpu", xm_resource="h100",
+                        node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+                        machine_type="a3-highgpu-8g", cpu="200", memory="1600Gi", arch="amd64")),
         # Larger targets (gb200_32, h100_64), for models that do not fit the 16-device ones.
         Accelerator("gpu-gb200", "gpu", "gb200", 186 * GB, 0.90, 2.5e15,
-                    "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU", (16, 32)),
+                    "NVIDIA GB200 NVL72 spec: 13.4 TB HBM3e / 72 GPUs = 186 GB/GPU", (16, 32), dict(
+                        chips_per_host=4, resource="nvidia.com/gpu", xm_resource="gb200",
+                        node_selector={"cloud.google.com/gke-accelerator": "nvidia-gb200"},
+                        machine_type="a4x-highgpu-4g", cpu="128", memory="800Gi", arch="arm64")),
     )
 }
 
