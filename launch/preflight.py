@@ -58,8 +58,9 @@ WIRING = ("buffer.address", "buffer.external", "weights.", "tls.", "distributed.
           "generator.tensor_parallel", "layout", "topology", "mesh.", "optim.microbatches",
           "model.remat", "model.scan_layers")
 XLA_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
-ACCELERATOR_OF_SELECTOR = {"nvidia-gb200": "gpu-gb200", "nvidia-h100-80gb": "gpu-h100",
-                           "tpu-v5p-slice": "tpu-v5p"}
+# A pod's node-selector value -> its launch target (from the one accelerator table).
+ACCELERATOR_OF_SELECTOR = {v: name for name, p in spec_lib.PLATFORMS.items()
+                           for v in p["node_selector"].values()}
 
 
 class Report:
