@@ -40,7 +40,7 @@ def _args(argv=None):
 
 def run_modes(learners: dict, dev_batch, steps: int, every: int, root: str) -> dict:
   """Both modes step in turn (same load on a shared machine); returns per-mode timings."""
-  from scalerl_jax.checkpoint import RunCheckpointer
+  from scalerl_jax.training.checkpoint import RunCheckpointer
   cks, times, during = {}, {}, {}
   for mode in learners:
     wd = os.path.join(root, mode)

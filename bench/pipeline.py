@@ -15,8 +15,9 @@ import shutil
 import tempfile
 
 from configs import tiny
-from scalerl_jax import job as run_main
-from scalerl_jax import recipes, runtime, sft
+from scalerl_jax.training import job as run_main
+from scalerl_jax import recipes, runtime
+from scalerl_jax.training import sft
 from scalerl_jax.data import build_dataset
 
 

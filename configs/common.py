@@ -184,7 +184,7 @@ def base_config() -> ml_collections.ConfigDict:
   # deleting them, so every acknowledged rollout stays on disk.
   c.audit = ml_collections.ConfigDict(dict(trained_ids=False, wal_archive=False))
 
-  # Run health (scalerl_jax/health.py has each threshold's source). A crossing logs a warning and a
+  # Run health (scalerl_jax/training/health.py has each threshold's source). A crossing logs a warning and a
   # health/* metric; signals named in abort_on (comma-separated) stop the run: checkpoint, non-zero exit.
   c.health = ml_collections.ConfigDict(dict(
       max_length_cut_frac=0.15,     # generations cut at the answer budget (paper: unstable at 10-15 %)
@@ -208,7 +208,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.health.step0_min_samples = 256   # ...of a first batch this big (0 of 64 is noise at a 5 % pass rate)
   # Live forecast (analysis/posterior.py) after each evaluation, on a background thread.
   c.forecast = ml_collections.ConfigDict(dict(enabled=True, n_draws=4000))
-  # Weights & Biases beside TensorBoard (scalerl_jax/wandb_sink.py): on when project is set;
+  # Weights & Biases beside TensorBoard (scalerl_jax/training/wandb_sink.py): on when project is set;
   # mode "auto" = online with WANDB_API_KEY, else offline files under WORKDIR/wandb/.
   c.wandb = ml_collections.ConfigDict(dict(project="", entity="", name="", mode="auto"))
 

@@ -684,7 +684,7 @@ class Rehearsal:
 
   def _checkpoints(self) -> list[int]:
     """Steps of the workdir's finished checkpoints (with a manifest; saves are asynchronous)."""
-    from scalerl_jax.checkpoint import finished_steps
+    from scalerl_jax.training.checkpoint import finished_steps
     try:
       return finished_steps(self.workdir)
     except OSError:       # a step dir moved aside (resume fallback) while it was listed

@@ -17,10 +17,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from analysis.fit import fit_runs
-from scalerl_jax import job as run_main
+from scalerl_jax.training import job as run_main
 from scalerl_jax import recipes
 from scalerl_jax import runtime
-from scalerl_jax import sft
+from scalerl_jax.training import sft
 from scalerl_jax import storage
 from scalerl_jax.data import build_dataset
 

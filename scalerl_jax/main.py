@@ -20,7 +20,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from scalerl_jax import distributed, job, recipes, topologies
+from scalerl_jax import distributed, recipes, topologies
+from scalerl_jax.training import job
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (required).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (required; created if missing).")
@@ -126,7 +127,7 @@ def main(argv):
 
 def _run(config) -> None:
   """job.run with the expected stops as one-line exits (SystemExit with the reason)."""
-  from scalerl_jax.health import NoRewardSignal, ParityError, RunUnhealthy
+  from scalerl_jax.training.health import NoRewardSignal, ParityError, RunUnhealthy
   try:
     job.run(config, _WORKDIR.value)
   except ParityError as e:    # start-up gate: nothing trained, nothing to keep

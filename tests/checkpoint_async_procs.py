@@ -15,7 +15,7 @@ def expected(step: int) -> dict:
 
 def main(wd: str) -> None:
   import jax.numpy as jnp
-  from scalerl_jax.checkpoint import RunCheckpointer
+  from scalerl_jax.training.checkpoint import RunCheckpointer
   ck = RunCheckpointer(wd, keep=3, async_save=True)
   step = 1
   while True:

@@ -211,7 +211,7 @@ def test_heartbeat_stats_are_summed_into_every_batch_summary():
   """Generators' cumulative counters (continuous batching occupancy, idle and grading seconds)
   ride on heartbeats; every BatchSummary carries their sum over generator incarnations; bad
   counters are refused with one line and change nothing."""
-  from scalerl_jax.trainer import generator_metrics
+  from scalerl_jax.training.trainer import generator_metrics
   st, _ = _state(B=1, k=1)
   st.heartbeat("g@1", stats={"slot_steps": 640, "live_row_steps": 600, "idle_s": 1.5})
   st.heartbeat("g@2", stats={"slot_steps": 320, "live_row_steps": 200, "grade_s": 2.0})

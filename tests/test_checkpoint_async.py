@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from scalerl_jax import checkpoint
+from scalerl_jax.training import checkpoint
 from tests.checkpoint_async_procs import expected
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,7 @@ import os
 import jax.numpy as jnp
 import pytest
 
-from scalerl_jax import checkpoint
+from scalerl_jax.training import checkpoint
 from scalerl_jax import storage
 
 

@@ -110,7 +110,8 @@ def _worker(ckpt, ref_dir, out_path):
   distributed.initialize()
   import jax
   from configs.common import base_config
-  from scalerl_jax import runtime, sharding, sft
+  from scalerl_jax import runtime, sharding
+  from scalerl_jax.training import sft
   config = base_config()
   config.model.hf_checkpoint = ckpt
   config.mesh.shape = MESH

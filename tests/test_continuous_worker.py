@@ -22,7 +22,7 @@ from scalerl_jax.generation.worker import Worker
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol.client import BufferClient
-from scalerl_jax.trainer import generator_metrics
+from scalerl_jax.training.trainer import generator_metrics
 from scalerl_jax.weights.stream import StreamPublisher
 
 TOKEN = "continuous-worker-test-token"

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from configs import common
-from scalerl_jax import job, recipes, rewards
+from scalerl_jax import recipes, rewards
+from scalerl_jax.training import job
 from scalerl_jax.data import (build_dataset, check_answers, loaders, mixture, stats_metrics,
                               synthetic, tiny_code)
 from scalerl_jax.data.tiny_hf_tokenizer import write_tiny_tokenizer

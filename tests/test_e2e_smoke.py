@@ -153,7 +153,7 @@ def test_checkpoint_restores_final_params(run_dir):
   policy exactly when an update was applied."""
   import jax
   from scalerl_jax import models, runtime
-  from scalerl_jax.checkpoint import RunCheckpointer
+  from scalerl_jax.training.checkpoint import RunCheckpointer
   from scalerl_jax.learner import LearnerState, make_optimizer
   config = runtime.load_run_config(os.path.join(run_dir, "config.json"))
   cfg = runtime.model_config(config)

@@ -6,7 +6,7 @@ import pytest
 
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.buffer.state import BufferState
-from scalerl_jax.fleet_eval import eval_prompts, summarize_results
+from scalerl_jax.training.fleet_eval import eval_prompts, summarize_results
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
@@ -199,7 +199,7 @@ def test_learner_drops_an_unservable_evaluation_at_once():
   of an older version for eval.timeout_s (30 min). Now it is dropped within a lease TTL, as an
   eval_failed line naming the reason, over the real RPCs."""
   import time
-  from scalerl_jax.fleet_eval import FleetEvaluator
+  from scalerl_jax.training.fleet_eval import FleetEvaluator
   srv = BufferServer(TRAIN, token="t", prompts_per_step=2, group_size=2, max_lag=1,
                      lease_ttl_s=0.5).start()
   try:
@@ -259,7 +259,7 @@ def test_rpc_round_trip():
 
 
 def test_ledger_books_fleet_evaluation_outside_the_x_axis(monkeypatch):
-  from scalerl_jax import ledger
+  from scalerl_jax.training import ledger
   now = [0.0]
   monkeypatch.setattr(ledger.time, "time", lambda: now[0])
   led = ledger.ComputeLedger(train_devices=1, gen_devices=2, params_active=1.0, _last=0.0)

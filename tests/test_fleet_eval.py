@@ -18,11 +18,11 @@ from scalerl_jax import models
 from scalerl_jax import runtime
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.data import build_dataset
-from scalerl_jax.fleet_eval import FleetEvaluator, eval_prompts
+from scalerl_jax.training.fleet_eval import FleetEvaluator, eval_prompts
 from scalerl_jax.generation.worker import Worker
 from scalerl_jax.protocol.client import BufferClient
-from scalerl_jax.sft import train_sft
-from scalerl_jax.trainer import evaluate
+from scalerl_jax.training.sft import train_sft
+from scalerl_jax.training.trainer import evaluate
 from scalerl_jax.weights.stream import StreamPublisher
 
 TOKEN = "fleet-eval-test-token"

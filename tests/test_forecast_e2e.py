@@ -57,7 +57,7 @@ def test_abort_on_truncated_frac_exits_nonzero_with_reason(aborted_run):
 def test_abort_leaves_a_loadable_checkpoint(aborted_run):
   wd, _ = aborted_run
   step = [l for l in _lines(wd) if l.get("kind") == "health_abort"][0]["step"]
-  from scalerl_jax.checkpoint import find_valid
+  from scalerl_jax.training.checkpoint import find_valid
   found = find_valid(str(wd))          # what `config.resume=auto` loads: manifest + sha256 of every file
   assert found is not None and found[0] == step and not found[2]
   assert found[1]["step"] == step and found[1]["last_eval"]["step"] <= step
@@ -84,7 +84,7 @@ def test_live_forecast_in_metrics_and_tensorboard(aborted_run):
 def test_wandb_offline_run_has_the_scalars_of_metrics_jsonl(aborted_run):
   pytest.importorskip("wandb")
   wd, _ = aborted_run
-  from scalerl_jax.wandb_sink import read_offline_history
+  from scalerl_jax.training.wandb_sink import read_offline_history
   rows = read_offline_history(str(wd))
   want = [{k: v for k, v in l.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
           for l in _lines(wd)]

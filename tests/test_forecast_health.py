@@ -10,7 +10,7 @@ import pytest
 from analysis.metrics import append_metrics
 from analysis.posterior import fit_posterior
 from configs import common
-from scalerl_jax.health import HealthMonitor, LiveForecast, RunUnhealthy
+from scalerl_jax.training.health import HealthMonitor, LiveForecast, RunUnhealthy
 from tb_events import tb_scalars
 
 
@@ -104,7 +104,7 @@ def test_live_forecast_matches_the_offline_fit_and_is_cheap(tmp_path):
 
 
 def test_live_forecast_thread_writes_metrics_and_tensorboard(tmp_path):
-  from scalerl_jax.tracking import MetricsLog
+  from scalerl_jax.training.tracking import MetricsLog
   _demo_like_run(tmp_path, n_evals=4)                    # 3 evaluations after step 0: too few, no record
   log = MetricsLog(str(tmp_path))
   lf = LiveForecast(str(tmp_path), log.write, lock=log.lock)
@@ -134,8 +134,8 @@ def test_live_forecast_thread_writes_metrics_and_tensorboard(tmp_path):
 
 def test_wandb_offline_holds_the_same_scalars_as_metrics_jsonl(tmp_path, monkeypatch):
   pytest.importorskip("wandb")
-  from scalerl_jax.tracking import MetricsLog
-  from scalerl_jax.wandb_sink import read_offline_history
+  from scalerl_jax.training.tracking import MetricsLog
+  from scalerl_jax.training.wandb_sink import read_offline_history
   monkeypatch.delenv("WANDB_API_KEY", raising=False)
   monkeypatch.setenv("WANDB_SILENT", "true")
   cfg = ml_collections.ConfigDict(dict(project="scalerl-test", entity="", name="", mode="auto"))

@@ -9,8 +9,8 @@ import pytest
 from configs import common
 from scalerl_jax import models
 from scalerl_jax.generation.sampler import JaxSampler
-from scalerl_jax.health import ParityError, parity_check
-from scalerl_jax.trainer import learner_token_logprobs
+from scalerl_jax.training.health import ParityError, parity_check
+from scalerl_jax.training.trainer import learner_token_logprobs
 from scalerl_jax.types import PromptSpec, SamplingSpec
 
 

@@ -193,8 +193,8 @@ def test_wandb_sink_on_gs_workdir(emulator, tmp_path, monkeypatch):
   pytest.importorskip("wandb")
   import ml_collections
   from matplotlib.figure import Figure
-  from scalerl_jax.tracking import MetricsLog
-  from scalerl_jax.wandb_sink import read_offline_history
+  from scalerl_jax.training.tracking import MetricsLog
+  from scalerl_jax.training.wandb_sink import read_offline_history
   monkeypatch.delenv("WANDB_API_KEY", raising=False)
   monkeypatch.setenv("WANDB_SILENT", "true")
   monkeypatch.chdir(tmp_path)

@@ -312,7 +312,7 @@ def test_start_over_after_a_previous_run_makes_the_running_buffer_rewind(tmp_pat
   import grpc
   import ml_collections
   import numpy as np
-  from scalerl_jax import job
+  from scalerl_jax.training import job
   from scalerl_jax.buffer.replay import read_learner_state
   from scalerl_jax.buffer.server import BufferServer
   from scalerl_jax.protocol.client import BufferClient

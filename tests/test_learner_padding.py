@@ -14,7 +14,7 @@ from scalerl_jax import runtime
 from scalerl_jax.learner import LearnerState, RLSpec, make_train_step
 from scalerl_jax.learner.batch import (bucket_lengths, length_sorted_order,
                                        microbatch_token_slots, needed_lengths)
-from scalerl_jax.trainer import pad_time
+from scalerl_jax.training.trainer import pad_time
 from test_learner_step import _params, apply_fn, model_batch, tree_rel_err
 
 

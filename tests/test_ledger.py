@@ -3,10 +3,10 @@ FLOPs count"): every real token the learner processes is counted (prompts, injec
 zero-variance-filtered groups), padding is not."""
 import numpy as np
 
-from scalerl_jax.ledger import ComputeLedger, StepTokens
+from scalerl_jax.training.ledger import ComputeLedger, StepTokens
 from scalerl_jax.protocol import client, codec
 from scalerl_jax.protocol import rollout_pb2 as pb
-from scalerl_jax.trainer import pad_time
+from scalerl_jax.training.trainer import pad_time
 from scalerl_jax.types import Completion
 
 N = 1000.0   # active parameters per token

@@ -3,7 +3,7 @@ hang it: tensorboardX's add_scalar blocks forever on its bounded queue once the 
 (found by the chaos harness's disk_full fault, docs/RELIABILITY.md "Chaos runs")."""
 import pytest
 
-from scalerl_jax.tracking import MetricsLog
+from scalerl_jax.training.tracking import MetricsLog
 
 
 def test_dead_tensorboard_writer_raises_instead_of_hanging(tmp_path):

@@ -78,7 +78,7 @@ def _worker(mode, out_path):
   # sharded over the batch, chunked over the sequence (no [B,T,V] logits), a collective.
   logp = learner.token_logprobs(batches[0]["tokens"])
   params = distributed.gather_to_host(learner.state.params)
-  from scalerl_jax.trainer import learner_token_logprobs   # one host, whole logits: the reference
+  from scalerl_jax.training.trainer import learner_token_logprobs   # one host, whole logits: the reference
   ref_lp = learner_token_logprobs(cfg, params, batches[0]["tokens"])
   bcast = None
   if mode == "multi":   # process 0's batch reaches every host byte for byte (bool / int64 kept)
@@ -258,7 +258,7 @@ def test_main_runs_as_two_processes(tmp_path):
   exactly when a step was not skipped (3 steps of a 10-step SFT policy can all draw all-equal
   rewards: not assumed either way)."""
   import jax
-  from scalerl_jax import checkpoint
+  from scalerl_jax.training import checkpoint
   cmd = [sys.executable, "-m", "scalerl_jax.main", "--config=configs/tiny.py",
          f"--workdir={tmp_path}", "--config.total_steps=3", "--config.sft.clean_steps=20",
          "--config.sft.steps=10", "--config.eval.every_steps=3",
@@ -282,7 +282,7 @@ def test_main_runs_as_two_processes(tmp_path):
   assert step == 3 and meta["consumed"]["step"] == 3
   # The collectively saved state restores in one process and moved away from the base policy.
   from scalerl_jax import models, runtime
-  from scalerl_jax.checkpoint import RunCheckpointer
+  from scalerl_jax.training.checkpoint import RunCheckpointer
   from scalerl_jax.learner.optimizer import make_optimizer
   from scalerl_jax.learner.state import LearnerState
   config = runtime.load_run_config(str(tmp_path / "config.json"))

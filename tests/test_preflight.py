@@ -215,7 +215,7 @@ def test_train_seq_len_is_what_pad_time_pads_a_longest_batch_to():
   trainer.pad_time gives a batch holding a longest sequence."""
   from scalerl_jax import runtime
   from scalerl_jax.tools.plan import default_seq_len
-  from scalerl_jax.trainer import pad_time
+  from scalerl_jax.training.trainer import pad_time
   c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
   longest = runtime.max_sequence_len(c)
   assert longest == 2048 + 12288 + 64 + 2048 == 16448

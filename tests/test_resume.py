@@ -61,7 +61,7 @@ def _wait_children_gone(kids, timeout_s=30.0):
 
 
 def _params(wd, step):
-  from scalerl_jax.checkpoint import read_meta
+  from scalerl_jax.training.checkpoint import read_meta
   import orbax.checkpoint as ocp
   state = ocp.PyTreeCheckpointer().restore(os.path.join(wd, "checkpoints", str(step), "state"))
   return state, read_meta(os.path.join(wd, "checkpoints", str(step)))
@@ -214,7 +214,7 @@ def test_async_two_generators_kill9_learner_resumes_without_training_a_rollout_t
   train = [l for l in _lines(wd) if l["kind"] == "train"]
   assert [l["step"] for l in train] == list(range(1, steps + 1))
   assert all(l["max_lag"] <= 2 for l in train)
-  from scalerl_jax.checkpoint import read_meta, step_dirs
+  from scalerl_jax.training.checkpoint import read_meta, step_dirs
   ids, per_step = [], {}
   for _s, d in step_dirs(wd):
     for k, v in read_meta(d)["consumed"]["recent"].items():

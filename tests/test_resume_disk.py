@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scalerl_jax import checkpoint
-from scalerl_jax.checkpoint import CheckpointError, RunCheckpointer
+from scalerl_jax.training import checkpoint
+from scalerl_jax.training.checkpoint import CheckpointError, RunCheckpointer
 
 
 class _FileSizeLimit:

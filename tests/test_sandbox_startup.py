@@ -127,7 +127,8 @@ def test_code_job_refuses_to_start_without_sandbox(tmp_path):
   """job.run on a code dataset stops at start-up (before SFT, buffer or generators) when the
   sandbox cannot start."""
   from configs import tiny
-  from scalerl_jax import job, recipes
+  from scalerl_jax import recipes
+  from scalerl_jax.training import job
   from scalerl_jax.data.tiny_hf_tokenizer import write_tiny_tokenizer
   rows = [{"problem": f"print {i}", "tests": [{"input": "", "output": f"{i}\n"}]} for i in range(8)]
   data = tmp_path / "code.jsonl"

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from scalerl_jax import runtime, sft
+from scalerl_jax import runtime
+from scalerl_jax.training import sft
 from scalerl_jax.data import build_dataset
 
 

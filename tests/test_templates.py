@@ -12,7 +12,7 @@ from scalerl_jax.data import build_dataset, templates
 from scalerl_jax.data.hf_tokenizer import HFTokenizer
 from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer, write_tiny_tokenizer
 from scalerl_jax.generation.fake import ScriptedInstructModel, scripted_reply
-from scalerl_jax.health import NoRewardSignal, step0_reward_check
+from scalerl_jax.training.health import NoRewardSignal, step0_reward_check
 from scalerl_jax.types import SamplingSpec
 
 HEAD = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 12 + 7?"

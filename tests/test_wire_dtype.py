@@ -13,7 +13,7 @@ from scalerl_jax import runtime
 from scalerl_jax.generation.vllm import protocol as P
 from scalerl_jax.generation.vllm.generator import VLLMGenerator
 from scalerl_jax.protocol import weight_chunks as ws
-from scalerl_jax.trainer import Trainer
+from scalerl_jax.training.trainer import Trainer
 from scalerl_jax.weights.stream import flatten
 
 

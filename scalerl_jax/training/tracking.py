@@ -57,7 +57,7 @@ class MetricsLog(Tracker):
       self.tb = None
     self.wandb = None
     if wandb_cfg is not None and wandb_cfg.project:
-      from scalerl_jax.wandb_sink import WandbSink
+      from scalerl_jax.training.wandb_sink import WandbSink
       self.wandb = WandbSink(workdir, wandb_cfg, run_config, local_dir=local_dir)
 
   def _check_tb(self) -> None:

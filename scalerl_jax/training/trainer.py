@@ -31,19 +31,19 @@ from scalerl_jax import sharding
 from scalerl_jax import storage
 from scalerl_jax.buffer.replay import read_learner_state
 from scalerl_jax.buffer.replay import write_learner_state
-from scalerl_jax.checkpoint import RunCheckpointer
+from scalerl_jax.training.checkpoint import RunCheckpointer
 from scalerl_jax.data import stats_metrics
-from scalerl_jax.fleet_eval import FleetEvaluator, eval_prompts, peak_rss_mb, summarize
+from scalerl_jax.training.fleet_eval import FleetEvaluator, eval_prompts, peak_rss_mb, summarize
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner
 from scalerl_jax.learner.batch import length_sorted_order
-from scalerl_jax.ledger import ComputeLedger, StepTokens
+from scalerl_jax.training.ledger import ComputeLedger, StepTokens
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.rewards import sandbox_still_works
 from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.tools.describe import count_params
-from scalerl_jax.tracking import MetricsLog, NoTracker
+from scalerl_jax.training.tracking import MetricsLog, NoTracker
 from scalerl_jax.weights.source import WeightSource
 from scalerl_jax.weights.stream import StreamPublisher
 
@@ -214,7 +214,7 @@ class Trainer:
                                wandb_cfg=config.wandb, run_config=config.to_dict(),
                                local_dir=storage.local_dir(workdir, config.local_dir))
                     if self.main else NoTracker())
-    from scalerl_jax.health import HealthMonitor, LiveForecast
+    from scalerl_jax.training.health import HealthMonitor, LiveForecast
     self.health = HealthMonitor(config.health)
     fc = config.forecast
     self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
@@ -360,7 +360,7 @@ class Trainer:
     process calls it (multi-host: the learner's sharded, sequence-chunked log-probs are a
     collective; `arrays` is the broadcast batch); process 0 (`versions`: the rows' token
     versions, in `arrays`' row order) compares and reports."""
-    from scalerl_jax.health import RunUnhealthy, parity_check
+    from scalerl_jax.training.health import RunUnhealthy, parity_check
     first = step == self.start_step
     every = int(self.config.health.parity_every)
     if not self._parity_on() or not (first or (every and step % every == 0)):
@@ -435,7 +435,7 @@ class Trainer:
            "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity,
            **generator_metrics(batch.summary.generator_stats), **step0}
     abort = None
-    from scalerl_jax.health import RunUnhealthy
+    from scalerl_jax.training.health import RunUnhealthy
     try:
       rec.update(self.health.check(rec))
     except RunUnhealthy as e:
@@ -453,7 +453,7 @@ class Trainer:
     h = self.config.health
     if step != 0:
       return {}
-    from scalerl_jax.health import NoRewardSignal, step0_reward_check
+    from scalerl_jax.training.health import NoRewardSignal, step0_reward_check
     from scalerl_jax.protocol import codec
     samples = None
     if batch is not None:
@@ -562,7 +562,7 @@ class Trainer:
     total = int(self.config.total_steps)
     bar = tqdm(range(start, total), desc="RL", disable=not self.progress, dynamic_ncols=True,
                initial=start, total=total)
-    from scalerl_jax.health import RunUnhealthy
+    from scalerl_jax.training.health import RunUnhealthy
     for s in bar:
       try:
         self.ckpt.check()          # a failed background checkpoint save stops the run here

@@ -22,7 +22,7 @@ from analysis.errors import TooFewPointsError
 from analysis.fit import PER_TASK, fit_runs, metric_slug
 from analysis.forecast import forecast_runs
 from analysis.metrics import read_run, task_metric_keys
-from scalerl_jax import checkpoint
+from scalerl_jax.training import checkpoint
 from scalerl_jax import rewards
 from scalerl_jax import runtime
 from scalerl_jax import storage
@@ -33,8 +33,8 @@ from scalerl_jax.processes import ProcessGroup
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.rl import PassRateHistory
-from scalerl_jax.sft import warm_start
-from scalerl_jax.trainer import Trainer
+from scalerl_jax.training.sft import warm_start
+from scalerl_jax.training.trainer import Trainer
 
 TRAINED_IDS = "trained_ids.jsonl"
 _RUN_OUTPUTS = (TRAINED_IDS, "metrics.jsonl", "tb", "checkpoints", "buffer_wal", "batches", "fit", "logs",
