@@ -22,7 +22,7 @@ from scalerl_jax.training.fleet_eval import FleetEvaluator, eval_prompts
 from scalerl_jax.generation.worker import Worker
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.training.sft import train_sft
-from scalerl_jax.training.trainer import evaluate
+from scalerl_jax.training.evaluation import evaluate
 from scalerl_jax.weights.stream import StreamPublisher
 
 TOKEN = "fleet-eval-test-token"

@@ -40,7 +40,8 @@ def _trainer_push(config, params):
   """Runs the trainer's own publish (Trainer.publish) against a recording client; returns the
   chunks as {(leaf index, start): (dtype name, raw bytes)} and the manifest."""
   client = _RecordingClient()
-  fake = types.SimpleNamespace(config=config, client=client, fleet=None, source=None, sources=None,
+  fake = types.SimpleNamespace(config=config, client=client, source=None, sources=None,
+                               evaluation=types.SimpleNamespace(before_publish=lambda v: None),
                                learner=types.SimpleNamespace(state=types.SimpleNamespace(params=params)))
   Trainer.publish(fake, 1)
   import json

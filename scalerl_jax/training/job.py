@@ -226,7 +226,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     trainer = Trainer(config, workdir, dataset, model_cfg, params, client, token=token,
                       gen_devices=int(config.generator.num_workers), progress=progress,
                       resume_step=resume["checkpoint_step"] if resume else None,
-                      learner_state_path=ls_path)
+                      learner_state_path=ls_path,
+                      watchdog=None if external else procs.check)
     if resume is not None:
       resume.update(buffer=None if external else procs.buffer_info.get("wal", {}).get("resume"),
                     gap_booked_s=trainer.resume_info["gap_booked_s"])
@@ -236,7 +237,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                           config.buffer.generator_address or address,
                           config.generator.backend)
       procs.start_supervisor(interval_s=1.0)
-      trainer.watchdog = procs.check
     last = trainer.run()
   finally:
     procs.close()

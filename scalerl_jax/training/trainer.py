@@ -14,7 +14,6 @@ booked, NPR history, consumption offsets) and continues at step c.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -33,14 +32,13 @@ from scalerl_jax.buffer.replay import read_learner_state
 from scalerl_jax.buffer.replay import write_learner_state
 from scalerl_jax.training.checkpoint import RunCheckpointer
 from scalerl_jax.data import stats_metrics
-from scalerl_jax.training.fleet_eval import FleetEvaluator, eval_prompts, peak_rss_mb, summarize
-from scalerl_jax.generation.sampler import JaxSampler
+from scalerl_jax.training.evaluation import EVALUATIONS
+from scalerl_jax.training.fleet_eval import eval_prompts
 from scalerl_jax.learner import Learner
 from scalerl_jax.learner.batch import length_sorted_order
 from scalerl_jax.training.ledger import ComputeLedger, StepTokens
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
-from scalerl_jax.rewards import sandbox_still_works
 from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.tools.describe import count_params
 from scalerl_jax.training.tracking import MetricsLog, NoTracker
@@ -48,33 +46,6 @@ from scalerl_jax.weights.source import WeightSource
 from scalerl_jax.weights.stream import StreamPublisher
 
 log = logging.getLogger("scalerl.trainer")
-
-
-def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
-             batch_prompts: int = 64) -> dict:
-  """Learner-local evaluation (`eval.mode=local`): mean@`samples` pass rate on `prompts` (default
-  the held-out split; the trainer passes `fleet_eval.eval_prompts`, i.e. `eval.num_prompts` of
-  them) at `spec`'s temperature, in a one-device JAX sampler on this process. Each completion is
-  graded with its task's reward; metrics from `fleet_eval.summarize` (the same as the fleet's)."""
-  prompts = list(dataset.heldout if prompts is None else prompts)
-  sampler = JaxSampler(model_cfg, params)
-  rewards, lengths, interrupted, tasks = [], [], [], []
-  for i in range(0, len(prompts), batch_prompts):
-    chunk = prompts[i:i + batch_prompts]
-    groups = sampler.generate(chunk, samples, dataclasses.replace(spec, seed=spec.seed + i))
-    for p, group in zip(chunk, groups):
-      rw = []
-      for c in group:
-        g = dataset.grade(c.tokens, p.answer, p.task)
-        if g.reason == "sandbox_error":   # raises when the sandbox broke mid-run
-          sandbox_still_works(g.detail)
-        rw.append(g.reward)
-      rewards.append(rw)
-      lengths.append([len(c.tokens) for c in group])
-      interrupted.append([c.finish_reason == "interrupted" for c in group])
-      tasks.append(p.task)
-  return summarize(tasks, rewards, lengths, interrupted,
-                   dataset.tasks if dataset.is_mixture else ())
 
 
 def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0,
@@ -85,18 +56,18 @@ def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0,
   from scalerl_jax.learner.logprobs import token_logprobs
   tokens = np.asarray(tokens, np.int32)
   positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32)[None], tokens.shape)
-  fn = _LOGP_FNS.get(id(model_cfg))
+  fn = _LOGP_FNS.get(model_cfg)
   if fn is None:
     def fn(p, tok, pos, t, routes):
       logits = models.forward(p, model_cfg, tok, pos, routes=routes)
       return token_logprobs(logits.astype(jax.numpy.float32) / t, tok, with_entropy=False)[0]
-    fn = _LOGP_FNS[id(model_cfg)] = jax.jit(fn)
+    fn = _LOGP_FNS[model_cfg] = jax.jit(fn)
   if routes is not None:
     routes = np.asarray(routes, np.int32)
   return np.asarray(fn(params, tokens, positions, np.float32(temperature), routes))
 
 
-_LOGP_FNS = {}
+_LOGP_FNS: dict = {}   # ModelConfig (frozen, hashable) -> its jitted log-prob function
 
 
 def pad_time(arrays: dict, multiple: int, max_len: int) -> dict:
@@ -169,7 +140,7 @@ class Trainer:
   def __init__(self, config, workdir, dataset, model_cfg, params, client, *, token: str,
                gen_devices: int,
                progress: bool = True, resume_step: int | None = None,
-               learner_state_path: str | None = None):
+               learner_state_path: str | None = None, watchdog=None):
     self.config, self.workdir, self.dataset, self.model_cfg = config, workdir, dataset, model_cfg
     self.main, self.multi = jax.process_index() == 0, jax.process_count() > 1
     self.client, self.progress = client, progress and self.main
@@ -187,20 +158,11 @@ class Trainer:
     # prompts, either sampled here (mode "local") or by the generators through the buffer's
     # evaluation lane (mode "fleet": process 0 submits and collects rewards; nothing collective).
     self.eval_set = eval_prompts(dataset.heldout, int(config.eval.num_prompts), int(config.seed))
-    self.eval_fleet = config.eval.mode == "fleet"
-    self.fleet = None
-    if self.eval_fleet and self.main:
-      self.fleet = FleetEvaluator(
-          client, self.eval_set, num_prompts=0,
-          samples_per_prompt=int(config.eval.samples_per_prompt), seed=int(self.eval_spec.seed),
-          temperature=self.eval_spec.temperature, top_p=self.eval_spec.top_p,
-          hold_versions=int(config.generator.eval_hold_versions),
-          timeout_s=float(config.eval.timeout_s),
-          task_names=dataset.tasks if dataset.is_mixture else (),
-          watchdog=lambda: self.watchdog() if self.watchdog is not None else None)
+    # A callable raising when a child process died (job.py: ProcessGroup.check), or None.
+    self.watchdog = watchdog
+    self.evaluation = EVALUATIONS[config.eval.mode](self)
     self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep),
                                 async_save=bool(config.checkpoint.async_save))
-    self.watchdog = None   # callable raising when a child process died (set by main)
     self.audit_ids = bool(config.audit.trained_ids) and self.main
     self.learner_state_path = learner_state_path
     self.source, self.sources = self._start_weight_source()
@@ -263,63 +225,36 @@ class Trainer:
     the version, else they stream through the buffer, which shows the version once every
     process's chunks arrived). float32 params travel as `weights.wire_dtype` (bf16 by default:
     half the bytes; the learner keeps its fp32 masters)."""
-    if self.fleet is not None and self.fleet.open:   # pinned versions must stay in the fleet
-      self.ledger.begin_eval()
-      self.fleet.wait_held(version)
-      self.ledger.end_eval()
+    self.evaluation.before_publish(version)
     t = time.time()
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
                     sources=self.sources, wire_dtype=runtime.wire_dtype(self.config)).publish()
     return time.time() - t
 
-  def _eval_params(self):
+  def eval_params(self):
     """Params for evaluation: the learner's own (one process) or gathered (collective)."""
     if not self.multi:
       return self.learner.state.params
     return distributed.gather_to_host(self.learner.state.params)
 
-  def run_eval(self, step: int) -> dict:
-    """Evaluates the current params (version `step`). Local: sampled here, logged now. Fleet:
-    submitted to the buffer's evaluation lane; logged when collected (`_collect_evals`)."""
-    if self.eval_fleet:
-      if self.main:
-        self.fleet.submit(step, version=step, snapshot=self.ledger.snapshot())
-        self._collect_evals()
-      return self.last_eval
-    params = self._eval_params()          # every process: a collective when multi-host
-    if not self.main:
-      return self.last_eval
-    self.ledger.begin_eval()
-    out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
-                   int(self.config.eval.samples_per_prompt), prompts=self.eval_set)
+  def record_eval(self, step: int, fields: dict) -> None:
+    """Logs evaluation `fields` (pass rates, lengths...) of version `step`, closing the ledger's
+    evaluation span; step 0 is R0: the base policy at compute 0, and the compute axis starts now."""
+    if step == 0:
+      self.ledger.reset()
+      self._write_r0({**self.ledger.snapshot(), **fields})
+      return
     self.ledger.end_eval()
-    rec = {"step": step, "kind": "eval", **self.ledger.snapshot(), **out, "eval_mode": "local",
-           "learner_peak_rss_mb": peak_rss_mb()}
-    self._log_eval(rec)
-    return rec
+    self.log_eval({"step": step, "kind": "eval", **self.ledger.snapshot(), **fields})
 
-  def _log_eval(self, rec: dict) -> None:
+  def log_eval(self, rec: dict) -> None:
+    """Writes an evaluation record; a complete one becomes `last_eval` and feeds the forecast."""
     self.metrics.write(rec)
     if "val_pass_rate" not in rec:     # a fleet evaluation that timed out
       return
     self.last_eval = rec
     if self.forecast is not None:   # refit on a background thread: off the learner's critical path
       self.forecast.submit(rec["step"], rec["compute_hours"], int(self.config.total_steps))
-
-  def _collect_evals(self, block: bool = False) -> None:
-    """Fleet: logs the evaluations that completed (all open ones with `block`; the learner's
-    wait is booked to eval_hours), booking the generators' evaluation device-seconds."""
-    if self.fleet is None or not self.fleet.open:
-      return
-    if block:
-      self.ledger.begin_eval()
-    done = self.fleet.poll(block=block)
-    if block:
-      self.ledger.end_eval()
-    for e, res in done:
-      if res is not None:
-        self.ledger.add_eval_gen(sum(g.device_seconds for g in res.results))
-      self._log_eval(self.fleet.record(e, res))
 
   def _pull(self, step: int):
     """PullBatch(step), polling the watchdog (dead child processes) while it waits."""
@@ -415,7 +350,7 @@ class Trainer:
     t_pub = self.publish(step + 1)
     if not self.main:
       return {"step": step + 1, "kind": "train", **m}
-    self._collect_evals()
+    self.evaluation.collect()
     lag = list(batch.summary.lag.counts)
     dump_every = int(self.config.debug_dump_every)
     if dump_every and step % dump_every == 0:   # for tests and debugging: the exact batch trained
@@ -495,7 +430,7 @@ class Trainer:
     `eval_seed`), the data sampler's reference (its position lives in the buffer's WAL and is
     rewound from `consumed.step` on resume). Then tells the buffer the new checkpoint step.
     Open fleet evaluations are collected first (a checkpoint's metrics include them)."""
-    self._collect_evals(block=True)
+    self.evaluation.collect(block=True)
     self.ckpt.save(step, self.learner.state, {
         "ledger": self.ledger.state_dict(), "npr": self.npr.to_dict(),
         "last_eval": self.last_eval, "consumed": self.consumed,
@@ -518,7 +453,7 @@ class Trainer:
     """Writes the current policy as an HF checkpoint (config.json + safetensors in the params'
     dtype, so it equals the last checkpoint's params bit for bit) to WORKDIR/final_policy.
     Every process calls it (a collective gather when multi-host); process 0 writes."""
-    params = self._eval_params()
+    params = self.eval_params()
     path = storage.join(self.workdir, "final_policy")
     if self.main:
       with storage.staged_dir(path) as local:    # gs://: written locally, then uploaded
@@ -536,68 +471,57 @@ class Trainer:
 
   def run(self) -> dict:
     """Trains up to `config.total_steps` steps (evaluating on schedule), from `start_step` when
-    resumed; returns the last eval record."""
+    resumed; returns the last eval record. A health abort (health.abort_on) saves a checkpoint,
+    logs the reason and re-raises; both ends go through `_finish`."""
+    from scalerl_jax.training.health import RunUnhealthy
     start = self.start_step
     self.publish(start)
-    if start == 0 and self.eval_fleet:     # R0 through the fleet: process 0 waits for it
-      if self.main:
-        self.ledger.begin_eval()
-        self.fleet.submit(0, version=0, snapshot={})
-        (e, res), = self.fleet.poll(block=True)
-        if res is None:
-          raise RuntimeError(f"the base policy's fleet evaluation did not complete within "
-                             f"eval.timeout_s={self.fleet.timeout_s} s")
-        self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
-        self._write_r0(self.fleet.record(e, res))
-    elif start == 0:
-      params = self._eval_params()   # every process: a collective
-      if self.main:   # R0: the base policy's evaluation, process 0
-        self.ledger.begin_eval()
-        out = evaluate(self.model_cfg, params, self.dataset, self.eval_spec,
-                       int(self.config.eval.samples_per_prompt), prompts=self.eval_set)
-        self.ledger.reset()         # R0 is the base policy at compute 0: the axis starts now
-        self._write_r0({**self.ledger.snapshot(), **out, "eval_mode": "local",
-                        "learner_peak_rss_mb": peak_rss_mb()})
+    if start == 0:
+      self.evaluation.run(0)           # R0
     every = int(self.config.eval.every_steps)
     total = int(self.config.total_steps)
     bar = tqdm(range(start, total), desc="RL", disable=not self.progress, dynamic_ncols=True,
                initial=start, total=total)
-    from scalerl_jax.training.health import RunUnhealthy
     for s in bar:
       try:
         self.ckpt.check()          # a failed background checkpoint save stops the run here
         rec = self.train_step(s)
       except RunUnhealthy as e:   # stop cleanly: a loadable checkpoint, the reason, then non-zero exit
         log.error("stopping the run: %s", e.reason)
-        if self.forecast is not None:
-          self.forecast.wait()
-        self.save(s + 1)
-        self.metrics.write({"step": s + 1, "kind": "health_abort", "reason": e.reason})
-        self.ckpt.close()
-        self.metrics.close()
-        self.metrics.finish()
-        if self.source is not None:
-          self.source.stop()
+        self._finish(abort=(s + 1, e.reason))
         raise
       if (s + 1) % every == 0 or s + 1 == total:
-        self.run_eval(s + 1)
+        self.evaluation.run(s + 1)
       if self.main:
         bar.set_postfix(pass_rate=f"{self.last_eval['val_pass_rate']:.3f}",
                         lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
       if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
         self.save(s + 1)
-    self._collect_evals(block=True)
-    self.export_policy()
+    self._finish()
+    return self.last_eval
+
+  def _finish(self, abort: tuple[int, str] | None = None) -> None:
+    """The one shutdown path. A finished run collects its open evaluations and exports the final
+    policy; an aborted one (`abort` = (step, reason)) saves checkpoint `step` and logs the reason.
+    Both wait for the forecast, close the checkpointer and the logs and stop the weight source
+    (generators still fetching the last version finish first)."""
+    if abort is None:
+      self.evaluation.collect(block=True)
+      self.export_policy()
     if self.forecast is not None:
       self.forecast.wait()
+    if abort is not None:
+      self.save(abort[0])
+      self.metrics.write({"step": abort[0], "kind": "health_abort", "reason": abort[1]})
     self.ckpt.close()
     self.metrics.close()
-    if self.source is not None:   # generators still fetching the last version resume, then stop
+    if abort is not None:
+      self.metrics.finish()
+    if self.source is not None:
       self.source.stop()
-    if self.main:
+    if abort is None and self.main:
       storage.write_text(storage.join(self.workdir, "npr_history.json"),
                          json.dumps(self.npr.to_dict()))
-    return self.last_eval
 
 
 def _params_active(model_cfg) -> float:
