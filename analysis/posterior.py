@@ -130,6 +130,7 @@ class Posterior:
   noise: dict                   # d, s2, rho, inflate, sigma (total sd per evaluation)
   map: dict                     # the grid point of highest posterior
   misspec: dict = dataclasses.field(default_factory=lambda: {"kappa": 0.0, "c_last": np.inf})
+  value_max: float = 1.0        # the metric's ceiling (a pass rate: 1)
 
   def curves(self, C) -> np.ndarray:
     """Eq. 1 of every draw at compute ``C``: array (n_draws, len(C))."""
@@ -149,7 +150,11 @@ class Posterior:
     """Median and central ``level`` band of the curve at compute ``C`` (arrays); with
     ``measurement``, of one evaluation there (the curve plus the noise model's sd). Beyond the
     last evaluation the curve carries the misspecification term (``kappa``: this posterior's
-    unless given; 0 = Eq. 1's uncertainty alone)."""
+    unless given; 0 = Eq. 1's uncertainty alone), and while the run is not yet identifiable
+    (``identifiability``: C_mid not bracketed, so A is not pinned down) the band's upper edge
+    there is the metric's ceiling: nothing the data show rules a higher value out. Both bands
+    stay within [0, value_max]."""
+    C = np.atleast_1d(np.asarray(C, float))
     cur = self.curves(C)
     tau = self.misspec_sd(C, kappa)
     if np.any(tau > 0):
@@ -157,6 +162,10 @@ class Posterior:
     if measurement:
       cur = cur + np.random.default_rng(seed).normal(0.0, self.noise["sigma"], cur.shape)
     q = np.percentile(cur, [50, (1 - level) / 2 * 100, (1 + level) / 2 * 100], axis=0)
+    q = np.clip(q, 0.0, self.value_max)
+    beyond = C > float(self.C[-1])
+    if beyond.any() and not self.identifiability(level=level)["identifiable"]:
+      q[2] = np.where(beyond, self.value_max, q[2])
     return {"pred": q[0], "lo": q[1], "hi": q[2]}
 
   def interval(self, name: str, level: float = LEVEL) -> list[float]:
@@ -458,4 +467,5 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
     ms.update(lfo_excess(C, y, r0, n_samples=n_samples, seed=seed))
   ms["kappa"] = float(np.hypot(ms["kappa_prior"], ms["gain"] * ms["kappa_run"]))
   return Posterior(A=R0 + a, B=b, C_mid=cmid, R0=R0, r0_measured=float(r0), C=C, y=y, noise=noise,
-                   map={"A": r0 + a_map, "B": float(bg[jb]), "C_mid": float(cm[jc])}, misspec=ms)
+                   map={"A": r0 + a_map, "B": float(bg[jb]), "C_mid": float(cm[jc])}, misspec=ms,
+                   value_max=float(value_max))

@@ -67,3 +67,21 @@ def test_real_study_reports_every_cut_of_every_run(tmp_path):
           v["n"] == 1 for v in res[split][table].values()), res[split]
   md = calibrate.markdown_real(res)
   assert md.count("| held-out |") == 3 and md.count("| calibration |") == 3
+
+
+def test_a_prefix_before_the_bend_gets_the_ceiling_as_its_upper_edge():
+  """Before C_mid is bracketed (not yet identifiable) A is not pinned down: beyond the last
+  evaluation the band reaches the metric's ceiling (the run's final value can be anything up to
+  it; on the real runs the 25 % cuts' old bands missed finals of 0.90 by 0.1). Up to the last
+  evaluation, and for an identifiable prefix, the band is Eq. 1's as before, within [0, 1]."""
+  y = _curve(0.0) + np.random.default_rng(3).normal(0.0, 0.004, len(C))
+  early = (C > 0) & (C <= 1000)
+  post = fit_posterior(C[early], y[early], R0, n_samples=16000)
+  assert not post.identifiability()["identifiable"]
+  b = post.band([800.0, 16000.0])
+  assert b["hi"][1] == 1.0 and b["hi"][0] < 0.5 and b["lo"][1] < b["pred"][1] < 1.0
+  late = (C > 0) & (C <= 8000)
+  post = fit_posterior(C[late], y[late], R0, n_samples=16000)
+  assert post.identifiability()["identifiable"]
+  b = post.band([16000.0], measurement=True)
+  assert b["hi"][0] < 0.7 and 0.0 <= b["lo"][0] <= b["pred"][0] <= b["hi"][0] <= 1.0
