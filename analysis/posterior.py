@@ -32,7 +32,8 @@ from analysis.metrics import validate_curve
 from analysis.scaling import MIN_POINTS, fit_sigmoid, sigmoid_curve
 
 __all__ = ["Posterior", "fit_posterior", "estimate_noise", "whiten", "ar1_matrix", "ar1_excess_ml", "MIN_EVALS", "B_PRIOR", "LEVEL", "MODEL_ERROR",
-           "MISSPEC_PRIOR", "MISSPEC_GAIN", "LFO_SPLIT", "lfo_excess", "WIDE_BAND", "verdict"]
+           "MISSPEC_PRIOR", "MISSPEC_GAIN", "MISSPEC_UP", "LFO_SPLIT", "lfo_excess", "WIDE_BAND",
+           "verdict"]
 
 MIN_EVALS = 4            # evaluations after step 0 needed for any forecast
 B_PRIOR = (0.2, 10.0)
@@ -57,6 +58,15 @@ _RHOS = np.array([0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95])
 MISSPEC_PRIOR = 0.0
 MISSPEC_GAIN = 0.0
 LFO_SPLIT = 0.5
+#: Upward drift allowance (issue #29): real long runs keep rising past the asymptote Eq. 1 fits on
+#: their first part, and the data inside a run cannot tell (a higher A with a smaller B absorbs a
+#: drift that has started; analysis tests: a 0.05 per e-fold drift moves the in-run residual trend
+#: by 0.002 against a 0.004 standard error). The paper's own 8B fit moves A from 0.645 (1.5k-50k
+#: hours) to 0.655 (0-100k): ~0.015 per e-fold of compute; the published 100k-hour curve was
+#: forecast 0.013-0.027 low from 28-56 % cuts. So beyond C_last the band's UPPER edge is raised by
+#: z * MISSPEC_UP * ln(C / C_last) (z: the level's normal quantile); the lower edge and the median
+#: stay Eq. 1's. On simulated Eq. 1 runs it can only turn upper misses into covers.
+MISSPEC_UP = 0.015
 #: A band at the budget wider than this is called out even when Eq. 1's parameters are identifiable.
 WIDE_BAND = 0.1
 
@@ -146,11 +156,12 @@ class Posterior:
     return (self.misspec["kappa"] if kappa is None else kappa) * np.maximum(x, 0.0)
 
   def band(self, C, level: float = LEVEL, measurement: bool = False, seed: int = 0,
-           kappa: float | None = None) -> dict:
+           kappa: float | None = None, up: float | None = None) -> dict:
     """Median and central ``level`` band of the curve at compute ``C`` (arrays); with
     ``measurement``, of one evaluation there (the curve plus the noise model's sd). Beyond the
     last evaluation the curve carries the misspecification term (``kappa``: this posterior's
-    unless given; 0 = Eq. 1's uncertainty alone), and while the run is not yet identifiable
+    unless given; 0 = Eq. 1's uncertainty alone) and its upper edge the upward drift allowance
+    (``up``: this posterior's ``misspec["up"]``, ``MISSPEC_UP``, unless given), and while the run is not yet identifiable
     (``identifiability``: C_mid not bracketed, so A is not pinned down) the band's upper edge
     there is the metric's ceiling: nothing the data show rules a higher value out. Both bands
     stay within [0, value_max]."""
@@ -162,6 +173,10 @@ class Posterior:
     if measurement:
       cur = cur + np.random.default_rng(seed).normal(0.0, self.noise["sigma"], cur.shape)
     q = np.percentile(cur, [50, (1 - level) / 2 * 100, (1 + level) / 2 * 100], axis=0)
+    up = self.misspec.get("up", 0.0) if up is None else up
+    if up > 0:
+      from scipy.special import ndtri
+      q[2] = q[2] + ndtri((1 + level) / 2) * self.misspec_sd(C, up)
     q = np.clip(q, 0.0, self.value_max)
     beyond = C > float(self.C[-1])
     if beyond.any() and not self.identifiability(level=level)["identifiable"]:
@@ -466,6 +481,7 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   if misspec and MISSPEC_GAIN > 0:   # one more fit per forecast: only when it counts
     ms.update(lfo_excess(C, y, r0, n_samples=n_samples, seed=seed))
   ms["kappa"] = float(np.hypot(ms["kappa_prior"], ms["gain"] * ms["kappa_run"]))
+  ms["up"] = MISSPEC_UP if misspec else 0.0
   return Posterior(A=R0 + a, B=b, C_mid=cmid, R0=R0, r0_measured=float(r0), C=C, y=y, noise=noise,
                    map={"A": r0 + a_map, "B": float(bg[jb]), "C_mid": float(cm[jc])}, misspec=ms,
                    value_max=float(value_max))

@@ -1,13 +1,16 @@
-"""The forecast band's misspecification machinery (issue #29, open; analysis/posterior.py,
-docs/ANALYSIS.md "Misspecification"): the term's sd is kappa ln(C / C_last) beyond the last
-evaluation and widens the band only there; the run's leave-future-out misfit sees a drift inside
-the data and not an Eq. 1 curve; `analysis.calibrate --only real` reports every cut of the real
-runs in analysis/real_runs/. The constants stay 0 (Eq. 1's band alone) until they are fitted."""
+"""The forecast band's misspecification terms (issue #29; analysis/posterior.py, docs/ANALYSIS.md
+"Misspecification"): the symmetric term's sd is kappa ln(C / C_last) beyond the last evaluation
+and widens the band only there (its constants stay 0: the real runs did not call for it); the
+upward drift allowance (MISSPEC_UP) raises the upper edge and covers a planted late drift that
+Eq. 1's band misses; a not-yet-identifiable prefix's band reaches the ceiling; the run's
+leave-future-out misfit sees a drift inside the data and not an Eq. 1 curve;
+`analysis.calibrate --only real` reports every cut of the real runs in analysis/real_runs/."""
 import numpy as np
+import pytest
 
 from analysis import calibrate, real_runs
 from analysis.metrics import append_metrics
-from analysis.posterior import MISSPEC_GAIN, MISSPEC_PRIOR, fit_posterior, lfo_excess
+from analysis.posterior import MISSPEC_GAIN, MISSPEC_PRIOR, MISSPEC_UP, fit_posterior, lfo_excess
 from analysis.scaling import sigmoid_curve
 
 C_MID, B, A, R0 = 2000.0, 2.0, 0.6, 0.3
@@ -26,13 +29,14 @@ def test_term_is_zero_up_to_the_last_evaluation_and_grows_with_ln_distance():
   m = (C > 0) & (C <= 8000)
   post = fit_posterior(C[m], y[m], R0, n_samples=16000)
   assert (MISSPEC_PRIOR, MISSPEC_GAIN) == (0.0, 0.0) and post.misspec["kappa"] == 0.0
-  base = post.band([16000.0])
-  np.testing.assert_allclose(base["lo"], post.band([16000.0], kappa=0.0)["lo"])
+  base = post.band([16000.0], up=0.0)
+  np.testing.assert_allclose(base["lo"], post.band([16000.0], kappa=0.0, up=0.0)["lo"])
   post.misspec["kappa"] = 0.02
   sd = post.misspec_sd([4000.0, 8000.0, 8000.0 * np.e, 8000.0 * np.e ** 2])
   np.testing.assert_allclose(sd, [0, 0, 0.02, 0.04])
-  wide = post.band([4000.0, 16000.0])
+  wide = post.band([4000.0, 16000.0], up=0.0)
   np.testing.assert_allclose(wide["lo"][0], post.band([4000.0])["lo"][0])   # inside: unchanged
+  np.testing.assert_allclose(wide["hi"][0], post.band([4000.0])["hi"][0])
   w0, w1 = base["hi"][0] - base["lo"][0], wide["hi"][1] - wide["lo"][1]
   # ~ sqrt(w0^2 + (2 * 1.645 * 0.02 ln 2)^2), up to the draws' randomness
   assert abs(w1 - np.hypot(w0, 2 * 1.645 * 0.02 * np.log(2))) < 0.004, (w0, w1)
@@ -85,3 +89,23 @@ def test_a_prefix_before_the_bend_gets_the_ceiling_as_its_upper_edge():
   assert post.identifiability()["identifiable"]
   b = post.band([16000.0], measurement=True)
   assert b["hi"][0] < 0.7 and 0.0 <= b["lo"][0] <= b["pred"][0] <= b["hi"][0] <= 1.0
+
+
+def test_late_upward_drift_beyond_the_asymptote_is_covered_where_the_old_band_missed():
+  """Eq. 1 (A = 0.6) that keeps rising by 0.04 per e-fold of compute from C = 4000 on (past its
+  bend at C_mid = 2000): forecast from the first half (C <= 8000), at the budget 16000 the
+  noise-free value is 0.651, beyond A. Eq. 1's band (no misspecification term) misses it for
+  every noise seed; the band with the upward drift allowance (MISSPEC_UP) covers it; its lower
+  edge and median are Eq. 1's."""
+  assert MISSPEC_UP == 0.015
+  true = _curve(0.04, start=4000.0)
+  m = (C > 0) & (C <= 8000)
+  for seed in range(3):
+    y = true + np.random.default_rng(seed).normal(0.0, 0.004, len(C))
+    post = fit_posterior(C[m], y[m], R0, n_samples=16000)
+    assert post.identifiability()["identifiable"] and post.misspec["up"] == MISSPEC_UP
+    old = post.band([16000.0], kappa=0.0, up=0.0)
+    new = post.band([16000.0])
+    assert old["hi"][0] < true[-1] <= new["hi"][0], (seed, old, new, true[-1])
+    np.testing.assert_allclose([new["lo"][0], new["pred"][0]], [old["lo"][0], old["pred"][0]])
+    assert new["hi"][0] - old["hi"][0] == pytest.approx(1.6449 * 0.015 * np.log(2), abs=1e-4)
