@@ -21,13 +21,16 @@ jax.distributed.initialize() with no arguments auto-detects, use `auto=True`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
 import traceback
 from typing import Any, Mapping
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from scalerl_jax import hosts
 from scalerl_jax import topologies
@@ -83,7 +86,6 @@ def initialize(config=None, env: Mapping[str, str] | None = None) -> Distributed
   A single process (num_processes == 1, not auto) is a no-op. On CPU the cross-process collectives
   are switched to `cpu_collectives` (gloo) first; without this CPU all-reduces across processes fail.
   """
-  import jax
   spec = DistributedSpec.from_config(config, env)
   if spec.num_processes == 1 and not spec.auto:
     return spec
@@ -100,7 +102,7 @@ def initialize(config=None, env: Mapping[str, str] | None = None) -> Distributed
       bind = hosts.resolve(f"0.0.0.0:{hosts.split(address)[1]}")
     jax.distributed.initialize(coordinator_address=address, num_processes=spec.num_processes,
                                process_id=spec.process_id, coordinator_bind_address=bind)
-  import sys      # initialize returned: every process joined (launch.rehearse reads this line)
+  # initialize returned: every process joined (launch.rehearse reads this line)
   print(f"jax.distributed: process {spec.process_id} of {spec.num_processes} joined"
         + (f" (coordinator {spec.coordinator_address})" if not spec.auto else ""),
         file=sys.stderr, flush=True)
@@ -137,7 +139,6 @@ def exit_on_error(spec: DistributedSpec, error: BaseException) -> None:
 
 def is_main_process() -> bool:
   """Process 0 writes metrics, checkpoints metadata and talks to the rollout buffer."""
-  import jax
   return jax.process_index() == 0
 
 
@@ -158,7 +159,6 @@ def process_row_slice(sharding, global_rows: int) -> slice:
 def host_to_global(local_batch: Mapping[str, Any], sharding, global_rows: int) -> dict:
   """{name: local numpy [rows_local, ...]} -> {name: global jax.Array [global_rows, ...]} with
   `jax.make_array_from_process_local_data` (each host contributes only its own rows)."""
-  import jax
   out = {}
   for k, v in local_batch.items():
     v = np.asarray(v)
@@ -168,19 +168,15 @@ def host_to_global(local_batch: Mapping[str, Any], sharding, global_rows: int) -
 
 def gather_to_host(tree):
   """Every process gets the full numpy value of a (possibly multi-host sharded) pytree."""
-  import jax
   if jax.process_count() == 1:
     return jax.tree.map(np.asarray, jax.device_get(tree))
-  from jax.experimental import multihost_utils
   return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
 def allgather_strings(value: str, max_bytes: int = 512) -> list[str]:
   """Every process's `value` (UTF-8, at most `max_bytes`), in process order (a collective)."""
-  import jax
   if jax.process_count() == 1:
     return [value]
-  from jax.experimental import multihost_utils
   raw = value.encode()
   if len(raw) > max_bytes:
     raise ValueError(f"{value[:40]!r}...: more than {max_bytes} bytes")
@@ -199,12 +195,9 @@ def broadcast_from_main(arrays: Mapping[str, Any] | None) -> dict[str, np.ndarra
   (names, dtypes, shapes) followed by every array's raw bytes. Dtypes survive exactly (bool, int64
   included: bytes are moved, never cast). A single process returns its input unchanged.
   """
-  import jax
   if jax.process_count() == 1:
     return dict(arrays)
-  import json
 
-  from jax.experimental import multihost_utils
   if jax.process_index() == 0:
     arrs = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     header = json.dumps([[k, v.dtype.str, list(v.shape)] for k, v in arrs.items()]).encode()
@@ -230,7 +223,6 @@ def meet(name: str, timeout_s: float = 3600.0) -> None:
   """Every process waits here until all have arrived (the coordination service's barrier, not a
   device collective, so it has its own timeout). `name` must be the same on every process and
   new for each meeting. A single process returns at once."""
-  import jax
   if jax.process_count() == 1:
     return
   from orbax.checkpoint import multihost
@@ -256,7 +248,6 @@ def _make_learner_class():
       other processes before running. gloo connects a program's collectives when it first runs
       and gives up after 30 s: a process that compiled much slower (a loaded host, a colder
       compilation cache) failed the faster one's first step with "Connect timeout"."""
-      import jax
       key = (id(fn),) + tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x))))
                               for x in jax.tree.leaves(args))
       if key not in self._met:
@@ -270,7 +261,6 @@ def _make_learner_class():
       return int(self._global_rows)
 
     def set_global_rows(self, rows: int) -> None:
-      import jax
       if rows % self.microbatches:
         raise ValueError(f"global batch {rows} not divisible by microbatches {self.microbatches}")
       if self.batch_sharding is None:
@@ -294,7 +284,6 @@ def _make_learner_class():
       return host_to_global({k: v[sl] for k, v in arrays.items()}, self.batch_sharding, rows)
 
     def device_batch(self, batch: Mapping[str, Any]) -> dict:
-      import jax
       batch = {k: np.asarray(v) for k, v in batch.items()}
       validate_batch(batch, 1, self.vocab_size, self.route_shape)
       local = batch["tokens"].shape[0]
