@@ -19,6 +19,7 @@ import json
 import logging
 import time
 
+import grpc
 import jax
 import numpy as np
 from tqdm import tqdm
@@ -36,6 +37,11 @@ from scalerl_jax.training.evaluation import EVALUATIONS
 from scalerl_jax.training.fleet_eval import eval_prompts
 from scalerl_jax.learner import Learner
 from scalerl_jax.learner.batch import length_sorted_order
+from scalerl_jax.learner.logprobs import token_logprobs
+from scalerl_jax.protocol import codec
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.training.health import (HealthMonitor, LiveForecast, NoRewardSignal, RunUnhealthy,
+                                         parity_check, step0_reward_check)
 from scalerl_jax.training.ledger import ComputeLedger, StepTokens
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
@@ -53,7 +59,6 @@ def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0,
   """logp[b, t] = log pi_learner(tokens[b, t] | tokens[b, <t]) at `temperature`, float32 (0 at t=0):
   the learner's side of the IS ratio, for the parity gate. `routes` int [B,T,R,K]: the generator's
   expert choices (MoE routing replay), as the learner's step uses them."""
-  from scalerl_jax.learner.logprobs import token_logprobs
   tokens = np.asarray(tokens, np.int32)
   positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32)[None], tokens.shape)
   fn = _LOGP_FNS.get(model_cfg)
@@ -176,7 +181,6 @@ class Trainer:
                                wandb_cfg=config.wandb, run_config=config.to_dict(),
                                local_dir=storage.local_dir(workdir, config.local_dir))
                     if self.main else NoTracker())
-    from scalerl_jax.training.health import HealthMonitor, LiveForecast
     self.health = HealthMonitor(config.health)
     fc = config.forecast
     self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
@@ -258,7 +262,6 @@ class Trainer:
 
   def _pull(self, step: int):
     """PullBatch(step), polling the watchdog (dead child processes) while it waits."""
-    import grpc
     deadline = time.time() + float(self.config.pull_timeout_s)
     while True:
       try:
@@ -295,7 +298,6 @@ class Trainer:
     process calls it (multi-host: the learner's sharded, sequence-chunked log-probs are a
     collective; `arrays` is the broadcast batch); process 0 (`versions`: the rows' token
     versions, in `arrays`' row order) compares and reports."""
-    from scalerl_jax.training.health import RunUnhealthy, parity_check
     first = step == self.start_step
     every = int(self.config.health.parity_every)
     if not self._parity_on() or not (first or (every and step % every == 0)):
@@ -358,7 +360,6 @@ class Trainer:
       reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
       with storage.open(storage.join(self.workdir, "batches", f"step_{step:06d}.npz"), "wb") as f:
         np.savez(f, finish_reason=np.asarray(reasons, np.int32), **full)
-    from scalerl_jax.protocol import rollout_pb2 as pb
     reasons = [r.finish_reason for g in batch.groups for r in g.rollouts]
     rec = {"step": step + 1, "kind": "train", **self.ledger.snapshot(), **m,
            "length_cut_frac": float(np.mean([f == pb.FINISH_LENGTH for f in reasons])) if reasons else 0.0,
@@ -370,7 +371,6 @@ class Trainer:
            "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity,
            **generator_metrics(batch.summary.generator_stats), **step0}
     abort = None
-    from scalerl_jax.training.health import RunUnhealthy
     try:
       rec.update(self.health.check(rec))
     except RunUnhealthy as e:
@@ -388,8 +388,6 @@ class Trainer:
     h = self.config.health
     if step != 0:
       return {}
-    from scalerl_jax.training.health import NoRewardSignal, step0_reward_check
-    from scalerl_jax.protocol import codec
     samples = None
     if batch is not None:
       tok, samples = self.dataset.tokenizer, []
@@ -473,7 +471,6 @@ class Trainer:
     """Trains up to `config.total_steps` steps (evaluating on schedule), from `start_step` when
     resumed; returns the last eval record. A health abort (health.abort_on) saves a checkpoint,
     logs the reason and re-raises; both ends go through `_finish`."""
-    from scalerl_jax.training.health import RunUnhealthy
     start = self.start_step
     self.publish(start)
     if start == 0:
