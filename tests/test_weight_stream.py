@@ -242,16 +242,18 @@ def test_worker_takes_streamed_and_blob_versions():
     w = W.Worker.__new__(W.Worker)
     w.fetcher, w.model_cfg = StreamFetcher(c), cfg
     c.publish_weights(0, runtime.params_to_payload(cfg, params), runtime.WEIGHTS_FORMAT)
-    v, weights = w._fetch(-1, 5)
-    assert v == 0 and weights["kind"] == "blob"
+    got = w._fetch(-1, 5)
+    v = got.version
+    assert v == 0 and not got.streamed
     conf = _config(chunk_steps=4)
-    w.gen = JaxEngine(conf).make(cfg, W._params_of(weights, cfg), v, "/tmp", None)
+    w.gen = JaxEngine(conf).make(cfg, got.params_for(cfg), v, "/tmp", None)
     assert _same(w.gen.params, params)
     new = jax.tree.map(lambda x: x + np.float32(1), params)
     StreamPublisher(c, 1, new, chunk_bytes=16 << 10, process_index=0).publish()
-    v, weights = w._fetch(0, 5)
-    assert v == 1 and weights["kind"] == "params" and _same(weights["params"], new)
-    w.gen.set_params(weights["params"], v)
+    got = w._fetch(0, 5)
+    v = got.version
+    assert v == 1 and got.streamed and _same(got.params, new)
+    w.gen.set_params(got.params, v)
     w.gen.apply_pending()
     assert w.gen.version == 1 and _same(jax.tree.map(np.asarray, w.gen.params), new)
 

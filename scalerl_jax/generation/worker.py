@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from concurrent import futures
+from typing import Any
 
 import grpc
 
@@ -66,13 +67,33 @@ RESTART_EXIT = 75
 log = logging.getLogger("scalerl.worker")
 
 
-def _params_of(weights, model_cfg):
-  """Our-layout params of a fetched version: a streamed version's params as they are, a
-  published blob's HF-named arrays converted."""
-  if weights["kind"] == "params":
-    return weights["params"]
-  named = runtime.payload_to_named(weights["payload"], weights["fmt"])
-  return hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+  """One fetched weight version: a streamed version's params (our layout, assembled in place),
+  or a published blob (`payload` in `fmt`, runtime.params_to_payload; publishers that push one
+  whole payload through the buffer)."""
+  version: int
+  params: Any = None
+  payload: Any = None
+  fmt: str = ""
+
+  @property
+  def streamed(self) -> bool:
+    return self.params is not None
+
+  def params_for(self, model_cfg) -> Any:
+    """Our-layout params: a streamed version's as they are, a blob's HF-named arrays converted."""
+    if self.streamed:
+      return self.params
+    named = runtime.payload_to_named(self.payload, self.fmt)
+    return hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
+
+  def install(self, gen, model_cfg) -> None:
+    """Hands this version to generator `gen` (swapped in between decode chunks)."""
+    if self.streamed:
+      gen.load_params(self.params, self.version, model_cfg)
+    else:
+      gen.load_payload(self.payload, self.version, self.fmt)
 
 
 class Worker:
@@ -106,7 +127,7 @@ class Worker:
     got = None
     while got is None:   # the learner publishes version 0 before training starts
       got = self._fetch(-1, 60)
-    version, weights = got
+    version = got.version
     self.backend = backend
     # Evaluation lane: retained params by version, and the versions open evaluations pin.
     self._held: collections.OrderedDict = collections.OrderedDict()
@@ -114,9 +135,9 @@ class Worker:
     self._held_lock = threading.Lock()
     self._swap_lock = threading.Lock()     # non-JAX backends: eval swaps vs the weight watcher
     self.hold_n = int(config.generator.eval_hold_versions)
-    if weights["kind"] == "params":
-      self._remember(version, weights["params"])
-    params = _params_of(weights, self.model_cfg) if self.engine.needs_params else None
+    if got.streamed:
+      self._remember(version, got.params)
+    params = got.params_for(self.model_cfg) if self.engine.needs_params else None
     self.gen = self.engine.make(self.model_cfg, params, version, workdir, self.dataset)
     self._stop = threading.Event()
     self.rewound = False
@@ -159,19 +180,18 @@ class Worker:
         self.rewound = True
         self.stop()
 
-  def _fetch(self, have: int, wait_timeout_s: float):
-    """Newest version above `have` as (version, weights) or None: weights = {"kind": "params",
-    "params": tree} for a streamed version (assembled in place, resumable), {"kind": "blob", ...}
-    for a blob one (old publishers)."""
+  def _fetch(self, have: int, wait_timeout_s: float) -> Fetched | None:
+    """The newest version above `have` (`Fetched`), or None when none arrived in time. A
+    streamed version is assembled in place and resumable."""
     got = self.fetcher.fetch(have, wait_timeout_s=wait_timeout_s)
     if got is None:
       return None
     version, params = got
     if params is not None:
-      return version, {"kind": "params", "params": params}
+      return Fetched(version, params=params)
     _, payload, fmt = self.fetcher.blob
     self.fetcher.blob = None
-    return version, {"kind": "blob", "payload": payload, "fmt": fmt}
+    return Fetched(version, payload=payload, fmt=fmt)
 
   def _watch_weights(self):
     """Fetches each newly published version and installs it (applied between decode chunks).
@@ -189,14 +209,11 @@ class Worker:
         continue
       if got is None:
         continue
-      version, w = got
       with self._swap_lock:
-        if w["kind"] == "params":
-          self._remember(version, w["params"])
-          self.gen.load_params(w["params"], version, self.model_cfg)
-        else:
-          self.gen.load_payload(w["payload"], version, w["fmt"])
-      have = version
+        if got.streamed:
+          self._remember(got.version, got.params)
+        got.install(self.gen, self.model_cfg)
+      have = got.version
 
   def _wait_for_version(self, min_version: int):
     while self.gen.version < min_version and not self._stop.is_set():
