@@ -21,7 +21,7 @@ from analysis import real_runs
 from analysis.errors import AnalysisError, NoImprovementError
 from analysis.forecast import eval_samples
 from analysis.metrics import read_run
-from analysis.posterior import LEVEL, MISSPEC_GAIN, MISSPEC_PRIOR, fit_posterior, lfo_excess
+from analysis.posterior import LEVEL, MISSPEC_GAIN, MISSPEC_PRIOR, MISSPEC_UP, fit_posterior, lfo_excess
 from analysis.simulation import NoiseSpec, heldout_offsets, simulate_run
 from analysis.synthetic import TABLE1
 
@@ -51,7 +51,7 @@ def coverage_study(n_runs: int = 200, seed: int = 0, spec: NoiseSpec = NoiseSpec
     post, budget = _half_fit(run, spec, seed + i)
     b = post.band([budget], level)
     bm = post.band([budget], level, measurement=True, seed=i)
-    b0 = post.band([budget], level, kappa=0.0, up=0.0)
+    b0 = post.band([budget], level, kappa=0.0, up=0.0, ceiling=False)
     lo, hi, pred = float(b["lo"][0]), float(b["hi"][0]), float(b["pred"][0])
     rows.append({"row": name, "truth": float(run.truth[-1]), "measured": float(run.y[-1]), "pred": pred,
                  "lo": lo, "hi": hi, "m_lo": float(bm["lo"][0]), "m_hi": float(bm["hi"][0]),
@@ -160,14 +160,15 @@ def _real_cut(run, share: float, seed: int, n_samples: float | None) -> dict | N
   return {"run": run.name, "share": share, "post": post, "budget": budget, "final": float(run.value[-1])}
 
 
-def _score(cut: dict, prior: float, gain: float, level: float = LEVEL, up: float | None = None) -> dict:
+def _score(cut: dict, prior: float, gain: float, level: float = LEVEL, up: float | None = None,
+           ceiling: bool = True) -> dict:
   """The ``level`` bands of one cut at its run's final compute with the misspecification term set
     to ``(prior, gain)`` (0, 0: Eq. 1's band alone): the curve band and the band of one evaluation
     (what a final measurement falls in), and whether each covers the final measured value."""
   post = cut["post"]
   kappa = float(np.hypot(prior, gain * post.misspec["kappa_run"]))
-  b = post.band([cut["budget"]], level, kappa=kappa, up=up)
-  bm = post.band([cut["budget"]], level, measurement=True, kappa=kappa, up=up)
+  b = post.band([cut["budget"]], level, kappa=kappa, up=up, ceiling=ceiling)
+  bm = post.band([cut["budget"]], level, measurement=True, kappa=kappa, up=up, ceiling=ceiling)
   f = cut["final"]
   return {"pred": float(bm["pred"][0]), "lo": float(b["lo"][0]), "hi": float(b["hi"][0]),
           "m_lo": float(bm["lo"][0]), "m_hi": float(bm["hi"][0]),
@@ -175,12 +176,13 @@ def _score(cut: dict, prior: float, gain: float, level: float = LEVEL, up: float
           "err": float(bm["pred"][0] - f), "width": float(bm["hi"][0] - bm["lo"][0])}
 
 
-def _table(cuts: list[dict], prior: float, gain: float, up: float | None = None) -> dict:
+def _table(cuts: list[dict], prior: float, gain: float, up: float | None = None,
+           ceiling: bool = True) -> dict:
   """Per cut share: coverage of the final value (measurement band; curve band), median |error|,
     median band width."""
   out = {}
   for share in CUTS:
-    rows = [_score(c, prior, gain, up=up) for c in cuts if c["share"] == share]
+    rows = [_score(c, prior, gain, up=up, ceiling=ceiling) for c in cuts if c["share"] == share]
     if rows:
       out[str(share)] = {"n": len(rows), "coverage": float(np.mean([r["covers"] for r in rows])),
                          "curve_coverage": float(np.mean([r["curve_covers"] for r in rows])),
@@ -226,7 +228,8 @@ def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.
          "skipped_cuts": skipped, "level": LEVEL, "grid": grid, "fitted": {"prior": best["prior"], "gain": best["gain"]},
          "in_use": {"prior": current[0], "gain": current[1]}}
   for split, cc in cuts.items():
-    res[split] = {"with_term": _table(cc, *current), "without_term": _table(cc, 0.0, 0.0, up=0.0),
+    res[split] = {"with_term": _table(cc, *current),
+                  "without_term": _table(cc, 0.0, 0.0, up=0.0, ceiling=False),
                   "kappa_run_median": float(np.median([c["post"].misspec["kappa_run"] for c in cc])) if cc else None}
   return res
 
@@ -237,9 +240,11 @@ def markdown_real(res: dict) -> str:
   L = [f"{len(res['runs'])} real runs (analysis/real_runs/), {len(res['calibration_runs'])} for calibration; "
        f"each forecast from 25/50/75 % of its final compute, {res['level']:.0%} bands at the final compute. "
        f"Fitted on the calibration runs: MISSPEC_PRIOR={f['prior']:g}, MISSPEC_GAIN={f['gain']:g}; in use: "
-       f"{u['prior']:g}, {u['gain']:g}.", "",
+       f"{u['prior']:g}, {u['gain']:g}, with the upward drift allowance MISSPEC_UP={MISSPEC_UP:g} and the "
+       f"ceiling as the upper edge of not-yet-identifiable forecasts. 'Without': Eq. 1's band as before "
+       f"issue #29 (no term, no allowance, no ceiling).", "",
        "| runs | cut | n | band covers final value (measurement band) | curve band covers | median abs. error "
-       "| median width | without the term: covers | without: width |", "|---|---|---|---|---|---|---|---|---|"]
+       "| median width | Eq. 1 band as before: covers | as before: width |", "|---|---|---|---|---|---|---|---|---|"]
   for split in ("held_out", "calibration"):
     w, wo = res[split]["with_term"], res[split]["without_term"]
     for share, v in w.items():

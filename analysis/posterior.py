@@ -156,15 +156,15 @@ class Posterior:
     return (self.misspec["kappa"] if kappa is None else kappa) * np.maximum(x, 0.0)
 
   def band(self, C, level: float = LEVEL, measurement: bool = False, seed: int = 0,
-           kappa: float | None = None, up: float | None = None) -> dict:
+           kappa: float | None = None, up: float | None = None, ceiling: bool = True) -> dict:
     """Median and central ``level`` band of the curve at compute ``C`` (arrays); with
     ``measurement``, of one evaluation there (the curve plus the noise model's sd). Beyond the
     last evaluation the curve carries the misspecification term (``kappa``: this posterior's
     unless given; 0 = Eq. 1's uncertainty alone) and its upper edge the upward drift allowance
     (``up``: this posterior's ``misspec["up"]``, ``MISSPEC_UP``, unless given), and while the run is not yet identifiable
     (``identifiability``: C_mid not bracketed, so A is not pinned down) the band's upper edge
-    there is the metric's ceiling: nothing the data show rules a higher value out. Both bands
-    stay within [0, value_max]."""
+    there is the metric's ceiling: nothing the data show rules a higher value out (``ceiling``
+    False: Eq. 1's edge, as before issue #29). Both bands stay within [0, value_max]."""
     C = np.atleast_1d(np.asarray(C, float))
     cur = self.curves(C)
     tau = self.misspec_sd(C, kappa)
@@ -179,7 +179,7 @@ class Posterior:
       q[2] = q[2] + ndtri((1 + level) / 2) * self.misspec_sd(C, up)
     q = np.clip(q, 0.0, self.value_max)
     beyond = C > float(self.C[-1])
-    if beyond.any() and not self.identifiability(level=level)["identifiable"]:
+    if ceiling and beyond.any() and not self.identifiability(level=level)["identifiable"]:
       q[2] = np.where(beyond, self.value_max, q[2])
     return {"pred": q[0], "lo": q[1], "hi": q[2]}
 
