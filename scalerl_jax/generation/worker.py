@@ -79,6 +79,7 @@ class Fetched:
 
   @property
   def streamed(self) -> bool:
+    """True for a streamed version (params in our layout), False for a published blob."""
     return self.params is not None
 
   def params_for(self, model_cfg) -> Any:
