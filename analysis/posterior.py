@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from scipy.special import log_ndtr, ndtr, ndtri
 
 from analysis.errors import AnalysisError, NoImprovementError, TooFewPointsError
 from analysis.metrics import validate_curve
@@ -177,7 +178,6 @@ class Posterior:
     q = np.percentile(cur, [50, (1 - level) / 2 * 100, (1 + level) / 2 * 100], axis=0)
     up = self.misspec.get("up", 0.0) if up is None else up
     if up > 0:
-      from scipy.special import ndtri
       q[2] = q[2] + ndtri((1 + level) / 2) * self.misspec_sd(C, up)
     q = np.clip(q, 0.0, self.value_max)
     beyond = C > float(self.C[-1])
@@ -273,7 +273,6 @@ def _cell_stats(C, yp, cm, bg, noise, v0):
 
 def _log_norm_cdf_diff(lo, hi):
   """log(Phi(hi) - Phi(lo)), stable in both tails."""
-  from scipy.special import log_ndtr
   a, b = log_ndtr(hi), log_ndtr(lo)
   with np.errstate(divide="ignore", invalid="ignore"):
     return np.where(b < a, a + np.log1p(-np.exp(np.minimum(b - a, 0.0))), -np.inf)
@@ -462,7 +461,6 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   cmid = np.exp(np.log(cm[ic]) + (rng.random(n_draws) - 0.5) * dlc)
   b = np.exp(np.log(bg[ib]) + (rng.random(n_draws) - 0.5) * dlb)
   # a | cell: the Gaussian N(S1/S2, 1/S2) truncated to the prior, drawn by inverting its CDF
-  from scipy.special import ndtr, ndtri
   S2 = np.maximum(st["S2"][g], 1e-300)
   mu, sd = st["S1"][g] / S2, 1.0 / np.sqrt(S2)
   plo, phi = ndtr((a_lo - mu) / sd), ndtr((a_hi - mu) / sd)

@@ -1,4 +1,5 @@
-"""One registry helper for everything chosen by name in a config (losses, rewards).
+"""One registry helper for everything chosen by name in a config (losses, rewards, generator
+backends, model families).
 
   LOSSES = Registry("loss")
   @LOSSES.register("cispo")

@@ -8,12 +8,15 @@ backend: it asks the engine (generation/generator.py `Engine`) to build its gene
 evaluation sampler and its continuous decoder.
 
 A new backend: its engine module (a `generator.Engine` subclass) and one `register(Backend(...))`
-line below. This module imports nothing of the project (recipes reads it; no cycle, no JAX).
+line below. This module imports only the project's `registry` helper (recipes reads it; no cycle,
+no JAX).
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
+
+from scalerl_jax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,28 +32,14 @@ class Backend:
   about: str = ""
 
 
-_REGISTRY: dict[str, Backend] = {}
+BACKENDS: Registry[Backend] = Registry("generator backend")
+names = BACKENDS.names     # the registered backend names, sorted
+get = BACKENDS.get         # the entry of a backend; ValueError naming the registered ones
 
 
 def register(backend: Backend) -> Backend:
-  """Adds `backend` (a name registered twice is an error)."""
-  if backend.name in _REGISTRY:
-    raise ValueError(f"generator backend {backend.name!r} is registered twice")
-  _REGISTRY[backend.name] = backend
-  return backend
-
-
-def names() -> tuple[str, ...]:
-  """The registered backend names, in registration order."""
-  return tuple(_REGISTRY)
-
-
-def get(name: str) -> Backend:
-  """The entry of backend `name`; an unknown name is a ValueError naming the known ones."""
-  try:
-    return _REGISTRY[name]
-  except KeyError:
-    raise ValueError(f"generator.backend={name!r}; expected one of {names()}") from None
+  """Adds `backend` under its name (a name registered twice is an error)."""
+  return BACKENDS.register(backend.name)(backend)
 
 
 def engine_class(name: str) -> type:

@@ -71,8 +71,5 @@ class VLLMEngine(Engine):
   def continuous(self, gen, spec):
     return VLLMSlots(gen, int(self.config.generator.decode_batch), spec)
 
-  def refuses_continuous(self, gen, model_cfg) -> str:
-    return ""
-
   def devices(self) -> int:
     return int(self.config.generator.tensor_parallel or 1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+from scalerl_jax.registry import Registry
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
@@ -35,36 +37,23 @@ class Family:
     return self.hf_model_class
 
 
-_REGISTRY: dict[str, Family] = {}
+FAMILIES: Registry[Family] = Registry("model family")
+names = FAMILIES.names     # the registered family names, sorted
+get = FAMILIES.get         # the family called `name`; ValueError naming the registered ones
 
 
 def register(family: Family) -> Family:
-  """Adds `family` (a name registered twice is an error)."""
-  if family.name in _REGISTRY:
-    raise ValueError(f"model family {family.name!r} is registered twice")
+  """Adds `family` under its name (a name registered twice is an error)."""
   if family.rope_layout not in ("half", "pairs"):
     raise ValueError(f"family {family.name}: rope_layout must be 'half' or 'pairs'")
-  _REGISTRY[family.name] = family
-  return family
-
-
-def names() -> tuple[str, ...]:
-  """The registered family names."""
-  return tuple(_REGISTRY)
-
-
-def get(name: str) -> Family:
-  """The family called `name`; ValueError naming the known ones otherwise."""
-  try:
-    return _REGISTRY[name]
-  except KeyError:
-    raise ValueError(f"family must be one of {names()}, got {name!r}") from None
+  return FAMILIES.register(family.name)(family)
 
 
 def of_hf_model_type(model_type: str) -> Family:
   """The family a config.json `model_type` belongs to; ValueError otherwise."""
-  for f in _REGISTRY.values():
+  fams = [FAMILIES.get(n) for n in FAMILIES.names()]
+  for f in fams:
     if model_type in f.hf_model_types:
       return f
-  known = [t for f in _REGISTRY.values() for t in f.hf_model_types]
+  known = [t for f in fams for t in f.hf_model_types]
   raise ValueError(f"unsupported HF model_type {model_type!r} (expected one of {known})")
