@@ -18,6 +18,7 @@ import pytest
 
 from scalerl_jax import rewards
 from scalerl_jax.rewards import sandbox
+from scalerl_jax.rewards.sandbox_setup import Limits
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.types import PromptSpec
@@ -27,7 +28,7 @@ TOKEN_ENV = "SCALERL_BUFFER_TOKEN"
 TOKEN = "hostile-test-token-" + uuid.uuid4().hex
 SECRET = "checkpoint-secret-" + uuid.uuid4().hex
 # Tight limits keep the suite fast and the shared machine safe (memory: <= nproc x 256 MiB).
-LIMITS = sandbox.Limits(memory_bytes=256 << 20, wall_s=2.0, output_bytes=1 << 20)
+LIMITS = Limits(memory_bytes=256 << 20, wall_s=2.0, output_bytes=1 << 20)
 
 ANY_FAIL = {"runtime_error", "wrong_answer", "timeout", "memory", "output_limit", "file_limit"}
 
