@@ -1,6 +1,7 @@
 """The package structure's rules, checked from the source: no import cycle among the project's
-modules, no import of another module's private (`_x`) name, and the buffer and protocol packages
-(and the vLLM worker's modules) importable with JAX blocked."""
+modules, no import of another module's private (`_x`) name, no module of the package over
+MAX_MODULE_LINES lines, and the buffer and protocol packages (and the vLLM worker's modules)
+importable with JAX blocked."""
 from __future__ import annotations
 
 import ast
@@ -140,6 +141,19 @@ def test_the_buffer_state_machine_names_no_grpc_type():
 def test_no_private_name_imported_from_another_module():
   _, private = import_graph()
   assert private == []
+
+
+MAX_MODULE_LINES = 600     # issue #27: a module longer than this is split along a seam
+
+
+def test_no_module_of_the_package_is_longer_than_the_limit():
+  """Every module under scalerl_jax/ has at most MAX_MODULE_LINES lines (the generated protobuf
+  stubs, *_pb2*.py, excepted); a longer one is named here."""
+  paths = sorted((ROOT / "scalerl_jax").rglob("*.py"))
+  assert len(paths) > 50                       # the whole package was read
+  long = {str(p.relative_to(ROOT)): n for p in paths if "_pb2" not in p.name
+          and (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+  assert long == {}, f"modules over {MAX_MODULE_LINES} lines (split them along a seam): {long}"
 
 
 _BLOCK_JAX = """
