@@ -71,10 +71,11 @@ def write_checkpoint(out: str, mesh: dict, family: str = "llama3", num_experts: 
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=FFN, num_hidden_layers=2,
         num_attention_heads=w["heads"], num_key_value_heads=w["kv_heads"],
-        head_dim=w["head_dim"], max_position_embeddings=131072, rope_theta=500000.0,
-        rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                         "original_max_position_embeddings": 8192},
+        head_dim=w["head_dim"], max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                            "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 8192},
         tie_word_embeddings=False, bos_token_id=bos, eos_token_id=eos)
     model = transformers.LlamaForCausalLM(cfg)
     shard = "600KB"
@@ -126,7 +127,7 @@ def variant_model(manifest_dir: str) -> tuple[dict, str, int]:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m launch.miniature", description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(prog="python -m launch.miniature", description=(__doc__ or "").split("\n")[0])
   ap.add_argument("manifests", help="a rendered variant (launch/gke/rendered/8b-gb200)")
   ap.add_argument("--out", required=True, help="writes OUT/ckpt and OUT/polaris.parquet")
   a = ap.parse_args(argv)

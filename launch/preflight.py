@@ -106,6 +106,14 @@ def _flag(cmd, name, default=None):
   return default
 
 
+def _config_arg(c) -> str:
+  """A container's `--config=path[:arg]` (every pod that loads a run config is given one)."""
+  path = _flag(c["command"], "--config")
+  if path is None:
+    raise ValueError(f"container {c.get('name')!r} has no --config= flag")
+  return path
+
+
 def _overrides(cmd):
   return [a for a in cmd if a.startswith("--config.")]
 
@@ -178,7 +186,7 @@ def learner_config(v: Variant, pod, c):
   """The config scalerl_jax.main builds from this container's command (main.main's steps)."""
   from scalerl_jax import recipes
   from scalerl_jax import topologies
-  cfg, src = v.load(pod, c, _flag(c["command"], "--config"))
+  cfg, src = v.load(pod, c, _config_arg(c))
   over = _overrides(c["command"])
   recipes.apply_overrides(cfg, over)
   locked = recipes.locked_keys(over)
@@ -208,7 +216,7 @@ def generator_config(v: Variant, pod, c):
 def export_config(v: Variant, pod, c):
   """The config scalerl_jax.data.export builds (its config file + overrides, no recipe)."""
   from scalerl_jax import recipes
-  path = _flag(c["command"], "--config")
+  path = _config_arg(c)
   cfg, src = v.load(pod, c, path.partition(":")[0])
   recipes.apply_overrides(cfg, _overrides(c["command"]))
   return cfg, src
@@ -283,7 +291,7 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
         r.fail(f"the prompt export's config does not load: {' '.join(str(e).split())}",
                "export --config")
   # One line for the fault: the first learner setting other pods do not share, with each pod's.
-  mine, theirs = None, []
+  mine, theirs = "", []
   for who, ocfg, _osrc, keys in others:
     diff = _diff(cfg, ocfg, keys)
     if diff:
@@ -665,7 +673,7 @@ def run(paths, aot: bool = False, update_cache: bool = False, out=sys.stdout) ->
 
 def main(argv=None) -> int:
   """CLI: exit status 1 when any variant fails."""
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("dirs", nargs="*", default=[os.path.join(REPO, "launch", "gke", "rendered")],
                   help="rendered variant directories (or a folder of them)")
   ap.add_argument("--aot", action="store_true", help="compile the memory plans (tools.plan) now")

@@ -252,6 +252,12 @@ class Pod:
     self.exit_codes: list[int] = []
     self.started = False
 
+  @property
+  def running(self) -> subprocess.Popen:
+    """The container's process, once started (`Rehearsal._start`)."""
+    assert self.proc is not None, f"pod {self.name} was not started"
+    return self.proc
+
 
 def plan_pods(docs, generators: int, subnet: str,
               real_shape: bool = False) -> tuple[list[Pod], dict]:
@@ -632,8 +638,8 @@ class Rehearsal:
       port = next(x["containerPort"] for x in c.get("ports", []) if x.get("name") == port)
     end = time.time() + timeout_s
     while time.time() < end:
-      if p.proc.poll() is not None:
-        raise RuntimeError(f"{p.name} exited {p.proc.returncode} before it was ready "
+      if p.running.poll() is not None:
+        raise RuntimeError(f"{p.name} exited {p.running.returncode} before it was ready "
                            f"(log: {self.state}/pods/{p.name}/)")
       try:
         socket.create_connection((p.ip, int(port)), timeout=1).close()
@@ -704,8 +710,8 @@ class Rehearsal:
           if "persistentVolumeClaim" in v and any(
               m["name"] == v["name"] and m["mountPath"] == "/wal"
               for m in p.spec["containers"][0].get("volumeMounts", []))))
-      os.killpg(p.proc.pid, signal.SIGKILL)
-      p.proc.wait(30)
+      os.killpg(p.running.pid, signal.SIGKILL)
+      p.running.wait(30)
       # The WAL as the killed buffer left it: every rollout in it was acknowledged.
       copy = os.path.join(self.state, "evidence", "wal-at-kill")
       shutil.copytree(wal_dir, copy)
@@ -714,7 +720,7 @@ class Rehearsal:
                           "wal_dir": wal_dir, "records_at_kill": len(records)}
     else:
       p = self._learners()[0]
-      os.killpg(p.proc.pid, signal.SIGKILL)
+      os.killpg(p.running.pid, signal.SIGKILL)
       done = self._checkpoints()
       self.kill_report = {"pod": p.name, "at_step": self._step(),
                           "checkpoint_at_kill": done[-1] if done else None}
@@ -741,16 +747,16 @@ class Rehearsal:
           self._do_kill()
           killed = True
         for p in buffers + gens:              # Deployment: restartPolicy Always
-          if p.proc.poll() is not None:
-            p.exit_codes.append(p.proc.returncode)
+          if p.running.poll() is not None:
+            p.exit_codes.append(p.running.returncode)
             self.events.append({"t": round(time.time(), 2), "pod": p.name, "event": "exited",
-                                "code": p.proc.returncode})
+                                "code": p.running.returncode})
             p.restarts += 1
             time.sleep(1.0)                   # kubelet back-off (10 s there)
             self._start(p)
             if p in buffers:
               self._wait_ready(p)
-        codes = [p.proc.poll() for p in learners]
+        codes = [p.running.poll() for p in learners]
         if all(c == 0 for c in codes):        # the JobSet completed
           for p in learners:
             p.exit_codes.append(0)
@@ -758,7 +764,7 @@ class Rehearsal:
         if any(c not in (None, 0) for c in codes):   # a failed pod fails the Job
           for p in learners:
             self._stop(p, signal.SIGKILL, 5)
-            p.exit_codes.append(p.proc.returncode)
+            p.exit_codes.append(p.running.returncode)
           self.events.append({"t": round(time.time(), 2), "pod": self.jobset["name"],
                               "event": "job failed", "codes": codes})
           if self.jobset_restarts >= self.jobset["max_restarts"]:
@@ -954,7 +960,7 @@ def _kill_check(k: dict) -> dict:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m launch.rehearse", description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(prog="python -m launch.rehearse", description=(__doc__ or "").split("\n")[0])
   ap.add_argument("manifests", help="a rendered variant, e.g. launch/gke/rendered/8b-h100")
   ap.add_argument("--steps", type=int, default=6)
   ap.add_argument("--workdir", default="", help="DIR or gs://BUCKET/PATH (default STATE_DIR/workdir)")

@@ -27,6 +27,12 @@ import os
 import posixpath
 import shutil
 import tempfile
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+  import pathlib
+
+  from etils import epath
 
 REMOTE_SCHEMES = ("gs://",)
 ENV_EMULATOR = "STORAGE_EMULATOR_HOST"
@@ -67,7 +73,10 @@ def _strip(p) -> str:
   return str(p).rstrip("/")
 
 
-def path(p):
+AnyPath = Union["pathlib.Path", "epath.Path"]   # what `path` returns (the same API)
+
+
+def path(p) -> AnyPath:
   """A path object: `pathlib.Path` for local paths, `etils.epath.Path` for gs:// (same API)."""
   if is_remote(p):
     configure_emulator()

@@ -350,7 +350,7 @@ def _kv(items, what):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("--all", action="store_true", help=f"render every variant into {RENDERED_DIR}")
   ap.add_argument("--config", default="configs/8b.py")
   ap.add_argument("--learner_platform", choices=sorted(spec_lib.PLATFORMS),

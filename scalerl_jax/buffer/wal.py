@@ -286,6 +286,7 @@ class WAL:
     """Truncates the active segment back to its last durable commit after a failed one."""
     if not self._torn:
       return
+    assert self._fd is not None          # torn bytes are only left by a commit to an open segment
     try:
       os.ftruncate(self._fd, self._end)
       os.fsync(self._fd)
@@ -307,6 +308,7 @@ class WAL:
       self._fd = None
 
   def _rotate(self) -> None:
+    assert self._fd is not None          # commit rotates the segment it checked is open
     os.fsync(self._fd)
     self._open(os.path.join(self.dir, f"wal-{self._next_index():08d}.log"))
     self._fsync_dir()

@@ -37,7 +37,7 @@ def _load_config(path: str):
 
 def build_parser() -> argparse.ArgumentParser:
   """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("--config", required=True, help="config file with get_config()")
   ap.add_argument("--out", required=True)
   ap.add_argument("--split", choices=("train", "heldout"), default="train")

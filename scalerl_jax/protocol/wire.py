@@ -9,7 +9,7 @@ This module must not import jax (the buffer server process does not).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NoReturn, Optional
 
 from google.protobuf import message as pb_message
 from google.protobuf import unknown_fields
@@ -25,6 +25,13 @@ class Malformed:
 
   def __init__(self, err: str):
     self.err = err
+
+
+def abort(context, code, message: str) -> NoReturn:
+  """`context.abort(code, message)`: grpc's ServicerContext.abort always raises (documented, but its
+  signature does not say so), so the type checker knows a handler does not go on after it."""
+  context.abort(code, message)
+  raise AssertionError("unreachable: ServicerContext.abort raises")
 
 
 def unknown(msg, name: str) -> Optional[str]:

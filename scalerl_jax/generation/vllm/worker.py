@@ -391,7 +391,7 @@ async def _amain(sock_path: str, cfg: dict) -> int:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("--socket", required=True, help="Unix socket path the client listens on")
   ap.add_argument("--config", required=True, help="JSON object; keys: " + ", ".join(DEFAULTS))
   args = ap.parse_args(argv)
