@@ -92,7 +92,8 @@ def write_checkpoint(out: str, mesh: dict, family: str = "llama3", num_experts: 
         text_config=models.to_hf_config(text).to_dict(), vision_config=vision))
     shard = "1MB"
   _randomize(model, seed)
-  model.to(torch.bfloat16).save_pretrained(out, max_shard_size=shard)
+  # transformers' `@wraps(nn.Module.to)` makes a type checker take the bound `to` as unbound
+  model.to(torch.bfloat16).save_pretrained(out, max_shard_size=shard)  # pyright: ignore[reportArgumentType]
   n = sum(f.endswith(".safetensors") for f in os.listdir(out))
   if n < 3:
     raise RuntimeError(f"miniature checkpoint has {n} shards (< 3)")
@@ -119,6 +120,8 @@ def variant_model(manifest_dir: str) -> tuple[dict, str, int]:
   """({mesh axis: size}, model family, experts) of a rendered variant's learner run config."""
   from launch import preflight
   v = preflight.Variant(manifest_dir)
+  if v.jobset is None:
+    raise ValueError(f"{manifest_dir}: no JobSet (the learner) among the rendered documents")
   pod = v.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
   cfg, _ = preflight.learner_config(v, pod, pod["containers"][0])
   from scalerl_jax import models

@@ -95,7 +95,7 @@ def launch(specs: dict) -> None:
   jobs = build_jobs(specs, token)
   with xm_local.create_experiment(experiment_title=specs["name"]) as experiment:
     executables = experiment.package([
-        xm.container(executor_spec=xm_local.Kubernetes.Spec(), image_path=j["image"])
+        xm.container(executor_spec=xm_local.KubernetesSpec(), image_path=j["image"])
         for j in jobs.values()])
     experiment.add(xm.JobGroup(**{
         name: xm.Job(executable=exe, executor=xm_local.Kubernetes(requirements=j["requirements"]),

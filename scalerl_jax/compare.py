@@ -67,6 +67,8 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
 def main(argv):
   del argv
   try:
+    if not _WORKDIR.value:
+      raise recipes.ConfigError("--workdir is required (the runs and the comparison go there)")
     for name in _RECIPES.value:
       if name not in recipes.RECIPES:
         raise recipes.ConfigError(f"unknown recipe {name!r}; choose from {sorted(recipes.RECIPES)}")

@@ -196,9 +196,11 @@ def broadcast_from_main(arrays: Mapping[str, Any] | None) -> dict[str, np.ndarra
   included: bytes are moved, never cast). A single process returns its input unchanged.
   """
   if jax.process_count() == 1:
+    assert arrays is not None            # the only process is the main one
     return dict(arrays)
 
   if jax.process_index() == 0:
+    assert arrays is not None, "the main process passes its batch"
     arrs = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     header = json.dumps([[k, v.dtype.str, list(v.shape)] for k, v in arrs.items()]).encode()
     payload = np.frombuffer(header + b"".join(v.tobytes() for v in arrs.values()), np.uint8)
@@ -258,6 +260,7 @@ def _make_learner_class():
       return super().run_program(fn, *args)
 
     def global_rows(self) -> int:
+      assert self._global_rows is not None, "no batch placed yet (set_global_rows)"
       return int(self._global_rows)
 
     def set_global_rows(self, rows: int) -> None:

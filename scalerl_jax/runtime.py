@@ -73,7 +73,7 @@ def sampling_spec(config, dataset, seed: int, temperature: float | None = None,
       think_budget_min=int(r.think_budget_min), think_budget_max=int(r.think_budget_max),
       answer_budget=int(r.answer_budget), think_end_tokens=tuple(dataset.think_end_tokens),
       think_end_text=end_text,
-      think_end_vocab=interruption.think_end_vocab(texts, end_text) if end_text else (),
+      think_end_vocab=interruption.think_end_vocab(texts, end_text) if texts and end_text else (),
       interruption_tokens=(tuple(dataset.interruption_tokens(r.interruption_text))
                            if interrupt else ()),
       seed=int(seed))
@@ -165,7 +165,7 @@ def params_to_payload(model_cfg, params) -> bytes:
   return save({k: np.ascontiguousarray(v) for k, v in models.hf_named_arrays(model_cfg, params)})
 
 
-def payload_to_named(payload: bytes, fmt: str) -> dict[str, np.ndarray]:
+def payload_to_named(payload: bytes | bytearray | memoryview, fmt: str) -> dict[str, np.ndarray]:
   """Inverse of params_to_payload: {hf_name: array}."""
   if fmt != WEIGHTS_FORMAT:
     raise ValueError(f"unsupported weight payload format {fmt!r}; expected {WEIGHTS_FORMAT!r}")
@@ -182,6 +182,7 @@ def load_run_config(path: str, overrides=()) -> ml_collections.ConfigDict:
   if file.endswith(".py"):
     import importlib.util
     spec = importlib.util.spec_from_file_location("scalerl_run_config", file)
+    assert spec is not None and spec.loader is not None    # a .py file: the source loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     config = mod.get_config(arg) if arg else mod.get_config()

@@ -30,6 +30,7 @@ def _load_config(path: str):
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist")
   spec = importlib.util.spec_from_file_location("_scalerl_export_config", path)
+  assert spec is not None and spec.loader is not None    # a .py file: the source loader
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod.get_config(None)

@@ -172,7 +172,7 @@ def _taco_tests(loc: str, inputs: Any, outputs: Any, fn_name: str | None) -> lis
       out.append({"input": text(i), "output": text(o)})
       continue
     args = i if isinstance(i, list) else [i]
-    t = {"input": "\n".join(json.dumps(a) for a in args), "output": json.dumps(o),
+    t: dict[str, Any] = {"input": "\n".join(json.dumps(a) for a in args), "output": json.dumps(o),
          "testtype": "functional"}
     if isinstance(o, list) and len(o) == 1:
       t["apps_wrapped"] = True
