@@ -35,7 +35,7 @@ def _usage_error(message: str):
   sys.exit(USAGE_ERROR)
 
 
-def _one_line(e: BaseException) -> str:
+def _one_line(e: BaseException | str) -> str:
   return " ".join(str(e).split()) or type(e).__name__
 
 
@@ -128,6 +128,7 @@ def main(argv):
 def _run(config) -> None:
   """job.run with the expected stops as one-line exits (SystemExit with the reason)."""
   from scalerl_jax.training.health import NoRewardSignal, ParityError, RunUnhealthy
+  assert _WORKDIR.value is not None      # main refused a run without --workdir
   try:
     job.run(config, _WORKDIR.value)
   except ParityError as e:    # start-up gate: nothing trained, nothing to keep

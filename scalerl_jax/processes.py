@@ -191,6 +191,7 @@ class ProcessGroup:
 
   def _read_address(self, p: subprocess.Popen, timeout_s: float) -> dict:
     deadline = time.time() + timeout_s
+    assert p.stdout is not None          # started with stdout=PIPE
     line = p.stdout.readline()
     if not line or time.time() > deadline:
       raise RuntimeError(f"buffer server did not start; see {self.logdir}/buffer.log")

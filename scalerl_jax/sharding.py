@@ -72,8 +72,11 @@ def logical_sharding(specs: Any, mesh: Mesh, rules) -> Any:
   _check_rules(rules)
 
   def one(spec):
-    spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec)
-    return NamedSharding(mesh, nn.logical_to_mesh_axes(spec, rules))
+    names = tuple(spec)                  # a PartitionSpec's or a tuple's logical names, one per dim
+    # nn.spmd's: flax.linen re-exports it without `as` (not public to a type checker)
+    axes = nn.spmd.logical_to_mesh_axes(names, rules)
+    assert axes is not None              # None only for array_dim_names=None
+    return NamedSharding(mesh, axes)
   return jax.tree.map(one, specs,
                       is_leaf=lambda x: isinstance(x, PartitionSpec) or isinstance(x, tuple))
 

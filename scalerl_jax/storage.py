@@ -142,7 +142,7 @@ def stat(p) -> dict:
     st = os.stat(p)
     return {"size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
   info = _fs().info(_strip(p))
-  out = {"size": int(info["size"])}
+  out: dict[str, int | str] = {"size": int(info["size"])}
   for key, name in (("crc32c", "crc32c"), ("md5Hash", "md5")):
     if info.get(key):
       out[name] = str(info[key])

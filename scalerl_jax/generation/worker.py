@@ -192,7 +192,9 @@ class Worker(EvalLane, ContinuousLoop):
     version, params = got
     if params is not None:
       return Fetched(version, params=params)
-    _, payload, fmt = self.fetcher.blob
+    blob = self.fetcher.blob
+    assert blob is not None              # a blob version (params None) waits in fetcher.blob
+    _, payload, fmt = blob
     self.fetcher.blob = None
     return Fetched(version, payload=payload, fmt=fmt)
 

@@ -39,6 +39,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -76,7 +77,7 @@ def installed_platform() -> str:
   $JAX_PLATFORMS / jax_platforms (first entry) if set, else 'tpu' when libtpu is installed, 'gpu'
   when a CUDA/ROCm plugin is installed, else 'cpu'.
   """
-  names = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or ""
+  names = os.environ.get("JAX_PLATFORMS") or jax.config.values["jax_platforms"] or ""
   first = names.split(",")[0].strip().lower()
   if first:
     return {"cuda": "gpu", "rocm": "gpu"}.get(first, first)
@@ -265,7 +266,7 @@ def _flash_fwd_impl(qg, k, v, q_pos, kv_pos, chunk_size, block, scale):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _flash(qg, k, v, q_pos, kv_pos, chunk_size, block, scale):
+def _flash(qg, k, v, q_pos, kv_pos, chunk_size, block, scale) -> jax.Array:
   return _flash_fwd_impl(qg, k, v, q_pos, kv_pos, chunk_size, block, scale)[0]
 
 
@@ -315,7 +316,7 @@ def _chunk_split(x, chunk_size):
 
 
 def dot_product_attention_slots(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=None,
-                                implementation="cudnn"):
+                                implementation: Literal["xla", "cudnn"] = "cudnn"):
   """jax.nn.dot_product_attention in slot coordinates (valid only when `slot_layout` holds).
 
   Causal by slot; right padding as sequence lengths; chunked-local attention by folding each chunk

@@ -109,7 +109,8 @@ def parse_push(data: bytes):
       if end > n:
         return Malformed("PushRequest: truncated rollout")
       raw = view[pos:end]
-      r = from_string(raw)
+      # FromString takes any buffer (the stub says bytes): parsed from the request, no copy
+      r = from_string(raw)  # pyright: ignore[reportArgumentType]
       name = f"rollouts[{len(out)}]"
       err = unknown(r, name)
       for f in _ROLLOUT_SUBMESSAGES:
@@ -134,7 +135,7 @@ def retain(raws: list) -> list:
   """What to store for the accepted rollouts of one request: zero-copy views of the request bytes,
   unless they are less than half of it (mostly duplicates or rejected-and-resent), in which case
   they are copied so a few stored rollouts cannot pin whole 64 MB requests in memory."""
-  base = {id(v.obj): len(v.obj) for v in raws if isinstance(v, memoryview)}
+  base = {id(v.obj): memoryview(v.obj).nbytes for v in raws if isinstance(v, memoryview)}
   if sum(len(v) for v in raws) * 2 >= sum(base.values()):
     return list(raws)
   return [bytes(v) for v in raws]

@@ -176,6 +176,7 @@ def _collect(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | N
   """Reads stdout (capped) and stderr (first 4 KiB kept) until EOF, the deadline or the cap.
   Returns (status or None, stdout, stderr head)."""
   out, err = bytearray(), bytearray()
+  assert proc.stdout is not None and proc.stderr is not None   # spawned with PIPEs
   sel = selectors.DefaultSelector()   # epoll: fine with fd numbers > 1024 in a big process
   sel.register(proc.stdout, selectors.EVENT_READ, out)
   sel.register(proc.stderr, selectors.EVENT_READ, err)
@@ -227,6 +228,7 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
     if attempt < SANDBOX_ATTEMPTS:
       log.warning("the sandbox failed to start (%s); trying again", r.detail[:300])
       time.sleep(RETRY_DELAY_S)
+  assert first is not None               # SANDBOX_ATTEMPTS >= 1
   return dataclasses.replace(r, detail=f"{r.detail} (failed {SANDBOX_ATTEMPTS} times; first: "
                                        f"{first.detail[:300]})")
 
@@ -251,7 +253,7 @@ def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limit
     fresh_session_keyring()
     bpf = seccomp.filter_bpf(allow_ipc_memory=slot is not None) if s.seccomp else b""
   except (OSError, seccomp.SeccompUnavailable) as e:
-    if slot is not None:
+    if pool is not None and slot is not None:
       pool.release(slot)
     return RunResult("sandbox_error", None, b"", True, time.monotonic() - t0, str(e))
   src_fd = memfd("solution", src.encode("utf-8", "surrogatepass"))
@@ -275,7 +277,7 @@ def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limit
   except OSError as e:
     for fd in (src_fd, in_fd, status_r, status_w) + pass_fds[2:]:
       os.close(fd)
-    if slot is not None:
+    if pool is not None and slot is not None:
       pool.release(slot)
     return RunResult("sandbox_error", None, b"", True, time.monotonic() - t0,
                      f"cannot start {bwrap}: {e}")
@@ -285,7 +287,7 @@ def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limit
   try:
     r = _finish(proc, limits, t0, status_r)
   finally:
-    if slot is not None:
+    if pool is not None and slot is not None:
       kills = pool.release(slot)       # every process of the sandbox is gone by now
   if kills and r.status != "output_limit":   # a process was OOM-killed at the ceiling: as a judge's
     # "memory limit exceeded", even if the rest of the program then exited 0
@@ -297,6 +299,7 @@ def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limit
 
 def _finish(proc: subprocess.Popen, limits: Limits, t0: float, status_r: int) -> RunResult:
   """Collects one started sandbox's output and exit, kills it at a limit; see run_program."""
+  assert proc.stdout is not None and proc.stderr is not None   # spawned with PIPEs
   killed = True
   try:
     status, out, err = _collect(proc, limits, t0)
@@ -322,6 +325,7 @@ def _finish(proc: subprocess.Popen, limits: Limits, t0: float, status_r: int) ->
     # Killed at a limit (the wall time counts from the spawn) before bwrap started the program:
     # that limit's status, not a sandbox failure (seen under heavy load: bwrap's start-up alone
     # outlasted a short wall limit and was reported as "bwrap exited -15").
+    assert status is not None             # killed: at the limit `status` names
     return RunResult(status, rc, b"", True, time.monotonic() - t0,
                      f"killed at the {status} limit before bwrap started the program")
   if "child-pid" not in status_doc:    # bwrap failed before the program started
@@ -387,6 +391,7 @@ def _run_unsandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Lim
     proc = subprocess.Popen(cmd, stdin=in_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             pass_fds=(src_fd,), cwd=tmp, start_new_session=True,
                             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    assert proc.stdout is not None and proc.stderr is not None   # spawned with PIPEs
     os.close(src_fd)
     os.close(in_fd)
     try:
@@ -404,6 +409,7 @@ def _run_unsandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Lim
       proc.stdout.close()
       proc.stderr.close()
   if status is None:
+    assert rc is not None                 # no timeout: the wait returned the exit code
     status = _classify(128 - rc if rc < 0 else rc)
   return RunResult(status, rc, out, False, time.monotonic() - t0)
 

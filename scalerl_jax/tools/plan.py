@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import time
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -162,6 +163,7 @@ def probe_flops(config, model_cfg, mesh, rows: int, seq_len: int, num_layers: in
   with sharding.use_mesh(mesh, rules):
     compiled = jax.jit(jax.grad(objective)).lower(_with_sharding(params, p_sh), tokens).compile()
   cost = compiled.cost_analysis()
+  assert cost is not None, "XLA gave no cost analysis for the compiled step"
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost["flops"]) * mesh.size    # the SPMD module's numbers are per device
 
@@ -292,7 +294,7 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
   seq_axes = () if seq_axes is None else (seq_axes if isinstance(seq_axes, tuple) else (seq_axes,))
   seq_split = math.prod(mesh.shape[a] for a in seq_axes)
   rows_mb = batch_rows // m
-  out = dict(
+  out: dict[str, Any] = dict(
       model=config.model.preset, topology=topo.name, layout=config.get("layout", topo.name),
       devices=topo.num_devices,
       mesh={k: int(v) for k, v in mesh.shape.items()},

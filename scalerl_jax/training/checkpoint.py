@@ -318,7 +318,7 @@ class RunCheckpointer:
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
     out = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-    return out.state, out.meta
+    return out["state"], out["meta"]
 
   def close(self) -> None:
     """Waits for the save in flight (raising if it failed) and closes orbax's manager."""

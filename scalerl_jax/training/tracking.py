@@ -92,6 +92,7 @@ class MetricsLog(Tracker):
 
   def _upload_tb(self) -> None:
     if self.tb_local != self.tb_dir:   # gs://: the local event files, uploaded whole
+      assert self.tb is not None        # both callers check it
       self.tb.flush()
       storage.copy_tree(self.tb_local, self.tb_dir)
 

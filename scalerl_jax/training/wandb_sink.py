@@ -133,7 +133,8 @@ def read_offline_history(workdir: str) -> list[dict]:
     data = {p: list(_records(p)) for p in paths}
   for path in paths:
     for raw in data[path]:
-      rec = pb.Record()
+      # Record comes from a generated module picked by protobuf's major version (a star import)
+      rec = pb.Record()  # pyright: ignore[reportAttributeAccessIssue]
       rec.ParseFromString(raw)
       if rec.WhichOneof("record_type") == "history":
         row = {}

@@ -203,7 +203,7 @@ class StreamPublisher:
     host = self._host_chunk(i)
     if host.dtype != self._dtypes[self.plan[i][0]]:
       host = host.astype(self._dtypes[self.plan[i][0]])      # wire cast, one chunk at a time
-    view = memoryview(host.reshape(-1).view(np.uint8))
+    view = host.reshape(-1).view(np.uint8).data       # .data: the array's memoryview, no copy
     msg = ws.encode_chunk(self.version, i, view, self._checksum(view))
     self.peak_chunk_bytes = max(self.peak_chunk_bytes, len(msg) + (
         host.nbytes if host.base is None else 0))
@@ -247,6 +247,7 @@ class StreamPublisher:
     """Learner-hosted: this process's source starts holding the version, process 0 announces it
     to the buffer (fetchers may start at once), then this process's chunks are staged one by one
     (each is served as soon as it is staged). Returns when all of them are staged."""
+    assert self.source is not None       # `publish` takes this path only with a source
     self.source.begin(self.version, self._first, len(self.own))
     ack = pb.PublishAck(version=self.version, total_bytes=self.total_bytes, visible=True)
     if self.process_index == 0:
@@ -387,7 +388,7 @@ class StreamFetcher:
     log.info("fetched weights version %d from learner sources %s", h.version,
              {manifest["sources"][o]: len(ids) for o, ids in sorted(by_src.items())})
 
-  def _blob(self, m, stream):
+  def _blob(self, m: ws.WeightMsg, stream):
     h, parts = m.head, [m.data]
     for raw in stream:
       parts.append(ws.parse_weight_message(raw).data)

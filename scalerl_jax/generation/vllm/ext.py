@@ -8,7 +8,11 @@ vLLM's `LlamaForCausalLM.load_weights` maps them itself (q/k/v -> qkv_proj and g
 gate_up_proj shards, dtype cast to the model dtype). Tensors arrive as (dtype, shape, bytes) triples
 because vLLM's collective_rpc serializer turns numpy arrays inside lists into nested lists.
 """
+# vllm is installed in .venv-vllm only (this module runs there); the type check runs in .venv.
+# pyright: reportMissingImports=false
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +40,8 @@ class ScaleRLWorkerExtension:
   processing and copies the result back into the original storage (compiled graphs stay valid).
   A fused module (qkv_proj, gate_up_proj) must receive all its parts within one update; layers
   that get no tensors keep their current weights."""
+
+  model_runner: Any     # vLLM's model runner: set by the Worker this class is mixed into
 
   def scalerl_reload_begin(self) -> bool:
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -100,7 +106,11 @@ class ScaleRLWorkerExtension:
             "lm_head_weight_dtype": str(lm_head.weight.dtype).replace("torch.", "") if lm_head is not None else None,
             "head_dtype": str(getattr(lp, "head_dtype", None)).replace("torch.", ""),
             "num_params": int(sum(p.numel() for p in model.parameters()))}
-    hidden = model.config.hidden_size if hasattr(model, "config") else lm_head.weight.shape[1]
+    if hasattr(model, "config"):
+      hidden = model.config.hidden_size
+    else:
+      assert lm_head is not None, "a model without a config has its lm_head"
+      hidden = lm_head.weight.shape[1]
     with torch.no_grad():
       h = torch.randn(2, hidden, dtype=first.dtype, device=first.device)
       logits = model.compute_logits(h)

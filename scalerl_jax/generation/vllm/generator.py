@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -52,7 +52,11 @@ class _Pending:
   __slots__ = ("event", "header", "arrays", "error")
 
   def __init__(self):
-    self.event, self.header, self.arrays, self.error = threading.Event(), None, None, None
+    self.event = threading.Event()
+    # The reply (header, arrays) or the error, set before `event` is.
+    self.header: dict | None = None
+    self.arrays: dict | None = None
+    self.error: str | None = None
 
 
 class VLLMGenerator(Generator):
@@ -93,7 +97,7 @@ class VLLMGenerator(Generator):
     if not py.exists():
       raise VLLMWorkerError(f"vLLM venv interpreter {py} not found; run scripts/setup_vllm_venv.sh")
     self._dir = tempfile.mkdtemp(prefix="scalerl_vllm_")
-    self._shm = None         # P.ShmSlots once a weight update uses shared memory (False: unusable)
+    self._shm: P.ShmSlots | Literal[False] | None = None   # P.ShmSlots once a weight update uses shared memory (False: unusable)
     sock_path = os.path.join(self._dir, "worker.sock")
     self.log_path = str(log_path or os.path.join(self._dir, "worker.log"))
     cfg = dict(model=str(model_dir), dtype=dtype, head_dtype=head_dtype, max_model_len=max_model_len,
@@ -143,7 +147,7 @@ class VLLMGenerator(Generator):
     t0 = time.monotonic()
     try:
       self._accept(startup_timeout)
-      header, _ = P.recv_msg(self._sock)
+      header, _ = P.recv_msg(self._connected)
     except Exception as e:
       self.close()
       raise VLLMWorkerError(f"vLLM worker did not start: {e}\n--- worker log tail ---\n"
@@ -185,13 +189,19 @@ class VLLMGenerator(Generator):
     except OSError:
       return "(no log)"
 
+  @property
+  def _connected(self) -> socket.socket:
+    """The worker's connection (`_accept` sets it before anything is sent or read)."""
+    assert self._sock is not None, "the vLLM worker has not connected"
+    return self._sock
+
   def _read_loop(self):
-    self._sock.settimeout(None)
+    self._connected.settimeout(None)
     try:
       while True:
-        header, arrays = P.recv_msg(self._sock)
+        header, arrays = P.recv_msg(self._connected)
         with self._lock:
-          pend = self._pending.pop(header.get("id"), None)
+          pend = self._pending.pop(header["id"], None) if "id" in header else None
         if pend is None:
           continue
         if header.get("op") == "error":
@@ -215,7 +225,7 @@ class VLLMGenerator(Generator):
       self._next_id += 1
       self._pending[rid] = pend
     with self._send_lock:
-      P.send_msg(self._sock, {"op": op, "id": rid, **(header or {})}, arrays, dtypes)
+      P.send_msg(self._connected, {"op": op, "id": rid, **(header or {})}, arrays, dtypes)
     return pend
 
   def _wait(self, pend: _Pending, timeout: float | None = None) -> tuple[dict, dict]:
@@ -224,6 +234,7 @@ class VLLMGenerator(Generator):
     if pend.error:
       tail = self.log_tail() if self._dead else ""
       raise VLLMWorkerError(f"vLLM worker error: {pend.error}" + (f"\n--- log ---\n{tail}" if tail else ""))
+    assert pend.header is not None and pend.arrays is not None   # no error: the reply is set
     return pend.header, pend.arrays
 
   def _call(self, op, header=None, arrays=(), timeout=None, dtypes=None):
@@ -275,7 +286,7 @@ class VLLMGenerator(Generator):
           policy_mask=arrays["policy_mask"][sl].copy(), finish_reason=m["finish_reason"]))
     return out
 
-  def _shm_slots(self):
+  def _shm_slots(self) -> P.ShmSlots | None:
     """The /dev/shm slots of the shared-memory transport, or None where /dev/shm is unusable."""
     if self._shm is None:
       try:

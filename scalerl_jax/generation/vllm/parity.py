@@ -88,6 +88,8 @@ def reference_logprobs(model_dir: str | os.PathLike, prompts: Sequence[np.ndarra
   if backend == "jax":
     import jax
     models = _jax_backend()
+    if models is None:
+      raise RuntimeError("backend 'jax' needs JAX, which this venv does not have")
     cfg, params = models.load_hf(str(model_dir), dtype="float32", param_dtype="float32")
     logits = jax.jit(models.forward, static_argnums=1)(params, cfg, batch)
     lp = np.asarray(jax.nn.log_softmax(logits.astype("float32") / T, axis=-1))

@@ -94,7 +94,7 @@ def _views(metas: list[dict], buf, where: str) -> dict[str, np.ndarray]:
 def encode(header: Mapping, arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]] = (),
            dtypes: Mapping[str, str] | None = None) -> list[memoryview | bytes]:
   """Serializes one message; returns buffers to send in order (array bytes are not copied)."""
-  items = arrays.items() if isinstance(arrays, Mapping) else arrays
+  items: Iterable[tuple[str, np.ndarray]] = arrays.items() if isinstance(arrays, Mapping) else arrays
   metas, bufs, offset = [], [], 0
   for name, arr in items:
     arr = np.asarray(arr)
@@ -103,7 +103,7 @@ def encode(header: Mapping, arrays: Mapping[str, np.ndarray] | Iterable[tuple[st
     metas.append({"name": name, "dtype": wname, "shape": list(arr.shape), "offset": offset,
                   "nbytes": nbytes})
     if nbytes:
-      bufs.append(memoryview(warr.reshape(-1)).cast("B"))
+      bufs.append(warr.reshape(-1).data.cast("B"))     # .data: the array's memoryview
     offset += nbytes
   head = dict(header)
   head["arrays"] = metas

@@ -22,6 +22,8 @@ speaks `vllm/protocol.py` to it. What the worker does (docs/VLLM.md has the deta
   policy_mask False) and a continuation request (prompt + thinking + injected; prefix cache
   reuses the KV) answers for up to `answer_budget` tokens; finish reason "interrupted".
 """
+# vllm is installed in .venv-vllm only (this module runs there); the type check runs in .venv.
+# pyright: reportMissingImports=false
 from __future__ import annotations
 
 import argparse
@@ -31,6 +33,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 
@@ -116,7 +119,7 @@ class Worker:
     self.cfg, self.reader, self.writer = cfg, reader, writer
     self.version = int(cfg["initial_version"])
     self.send_lock = asyncio.Lock()
-    self.engine = None
+    self.engine: Any = None            # vllm's AsyncLLM (start_engine)
     self._req = 0
     self._update: dict | None = None
     self.tasks: set[asyncio.Task] = set()
@@ -127,7 +130,7 @@ class Worker:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
     cfg = self.cfg
-    kw = dict(model=cfg["model"], skip_tokenizer_init=True, dtype=cfg["dtype"],
+    kw: dict[str, Any] = dict(model=cfg["model"], skip_tokenizer_init=True, dtype=cfg["dtype"],
               logprobs_mode="processed_logprobs", max_model_len=cfg["max_model_len"],
               enable_prefix_caching=cfg["enable_prefix_caching"], enforce_eager=cfg["enforce_eager"],
               max_num_seqs=cfg["max_num_seqs"], seed=cfg["seed"], generation_config="vllm",
@@ -180,7 +183,7 @@ class Worker:
                  "weights_shm": self.weights_shm,
                  "weights_end": self.weights_end, "info": self.info,
                  "set_head_dtype": self.set_head_dtype, "param_digest": self.param_digest,
-                 "progress": self.progress}.get(op)
+                 "progress": self.progress}.get(op) if op is not None else None
       if op == "shutdown":
         await self.send({"op": "ok", "id": rid})
         return
@@ -320,6 +323,7 @@ class Worker:
           self._progress[rid] = len(out.outputs[0].token_ids)
     finally:
       self._progress.pop(rid, None)
+    assert final is not None           # vLLM yields the request's output at least once
     o = final.outputs[0]
     tokens = list(o.token_ids)
     logprobs = [float(d[t].logprob) for d, t in zip(o.logprobs, tokens)]
