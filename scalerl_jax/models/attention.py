@@ -39,7 +39,7 @@ import contextlib
 import functools
 import importlib.util
 import os
-from typing import Literal
+from typing import Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -217,8 +217,9 @@ def blockwise_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, block=512, s
     v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
     kv_pos = jnp.pad(kv_pos, ((0, 0), (0, pad)), constant_values=-1)
   qg = q.reshape(B, T, K, N // K, H)
-  out = _flash(qg, k, v, q_pos.astype(jnp.int32), kv_pos.astype(jnp.int32), chunk_size, block,
-               scale)
+  # cast: custom_vjp applied through functools.partial loses _flash's return type
+  out = cast(jax.Array, _flash(qg, k, v, q_pos.astype(jnp.int32), kv_pos.astype(jnp.int32),
+                               chunk_size, block, scale))
   return out.reshape(B, T, N, H)
 
 

@@ -391,7 +391,10 @@ class StreamFetcher:
   def _blob(self, m: ws.WeightMsg, stream):
     h, parts = m.head, [m.data]
     for raw in stream:
-      parts.append(ws.parse_weight_message(raw).data)
+      c = ws.parse_weight_message(raw)
+      if isinstance(c, ws.Malformed):
+        raise IOError(c.err)
+      parts.append(c.data)
     payload = b"".join(parts)
     if len(payload) != h.total_bytes or hashlib.sha256(payload).hexdigest() != h.sha256:
       raise IOError(f"weights version {h.version}: size or sha256 mismatch after transfer")

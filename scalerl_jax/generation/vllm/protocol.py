@@ -34,7 +34,7 @@ import json
 import os
 import socket
 import struct
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, cast
 
 import numpy as np
 
@@ -94,7 +94,9 @@ def _views(metas: list[dict], buf, where: str) -> dict[str, np.ndarray]:
 def encode(header: Mapping, arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]] = (),
            dtypes: Mapping[str, str] | None = None) -> list[memoryview | bytes]:
   """Serializes one message; returns buffers to send in order (array bytes are not copied)."""
-  items: Iterable[tuple[str, np.ndarray]] = arrays.items() if isinstance(arrays, Mapping) else arrays
+  # cast: to a type checker the pairs could also be a Mapping (of pairs), which they never are
+  items = cast(Iterable[tuple[str, np.ndarray]],
+               arrays.items() if isinstance(arrays, Mapping) else arrays)
   metas, bufs, offset = [], [], 0
   for name, arr in items:
     arr = np.asarray(arr)
