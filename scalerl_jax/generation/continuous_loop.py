@@ -17,19 +17,43 @@ import logging
 import threading
 import time
 from concurrent import futures
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from scalerl_jax import runtime
-from scalerl_jax.generation.slots import requests_for
+from scalerl_jax.generation.generator import Engine, Generator
+from scalerl_jax.generation.slots import DecodeStats, requests_for
 from scalerl_jax.protocol import codec
-from scalerl_jax.protocol.client import assignment_prompt
+from scalerl_jax.protocol.client import BufferClient, assignment_prompt
 
 log = logging.getLogger("scalerl.worker")
 
 
 class ContinuousLoop:
   """The continuous-batching serving loop of a Worker (module docstring)."""
+
+  # The Worker's fields and methods this base works on (declared for the type checker).
+  config: Any                   # the run's ConfigDict
+  id: str
+  engine: Engine
+  gen: Generator
+  model_cfg: Any                # models.ModelConfig
+  dataset: Any                  # data.Dataset
+  client: BufferClient
+  lease_id: str
+  backend: str
+  decode_stats: DecodeStats
+  _stop: threading.Event
+  _working: frozenset
+
+  if TYPE_CHECKING:
+    def rewards(self, completion, answer: str, prompt_id: int | None = None,
+                log: list | None = None) -> float: ...
+    def _log_grades(self, lines: list) -> None: ...
+    def held_versions(self) -> list[int]: ...
+    def _set_pins(self, versions) -> None: ...
+    def serve_eval(self, assignments) -> int: ...
 
   def continuous_ok(self) -> str:
     """"" when this worker decodes continuously (generator.continuous on the JAX backend), else

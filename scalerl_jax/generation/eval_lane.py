@@ -12,22 +12,43 @@ constructor), `_swap_lock` (shared with the weight watcher), `engine`, `gen`, `m
 """
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from scalerl_jax import rewards
 from scalerl_jax import runtime
+from scalerl_jax.generation.generator import Engine, Generator
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
-from scalerl_jax.protocol.client import assignment_prompt
+from scalerl_jax.protocol.client import BufferClient, assignment_prompt
 
 log = logging.getLogger("scalerl.worker")
 
 
 class EvalLane:
   """Retained versions and evaluation leases of a Worker (module docstring)."""
+
+  # The Worker's fields and methods this base works on (declared for the type checker).
+  config: Any                   # the run's ConfigDict
+  id: str
+  engine: Engine
+  gen: Generator
+  model_cfg: Any                # models.ModelConfig
+  dataset: Any                  # data.Dataset
+  client: BufferClient
+  hold_n: int
+  _held: collections.OrderedDict
+  _pins: set
+  _held_lock: threading.Lock
+  _swap_lock: threading.Lock
+
+  if TYPE_CHECKING:
+    def _abandon(self) -> None: ...
 
   def _remember(self, version: int, params) -> None:
     """Retains a fetched version's params (streamed fetches are fresh arrays: a reference)."""
