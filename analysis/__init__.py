@@ -11,13 +11,7 @@ from analysis.scaling import (FitResult, Grids, default_grids, fit_power_law, fi
                paper_grids, sigmoid_curve)
 from analysis.uncertainty import bootstrap, extrapolate
 from analysis.compare import compare_runs, comparison_markdown
-
-
-def fit_runs(*args, **kwargs):
-  """Fit, bootstrap, extrapolate and compare run directories; see ``analysis.fit.fit_runs``."""
-  from analysis.fit import fit_runs as _fit_runs  # lazy: imports matplotlib
-
-  return _fit_runs(*args, **kwargs)
+from analysis.fit import fit_runs   # matplotlib stays lazy (analysis/plots.py)
 
 
 __all__ = ["AnalysisError", "RunData", "append_metrics", "read_run", "write_config", "FitResult", "Grids",

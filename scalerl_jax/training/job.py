@@ -18,6 +18,9 @@ import sys
 import time
 import uuid
 
+import jax
+from jax._src import distributed as jd
+
 from analysis.errors import TooFewPointsError
 from analysis.fit import PER_TASK, fit_runs, metric_slug
 from analysis.forecast import forecast_runs
@@ -139,7 +142,6 @@ _WAIT_MS = 6 * 3600 * 1000   # followers wait this long for process 0 (SFT, buff
 def _kv():
   """jax.distributed's coordination key-value store: waits there never hit a collective timeout
   (a gloo collective gives up after ~30 s while process 0 is still busy)."""
-  from jax._src import distributed as jd
   return jd.global_state.client
 
 
@@ -180,7 +182,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
   Multi-host (after `distributed.initialize`): every process calls this; process 0 runs the
   buffer, generators, evaluation and logs, the others only the learner (`_run_follower`)."""
-  import jax
   multi = jax.process_count() > 1
   if multi and jax.process_index() != 0:
     return _run_follower(config, workdir)
