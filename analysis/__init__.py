@@ -11,7 +11,13 @@ from analysis.scaling import (FitResult, Grids, default_grids, fit_power_law, fi
                paper_grids, sigmoid_curve)
 from analysis.uncertainty import bootstrap, extrapolate
 from analysis.compare import compare_runs, comparison_markdown
-from analysis.fit import fit_runs   # matplotlib stays lazy (analysis/plots.py)
+
+
+def fit_runs(*args, **kwargs):
+  """Fit, bootstrap, extrapolate and compare run directories; see ``analysis.fit.fit_runs``."""
+  from analysis.fit import fit_runs as _fit_runs  # local: `python -m analysis.fit` (runpy warns if the package imported it)
+
+  return _fit_runs(*args, **kwargs)
 
 
 __all__ = ["AnalysisError", "RunData", "append_metrics", "read_run", "write_config", "FitResult", "Grids",
