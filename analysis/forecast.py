@@ -24,6 +24,7 @@ import numpy as np
 from analysis.compare import A_TOLERANCE, compare_runs
 from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
 from analysis.metrics import METRICS_FILE, RunData, read_metrics_lines, read_run
+from analysis.plots import plot_forecast
 from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
 from scalerl_jax import storage
 
@@ -170,7 +171,6 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
     storage.makedirs(str(out_dir))
     (out / "forecast.json").write_text(json.dumps(recs, indent=2) + "\n", encoding="utf-8")
     if plot:
-      from analysis.plots import plot_forecast
       plot_forecast(runs, posts, recs, out / "forecast.png", budget=budget, target=target, until=until)
   return recs
 

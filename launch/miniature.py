@@ -21,7 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import transformers
+
+from launch import preflight
+from scalerl_jax import models
+from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 1024
@@ -44,7 +54,6 @@ def widths(mesh: dict, num_experts: int = 0) -> dict:
 
 
 def _randomize(model, seed: int):
-  import torch
   torch.manual_seed(seed)
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -56,10 +65,6 @@ def _randomize(model, seed: int):
 def write_checkpoint(out: str, mesh: dict, family: str = "llama3", num_experts: int = 0,
                      seed: int = 0) -> str:
   """The miniature checkpoint + tokenizer in `out` (module docstring); returns `out`."""
-  import torch
-  import transformers
-  from scalerl_jax import models
-  from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
   os.makedirs(out, exist_ok=True)
   write_llama3_style_tokenizer(out, vocab_size=VOCAB)
   tok = json.load(open(os.path.join(out, "tokenizer.json")))
@@ -102,10 +107,6 @@ def write_checkpoint(out: str, mesh: dict, family: str = "llama3", num_experts: 
 
 def write_parquet(path: str, n: int = 96, seed: int = 0) -> str:
   """Polaris-style rows (problem, answer): `n` integer sums."""
-  import random
-
-  import pyarrow as pa
-  import pyarrow.parquet as pq
   rng = random.Random(seed)
   rows = []
   for _ in range(n):
@@ -118,13 +119,11 @@ def write_parquet(path: str, n: int = 96, seed: int = 0) -> str:
 
 def variant_model(manifest_dir: str) -> tuple[dict, str, int]:
   """({mesh axis: size}, model family, experts) of a rendered variant's learner run config."""
-  from launch import preflight
   v = preflight.Variant(manifest_dir)
   if v.jobset is None:
     raise ValueError(f"{manifest_dir}: no JobSet (the learner) among the rendered documents")
   pod = v.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
   cfg, _ = preflight.learner_config(v, pod, pod["containers"][0])
-  from scalerl_jax import models
   preset = models.get_preset(str(cfg.model.preset))
   return ({a: int(s) for a, s in cfg.mesh.shape}, preset.family, int(preset.num_experts or 0))
 

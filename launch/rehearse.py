@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime
 import glob
 import json
 import os
@@ -70,7 +71,20 @@ import sys
 import tempfile
 import time
 
-from scalerl_jax import xla_env
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from launch import preflight
+from launch.spec import COORDINATOR_PORT, load_config
+from scalerl_jax import recipes, storage, topologies, xla_env
+from scalerl_jax.buffer import wal as walmod
+from scalerl_jax.processes import buffer_flags, child_env, launcher_argv
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.tools.audit import rollout_ledger
+from scalerl_jax.training.checkpoint import finished_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +125,6 @@ def real_shape_overrides(config, steps: int, shape: tuple[int, int], inputs: dic
   (prompt <= 64, think 24-32, answer 8 tokens); generators run the JAX backend on one CPU device
   (no vLLM here). Refuses (RehearsalError) a shape whose arithmetic does not fit
   (topologies.run_shape_failures: the job-start preflight)."""
-  from scalerl_jax import topologies
   r = config.rollout
   rows_real = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
   per_mb = max(1, rows_real // int(config.optim.microbatches))
@@ -132,7 +145,6 @@ def real_shape_overrides(config, steps: int, shape: tuple[int, int], inputs: dic
     out.append("health.step0_reward_check=False")
   out += [f"{k}={v}" for k, v in inputs.items()]
   probe = config.copy_and_resolve_references()
-  from scalerl_jax import recipes
   recipes.apply_overrides(probe, [f"--config.{o}" for o in out])
   hosts, chips = shape
   fails = topologies.run_shape_failures(probe, hosts, hosts * chips)
@@ -152,7 +164,6 @@ class RehearsalError(Exception):
 
 # ---- manifests -----------------------------------------------------------------------------------
 def load_manifests(d: str) -> list[dict]:
-  import yaml
   if not os.path.isdir(d):
     raise RehearsalError(f"{d}: not a directory of rendered manifests")
   docs = []
@@ -191,11 +202,6 @@ def _dns_names(name: str, ns: str) -> list[str]:
 
 def _test_certs(names: list[str]) -> dict[str, str]:
   """A CA and one certificate (server + client) for `names`, PEM: for TLS Secret placeholders."""
-  import datetime
-  from cryptography import x509
-  from cryptography.hazmat.primitives import hashes, serialization
-  from cryptography.hazmat.primitives.asymmetric import ec
-  from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
   now = datetime.datetime.now(datetime.timezone.utc)
   nm = lambda cn: x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
   ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -411,9 +417,6 @@ class Rehearsal:
 
   def _tiny_config(self):
     sys.path.insert(0, REPO)
-    import tempfile
-    from launch.spec import load_config
-    from scalerl_jax import recipes
     p = next(p for p in self.pods if p.annotations)
     c = self._learner_container()
     file = next(a.split("=", 1)[1] for a in c["command"] if a.startswith("--config="))
@@ -563,7 +566,6 @@ class Rehearsal:
     """What a TPU slice's jax.distributed auto-detection finds, as the GPU variants' explicit env
     (launch/spec.py): the coordinator on learner pod 0 (its JobSet host name and `coordinator`
     container port), the JobSet's pod count, this pod's Job completion index."""
-    from launch.spec import COORDINATOR_PORT
     learners = self._learners()
     port = next((x["containerPort"] for x in c.get("ports", []) if x.get("name") == "coordinator"),
                 COORDINATOR_PORT)
@@ -573,7 +575,6 @@ class Rehearsal:
 
   def _buffer_changes(self, argv: list[str]) -> list[str]:
     """The buffer flags the tiny config changes (argparse keeps the last value of a flag)."""
-    from scalerl_jax.processes import buffer_flags
     have = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
     want = buffer_flags(self.tiny, prompts="x", host="x", port=1, wal_dir=have.get("--wal-dir"))
     keep = ("--host", "--port", "--prompts", "--token-env")
@@ -601,7 +602,6 @@ class Rehearsal:
     return env
 
   def _spawn(self, p: Pod, c: dict) -> subprocess.Popen:
-    from scalerl_jax.processes import child_env, launcher_argv
     argv, env = self.command(p, c)
     log = self._log(p, c)
     log.write(("argv: " + shlex.join(argv) + "\n").encode())
@@ -666,7 +666,6 @@ class Rehearsal:
 
   def _evals(self) -> list:
     """[step, val_pass_rate] of each evaluation in WORKDIR/metrics.jsonl ([] if unreadable)."""
-    from scalerl_jax import storage
     try:
       lines = [json.loads(l) for l in storage.read_text(storage.join(self.workdir, "metrics.jsonl"))
                .splitlines() if l.strip()]
@@ -677,7 +676,6 @@ class Rehearsal:
 
   def _step(self) -> int:
     """The newest train step in WORKDIR/metrics.jsonl (through the storage layer), -1 if none."""
-    from scalerl_jax import storage
     path = storage.join(self.workdir, "metrics.jsonl")
     try:
       if not storage.exists(path):
@@ -690,7 +688,6 @@ class Rehearsal:
 
   def _checkpoints(self) -> list[int]:
     """Steps of the workdir's finished checkpoints (with a manifest; saves are asynchronous)."""
-    from scalerl_jax.training.checkpoint import finished_steps
     try:
       return finished_steps(self.workdir)
     except OSError:       # a step dir moved aside (resume fallback) while it was listed
@@ -702,7 +699,6 @@ class Rehearsal:
     return not self.kill_needs_checkpoint or bool(self._checkpoints())
 
   def _do_kill(self) -> None:
-    from scalerl_jax.buffer import wal as walmod
     if self.kill == "buffer":
       (p,) = [p for p in self.pods if _component(p) == "buffer"]
       wal_dir = os.path.join(self.state, "pvc", next(
@@ -796,7 +792,6 @@ class Rehearsal:
     return "\n".join(out)
 
   def summary(self, wall_s: float) -> dict:
-    from scalerl_jax import storage
     s = {"manifests": self.dir, "workdir": self.workdir, "state_dir": self.state,
          "wall_s": round(wall_s, 1), "steps": self._step(), "jobset_restarts": self.jobset_restarts,
          "pods": {p.name: {"component": _component(p), "ip": p.ip, "restarts": p.restarts,
@@ -821,8 +816,6 @@ class Rehearsal:
     """tools/audit.py's ledger of every acknowledged rollout (the buffer's WAL with its archive)
     against the final timeline's trained ids (WORKDIR/trained_ids.jsonl, copied here from a
     gs:// workdir), plus the learners' resume / start-over lines."""
-    from scalerl_jax import storage
-    from scalerl_jax.tools.audit import rollout_ledger
     wal_dir = _buffer_state(self, buf)["wal_dir"]
     ids = os.path.join(self.state, "evidence", "trained_ids.jsonl")
     os.makedirs(os.path.dirname(ids), exist_ok=True)
@@ -895,7 +888,6 @@ def _weights(r: Rehearsal) -> dict:
 
 def _buffer_state(r: Rehearsal, p: Pod) -> dict:
   """From the buffer's own state: its WAL (segments, NPR records) and its command's NPR flag."""
-  from scalerl_jax.buffer import wal as walmod
   c = p.spec["containers"][0]
   argv, _ = r.command(p, c)
   flags = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
@@ -917,8 +909,6 @@ def _buffer_state(r: Rehearsal, p: Pod) -> dict:
 def _kill_check(k: dict) -> dict:
   """Acknowledged rollouts (the WAL at the kill) against what the final WAL says was delivered or
   is still stored; every group delivered at most once across both."""
-  from scalerl_jax.buffer import wal as walmod
-  from scalerl_jax.protocol import rollout_pb2 as pb
 
   def scan(d):
     rolls, seen, deliver, last = {}, set(), [], set()
@@ -988,7 +978,6 @@ def main(argv=None) -> int:
       raise RehearsalError(f"--steps={a.steps} must be >= 1")
     if a.workdir.startswith("gs://"):
       sys.path.insert(0, REPO)
-      from scalerl_jax import storage
       try:
         storage.check_remote_writable(a.workdir, ".rehearse-probe")
       except storage.RemoteStorageError as e:
@@ -1006,7 +995,6 @@ def main(argv=None) -> int:
     return USAGE_ERROR
   # The real-size arithmetic of these manifests (launch/preflight.py); the rehearsal itself runs
   # the tiny model, so a failure here stops it only with --strict-preflight.
-  from launch import preflight
   (rep,) = preflight.run([a.manifests], out=sys.stderr)
   if rep.failures and (a.strict_preflight or a.real_shape):
     print(f"rehearse: error: preflight failed ({len(rep.failures)} failures, above)",

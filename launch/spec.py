@@ -21,6 +21,8 @@ same `--config.key=value` overrides instead.
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
 import posixpath
 import pprint
 from typing import Any
@@ -330,8 +332,6 @@ def resolve(config, overrides: dict | None = None) -> dict:
 
 def load_config(path: str, arg: str | None = None):
   """Imports a `get_config(arg)` config file by path (no absl flags needed)."""
-  import importlib.util
-  import os
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist")
   spec = importlib.util.spec_from_file_location("_scalerl_launch_config", path)

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from orbax.checkpoint import multihost
 
 from scalerl_jax import hosts
 from scalerl_jax import topologies
@@ -227,7 +228,6 @@ def meet(name: str, timeout_s: float = 3600.0) -> None:
   new for each meeting. A single process returns at once."""
   if jax.process_count() == 1:
     return
-  from orbax.checkpoint import multihost
   multihost.get_barrier_sync_fn()(key=f"scalerl/{name}", timeout_ms=int(timeout_s * 1000))
 
 

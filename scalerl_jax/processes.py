@@ -15,6 +15,7 @@ anything beyond the limits raises like `check()`.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -128,7 +129,7 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
   if config.rl.no_positive_resampling:
     flags.append(f"--npr-threshold={config.rl.npr_threshold}")
   if config.rl.routing_replay:   # MoE: the generators send routes; validate them
-    from scalerl_jax import models, runtime   # JAX, only for an MoE run with routing replay
+    from scalerl_jax import models, runtime  # local: JAX (the vLLM venv imports this module)
     cfg = runtime.model_config(config)
     flags.append(f"--route-shape={models.num_moe_layers(cfg)},{cfg.num_experts_per_tok},"
                  f"{cfg.num_experts}")
@@ -155,7 +156,6 @@ def _popen(*args, **kw) -> subprocess.Popen:
   global _spawner
   if threading.current_thread() is threading.main_thread():
     return subprocess.Popen(*args, **kw)
-  import concurrent.futures
   with _spawner_lock:
     if _spawner is None:
       _spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spawner")

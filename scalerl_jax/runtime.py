@@ -7,15 +7,20 @@ and loading a run config written by `main` (`load_run_config`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib.util
 import json
 import os
 import sys
 
 import ml_collections
 import numpy as np
+from safetensors.numpy import load, save
 
 from scalerl_jax import models
 from scalerl_jax import recipes
+from scalerl_jax import storage
+from scalerl_jax.models import moe
 from scalerl_jax.generation import interruption
 from scalerl_jax.types import SamplingSpec
 
@@ -37,7 +42,6 @@ def model_config(config):
                      f"{sorted(fields)}")
   overrides = {k: v for k, v in m.items() if k in fields}
   if config.model.hf_checkpoint:
-    from scalerl_jax import storage
     cfg_path = storage.join(m["hf_checkpoint"], "config.json")   # local or gs://
     if not storage.exists(cfg_path):
       raise FileNotFoundError(f"config.model.hf_checkpoint={m['hf_checkpoint']!r}: no "
@@ -51,7 +55,6 @@ def model_config(config):
   else:
     cfg = models.get_preset(m["preset"], **overrides)
   if cfg.is_moe and "mesh" in config and cfg.moe_impl == "dispatch":
-    from scalerl_jax.models import moe
     shape = {a: int(s) for a, s in config.mesh.shape if int(s) > 0}   # -1 (rest): checked at trace
     moe.expert_shards(cfg.num_experts, shape, tuple(config.mesh.rules))
   return cfg
@@ -84,7 +87,6 @@ def generation_seed(seed: int, version: int, prompt_ids) -> int:
   a resumed run (or a restarted generator) draws the same completions for the same leases, unlike
   a per-process random stream. Equal inputs twice in one run give equal seeds (correlated samples),
   which only happens when a prompt is leased twice at the same version."""
-  import hashlib
   h = hashlib.sha256(json.dumps([int(seed), int(version), [int(p) for p in prompt_ids]]).encode())
   return int.from_bytes(h.digest()[:4], "little") >> 1
 
@@ -161,7 +163,6 @@ def vllm_max_model_len(config) -> int:
 
 def params_to_payload(model_cfg, params) -> bytes:
   """Serializes params as one safetensors blob in HF naming (the weight interchange format)."""
-  from safetensors.numpy import save
   return save({k: np.ascontiguousarray(v) for k, v in models.hf_named_arrays(model_cfg, params)})
 
 
@@ -169,7 +170,6 @@ def payload_to_named(payload: bytes | bytearray | memoryview, fmt: str) -> dict[
   """Inverse of params_to_payload: {hf_name: array}."""
   if fmt != WEIGHTS_FORMAT:
     raise ValueError(f"unsupported weight payload format {fmt!r}; expected {WEIGHTS_FORMAT!r}")
-  from safetensors.numpy import load
   return load(bytes(payload))
 
 
@@ -180,7 +180,6 @@ def load_run_config(path: str, overrides=()) -> ml_collections.ConfigDict:
   recipe (they win over it, as on main's command line)."""
   file, _, arg = path.partition(":")
   if file.endswith(".py"):
-    import importlib.util
     spec = importlib.util.spec_from_file_location("scalerl_run_config", file)
     assert spec is not None and spec.loader is not None    # a .py file: the source loader
     mod = importlib.util.module_from_spec(spec)

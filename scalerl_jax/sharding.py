@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scalerl_jax.models import transformer
@@ -50,7 +51,6 @@ def make_mesh(shape: Sequence[tuple[str, int]], devices: Sequence[Any] | None = 
     raise ValueError(f"mesh {dict(zip(names, sizes))} needs {math.prod(sizes)} devices, "
                      f"have {len(devices)}")
   try:
-    from jax.experimental import mesh_utils
     arr = mesh_utils.create_device_mesh(sizes, devices)
   except Exception:  # pylint: disable=broad-except  # odd topologies: plain reshape
     arr = np.array(devices, dtype=object).reshape(sizes)
@@ -132,7 +132,6 @@ def shard_params(params: Any, cfg: ModelConfig, mesh: Mesh, rules) -> Any:
   process): each process materialises only the slices its own devices hold (multi-host safe).
   jax.Arrays already in their sharding (models.hf_slices.load_sharded) are kept as they are; other
   fully addressable ones are treated as host params."""
-  import numpy as np
   shardings = param_shardings(cfg, mesh, rules)
 
   def place(x, sh):

@@ -156,6 +156,61 @@ def test_no_module_of_the_package_is_longer_than_the_limit():
   assert long == {}, f"modules over {MAX_MODULE_LINES} lines (split them along a seam): {long}"
 
 
+# Function-local imports (issue #27): at most MAX_LOCAL_IMPORTS over these packages, each with a
+# one-line reason on its line (`# local: <reason>`): a JAX-free / vLLM-venv module, an optional or
+# torch-pulling dependency, a TPU-only module. Everything else imports at the module's top (a
+# deferral several functions share: one `lazy.module(...)` at the top, scalerl_jax/lazy.py).
+LOCAL_IMPORT_PACKAGES = ("scalerl_jax", "analysis", "launch")
+MAX_LOCAL_IMPORTS = 30
+LOCAL_REASON = "# local:"
+
+
+def local_imports(source: str) -> list[tuple[int, bool]]:
+  """(line, has a `# local:` reason) of each import statement inside a function body of `source`
+  (nested functions included, each statement once; a reason on any line of the statement)."""
+  lines = source.splitlines()
+  found = {}
+  for fn in ast.walk(ast.parse(source)):
+    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for n in ast.walk(fn):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+          found[n.lineno] = any(LOCAL_REASON in lines[i - 1]
+                                for i in range(n.lineno, n.end_lineno + 1))
+  return sorted(found.items())
+
+
+def test_local_import_finder_finds_planted_ones():
+  src = ("import os\n"
+         "from typing import Any\n"
+         "class C:\n"
+         "  import json\n"                       # class body: not in a function
+         "  def m(self):\n"
+         "    import re\n"
+         "def f():\n"
+         "  import glob  # local: a reason\n"
+         "  from x import (a,\n"
+         "                 b)  # local: on its last line\n"
+         "  def g():\n"
+         "    from y import z\n"
+         "async def h():\n"
+         "  import zlib\n")
+  assert local_imports(src) == [(6, False), (8, True), (9, True), (12, False), (14, False)]
+  assert local_imports("import os\nx = 1\n") == []
+
+
+def test_function_local_imports_are_few_and_explained():
+  found = {}
+  for pkg in LOCAL_IMPORT_PACKAGES:
+    for path in sorted((ROOT / pkg).rglob("*.py")):
+      if "_pb2" not in path.name:
+        found[path.relative_to(ROOT).as_posix()] = local_imports(path.read_text())
+  total = sum(len(v) for v in found.values())
+  assert total > 0                                     # the walk saw the deliberate ones
+  assert total <= MAX_LOCAL_IMPORTS, {k: [i for i, _ in v] for k, v in found.items() if v}
+  unexplained = [f"{k}:{i}" for k, v in found.items() for i, ok in v if not ok]
+  assert unexplained == [], f"function-local imports without a '{LOCAL_REASON} <reason>' comment"
+
+
 _BLOCK_JAX = """
 import importlib.abc, sys
 class Block(importlib.abc.MetaPathFinder):

@@ -25,6 +25,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
+from launch import preflight  # noqa: E402
 from launch import spec as spec_lib  # noqa: E402
 
 RENDERED_DIR = os.path.join(_REPO, "launch", "gke", "rendered")
@@ -404,7 +405,6 @@ def main(argv=None):
   except ValueError as e:
     raise SystemExit(f"render: error: {e}") from None
   if a.preflight:
-    from launch import preflight
     if preflight.main(dirs):
       raise SystemExit(1)
 

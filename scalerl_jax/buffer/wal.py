@@ -17,6 +17,8 @@ This module must not import jax (the buffer server process does not).
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -352,7 +354,6 @@ def lock_dir(wal_dir: str, timeout_s: float = 30.0) -> int:
   """Takes an exclusive POSIX lock on WAL_DIR/LOCK (per process, held until it exits), waiting up to
   `timeout_s` for a previous buffer (e.g. one still shutting down after its learner died) to let
   go: two buffers must never append to one log. Returns the descriptor; raises TimeoutError."""
-  import fcntl
   fd = os.open(os.path.join(wal_dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
   end = time.time() + timeout_s
   while True:
@@ -368,7 +369,6 @@ def lock_dir(wal_dir: str, timeout_s: float = 30.0) -> int:
 
 def load_weights(wal_dir: str) -> Optional[tuple[dict, bytes]]:
   """(header, payload) of weights.bin, or None if absent or damaged (size/sha256 checked)."""
-  import hashlib
   path = os.path.join(wal_dir, WEIGHTS_FILE)
   if not os.path.exists(path):
     return None

@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+from scalerl_jax import recipes
+from scalerl_jax import runtime
 from scalerl_jax.data import build_dataset
 
 
@@ -46,13 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
-  from scalerl_jax import recipes
   ap = build_parser()
   rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
   a = ap.parse_args(rest)
   sys.path.insert(0, os.getcwd())   # so `from configs import common` resolves from the repo root
   config = recipes.apply_overrides(_load_config(a.config), overrides)   # --config.a.b=v, as main
-  from scalerl_jax import runtime
   print(runtime.knob_line(config, "export"), file=sys.stderr, flush=True)
   ds = build_dataset(config.data, config.rollout.max_prompt_len)
   n = write_prompts(ds.train if a.split == "train" else ds.heldout, a.out)

@@ -48,7 +48,7 @@ def iter_records(path: str) -> Iterator[tuple[str, dict]]:
     raise FileNotFoundError(f"data file {path!r} does not exist")
   if path.endswith(".parquet"):
     try:
-      import pyarrow.parquet as pq
+      import pyarrow.parquet as pq  # local: optional, only .parquet files need it
     except ImportError:
       raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
     with storage.open(path, "rb") as f:

@@ -348,7 +348,7 @@ def splash_attention_slots(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=Non
   only sees padding); GQA as one MQA kernel per kv head. T is padded to a multiple of 128.
   Single-program: under a device mesh it needs a shard_map over batch / heads (not done).
   """
-  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # TPU-only kernel module
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # local: TPU-only kernel module
   del kv_pos
   B, T, N, H = q.shape
   K = k.shape[2]

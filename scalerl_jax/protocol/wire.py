@@ -9,6 +9,7 @@ This module must not import jax (the buffer server process does not).
 """
 from __future__ import annotations
 
+import ctypes
 from typing import NoReturn, Optional
 
 from google.protobuf import message as pb_message
@@ -146,7 +147,6 @@ def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20)
   per 4 KiB): large rollout/group buffers are then recycled from the heap. Process-wide; the server
   process calls it, other processes may opt in. Returns False where glibc's mallopt is missing."""
   try:
-    import ctypes
     libc = ctypes.CDLL("libc.so.6")
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(

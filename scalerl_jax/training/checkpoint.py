@@ -38,6 +38,7 @@ import struct
 import threading
 import time
 
+import crc32c
 import jax
 import orbax.checkpoint as ocp
 
@@ -63,7 +64,6 @@ def _hash_file(path: str) -> str:
 
 def _crc32c_file(path: str) -> str:
   """CRC-32C of a file's bytes, base64 of the big-endian value (how GCS reports `crc32c`)."""
-  import crc32c
   v = 0
   with storage.open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 22), b""):

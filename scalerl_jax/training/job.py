@@ -19,6 +19,9 @@ import time
 import uuid
 from typing import Any
 
+import jax
+from jax._src import distributed as jd
+
 from analysis.errors import TooFewPointsError
 from analysis.fit import PER_TASK, fit_runs, metric_slug
 from analysis.forecast import forecast_runs
@@ -140,7 +143,6 @@ _WAIT_MS = 6 * 3600 * 1000   # followers wait this long for process 0 (SFT, buff
 def _kv():
   """jax.distributed's coordination key-value store: waits there never hit a collective timeout
   (a gloo collective gives up after ~30 s while process 0 is still busy)."""
-  from jax._src import distributed as jd
   client = jd.global_state.client
   assert client is not None, "jax.distributed.initialize has not run"
   return client
@@ -183,7 +185,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
   Multi-host (after `distributed.initialize`): every process calls this; process 0 runs the
   buffer, generators, evaluation and logs, the others only the learner (`_run_follower`)."""
-  import jax
   multi = jax.process_count() > 1
   if multi and jax.process_index() != 0:
     return _run_follower(config, workdir)

@@ -38,7 +38,10 @@ import math
 from typing import Any, Callable, Iterator, Optional
 
 import grpc
+import jax
+import ml_dtypes
 import numpy as np
+from jax import tree_util as tu
 
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import weight_chunks as ws
@@ -60,13 +63,11 @@ def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
 
 def _np_dtype(name: str) -> np.dtype:
   if name == "bfloat16":
-    import ml_dtypes
     return np.dtype(ml_dtypes.bfloat16)
   return np.dtype(name)
 
 
 def _path_key(k) -> str | int:
-  from jax import tree_util as tu
   if isinstance(k, (tu.DictKey, tu.FlattenedIndexKey)):
     return k.key
   if isinstance(k, tu.SequenceKey):
@@ -78,7 +79,6 @@ def _path_key(k) -> str | int:
 
 def flatten(params) -> list[tuple[list, Any]]:
   """[(path as a list of dict keys / list indices, leaf)] in pytree order."""
-  import jax
   leaves, _ = jax.tree_util.tree_flatten_with_path(params)
   return [([_path_key(k) for k in path], leaf) for path, leaf in leaves]
 
@@ -163,7 +163,6 @@ class StreamPublisher:
     self.manifest["checksum"] = checksum
     self._checksum = ws.CHECKSUMS[checksum]
     if process_index is None:
-      import jax
       process_index = jax.process_index()
     self.process_index = process_index
     if source is not None:     # host arrays (no device) are served by process 0's source

@@ -28,11 +28,16 @@ from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from scalerl_jax import lazy
 from scalerl_jax.generation.vllm import protocol as P
 from scalerl_jax.generation.generator import Generator
 from scalerl_jax.generation.slots import DecodeStats, drive
 from scalerl_jax.processes import child_env, launcher_argv
 from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
+
+# JAX stays out of this module's import (the vLLM venv imports it: parity): loaded at first use.
+models = lazy.module("scalerl_jax.models")
+runtime = lazy.module("scalerl_jax.runtime")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]   # scalerl_jax/generation/vllm/generator.py -> the repo
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
@@ -357,13 +362,11 @@ class VLLMGenerator(Generator):
 
   def load_params(self, params, version: int, model_cfg) -> None:
     """Our-layout params (a streamed version, bf16 or fp32) as HF names, pushed in `push_dtype`."""
-    from scalerl_jax import models   # JAX stays out of this module's import at load time
     self.load_weights(models.hf_named_arrays(model_cfg, params), version,
                       wire_dtype=self.push_dtype)
 
   def load_payload(self, payload, version: int, fmt: str = "safetensors") -> None:
     """A published weight blob, pushed in `push_dtype`."""
-    from scalerl_jax import runtime
     self.load_weights(runtime.payload_to_named(payload, fmt), version, wire_dtype=self.push_dtype)
 
   # -- extras ----------------------------------------------------------------------------------------

@@ -37,9 +37,16 @@ from typing import Any
 
 import numpy as np
 
+from scalerl_jax import lazy
 from scalerl_jax.generation.interruption import think_budget, think_end_automaton
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP
 from scalerl_jax.generation.vllm import protocol as P
+
+# vLLM exists only in the vLLM venv (the JAX venv imports this module for its tests): first use.
+vllm = lazy.module("vllm")
+vllm_arg_utils = lazy.module("vllm.engine.arg_utils")
+vllm_async_llm = lazy.module("vllm.v1.engine.async_llm")
+vllm_sampling = lazy.module("vllm.sampling_params")
 EXT_CLS = "scalerl_jax.generation.vllm.ext.ScaleRLWorkerExtension"
 # KV cache on the CPU backend when no explicit `kv_cache_bytes` is given (host RAM; on GPU the
 # cache is sized from `gpu_memory_utilization` instead).
@@ -89,7 +96,7 @@ def kv_cache_args(cfg: dict, on_gpu: bool) -> dict:
 
 def _on_gpu() -> bool:
   try:
-    import torch
+    import torch  # local: an optional probe (ImportError: no GPU), torch loads only when asked
     return bool(torch.cuda.is_available())
   except ImportError:   # pragma: no cover - the vLLM venv has torch
     return False
@@ -127,8 +134,6 @@ class Worker:
 
   # -- engine ------------------------------------------------------------------------------------
   def start_engine(self):
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
     cfg = self.cfg
     kw: dict[str, Any] = dict(model=cfg["model"], skip_tokenizer_init=True, dtype=cfg["dtype"],
               logprobs_mode="processed_logprobs", max_model_len=cfg["max_model_len"],
@@ -144,7 +149,7 @@ class Worker:
     if gen_over:
       kw["override_generation_config"] = gen_over
     kw.update(cfg.get("engine_args") or {})
-    self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+    self.engine = vllm_async_llm.AsyncLLM.from_engine_args(vllm_arg_utils.AsyncEngineArgs(**kw))
 
   async def rpc(self, method: str, *args):
     res = await self.engine.collective_rpc(method, args=args)
@@ -202,7 +207,6 @@ class Worker:
 
   # -- ops ---------------------------------------------------------------------------------------
   async def _info(self) -> dict:
-    import vllm
     info = await self.rpc("scalerl_info")
     return {"vllm_version": vllm.__version__, "engine_dtype": self.cfg["dtype"],
             "head_dtype_override": self.cfg["head_dtype"], "model_info": info}
@@ -307,13 +311,12 @@ class Worker:
 
   async def _run(self, prompt: list[int], max_tokens: int, spec: dict, seed: int) -> dict:
     """One vLLM request; returns tokens, sampled-token logprobs, per-token versions, finish."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-    sp = SamplingParams(n=1, temperature=float(spec["temperature"]), top_p=float(spec["top_p"]),
-                        max_tokens=int(max_tokens), stop_token_ids=list(spec["stop_tokens"]),
-                        ignore_eos=True, logprobs=0, seed=seed, detokenize=False,
-                        output_kind=(RequestOutputKind.CUMULATIVE if self.cfg["report_progress"]
-                                     else RequestOutputKind.FINAL_ONLY))
+    kind = vllm_sampling.RequestOutputKind
+    sp = vllm_sampling.SamplingParams(
+        n=1, temperature=float(spec["temperature"]), top_p=float(spec["top_p"]),
+        max_tokens=int(max_tokens), stop_token_ids=list(spec["stop_tokens"]),
+        ignore_eos=True, logprobs=0, seed=seed, detokenize=False,
+        output_kind=kind.CUMULATIVE if self.cfg["report_progress"] else kind.FINAL_ONLY)
     self._req += 1
     rid, final = f"r{self._req}", None
     try:
