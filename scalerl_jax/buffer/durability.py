@@ -13,7 +13,7 @@ import collections
 import json
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -112,7 +112,7 @@ class Durable:
       self._kept = {}            # on disk now; the next replay reads them back
       return name
 
-  def snapshot(self):
+  def snapshot(self) -> Iterator[bytes]:
     """The whole state as WAL records (compaction; `apply` of each rebuilds it)."""
     enc = walmod.encode
     yield enc(walmod.SNAPSHOT, dict(
@@ -133,7 +133,7 @@ class Durable:
             | {g.view.group_id for gs in kept.values() for g in gs})
     yield enc(walmod.SEEN, dict(ids={r: g for r, g in self._seen.items() if g not in live}))
 
-    def group(g):
+    def group(g) -> Iterator[bytes]:
       yield enc(walmod.LEASE, dict(gid=g.view.group_id, pid=g.view.prompt_id, gen=g.generator_id,
                                    deadline=g.deadline, min_v=g.view.min_version,
                                    max_v=g.view.max_version, round=self._round_start, snap=True))

@@ -27,7 +27,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 log = logging.getLogger("scalerl.wal")
 
@@ -77,7 +77,7 @@ def encode_parts(rtype: int, body) -> tuple:
   return (_HEADER.pack(len(body) + 1, zlib.crc32(body, zlib.crc32(t))) + t, body)
 
 
-def decode_body(rtype: int, body: bytes):
+def decode_body(rtype: int, body: bytes) -> Any:
   return body if rtype == ROLLOUT else json.loads(body)
 
 

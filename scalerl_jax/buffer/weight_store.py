@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import grpc
 
@@ -57,7 +57,7 @@ class WeightStore:
                              payload=payload)
 
   # ---- publish -----------------------------------------------------------------------------------
-  def publish(self, request_iterator, context):
+  def publish(self, request_iterator, context) -> pb.PublishAck:
     """PublishWeights handler: dispatches on the first message (manifest -> streamed, else blob)."""
     srv = self.srv
     first = next(iter(request_iterator), None)
@@ -96,7 +96,7 @@ class WeightStore:
     srv, header, got, parts = self.srv, first.head, 0, []
     sha = hashlib.sha256()
 
-    def msgs():
+    def msgs() -> Iterator[Any]:
       yield first
       for item in request_iterator:
         yield srv._req(item, context)
@@ -210,7 +210,7 @@ class WeightStore:
     self.cv.notify_all()
 
   # ---- fetch / watch -----------------------------------------------------------------------------
-  def fetch(self, request, context):
+  def fetch(self, request, context) -> Iterator[Optional[bytes]]:
     """FetchWeights handler: long-polls for a version newer than have_version, then streams it."""
     srv = self.srv
     r = srv._req(request, context)
@@ -254,7 +254,7 @@ class WeightStore:
         best = top
     return best
 
-  def watch(self, request, context):
+  def watch(self, request, context) -> Iterator[pb.VersionNotice]:
     """WatchVersion handler: one notice per newly visible version."""
     have = self.srv._req(request, context).have_version
     while context.is_active():

@@ -26,7 +26,7 @@ import hashlib
 import logging
 import random
 import time
-from typing import Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -160,7 +160,7 @@ class BufferClient:
     raws = [r if isinstance(r, (bytes, memoryview)) else r.SerializeToString() for r in rollouts]
     acks: list[pb.Ack] = []
 
-    def once():   # a retry re-sends only what is not acknowledged yet
+    def once() -> list[pb.Ack]:   # a retry re-sends only what is not acknowledged yet
       for resp in self._push(pack_push_requests(raws[len(acks):], batch_bytes),
                              metadata=self._md):
         acks.extend(resp.acks)
@@ -190,7 +190,7 @@ class BufferClient:
     """Newest weights newer than `have_version` as (version, payload, format), or None on timeout.
     The sha256 is verified here as well. Blob versions only: a streamed version (weights.stream.StreamPublisher)
     raises FAILED_PRECONDITION; use weights.stream.StreamFetcher, which takes both."""
-    def once():
+    def once() -> tuple[Any, list[bytes]]:
       req = pb.FetchWeightsRequest(have_version=have_version, wait_timeout_s=wait_timeout_s)
       parts, head = [], None
       for c in self._fetch(req, metadata=self._md, timeout=wait_timeout_s + 600):
@@ -205,7 +205,7 @@ class BufferClient:
       raise IOError(f"weights version {head.version}: size or sha256 mismatch after transfer")
     return head.version, payload, head.format
 
-  def fetch_raw(self, request: pb.FetchWeightsRequest, timeout: float):
+  def fetch_raw(self, request: pb.FetchWeightsRequest, timeout: float) -> Iterator[bytes]:
     """FetchWeights without parsing (serialized WeightChunks; weights.stream.StreamFetcher)."""
     return self._fetch_raw(request, metadata=self._md, timeout=timeout)
 
@@ -220,7 +220,7 @@ class BufferClient:
   # ---- learner -----------------------------------------------------------------------------------
   def pull_batch(self, step: int, timeout_s: float = 60.0) -> Batch:
     """Blocks until the batch for `step` is complete (DEADLINE_EXCEEDED after timeout_s)."""
-    def once():
+    def once() -> Batch:
       groups, summary = [], None
       req = pb.PullRequest(step=step, timeout_s=timeout_s)
       for item in self._pull(req, metadata=self._md, timeout=timeout_s + 60):
@@ -245,7 +245,7 @@ class BufferClient:
     sha = hashlib.sha256(view).hexdigest()
     n = len(view)
 
-    def chunks():
+    def chunks() -> Iterator[pb.WeightChunk]:
       for off in range(0, max(n, 1), chunk_bytes):
         yield pb.WeightChunk(version=version, total_bytes=n, sha256=sha, format=fmt, offset=off,
                              data=bytes(view[off:off + chunk_bytes]))

@@ -10,7 +10,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Optional, cast
+from typing import Callable, Iterator, Optional, cast
 
 import crc32c
 from google.protobuf import message as pb_message
@@ -26,7 +26,7 @@ MAX_SOURCES = 4096
 CHECKSUMS = {"crc32": zlib.crc32, "crc32c": crc32c.crc32c}
 
 
-def checksum_of(manifest: dict):
+def checksum_of(manifest: dict) -> Callable[..., int]:
   """The chunk checksum function a (checked) manifest names."""
   return CHECKSUMS[manifest.get("checksum", "crc32")]
 
@@ -189,7 +189,7 @@ class Version:
     return v
 
 
-def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: float):
+def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: float) -> Iterator[Optional[bytes]]:
   """Manifest, then v's chunks in arrival order, waiting (on `cv`) for the rest while it is
   published; ends early (a short stream, which the fetcher resumes) if v is superseded or stalls
   for stall_s. Shared by the buffer and the learner weight servers (weights/source.py)."""

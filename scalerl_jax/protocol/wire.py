@@ -10,7 +10,7 @@ This module must not import jax (the buffer server process does not).
 from __future__ import annotations
 
 import ctypes
-from typing import NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from google.protobuf import message as pb_message
 from google.protobuf import unknown_fields
@@ -44,11 +44,11 @@ def unknown(msg, name: str) -> Optional[str]:
   return None
 
 
-def parser(cls):
+def parser(cls) -> Callable[[bytes], Any]:
   """A strict request deserializer for message class `cls` (returns `Malformed` on bad bytes)."""
   name = cls.DESCRIPTOR.name
 
-  def parse(data: bytes):
+  def parse(data: bytes) -> Any:
     try:
       m = cls.FromString(data)
     except _PARSE_ERRORS as e:
@@ -92,7 +92,7 @@ def varint(n: int) -> bytes:
   return bytes(out)
 
 
-def parse_push(data: bytes):
+def parse_push(data: bytes) -> list[tuple[pb.Rollout, memoryview]] | Malformed:
   """Splits a serialized PushRequest into (Rollout, raw bytes view) pairs without copying payloads.
 
   The outer message may only contain field 1 (rollouts, length-delimited); each element is parsed
