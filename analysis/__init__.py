@@ -13,7 +13,7 @@ from analysis.uncertainty import bootstrap, extrapolate
 from analysis.compare import compare_runs, comparison_markdown
 
 
-def fit_runs(*args, **kwargs):
+def fit_runs(*args, **kwargs) -> list[dict]:
   """Fit, bootstrap, extrapolate and compare run directories; see ``analysis.fit.fit_runs``."""
   from analysis.fit import fit_runs as _fit_runs  # local: `python -m analysis.fit` (runpy warns if the package imported it)
 

@@ -141,7 +141,7 @@ class RunData:
   config: dict = dataclasses.field(default_factory=dict)
   run_dir: str | None = None
 
-  def window(self, cutoff: float | None = None, fit_until: float | None = None):
+  def window(self, cutoff: float | None = None, fit_until: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Points usable for a fit: compute > 0, compute >= cutoff and compute <= fit_until."""
     m = self.compute > 0
     if cutoff is not None:

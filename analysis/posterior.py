@@ -87,7 +87,7 @@ def ar1_matrix(n: int, rho: float) -> np.ndarray:
   return rho ** np.abs(idx[:, None] - idx[None, :])
 
 
-def whiten(M, d, s2, rho):
+def whiten(M, d, s2, rho) -> tuple[np.ndarray, np.ndarray]:
   """Innovations of the Kalman filter of ``y = x + e``, ``e ~ N(0, d)``, ``x`` AR(1) with variance
     ``s2`` and lag-one correlation ``rho``: a linear map W with ``W Sigma W^T = I`` for
     ``Sigma = d I + s2 R(rho)``, applied to every row of ``M`` (R, n). ``d, s2, rho``: arrays of

@@ -32,14 +32,14 @@ B_RANGE = (0.05, 20.0)
 _MAX_ELEMS = 3_000_000  # chunk size of the (C_mid, B, point) basis tensor
 
 
-def sigmoid_curve(C, A, B, C_mid, R0):
+def sigmoid_curve(C, A, B, C_mid, R0) -> np.ndarray:
   """Eq. 1: ``R0 + (A - R0) / (1 + (C_mid / C)^B)`` (equals R0 at C = 0)."""
   C = np.asarray(C, dtype=float)
   with np.errstate(divide="ignore", over="ignore"):
     return R0 + (A - R0) / (1.0 + np.exp(B * (np.log(C_mid) - np.log(C))))
 
 
-def power_law_curve(C, A, B, D):
+def power_law_curve(C, A, B, D) -> np.ndarray:
   """The power law ``A - D / C^B`` (what Eq. 1 tends to for C >> C_mid)."""
   C = np.asarray(C, dtype=float)
   return A - D * C ** (-B)
@@ -124,7 +124,7 @@ class FitResult:
 
 
 # ----------------------------------------------------------------------------------------- grid core
-def sigmoid_basis(C, cm_grid, b_grid, c_slice=slice(None)):
+def sigmoid_basis(C, cm_grid, b_grid, c_slice=slice(None)) -> np.ndarray:
   """s[c, b, i] = 1 / (1 + (C_mid_c / C_i)^B_b) as a 2-D array (rows: C_mid-major, B-minor)."""
   L = np.log(cm_grid[c_slice])[:, None] - np.log(C)[None, :]
   with np.errstate(over="ignore"):
@@ -194,17 +194,17 @@ def _residual_fn(C, y, sw, r0, fixed: dict, free: Sequence[str]):
   """Residuals and Jacobian of Eq. 1 in parameters (A, logC_mid, B, R0), some of them fixed."""
   logC = np.log(C)
 
-  def unpack(x):
+  def unpack(x) -> dict:
     p = dict(fixed)
     p.update(zip(free, x))
     return p
 
-  def fun(x):
+  def fun(x) -> np.ndarray:
     p = unpack(x)
     u = np.exp(np.clip(p["B"] * (p["logC_mid"] - logC), -700, 700))
     return sw * (p["R0"] + (p["A"] - p["R0"]) / (1 + u) - y)
 
-  def jac(x):
+  def jac(x) -> np.ndarray:
     p = unpack(x)
     u = np.exp(np.clip(p["B"] * (p["logC_mid"] - logC), -700, 700))
     g = 1 / (1 + u)
@@ -291,7 +291,7 @@ def fit_sigmoid_many(C, Y, r0, grids: Grids, *, W=None, refine: bool = True, pol
   return out
 
 
-def prepare_window(C, y, r0, cutoff, value_range, grids, A_fixed=None):
+def prepare_window(C, y, r0, cutoff, value_range, grids, A_fixed=None) -> tuple[np.ndarray, np.ndarray, Grids]:
   """The fit window of a curve: validated points with C > 0 (and >= `cutoff`), and grids whose A
   range fits the metric (A pinned to `A_fixed` when given)."""
   C, y = validate_curve(C, y, value_range=value_range, min_points=1, what="fit input")
@@ -359,7 +359,7 @@ def fit_power_law(C, y, *, cutoff: float | None = None, value_range=(0.0, 1.0),
   j = int(np.argmin(sse))
   x0 = np.array([A[j], b_grid[j], np.log(max(D[j], 1e-300))])
 
-  def fun(x):
+  def fun(x) -> np.ndarray:
     return x[0] - np.exp(x[2] - x[1] * np.log(C)) - y
 
   res = optimize.least_squares(fun, x0, bounds=([-np.inf, 1e-4, -700], [hi, 20.0, 700]), x_scale="jac")

@@ -39,7 +39,7 @@ def synthetic_curve(A: float, B: float, C_mid: float, R0: float = 0.3, *, sigma:
 
 def write_synthetic_run(run_dir, name: str, *, R0: float = 0.3, sigma: float = 0.01, seed: int = 0,
             c_step: float = 100.0, c_stop: float | None = None, hours_per_step: float = 2.0,
-            train_every: int = 0):
+            train_every: int = 0) -> None:
   """Write a Table-1 run as ``metrics.jsonl`` + ``config.json`` in ``run_dir`` (step-0 eval at
     compute 0 with value R0 + noise; optional train-metric lines every ``train_every`` evals)."""
   C_mid, B, A = TABLE1[name]

@@ -910,7 +910,7 @@ def _kill_check(k: dict) -> dict:
   """Acknowledged rollouts (the WAL at the kill) against what the final WAL says was delivered or
   is still stored; every group delivered at most once across both."""
 
-  def scan(d):
+  def scan(d) -> tuple[dict, set, list, set]:
     rolls, seen, deliver, last = {}, set(), [], set()
     records, _ = walmod.read_all(d, truncate=False)
     for t, body in records:

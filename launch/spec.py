@@ -147,7 +147,7 @@ def pick_layout(config, platform: str, chips: int) -> str:
   return sorted(fit, key=lambda n: (n != str(config.layouts[n].topology), n))[0]
 
 
-def resolve_run_config(config, s: dict, tensor_parallel: int):
+def resolve_run_config(config, s: dict, tensor_parallel: int) -> tuple[Any, list[str]]:
   """The ONE run config every pod reads (module docstring): layout, launch settings, overrides,
   the recipe applied once. Returns (config, the `--config.k=v` overrides it was built with)."""
   config = copy.deepcopy(config)
@@ -330,7 +330,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
   }
 
 
-def load_config(path: str, arg: str | None = None):
+def load_config(path: str, arg: str | None = None) -> Any:
   """Imports a `get_config(arg)` config file by path (no absl flags needed)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist")

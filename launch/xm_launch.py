@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 from absl import app, flags
 
@@ -57,7 +58,7 @@ def build_jobs(specs: dict, token: str = "") -> dict:
   three jobs under config.buffer.auth_token_env.
   """
 
-  def accel(platform, amount, **kw):
+  def accel(platform, amount, **kw) -> Any:
     return xm.JobRequirements(**{spec_lib.PLATFORMS[platform]["xm_resource"]: amount}, **kw)
 
   learner, gens, buf = specs["learner"], specs["generators"], specs["buffer"]
@@ -106,7 +107,7 @@ def launch(specs: dict) -> None:
         for (name, j), exe in zip(jobs.items(), executables)}))
 
 
-def main(argv):
+def main(argv) -> None:
   del argv
   specs = resolved_specs()
   if _DRY.value:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 import yaml
 
@@ -101,7 +102,7 @@ def _run_config_mounts(specs):
           [{"name": "run-config", "configMap": {"name": rc["name"]}}])
 
 
-def run_config_map(specs):
+def run_config_map(specs) -> dict[str, Any]:
   """The ConfigMap `run-config`: the resolved config as the Python file every pod loads."""
   rc = specs["run_config"]
   return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(specs, rc["name"], "config"),
@@ -116,7 +117,7 @@ def _tcp_probes(port, startup_s: int):
           {"tcpSocket": {"port": port}, "periodSeconds": 30, "failureThreshold": 4})
 
 
-def learner_jobset(specs):
+def learner_jobset(specs) -> dict[str, Any]:
   job = specs["learner"]
   n = str(job["chips_per_host"])
   env = _env(job)   # GPU: SCALERL_COORDINATOR/NUM_PROCESSES/PROCESS_ID; TPU: distributed.auto
@@ -176,7 +177,7 @@ def _alive_probe(job, failures: int):
           "failureThreshold": failures}
 
 
-def generators(specs):
+def generators(specs) -> list[dict[str, Any]]:
   job = specs["generators"]
   n = str(job["gpus_per_replica"])
   sel = {"app.kubernetes.io/name": specs["name"], "app.kubernetes.io/component": "generator"}
@@ -217,7 +218,7 @@ def generators(specs):
   return [deployment, service]
 
 
-def buffer(specs):
+def buffer(specs) -> list[dict[str, Any]]:
   job = specs["buffer"]
   wal_claim = f"{job['name']}-wal"
   sel = {"app.kubernetes.io/name": specs["name"], "app.kubernetes.io/component": "buffer"}
@@ -269,14 +270,14 @@ def buffer(specs):
   return [pvc, deployment, service]
 
 
-def secret(specs):
+def secret(specs) -> dict[str, Any]:
   s = specs["secret"]
   return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
           "metadata": _meta(specs, s["name"], "buffer"),
           "stringData": {s["key"]: SECRET_PLACEHOLDER}}
 
 
-def tls_secret(specs):
+def tls_secret(specs) -> dict[str, Any]:
   """The TLS Secret template: certificate (SAN: the buffer service name), key and CA, as PEM."""
   t = specs["tls"]
   return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
@@ -350,7 +351,7 @@ def _kv(items, what):
   return out
 
 
-def main(argv=None):
+def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("--all", action="store_true", help=f"render every variant into {RENDERED_DIR}")
   ap.add_argument("--config", default="configs/8b.py")
