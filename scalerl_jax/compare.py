@@ -64,7 +64,7 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
   return res
 
 
-def main(argv):
+def main(argv) -> None:
   del argv
   try:
     if not _WORKDIR.value:

@@ -10,9 +10,10 @@ and lazy third-party modules for costly imports that only some of a process's wo
 from __future__ import annotations
 
 import importlib
+from typing import Any, Callable
 
 
-def exports(package: str, names: dict[str, str]):
+def exports(package: str, names: dict[str, str]) -> tuple[Callable[[str], Any], list[str]]:
   """(`__getattr__`, `__all__`) for `package`: each public name loads its module on first use."""
   def __getattr__(name):
     if name in names:

@@ -63,7 +63,7 @@ def _flag_value(argv, name: str) -> str:
   return vals[-1] if vals else ""
 
 
-def parse_flags(argv):
+def parse_flags(argv) -> list[str]:
   """absl's flag parsing + the config file load and overrides, each failure one clear line.
 
   Runs before any JAX work: a missing `--workdir`/`--config`, a nonexistent config file, an
@@ -100,7 +100,7 @@ def parse_flags(argv):
   return rest
 
 
-def main(argv):
+def main(argv) -> None:
   del argv
   try:
     locked = recipes.locked_keys(sys.argv)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import flax.linen as nn
 import jax
@@ -71,7 +71,7 @@ def logical_sharding(specs: Any, mesh: Mesh, rules) -> Any:
   rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in rules)
   _check_rules(rules)
 
-  def one(spec):
+  def one(spec) -> NamedSharding:
     names = tuple(spec)                  # a PartitionSpec's or a tuple's logical names, one per dim
     # nn.spmd's: flax.linen re-exports it without `as` (not public to a type checker)
     axes = nn.spmd.logical_to_mesh_axes(names, rules)
@@ -105,7 +105,7 @@ def sharded_init(cfg: ModelConfig, rng: jax.Array, mesh: Mesh, rules) -> tuple[A
   """
   shardings = param_shardings(cfg, mesh, rules)
 
-  def init(r):
+  def init(r) -> Any:
     with nn.logical_axis_rules(()):  # dummy init batch: no activation constraints
       return transformer.init_params(cfg, r)
   params = jax.jit(init, out_shardings=shardings)(rng)
@@ -113,7 +113,7 @@ def sharded_init(cfg: ModelConfig, rng: jax.Array, mesh: Mesh, rules) -> tuple[A
 
 
 @contextlib.contextmanager
-def use_mesh(mesh: Mesh, rules):
+def use_mesh(mesh: Mesh, rules) -> Iterator[None]:
   """Context for running the model sharded: jax.set_mesh(mesh) + nn.logical_axis_rules(rules).
   The one way in: the legacy `with mesh:` block (deprecated since JAX 0.8.2) is not supported."""
   _check_rules(rules)
@@ -134,7 +134,7 @@ def shard_params(params: Any, cfg: ModelConfig, mesh: Mesh, rules) -> Any:
   fully addressable ones are treated as host params."""
   shardings = param_shardings(cfg, mesh, rules)
 
-  def place(x, sh):
+  def place(x, sh) -> Any:
     if isinstance(x, jax.Array):
       if x.sharding.is_equivalent_to(sh, x.ndim):
         return x

@@ -30,7 +30,7 @@ import shutil
 import socket
 import tempfile
 import urllib.parse
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Iterator, Union
 
 import numpy as np
 
@@ -157,7 +157,7 @@ def stat(p) -> dict:
   return out
 
 
-def open(p, mode: str = "r", **kw):  # noqa: A001 - the layer's open
+def open(p, mode: str = "r", **kw) -> Any:  # noqa: A001 - the layer's open
   """builtins.open for local paths, a gcsfs file for gs:// (written as one object on close)."""
   if not is_remote(p):
     return builtins.open(p, mode, **kw)
@@ -260,7 +260,7 @@ def move(src, dst) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(dest, last: tuple[str, ...] = ("config.json",)):
+def staged_dir(dest, last: tuple[str, ...] = ("config.json",)) -> Iterator[str]:
   """Yields a local directory whose files end up in `dest`: `dest` itself when local, else a
   temporary directory uploaded to gs:// on success (files in `last` uploaded last) and removed."""
   if not is_remote(dest):
@@ -276,7 +276,7 @@ def staged_dir(dest, last: tuple[str, ...] = ("config.json",)):
 
 
 @contextlib.contextmanager
-def local_copy(src):
+def local_copy(src) -> Iterator[str]:
   """Yields a local path holding directory `src`'s files (`src` itself when local)."""
   if not is_remote(src):
     yield src
@@ -389,7 +389,7 @@ class RangedFile:
     self.bytes_read += sum(len(r) for r in out)
     return out
 
-  def map(self, offset: int, n: int):
+  def map(self, offset: int, n: int) -> np.memmap:
     """A read-only uint8 memory map of bytes [offset, offset + n) (local files only); its pages
     are read as they are touched. Counted as one request; callers count the bytes they use."""
     if self.remote:

@@ -161,7 +161,7 @@ def check_layout(name: str, layout: Mapping[str, Any]) -> None:
                      f"topology has {topo.num_devices}")
 
 
-def apply_layout(config, name: str | None = None):
+def apply_layout(config, name: str | None = None) -> Any:
   """Sets config.mesh.shape / optim.microbatches / model.{remat,scan_layers,moe_capacity_factor if
   the layout names one} (and the batch / seq rules for sequence-parallel layouts) from
   `config.layouts[name or config.topology]`; config.topology becomes the layout's topology,
@@ -186,7 +186,7 @@ def apply_layout(config, name: str | None = None):
   return config
 
 
-def layouts_to_config(layouts: Mapping[str, Mapping[str, Any]]):
+def layouts_to_config(layouts: Mapping[str, Mapping[str, Any]]) -> ml_collections.ConfigDict:
   """`LAYOUTS` dict -> ml_collections.ConfigDict (validated) for `config.layouts`."""
   out = ml_collections.ConfigDict()
   for name, layout in layouts.items():

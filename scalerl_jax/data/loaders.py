@@ -163,7 +163,7 @@ def _taco_tests(loc: str, inputs: Any, outputs: Any, fn_name: str | None) -> lis
   if not isinstance(inputs, list) or not isinstance(outputs, list):
     raise DataError(f"{loc}: tests 'inputs' and 'outputs' must be lists")
 
-  def text(v):
+  def text(v) -> Any:
     return "\n".join(str(x) for x in v) if isinstance(v, list) else v
 
   out = []

@@ -132,7 +132,7 @@ class Problem:
   def gold_completion_tokens(self) -> np.ndarray:
     return np.asarray(TOKENIZER.encode(self.gold_completion_text), np.int32)
 
-  def to_prompt_spec(self):
+  def to_prompt_spec(self) -> PromptSpec:
     return PromptSpec(prompt_id=self.prompt_id, tokens=self.prompt_tokens, answer=self.answer)
 
 

@@ -12,6 +12,7 @@ improvement >= 0.25 within a few hundred steps of 8 prompts x 8 samples.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def sft_table(examples, smoothing: float = 1.0) -> np.ndarray:
   return np.log(counts / counts.sum(-1, keepdims=True))
 
 
-def rollout(logits, terms, rng):
+def rollout(logits, terms, rng) -> tuple[list[int], float]:
   """Samples one trace; returns (sampled sums, reward)."""
   prev, sums = 0, []
   for d in terms:
@@ -48,7 +49,7 @@ def pass_rate(logits, problems, samples, rng) -> float:
   return float(np.mean([rollout(logits, p.terms, rng)[1] for p in problems for _ in range(samples)]))
 
 
-def run(seed=0, n_sft=2000, rl_steps=300, prompts_per_step=8, gens=8, lr=0.5, eval_every=50):
+def run(seed=0, n_sft=2000, rl_steps=300, prompts_per_step=8, gens=8, lr=0.5, eval_every=50) -> dict[str, Any]:
   """Returns a dict of held-out pass rates (mean@16 on 64 held-out prompts) through SFT and RL."""
   rng = np.random.default_rng(seed)
   train, heldout = syn.make_split(seed, n_train=n_sft + prompts_per_step * rl_steps, n_heldout=64)

@@ -70,7 +70,7 @@ class Problem:
     p = dataclasses.replace(self, digits=tuple(digits)) if digits is not None else self
     return ["print", "(", *p.expression_words, ")"]
 
-  def to_prompt_spec(self):
+  def to_prompt_spec(self) -> PromptSpec:
     return PromptSpec(prompt_id=self.prompt_id, tokens=self.prompt_tokens, answer=self.answer)
 
 

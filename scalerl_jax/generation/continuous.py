@@ -196,7 +196,7 @@ def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts
                cache=_cache_view(full["cache"], rows, cols))
   uniforms = _row_uniforms(state["keys"], state["length"], n_steps)
 
-  def body(i, s):
+  def body(i, s) -> dict[str, Any]:
     sampled, lp = sampler_lib.sample_rows(uniforms[i], s["logits"], temperature, top_p, use_top_p)
     token, lp, live, forcing, fields = sampler_lib.advance_rows(
         s, sampled, lp, interrupt, stop, s["answer_budget"], (end_cols, end_next, end_hit), room)

@@ -112,7 +112,7 @@ class ContinuousLoop:
     done = 0
     queued = lambda: sum(len(w[2]) for w in waiting)
 
-    def finished(results):
+    def finished(results) -> None:
       """Files finished samples under their groups; a complete group goes to the grading pool."""
       for r, c in results:
         entry = open_groups[r.tag]

@@ -175,5 +175,5 @@ class ScriptedEngine(Engine):
 
   needs_params = False
 
-  def make(self, model_cfg, params, version, workdir, dataset):
+  def make(self, model_cfg, params, version, workdir, dataset) -> ScriptedInstructModel:
     return ScriptedInstructModel(dataset.tokenizer, version=version)

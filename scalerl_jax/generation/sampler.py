@@ -71,7 +71,7 @@ def _inverse_cdf(u, logp):
   return jnp.minimum(token, last).astype(jnp.int32)
 
 
-def sample_rows(u, logits, temperature, top_p, use_top_p: bool = True):
+def sample_rows(u, logits, temperature, top_p, use_top_p: bool = True) -> tuple[jax.Array, jax.Array]:
   """Samples one token per row with uniforms u [B,1]; returns (token int32 [B], log-prob float32
   [B])."""
   scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
@@ -100,7 +100,7 @@ _REPLICATED = ("rng", "step", "logit_version")
 def _state_specs(state):
   """PartitionSpecs of a decode state (or the cache alone): per-row arrays split over _ROWS."""
   P = jax.sharding.PartitionSpec
-  def spec(path, leaf):
+  def spec(path, leaf) -> jax.sharding.PartitionSpec:
     name = path[-1].key if isinstance(path[-1], jax.tree_util.DictKey) else path[0].key
     if name in _REPLICATED or name == "index":
       return P()
@@ -128,7 +128,7 @@ def _decode_chunk(params, cfg, state, n_steps, consts, use_top_p=True, mesh=None
   return _on_rows(fn, mesh, (P(), specs, P()), (specs, P(_ROWS)))(params, state, consts)
 
 
-def advance_rows(s, sampled, lp, interrupt, stop, answer_budget, end, room):
+def advance_rows(s, sampled, lp, interrupt, stop, answer_budget, end, room) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]:
   """One decode step's per-row bookkeeping, shared by the drain (`_chunk_steps`) and continuous
   (generation/continuous.py) decoders: the token each row emits (the sampled one, or the next
   interruption token while forcing, log-prob 0), and the rows' new length / phase / budget
@@ -176,7 +176,7 @@ def write_outputs(s, col, live, token, lp, forcing) -> dict:
   version of the logits each token was sampled from (`s["logit_version"]`, one or one per row: a
   token belongs to the policy whose forward pass produced its logits). Shared by the drain and
   continuous decoders."""
-  def write(buf, val):
+  def write(buf, val) -> jax.Array:
     old = jax.lax.dynamic_slice_in_dim(buf, col, 1, axis=1)[:, 0]
     return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(live, val, old)[:, None], col, 1)
   return dict(tokens=write(s["tokens"], token), logprobs=write(s["logprobs"], lp),
@@ -194,7 +194,7 @@ def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
   step0 = state["step"]
   uniforms = _chunk_uniforms(state["rng"], step0, n_steps, state["done"].shape[0], rows)
 
-  def body(i, s):
+  def body(i, s) -> dict[str, Any]:
     sampled, lp = sample_rows(uniforms[i], s["logits"], temperature, top_p, use_top_p)
     token, lp, live, forcing, fields = advance_rows(
         s, sampled, lp, interrupt, stop, answer_budget, (end_cols, end_next, end_hit),
@@ -229,7 +229,7 @@ def named_from_safetensors(payload: bytes | bytearray | memoryview) -> dict[str,
   return st_format.decode_blob(payload)
 
 
-def split_cache(cache):
+def split_cache(cache) -> dict[str, Any]:
   """models.init_cache layout -> the same cache with k, v as tuples of per-layer arrays, keys
   [B,K,S,H] and values transposed [B,K,H,S] (both decode dots then contract the stored last axis:
   XLA:CPU copied a [B,K,S,H] value cache into [B,K,H,S] every step).
@@ -273,7 +273,7 @@ def _cache_capacity(needed: int, total: int) -> int:
 @functools.partial(jax.jit, static_argnums=(1,))
 def _grow_cache(cache, size: int):
   """A split cache (see split_cache) with `size` slots: empty slots appended (pos -1)."""
-  def pad(a, fill, axis):
+  def pad(a, fill, axis) -> jax.Array:
     widths = [(0, 0)] * a.ndim
     widths[axis] = (0, size - a.shape[axis])
     return jnp.pad(a, widths, constant_values=fill)
@@ -372,7 +372,7 @@ class JaxSampler(Generator):
     return self._version
 
   @property
-  def params(self):
+  def params(self) -> Any:
     return self._params
 
   def load_params(self, params, version: int, model_cfg=None) -> None:
@@ -396,7 +396,7 @@ class JaxSampler(Generator):
     """Takes HF-named arrays (the weight interchange format) as policy `version`."""
     named = dict(weights.items() if isinstance(weights, Mapping) else weights)
 
-    def get(name):
+    def get(name) -> Any:
       if name not in named:
         raise ValueError(f"weight update for version {version} lacks tensor {name!r}")
       return named[name]

@@ -8,7 +8,7 @@ f32[B,T]``, ``loss_mask bool[B,T]``, ``rewards f32[B]``, ``prompt_ids int32[B]``
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -96,7 +96,7 @@ def validate_batch(batch: Mapping[str, np.ndarray], microbatches: int = 1,
                      f"(rows {rows[:8].tolist()}...)")
 
 
-def prepare(batch, spec: RLSpec):
+def prepare(batch, spec: RLSpec) -> dict[str, jax.Array]:
   """Full-batch preparation (jit-able). Returns a dict with per-row ``adv [B]``, per-token
   ``weights [B,T]``, and scalars ``dropped_groups``, ``kept_groups``, ``kept_rows``, ``denominator``."""
   prompt_ids = jnp.asarray(batch["prompt_ids"])
@@ -113,13 +113,13 @@ def prepare(batch, spec: RLSpec):
               kept_rows=keep.sum().astype(jnp.float32), denominator=weights.sum())
 
 
-def split_microbatches(tree, microbatches: int):
+def split_microbatches(tree, microbatches: int) -> Any:
   """[B, ...] -> [M, B/M, ...] with micro-batch m = rows {m, m + M, m + 2M, ...}.
 
   Strided (not contiguous) so that when B is sharded over data devices every micro-batch still
   spans all devices. Correctness does not depend on the assignment: the weights are global.
   """
-  def split(x):
+  def split(x) -> jax.Array:
     b = x.shape[0]
     return jnp.swapaxes(x.reshape((b // microbatches, microbatches) + x.shape[1:]), 0, 1)
   return jax.tree.map(split, tree)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from scalerl_jax.models.layers import head_matmul
 
 
-def token_logprobs(logits, tokens, with_entropy: bool = True, temperature: float = 1.0):
+def token_logprobs(logits, tokens, with_entropy: bool = True, temperature: float = 1.0) -> tuple[jax.Array, jax.Array | None]:
   """Returns (logp [B,T], entropy [B,T] or None), both float32.
 
   `temperature` T: the log-probs of the distribution the generator sampled from,
@@ -37,7 +37,7 @@ def token_logprobs(logits, tokens, with_entropy: bool = True, temperature: float
 
 
 def chunked_token_logprobs(hidden, kernel, tokens, chunk: int = 1024, with_entropy: bool = True,
-                           temperature: float = 1.0, precision: str = "fp32"):
+                           temperature: float = 1.0, precision: str = "fp32") -> tuple[jax.Array, jax.Array | None]:
   """`token_logprobs` of logits = hidden @ kernel, computed over sequence chunks of `chunk`.
 
   hidden [B,T,D] and kernel [D,V] in the head dtype (float32 for the FP32 LM head; see
@@ -60,7 +60,7 @@ def chunked_token_logprobs(hidden, kernel, tokens, chunk: int = 1024, with_entro
   tc = jnp.swapaxes(tgt.reshape(B, n, c), 0, 1)                          # [n,B,c]
 
   @jax.checkpoint
-  def one(h_c, t_c):
+  def one(h_c, t_c) -> tuple[jax.Array, jax.Array | None]:
     logits = head_matmul(h_c, kernel, precision)                         # [B,c,V] float32
     if float(temperature) != 1.0:
       logits = logits / jnp.float32(temperature)

@@ -1,6 +1,8 @@
 """Per-token learner statistics, accumulated as additive sums (or maxima) over micro-batches."""
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -9,7 +11,7 @@ SUM_KEYS = ("loss_sum", "tokens", "ratio_sum", "k3_sum", "entropy_sum", "clipped
 MAX_KEYS = ("ratio_max",)
 
 
-def token_stats(logp, gen_logp, entropy, weights, loss_mask, loss_stats):
+def token_stats(logp, gen_logp, entropy, weights, loss_mask, loss_stats) -> dict[str, jax.Array]:
   """Sums over the loss tokens of the effective batch (weights > 0 & loss_mask).
 
   k3 estimator of KL(generator ‖ learner) with samples from the generator:
@@ -31,18 +33,18 @@ def token_stats(logp, gen_logp, entropy, weights, loss_mask, loss_stats):
   return out
 
 
-def combine(a, b):
+def combine(a, b) -> dict[str, jax.Array]:
   """Merges two stat dicts from disjoint micro-batches."""
   out = {k: a[k] + b[k] for k in SUM_KEYS}
   out.update({k: jnp.maximum(a[k], b[k]) for k in MAX_KEYS})
   return out
 
 
-def zeros():
+def zeros() -> dict[str, jax.Array]:
   return {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS + MAX_KEYS}
 
 
-def finalize(stats):
+def finalize(stats) -> dict[str, Any]:
   """Ratios of the accumulated sums (0 when there are no tokens)."""
   n = jnp.maximum(stats["tokens"], 1.0)
   return dict(tokens=stats["tokens"], entropy=stats["entropy_sum"] / n,

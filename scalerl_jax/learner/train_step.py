@@ -50,7 +50,7 @@ def _guard(loss, grad_norm, update_norm, denom):
   return (denom > 0) & finite, finite
 
 
-def tree_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
+def tree_update(optimizer, acc, denom_safe, params, opt_state, loss, denom) -> tuple[Any, Any, jax.Array, jax.Array, jax.Array, jax.Array]:
   """Any optax optimizer: grads = acc / D, update, apply under lax.cond (skipped steps)."""
   grads = jax.tree.map(lambda g: g / denom_safe, acc)
   grad_norm = optax.tree.norm(grads)
@@ -66,7 +66,7 @@ def _num_slices(x) -> int:
   return x.shape[0] if x.ndim >= 2 and 1 < x.shape[0] <= MAX_SLICES else 1
 
 
-def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
+def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom) -> tuple[Any, Any, jax.Array, jax.Array, jax.Array, jax.Array]:
   """make_optimizer's clip -> AdamW applied in place, one axis-0 slice (scanned layer) at a time.
 
   The whole-tree path (`tree_update`) keeps the scaled gradients, the update tree and the new
@@ -95,7 +95,7 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
     u, st = adamw.update(clip_fn(grads(a)), (moments._replace(mu=m, nu=n),) + rest, p)
     return optax.apply_updates(p, u), st[0].mu, st[0].nu, u
 
-  def take(x, i):
+  def take(x, i) -> jax.Array:
     return jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=True)
 
   leaves, treedef = jax.tree.flatten(acc)
@@ -107,7 +107,7 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
   # step runs zero trips (its update_norm reads 0).
   ok, finite = _guard(loss, grad_norm, jnp.zeros((), jnp.float32), denom)
 
-  def apply(a, p, m, n):
+  def apply(a, p, m, n) -> tuple[Any, jax.Array]:
     """((new p, mu, nu), sum of the update's squares) of one leaf, slice by slice."""
     k = _num_slices(a)
     if k == 1:
@@ -115,7 +115,7 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
       new = tuple(jnp.where(ok, x, y) for x, y in ((p2, p), (m2, m), (n2, n)))
       return new, jnp.where(ok, jnp.sum(jnp.square(u)), 0.0)
 
-    def body(i, carry):
+    def body(i, carry) -> tuple[Any, jax.Array]:
       xs, sq = carry
       p2, m2, n2, u = update(take(a, i), *(take(x, i) for x in xs))
       xs = tuple(jax.lax.dynamic_update_index_in_dim(x, y, i, 0) for x, y in zip(xs, (p2, m2, n2)))
@@ -182,7 +182,7 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
   """
   loss_fn = rl.get_loss(spec.loss)
 
-  def objective(params, mb):
+  def objective(params, mb) -> tuple[jax.Array, dict[str, jax.Array]]:
     extra = {"routes": mb["routes"]} if "routes" in mb else {}   # MoE routing replay (R3)
     out = apply_fn(params, mb["tokens"], mb["positions"], **extra)
     aux = {}
@@ -204,13 +204,13 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
 
   grad_fn = jax.grad(objective, has_aux=True)
 
-  def constrain(tree):
+  def constrain(tree) -> Any:
     if mesh is None or batch_partition is None:
       return tree
     sharding = NamedSharding(mesh, P(None, *batch_partition))
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
 
-  def train_step(state: LearnerState, batch: Mapping[str, jax.Array]):
+  def train_step(state: LearnerState, batch: Mapping[str, jax.Array]) -> tuple[LearnerState, dict[str, jax.Array]]:
     prep = prepare(batch, spec)
     inputs = dict(tokens=jnp.asarray(batch["tokens"], jnp.int32), positions=_positions(batch),
                   gen_logprobs=jnp.asarray(batch["gen_logprobs"], jnp.float32),
@@ -227,10 +227,10 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
       T = inputs["tokens"].shape[1]
       buckets = bucket_lengths(T, pad_multiple, max_buckets) if pad_multiple > 0 else (T,)
 
-      def cut(mb, L):          # the token axis of every [rows, T, ...] input cut to L
+      def cut(mb, L) -> dict[str, jax.Array]:          # the token axis of every [rows, T, ...] input cut to L
         return {k: (v[:, :L] if v.ndim >= 2 else v) for k, v in mb.items()}
 
-      def mb_grad(mb):
+      def mb_grad(mb) -> Any:
         if len(buckets) == 1:
           return grad_fn(params, mb)
         pos = jnp.arange(T, dtype=jnp.int32)
@@ -238,7 +238,7 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
         k = jnp.minimum(jnp.searchsorted(jnp.asarray(buckets, jnp.int32), need), len(buckets) - 1)
         return jax.lax.switch(k, [lambda m, L=L: grad_fn(params, cut(m, L)) for L in buckets], mb)
 
-      def body(carry, mb):   # the scan carry IS the one accumulator (updated in place)
+      def body(carry, mb) -> tuple[tuple[Any, dict[str, jax.Array]], None]:   # the scan carry IS the one accumulator (updated in place)
         g_acc, s_acc = carry
         g, s = mb_grad(mb)
         return (jax.tree.map(jnp.add, g_acc, g), metrics_lib.combine(s_acc, s)), None

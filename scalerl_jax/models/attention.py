@@ -39,7 +39,7 @@ import contextlib
 import functools
 import importlib.util
 import os
-from typing import Literal, cast
+from typing import Any, Iterator, Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +55,7 @@ _FAST_PATH_ONLY = [False]   # executed_branch_only(): trace the slot-layout path
 
 
 @contextlib.contextmanager
-def executed_branch_only():
+def executed_branch_only() -> Iterator[None]:
   """While tracing inside this context, `attention` emits only its slot-layout path, without the
   lax.cond that guards it. For XLA cost analysis alone: cost analysis counts a cond as its costlier
   branch, so a causal_blocks step's HLO FLOPs included the blockwise fallback that a learner batch
@@ -110,7 +110,7 @@ def resolve(impl: str, platform: str | None = None) -> str:
 
 # ------------------------------------------------------------------ the one entry point
 def attention(q, k, v, q_pos, kv_pos, *, impl: str = "auto", chunk_size: int | None = None,
-              block: int = 512, scale: float | None = None, q_block: int = 64):
+              block: int = 512, scale: float | None = None, q_block: int = 64) -> jax.Array:
   """Causal (optionally chunked-local) GQA attention with masks from positions; see module doc."""
   scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
   impl = resolve(impl)
@@ -134,7 +134,7 @@ def attention(q, k, v, q_pos, kv_pos, *, impl: str = "auto", chunk_size: int | N
   return jax.lax.cond(slot_layout(q_pos, kv_pos), run_fast, slow, q, k, v, q_pos, kv_pos)
 
 
-def position_mask(q_pos, kv_pos, chunk_size: int | None):
+def position_mask(q_pos, kv_pos, chunk_size: int | None) -> jax.Array:
   """bool [B,T,S]: key s visible to query t (causal by position, chunked-local, no padding)."""
   qp, kp = q_pos[:, :, None], kv_pos[:, None, :]
   m = (kp >= 0) & (qp >= 0) & (kp <= qp)
@@ -143,7 +143,7 @@ def position_mask(q_pos, kv_pos, chunk_size: int | None):
   return m
 
 
-def slot_layout(q_pos, kv_pos):
+def slot_layout(q_pos, kv_pos) -> jax.Array:
   """bool []: every row is positions 0..len-1 then padding (-1), and keys = queries."""
   if q_pos.shape != kv_pos.shape:
     return jnp.asarray(False)
@@ -154,7 +154,7 @@ def slot_layout(q_pos, kv_pos):
 
 
 # ------------------------------------------------------------------ xla_einsum (reference)
-def einsum_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=None):
+def einsum_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=None) -> jax.Array:
   """The reference: f32 scores [B,K,G,T,S] materialised, masked softmax, probs in v.dtype."""
   B, T, N, H = q.shape
   K = k.shape[2]
@@ -168,7 +168,7 @@ def einsum_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=None):
 
 
 # ------------------------------------------------------------------ causal_blocks (slot order)
-def causal_block_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=None, q_block=64):
+def causal_block_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=None, q_block=64) -> jax.Array:
   """Heads-major attention over query blocks, skipping the key tiles above the diagonal.
 
   Query block i (slots [i*Q, (i+1)*Q)) attends to key slots [0, (i+1)*Q) only: exact when a key
@@ -201,7 +201,7 @@ def causal_block_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=Non
 
 
 # ------------------------------------------------------------------ blockwise (flash, pure JAX)
-def blockwise_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, block=512, scale=None):
+def blockwise_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, block=512, scale=None) -> jax.Array:
   """Flash attention in pure JAX: online softmax over key blocks, recompute backward.
 
   Memory per head: O(T*block) for the score tile in both passes, plus the O(T) log-sum-exp saved
@@ -242,7 +242,7 @@ def _flash_fwd_impl(qg, k, v, q_pos, kv_pos, chunk_size, block, scale):
   B, T, K, G, H = qg.shape
   f32 = jnp.float32
 
-  def step(carry, xs):
+  def step(carry, xs) -> tuple[tuple[Any, ...], None]:
     i, m, l, acc = carry
     kb, vb = xs
     s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, kb, preferred_element_type=f32) * scale
@@ -285,7 +285,7 @@ def _flash_bwd(chunk_size, block, scale, res, dout):
   delta = jnp.einsum("BTKGH,BTKGH->BKGT", do, out.astype(f32))          # rowsum(dO * O)
   do_c = dout.astype(v.dtype)
 
-  def step(carry, xs):
+  def step(carry, xs) -> tuple[tuple[Any, jax.Array], tuple[jax.Array, jax.Array]]:
     i, dq = carry
     kb, vb = xs
     s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, kb, preferred_element_type=f32) * scale
@@ -317,7 +317,7 @@ def _chunk_split(x, chunk_size):
 
 
 def dot_product_attention_slots(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=None,
-                                implementation: Literal["xla", "cudnn"] = "cudnn"):
+                                implementation: Literal["xla", "cudnn"] = "cudnn") -> jax.Array:
   """jax.nn.dot_product_attention in slot coordinates (valid only when `slot_layout` holds).
 
   Causal by slot; right padding as sequence lengths; chunked-local attention by folding each chunk
@@ -341,7 +341,7 @@ def dot_product_attention_slots(q, k, v, q_pos, kv_pos, *, chunk_size=None, scal
 
 # ------------------------------------------------------------------ splash (TPU, slot layout)
 def splash_attention_slots(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=None,
-                           interpret: bool = False):
+                           interpret: bool = False) -> jax.Array:
   """Pallas splash attention (TPU) in slot coordinates (valid only when `slot_layout` holds).
 
   Causal (or chunked-causal) mask by slot, padding as segment ids (padding = segment 0, which

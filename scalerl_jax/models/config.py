@@ -263,7 +263,7 @@ def _rope_dict(cfg: ModelConfig) -> Mapping[str, Any]:
   return r
 
 
-def to_hf_config(cfg: ModelConfig):
+def to_hf_config(cfg: ModelConfig) -> Any:
   """Returns the transformers config describing `cfg` (its family's class: LlamaConfig,
   Llama4TextConfig)."""
   common = dict(
@@ -276,7 +276,7 @@ def to_hf_config(cfg: ModelConfig):
   return getattr(transformers, fam.hf_config_class)(**fam.to_hf(cfg), **common)
 
 
-def rope_inv_freq(cfg: ModelConfig):
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
   """Inverse RoPE frequencies [head_dim/2] (float64 numpy), incl. the llama3 scaling rule."""
   dim = cfg.head_dim
   inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32).astype(np.float32) / dim))

@@ -51,7 +51,7 @@ class SafetensorsDir:
       if not os.path.exists(fp):
         raise FileNotFoundError(f"shard {fp} listed in {INDEX_FILE} is missing")
       with open(fp, "rb") as f:
-        def read(o, n, f=f):
+        def read(o, n, f=f) -> bytes:
           f.seek(o)
           return f.read(n)
         infos, _ = st_format.parse_header(read, size=os.path.getsize(fp), where=fp)
@@ -267,7 +267,7 @@ def params_from_hf_tensors(cfg: ModelConfig, get_tensor) -> dict:
   """Builds our params from a `get_tensor(hf_name) -> np.ndarray` accessor (shapes checked)."""
   dt = param_dtype(cfg)
 
-  def one(src):
+  def one(src) -> np.ndarray:
     if isinstance(src, Stacked):
       return np.stack([s.apply(get_tensor(s.name), dt) for s in src.sources])
     return src.apply(get_tensor(src.name), dt)

@@ -165,7 +165,7 @@ def _load_leaf(ckpt: HFCheckpoint, src, sh, dt) -> jax.Array:
   boxes = {_box(idx, shape) for idx in sh.addressable_devices_indices_map(shape).values()}
   outs = {b: np.empty([e - s for s, e in b], dt) for b in boxes}   # one per distinct slice
 
-  def put(out, b, ours, obox, lead=()):
+  def put(out, b, ours, obox, lead=()) -> None:
     rel = tuple(slice(s - o, e - o) for (s, e), (o, _) in zip(b, obox))
     out[lead] = ours[rel]      # converts to the param dtype (setitem casts)
 

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 
-def route(x: jax.Array, wr: jax.Array, k: int, routes: jax.Array | None = None):
+def route(x: jax.Array, wr: jax.Array, k: int, routes: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Router: (top_idx int32 [B,T,K], gates [B,T,K] in x.dtype).
 
   routes [B,T,K] (routing replay) replaces the top-k choice; the gates are still the sigmoid of
@@ -51,7 +51,7 @@ def route(x: jax.Array, wr: jax.Array, k: int, routes: jax.Array | None = None):
   return top_idx.astype(jnp.int32), gates
 
 
-def dense_experts(x, top_idx, gates, wg, wu, wd, constrain=lambda a, _: a):
+def dense_experts(x, top_idx, gates, wg, wu, wd, constrain=lambda a, _: a) -> jax.Array:
   """Reference: all experts on all tokens; x [B,T,D], kernels [E,D,F] / [E,F,D] -> [B,T,D]."""
   E = wg.shape[0]
   scores = jnp.einsum("BTK,BTKE->BTE", gates, jax.nn.one_hot(top_idx, E, dtype=x.dtype))
@@ -64,7 +64,7 @@ def dense_experts(x, top_idx, gates, wg, wu, wd, constrain=lambda a, _: a):
 
 
 # ------------------------------------------------------------------ mesh layout from the rules
-def current_mesh():
+def current_mesh() -> jax.sharding.AbstractMesh | None:
   """The mesh of the enclosing `jax.set_mesh` / `sharding.use_mesh` block, or None outside one
   (public JAX API only; the legacy `with mesh:` block, deprecated since JAX 0.8.2, is not seen)."""
   m = jax.sharding.get_abstract_mesh()
@@ -188,7 +188,7 @@ def _local_moe(x, top_idx, gates, wg, wu, wd, *, num_experts, capacity_factor, e
   return y.reshape(b, t, D), dropped
 
 
-def dispatch_experts(x, top_idx, gates, wg, wu, wd, capacity_factor: float = 0.0):
+def dispatch_experts(x, top_idx, gates, wg, wu, wd, capacity_factor: float = 0.0) -> tuple[jax.Array, jax.Array]:
   """Expert-parallel routed experts: x [B,T,D], top_idx / gates [B,T,K], kernels [E,D,F] /
   [E,F,D] -> (y [B,T,D], dropped copies per token int32 [B,T]).
 
@@ -221,7 +221,7 @@ def dispatch_experts(x, top_idx, gates, wg, wu, wd, capacity_factor: float = 0.0
   return fn(x, top_idx, gates, wg, wu, wd)
 
 
-def routed_experts(cfg: Any, x, top_idx, gates, wg, wu, wd, constrain=lambda a, _: a):
+def routed_experts(cfg: Any, x, top_idx, gates, wg, wu, wd, constrain=lambda a, _: a) -> tuple[jax.Array, jax.Array | None]:
   """cfg.moe_impl dispatch: (y [B,T,D], dropped copies per token [B,T] or None)."""
   if cfg.moe_impl == "dense":
     return dense_experts(x, top_idx, gates, wg, wu, wd, constrain), None

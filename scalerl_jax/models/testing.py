@@ -1,6 +1,8 @@
 """Test helpers: random tiny HF reference models (needs torch + transformers; nothing downloaded)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from scalerl_jax import lazy
@@ -13,7 +15,7 @@ torch = lazy.module("torch")
 transformers = lazy.module("transformers")
 
 
-def random_hf_model(cfg: ModelConfig, seed: int = 0, std: float = 0.02):
+def random_hf_model(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> Any:
   """Builds a random float32 HF LlamaForCausalLM / Llama4ForCausalLM matching `cfg` (eval mode).
 
   Norm weights are randomized too (1 + noise) so a wrong norm mapping cannot hide.
@@ -38,7 +40,7 @@ def params_from_torch(cfg: ModelConfig, model) -> dict:
   if cfg.tie_embeddings:
     sd.pop("lm_head.weight", None)
 
-  def get(name):
+  def get(name) -> Any:
     if name not in sd:
       raise ValueError(f"tensor {name!r} missing from state_dict")
     return sd[name]

@@ -267,7 +267,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
 
 def forward_hidden(params: Params, cfg: ModelConfig, tokens: jax.Array,
                    positions: jax.Array | None = None, mask: jax.Array | None = None,
-                   routes: jax.Array | None = None, return_aux: bool = False):
+                   routes: jax.Array | None = None, return_aux: bool = False) -> tuple[Any, ...]:
   """`forward` without the LM head: (hidden [B,T,D], kernel [D,V]), both in the head dtype
   (float32 with fp32_lm_head); logits = hidden @ kernel. For the learner's sequence-chunked
   log-probs (learner/logprobs.py), so [B,T,V] logits never exist whole. routes, return_aux: as

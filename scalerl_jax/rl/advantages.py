@@ -19,7 +19,7 @@ def _group_mean(x, same):
   return (same.astype(jnp.float32) @ x) / jnp.maximum(count, 1.0)
 
 
-def group_advantages(rewards, prompt_ids, row_keep, norm: str = "batch", eps: float = 1e-6):
+def group_advantages(rewards, prompt_ids, row_keep, norm: str = "batch", eps: float = 1e-6) -> jnp.ndarray:
   """Â_i = r_i - mean(r of its group), optionally divided by a std (0 on rows not kept).
 
   norm:

@@ -24,14 +24,14 @@ import jax.numpy as jnp
 AGGREGATIONS = ("prompt", "sample", "token")
 
 
-def same_group(prompt_ids, row_valid):
+def same_group(prompt_ids, row_valid) -> jnp.ndarray:
   """bool [B, B]: rows i and j are valid and belong to the same prompt group."""
   ids = jnp.asarray(prompt_ids)
   valid = jnp.asarray(row_valid, bool)
   return (ids[:, None] == ids[None, :]) & valid[:, None] & valid[None, :]
 
 
-def token_weights(loss_mask, prompt_ids, row_keep, mode: str):
+def token_weights(loss_mask, prompt_ids, row_keep, mode: str) -> jnp.ndarray:
   """Per-token aggregation weights ``float32 [B, T]`` (zero outside ``loss_mask`` / kept rows).
 
   Args:

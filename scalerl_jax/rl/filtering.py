@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from scalerl_jax.rl.aggregation import same_group
 
 
-def zero_variance_keep(rewards, prompt_ids, row_valid, tol: float = 0.0):
+def zero_variance_keep(rewards, prompt_ids, row_valid, tol: float = 0.0) -> tuple[jnp.ndarray, jnp.ndarray]:
   """Rows whose prompt group has non-constant rewards.
 
   Returns:

@@ -64,7 +64,7 @@ def describe(c: ml_collections.ConfigDict) -> dict:
   return out
 
 
-def main(argv):
+def main(argv) -> None:
   del argv
   assert _CONFIG is not None             # defined when run as a program
   if _CONFIG.value is None:

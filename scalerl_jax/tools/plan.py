@@ -97,7 +97,7 @@ def abstract_batch(batch_rows: int, seq_len: int, batch_sharding) -> dict:
               positions=tok(jnp.int32), rewards=row(jnp.float32), prompt_ids=row(jnp.int32))
 
 
-def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int):
+def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int) -> tuple[Any, dict[str, Any]]:
   """Lowers + compiles the learner's sharded train step on abstract inputs.
 
   Returns (compiled, info) where info holds the abstract state/batch, their shardings and timings.
@@ -149,7 +149,7 @@ def probe_flops(config, model_cfg, mesh, rows: int, seq_len: int, num_layers: in
   tok_sh = NamedSharding(mesh, P(batch_axes(rules)))
   tokens = jax.ShapeDtypeStruct((rows, seq_len), jnp.int32, sharding=tok_sh)
 
-  def objective(p, tok):
+  def objective(p, tok) -> jax.Array:
     logits = models.forward(p, cfg, tok)
     return jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits), tok[..., None], -1))
 
@@ -194,7 +194,7 @@ def compute_report(config, model_cfg, mesh, topo, batch_rows: int, seq_len: int,
       probe_layers=[p, 2 * p], probe_s=round(time.perf_counter() - t0, 2))
 
 
-def generator_rules(rules):
+def generator_rules(rules) -> tuple[tuple[str, Any], ...]:
   """The learner rules with FSDP removed: a generator keeps full weights along `embed`, shards
   heads / mlp / vocab over `tensor` (and experts over `expert`), and its cache batch over `data`."""
   over = {"embed": None, "batch": "data", "cache_batch": "data"}
@@ -336,7 +336,7 @@ def _ensure_devices(n: int) -> None:
   os.execve(sys.executable, [sys.executable, "-m", "scalerl_jax.tools.plan", *sys.argv[1:]], env)
 
 
-def main(argv):
+def main(argv) -> None:
   del argv
   config = _CONFIG.value
   if config is None:

@@ -96,13 +96,13 @@ class MetricsLog(Tracker):
       self.tb.flush()
       storage.copy_tree(self.tb_local, self.tb_dir)
 
-  def close(self):
+  def close(self) -> None:
     """Closes TensorBoard; the W&B run stays open for the end-of-run plots (`finish`)."""
     if self.tb is not None:
       self.tb.close()
       self._upload_tb()
 
-  def finish(self):
+  def finish(self) -> None:
     if self.wandb is not None:
       self.wandb.finish()
       self.wandb = None

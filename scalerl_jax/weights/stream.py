@@ -92,7 +92,7 @@ def unflatten(paths: list[list], leaves: list) -> Any:
       node = node.setdefault(k, {})
     node[path[-1]] = leaf
 
-  def fix(n):
+  def fix(n) -> Any:
     if isinstance(n, dict):
       if n and all(isinstance(k, int) for k in n):
         return [fix(n[i]) for i in range(len(n))]
@@ -128,7 +128,7 @@ def _split(start, ext, itemsize: int, chunk_bytes: int):
   return out
 
 
-def build_manifest(params, chunk_bytes: int = 8 << 20, wire_dtype: Optional[str] = None):
+def build_manifest(params, chunk_bytes: int = 8 << 20, wire_dtype: Optional[str] = None) -> tuple[dict[str, Any], list, list]:
   """(manifest dict, leaves, [(leaf index, box start, box extent, shard start, owner device)]).
   `wire_dtype="bfloat16"`: float32 leaves travel (and arrive) as bf16 (round-to-nearest-even)."""
   flat = flatten(params)
@@ -278,7 +278,7 @@ class StreamFetcher:
     self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
     self.blob: Optional[tuple[int, bytes, str]] = None      # a blob-protocol version, if served
 
-  def fetch(self, have_version: int = -1, wait_timeout_s: float = 0.0):
+  def fetch(self, have_version: int = -1, wait_timeout_s: float = 0.0) -> Optional[tuple[int, Any]]:
     """Newest version newer than `have_version` as (version, params pytree), None on timeout.
     A blob version (old publishers) comes back as (version, None) with `self.blob` set."""
     p = self._partial

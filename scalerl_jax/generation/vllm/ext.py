@@ -121,7 +121,7 @@ class ScaleRLWorkerExtension:
     info["logits_dtype"] = str(logits.dtype).replace("torch.", "")
     return info
 
-  def scalerl_param_digest(self, per_name: bool = False):
+  def scalerl_param_digest(self, per_name: bool = False) -> str | dict[str, str]:
     """sha256 over every parameter and buffer of the served model (names + bytes, name order):
     equal digests = bit-identical weights (tests compare weight transports with it). With
     `per_name`, a {name: sha256} dict instead (to find which tensor differs)."""

@@ -257,7 +257,7 @@ class VLLMGenerator(Generator):
     return self.collect(pend, prompts, n) if pend is not None else []
 
   def submit(self, prompts: Sequence[PromptSpec], n: int, spec: SamplingSpec,
-             sample_offset: int = 0):
+             sample_offset: int = 0) -> _Pending | None:
     """Sends a `generate` op without waiting (the engine batches every op in flight); returns
     its handle for `collect` (None for no prompts). Samples sample_offset .. + n - 1 of each
     prompt: seeds and thinking budgets follow the sample index."""
@@ -381,7 +381,7 @@ class VLLMGenerator(Generator):
     header, _ = self._call("progress", timeout=60)
     return list(header["running"])
 
-  def param_digest(self, per_name: bool = False):
+  def param_digest(self, per_name: bool = False) -> str | dict[str, str]:
     """sha256 over the engine's current parameters (equal digests: bit-identical weights); with
     `per_name`, {vLLM parameter name: sha256} to locate a difference."""
     header, _ = self._call("param_digest", {"per_name": per_name}, timeout=300)

@@ -144,7 +144,7 @@ def run_gate(gen, model_dir, spec, prompts, n: int, backend: str = "auto") -> di
   return {**parity_stats(lps, ref, ms), "groups": groups}
 
 
-def main(argv=None):
+def main(argv=None) -> None:
   """Parity report for each engine dtype x LM-head dtype (run in the JAX venv)."""
   ap = argparse.ArgumentParser(description="vLLM vs reference log-prob parity")
   ap.add_argument("--engine-dtypes", default="bfloat16,float32")

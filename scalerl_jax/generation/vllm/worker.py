@@ -133,7 +133,7 @@ class Worker:
     self._progress: dict[str, int] = {}   # request id -> tokens so far (cfg["report_progress"])
 
   # -- engine ------------------------------------------------------------------------------------
-  def start_engine(self):
+  def start_engine(self) -> None:
     cfg = self.cfg
     kw: dict[str, Any] = dict(model=cfg["model"], skip_tokenizer_init=True, dtype=cfg["dtype"],
               logprobs_mode="processed_logprobs", max_model_len=cfg["max_model_len"],
@@ -151,25 +151,25 @@ class Worker:
     kw.update(cfg.get("engine_args") or {})
     self.engine = vllm_async_llm.AsyncLLM.from_engine_args(vllm_arg_utils.AsyncEngineArgs(**kw))
 
-  async def rpc(self, method: str, *args):
+  async def rpc(self, method: str, *args) -> Any:
     res = await self.engine.collective_rpc(method, args=args)
     return res[0]
 
   # -- messaging ---------------------------------------------------------------------------------
-  async def send(self, header: dict, arrays=()):
+  async def send(self, header: dict, arrays=()) -> None:
     bufs = P.encode(header, arrays)
     async with self.send_lock:
       for b in bufs:
         self.writer.write(b)
       await self.writer.drain()
 
-  async def recv(self):
+  async def recv(self) -> tuple[dict, dict[str, np.ndarray]]:
     hlen, plen = P.parse_prefix(await self.reader.readexactly(P.PREFIX_SIZE))
     hbytes = await self.reader.readexactly(hlen)
     payload = await self.reader.readexactly(plen) if plen else b""
     return P.decode(hbytes, payload)
 
-  async def serve(self):
+  async def serve(self) -> None:
     await self.engine.update_weight_version(str(self.version))
     await self.send({"op": "ready", "id": 0, "pid": os.getpid(), "version": self.version,
                      **await self._info()})
@@ -211,22 +211,22 @@ class Worker:
     return {"vllm_version": vllm.__version__, "engine_dtype": self.cfg["dtype"],
             "head_dtype_override": self.cfg["head_dtype"], "model_info": info}
 
-  async def info(self, header, arrays):
+  async def info(self, header, arrays) -> tuple[dict, tuple]:
     return {"version": self.version, **await self._info()}, ()
 
-  async def progress(self, header, arrays):
+  async def progress(self, header, arrays) -> tuple[dict, tuple]:
     """Tokens generated so far by each running request (needs cfg["report_progress"])."""
     if not self.cfg["report_progress"]:
       raise RuntimeError("progress needs the engine started with report_progress=True")
     return {"running": sorted(self._progress.values())}, ()
 
-  async def param_digest(self, header, arrays):
+  async def param_digest(self, header, arrays) -> tuple[dict, tuple]:
     return {"digest": await self.rpc("scalerl_param_digest", bool(header.get("per_name")))}, ()
 
-  async def set_head_dtype(self, header, arrays):
+  async def set_head_dtype(self, header, arrays) -> tuple[dict, tuple]:
     return {"head_dtype": await self.rpc("scalerl_set_head_dtype", header["dtype"])}, ()
 
-  async def weights_begin(self, header, arrays):
+  async def weights_begin(self, header, arrays) -> tuple[dict, tuple]:
     if self._update is not None:
       raise RuntimeError("weights_begin while another update is open")
     t0 = time.perf_counter()
@@ -251,20 +251,20 @@ class Worker:
     self._update["names"] += res["n"]
     return {"n": res["n"]}, ()
 
-  async def weights_chunk(self, header, arrays):
+  async def weights_chunk(self, header, arrays) -> tuple[dict, tuple]:
     metas = {m["name"]: m["dtype"] for m in header["arrays"]}
     tensors = [(name, metas[name], list(a.shape), a.tobytes()) for name, a in arrays.items()]
     return await self._load_chunk("weights_chunk", sum(a.nbytes for a in arrays.values()),
                                   "scalerl_load_weights", tensors)
 
-  async def weights_shm(self, header, arrays):
+  async def weights_shm(self, header, arrays) -> tuple[dict, tuple]:
     """A chunk in a /dev/shm file (vllm.protocol.ShmSlots): only its path and metadata travel;
     vLLM's worker maps the file and loads straight from it."""
     metas = header["shm_arrays"]
     return await self._load_chunk("weights_shm", sum(int(m["nbytes"]) for m in metas),
                                   "scalerl_load_shm", header["path"], metas)
 
-  async def weights_end(self, header, arrays):
+  async def weights_end(self, header, arrays) -> tuple[dict, tuple]:
     if self._update is None:
       raise RuntimeError("weights_end without weights_begin")
     upd, self._update = self._update, None
@@ -285,7 +285,7 @@ class Worker:
             "pause_s": upd["pause_s"], "load_s": upd["load_s"], "paused_total_s": total,
             "prefix_cache_reset": reset}, ()
 
-  async def generate(self, header, arrays):
+  async def generate(self, header, arrays) -> tuple[dict, dict[str, np.ndarray]]:
     spec, n = header["spec"], int(header["n"])
     lens = arrays["prompt_lens"].astype(np.int64)
     flat = arrays["prompt_tokens"]
