@@ -14,6 +14,7 @@ import sys
 import ml_collections
 import numpy as np
 
+from configs import common
 from scalerl_jax import models
 from scalerl_jax import recipes
 from scalerl_jax.generation import interruption
@@ -192,7 +193,7 @@ def load_run_config(path: str, overrides=()) -> ml_collections.ConfigDict:
   with open(path) as f:
     d = json.load(f)
   d.pop("_meta", None)
-  return recipes.apply_overrides(ml_collections.ConfigDict(_tuplify(d)), overrides)
+  return recipes.apply_overrides(common.lock(ml_collections.ConfigDict(_tuplify(d))), overrides)
 
 
 def _tuplify(x):

@@ -53,7 +53,7 @@ class VLLMEngine(Engine):
   def make(self, model_cfg, params, version, workdir, dataset):
     config = self.config
     try:   # the fleet's own copy of the checkpoint (the learner's version must equal it), or ""
-      model_dir = recipes.vllm_model_dir(config)
+      model_dir = recipes.vllm_model_dir(config.generator)
     except recipes.ConfigError as e:
       raise SystemExit(f"error: {e}") from None
     engine_dtype = "float32" if model_cfg.dtype == "float32" else "bfloat16"
