@@ -27,7 +27,6 @@ from scalerl_jax import data
 from scalerl_jax.data import mixture
 from scalerl_jax.generation import backends
 from scalerl_jax import rl
-from scalerl_jax.models.config import ModelConfig
 
 
 # THE logical-axis rules table. Model code only names logical axes; this maps them to mesh axes.
@@ -178,13 +177,13 @@ class Section:
 
   def to_dict(self) -> dict:
     """The section as plain data (nested sections as dicts), as ConfigDict.to_dict."""
-    return _plain(self)
+    return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+            if f.metadata.get("key", True)}
 
 
 def _plain(x):
   if isinstance(x, Section):
-    return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)
-            if f.metadata.get("key", True)}
+    return x.to_dict()
   if isinstance(x, Mapping):
     return {k: _plain(v) for k, v in x.items()}
   return x
@@ -226,6 +225,9 @@ class Model(Section):
 
   @classmethod
   def extra_keys(cls, node, extra, where):
+    # Function-local: the models package loads JAX; config files and JAX-free processes import
+    # this module.
+    from scalerl_jax.models.config import ModelConfig
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     unknown = [k for k in extra if k not in fields]
     if unknown:
@@ -238,7 +240,7 @@ class Model(Section):
       raise ConfigError("model.attention_block and model.logits_chunk must be >= 1")
 
   def to_dict(self) -> dict:
-    return {**_plain(self), **self.arch}
+    return {**super().to_dict(), **self.arch}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -658,7 +660,7 @@ class Distributed(Section):
   auto: bool = False
 
 
-_SCALE_OUT = {"key": False}   # fields scale_out_config adds (not keys of base_config)
+_SCALE_OUT = {"key": False, "scale_out": True}   # fields scale_out_config adds (not in base_config)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -700,6 +702,14 @@ class RunConfig(Section):
   topology: str = dataclasses.field(default="", metadata=_SCALE_OUT)
   layout: str = dataclasses.field(default="", metadata=_SCALE_OUT)
 
+  def to_dict(self) -> dict:
+    """As the ConfigDict's to_dict (the scale-out keys only where set)."""
+    out = super().to_dict()
+    for f in dataclasses.fields(self):
+      if f.metadata.get("scale_out") and getattr(self, f.name) != f.default:
+        out[f.name] = _plain(getattr(self, f.name))
+    return out
+
   def check(self):
     """Checks across sections."""
     r = self.rollout
@@ -724,14 +734,22 @@ class RunConfig(Section):
                         f"prompts, data.heldout); lower eval.num_prompts or raise data.heldout")
 
 
-def _to_config_dict(x):
-  """A section's defaults as ConfigDict values (nested sections and mappings as ConfigDicts)."""
-  if isinstance(x, Section):
-    return ml_collections.ConfigDict({f.name: _to_config_dict(getattr(x, f.name))
-                                      for f in dataclasses.fields(x) if f.metadata.get("key", True)})
-  if isinstance(x, Mapping):
-    return ml_collections.ConfigDict({k: _to_config_dict(v) for k, v in x.items()})
-  return x
+def _defaults(cls) -> ml_collections.ConfigDict:
+  """A section class's defaults as a ConfigDict (nested sections and mappings as ConfigDicts),
+  read from its fields without constructing it (no checks run, nothing imported: config files
+  load without JAX)."""
+  out = ml_collections.ConfigDict()
+  hints = _hints(cls)
+  for f in dataclasses.fields(cls):
+    if not f.metadata.get("key", True):
+      continue
+    if _is_section(hints[f.name]):
+      out[f.name] = _defaults(hints[f.name])
+    elif f.default_factory is not dataclasses.MISSING:
+      out[f.name] = ml_collections.ConfigDict(f.default_factory())   # an empty mapping
+    else:
+      out[f.name] = f.default
+  return out
 
 
 def lock(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -750,7 +768,7 @@ def lock(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def base_config() -> ml_collections.ConfigDict:
   """Paper (ScaleRL) defaults (RunConfig's fields; small configs override sizes, never
   semantics), locked: setting or reading an undeclared key raises."""
-  return lock(_to_config_dict(RunConfig()))
+  return lock(_defaults(RunConfig))
 
 
 _TASK_KEYS = tuple(f.name for f in dataclasses.fields(Task))
@@ -783,7 +801,7 @@ def scale_out_config(preset: str, layouts: dict, topology: str) -> ml_collection
   c.generator.tensor_parallel = 8
   c.generator.decode_batch = 64
   c.unlock()                        # the scale-out keys (RunConfig's fields marked _SCALE_OUT)
-  c.distributed = _to_config_dict(Distributed())
+  c.distributed = _defaults(Distributed)
   c.layouts = topologies.layouts_to_config(layouts)
   c.topology = topology   # hardware target (scalerl_jax.topologies)
   c.layout = topology     # key of config.layouts applied (a layout may name its topology)

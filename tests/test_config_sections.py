@@ -154,3 +154,9 @@ def test_batch_size_resolves_into_prompts_per_step():
   assert common.RunConfig.from_config(c).rollout.prompts_per_step == 4
   run = recipes.validate(c)
   assert c.rollout.prompts_per_step == 4 and run.rollout.prompts_per_step == 4
+
+
+@pytest.mark.parametrize("name", ["tiny", "8b", "scout", "tiny_multitask"])
+def test_typed_to_dict_is_the_config_dicts(name):
+  c = recipes.apply_recipe(importlib.import_module(f"configs.{name}").get_config())
+  assert common.RunConfig.from_config(c).to_dict() == c.to_dict()

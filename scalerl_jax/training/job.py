@@ -22,6 +22,7 @@ from analysis.errors import TooFewPointsError
 from analysis.fit import PER_TASK, fit_runs, metric_slug
 from analysis.forecast import forecast_runs
 from analysis.metrics import read_run, task_metric_keys
+from configs import common
 from scalerl_jax.training import checkpoint
 from scalerl_jax import rewards
 from scalerl_jax import runtime
@@ -151,7 +152,7 @@ def _share(values: dict | None, key: str = "scalerl/shared") -> dict:
   return json.loads(_kv().blocking_key_value_get(key, _WAIT_MS))
 
 
-def _run_follower(config, workdir: str) -> dict:
+def _run_follower(config, run_cfg: common.RunConfig, workdir: str) -> dict:
   """Processes 1.. of a multi-host learner: same learner loop, no buffer / generators / logs.
 
   Process 0 shares the buffer address, auth token and resume step; the SFT base policy is read
@@ -164,7 +165,7 @@ def _run_follower(config, workdir: str) -> dict:
   shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
   if not config.model.hf_checkpoint:
     params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
-  trainer = Trainer(config, workdir, dataset, model_cfg, params,
+  trainer = Trainer(run_cfg, workdir, dataset, model_cfg, params,
                     BufferClient(shared["address"], shared["token"], tls=TLS.from_config(config)),
                     token=shared["token"],
                     gen_devices=0,
@@ -181,9 +182,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   Multi-host (after `distributed.initialize`): every process calls this; process 0 runs the
   buffer, generators, evaluation and logs, the others only the learner (`_run_follower`)."""
   import jax
+  run_cfg = common.RunConfig.from_config(config)   # the typed run config, built once
   multi = jax.process_count() > 1
   if multi and jax.process_index() != 0:
-    return _run_follower(config, workdir)
+    return _run_follower(config, run_cfg, workdir)
   runtime.pin_to_device_cpus(config, "learner")   # before JAX starts its thread pools
   external = bool(config.buffer.external)   # token checked by recipes.validate
   os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
@@ -223,7 +225,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,
                   resume_step=resume["checkpoint_step"] if resume else None))
-    trainer = Trainer(config, workdir, dataset, model_cfg, params, client, token=token,
+    trainer = Trainer(run_cfg, workdir, dataset, model_cfg, params, client, token=token,
                       gen_devices=int(config.generator.num_workers), progress=progress,
                       resume_step=resume["checkpoint_step"] if resume else None,
                       learner_state_path=ls_path,

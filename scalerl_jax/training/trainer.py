@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from configs import common
 from scalerl_jax import distributed
 from scalerl_jax import models
 from scalerl_jax import runtime
@@ -89,8 +90,8 @@ def pad_time(arrays: dict, multiple: int, max_len: int) -> dict:
   return out
 
 
-def make_learner(config, model_cfg, params):
-  """The learner of a run. One device: a plain `Learner`. Several devices (a GPU host, a TPU
+def make_learner(config: common.RunConfig, model_cfg, params):
+  """The learner of a run (`config`: the typed run config). One device: a plain `Learner`. Several devices (a GPU host, a TPU
   slice, or several JAX processes): `distributed.MultiHostLearner` over the mesh of
   `config.mesh.shape` with the rules table's parameter shardings; `params` (host numpy, the same
   on every process) are placed shard by shard, never gathered on one device."""
@@ -106,14 +107,15 @@ def make_learner(config, model_cfg, params):
     route_shape = (models.num_moe_layers(model_cfg), model_cfg.num_experts_per_tok,
                    model_cfg.num_experts)
   if jax.device_count() == 1:
-    return Learner(apply_fn, jax.tree.map(np.array, params), config,
-                   vocab_size=model_cfg.vocab_size, route_shape=route_shape)
+    return Learner.for_run(apply_fn, jax.tree.map(np.array, params), config,
+                           vocab_size=model_cfg.vocab_size, route_shape=route_shape)
   mesh = sharding.make_mesh(config.mesh.shape)
   shardings = sharding.param_shardings(model_cfg, mesh, config.mesh.rules)
   placed = sharding.shard_params(params, model_cfg, mesh, config.mesh.rules)
-  return distributed.MultiHostLearner(apply_fn, placed, config, mesh=mesh,
-                                      params_sharding=shardings, vocab_size=model_cfg.vocab_size,
-                                      route_shape=route_shape)
+  return distributed.MultiHostLearner.for_run(apply_fn, placed, config, mesh=mesh,
+                                              params_sharding=shardings,
+                                              vocab_size=model_cfg.vocab_size,
+                                              route_shape=route_shape)
 
 
 def generator_metrics(stats) -> dict:
@@ -142,7 +144,8 @@ class Trainer:
   file. Orbax saves and restores the sharded state collectively.
   """
 
-  def __init__(self, config, workdir, dataset, model_cfg, params, client, *, token: str,
+  def __init__(self, config: common.RunConfig, workdir, dataset, model_cfg, params, client, *,
+               token: str,
                gen_devices: int,
                progress: bool = True, resume_step: int | None = None,
                learner_state_path: str | None = None, watchdog=None):
