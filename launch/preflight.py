@@ -414,7 +414,7 @@ def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:
   defaults = {k: p.default for k, p in inspect.signature(VLLMGenerator).parameters.items()
               if p.default is not inspect.Parameter.empty}
   args = dict(defaults)
-  args.update(engine.vllm_args(gcfg))
+  args.update(engine.vllm_args(gcfg.generator))
   kv_bytes = args.get("kv_cache_bytes")
   seqs = int(args.get("max_num_seqs", 256))
   probe = gcfg.copy_and_resolve_references()

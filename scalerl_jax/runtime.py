@@ -51,10 +51,11 @@ def model_config(config):
     cfg = models.from_hf_config(json.loads(storage.read_text(cfg_path)), **numerics)
   else:
     cfg = models.get_preset(m["preset"], **overrides)
-  if cfg.is_moe and "mesh" in config and cfg.moe_impl == "dispatch":
+  mesh = getattr(config, "mesh", None)   # a ConfigDict or a typed RunConfig (may lack it)
+  if cfg.is_moe and mesh is not None and cfg.moe_impl == "dispatch":
     from scalerl_jax.models import moe
-    shape = {a: int(s) for a, s in config.mesh.shape if int(s) > 0}   # -1 (rest): checked at trace
-    moe.expert_shards(cfg.num_experts, shape, tuple(config.mesh.rules))
+    shape = {a: int(s) for a, s in mesh.shape if int(s) > 0}   # -1 (rest): checked at trace
+    moe.expert_shards(cfg.num_experts, shape, tuple(mesh.rules))
   return cfg
 
 
