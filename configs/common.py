@@ -62,6 +62,8 @@ class ConfigError(ValueError):
 
 
 WIRE_DTYPES = ("bfloat16", "float32")   # weights.wire_dtype values (runtime.wire_dtype)
+VERIFY_MODES = ("metadata", "full")      # checkpoint.verify values (training/checkpoint.py)
+RESUME_MODES = ("auto", "never")         # resume values (training/job.py)
 # Config parts whose keys are free-form (not declared below): ModelConfig field overrides in
 # `model` (checked against ModelConfig by Model), extra vLLM kwargs, named task sections.
 FREE_FORM = ("model", "generator.vllm_args", "data.tasks")
@@ -506,6 +508,10 @@ class Checkpoint(Section):
   async_save: bool = True        # the learner keeps stepping while orbax writes; manifest after
   verify: str = "metadata"       # resume check: commit marker + object checksums | "full" re-read
 
+  def check(self):
+    if self.verify not in VERIFY_MODES:
+      raise ConfigError(f"checkpoint.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Audit(Section):
@@ -715,6 +721,8 @@ class RunConfig(Section):
     r = self.rollout
     if self.total_steps < 1:
       raise ConfigError(f"total_steps must be >= 1, got {self.total_steps}")
+    if self.resume not in RESUME_MODES:
+      raise ConfigError(f"config.resume must be one of {RESUME_MODES}, got {self.resume!r}")
     if r.generations_per_prompt < 2 and self.rl.adv_norm != "none":
       raise ConfigError("group advantages need rollout.generations_per_prompt >= 2")
     batch = r.prompts_per_step * r.generations_per_prompt

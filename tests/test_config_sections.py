@@ -134,6 +134,8 @@ def test_undeclared_key_is_an_error():
     ("total_steps", 0, "total_steps must be >= 1"),
     ("optim.microbatches", 3, "is not divisible by optim.microbatches=3"),
     ("data.kind", "poetry", "data.kind='poetry'"),
+    ("checkpoint.verify", "quick", "checkpoint.verify must be one of"),
+    ("resume", "sometimes", "config.resume must be one of"),
 ])
 def test_section_checks_fire_on_construction(key, value, match):
   c = tiny.get_config()

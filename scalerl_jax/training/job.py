@@ -40,7 +40,6 @@ from scalerl_jax.training.trainer import Trainer
 TRAINED_IDS = "trained_ids.jsonl"
 _RUN_OUTPUTS = (TRAINED_IDS, "metrics.jsonl", "tb", "checkpoints", "buffer_wal", "batches", "fit", "logs",
                 "npr_history.json", "learner_state.json", "resumes.jsonl", "checkpoints_invalid")
-RESUME_MODES = ("auto", "never")
 log = logging.getLogger("scalerl.job")
 
 
@@ -87,7 +86,7 @@ def truncate_metrics(workdir: str, step: int, name: str = "metrics.jsonl") -> di
   return dict(dropped_lines=dropped, last_step=last_step, last_time=last_time)
 
 
-def prepare_resume(config, workdir: str) -> dict | None:
+def prepare_resume(config: common.RunConfig, workdir: str) -> dict | None:
   """Finds the checkpoint to resume from (None: start over) and makes the workdir consistent
   with it: metrics truncated to its step, a resume record in WORKDIR/resumes.jsonl, and the
   learner-state file that tells the buffer to rewind (buffer/replay.py).
@@ -96,13 +95,9 @@ def prepare_resume(config, workdir: str) -> dict | None:
   resume from step 0: the learner-state file carries a resume request for step 0 (with a fresh
   NPR history), so a buffer that kept running with the previous run's versions and deliveries
   restarts and rewinds to step 0 from its WAL instead of refusing version 0 (a fresh buffer has
-  nothing to rewind). A first run in an empty workdir writes no request."""
-  mode = str(config.resume)
-  if mode not in RESUME_MODES:
-    raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
-  vmode = str(config.checkpoint.verify)
-  if vmode not in checkpoint.VERIFY_MODES:
-    raise ValueError(f"checkpoint.verify must be one of {checkpoint.VERIFY_MODES}, got {vmode!r}")
+  nothing to rewind). A first run in an empty workdir writes no request. `config`: the typed
+  run config (its resume and checkpoint.verify values are checked there)."""
+  mode, vmode = config.resume, config.checkpoint.verify
   found = checkpoint.find_valid(workdir, full=vmode == "full") if mode == "auto" else None
   ls_path = storage.join(workdir, "learner_state.json")
   if found is None:
@@ -194,7 +189,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   # `local` (docs/STORAGE.md); for a local workdir local == workdir.
   local = storage.local_dir(workdir, config.local_dir)
   os.makedirs(local, exist_ok=True)
-  resume = prepare_resume(config, workdir)
+  resume = prepare_resume(run_cfg, workdir)
   ls_path = storage.join(workdir, "learner_state.json")
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   if dataset.needs_sandbox:   # no run without a working sandbox (docs/SANDBOX.md)
@@ -219,8 +214,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     "--learner-state pointing at that file so it rewinds", ls_path)
     else:
       address = procs.start_buffer(
-          prompts_path, config, learner_state=ls_path,
-          wal_dir=config.buffer.wal_dir or os.path.join(local, "buffer_wal"))
+          prompts_path, run_cfg, learner_state=ls_path,
+          wal_dir=run_cfg.buffer.wal_dir or os.path.join(local, "buffer_wal"))
     client = BufferClient(address, token, tls=TLS.from_config(config))
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,

@@ -169,8 +169,7 @@ class Trainer:
     # A callable raising when a child process died (job.py: ProcessGroup.check), or None.
     self.watchdog = watchdog
     self.evaluation = EVALUATIONS[config.eval.mode](self)
-    self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep),
-                                async_save=bool(config.checkpoint.async_save))
+    self.ckpt = RunCheckpointer.for_section(workdir, config.checkpoint)
     self.audit_ids = bool(config.audit.trained_ids) and self.main
     self.learner_state_path = learner_state_path
     self.source, self.sources = self._start_weight_source()
