@@ -64,6 +64,8 @@ class ConfigError(ValueError):
 WIRE_DTYPES = ("bfloat16", "float32")   # weights.wire_dtype values (runtime.wire_dtype)
 VERIFY_MODES = ("metadata", "full")      # checkpoint.verify values (training/checkpoint.py)
 RESUME_MODES = ("auto", "never")         # resume values (training/job.py)
+# health.abort_on signal names (training/health.py) and health.parity_gate values.
+HEALTH_SIGNALS = ("length_cut_frac", "truncated_frac", "kl", "entropy", "skipped", "parity")
 # Config parts whose keys are free-form (not declared below): ModelConfig field overrides in
 # `model` (checked against ModelConfig by Model), extra vLLM kwargs, named task sections.
 FREE_FORM = ("model", "generator.vllm_args", "data.tasks")
@@ -549,6 +551,13 @@ class Health(Section):
   step0_reward_check: bool = True
   step0_min_nonzero_frac: float = 0.002  # stop when at most this fraction is non-zero (1 of 768)
   step0_min_samples: int = 256       # ...of a first batch this big (0 of 64 is noise at a 5 % pass rate)
+
+  def check(self):
+    unknown = [s for s in (a.strip() for a in self.abort_on.split(",")) if s and
+               s not in HEALTH_SIGNALS]
+    if unknown:
+      raise ConfigError(f"health.abort_on: unknown signal(s) {unknown}; choose from "
+                        f"{list(HEALTH_SIGNALS)}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

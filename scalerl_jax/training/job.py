@@ -153,7 +153,7 @@ def _run_follower(config, run_cfg: common.RunConfig, workdir: str) -> dict:
   Process 0 shares the buffer address, auth token and resume step; the SFT base policy is read
   from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints); a
   start checkpoint (model.hf_checkpoint) is read at once, each process its own slices."""
-  dataset = build_dataset(config.data, config.rollout.max_prompt_len)
+  dataset = build_dataset(run_cfg.data, run_cfg.rollout.max_prompt_len)
   model_cfg = runtime.model_config(config)
   if config.model.hf_checkpoint:   # each process reads its own slices, in parallel
     params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
@@ -191,7 +191,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   os.makedirs(local, exist_ok=True)
   resume = prepare_resume(run_cfg, workdir)
   ls_path = storage.join(workdir, "learner_state.json")
-  dataset = build_dataset(config.data, config.rollout.max_prompt_len)
+  dataset = build_dataset(run_cfg.data, run_cfg.rollout.max_prompt_len)
   if dataset.needs_sandbox:   # no run without a working sandbox (docs/SANDBOX.md)
     rewards.prepare_code_rewards(config)
   model_cfg = runtime.model_config(config)

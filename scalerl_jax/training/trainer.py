@@ -168,7 +168,8 @@ class Trainer:
     self.eval_set = eval_prompts(dataset.heldout, int(config.eval.num_prompts), int(config.seed))
     # A callable raising when a child process died (job.py: ProcessGroup.check), or None.
     self.watchdog = watchdog
-    self.evaluation = EVALUATIONS[config.eval.mode](self)
+    self.evaluation = EVALUATIONS[config.eval.mode](self, config.eval,
+                                                    config.generator.eval_hold_versions)
     self.ckpt = RunCheckpointer.for_section(workdir, config.checkpoint)
     self.audit_ids = bool(config.audit.trained_ids) and self.main
     self.learner_state_path = learner_state_path
