@@ -162,3 +162,13 @@ def test_batch_size_resolves_into_prompts_per_step():
 def test_typed_to_dict_is_the_config_dicts(name):
   c = recipes.apply_recipe(importlib.import_module(f"configs.{name}").get_config())
   assert common.RunConfig.from_config(c).to_dict() == c.to_dict()
+
+
+def test_sft_cache_key_is_the_same_for_the_typed_config(monkeypatch, tmp_path):
+  """The shared warm-start cache is keyed on the model, sft and data sections: the typed config
+  (what the job passes now) finds the entries the ConfigDict made."""
+  from configs import tiny_multitask
+  from scalerl_jax.training import sft
+  monkeypatch.setenv("SCALERL_SFT_CACHE_DIR", str(tmp_path))
+  for c in (tiny.get_config(), tiny_multitask.get_config()):
+    assert sft.cache_entry(c) == sft.cache_entry(common.RunConfig.from_config(c))

@@ -147,21 +147,21 @@ def _share(values: dict | None, key: str = "scalerl/shared") -> dict:
   return json.loads(_kv().blocking_key_value_get(key, _WAIT_MS))
 
 
-def _run_follower(config, run_cfg: common.RunConfig, workdir: str) -> dict:
+def _run_follower(run_cfg: common.RunConfig, workdir: str) -> dict:
   """Processes 1.. of a multi-host learner: same learner loop, no buffer / generators / logs.
 
   Process 0 shares the buffer address, auth token and resume step; the SFT base policy is read
   from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints); a
   start checkpoint (model.hf_checkpoint) is read at once, each process its own slices."""
   dataset = build_dataset(run_cfg.data, run_cfg.rollout.max_prompt_len)
-  model_cfg = runtime.model_config(config)
-  if config.model.hf_checkpoint:   # each process reads its own slices, in parallel
-    params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
+  model_cfg = runtime.model_config(run_cfg)
+  if run_cfg.model.hf_checkpoint:   # each process reads its own slices, in parallel
+    params, _ = warm_start(run_cfg, model_cfg, dataset, workdir, progress=False)
   shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
-  if not config.model.hf_checkpoint:
-    params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
+  if not run_cfg.model.hf_checkpoint:
+    params, _ = warm_start(run_cfg, model_cfg, dataset, workdir, progress=False)
   trainer = Trainer(run_cfg, workdir, dataset, model_cfg, params,
-                    BufferClient(shared["address"], shared["token"], tls=TLS.from_config(config)),
+                    BufferClient(shared["address"], shared["token"], tls=TLS.from_config(run_cfg)),
                     token=shared["token"],
                     gen_devices=0,
                     progress=False, resume_step=shared["resume_step"])
@@ -180,27 +180,27 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   run_cfg = common.RunConfig.from_config(config)   # the typed run config, built once
   multi = jax.process_count() > 1
   if multi and jax.process_index() != 0:
-    return _run_follower(config, run_cfg, workdir)
-  runtime.pin_to_device_cpus(config, "learner")   # before JAX starts its thread pools
-  external = bool(config.buffer.external)   # token checked by recipes.validate
-  os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
-  token = os.environ[config.buffer.auth_token_env]
+    return _run_follower(run_cfg, workdir)
+  runtime.pin_to_device_cpus(run_cfg, "learner")   # before JAX starts its thread pools
+  external = bool(run_cfg.buffer.external)   # token checked by recipes.validate
+  os.environ.setdefault(run_cfg.buffer.auth_token_env, secrets.token_hex(16))
+  token = os.environ[run_cfg.buffer.auth_token_env]
   # gs:// workdirs: what must be on a local disk (WAL, child logs, the files children read) goes to
   # `local` (docs/STORAGE.md); for a local workdir local == workdir.
-  local = storage.local_dir(workdir, config.local_dir)
+  local = storage.local_dir(workdir, run_cfg.local_dir)
   os.makedirs(local, exist_ok=True)
   resume = prepare_resume(run_cfg, workdir)
   ls_path = storage.join(workdir, "learner_state.json")
   dataset = build_dataset(run_cfg.data, run_cfg.rollout.max_prompt_len)
   if dataset.needs_sandbox:   # no run without a working sandbox (docs/SANDBOX.md)
-    rewards.prepare_code_rewards(config)
-  model_cfg = runtime.model_config(config)
+    rewards.prepare_code_rewards(run_cfg)
+  model_cfg = runtime.model_config(run_cfg)
   config_text = json.dumps({**config.to_dict(), "_meta": {"argv": sys.argv}}, indent=1, default=str)
   storage.write_text(storage.join(workdir, "config.json"), config_text)
   config_path = os.path.join(local, "config.json")   # the copy the generator processes read
   if config_path != storage.join(workdir, "config.json"):
     storage.write_text(config_path, config_text)
-  params, sft_info = warm_start(config, model_cfg, dataset, workdir, progress=progress)
+  params, sft_info = warm_start(run_cfg, model_cfg, dataset, workdir, progress=progress)
   prompts_path = os.path.join(local, "train_prompts.jsonl")
   write_prompts(dataset.train, prompts_path)   # the buffer serves only the train split
   procs = ProcessGroup(local)
@@ -208,7 +208,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     # The buffer keeps acknowledged rollouts in a write-ahead log; a crashed buffer is restarted
     # from it by the supervisor, and dead generators are restarted (docs/RELIABILITY.md).
     if external:   # buffer and generator fleet are their own jobs (launch/): connect only
-      address = config.buffer.address
+      address = run_cfg.buffer.address
       if resume is not None:
         log.warning("resuming with an external buffer: it does not read %s; restart it with "
                     "--learner-state pointing at that file so it rewinds", ls_path)
@@ -216,12 +216,12 @@ def run(config, workdir: str, progress: bool = True) -> dict:
       address = procs.start_buffer(
           prompts_path, run_cfg, learner_state=ls_path,
           wal_dir=run_cfg.buffer.wal_dir or os.path.join(local, "buffer_wal"))
-    client = BufferClient(address, token, tls=TLS.from_config(config))
+    client = BufferClient(address, token, tls=TLS.from_config(run_cfg))
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,
                   resume_step=resume["checkpoint_step"] if resume else None))
     trainer = Trainer(run_cfg, workdir, dataset, model_cfg, params, client, token=token,
-                      gen_devices=int(config.generator.num_workers), progress=progress,
+                      gen_devices=int(run_cfg.generator.num_workers), progress=progress,
                       resume_step=resume["checkpoint_step"] if resume else None,
                       learner_state_path=ls_path,
                       watchdog=None if external else procs.check)
@@ -230,9 +230,9 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     gap_booked_s=trainer.resume_info["gap_booked_s"])
       storage.append_text(storage.join(workdir, "resumes.jsonl"), json.dumps(resume) + "\n")
     if not external:
-      procs.start_workers(int(config.generator.num_workers), config_path,
-                          config.buffer.generator_address or address,
-                          config.generator.backend)
+      procs.start_workers(int(run_cfg.generator.num_workers), config_path,
+                          run_cfg.buffer.generator_address or address,
+                          run_cfg.generator.backend)
       procs.start_supervisor(interval_s=1.0)
     last = trainer.run()
   finally:
@@ -247,7 +247,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   out = storage.join(workdir, "fit")
   trainer.metrics.log_images({"fit/curves": storage.join(out, "curves.png"),
                               "fit/forecast": storage.join(out, "forecast.png")},
-                             step=int(config.total_steps))
+                             step=int(run_cfg.total_steps))
   trainer.metrics.finish()
   if multi:
     _share({"done": True}, "scalerl/fit_done")
