@@ -17,6 +17,7 @@ Sections (one obvious place for each knob):
 """
 import collections.abc
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any, ClassVar, Mapping
@@ -64,7 +65,7 @@ class ConfigError(ValueError):
 WIRE_DTYPES = ("bfloat16", "float32")   # weights.wire_dtype values (runtime.wire_dtype)
 VERIFY_MODES = ("metadata", "full")      # checkpoint.verify values (training/checkpoint.py)
 RESUME_MODES = ("auto", "never")         # resume values (training/job.py)
-# health.abort_on signal names (training/health.py) and health.parity_gate values.
+# health.abort_on signal names (training/health.py).
 HEALTH_SIGNALS = ("length_cut_frac", "truncated_frac", "kl", "entropy", "skipped", "parity")
 # Config parts whose keys are free-form (not declared below): ModelConfig field overrides in
 # `model` (checked against ModelConfig by Model), extra vLLM kwargs, named task sections.
@@ -136,7 +137,9 @@ def _is_section(hint) -> bool:
   return isinstance(hint, type) and issubclass(hint, Section)
 
 
+@functools.cache
 def _hints(cls) -> dict:
+  """A section class's field annotations, resolved (once per class)."""
   return typing.get_type_hints(cls)
 
 
