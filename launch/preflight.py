@@ -337,7 +337,7 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
 
   # the memory plan, made at the learner's real pad length
   from scalerl_jax.tools.plan import default_seq_len
-  pad, longest = runtime.train_seq_len(cfg), runtime.max_sequence_len(cfg)
+  pad, longest = runtime.train_seq_len(cfg), runtime.max_sequence_len(cfg.rollout)
   assert default_seq_len(cfg) == pad        # the plan tool's default is the pad length
   if topo is not None and not wrong_layout:     # (a wrong layout's plan says nothing)
     plan = None

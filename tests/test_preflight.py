@@ -217,7 +217,7 @@ def test_train_seq_len_is_what_pad_time_pads_a_longest_batch_to():
   from scalerl_jax.tools.plan import default_seq_len
   from scalerl_jax.training.trainer import pad_time
   c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
-  longest = runtime.max_sequence_len(c)
+  longest = runtime.max_sequence_len(c.rollout)
   assert longest == 2048 + 12288 + 64 + 2048 == 16448
   got = pad_time({"tokens": np.zeros((1, longest), np.int32)}, int(c.learner.pad_multiple),
                  longest)["tokens"].shape[1]

@@ -235,7 +235,7 @@ class Trainer:
     self.evaluation.before_publish(version)
     t = time.time()
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
-                    sources=self.sources, wire_dtype=runtime.wire_dtype(self.config)).publish()
+                    sources=self.sources, wire_dtype=runtime.wire_dtype(self.config.weights)).publish()
     return time.time() - t
 
   def eval_params(self):
@@ -324,7 +324,7 @@ class Trainer:
       batch = self._pull(step)
       lc = self.config.learner
       full = pad_time(batch_to_arrays(batch, pad_id=0), int(lc.pad_multiple),
-                      runtime.max_sequence_len(self.config))
+                      runtime.max_sequence_len(self.config.rollout))
       self._book(step, batch)
       keys = ("tokens", "gen_logprobs", "loss_mask", "rewards", "prompt_ids")
       if self.config.rl.routing_replay:

@@ -65,7 +65,7 @@ class VLLMEngine(Engine):
     return VLLMGenerator(
         model_dir, dtype=engine_dtype,
         head_dtype="float32" if model_cfg.fp32_lm_head else None,
-        max_model_len=runtime.vllm_max_model_len(config),
+        max_model_len=runtime.vllm_max_model_len(config.rollout),
         initial_version=version, seed=int(config.seed), **vllm_args(config.generator))
 
   def continuous(self, gen, spec):
