@@ -15,7 +15,7 @@ from analysis.compare import compare_runs, comparison_markdown
 
 def fit_runs(*args, **kwargs):
   """Fit, bootstrap, extrapolate and compare run directories; see ``analysis.fit.fit_runs``."""
-  from analysis.fit import fit_runs as _fit_runs  # lazy: imports matplotlib
+  from analysis.fit import fit_runs as _fit_runs  # local: `python -m analysis.fit` (runpy warns if the package imported it)
 
   return _fit_runs(*args, **kwargs)
 

@@ -299,7 +299,7 @@ def markdown_ident(ident: dict) -> str:
 
 def main(argv=None) -> int:
   """Command-line entry point (see the module docstring)."""
-  ap = argparse.ArgumentParser(prog="python -m analysis.calibrate", description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(prog="python -m analysis.calibrate", description=(__doc__ or "").split("\n")[0])
   ap.add_argument("--runs", type=int, default=200, help="simulated runs for coverage and identifiability")
   ap.add_argument("--pairs", type=int, default=200, help="simulated pairs of recipes")
   ap.add_argument("--seed", type=int, default=0)

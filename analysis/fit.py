@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from analysis.compare import A_TOLERANCE, compare_runs, comparison_markdown
 from analysis.errors import AnalysisError
@@ -90,7 +89,7 @@ def fit_runs(run_dirs, out_dir, fit_until: float | None = None, cutoff: float | 
   return results
 
 
-def _fit_metric(run_dirs, out: Path, metric: str, suffix: str, fit_until, cutoff, *, n_boot, seed,
+def _fit_metric(run_dirs, out: storage.AnyPath, metric: str, suffix: str, fit_until, cutoff, *, n_boot, seed,
                 grid, tol, progress, names) -> tuple[list[dict], list[dict]]:
   """fit_runs for one metric: (fit.json records, plot entries); writes compare<suffix>.md/.png."""
   grids = paper_grids() if grid == "paper" else None
@@ -142,7 +141,7 @@ def _fit_metric(run_dirs, out: Path, metric: str, suffix: str, fit_until, cutoff
 
 def main(argv=None) -> int:
   """Command-line entry point (see the module docstring)."""
-  ap = argparse.ArgumentParser(prog="python -m analysis.fit", description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(prog="python -m analysis.fit", description=(__doc__ or "").split("\n")[0])
   ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.jsonl")
   ap.add_argument("--fit-until", type=float, default=None, help="fit on compute <= HOURS, predict beyond")
   ap.add_argument("--cutoff", type=float, default=None, help="drop points with compute < HOURS (paper: 1500)")

@@ -17,12 +17,14 @@ import argparse
 import json
 import math
 import sys
+from typing import Any
 
 import numpy as np
 
 from analysis.compare import A_TOLERANCE, compare_runs
 from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
 from analysis.metrics import METRICS_FILE, RunData, read_metrics_lines, read_run
+from analysis.plots import plot_forecast
 from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
 from scalerl_jax import storage
 
@@ -83,7 +85,7 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
     ident["reasons"] = ident["reasons"] + [
         f"the {level:.0%} band at the budget is {width:.3f} wide (> {WIDE_BAND:g}; misspecification "
         f"kappa {post.misspec['kappa']:.3g} per ln compute): evaluate further before trusting the value"]
-  rec = {"run": run.name, "run_dir": run.run_dir, "budget": float(budget), "until": until,
+  rec: dict[str, Any] = {"run": run.name, "run_dir": run.run_dir, "budget": float(budget), "until": until,
          "n_evals": int(len(C)), "last_compute": float(C[-1]), "last_value": float(y[-1]), "R0": run.r0,
          "pred": float(band["pred"][0]), "lo": float(band["lo"][0]), "hi": float(band["hi"][0]), "level": level,
          "pred_lo": float(mband["lo"][0]), "pred_hi": float(mband["hi"][0]),
@@ -152,7 +154,7 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
     best = np.bincount(np.argmax(at, axis=0), minlength=len(runs)) / at.shape[1]
     cross = _crossings([r.name for r in runs], posts, max(rec["last_compute"] for rec in recs), 10 * budget)
     try:
-      cmp = compare_runs(runs, tol=tol, fit_until=until)
+      cmp: dict[str, Any] = compare_runs(runs, tol=tol, fit_until=until)
     except (AnalysisError, ValueError) as exc:
       cmp = {"error": str(exc)}
     for i, rec in enumerate(recs):
@@ -169,7 +171,6 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
     storage.makedirs(str(out_dir))
     (out / "forecast.json").write_text(json.dumps(recs, indent=2) + "\n", encoding="utf-8")
     if plot:
-      from analysis.plots import plot_forecast
       plot_forecast(runs, posts, recs, out / "forecast.png", budget=budget, target=target, until=until)
   return recs
 
@@ -225,7 +226,7 @@ def format_table(recs: list[dict]) -> str:
 
 def main(argv=None) -> int:
   """Command-line entry point (see the module docstring)."""
-  ap = argparse.ArgumentParser(prog="python -m analysis.forecast", description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(prog="python -m analysis.forecast", description=(__doc__ or "").split("\n")[0])
   ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.jsonl")
   ap.add_argument("--budget", type=float, required=True, help="planned compute (accelerator-hours)")
   ap.add_argument("--target", type=float, default=None, help="pass rate to reach (a fraction in [R0, 1])")

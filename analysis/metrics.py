@@ -13,7 +13,6 @@ import math
 import numbers
 import os
 import warnings
-from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -55,7 +54,7 @@ def _to_builtin(value: Any) -> Any:
   return value
 
 
-def append_metrics(run_dir: str | os.PathLike, record: Mapping[str, Any]) -> Path:
+def append_metrics(run_dir: str | os.PathLike, record: Mapping[str, Any]) -> storage.AnyPath:
   """Append one JSON object as a line to ``run_dir/metrics.jsonl`` (creating the directory).
 
     numpy scalars/arrays are converted to plain numbers/lists. An evaluation record must hold
@@ -79,7 +78,7 @@ def append_metrics(run_dir: str | os.PathLike, record: Mapping[str, Any]) -> Pat
   return path
 
 
-def write_config(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> Path:
+def write_config(run_dir: str | os.PathLike, config: Mapping[str, Any]) -> storage.AnyPath:
   """Write ``run_dir/config.json`` (pretty-printed, numpy values converted)."""
   storage.makedirs(str(run_dir))
   path = storage.path(run_dir) / CONFIG_FILE

@@ -428,16 +428,16 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   a_lo, a_hi = 1e-6, value_max - r0
   prior_c = (np.log(C[0] / 10.0), np.log(1000.0 * C[-1]))
   prior_b = tuple(np.log(B_PRIOR))
-  cm = np.exp(np.linspace(*prior_c, _COARSE[0]))
-  bg = np.exp(np.linspace(*prior_b, _COARSE[1]))
+  cm = np.exp(np.linspace(prior_c[0], prior_c[1], _COARSE[0]))
+  bg = np.exp(np.linspace(prior_b[0], prior_b[1], _COARSE[1]))
   box_c, box_b = _box(cm, bg, _cell_logw(_cell_stats(C, yp, cm, bg, noise, v0), a_lo, a_hi))
   lap = _laplace_box(C, y, r0, noise, prior_c, prior_b)
   if lap is not None:
     box_c = [min(box_c[0], lap[0][0]), max(box_c[1], lap[0][1])]
     box_b = [min(box_b[0], lap[1][0]), max(box_b[1], lap[1][1])]
   for _ in range(4):    # widen the box while the mass touches an edge that is not the prior's
-    cm = np.exp(np.linspace(*box_c, _FINE[0]))
-    bg = np.exp(np.linspace(*box_b, _FINE[1]))
+    cm = np.exp(np.linspace(box_c[0], box_c[1], _FINE[0]))
+    bg = np.exp(np.linspace(box_b[0], box_b[1], _FINE[1]))
     st = _cell_stats(C, yp, cm, bg, noise, v0)
     logw = _cell_logw(st, a_lo, a_hi)
     keep = (logw > logw.max() - _LOGW_SPAN).reshape(len(cm), len(bg))

@@ -103,7 +103,7 @@ def run_one(name: str, workdir: str, out: str, base: str) -> dict:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
   ap.add_argument("--only", default="", help="comma-separated run names (default: all of RUNS)")
   ap.add_argument("--workdir", default="/tmp/real_runs", help="where the runs train (scratch)")
   ap.add_argument("--out", default=OUT, help="where each run's curve and command are kept")

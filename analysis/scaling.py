@@ -227,7 +227,9 @@ def _refine(C, y, w, r0, A, C_mid, B, bounds: dict, fixed_names=("R0",)):
     lb = np.array([bounds[k][0] for k in free])
     ub = np.array([bounds[k][1] for k in free])
     start = np.clip([x0[k] for k in free], lb + 1e-12 * (ub - lb), ub - 1e-12 * (ub - lb))
-    res = optimize.least_squares(fun, start, jac=jac, bounds=(lb, ub), method="trf", x_scale="jac",
+    # scipy's jac is unannotated (a default of "2-point"): a type checker infers str, not callable
+    res = optimize.least_squares(fun, start, jac=jac,  # pyright: ignore[reportArgumentType]
+                                 bounds=(lb, ub), method="trf", x_scale="jac",
                    xtol=1e-10, ftol=1e-12, gtol=1e-12)
     p, sse = unpack(res.x), float(np.sum(res.fun ** 2))
     base = float(np.sum(fun(np.array([x0[k] for k in free])) ** 2))

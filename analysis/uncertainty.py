@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from tqdm import tqdm
 
 from analysis.scaling import (FitResult, Grids, fit_sigmoid, fit_sigmoid_many, prepare_window,
                               sigmoid_basis, sigmoid_curve)
@@ -17,8 +18,6 @@ _BASIS_CACHE_ELEMS = 12_000_000  # ~100 MB for s and s^2 together
 def _tqdm(enabled: bool, total: int, desc: str):
   if not enabled:
     return None
-  from tqdm import tqdm
-
   return lambda it: tqdm(it, total=total, desc=desc, leave=False)
 
 

@@ -21,7 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import transformers
+
+from launch import preflight
+from scalerl_jax import models
+from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 1024
@@ -44,7 +54,6 @@ def widths(mesh: dict, num_experts: int = 0) -> dict:
 
 
 def _randomize(model, seed: int):
-  import torch
   torch.manual_seed(seed)
   with torch.no_grad():
     for name, p in model.named_parameters():
@@ -56,10 +65,6 @@ def _randomize(model, seed: int):
 def write_checkpoint(out: str, mesh: dict, family: str = "llama3", num_experts: int = 0,
                      seed: int = 0) -> str:
   """The miniature checkpoint + tokenizer in `out` (module docstring); returns `out`."""
-  import torch
-  import transformers
-  from scalerl_jax import models
-  from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
   os.makedirs(out, exist_ok=True)
   write_llama3_style_tokenizer(out, vocab_size=VOCAB)
   tok = json.load(open(os.path.join(out, "tokenizer.json")))
@@ -71,10 +76,11 @@ def write_checkpoint(out: str, mesh: dict, family: str = "llama3", num_experts: 
     cfg = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=FFN, num_hidden_layers=2,
         num_attention_heads=w["heads"], num_key_value_heads=w["kv_heads"],
-        head_dim=w["head_dim"], max_position_embeddings=131072, rope_theta=500000.0,
-        rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                         "original_max_position_embeddings": 8192},
+        head_dim=w["head_dim"], max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                            "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 8192},
         tie_word_embeddings=False, bos_token_id=bos, eos_token_id=eos)
     model = transformers.LlamaForCausalLM(cfg)
     shard = "600KB"
@@ -91,7 +97,8 @@ def write_checkpoint(out: str, mesh: dict, family: str = "llama3", num_experts: 
         text_config=models.to_hf_config(text).to_dict(), vision_config=vision))
     shard = "1MB"
   _randomize(model, seed)
-  model.to(torch.bfloat16).save_pretrained(out, max_shard_size=shard)
+  # transformers' `@wraps(nn.Module.to)` makes a type checker take the bound `to` as unbound
+  model.to(torch.bfloat16).save_pretrained(out, max_shard_size=shard)  # pyright: ignore[reportArgumentType]
   n = sum(f.endswith(".safetensors") for f in os.listdir(out))
   if n < 3:
     raise RuntimeError(f"miniature checkpoint has {n} shards (< 3)")
@@ -100,10 +107,6 @@ def write_checkpoint(out: str, mesh: dict, family: str = "llama3", num_experts: 
 
 def write_parquet(path: str, n: int = 96, seed: int = 0) -> str:
   """Polaris-style rows (problem, answer): `n` integer sums."""
-  import random
-
-  import pyarrow as pa
-  import pyarrow.parquet as pq
   rng = random.Random(seed)
   rows = []
   for _ in range(n):
@@ -116,17 +119,17 @@ def write_parquet(path: str, n: int = 96, seed: int = 0) -> str:
 
 def variant_model(manifest_dir: str) -> tuple[dict, str, int]:
   """({mesh axis: size}, model family, experts) of a rendered variant's learner run config."""
-  from launch import preflight
   v = preflight.Variant(manifest_dir)
+  if v.jobset is None:
+    raise ValueError(f"{manifest_dir}: no JobSet (the learner) among the rendered documents")
   pod = v.jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
   cfg, _ = preflight.learner_config(v, pod, pod["containers"][0])
-  from scalerl_jax import models
   preset = models.get_preset(str(cfg.model.preset))
   return ({a: int(s) for a, s in cfg.mesh.shape}, preset.family, int(preset.num_experts or 0))
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m launch.miniature", description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(prog="python -m launch.miniature", description=(__doc__ or "").split("\n")[0])
   ap.add_argument("manifests", help="a rendered variant (launch/gke/rendered/8b-gb200)")
   ap.add_argument("--out", required=True, help="writes OUT/ckpt and OUT/polaris.parquet")
   a = ap.parse_args(argv)

@@ -42,12 +42,22 @@ import subprocess
 import sys
 import tempfile
 
+import yaml
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 from launch import sizing  # noqa: E402
 from launch import spec as spec_lib  # noqa: E402
+from launch.sizing import GIB  # noqa: E402
+from scalerl_jax import recipes, runtime, topologies  # noqa: E402
+from scalerl_jax.data import mixture  # noqa: E402
+from scalerl_jax.generation import worker  # noqa: E402
+from scalerl_jax.generation.vllm import engine  # noqa: E402
+from scalerl_jax.generation.vllm.generator import VLLMGenerator  # noqa: E402
+from scalerl_jax.processes import buffer_flags  # noqa: E402
+from scalerl_jax.tools.plan import default_seq_len  # noqa: E402
 
 PLAN_CACHE = os.path.join(REPO, "launch", "plan_cache.json")
 GB = 1e9
@@ -81,7 +91,6 @@ class Report:
 # ---- reading the manifests -----------------------------------------------------------------------
 def load_docs(d: str) -> list[dict]:
   """Every YAML document of a rendered directory."""
-  import yaml
   docs = []
   for path in sorted(glob.glob(os.path.join(d, "*.yaml"))):
     with open(path) as f:
@@ -104,6 +113,14 @@ def _flag(cmd, name, default=None):
     if a.startswith(f"{name}="):
       return a.split("=", 1)[1]
   return default
+
+
+def _config_arg(c) -> str:
+  """A container's `--config=path[:arg]` (every pod that loads a run config is given one)."""
+  path = _flag(c["command"], "--config")
+  if path is None:
+    raise ValueError(f"container {c.get('name')!r} has no --config= flag")
+  return path
 
 
 def _overrides(cmd):
@@ -158,7 +175,6 @@ class Variant:
 
 def _validate(cfg) -> None:
   """recipes.validate without what only exists inside the pod (mounted certificates, model dirs)."""
-  from scalerl_jax import recipes
   probe = cfg.copy_and_resolve_references()
   for k in ("cert", "key", "ca", "server_name"):
     probe.tls[k] = ""
@@ -176,9 +192,7 @@ def _validate(cfg) -> None:
 
 def learner_config(v: Variant, pod, c):
   """The config scalerl_jax.main builds from this container's command (main.main's steps)."""
-  from scalerl_jax import recipes
-  from scalerl_jax import topologies
-  cfg, src = v.load(pod, c, _flag(c["command"], "--config"))
+  cfg, src = v.load(pod, c, _config_arg(c))
   over = _overrides(c["command"])
   recipes.apply_overrides(cfg, over)
   locked = recipes.locked_keys(over)
@@ -191,8 +205,6 @@ def learner_config(v: Variant, pod, c):
 
 def generator_config(v: Variant, pod, c):
   """The config generation.worker.main builds (load_run_config + its --tensor_parallel)."""
-  from scalerl_jax import recipes
-  from scalerl_jax.generation import worker
   rest, over = recipes.split_overrides(c["command"][3:])
   a = worker.build_parser().parse_args(rest)
   path, _, arg = a.run_config.partition(":")
@@ -207,8 +219,7 @@ def generator_config(v: Variant, pod, c):
 
 def export_config(v: Variant, pod, c):
   """The config scalerl_jax.data.export builds (its config file + overrides, no recipe)."""
-  from scalerl_jax import recipes
-  path = _flag(c["command"], "--config")
+  path = _config_arg(c)
   cfg, src = v.load(pod, c, path.partition(":")[0])
   recipes.apply_overrides(cfg, _overrides(c["command"]))
   return cfg, src
@@ -238,8 +249,6 @@ def _diff(a, b, keys=None) -> tuple | None:
 # ---- the checks ----------------------------------------------------------------------------------
 def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Report:
   """Every check of the module docstring on one rendered variant directory."""
-  from scalerl_jax import runtime
-  from scalerl_jax import topologies
   v = Variant(d)
   r = Report(v.name)
   if v.jobset is None or v.gen_dep is None or v.buf_dep is None:
@@ -283,14 +292,13 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
         r.fail(f"the prompt export's config does not load: {' '.join(str(e).split())}",
                "export --config")
   # One line for the fault: the first learner setting other pods do not share, with each pod's.
-  mine, theirs = None, []
+  mine, theirs = "", []
   for who, ocfg, _osrc, keys in others:
     diff = _diff(cfg, ocfg, keys)
     if diff:
       mine = mine or f"{diff[0]}={diff[1]!r}"
       theirs.append(f"{who} {diff[0]}={diff[2]!r}")
   bc = bpod["containers"][0]
-  from scalerl_jax.processes import buffer_flags
   want = {a.split("=", 1)[0]: a.split("=", 1)[1]
           for a in buffer_flags(cfg, prompts="x", host="x", port=1) if "=" in a}
   have = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in bc["command"] if "=" in a}
@@ -336,7 +344,6 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
              "optim.microbatches")
 
   # the memory plan, made at the learner's real pad length
-  from scalerl_jax.tools.plan import default_seq_len
   pad, longest = runtime.train_seq_len(cfg), runtime.max_sequence_len(cfg.rollout)
   assert default_seq_len(cfg) == pad        # the plan tool's default is the pad length
   if topo is not None and not wrong_layout:     # (a wrong layout's plan says nothing)
@@ -399,8 +406,6 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
 
 def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:
   """vLLM: TP vs GPUs per pod, and the KV cache vs max_num_seqs sequences of max_model_len."""
-  from scalerl_jax.generation.vllm import engine
-  from scalerl_jax.generation.vllm.generator import VLLMGenerator
   gplat = next((ACCELERATOR_OF_SELECTOR[x] for x in gpod.get("nodeSelector", {}).values()
                 if x in ACCELERATOR_OF_SELECTOR), None)
   gpus = int(gc["resources"]["limits"].get("nvidia.com/gpu", 0))
@@ -457,7 +462,6 @@ def _request(c) -> int:
 
 def check_pod_memory(r: Report, v: Variant, cfg, gcfg, lc, platform, hosts, chips, bc) -> None:
   """Memory requests of generator, learner and buffer pods vs what they hold (sizing.py)."""
-  from launch.sizing import GIB
   if gcfg is not None:
     gpod = _pod_spec(v.gen_dep)
     gc = gpod["containers"][0]
@@ -515,7 +519,6 @@ def check_volumes(r: Report, cfg, pod, c, who: str, workdir, data_only: bool = F
                   report_unset: bool = False) -> None:
   """Every path `who` opens is set (reported once: `report_unset`), local, and on a mounted
   volume of its pod; the learner's workdir is gs:// or mounted."""
-  from scalerl_jax.data import mixture
   builtin = ("synthetic", "tiny_code")
   tasks = [("data", cfg.data)]
   try:
@@ -665,7 +668,7 @@ def run(paths, aot: bool = False, update_cache: bool = False, out=sys.stdout) ->
 
 def main(argv=None) -> int:
   """CLI: exit status 1 when any variant fails."""
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("dirs", nargs="*", default=[os.path.join(REPO, "launch", "gke", "rendered")],
                   help="rendered variant directories (or a folder of them)")
   ap.add_argument("--aot", action="store_true", help="compile the memory plans (tools.plan) now")

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime
 import glob
 import json
 import os
@@ -70,7 +71,20 @@ import sys
 import tempfile
 import time
 
-from scalerl_jax import xla_env
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from launch import preflight
+from launch.spec import COORDINATOR_PORT, load_config
+from scalerl_jax import recipes, storage, topologies, xla_env
+from scalerl_jax.buffer import wal as walmod
+from scalerl_jax.processes import buffer_flags, child_env, launcher_argv
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.tools.audit import rollout_ledger
+from scalerl_jax.training.checkpoint import finished_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -111,7 +125,6 @@ def real_shape_overrides(config, steps: int, shape: tuple[int, int], inputs: dic
   (prompt <= 64, think 24-32, answer 8 tokens); generators run the JAX backend on one CPU device
   (no vLLM here). Refuses (RehearsalError) a shape whose arithmetic does not fit
   (topologies.run_shape_failures: the job-start preflight)."""
-  from scalerl_jax import topologies
   r = config.rollout
   rows_real = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
   per_mb = max(1, rows_real // int(config.optim.microbatches))
@@ -132,7 +145,6 @@ def real_shape_overrides(config, steps: int, shape: tuple[int, int], inputs: dic
     out.append("health.step0_reward_check=False")
   out += [f"{k}={v}" for k, v in inputs.items()]
   probe = config.copy_and_resolve_references()
-  from scalerl_jax import recipes
   recipes.apply_overrides(probe, [f"--config.{o}" for o in out])
   hosts, chips = shape
   fails = topologies.run_shape_failures(probe, hosts, hosts * chips)
@@ -152,7 +164,6 @@ class RehearsalError(Exception):
 
 # ---- manifests -----------------------------------------------------------------------------------
 def load_manifests(d: str) -> list[dict]:
-  import yaml
   if not os.path.isdir(d):
     raise RehearsalError(f"{d}: not a directory of rendered manifests")
   docs = []
@@ -191,11 +202,6 @@ def _dns_names(name: str, ns: str) -> list[str]:
 
 def _test_certs(names: list[str]) -> dict[str, str]:
   """A CA and one certificate (server + client) for `names`, PEM: for TLS Secret placeholders."""
-  import datetime
-  from cryptography import x509
-  from cryptography.hazmat.primitives import hashes, serialization
-  from cryptography.hazmat.primitives.asymmetric import ec
-  from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
   now = datetime.datetime.now(datetime.timezone.utc)
   nm = lambda cn: x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
   ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -251,6 +257,12 @@ class Pod:
     self.restarts = 0
     self.exit_codes: list[int] = []
     self.started = False
+
+  @property
+  def running(self) -> subprocess.Popen:
+    """The container's process, once started (`Rehearsal._start`)."""
+    assert self.proc is not None, f"pod {self.name} was not started"
+    return self.proc
 
 
 def plan_pods(docs, generators: int, subnet: str,
@@ -405,9 +417,6 @@ class Rehearsal:
 
   def _tiny_config(self):
     sys.path.insert(0, REPO)
-    import tempfile
-    from launch.spec import load_config
-    from scalerl_jax import recipes
     p = next(p for p in self.pods if p.annotations)
     c = self._learner_container()
     file = next(a.split("=", 1)[1] for a in c["command"] if a.startswith("--config="))
@@ -557,7 +566,6 @@ class Rehearsal:
     """What a TPU slice's jax.distributed auto-detection finds, as the GPU variants' explicit env
     (launch/spec.py): the coordinator on learner pod 0 (its JobSet host name and `coordinator`
     container port), the JobSet's pod count, this pod's Job completion index."""
-    from launch.spec import COORDINATOR_PORT
     learners = self._learners()
     port = next((x["containerPort"] for x in c.get("ports", []) if x.get("name") == "coordinator"),
                 COORDINATOR_PORT)
@@ -567,7 +575,6 @@ class Rehearsal:
 
   def _buffer_changes(self, argv: list[str]) -> list[str]:
     """The buffer flags the tiny config changes (argparse keeps the last value of a flag)."""
-    from scalerl_jax.processes import buffer_flags
     have = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
     want = buffer_flags(self.tiny, prompts="x", host="x", port=1, wal_dir=have.get("--wal-dir"))
     keep = ("--host", "--port", "--prompts", "--token-env")
@@ -595,7 +602,6 @@ class Rehearsal:
     return env
 
   def _spawn(self, p: Pod, c: dict) -> subprocess.Popen:
-    from scalerl_jax.processes import child_env, launcher_argv
     argv, env = self.command(p, c)
     log = self._log(p, c)
     log.write(("argv: " + shlex.join(argv) + "\n").encode())
@@ -632,8 +638,8 @@ class Rehearsal:
       port = next(x["containerPort"] for x in c.get("ports", []) if x.get("name") == port)
     end = time.time() + timeout_s
     while time.time() < end:
-      if p.proc.poll() is not None:
-        raise RuntimeError(f"{p.name} exited {p.proc.returncode} before it was ready "
+      if p.running.poll() is not None:
+        raise RuntimeError(f"{p.name} exited {p.running.returncode} before it was ready "
                            f"(log: {self.state}/pods/{p.name}/)")
       try:
         socket.create_connection((p.ip, int(port)), timeout=1).close()
@@ -660,7 +666,6 @@ class Rehearsal:
 
   def _evals(self) -> list:
     """[step, val_pass_rate] of each evaluation in WORKDIR/metrics.jsonl ([] if unreadable)."""
-    from scalerl_jax import storage
     try:
       lines = [json.loads(l) for l in storage.read_text(storage.join(self.workdir, "metrics.jsonl"))
                .splitlines() if l.strip()]
@@ -671,7 +676,6 @@ class Rehearsal:
 
   def _step(self) -> int:
     """The newest train step in WORKDIR/metrics.jsonl (through the storage layer), -1 if none."""
-    from scalerl_jax import storage
     path = storage.join(self.workdir, "metrics.jsonl")
     try:
       if not storage.exists(path):
@@ -684,7 +688,6 @@ class Rehearsal:
 
   def _checkpoints(self) -> list[int]:
     """Steps of the workdir's finished checkpoints (with a manifest; saves are asynchronous)."""
-    from scalerl_jax.training.checkpoint import finished_steps
     try:
       return finished_steps(self.workdir)
     except OSError:       # a step dir moved aside (resume fallback) while it was listed
@@ -696,7 +699,6 @@ class Rehearsal:
     return not self.kill_needs_checkpoint or bool(self._checkpoints())
 
   def _do_kill(self) -> None:
-    from scalerl_jax.buffer import wal as walmod
     if self.kill == "buffer":
       (p,) = [p for p in self.pods if _component(p) == "buffer"]
       wal_dir = os.path.join(self.state, "pvc", next(
@@ -704,8 +706,8 @@ class Rehearsal:
           if "persistentVolumeClaim" in v and any(
               m["name"] == v["name"] and m["mountPath"] == "/wal"
               for m in p.spec["containers"][0].get("volumeMounts", []))))
-      os.killpg(p.proc.pid, signal.SIGKILL)
-      p.proc.wait(30)
+      os.killpg(p.running.pid, signal.SIGKILL)
+      p.running.wait(30)
       # The WAL as the killed buffer left it: every rollout in it was acknowledged.
       copy = os.path.join(self.state, "evidence", "wal-at-kill")
       shutil.copytree(wal_dir, copy)
@@ -714,7 +716,7 @@ class Rehearsal:
                           "wal_dir": wal_dir, "records_at_kill": len(records)}
     else:
       p = self._learners()[0]
-      os.killpg(p.proc.pid, signal.SIGKILL)
+      os.killpg(p.running.pid, signal.SIGKILL)
       done = self._checkpoints()
       self.kill_report = {"pod": p.name, "at_step": self._step(),
                           "checkpoint_at_kill": done[-1] if done else None}
@@ -741,16 +743,16 @@ class Rehearsal:
           self._do_kill()
           killed = True
         for p in buffers + gens:              # Deployment: restartPolicy Always
-          if p.proc.poll() is not None:
-            p.exit_codes.append(p.proc.returncode)
+          if p.running.poll() is not None:
+            p.exit_codes.append(p.running.returncode)
             self.events.append({"t": round(time.time(), 2), "pod": p.name, "event": "exited",
-                                "code": p.proc.returncode})
+                                "code": p.running.returncode})
             p.restarts += 1
             time.sleep(1.0)                   # kubelet back-off (10 s there)
             self._start(p)
             if p in buffers:
               self._wait_ready(p)
-        codes = [p.proc.poll() for p in learners]
+        codes = [p.running.poll() for p in learners]
         if all(c == 0 for c in codes):        # the JobSet completed
           for p in learners:
             p.exit_codes.append(0)
@@ -758,7 +760,7 @@ class Rehearsal:
         if any(c not in (None, 0) for c in codes):   # a failed pod fails the Job
           for p in learners:
             self._stop(p, signal.SIGKILL, 5)
-            p.exit_codes.append(p.proc.returncode)
+            p.exit_codes.append(p.running.returncode)
           self.events.append({"t": round(time.time(), 2), "pod": self.jobset["name"],
                               "event": "job failed", "codes": codes})
           if self.jobset_restarts >= self.jobset["max_restarts"]:
@@ -790,7 +792,6 @@ class Rehearsal:
     return "\n".join(out)
 
   def summary(self, wall_s: float) -> dict:
-    from scalerl_jax import storage
     s = {"manifests": self.dir, "workdir": self.workdir, "state_dir": self.state,
          "wall_s": round(wall_s, 1), "steps": self._step(), "jobset_restarts": self.jobset_restarts,
          "pods": {p.name: {"component": _component(p), "ip": p.ip, "restarts": p.restarts,
@@ -815,8 +816,6 @@ class Rehearsal:
     """tools/audit.py's ledger of every acknowledged rollout (the buffer's WAL with its archive)
     against the final timeline's trained ids (WORKDIR/trained_ids.jsonl, copied here from a
     gs:// workdir), plus the learners' resume / start-over lines."""
-    from scalerl_jax import storage
-    from scalerl_jax.tools.audit import rollout_ledger
     wal_dir = _buffer_state(self, buf)["wal_dir"]
     ids = os.path.join(self.state, "evidence", "trained_ids.jsonl")
     os.makedirs(os.path.dirname(ids), exist_ok=True)
@@ -889,7 +888,6 @@ def _weights(r: Rehearsal) -> dict:
 
 def _buffer_state(r: Rehearsal, p: Pod) -> dict:
   """From the buffer's own state: its WAL (segments, NPR records) and its command's NPR flag."""
-  from scalerl_jax.buffer import wal as walmod
   c = p.spec["containers"][0]
   argv, _ = r.command(p, c)
   flags = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
@@ -911,8 +909,6 @@ def _buffer_state(r: Rehearsal, p: Pod) -> dict:
 def _kill_check(k: dict) -> dict:
   """Acknowledged rollouts (the WAL at the kill) against what the final WAL says was delivered or
   is still stored; every group delivered at most once across both."""
-  from scalerl_jax.buffer import wal as walmod
-  from scalerl_jax.protocol import rollout_pb2 as pb
 
   def scan(d):
     rolls, seen, deliver, last = {}, set(), [], set()
@@ -954,7 +950,7 @@ def _kill_check(k: dict) -> dict:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m launch.rehearse", description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(prog="python -m launch.rehearse", description=(__doc__ or "").split("\n")[0])
   ap.add_argument("manifests", help="a rendered variant, e.g. launch/gke/rendered/8b-h100")
   ap.add_argument("--steps", type=int, default=6)
   ap.add_argument("--workdir", default="", help="DIR or gs://BUCKET/PATH (default STATE_DIR/workdir)")
@@ -982,7 +978,6 @@ def main(argv=None) -> int:
       raise RehearsalError(f"--steps={a.steps} must be >= 1")
     if a.workdir.startswith("gs://"):
       sys.path.insert(0, REPO)
-      from scalerl_jax import storage
       try:
         storage.check_remote_writable(a.workdir, ".rehearse-probe")
       except storage.RemoteStorageError as e:
@@ -1000,7 +995,6 @@ def main(argv=None) -> int:
     return USAGE_ERROR
   # The real-size arithmetic of these manifests (launch/preflight.py); the rehearsal itself runs
   # the tiny model, so a failure here stops it only with --strict-preflight.
-  from launch import preflight
   (rep,) = preflight.run([a.manifests], out=sys.stderr)
   if rep.failures and (a.strict_preflight or a.real_shape):
     print(f"rehearse: error: preflight failed ({len(rep.failures)} failures, above)",

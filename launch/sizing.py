@@ -22,6 +22,11 @@ import copy
 import functools
 import math
 
+import ml_collections
+
+from scalerl_jax import runtime
+from scalerl_jax.tools.describe import count_params
+
 GIB = 2 ** 30
 VLLM_HOST_BYTES = 16 * GIB          # vLLM engine + torch + tokenizer-less worker, host RAM (stated)
 VLLM_WORKSPACE_BYTES = 4 * GIB      # per GPU: vLLM's profiled activation peak + CUDA graphs (stated)
@@ -33,10 +38,6 @@ TARGET_WIRE_BYTES = 2               # bf16 on the wire: the target default
 
 @functools.lru_cache(maxsize=None)
 def _preset_numbers(model_items: tuple) -> dict:
-  import ml_collections
-
-  from scalerl_jax import runtime
-  from scalerl_jax.tools.describe import count_params
   c = ml_collections.ConfigDict({"model": dict(model_items)})
   cfg = runtime.model_config(c)
   n = count_params(cfg)["params_total"]
@@ -56,7 +57,6 @@ def wire_bytes_per_param(config) -> int:
   """Bytes a float32 parameter takes on the wire to the generators: runtime.wire_dtype of the
   weights section where the code has it (bfloat16: 2), else 4 (the push sends the learner's fp32
   params as is)."""
-  from scalerl_jax import runtime
   fn = getattr(runtime, "wire_dtype", None)
   if fn is None:
     return 4
@@ -100,7 +100,6 @@ def generator_memory_request_gib(config) -> int:
 
 def kv_cache(config, hbm_bytes: int, tensor_parallel: int) -> dict:
   """What one vLLM engine's KV cache holds vs what the config asks of it (module docstring)."""
-  from scalerl_jax import runtime
   mn = model_numbers(config)
   g = config.generator
   tp = int(tensor_parallel)
@@ -123,7 +122,6 @@ def buffer_host_bytes(config, learner_hosts: int = 1) -> int:
   """The buffer pod's host RAM: rollouts of max_lag + 2 steps (tokens, log-probs, versions,
   mask: 13 bytes a token at the longest sequence) + the weight versions it holds when weights
   go through it (weights.serve_from="buffer": two)."""
-  from scalerl_jax import runtime
   r = config.rollout
   batch = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
   rollouts = (int(r.max_lag) + 2) * batch * runtime.max_sequence_len(config.rollout) * 13

@@ -21,6 +21,8 @@ same `--config.key=value` overrides instead.
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
 import posixpath
 import pprint
 from typing import Any
@@ -64,7 +66,7 @@ PLATFORMS: dict[str, dict[str, Any]] = {
     for name, a in topologies.ACCELERATORS.items()
 }
 
-LAUNCH_DEFAULTS = dict(
+LAUNCH_DEFAULTS: dict[str, Any] = dict(
     name="scalerl",
     namespace="default",
     learner_platform="tpu-v5p",        # tpu-v5p | gpu-h100 | gpu-gb200
@@ -330,11 +332,10 @@ def resolve(config, overrides: dict | None = None) -> dict:
 
 def load_config(path: str, arg: str | None = None):
   """Imports a `get_config(arg)` config file by path (no absl flags needed)."""
-  import importlib.util
-  import os
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist")
   spec = importlib.util.spec_from_file_location("_scalerl_launch_config", path)
+  assert spec is not None and spec.loader is not None    # a .py file: the source loader
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return copy.deepcopy(mod.get_config(arg))

@@ -20,6 +20,11 @@ if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
 from launch import spec as spec_lib  # noqa: E402
+from scalerl_jax import lazy  # noqa: E402
+
+# xmanager (installed --no-deps, needs cloud clients to launch) loads at first use: never on --dry_run.
+xm = lazy.module("xmanager.xm")
+xm_local = lazy.module("xmanager.xm_local")
 
 _CONFIG = flags.DEFINE_string("config", "configs/8b.py", "config file (get_config) to launch")
 _DRY = flags.DEFINE_bool("dry_run", False, "print resolved job specs as JSON and exit")
@@ -51,7 +56,6 @@ def build_jobs(specs: dict, token: str = "") -> dict:
   Secret, so the buffer auth `token` (from the launcher's environment) is passed as an env var to all
   three jobs under config.buffer.auth_token_env.
   """
-  from xmanager import xm
 
   def accel(platform, amount, **kw):
     return xm.JobRequirements(**{spec_lib.PLATFORMS[platform]["xm_resource"]: amount}, **kw)
@@ -87,7 +91,6 @@ def launch(specs: dict) -> None:
   xm_local's Kubernetes executor needs xmanager's full dependency set (docker, kubernetes, google
   cloud clients) and cloud credentials; none of that is needed for --dry_run or the tests.
   """
-  from xmanager import xm, xm_local
   token_env = specs["secret"]["env"]
   token = os.environ.get(token_env, "")
   if not token:
@@ -95,7 +98,7 @@ def launch(specs: dict) -> None:
   jobs = build_jobs(specs, token)
   with xm_local.create_experiment(experiment_title=specs["name"]) as experiment:
     executables = experiment.package([
-        xm.container(executor_spec=xm_local.Kubernetes.Spec(), image_path=j["image"])
+        xm.container(executor_spec=xm_local.KubernetesSpec(), image_path=j["image"])
         for j in jobs.values()])
     experiment.add(xm.JobGroup(**{
         name: xm.Job(executable=exe, executor=xm_local.Kubernetes(requirements=j["requirements"]),

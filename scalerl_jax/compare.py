@@ -23,6 +23,7 @@ from scalerl_jax import runtime
 from scalerl_jax.training import sft
 from scalerl_jax import storage
 from scalerl_jax.data import build_dataset
+from scalerl_jax.data import mixture
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Base run config.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
@@ -55,7 +56,6 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
       run_main.run(c, d, progress=progress)
     dirs.append(d)
   out = storage.join(workdir, "compare")
-  from scalerl_jax.data import mixture
   per_task = bool(mixture.parse_mixture(config.data))   # a mixture: also compare per task
   res = fit_runs(dirs, out, n_boot=200, progress=progress, names=list(names),
                  metrics="per_task" if per_task else None)
@@ -67,6 +67,8 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
 def main(argv):
   del argv
   try:
+    if not _WORKDIR.value:
+      raise recipes.ConfigError("--workdir is required (the runs and the comparison go there)")
     for name in _RECIPES.value:
       if name not in recipes.RECIPES:
         raise recipes.ConfigError(f"unknown recipe {name!r}; choose from {sorted(recipes.RECIPES)}")

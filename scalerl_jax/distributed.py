@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from orbax.checkpoint import multihost
 
 from scalerl_jax import hosts
 from scalerl_jax import topologies
@@ -196,9 +197,11 @@ def broadcast_from_main(arrays: Mapping[str, Any] | None) -> dict[str, np.ndarra
   included: bytes are moved, never cast). A single process returns its input unchanged.
   """
   if jax.process_count() == 1:
+    assert arrays is not None            # the only process is the main one
     return dict(arrays)
 
   if jax.process_index() == 0:
+    assert arrays is not None, "the main process passes its batch"
     arrs = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     header = json.dumps([[k, v.dtype.str, list(v.shape)] for k, v in arrs.items()]).encode()
     payload = np.frombuffer(header + b"".join(v.tobytes() for v in arrs.values()), np.uint8)
@@ -225,7 +228,6 @@ def meet(name: str, timeout_s: float = 3600.0) -> None:
   new for each meeting. A single process returns at once."""
   if jax.process_count() == 1:
     return
-  from orbax.checkpoint import multihost
   multihost.get_barrier_sync_fn()(key=f"scalerl/{name}", timeout_ms=int(timeout_s * 1000))
 
 
@@ -258,6 +260,7 @@ def _make_learner_class():
       return super().run_program(fn, *args)
 
     def global_rows(self) -> int:
+      assert self._global_rows is not None, "no batch placed yet (set_global_rows)"
       return int(self._global_rows)
 
     def set_global_rows(self, rows: int) -> None:

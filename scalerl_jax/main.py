@@ -17,11 +17,13 @@ Process 0 runs the buffer, generators, evaluation and logs; every process runs t
 """
 import sys
 
+import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from scalerl_jax import distributed, recipes, topologies
+from scalerl_jax import distributed, recipes, runtime, topologies
 from scalerl_jax.training import job
+from scalerl_jax.training.health import NoRewardSignal, ParityError, RunUnhealthy
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (required).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (required; created if missing).")
@@ -35,7 +37,7 @@ def _usage_error(message: str):
   sys.exit(USAGE_ERROR)
 
 
-def _one_line(e: BaseException) -> str:
+def _one_line(e: BaseException | str) -> str:
   return " ".join(str(e).split()) or type(e).__name__
 
 
@@ -109,8 +111,6 @@ def main(argv):
     spec = distributed.initialize(config)   # multi-host: before any JAX computation
   except (recipes.ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
-  import jax
-  from scalerl_jax import runtime
   print(runtime.knob_line(config, "learner"), file=sys.stderr, flush=True)
   print(f"learner devices: {jax.local_device_count()} local of {jax.device_count()} in "
         f"{jax.process_count()} processes", file=sys.stderr, flush=True)
@@ -127,7 +127,7 @@ def main(argv):
 
 def _run(config) -> None:
   """job.run with the expected stops as one-line exits (SystemExit with the reason)."""
-  from scalerl_jax.training.health import NoRewardSignal, ParityError, RunUnhealthy
+  assert _WORKDIR.value is not None      # main refused a run without --workdir
   try:
     job.run(config, _WORKDIR.value)
   except ParityError as e:    # start-up gate: nothing trained, nothing to keep

@@ -15,6 +15,7 @@ anything beyond the limits raises like `check()`.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -129,7 +130,7 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
   if config.rl.no_positive_resampling:
     flags.append(f"--npr-threshold={config.rl.npr_threshold}")
   if config.rl.routing_replay:   # MoE: the generators send routes; validate them
-    from scalerl_jax import models, runtime   # JAX, only for an MoE run with routing replay
+    from scalerl_jax import models, runtime  # local: JAX (the vLLM venv imports this module)
     cfg = runtime.model_config(config)
     flags.append(f"--route-shape={models.num_moe_layers(cfg)},{cfg.num_experts_per_tok},"
                  f"{cfg.num_experts}")
@@ -156,7 +157,6 @@ def _popen(*args, **kw) -> subprocess.Popen:
   global _spawner
   if threading.current_thread() is threading.main_thread():
     return subprocess.Popen(*args, **kw)
-  import concurrent.futures
   with _spawner_lock:
     if _spawner is None:
       _spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spawner")
@@ -192,6 +192,7 @@ class ProcessGroup:
 
   def _read_address(self, p: subprocess.Popen, timeout_s: float) -> dict:
     deadline = time.time() + timeout_s
+    assert p.stdout is not None          # started with stdout=PIPE
     line = p.stdout.readline()
     if not line or time.time() > deadline:
       raise RuntimeError(f"buffer server did not start; see {self.logdir}/buffer.log")

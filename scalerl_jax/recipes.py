@@ -10,6 +10,7 @@ settings applied. Explicit `--config.x=y` overrides given on the command line wi
 """
 from __future__ import annotations
 
+import ast
 import os
 
 import ml_collections
@@ -111,7 +112,6 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collecti
   """Sets each `--config.a.b=value` on `config` (in place), the value parsed as the field's
   current type, as absl's config flags do (bool: true/false; tuple / None: a Python literal).
   An undeclared field raises ConfigError."""
-  import ast
   for o in overrides:
     key, sep, raw = o[len("--config."):].partition("=")
     if not o.startswith("--config.") or not sep:

@@ -7,16 +7,21 @@ and loading a run config written by `main` (`load_run_config`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import importlib.util
 import json
 import os
 import sys
 
 import ml_collections
 import numpy as np
+from safetensors.numpy import load, save
 
 from configs import common
 from scalerl_jax import models
 from scalerl_jax import recipes
+from scalerl_jax import storage
+from scalerl_jax.models import moe
 from scalerl_jax.generation import interruption
 from scalerl_jax.types import SamplingSpec
 
@@ -38,7 +43,6 @@ def model_config(config):
                      f"{sorted(fields)}")
   overrides = {k: v for k, v in m.items() if k in fields}
   if config.model.hf_checkpoint:
-    from scalerl_jax import storage
     cfg_path = storage.join(m["hf_checkpoint"], "config.json")   # local or gs://
     if not storage.exists(cfg_path):
       raise FileNotFoundError(f"config.model.hf_checkpoint={m['hf_checkpoint']!r}: no "
@@ -53,7 +57,6 @@ def model_config(config):
     cfg = models.get_preset(m["preset"], **overrides)
   mesh = getattr(config, "mesh", None)   # a ConfigDict or a typed RunConfig (may lack it)
   if cfg.is_moe and mesh is not None and cfg.moe_impl == "dispatch":
-    from scalerl_jax.models import moe
     shape = {a: int(s) for a, s in mesh.shape if int(s) > 0}   # -1 (rest): checked at trace
     moe.expert_shards(cfg.num_experts, shape, tuple(mesh.rules))
   return cfg
@@ -75,7 +78,7 @@ def sampling_spec(config, dataset, seed: int, temperature: float | None = None,
       think_budget_min=int(r.think_budget_min), think_budget_max=int(r.think_budget_max),
       answer_budget=int(r.answer_budget), think_end_tokens=tuple(dataset.think_end_tokens),
       think_end_text=end_text,
-      think_end_vocab=interruption.think_end_vocab(texts, end_text) if end_text else (),
+      think_end_vocab=interruption.think_end_vocab(texts, end_text) if texts and end_text else (),
       interruption_tokens=(tuple(dataset.interruption_tokens(r.interruption_text))
                            if interrupt else ()),
       seed=int(seed))
@@ -86,7 +89,6 @@ def generation_seed(seed: int, version: int, prompt_ids) -> int:
   a resumed run (or a restarted generator) draws the same completions for the same leases, unlike
   a per-process random stream. Equal inputs twice in one run give equal seeds (correlated samples),
   which only happens when a prompt is leased twice at the same version."""
-  import hashlib
   h = hashlib.sha256(json.dumps([int(seed), int(version), [int(p) for p in prompt_ids]]).encode())
   return int.from_bytes(h.digest()[:4], "little") >> 1
 
@@ -165,15 +167,13 @@ def vllm_max_model_len(rollout) -> int:
 
 def params_to_payload(model_cfg, params) -> bytes:
   """Serializes params as one safetensors blob in HF naming (the weight interchange format)."""
-  from safetensors.numpy import save
   return save({k: np.ascontiguousarray(v) for k, v in models.hf_named_arrays(model_cfg, params)})
 
 
-def payload_to_named(payload: bytes, fmt: str) -> dict[str, np.ndarray]:
+def payload_to_named(payload: bytes | bytearray | memoryview, fmt: str) -> dict[str, np.ndarray]:
   """Inverse of params_to_payload: {hf_name: array}."""
   if fmt != WEIGHTS_FORMAT:
     raise ValueError(f"unsupported weight payload format {fmt!r}; expected {WEIGHTS_FORMAT!r}")
-  from safetensors.numpy import load
   return load(bytes(payload))
 
 
@@ -184,8 +184,8 @@ def load_run_config(path: str, overrides=()) -> ml_collections.ConfigDict:
   recipe (they win over it, as on main's command line)."""
   file, _, arg = path.partition(":")
   if file.endswith(".py"):
-    import importlib.util
     spec = importlib.util.spec_from_file_location("scalerl_run_config", file)
+    assert spec is not None and spec.loader is not None    # a .py file: the source loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     config = mod.get_config(arg) if arg else mod.get_config()

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from scalerl_jax.models import transformer
@@ -50,7 +51,6 @@ def make_mesh(shape: Sequence[tuple[str, int]], devices: Sequence[Any] | None = 
     raise ValueError(f"mesh {dict(zip(names, sizes))} needs {math.prod(sizes)} devices, "
                      f"have {len(devices)}")
   try:
-    from jax.experimental import mesh_utils
     arr = mesh_utils.create_device_mesh(sizes, devices)
   except Exception:  # pylint: disable=broad-except  # odd topologies: plain reshape
     arr = np.array(devices, dtype=object).reshape(sizes)
@@ -72,8 +72,11 @@ def logical_sharding(specs: Any, mesh: Mesh, rules) -> Any:
   _check_rules(rules)
 
   def one(spec):
-    spec = spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec)
-    return NamedSharding(mesh, nn.logical_to_mesh_axes(spec, rules))
+    names = tuple(spec)                  # a PartitionSpec's or a tuple's logical names, one per dim
+    # nn.spmd's: flax.linen re-exports it without `as` (not public to a type checker)
+    axes = nn.spmd.logical_to_mesh_axes(names, rules)
+    assert axes is not None              # None only for array_dim_names=None
+    return NamedSharding(mesh, axes)
   return jax.tree.map(one, specs,
                       is_leaf=lambda x: isinstance(x, PartitionSpec) or isinstance(x, tuple))
 
@@ -129,7 +132,6 @@ def shard_params(params: Any, cfg: ModelConfig, mesh: Mesh, rules) -> Any:
   process): each process materialises only the slices its own devices hold (multi-host safe).
   jax.Arrays already in their sharding (models.hf_slices.load_sharded) are kept as they are; other
   fully addressable ones are treated as host params."""
-  import numpy as np
   shardings = param_shardings(cfg, mesh, rules)
 
   def place(x, sh):

@@ -24,9 +24,26 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import pathlib
 import posixpath
 import shutil
+import socket
 import tempfile
+import urllib.parse
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from scalerl_jax import lazy
+
+if TYPE_CHECKING:
+  from etils import epath as epath_types
+
+# gs:// only (costly imports a local run never needs): loaded at first use.
+fsspec = lazy.module("fsspec")
+epath = lazy.module("etils.epath")
+google_auth = lazy.module("google.auth")
+google_auth_exceptions = lazy.module("google.auth.exceptions")
 
 REMOTE_SCHEMES = ("gs://",)
 ENV_EMULATOR = "STORAGE_EMULATOR_HOST"
@@ -52,7 +69,6 @@ def configure_emulator(env=None) -> str:
 
 def _fs():
   configure_emulator()
-  import fsspec
   return fsspec.filesystem("gs")
 
 
@@ -67,13 +83,14 @@ def _strip(p) -> str:
   return str(p).rstrip("/")
 
 
-def path(p):
+AnyPath = Union[pathlib.Path, "epath_types.Path"]   # what `path` returns (the same API)
+
+
+def path(p) -> AnyPath:
   """A path object: `pathlib.Path` for local paths, `etils.epath.Path` for gs:// (same API)."""
   if is_remote(p):
     configure_emulator()
-    from etils import epath
     return epath.Path(str(p))
-  import pathlib
   return pathlib.Path(p)
 
 
@@ -133,7 +150,7 @@ def stat(p) -> dict:
     st = os.stat(p)
     return {"size": int(st.st_size), "mtime_ns": int(st.st_mtime_ns)}
   info = _fs().info(_strip(p))
-  out = {"size": int(info["size"])}
+  out: dict[str, int | str] = {"size": int(info["size"])}
   for key, name in (("crc32c", "crc32c"), ("md5Hash", "md5")):
     if info.get(key):
       out[name] = str(info[key])
@@ -311,8 +328,6 @@ def check_remote_writable(workdir: str, probe_name: str) -> None:
   if not bucket:
     raise RemoteStorageError(f"{workdir!r} names no bucket; use gs://BUCKET/PATH")
   if url:
-    import socket
-    import urllib.parse
     u = urllib.parse.urlparse(url)
     try:
       socket.create_connection((u.hostname, u.port or 80), timeout=5).close()
@@ -321,10 +336,8 @@ def check_remote_writable(workdir: str, probe_name: str) -> None:
                                f"({e.strerror or e}); start the GCS emulator or unset it") from None
   else:
     try:
-      import google.auth
-      import google.auth.exceptions
-      google.auth.default()
-    except google.auth.exceptions.DefaultCredentialsError:
+      google_auth.default()
+    except google_auth_exceptions.DefaultCredentialsError:
       raise RemoteStorageError(
           f"no Google Cloud credentials for {workdir}: set GOOGLE_APPLICATION_CREDENTIALS, run "
           f"`gcloud auth application-default login`, use Workload Identity on GKE, or set "
@@ -381,7 +394,6 @@ class RangedFile:
     are read as they are touched. Counted as one request; callers count the bytes they use."""
     if self.remote:
       raise ValueError(f"{self.path}: memory maps are for local files")
-    import numpy as np
     self.requests += 1
     return np.memmap(self.path, dtype=np.uint8, mode="r", offset=int(offset), shape=(int(n),))
 

@@ -30,6 +30,9 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+import ml_collections
+import numpy as np
+
 GB = 10 ** 9
 
 
@@ -185,7 +188,6 @@ def apply_layout(config, name: str | None = None):
 
 def layouts_to_config(layouts: Mapping[str, Mapping[str, Any]]):
   """`LAYOUTS` dict -> ml_collections.ConfigDict (validated) for `config.layouts`."""
-  import ml_collections
   out = ml_collections.ConfigDict()
   for name, layout in layouts.items():
     check_layout(name, layout)
@@ -224,7 +226,6 @@ def process_row_spans(mesh_shape, rules, num_processes: int, rows: int) -> list[
   `jax.devices()`, equal devices per process), rows are split over the `batch` rule's axes.
   Raises ValueError if the devices do not divide over the processes, the rows do not split
   evenly over the batch shards, or a process's rows are not contiguous."""
-  import numpy as np
   names = [str(a) for a, _ in mesh_shape]
   sizes = [int(s) for _, s in mesh_shape]
   devices = math.prod(sizes)

@@ -1,6 +1,7 @@
 """The package structure's rules, checked from the source: no import cycle among the project's
-modules, no import of another module's private (`_x`) name, and the buffer and protocol packages
-(and the vLLM worker's modules) importable with JAX blocked."""
+modules, no import of another module's private (`_x`) name, no module of the package over
+MAX_MODULE_LINES lines, and the buffer and protocol packages (and the vLLM worker's modules)
+importable with JAX blocked."""
 from __future__ import annotations
 
 import ast
@@ -140,6 +141,74 @@ def test_the_buffer_state_machine_names_no_grpc_type():
 def test_no_private_name_imported_from_another_module():
   _, private = import_graph()
   assert private == []
+
+
+MAX_MODULE_LINES = 600     # issue #27: a module longer than this is split along a seam
+
+
+def test_no_module_of_the_package_is_longer_than_the_limit():
+  """Every module under scalerl_jax/ has at most MAX_MODULE_LINES lines (the generated protobuf
+  stubs, *_pb2*.py, excepted); a longer one is named here."""
+  paths = sorted((ROOT / "scalerl_jax").rglob("*.py"))
+  assert len(paths) > 50                       # the whole package was read
+  long = {str(p.relative_to(ROOT)): n for p in paths if "_pb2" not in p.name
+          and (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+  assert long == {}, f"modules over {MAX_MODULE_LINES} lines (split them along a seam): {long}"
+
+
+# Function-local imports (issue #27): at most MAX_LOCAL_IMPORTS over these packages, each with a
+# one-line reason on its line (`# local: <reason>`): a JAX-free / vLLM-venv module, an optional or
+# torch-pulling dependency, a TPU-only module. Everything else imports at the module's top (a
+# deferral several functions share: one `lazy.module(...)` at the top, scalerl_jax/lazy.py).
+LOCAL_IMPORT_PACKAGES = ("scalerl_jax", "analysis", "launch")
+MAX_LOCAL_IMPORTS = 30
+LOCAL_REASON = "# local:"
+
+
+def local_imports(source: str) -> list[tuple[int, bool]]:
+  """(line, has a `# local:` reason) of each import statement inside a function body of `source`
+  (nested functions included, each statement once; a reason on any line of the statement)."""
+  lines = source.splitlines()
+  found = {}
+  for fn in ast.walk(ast.parse(source)):
+    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for n in ast.walk(fn):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+          found[n.lineno] = any(LOCAL_REASON in lines[i - 1]
+                                for i in range(n.lineno, n.end_lineno + 1))
+  return sorted(found.items())
+
+
+def test_local_import_finder_finds_planted_ones():
+  src = ("import os\n"
+         "from typing import Any\n"
+         "class C:\n"
+         "  import json\n"                       # class body: not in a function
+         "  def m(self):\n"
+         "    import re\n"
+         "def f():\n"
+         "  import glob  # local: a reason\n"
+         "  from x import (a,\n"
+         "                 b)  # local: on its last line\n"
+         "  def g():\n"
+         "    from y import z\n"
+         "async def h():\n"
+         "  import zlib\n")
+  assert local_imports(src) == [(6, False), (8, True), (9, True), (12, False), (14, False)]
+  assert local_imports("import os\nx = 1\n") == []
+
+
+def test_function_local_imports_are_few_and_explained():
+  found = {}
+  for pkg in LOCAL_IMPORT_PACKAGES:
+    for path in sorted((ROOT / pkg).rglob("*.py")):
+      if "_pb2" not in path.name:
+        found[path.relative_to(ROOT).as_posix()] = local_imports(path.read_text())
+  total = sum(len(v) for v in found.values())
+  assert total > 0                                     # the walk saw the deliberate ones
+  assert total <= MAX_LOCAL_IMPORTS, {k: [i for i, _ in v] for k, v in found.items() if v}
+  unexplained = [f"{k}:{i}" for k, v in found.items() for i, ok in v if not ok]
+  assert unexplained == [], f"function-local imports without a '{LOCAL_REASON} <reason>' comment"
 
 
 _BLOCK_JAX = """

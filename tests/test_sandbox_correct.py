@@ -9,6 +9,7 @@ import pytest
 from scalerl_jax import rewards
 from scalerl_jax.data import loaders
 from scalerl_jax.rewards import sandbox
+from scalerl_jax.rewards.sandbox_setup import Limits
 
 
 def _stdin(*pairs):
@@ -146,7 +147,7 @@ def test_wrong_programs_fail_with_reasons(answers):
   cases = {"wrong_answer": "print(0)\n", "runtime_error": "raise ValueError\n",
            "timeout": "while True: pass\n", "memory": "x = bytearray(8 << 30)\n"}
   for reason, prog in cases.items():
-    g = rewards.grade_code(f"</think>```python\n{prog}```", a, sandbox.Limits(wall_s=1.5))
+    g = rewards.grade_code(f"</think>```python\n{prog}```", a, Limits(wall_s=1.5))
     assert (g.reward, g.reason, g.sandboxed, g.tests_passed) == (0.0, reason, True, 0), (reason, g)
   g = rewards.grade("code", "no thinking end ```python\nprint(3)\n```", a)
   assert (g.reward, g.reason, g.sandboxed) == (0.0, "no_code", False)
@@ -158,7 +159,7 @@ def test_a_wall_limit_reached_before_bwrap_started_the_program_is_a_timeout():
   """The wall time counts from the spawn; under heavy load bwrap's start-up alone (~60 ms here)
   outlasted it once and the kill was reported as "sandbox_error: bwrap exited -15 before
   starting the program" (session 8, an e2e run). It is the limit's status."""
-  r = sandbox.run_program("print(1)", limits=sandbox.Limits(wall_s=0.001))
+  r = sandbox.run_program("print(1)", limits=Limits(wall_s=0.001))
   assert r.status == "timeout", r
   assert "before bwrap started the program" in r.detail, r
 
@@ -192,7 +193,7 @@ def test_a_sandbox_killed_during_bwraps_set_up_leaves_no_process():
   try:
     for i in range(120):
       r = sandbox.run_program(f"def {tag}():\n  return 1\n", fn_name=tag,
-                              limits=sandbox.Limits(wall_s=0.002 + 0.001 * (i % 40)))
+                              limits=Limits(wall_s=0.002 + 0.001 * (i % 40)))
       statuses[r.status] = statuses.get(r.status, 0) + 1
   finally:
     for b in busy:

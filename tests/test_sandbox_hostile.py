@@ -18,6 +18,7 @@ import pytest
 
 from scalerl_jax import rewards
 from scalerl_jax.rewards import sandbox
+from scalerl_jax.rewards.sandbox_setup import Limits
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.types import PromptSpec
@@ -27,7 +28,10 @@ TOKEN_ENV = "SCALERL_BUFFER_TOKEN"
 TOKEN = "hostile-test-token-" + uuid.uuid4().hex
 SECRET = "checkpoint-secret-" + uuid.uuid4().hex
 # Tight limits keep the suite fast and the shared machine safe (memory: <= nproc x 256 MiB).
-LIMITS = sandbox.Limits(memory_bytes=256 << 20, wall_s=2.0, output_bytes=1 << 20)
+LIMITS = Limits(memory_bytes=256 << 20, wall_s=2.0, output_bytes=1 << 20)
+# Programs that must run to completion: a 2 s wall limit is what the hostile ones test, but a
+# python start inside bwrap on a loaded 2-core box (load 8-12) can take longer (af_vsock failed so).
+ROOMY = dataclasses.replace(LIMITS, wall_s=20.0)
 
 ANY_FAIL = {"runtime_error", "wrong_answer", "timeout", "memory", "output_limit", "file_limit"}
 
@@ -307,7 +311,7 @@ def test_memory_outside_rlimit_as_is_bounded(src, full):
 def test_shm_and_memfd_refused_without_a_cgroup_ceiling():
   s = dataclasses.replace(sandbox.settings(), cgroup="none")
   for src in (SHM_1GIB, MEMFD_960MIB):
-    r = sandbox.run_program(src, limits=LIMITS, s=s)
+    r = sandbox.run_program(src, limits=ROOMY, s=s)
     assert (r.status, r.stdout) == ("ok", b"0\n"), r
 
 
@@ -338,12 +342,12 @@ def test_grader_session_keyring_is_not_shared():
   assert kid > 0, ctypes.get_errno()
   src = KEYRING.format(**_NR)
   g = rewards.grade_code(f"</think>\n```python\n{src}```",
-                         json.dumps([{"input": "", "output": SECRET}]), LIMITS)
+                         json.dumps([{"input": "", "output": SECRET}]), ROOMY)
   assert g.reward == 0.0 and g.sandboxed, g
-  r = sandbox.run_program(src, limits=LIMITS)
+  r = sandbox.run_program(src, limits=ROOMY)
   assert r.stdout == b"request_key 1 add_key -1 1\n", r                  # EPERM, EPERM
   # without seccomp the fresh keyring alone hides the grader's key
-  r = sandbox.run_program(src, limits=LIMITS,
+  r = sandbox.run_program(src, limits=ROOMY,
                           s=dataclasses.replace(sandbox.settings(), seccomp=False))
   assert r.status == "ok" and SECRET.encode() not in r.stdout, r
   assert r.stdout.startswith(b"request_key 126"), r                      # ENOKEY: not found
@@ -371,11 +375,11 @@ def test_sockets_other_than_unix_inet_are_refused(families):
   EPERM (1); the allowed ones still open."""
   n = families.count("(")
   g = rewards.grade_code(f"</think>\n```python\n{SOCKETS.format(families=families)}```",
-                         json.dumps([{"input": "", "output": " ".join(["open"] * n)}]), LIMITS)
+                         json.dumps([{"input": "", "output": " ".join(["open"] * n)}]), ROOMY)
   assert g.reward == 0.0 and g.sandboxed, g
-  r = sandbox.run_program(SOCKETS.format(families=families), limits=LIMITS)
+  r = sandbox.run_program(SOCKETS.format(families=families), limits=ROOMY)
   assert r.stdout.decode().split() == ["1"] * n, r
-  r = sandbox.run_program(SOCKETS.format(families="(1, 1), (2, 1), (10, 2)"), limits=LIMITS)
+  r = sandbox.run_program(SOCKETS.format(families="(1, 1), (2, 1), (10, 2)"), limits=ROOMY)
   assert r.stdout == b"open open open\n", r
 
 
@@ -403,7 +407,7 @@ def test_rlimits_reset_and_oom_first():
   except (ValueError, OSError):
     pass
   try:
-    r = sandbox.run_program(RLIMITS, limits=LIMITS)
+    r = sandbox.run_program(RLIMITS, limits=ROOMY)
   finally:
     R.setrlimit(R.RLIMIT_RTPRIO, saved)
   lines = r.stdout.decode().splitlines()
@@ -429,7 +433,7 @@ print(" ".join(out))
 def test_kernel_interfaces_are_refused():
   """io_uring, userfaultfd, perf_event_open, bpf, fanotify: reachable from an unprivileged user
   namespace (EFAULT/EINVAL = the kernel parsed the call), refused by seccomp with EPERM (1)."""
-  r = sandbox.run_program(KERNEL_IFACES.format(**_NR), limits=LIMITS)
+  r = sandbox.run_program(KERNEL_IFACES.format(**_NR), limits=ROOMY)
   assert r.status == "ok" and r.stdout == b"1 1 1 1 1\n", r
 
 # ==================================================================================================

@@ -25,6 +25,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _REPO not in sys.path:
   sys.path.insert(0, _REPO)
 
+from launch import preflight  # noqa: E402
 from launch import spec as spec_lib  # noqa: E402
 
 RENDERED_DIR = os.path.join(_REPO, "launch", "gke", "rendered")
@@ -350,7 +351,7 @@ def _kv(items, what):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("--all", action="store_true", help=f"render every variant into {RENDERED_DIR}")
   ap.add_argument("--config", default="configs/8b.py")
   ap.add_argument("--learner_platform", choices=sorted(spec_lib.PLATFORMS),
@@ -404,7 +405,6 @@ def main(argv=None):
   except ValueError as e:
     raise SystemExit(f"render: error: {e}") from None
   if a.preflight:
-    from launch import preflight
     if preflight.main(dirs):
       raise SystemExit(1)
 

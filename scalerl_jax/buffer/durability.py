@@ -9,9 +9,11 @@ on BufferState's fields under its lock (`cv`).
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
-from typing import Optional
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
@@ -21,12 +23,54 @@ from scalerl_jax.buffer.groups import Group
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
 from scalerl_jax.rl.npr import PassRateHistory
+from scalerl_jax.types import PromptSpec
 
 log = logging.getLogger("scalerl.buffer")
 
 
 class Durable:
   """WAL logging, compaction, replay and rewind of a BufferState (module docstring)."""
+
+  # BufferState's fields and methods this base works on (BufferState.__init__ sets them; declared
+  # here so that their uses below are type-checked).
+  B: int
+  G: int
+  k: int
+  mode: str
+  lease_ttl_s: float
+  clock: Callable[[], float]
+  cv: threading.Condition
+  ns: int
+  version: int
+  npr: Optional[PassRateHistory]
+  wal: Optional[walmod.WAL]
+  weights_meta: Optional[dict]
+  resumes: list[str]
+  rewind_totals: dict
+  delivered_groups: int
+  delivered_rollouts: int
+  expired_groups: int
+  stale_dropped: int
+  _prompts: dict[int, PromptSpec]
+  _rng: Optional[np.random.Generator]
+  _queue: collections.deque
+  _groups: dict[int, Group]
+  _seen: dict[str, int]
+  _kept: dict[int, list]
+  _last_batch: Any             # Optional[state.PulledBatch] (state.py imports this module)
+  _last_groups: list
+  _rewind_drops: dict
+  _next_group_id: int
+  _completed_seq: int
+  _round_start: int
+  _round_leased: int
+  _lag_total: list[int]
+  _lag_negative: int
+
+  if TYPE_CHECKING:
+    def _store(self, g: Group, r: pb.Rollout, raw: bytes, c: val.Checked) -> bool: ...
+    def _apply_expire(self, gid: int) -> None: ...
+    def _deliver(self, step: int, batch: list, how: str) -> Any: ...
 
   # ---- logging -----------------------------------------------------------------------------------
   def _wal_append(self, rtype: int, body) -> None:
@@ -251,7 +295,7 @@ class Durable:
   def rewind(self, c: int, npr: Optional[dict], start_over: bool = False) -> dict:
     """Rewinds to learner checkpoint step `c` (replay.py's docstring says what is kept/dropped);
     `start_over`: the learner found no valid checkpoint and starts from step 0 (c == 0)."""
-    rep = dict(step=c, from_ns=self.ns, from_version=self.version, requeued_groups=0,
+    rep: dict[str, Any] = dict(step=c, from_ns=self.ns, from_version=self.version, requeued_groups=0,
                requeued_rollouts=0, dropped_lost_version_groups=0, dropped_stale_groups=0,
                dropped_incomplete_groups=0, returned_prompts=0,
                missing_steps=[s for s in range(c, self.ns) if s not in self._kept])

@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -40,7 +40,7 @@ from scalerl_jax.buffer import weight_store
 from scalerl_jax.protocol.weight_chunks import parse_weight_message
 from scalerl_jax.types import PromptSpec
 from scalerl_jax.protocol.rpc import SERVICE, TLS, AuthInterceptor, add_port, channel_options
-from scalerl_jax.protocol.wire import Malformed, parse_push, parser, serialize, tune_malloc
+from scalerl_jax.protocol.wire import Malformed, abort, parse_push, parser, serialize, tune_malloc
 
 log = logging.getLogger("scalerl.buffer")
 # Exit status of a buffer that stopped to be restarted (a learner resumed while it kept running).
@@ -106,7 +106,7 @@ class BufferServer:
         raise ValueError(f"auth token env var {buffer.auth_token_env} is empty or unset")
     host, _, port = buffer.address.rpartition(":")
     r = rollout
-    kw = dict(token=token, prompts_per_step=r.prompts_per_step,
+    kw: dict[str, Any] = dict(token=token, prompts_per_step=r.prompts_per_step,
               group_size=r.generations_per_prompt, max_lag=r.max_lag, mode=r.mode,
               host=host or "127.0.0.1", port=int(port or 0),
               max_message_bytes=buffer.max_message_bytes, tls=TLS.from_section(tls))
@@ -188,9 +188,9 @@ class BufferServer:
     with self._mlock:
       self._rejected[code.name] += 1
 
-  def _abort(self, context, code: grpc.StatusCode, message: str):
+  def _abort(self, context, code: grpc.StatusCode, message: str) -> NoReturn:
     self._count_reject(code)
-    context.abort(code, message)
+    abort(context, code, message)
 
   def _req(self, request, context):
     if isinstance(request, Malformed):
@@ -318,7 +318,7 @@ def _route_limits(spec: str) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
   """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("--host", default="127.0.0.1")
   ap.add_argument("--port", type=int, default=0)
   ap.add_argument("--token-env", default="SCALERL_BUFFER_TOKEN",

@@ -273,11 +273,10 @@ class BufferState(Durable):
     val.check_id(generator_id, "generator_id", self.limits)
     listed = None if group_ids is None else {int(x) for x in group_ids}
     held = None if held_versions is None else self._held_set(held_versions)
-    if stats:
-      stats = val.check_generator_stats(stats)
+    checked = val.check_generator_stats(stats) if stats else {}
     with self.cv:
-      if stats:
-        self._gen_stats[generator_id] = stats
+      if checked:
+        self._gen_stats[generator_id] = checked
         if len(self._gen_stats) > 256:   # many incarnations: fold the oldest into one entry
           old = next(k for k in self._gen_stats if k != "(retired)")
           merged = self._gen_stats.setdefault("(retired)", {})

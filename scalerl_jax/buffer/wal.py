@@ -17,6 +17,8 @@ This module must not import jax (the buffer server process does not).
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -286,6 +288,7 @@ class WAL:
     """Truncates the active segment back to its last durable commit after a failed one."""
     if not self._torn:
       return
+    assert self._fd is not None          # torn bytes are only left by a commit to an open segment
     try:
       os.ftruncate(self._fd, self._end)
       os.fsync(self._fd)
@@ -307,6 +310,7 @@ class WAL:
       self._fd = None
 
   def _rotate(self) -> None:
+    assert self._fd is not None          # commit rotates the segment it checked is open
     os.fsync(self._fd)
     self._open(os.path.join(self.dir, f"wal-{self._next_index():08d}.log"))
     self._fsync_dir()
@@ -350,7 +354,6 @@ def lock_dir(wal_dir: str, timeout_s: float = 30.0) -> int:
   """Takes an exclusive POSIX lock on WAL_DIR/LOCK (per process, held until it exits), waiting up to
   `timeout_s` for a previous buffer (e.g. one still shutting down after its learner died) to let
   go: two buffers must never append to one log. Returns the descriptor; raises TimeoutError."""
-  import fcntl
   fd = os.open(os.path.join(wal_dir, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
   end = time.time() + timeout_s
   while True:
@@ -366,7 +369,6 @@ def lock_dir(wal_dir: str, timeout_s: float = 30.0) -> int:
 
 def load_weights(wal_dir: str) -> Optional[tuple[dict, bytes]]:
   """(header, payload) of weights.bin, or None if absent or damaged (size/sha256 checked)."""
-  import hashlib
   path = os.path.join(wal_dir, WEIGHTS_FILE)
   if not os.path.exists(path):
     return None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import grpc
 
@@ -236,8 +236,9 @@ class WeightStore:
       yield from stream_chunks(self.cv, v, set(r.have_chunks) if r.resume_version == v.version
                                else (), context, max(timeout, 10.0))
       return
+    assert v.payload is not None        # a blob (not streamed) version holds its payload
     view = memoryview(v.payload)
-    head = dict(version=v.version, total_bytes=v.total_bytes, sha256=v.sha256, format=v.format)
+    head: dict[str, Any] = dict(version=v.version, total_bytes=v.total_bytes, sha256=v.sha256, format=v.format)
     for off in range(0, max(v.total_bytes, 1), chunk):
       h = pb.WeightChunk(offset=off, **head).SerializeToString()
       part = view[off:off + chunk]

@@ -142,7 +142,8 @@ def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
   tok = mixture.shared_tokenizer(names, [d.tokenizer for d in parts])
   seed = int(data_cfg.split_seed)
   keep = mixture.trimmed_counts([len(d.train) for d in parts], [s for _, s in mix])
-  train, held, stats = [], [], {"tasks": {}}
+  train, held = [], []
+  stats: dict[str, Any] = {"tasks": {}}
   for i, ((name, share), d, n) in enumerate(zip(mix, parts, keep)):
     train += mixture.relabel(mixture.trim(d.train, n, seed), i, name)
     held += mixture.relabel(d.heldout, i, name)
@@ -251,6 +252,7 @@ def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed, reward) -> Dat
   """The generated tasks (no files): the digit-sum task or the tiny code task."""
   mod = synthetic if kind == "synthetic" else tiny_code
   num_terms = data_cfg.synthetic_num_terms
+  train: list                # one task module's Problems (the two modules have the same functions)
   train, held = mod.make_split(seed, int(data_cfg.synthetic_n_train), heldout, num_terms)
   specs = [p.to_prompt_spec() for p in train], [p.to_prompt_spec() for p in held]
   longest = max(len(s.tokens) for s in specs[0] + specs[1])

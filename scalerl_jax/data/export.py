@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+from scalerl_jax import recipes
+from scalerl_jax import runtime
 from scalerl_jax.data import build_dataset
 
 
@@ -30,6 +32,7 @@ def _load_config(path: str):
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist")
   spec = importlib.util.spec_from_file_location("_scalerl_export_config", path)
+  assert spec is not None and spec.loader is not None    # a .py file: the source loader
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod.get_config(None)
@@ -37,7 +40,7 @@ def _load_config(path: str):
 
 def build_parser() -> argparse.ArgumentParser:
   """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("--config", required=True, help="config file with get_config()")
   ap.add_argument("--out", required=True)
   ap.add_argument("--split", choices=("train", "heldout"), default="train")
@@ -45,13 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
-  from scalerl_jax import recipes
   ap = build_parser()
   rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
   a = ap.parse_args(rest)
   sys.path.insert(0, os.getcwd())   # so `from configs import common` resolves from the repo root
   config = recipes.apply_overrides(_load_config(a.config), overrides)   # --config.a.b=v, as main
-  from scalerl_jax import runtime
   print(runtime.knob_line(config, "export"), file=sys.stderr, flush=True)
   ds = build_dataset(config.data, config.rollout.max_prompt_len)
   n = write_prompts(ds.train if a.split == "train" else ds.heldout, a.out)

@@ -29,7 +29,7 @@ class HFTokenizer:
       raise ValueError("config.data.tokenizer_path is empty: give a local tokenizer directory")
     if not os.path.isdir(path):
       raise FileNotFoundError(f"tokenizer directory {path!r} does not exist")
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # local: pulls in torch (~2 CPU-s); every process imports data/
     self.path = path
     self.system_prompt = system_prompt
     self.template = templates.get(template)

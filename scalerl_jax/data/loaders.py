@@ -48,7 +48,7 @@ def iter_records(path: str) -> Iterator[tuple[str, dict]]:
     raise FileNotFoundError(f"data file {path!r} does not exist")
   if path.endswith(".parquet"):
     try:
-      import pyarrow.parquet as pq
+      import pyarrow.parquet as pq  # local: optional, only .parquet files need it
     except ImportError:
       raise DataError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
     with storage.open(path, "rb") as f:
@@ -172,7 +172,7 @@ def _taco_tests(loc: str, inputs: Any, outputs: Any, fn_name: str | None) -> lis
       out.append({"input": text(i), "output": text(o)})
       continue
     args = i if isinstance(i, list) else [i]
-    t = {"input": "\n".join(json.dumps(a) for a in args), "output": json.dumps(o),
+    t: dict[str, Any] = {"input": "\n".join(json.dumps(a) for a in args), "output": json.dumps(o),
          "testtype": "functional"}
     if isinstance(o, list) and len(o) == 1:
       t["apps_wrapped"] = True

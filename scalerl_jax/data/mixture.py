@@ -82,7 +82,7 @@ def relabel(prompts: list, index: int, task: str) -> list:
 def shared_tokenizer(names: list[str], tokenizers: list):
   """The one tokenizer a mixture samples with: word-level vocabularies must be prefixes of the
   widest one (equal ids for shared words); HF tokenizers must come from the same directory."""
-  vocabs = [getattr(t, "vocab", None) for t in tokenizers]
+  vocabs: list = [getattr(t, "vocab", None) for t in tokenizers]   # tuples (word-level) or None
   if all(isinstance(v, tuple) for v in vocabs):
     widest = max(range(len(vocabs)), key=lambda i: len(vocabs[i]))
     for n, v in zip(names, vocabs):

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from scalerl_jax.data import synthetic
+from scalerl_jax.types import PromptSpec
 
 CODE_WORDS = ("code", "print", "(", ")", "+", "-", "*")
 OPERATORS = ("+", "-", "*")
@@ -70,7 +71,6 @@ class Problem:
     return ["print", "(", *p.expression_words, ")"]
 
   def to_prompt_spec(self):
-    from scalerl_jax.types import PromptSpec
     return PromptSpec(prompt_id=self.prompt_id, tokens=self.prompt_tokens, answer=self.answer)
 
 

@@ -8,8 +8,13 @@ For tests and demos that need `AutoTokenizer.from_pretrained(path)` without down
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Sequence
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, \
+    trainers
+from transformers import PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "<think>", "</think>", "<|user|>", "<|assistant|>",
             "<|system|>"]
@@ -25,8 +30,6 @@ BASE_TEXT = [
 
 def write_tiny_tokenizer(path: str, extra_text: Sequence[str] = ()) -> str:
   """Trains a WordLevel tokenizer on `BASE_TEXT + extra_text` and saves it with `save_pretrained`."""
-  from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
-  from transformers import PreTrainedTokenizerFast
   tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
   tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
   tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)   # joins words with spaces
@@ -90,9 +93,6 @@ def write_llama3_style_tokenizer(path: str, vocab_size: int = 512, num_special: 
   Files as in a Llama-3.1-8B-Instruct checkpoint: tokenizer.json; tokenizer_config.json with the
   Llama-3 `chat_template` inline, bos <|begin_of_text|>, eos <|eot_id|>, no pad token, the
   `added_tokens_decoder`; special_tokens_map.json. Returns `path`."""
-  import json
-  from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, \
-      processors, trainers
   n_special = min(256, vocab_size // 8) if num_special is None else int(num_special)
   if n_special < len(LLAMA3_NAMED_SPECIALS):
     raise ValueError(f"num_special={n_special} < the {len(LLAMA3_NAMED_SPECIALS)} named specials")

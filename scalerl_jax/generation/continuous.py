@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -201,7 +201,8 @@ def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts
     token, lp, live, forcing, fields = sampler_lib.advance_rows(
         s, sampled, lp, interrupt, stop, s["answer_budget"], (end_cols, end_next, end_hit), room)
     col = (g0 + i) % R
-    out = dict(s, **fields, **sampler_lib.write_outputs(s, col, live, token, lp, forcing))
+    out: dict[str, Any] = dict(s, **fields, **sampler_lib.write_outputs(s, col, live, token, lp,
+                                                                         forcing))
     cache = dict(s["cache"], index=base + i if width else P + col)
     out["logits"], out["cache"] = models.decode_step(params, cfg, jnp.where(live, token, 0), cache)
     out["logit_version"] = jnp.full_like(s["logit_version"], version)
@@ -365,6 +366,7 @@ class ContinuousDecoder:
           "tokens", "logprobs", "versions", "policy", "interrupted", "stopped")})
       for i in finished:
         r, n = self._slots[i], int(length[i])
+        assert r is not None               # a finished slot holds its request
         cols = (self._start[i] + np.arange(n)) % self.R
         reason = (FINISH_INTERRUPTED if host["interrupted"][i]
                   else FINISH_STOP if host["stopped"][i] else FINISH_LENGTH)

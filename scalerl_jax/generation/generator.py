@@ -10,7 +10,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from scalerl_jax import lazy
 from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
+
+# JAX stays out of this module's import (vLLM client side): loaded at first use.
+models = lazy.module("scalerl_jax.models")
+runtime = lazy.module("scalerl_jax.runtime")
 
 class Generator(abc.ABC):
   """Generates groups of completions and takes weight updates in flight.
@@ -47,13 +52,11 @@ class Generator(abc.ABC):
     """Installs our-layout params (a streamed version) as policy `version`.
 
     Default: HF names via `models.hf_named_arrays`, then `load_weights`."""
-    from scalerl_jax import models   # JAX stays out of this module's import (vLLM client side)
     self.load_weights(models.hf_named_arrays(model_cfg, params), version)
 
   def load_payload(self, payload: bytes | bytearray | memoryview, version: int,
                    fmt: str = "safetensors") -> None:
     """Installs a published weight blob (runtime.params_to_payload format) as policy `version`."""
-    from scalerl_jax import runtime   # JAX stays out of this module's import (vLLM client side)
     self.load_weights(runtime.payload_to_named(payload, fmt), version)
 
   def apply_pending(self) -> None:  # noqa: B027 (an optional hook: by default nothing queued)

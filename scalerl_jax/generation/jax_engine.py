@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import cast
 
 from configs import common
 from scalerl_jax import xla_env
@@ -54,10 +55,12 @@ class JaxEngine(Engine):
     return self._sampler(model_cfg, params, version)
 
   def continuous(self, gen, spec):
-    return ContinuousDecoder(gen, self.config.generator.decode_batch, spec,
+    # `gen` is the JaxSampler this engine's `generator` built (Engine's contract).
+    return ContinuousDecoder(cast(JaxSampler, gen), self.config.generator.decode_batch, spec,
                              max_prompt_len=self.config.rollout.max_prompt_len)
 
   def refuses_continuous(self, gen, model_cfg) -> str:
+    gen = cast(JaxSampler, gen)          # this engine's own generator (Engine's contract)
     if gen.record_routes or gen.num_devices != 1 or model_cfg.scan_layers:
       return "routing replay, several decode devices or a scanned model"
     return ""

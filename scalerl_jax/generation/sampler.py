@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -202,7 +202,7 @@ def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
     # Every live row's next token goes to column step0 + i (all rows start together and advance
     # one token per step until done): one in-place column update per buffer, not a scatter.
     col = step0 + i
-    out = dict(s, **fields, **write_outputs(s, col, live, token, lp, forcing))
+    out: dict[str, Any] = dict(s, **fields, **write_outputs(s, col, live, token, lp, forcing))
     if "routes" in s:   # routing replay: the fed token's chosen experts per MoE layer
       logits, cache, routes = models.decode_step(params, cfg, jnp.where(live, token, 0),
                                                  s["cache"], return_routes=True)

@@ -40,7 +40,6 @@ import socket
 import sys
 import threading
 import time
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -52,11 +51,12 @@ from scalerl_jax import runtime
 from scalerl_jax.data import build_dataset
 from scalerl_jax.generation import backends
 from scalerl_jax.generation import interruption
+from scalerl_jax.generation.continuous_loop import ContinuousLoop
+from scalerl_jax.generation.eval_lane import EvalLane
 from scalerl_jax.generation.generator import Engine
-from scalerl_jax.generation.slots import DecodeStats, requests_for
+from scalerl_jax.generation.slots import DecodeStats
 from scalerl_jax.models import hf_io
 from scalerl_jax.protocol import codec
-from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol.client import assignment_prompt
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.protocol.rpc import TLS
@@ -98,8 +98,10 @@ class Fetched:
       gen.load_payload(self.payload, self.version, self.fmt)
 
 
-class Worker:
-  """One generator process's loop (see module docstring)."""
+class Worker(EvalLane, ContinuousLoop):
+  """One generator process's loop (see module docstring); its evaluation lane is `EvalLane`
+  (generation/eval_lane.py), its continuous-batching loop `ContinuousLoop`
+  (generation/continuous_loop.py)."""
 
   def __init__(self, config: common.RunConfig, address: str, generator_id: str, backend: str,
                workdir: str, engine: Engine | None = None):
@@ -191,7 +193,9 @@ class Worker:
     version, params = got
     if params is not None:
       return Fetched(version, params=params)
-    _, payload, fmt = self.fetcher.blob
+    blob = self.fetcher.blob
+    assert blob is not None              # a blob version (params None) waits in fetcher.blob
+    _, payload, fmt = blob
     self.fetcher.blob = None
     return Fetched(version, payload=payload, fmt=fmt)
 
@@ -244,99 +248,6 @@ class Worker:
           r, len(completion.tokens), self.config.rl.length_penalty_max,
           self.config.rl.length_penalty_cache))
     return float(r)
-
-  # ---- evaluation lane ---------------------------------------------------------------------------
-  def _remember(self, version: int, params) -> None:
-    """Retains a fetched version's params (streamed fetches are fresh arrays: a reference)."""
-    with self._held_lock:
-      self._held[int(version)] = params
-      self._evict()
-
-  def _evict(self) -> None:
-    """Keeps the newest `hold_n` versions and every pinned one (call with _held_lock held)."""
-    keep = set(sorted(self._held)[-self.hold_n:]) | self._pins
-    for v in [v for v in self._held if v not in keep]:
-      del self._held[v]
-
-  def held_versions(self) -> list[int]:
-    with self._held_lock:
-      return sorted(self._held)
-
-  def _set_pins(self, versions) -> None:
-    with self._held_lock:
-      self._pins = {int(v) for v in versions}
-      self._evict()
-
-  def _eval_generator(self, version: int, params):
-    """The generator an evaluation of `version` samples with. An engine with `separate_eval`
-    (JAX): a second generator on the retained params for this lease only (the training
-    generator's state and pending swaps are untouched; its copy of the pinned params is dropped
-    after the lease); other engines: the one engine, switched to `version` (the caller holds
-    _swap_lock)."""
-    if self.engine.separate_eval:
-      return self.engine.eval_generator(self.model_cfg, params, version)
-    self.gen.max_version = version
-    if self.gen.version != version:
-      self.gen.load_params(params, version, self.model_cfg)
-      self.gen.apply_pending()
-    return self.gen
-
-  def serve_eval(self, assignments) -> int:
-    """Samples, grades and reports evaluation groups (all pinned to one version); returns the
-    number of groups reported."""
-    a0 = assignments[0]
-    v = int(a0.min_version)
-    with self._held_lock:
-      params = self._held.get(v)
-    if params is None:      # evicted between the lease request and now: let the leases expire
-      log.warning("%s: evaluation pinned to version %d, which this worker no longer holds",
-                  self.id, v)
-      self._abandon()
-      return 0
-    prompts = [assignment_prompt(a) for a in assignments]
-    spec = runtime.sampling_spec(self.config, self.dataset, seed=int(a0.eval_seed + a0.group_id),
-                                 temperature=float(a0.temperature), top_p=float(a0.top_p))
-    swap = not self.engine.separate_eval
-    if swap:
-      self._swap_lock.acquire()
-    try:
-      gen = self._eval_generator(v, params)
-      t0 = time.time()
-      groups = gen.generate(prompts, int(a0.group_size), spec)
-      dt = time.time() - t0
-    finally:
-      if swap:
-        newest = max(self.held_versions(), default=v)
-        with self._held_lock:
-          back = self._held.get(newest)
-        self.gen.max_version = None
-        if newest != v and back is not None:
-          self.gen.load_params(back, newest, self.model_cfg)
-        self._swap_lock.release()
-    devices = self.engine.devices()
-    results = []
-    for a, group in zip(assignments, groups):
-      bad = [c for c in group if len(c.versions) and (c.versions != v).any()]
-      if bad:
-        raise RuntimeError(f"evaluation pinned to version {v} sampled tokens of versions "
-                           f"{sorted(set(bad[0].versions.tolist()))}")
-      rewards_ = []
-      for c in group:
-        g = self.dataset.grade(c.tokens, a.answer, a.task)
-        if g.reason == "sandbox_error":
-          rewards.sandbox_still_works(g.detail)
-        rewards_.append(float(g.reward))
-      results.append(pb.EvalGroupResult(
-          eval_id=a.eval_id, group_id=a.group_id, prompt_id=a.prompt_id, rewards=rewards_,
-          lengths=[len(c.tokens) for c in group],
-          finish_reasons=[codec.FINISH_TO_PB[c.finish_reason] for c in group],
-          generator_id=self.id, device_seconds=dt * devices / len(assignments), version=v))
-    try:
-      self.client.push_eval(results)
-    except grpc.RpcError as e:   # e.g. the evaluation was cancelled or lost in a buffer restart
-      log.warning("%s: evaluation results rejected (%s: %s)", self.id, e.code(), e.details())
-      return 0
-    return len(results)
 
   def run(self, max_groups: int = 0) -> int:
     """Serves until stopped (or `max_groups` groups pushed, for tests). Returns groups pushed
@@ -410,141 +321,6 @@ class Worker:
     st.tokens += sum(lengths)
     st.completions += len(lengths)
     st.decode_s += seconds
-
-  # ---- continuous batching (generation/continuous.py) ------------------------------------------
-  def continuous_ok(self) -> str:
-    """"" when this worker decodes continuously (generator.continuous on the JAX backend), else
-    why it keeps the drain-per-lease loop."""
-    if not self.config.generator.continuous:
-      return "generator.continuous is off"
-    if self.config.rollout.mode != "pipeline":
-      return f"rollout.mode={self.config.rollout.mode} (version-capped rounds)"
-    why = self.engine.refuses_continuous(self.gen, self.model_cfg)
-    return f"the {self.backend} backend: {why}" if why else ""
-
-  def _grade_and_push(self, a, prompt, group, t0: float) -> int:
-    """Grades one finished group (a grading-pool thread) and pushes it; returns groups pushed."""
-    t1 = time.perf_counter()
-    rollouts, graded = [], []
-    for i, c in enumerate(group):
-      rollouts.append(codec.completion_to_rollout(
-          c, group_id=a.group_id, sample_index=i, prompt_tokens=prompt.tokens,
-          generator_id=self.id, rewards=(self.rewards(c, a.answer, a.prompt_id, graded),),
-          start_unix_s=t0))
-    with self._grade_lock:
-      self.decode_stats.grade_s += time.perf_counter() - t1
-      self._log_grades(graded)
-    try:
-      self.client.push(rollouts)
-      return 1
-    except grpc.RpcError as e:   # e.g. its lease expired: the buffer re-assigns the group
-      log.warning("%s: push of group %d rejected (%s: %s)", self.id, a.group_id, e.code(),
-                  e.details())
-      return 0
-    finally:
-      with self._grade_lock:
-        self._working = self._working - {a.group_id}
-
-  def run_continuous(self, max_groups: int = 0) -> int:
-    """The continuous loop: `generator.decode_batch` slots kept decoding (JAX: ContinuousDecoder;
-    vLLM: VLLMSlots, one engine request per sample); leases refilled ahead of need; each group
-    graded (a pool of `generator.grade_workers` threads) and pushed as soon as its last sample
-    ends. Evaluation leases are served between chunks (the slots pause meanwhile; on vLLM, whose
-    one engine switches to the pinned version, the samples in flight finish first). PipelineRL-k
-    is the buffer's: a group's samples start only once this generator holds its minimum
-    version, and in-flight swaps only raise versions. Returns groups pushed."""
-    g = self.config.generator
-    n_lease = int(g.groups_per_lease)
-    n_eval = int(g.eval_groups_per_lease)
-    spec0 = runtime.sampling_spec(self.config, self.dataset, seed=0)
-    dec = self.engine.continuous(self.gen, spec0)
-    dec.stats = self.decode_stats
-    pool = futures.ThreadPoolExecutor(max(1, int(g.grade_workers)),
-                                      thread_name_prefix="grade")
-    self._grade_lock = threading.Lock()
-    waiting: collections.deque = collections.deque()   # (assignment, prompt, requests) leased
-    open_groups: dict = {}                              # group id -> [assignment, prompt, t0, {i: c}]
-    pushes: list = []
-    self.eval_groups = 0
-    done = 0
-    queued = lambda: sum(len(w[2]) for w in waiting)
-
-    def finished(results):
-      """Files finished samples under their groups; a complete group goes to the grading pool."""
-      for r, c in results:
-        entry = open_groups[r.tag]
-        entry[3][r.sample_index] = c
-        a = entry[0]
-        if len(entry[3]) == int(a.group_size):
-          del open_groups[r.tag]
-          group = [entry[3][i] for i in range(int(a.group_size))]
-          pushes.append(pool.submit(self._grade_and_push, a, entry[1], group, entry[2]))
-    next_lease = 0.0
-    try:
-      while not self._stop.is_set() and (not max_groups or done < max_groups):
-        # Lease ahead: keep a lease's samples waiting beyond the free slots (fewer leases while
-        # more than 4 leases' groups wait for their grades).
-        # An empty answer (the staleness window is full) is not asked again for 0.2 s.
-        if (queued() < dec.free + n_lease * int(self.config.rollout.generations_per_prompt)
-            and len(pushes) <= 4 * n_lease and time.monotonic() >= next_lease):
-          busy = bool(dec.in_flight) or bool(waiting)
-          t = time.perf_counter()
-          try:
-            resp = self.client.lease_response(self.lease_id, max_groups=n_lease,
-                                              wait_timeout_s=0.0 if busy else 2.0,
-                                              held_versions=self.held_versions(),
-                                              max_eval_groups=n_eval)
-          except grpc.RpcError as e:
-            log.warning("%s: lease failed (%s)", self.id, e.code())
-            resp = None
-            if not busy:
-              time.sleep(1.0)
-          if not busy:   # every slot free, waiting for work
-            dec.note_idle(time.perf_counter() - t)
-          if resp is not None:
-            self._set_pins(resp.eval_versions)
-            assignments = list(resp.assignments)
-            if not assignments:
-              next_lease = time.monotonic() + 0.2
-            if assignments and assignments[0].eval_id:
-              if not self.engine.separate_eval:   # the engine switches versions: finish first
-                while dec.in_flight:
-                  finished(dec.step())
-              self.eval_groups += self.serve_eval(assignments)
-            elif assignments:
-              with self._grade_lock:
-                self._working = self._working | {a.group_id for a in assignments}
-              for a in assignments:
-                p = assignment_prompt(a)
-                seed = runtime.generation_seed(self.config.seed, a.min_version, [a.prompt_id])
-                spec = dataclasses.replace(spec0, seed=seed)
-                waiting.append((a, p, requests_for([p], int(a.group_size), spec, tag=a.group_id)))
-        # Fill free slots with samples whose minimum version this sampler has reached.
-        self.gen.apply_pending()
-        batch = []
-        while waiting and len(batch) < dec.free and waiting[0][0].min_version <= self.gen.version:
-          a, p, reqs = waiting[0]
-          take = reqs[:dec.free - len(batch)]
-          if a.group_id not in open_groups:
-            open_groups[a.group_id] = [a, p, time.time(), {}]
-          batch += take
-          if len(take) == len(reqs):
-            waiting.popleft()
-          else:
-            waiting[0] = (a, p, reqs[len(take):])
-        dec.insert(batch)
-        if not dec.in_flight:
-          t = time.perf_counter()
-          time.sleep(0.01)   # nothing to decode: waiting for a lease or for weights
-          dec.note_idle(time.perf_counter() - t)
-          continue
-        finished(dec.step())
-        done += sum(f.result() for f in pushes if f.done())
-        pushes = [f for f in pushes if not f.done()]
-    finally:
-      pool.shutdown(wait=True)
-      done += sum(f.result() for f in pushes if f.done() and not f.exception())
-    return done
 
   def _log_grades(self, lines: list) -> None:
     """Appends one reward-log line per graded completion (flushed per lease batch)."""

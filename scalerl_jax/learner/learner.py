@@ -114,7 +114,7 @@ class Learner:
                                 batch_sharding=batch_sh, donate=donate)
     logp = make_logprob_fn(apply_fn, int(model.logits_chunk), self.temperature,
                            str(model.head_precision))
-    self._logp = (jax.jit(logp) if mesh is None else jax.jit(
+    self._logp = (jax.jit(logp) if mesh is None or state_sh is None else jax.jit(
         logp, in_shardings=(state_sh.params, batch_sh, batch_sh),
         out_shardings=NamedSharding(mesh, P())))
 

@@ -1,6 +1,8 @@
 """AdamW with the paper's schedule (PAPER_NOTES §4): linear warm-up, then constant; global-norm clip."""
 from __future__ import annotations
 
+from typing import Optional
+
 import jax.numpy as jnp
 import optax
 
@@ -11,13 +13,16 @@ def warmup_constant_schedule(lr: float, warmup_steps: int) -> optax.Schedule:
   warmup = max(int(warmup_steps), 0)
   if warmup == 0:
     return lambda count: jnp.asarray(lr, jnp.float32)
-  return lambda count: lr * jnp.minimum(1.0, (count.astype(jnp.float32) + 1.0) / warmup)
+  return lambda count: lr * jnp.minimum(1.0, (jnp.asarray(count, jnp.float32) + 1.0) / warmup)
 
 
 class ClippedAdamW(optax.GradientTransformation):
   """make_optimizer's chain, also carrying its parts: `max_grad_norm` (None = no clip) and the
   `adamw` transformation, so the train step can apply AdamW slice by slice in place
   (train_step.sliced_update) with exactly optax's per-element arithmetic."""
+
+  max_grad_norm: Optional[float]           # set by make_optimizer
+  adamw: optax.GradientTransformation
 
 
 def make_optimizer(optim) -> optax.GradientTransformation:

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 import flax.struct
-import jax
 import jax.numpy as jnp
 import optax
 
@@ -13,7 +12,7 @@ class LearnerState(flax.struct.PyTreeNode):
   """Everything the learner updates. ``step`` counts APPLIED updates (skipped steps don't count)."""
   params: Any
   opt_state: Any
-  step: jax.Array
+  step: Any     # int32 [] (in the sharding tree of state_shardings: its sharding)
 
   @classmethod
   def create(cls, params, optimizer: optax.GradientTransformation) -> "LearnerState":

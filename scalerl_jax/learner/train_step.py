@@ -90,8 +90,8 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom):
   else:
     clip_fn = lambda t: t
 
-  def update(a, p, m, n):
-    """(new p, new mu, new nu, update) of one slice (or leaf)."""
+  def update(a, p, m, n) -> tuple[Any, Any, Any, Any]:
+    """(new p, new mu, new nu, update) of one slice (or leaf): arrays."""
     u, st = adamw.update(clip_fn(grads(a)), (moments._replace(mu=m, nu=n),) + rest, p)
     return optax.apply_updates(p, u), st[0].mu, st[0].nu, u
 
@@ -188,8 +188,9 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
     aux = {}
     if isinstance(out, tuple) and isinstance(out[-1], dict):   # (..., aux), e.g. aux['moe_dropped']
       out, aux = (out[0] if len(out) == 2 else out[:-1]), out[-1]
-    if isinstance(out, tuple):
-      logp, ent = chunked_token_logprobs(*out, mb["tokens"], logits_chunk, with_entropy,
+    if isinstance(out, tuple):             # (hidden, kernel): forward_hidden
+      hidden, kernel = out
+      logp, ent = chunked_token_logprobs(hidden, kernel, mb["tokens"], logits_chunk, with_entropy,
                                          temperature=temperature, precision=head_precision)
     else:
       logp, ent = token_logprobs(out, mb["tokens"], with_entropy, temperature=temperature)
@@ -206,9 +207,8 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
   def constrain(tree):
     if mesh is None or batch_partition is None:
       return tree
-    spec_m = P(None, *batch_partition)
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
-        x, NamedSharding(mesh, spec_m)), tree)
+    sharding = NamedSharding(mesh, P(None, *batch_partition))
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
 
   def train_step(state: LearnerState, batch: Mapping[str, jax.Array]):
     prep = prepare(batch, spec)

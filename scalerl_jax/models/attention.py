@@ -39,6 +39,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+from typing import Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -76,7 +77,7 @@ def installed_platform() -> str:
   $JAX_PLATFORMS / jax_platforms (first entry) if set, else 'tpu' when libtpu is installed, 'gpu'
   when a CUDA/ROCm plugin is installed, else 'cpu'.
   """
-  names = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or ""
+  names = os.environ.get("JAX_PLATFORMS") or jax.config.values["jax_platforms"] or ""
   first = names.split(",")[0].strip().lower()
   if first:
     return {"cuda": "gpu", "rocm": "gpu"}.get(first, first)
@@ -216,8 +217,9 @@ def blockwise_attention(q, k, v, q_pos, kv_pos, *, chunk_size=None, block=512, s
     v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
     kv_pos = jnp.pad(kv_pos, ((0, 0), (0, pad)), constant_values=-1)
   qg = q.reshape(B, T, K, N // K, H)
-  out = _flash(qg, k, v, q_pos.astype(jnp.int32), kv_pos.astype(jnp.int32), chunk_size, block,
-               scale)
+  # cast: custom_vjp applied through functools.partial loses _flash's return type
+  out = cast(jax.Array, _flash(qg, k, v, q_pos.astype(jnp.int32), kv_pos.astype(jnp.int32),
+                               chunk_size, block, scale))
   return out.reshape(B, T, N, H)
 
 
@@ -265,7 +267,7 @@ def _flash_fwd_impl(qg, k, v, q_pos, kv_pos, chunk_size, block, scale):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _flash(qg, k, v, q_pos, kv_pos, chunk_size, block, scale):
+def _flash(qg, k, v, q_pos, kv_pos, chunk_size, block, scale) -> jax.Array:
   return _flash_fwd_impl(qg, k, v, q_pos, kv_pos, chunk_size, block, scale)[0]
 
 
@@ -315,7 +317,7 @@ def _chunk_split(x, chunk_size):
 
 
 def dot_product_attention_slots(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=None,
-                                implementation="cudnn"):
+                                implementation: Literal["xla", "cudnn"] = "cudnn"):
   """jax.nn.dot_product_attention in slot coordinates (valid only when `slot_layout` holds).
 
   Causal by slot; right padding as sequence lengths; chunked-local attention by folding each chunk
@@ -346,7 +348,7 @@ def splash_attention_slots(q, k, v, q_pos, kv_pos, *, chunk_size=None, scale=Non
   only sees padding); GQA as one MQA kernel per kv head. T is padded to a multiple of 128.
   Single-program: under a device mesh it needs a shard_map over batch / heads (not done).
   """
-  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # TPU-only kernel module
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # local: TPU-only kernel module
   del kv_pos
   B, T, N, H = q.shape
   K = k.shape[2]

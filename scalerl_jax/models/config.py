@@ -9,7 +9,13 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+import numpy as np
+
+from scalerl_jax import lazy
 from scalerl_jax.models import families
+
+# transformers (~1 CPU-s to import) only on the HF I/O path (to_hf_config): loaded at first use.
+transformers = lazy.module("transformers")
 
 REMAT_POLICIES = ("none", "full", "dots")
 # Training-path attention backends (models/attention.py): auto = cudnn on GPU, splash on TPU,
@@ -260,7 +266,6 @@ def _rope_dict(cfg: ModelConfig) -> Mapping[str, Any]:
 def to_hf_config(cfg: ModelConfig):
   """Returns the transformers config describing `cfg` (its family's class: LlamaConfig,
   Llama4TextConfig)."""
-  import transformers  # local import: only the HF I/O path needs it
   common = dict(
       vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.num_layers,
       num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
@@ -273,7 +278,6 @@ def to_hf_config(cfg: ModelConfig):
 
 def rope_inv_freq(cfg: ModelConfig):
   """Inverse RoPE frequencies [head_dim/2] (float64 numpy), incl. the llama3 scaling rule."""
-  import numpy as np
   dim = cfg.head_dim
   inv = 1.0 / (cfg.rope_theta ** (np.arange(0, dim, 2, dtype=np.float32).astype(np.float32) / dim))
   inv = inv.astype(np.float32)

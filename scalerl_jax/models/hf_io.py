@@ -172,7 +172,7 @@ class Source:
 
   def view_box(self, box) -> list[tuple[int, int]]:
     """Our index box [(start, stop)] per our axis -> the box of the HF view it reads."""
-    out = [None] * len(self.view)
+    out: list[Any] = [None] * len(self.view)   # every axis is set below
     for a, i in self.fixed:
       out[a] = (i, i + 1)
     kept = self.kept
@@ -211,7 +211,7 @@ def layer_sources(cfg: ModelConfig, i: int) -> dict:
   """Layer i's param tree with a `Source` at every leaf (the inverse of `_layer_to_hf`)."""
   D, N, K, H = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   p = _prefix(i)
-  t = {"attn": {"q": _src(p + "self_attn.q_proj.weight", (N * H, D), (N, H, D), (2, 0, 1)),
+  t: dict[str, dict[str, Any]] = {"attn": {"q": _src(p + "self_attn.q_proj.weight", (N * H, D), (N, H, D), (2, 0, 1)),
                 "k": _src(p + "self_attn.k_proj.weight", (K * H, D), (K, H, D), (2, 0, 1)),
                 "v": _src(p + "self_attn.v_proj.weight", (K * H, D), (K, H, D), (2, 0, 1)),
                 "o": _src(p + "self_attn.o_proj.weight", (D, N * H), (D, N, H), (1, 2, 0))},

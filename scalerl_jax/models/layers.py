@@ -38,7 +38,8 @@ def param(mod: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | N
   init = init or nn.initializers.normal(INIT_STD)
   p = mod.param(name, nn.with_logical_partitioning(init, axes), shape,
                 dtype_of(mod.cfg.param_dtype))
-  return p.astype(dtype_of(mod.cfg.dtype))
+  # Module.param unboxes the LogicallyPartitioned (unbox=True): p is the array
+  return p.astype(dtype_of(mod.cfg.dtype))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
@@ -46,7 +47,8 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
 
   No-op without logical-axis rules or without a mesh (`sharding.use_mesh` sets both).
   """
-  return nn.with_logical_constraint(x, axes)
+  # nn.spmd's: flax.linen re-exports it without `as` (not public to a type checker)
+  return nn.spmd.with_logical_constraint(x, axes)
 
 
 def _sharded() -> bool:

@@ -73,7 +73,10 @@ def current_mesh():
 
 def _axes(name: str, rules, mesh) -> tuple[str, ...]:
   """Mesh axes (size > 1) the logical axis `name` maps to under `rules`."""
-  spec = nn.logical_to_mesh_axes((name,), rules)[0]
+  # nn.spmd's: flax.linen re-exports it without `as` (not public to a type checker)
+  axes = nn.spmd.logical_to_mesh_axes((name,), rules)
+  assert axes is not None                # None only for array_dim_names=None
+  spec = axes[0]
   if spec is None:
     return ()
   spec = spec if isinstance(spec, (tuple, list)) else (spec,)

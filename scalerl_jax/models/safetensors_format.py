@@ -46,7 +46,7 @@ class TensorInfo:
   nbytes: int
 
 
-def parse_header(read: Callable[[int, int], bytes], size: int | None = None,
+def parse_header(read: Callable[[int, int], bytes | memoryview], size: int | None = None,
                  where: str = "safetensors data") -> tuple[dict[str, TensorInfo], dict]:
   """Reads the header through `read(offset, n)`; returns ({name: TensorInfo}, metadata).
 

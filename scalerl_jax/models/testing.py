@@ -3,9 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from scalerl_jax import lazy
 from scalerl_jax.models import families
 from scalerl_jax.models.config import ModelConfig, to_hf_config
 from scalerl_jax.models.hf_io import params_from_hf_tensors
+
+# torch + transformers (the HF reference) load at first use: tests that need only rel_err skip them.
+torch = lazy.module("torch")
+transformers = lazy.module("transformers")
 
 
 def random_hf_model(cfg: ModelConfig, seed: int = 0, std: float = 0.02):
@@ -13,8 +18,6 @@ def random_hf_model(cfg: ModelConfig, seed: int = 0, std: float = 0.02):
 
   Norm weights are randomized too (1 + noise) so a wrong norm mapping cannot hide.
   """
-  import torch
-  import transformers
   torch.manual_seed(seed)
   hf_cfg = to_hf_config(cfg)
   hf_cfg._attn_implementation = "eager"
@@ -44,7 +47,6 @@ def params_from_torch(cfg: ModelConfig, model) -> dict:
 
 def hf_logits(model, tokens: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
   """float32 logits [B,T,V] of a torch HF model on int tokens [B,T]."""
-  import torch
   with torch.no_grad():
     kw = {}
     if attention_mask is not None:

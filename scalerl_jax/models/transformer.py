@@ -7,7 +7,7 @@ together with one shared cache write index: each row keeps its own positions (`n
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import flax.linen as nn
 import jax
@@ -19,7 +19,7 @@ from scalerl_jax.models.layers import (DecoderLayer, RMSNorm, constrain, dtype_o
                                       param)
 
 Params = Any
-Cache = dict[str, jax.Array]
+Cache = dict[str, Any]   # a pytree: k / v stacked [L,...] arrays or per-layer tuples (split_cache)
 
 _REMAT_POLICIES = {
     "full": None,  # save nothing: recompute the whole layer
@@ -156,7 +156,9 @@ class Transformer(nn.Module):
       routes = jnp.moveaxis(routes.reshape(B, T, n, R // n, K), 2, 0)
     scan = nn.scan(Block, variable_axes={"params": 0, "intermediates": 0},
                    split_rngs={"params": True},
-                   in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0), length=n,
+                   # flax annotates in_axes as int; a tuple (one axis per argument) is documented
+                   in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast, 0),  # pyright: ignore[reportArgumentType]
+                   length=n,
                    metadata_params={nn.PARTITION_NAME: "layers"})
     x, new_kv = scan(cfg, name="blocks")(x, positions, masks, kv, index, routes)
     if new_kv is not None:
@@ -234,9 +236,17 @@ def _forward_inputs(tokens, positions, mask):
   return tokens, positions
 
 
+@overload
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
             mask: jax.Array | None = None, routes: jax.Array | None = None,
-            return_aux: bool = False):
+            return_aux: Literal[False] = False) -> jax.Array: ...
+@overload
+def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
+            mask: jax.Array | None = None, routes: jax.Array | None = None, *,
+            return_aux: Literal[True]) -> tuple[jax.Array, dict]: ...
+def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array | None = None,
+            mask: jax.Array | None = None, routes: jax.Array | None = None,
+            return_aux: bool = False) -> jax.Array | tuple[jax.Array, dict]:
   """Full (training / scoring) forward: float32 logits [B,T,V].
 
   tokens int32 [B,T]; mask bool [B,T] (False = padding, default all True); positions default to
@@ -295,8 +305,17 @@ CACHE_LOGICAL_AXES = dict(
     pos=("cache_batch", "cache_seq"), index=(), next_pos=("cache_batch",))
 
 
+@overload
 def prefill(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
-            mask: jax.Array | None = None, return_routes: bool = False):
+            mask: jax.Array | None = None, return_routes: Literal[False] = False
+            ) -> tuple[jax.Array, Cache]: ...
+@overload
+def prefill(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
+            mask: jax.Array | None = None, *, return_routes: Literal[True]
+            ) -> tuple[jax.Array, Cache, jax.Array]: ...
+def prefill(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
+            mask: jax.Array | None = None, return_routes: bool = False
+            ) -> tuple[jax.Array, Cache] | tuple[jax.Array, Cache, jax.Array]:
   """Runs T tokens [B,T] through the model, appending them to the cache at slot `index`.
 
   mask bool [B,T] marks real tokens (False = padding; use left padding for prompts so the last
@@ -329,8 +348,15 @@ def prefill(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
   return logits, new_cache
 
 
+@overload
 def decode_step(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
-                return_routes: bool = False):
+                return_routes: Literal[False] = False) -> tuple[jax.Array, Cache]: ...
+@overload
+def decode_step(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache, *,
+                return_routes: Literal[True]) -> tuple[jax.Array, Cache, jax.Array]: ...
+def decode_step(params: Params, cfg: ModelConfig, tokens: jax.Array, cache: Cache,
+                return_routes: bool = False
+                ) -> tuple[jax.Array, Cache] | tuple[jax.Array, Cache, jax.Array]:
   """One decoding step for every row: tokens int32 [B] -> (float32 logits [B,V], new cache)
   (+ the fed tokens' chosen experts int32 [B,R,K] with `return_routes`)."""
   tokens = jnp.asarray(tokens)

@@ -209,7 +209,7 @@ class BufferClient:
     """FetchWeights without parsing (serialized WeightChunks; weights.stream.StreamFetcher)."""
     return self._fetch_raw(request, metadata=self._md, timeout=timeout)
 
-  def publish_raw(self, messages: Iterable[bytes], timeout: float = 600) -> pb.PublishAck:
+  def publish_raw(self, messages: Iterator[bytes], timeout: float = 600) -> pb.PublishAck:
     """PublishWeights from serialized WeightChunks (no retry; weights.stream.StreamPublisher)."""
     return self._publish(messages, metadata=self._md, timeout=timeout)
 
@@ -235,7 +235,7 @@ class BufferClient:
 
   def pull_raw(self, step: int, timeout_s: float = 60.0) -> Iterator[bytes]:
     """PullBatch without parsing: yields serialized BatchItem messages (for benchmarks)."""
-    call = self._ch.unary_stream(f"/{SERVICE}/PullBatch", lambda x: x.SerializeToString(), _ident)
+    call = self._ch.unary_stream(f"/{SERVICE}/PullBatch", pb.PullRequest.SerializeToString, _ident)
     return call(pb.PullRequest(step=step, timeout_s=timeout_s), metadata=self._md)
 
   def publish_weights(self, version: int, payload: bytes | memoryview, fmt: str = "",
@@ -288,10 +288,13 @@ def batch_to_arrays(batch: Batch, pad_id: int = 0) -> dict[str, np.ndarray]:
              prompt_ids=np.zeros((n,), np.int32), versions=np.zeros((n, T), np.int32),
              prompt_lengths=np.zeros((n,), np.int32), completion_lengths=np.zeros((n,), np.int32))
   if with_routes:   # MoE routing replay: int32 [B*G, T, R, K] (padding rows / tokens: expert 0)
-    out["routes"] = np.zeros((n, T, *dec[0][2].routes.shape[1:]), np.int32)
+    r0 = dec[0][2].routes
+    assert r0 is not None                # with_routes: every completion has its routes
+    out["routes"] = np.zeros((n, T, *r0.shape[1:]), np.int32)
   for i, (gid, p, c) in enumerate(dec):
     P, L = len(p), len(c.tokens)
     if with_routes:
+      assert c.routes is not None
       out["routes"][i, :P + L] = c.routes
     out["tokens"][i, :P], out["tokens"][i, P:P + L] = p, c.tokens
     out["gen_logprobs"][i, P:P + L] = c.logprobs

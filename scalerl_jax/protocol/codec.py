@@ -12,7 +12,7 @@ import numpy as np
 
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion
 from scalerl_jax.protocol import rollout_pb2 as pb
-_NP_DTYPES = {pb.INT32: np.dtype("<i4"), pb.FLOAT32: np.dtype("<f4")}
+_NP_DTYPES: dict[int, np.dtype] = {pb.INT32: np.dtype("<i4"), pb.FLOAT32: np.dtype("<f4")}
 
 FINISH_TO_PB = {FINISH_STOP: pb.FINISH_STOP, FINISH_LENGTH: pb.FINISH_LENGTH,
                 FINISH_INTERRUPTED: pb.FINISH_INTERRUPTED}
@@ -23,7 +23,7 @@ class CodecError(ValueError):
   """A tensor whose dtype/length/bytes disagree."""
 
 
-def encode(array: np.ndarray, dtype: int) -> pb.Tensor:
+def encode(array: np.ndarray, dtype: pb.DType) -> pb.Tensor:
   """Encodes a 1-D array as a `Tensor` of the given `pb.DType`."""
   a = np.asarray(array).reshape(-1)
   if dtype == pb.BITS:

@@ -10,7 +10,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Optional
+from typing import Optional, cast
 
 import crc32c
 from google.protobuf import message as pb_message
@@ -43,7 +43,7 @@ class WeightMsg:
     self.head, self.data, self.raw = head, data, raw
 
 
-def parse_weight_message(raw: bytes):
+def parse_weight_message(raw: bytes) -> WeightMsg | Malformed:
   """Splits a serialized WeightChunk into a WeightMsg without copying `data`; Malformed if invalid
   (bad wire format, unknown or mistyped fields)."""
   view, pos, n, head, data = memoryview(raw), 0, len(raw), [], memoryview(b"")
@@ -164,7 +164,9 @@ class Version:
   def pack(self) -> bytes:
     """Streamed version as one blob (WAL): u64 count, then u64-length-prefixed messages (a remote
     version: the manifest only)."""
-    msgs = [self.manifest_raw] + ([] if self.remote else self.chunks)
+    assert self.manifest_raw is not None     # only streamed versions are packed
+    # Packed once complete (buffer/weight_store: a visible version): every chunk is bytes.
+    msgs = [self.manifest_raw] + ([] if self.remote else cast(list[bytes], self.chunks))
     return b"".join([struct.pack("<Q", len(msgs))] + [
         x for m in msgs for x in (struct.pack("<Q", len(m)), m)])
 
@@ -175,7 +177,10 @@ class Version:
       (size,) = struct.unpack_from("<Q", blob, pos)
       msgs.append(bytes(view[pos + 8:pos + 8 + size]))
       pos += 8 + size
-    head = parse_weight_message(msgs[0]).head
+    first = parse_weight_message(msgs[0])
+    if isinstance(first, Malformed):
+      raise ValueError(f"packed weights version: bad manifest message ({first.err})")
+    head = first.head
     manifest, sizes = check_manifest(head.manifest, max_bytes)
     v = Version(head.version, head.format, head.sha256, head.total_bytes, manifest_raw=msgs[0],
                 sizes=sizes, manifest=manifest)

@@ -9,7 +9,8 @@ This module must not import jax (the buffer server process does not).
 """
 from __future__ import annotations
 
-from typing import Optional
+import ctypes
+from typing import NoReturn, Optional
 
 from google.protobuf import message as pb_message
 from google.protobuf import unknown_fields
@@ -25,6 +26,13 @@ class Malformed:
 
   def __init__(self, err: str):
     self.err = err
+
+
+def abort(context, code, message: str) -> NoReturn:
+  """`context.abort(code, message)`: grpc's ServicerContext.abort always raises (documented, but its
+  signature does not say so), so the type checker knows a handler does not go on after it."""
+  context.abort(code, message)
+  raise AssertionError("unreachable: ServicerContext.abort raises")
 
 
 def unknown(msg, name: str) -> Optional[str]:
@@ -102,7 +110,8 @@ def parse_push(data: bytes):
       if end > n:
         return Malformed("PushRequest: truncated rollout")
       raw = view[pos:end]
-      r = from_string(raw)
+      # FromString takes any buffer (the stub says bytes): parsed from the request, no copy
+      r = from_string(raw)  # pyright: ignore[reportArgumentType]
       name = f"rollouts[{len(out)}]"
       err = unknown(r, name)
       for f in _ROLLOUT_SUBMESSAGES:
@@ -127,7 +136,7 @@ def retain(raws: list) -> list:
   """What to store for the accepted rollouts of one request: zero-copy views of the request bytes,
   unless they are less than half of it (mostly duplicates or rejected-and-resent), in which case
   they are copied so a few stored rollouts cannot pin whole 64 MB requests in memory."""
-  base = {id(v.obj): len(v.obj) for v in raws if isinstance(v, memoryview)}
+  base = {id(v.obj): memoryview(v.obj).nbytes for v in raws if isinstance(v, memoryview)}
   if sum(len(v) for v in raws) * 2 >= sum(base.values()):
     return list(raws)
   return [bytes(v) for v in raws]
@@ -138,7 +147,6 @@ def tune_malloc(mmap_threshold: int = 32 << 20, trim_threshold: int = 256 << 20)
   per 4 KiB): large rollout/group buffers are then recycled from the heap. Process-wide; the server
   process calls it, other processes may opt in. Returns False where glibc's mallopt is missing."""
   try:
-    import ctypes
     libc = ctypes.CDLL("libc.so.6")
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(

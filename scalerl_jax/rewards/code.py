@@ -21,6 +21,7 @@ import re
 
 from scalerl_jax.rewards import sandbox
 from scalerl_jax.rewards.registry import Grade, register
+from scalerl_jax.rewards.sandbox_setup import Limits
 from scalerl_jax.rewards.text import strip_thinking
 
 _CODE_BLOCK = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.S)
@@ -198,7 +199,7 @@ _REASON = {"exit": "runtime_error", "timeout": "timeout", "memory": "memory",
 
 
 def run_tests_detailed(code: str, tests: list[dict], fn_name: str | None = None,
-                       limits: sandbox.Limits | None = None) -> tuple[str, int, bool, str]:
+                       limits: Limits | None = None) -> tuple[str, int, bool, str]:
   """Runs `code` on each test in its own sandbox (sandbox.run_program), stopping at the first
   failure. Returns (reason, tests passed, sandboxed, detail); reason "pass" iff all passed.
   Tests that a program printing nothing passes (trivial_tests) are reason "trivial_tests" and
@@ -206,7 +207,7 @@ def run_tests_detailed(code: str, tests: list[dict], fn_name: str | None = None,
   if trivial_tests(tests):
     return ("trivial_tests", 0, False,
             "every test expects empty output (or null): a program doing nothing would pass")
-  limits = limits or sandbox.Limits()
+  limits = limits or Limits()
   sandboxed = True
   for i, t in enumerate(tests):
     functional = t.get("testtype", "stdin") == "functional"
@@ -225,11 +226,11 @@ def run_tests_detailed(code: str, tests: list[dict], fn_name: str | None = None,
 def run_tests(code: str, tests: list[dict], fn_name: str | None = None, timeout_s: float = 6.0,
               memory_bytes: int = 1 << 30) -> bool:
   """True iff `code` passes every test, each run in a fresh sandbox (sandbox.run_program)."""
-  limits = sandbox.Limits(memory_bytes=memory_bytes, wall_s=timeout_s)
+  limits = Limits(memory_bytes=memory_bytes, wall_s=timeout_s)
   return run_tests_detailed(code, tests, fn_name, limits)[0] == "pass"
 
 
-def grade_code(completion_text: str, answer: str, limits: sandbox.Limits | None = None) -> Grade:
+def grade_code(completion_text: str, answer: str, limits: Limits | None = None) -> Grade:
   """Grade(reward, reason, sandboxed, ...) of one completion; never raises. Reasons: pass,
   wrong_answer, runtime_error, timeout, memory, output_limit, file_limit, sandbox_error,
   bad_tests (the answer is not valid test JSON; detail says why), trivial_tests (every test

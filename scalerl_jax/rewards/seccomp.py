@@ -55,7 +55,7 @@ class SeccompUnavailable(RuntimeError):
 
 def _lib():
   try:
-    import pyseccomp
+    import pyseccomp  # local: optional binding, a missing one is SeccompUnavailable (not an import error)
   except ImportError as e:   # the binding (requirements.txt)
     raise SeccompUnavailable(f"pyseccomp is not installed ({e}); `make venv` installs "
                              "requirements.txt") from None

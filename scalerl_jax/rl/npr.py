@@ -27,7 +27,7 @@ class PassRateHistory:
     self._history: dict[int, list[tuple[int, int]]] = {}   # pid -> [(passes, samples), ...]
     self._retired: set[int] = set()
 
-  def update(self, pid: int, rewards: Sequence[float]) -> float:
+  def update(self, pid: int, rewards: Sequence[float] | np.ndarray) -> float:
     """Records one group's rewards for prompt `pid`; returns its pass rate."""
     r = np.asarray(rewards, dtype=np.float64).reshape(-1)
     if r.size == 0:
@@ -76,6 +76,6 @@ class PassRateHistory:
   @classmethod
   def from_dict(cls, d: dict) -> "PassRateHistory":
     obj = cls(threshold=d["threshold"], pass_reward=d.get("pass_reward", 0.5))
-    obj._history = {int(k): [tuple(int(a) for a in x) for x in v] for k, v in d["history"].items()}
+    obj._history = {int(k): [(int(x[0]), int(x[1])) for x in v] for k, v in d["history"].items()}
     obj._retired = {int(p) for p in d["retired"]}
     return obj

@@ -144,7 +144,7 @@ def audit(workdir: str, wal_dir: str | None = None, max_lag: int | None = None,
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("workdir")
   ap.add_argument("--wal-dir", default=None)
   ap.add_argument("--max-lag", type=int, default=None)

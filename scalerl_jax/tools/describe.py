@@ -66,6 +66,7 @@ def describe(c: ml_collections.ConfigDict) -> dict:
 
 def main(argv):
   del argv
+  assert _CONFIG is not None             # defined when run as a program
   if _CONFIG.value is None:
     raise app.UsageError("--config=configs/NAME.py is required")
   print(json.dumps(describe(_CONFIG.value)))

@@ -38,9 +38,14 @@ import math
 import os
 import sys
 import time
+from typing import Any
 
+import jax
+import jax.numpy as jnp
 from absl import app
 from absl import flags
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
 from scalerl_jax import models
@@ -56,13 +61,13 @@ from scalerl_jax.learner import RLSpec
 from scalerl_jax.learner import state_shardings
 from scalerl_jax.learner import warmup_constant_schedule
 from scalerl_jax.learner.learner import batch_axes
+from scalerl_jax.tools.describe import count_params
 
 _DEVICE_FLAG = xla_env.DEVICE_COUNT_FLAG
 
 
 def _bytes_per_device(abstract_tree, shardings) -> int:
   """Σ over leaves of the bytes of one device's shard (even shardings: all devices equal)."""
-  import jax
   total = 0
   for a, s in zip(jax.tree.leaves(abstract_tree), jax.tree.leaves(shardings)):
     total += math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
@@ -70,7 +75,6 @@ def _bytes_per_device(abstract_tree, shardings) -> int:
 
 
 def _with_sharding(abstract_tree, shardings):
-  import jax
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                       abstract_tree, shardings)
 
@@ -87,8 +91,6 @@ def _memory(compiled) -> dict:
 
 def abstract_batch(batch_rows: int, seq_len: int, batch_sharding) -> dict:
   """The rollout-batch contract as ShapeDtypeStructs (docs/ARCHITECTURE.md "Rollout batch")."""
-  import jax
-  import jax.numpy as jnp
   tok = lambda dt: jax.ShapeDtypeStruct((batch_rows, seq_len), dt, sharding=batch_sharding)
   row = lambda dt: jax.ShapeDtypeStruct((batch_rows,), dt, sharding=batch_sharding)
   return dict(tokens=tok(jnp.int32), gen_logprobs=tok(jnp.float32), loss_mask=tok(jnp.bool_),
@@ -100,9 +102,6 @@ def compile_learner(config, model_cfg, mesh, batch_rows: int, seq_len: int):
 
   Returns (compiled, info) where info holds the abstract state/batch, their shardings and timings.
   """
-  import jax
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
 
   rules = tuple(config.mesh.rules)
   microbatches = int(config.optim.microbatches)
@@ -142,11 +141,6 @@ def probe_flops(config, model_cfg, mesh, rows: int, seq_len: int, num_layers: in
   tokens through `num_layers` unscanned layers, with `remat` (default none: the model's FLOPs;
   the config's policy: the hardware FLOPs, recomputation included), on `mesh` with the config's
   rules."""
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import NamedSharding, PartitionSpec as P
-  from scalerl_jax import models, sharding
-  from scalerl_jax.learner.learner import batch_axes
 
   cfg = model_cfg.replace(num_layers=num_layers, scan_layers=False, remat=remat)
   rules = tuple(config.mesh.rules)
@@ -162,13 +156,13 @@ def probe_flops(config, model_cfg, mesh, rows: int, seq_len: int, num_layers: in
   with sharding.use_mesh(mesh, rules):
     compiled = jax.jit(jax.grad(objective)).lower(_with_sharding(params, p_sh), tokens).compile()
   cost = compiled.cost_analysis()
+  assert cost is not None, "XLA gave no cost analysis for the compiled step"
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost["flops"]) * mesh.size    # the SPMD module's numbers are per device
 
 
 def compute_report(config, model_cfg, mesh, topo, batch_rows: int, seq_len: int, mfu: float) -> dict:
   """Compiled FLOPs per step / token vs 6 N_active + attention, step time and device-hours."""
-  from scalerl_jax.tools.describe import count_params
   m = int(config.optim.microbatches)
   rows = batch_rows // m
   p = model_cfg.scan_period
@@ -211,10 +205,6 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
                       max_len: int) -> dict:
   """Compiles one bf16 decode step (KV cache of `decode_batch` x `max_len`) on `tensor_parallel`
   devices; returns per-device bytes and compile time."""
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
 
   # Generators decode with unscanned layers (the model's in-place cache-update decode path).
   gen_cfg = model_cfg.replace(param_dtype="bfloat16", dtype="bfloat16", remat="none",
@@ -261,7 +251,6 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
   choose_remat: compile the learner with each policy of REMAT_ORDER in turn and keep the first
   whose plan fits (`remat_choice` lists every try: peak GB and fits); the rest of the plan is
   made with that policy. None fitting: the last (full) is reported, with fits False."""
-  import jax
 
   topo = topologies.get_topology(config.topology)
   devices = jax.devices()
@@ -292,7 +281,7 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
   seq_axes = () if seq_axes is None else (seq_axes if isinstance(seq_axes, tuple) else (seq_axes,))
   seq_split = math.prod(mesh.shape[a] for a in seq_axes)
   rows_mb = batch_rows // m
-  out = dict(
+  out: dict[str, Any] = dict(
       model=config.model.preset, topology=topo.name, layout=config.get("layout", topo.name),
       devices=topo.num_devices,
       mesh={k: int(v) for k, v in mesh.shape.items()},

@@ -38,6 +38,7 @@ import struct
 import threading
 import time
 
+import crc32c
 import jax
 import orbax.checkpoint as ocp
 
@@ -64,7 +65,6 @@ def _hash_file(path: str) -> str:
 
 def _crc32c_file(path: str) -> str:
   """CRC-32C of a file's bytes, base64 of the big-endian value (how GCS reports `crc32c`)."""
-  import crc32c
   v = 0
   with storage.open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 22), b""):
@@ -324,7 +324,7 @@ class RunCheckpointer:
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
     out = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-    return out.state, out.meta
+    return out["state"], out["meta"]
 
   def close(self) -> None:
     """Waits for the save in flight (raising if it failed) and closes orbax's manager."""

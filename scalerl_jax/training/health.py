@@ -33,7 +33,14 @@ import logging
 import threading
 import time
 
+import numpy as np
+
+from analysis.errors import AnalysisError
+from analysis.forecast import eval_samples
+from analysis.metrics import read_run
+from analysis.posterior import MIN_EVALS, fit_posterior, verdict
 from configs import common
+from scalerl_jax.generation.vllm.parity import parity_stats
 
 log = logging.getLogger("scalerl.health")
 
@@ -55,8 +62,6 @@ def parity_check(learner_lp, gen_lp, mask, cfg: common.Health, *, version: int,
   measures mean 1.6e-2 and k3 1.9e-4 against the learner; the wrong weights measure mean 5.5.
   Returns `health/parity_*` metrics; at `startup` a failure raises ParityError, later it is an
   alarm (and RunUnhealthy when "parity" is in abort_on, raised by the caller)."""
-  import numpy as np
-  from scalerl_jax.generation.vllm.parity import parity_stats
   m = np.asarray(mask, bool)
   if not m.any():
     return {}
@@ -98,7 +103,6 @@ def step0_reward_check(rewards, cfg: common.Health, samples=None, task_templates
   reason in the message is drawn from; `task_templates` maps task -> data.templates.Template and
   `task_rewards` task -> reward name. Returns {"health/step0_nonzero_frac": f}; raises
   NoRewardSignal when f <= cfg.step0_min_nonzero_frac."""
-  import numpy as np
   r = np.asarray(rewards, np.float64).reshape(-1)
   n, nz = int(r.size), int(np.count_nonzero(r))
   frac = nz / n if n else 0.0
@@ -256,10 +260,6 @@ class LiveForecast:
 
   def compute(self, step: int, compute_hours: float, total_steps: int) -> dict | None:
     """The forecast record for the run as it stands (None before enough evaluations)."""
-    from analysis.errors import AnalysisError
-    from analysis.forecast import eval_samples
-    from analysis.metrics import read_run
-    from analysis.posterior import MIN_EVALS, fit_posterior, verdict
     t0 = time.perf_counter()
     with self.lock:
       run = read_run(self.workdir)
@@ -276,7 +276,6 @@ class LiveForecast:
     band = post.band([budget])
     a_lo, a_hi = post.interval("A")
     ident = post.identifiability()
-    import numpy as np
     return {"step": step, "kind": "forecast", "forecast/A": float(np.median(post.A)), "forecast/A_lo": a_lo,
             "forecast/A_hi": a_hi, "forecast/R_at_budget": float(band["pred"][0]),
             "forecast/R_at_budget_lo": float(band["lo"][0]), "forecast/R_at_budget_hi": float(band["hi"][0]),

@@ -17,6 +17,10 @@ import secrets
 import sys
 import time
 import uuid
+from typing import Any
+
+import jax
+from jax._src import distributed as jd
 
 from analysis.errors import TooFewPointsError
 from analysis.fit import PER_TASK, fit_runs, metric_slug
@@ -135,8 +139,9 @@ _WAIT_MS = 6 * 3600 * 1000   # followers wait this long for process 0 (SFT, buff
 def _kv():
   """jax.distributed's coordination key-value store: waits there never hit a collective timeout
   (a gloo collective gives up after ~30 s while process 0 is still busy)."""
-  from jax._src import distributed as jd
-  return jd.global_state.client
+  client = jd.global_state.client
+  assert client is not None, "jax.distributed.initialize has not run"
+  return client
 
 
 def _share(values: dict | None, key: str = "scalerl/shared") -> dict:
@@ -176,7 +181,6 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
   Multi-host (after `distributed.initialize`): every process calls this; process 0 runs the
   buffer, generators, evaluation and logs, the others only the learner (`_run_follower`)."""
-  import jax
   run_cfg = common.RunConfig.from_config(config)   # the typed run config, built once
   multi = jax.process_count() > 1
   if multi and jax.process_index() != 0:
@@ -226,6 +230,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                       learner_state_path=ls_path,
                       watchdog=None if external else procs.check)
     if resume is not None:
+      assert trainer.resume_info is not None   # the trainer restored the checkpoint it names
       resume.update(buffer=None if external else procs.buffer_info.get("wal", {}).get("resume"),
                     gap_booked_s=trainer.resume_info["gap_booked_s"])
       storage.append_text(storage.join(workdir, "resumes.jsonl"), json.dumps(resume) + "\n")
@@ -260,7 +265,7 @@ def fit(workdir: str, progress: bool) -> dict:
   Returns the overall fit, with `per_task` = {task: fit} for a mixture."""
   run = read_run(workdir)
   out = storage.join(workdir, "fit")
-  kw = dict(fit_until=float(run.compute[-1]) / 2, n_boot=200, progress=progress)
+  kw: dict[str, Any] = dict(fit_until=float(run.compute[-1]) / 2, n_boot=200, progress=progress)
   per_task = bool(task_metric_keys(workdir))
   try:
     try:

@@ -34,7 +34,9 @@ from tqdm import tqdm
 
 from configs import common
 from scalerl_jax import models
+from scalerl_jax import sharding
 from scalerl_jax import storage
+from scalerl_jax.models import hf_slices
 
 BASE_DIR = "base_policy"
 
@@ -86,8 +88,6 @@ def start_from_checkpoint(config, model_cfg, path: str, workdir: str | None = No
   """Params of the start checkpoint `path`, already placed: sharded over the mesh of
   `config.mesh.shape` (rules table) when JAX has several devices (every process calls this and
   reads only its own slices), else on the one device. Returns (params, info)."""
-  from scalerl_jax import sharding
-  from scalerl_jax.models import hf_slices
   if workdir and storage.exists(storage.join(workdir, BASE_DIR, "config.json")):
     logging.warning("model.hf_checkpoint=%s is the start policy: ignoring %s (an earlier SFT "
                     "warm start in this workdir)", path, storage.join(workdir, BASE_DIR))

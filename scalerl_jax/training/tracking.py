@@ -12,6 +12,7 @@ import threading
 
 from analysis.metrics import append_metrics
 from scalerl_jax import storage
+from scalerl_jax.training.wandb_sink import WandbSink
 
 
 class Tracker:
@@ -48,7 +49,7 @@ class MetricsLog(Tracker):
     self.tb_local = (os.path.join(local_dir or storage.local_dir(workdir), "tb")
                      if storage.is_remote(workdir) else self.tb_dir)
     try:
-      from tensorboardX import SummaryWriter
+      from tensorboardX import SummaryWriter  # local: it imports torch (~2 CPU-s)
 
       # purge_step: a resumed run hides the events the crashed run logged after its checkpoint.
       # max_queue: roomy, so the queue never fills before `_check_tb` sees a dead writer thread.
@@ -57,7 +58,6 @@ class MetricsLog(Tracker):
       self.tb = None
     self.wandb = None
     if wandb_cfg is not None and wandb_cfg.project:
-      from scalerl_jax.training.wandb_sink import WandbSink
       self.wandb = WandbSink(workdir, wandb_cfg, run_config, local_dir=local_dir)
 
   def _check_tb(self) -> None:
@@ -92,6 +92,7 @@ class MetricsLog(Tracker):
 
   def _upload_tb(self) -> None:
     if self.tb_local != self.tb_dir:   # gs://: the local event files, uploaded whole
+      assert self.tb is not None        # both callers check it
       self.tb.flush()
       storage.copy_tree(self.tb_local, self.tb_dir)
 

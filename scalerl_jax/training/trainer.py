@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import time
+from typing import Any
 
 import grpc
 import jax
@@ -64,10 +65,10 @@ def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0,
   positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32)[None], tokens.shape)
   fn = _LOGP_FNS.get(model_cfg)
   if fn is None:
-    def fn(p, tok, pos, t, routes):
+    def logp(p, tok, pos, t, routes):
       logits = models.forward(p, model_cfg, tok, pos, routes=routes)
       return token_logprobs(logits.astype(jax.numpy.float32) / t, tok, with_entropy=False)[0]
-    fn = _LOGP_FNS[model_cfg] = jax.jit(fn)
+    fn = _LOGP_FNS[model_cfg] = jax.jit(logp)
   if routes is not None:
     routes = np.asarray(routes, np.int32)
   return np.asarray(fn(params, tokens, positions, np.float32(temperature), routes))
@@ -161,7 +162,7 @@ class Trainer:
     self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345,
                                            temperature=float(config.eval.temperature),
                                            top_p=float(config.eval.top_p))
-    self.last_eval = None
+    self.last_eval: dict | None = None   # R0 / the restored checkpoint's on, the newest eval record
     # Evaluation (docs/ROLLOUT.md "Evaluation through the fleet"): eval.num_prompts held-out
     # prompts, either sampled here (mode "local") or by the generators through the buffer's
     # evaluation lane (mode "fleet": process 0 submits and collects rewards; nothing collective).
@@ -176,7 +177,7 @@ class Trainer:
     self.source, self.sources = self._start_weight_source()
     self.start_step = 0
     # Consumption offsets: what the learner trained, as counts and a chained sha256 over the ids.
-    self.consumed = dict(step=0, groups=0, rollouts=0, ids_sha256="", recent={})
+    self.consumed: dict[str, Any] = dict(step=0, groups=0, rollouts=0, ids_sha256="", recent={})
     self.resume_info = None
     if resume_step is not None:
       self._restore(resume_step)
@@ -341,6 +342,7 @@ class Trainer:
         versions = versions[perm]
     if self.multi:                        # process 0's batch to every process
       arrays = distributed.broadcast_from_main(arrays)
+    assert arrays is not None             # process 0 pulled it; the others got it by broadcast
     t_wait = time.time() - t0
     step0 = self._step0_check(step, arrays["rewards"], batch)
     self._rescored = False
@@ -355,6 +357,7 @@ class Trainer:
     t_pub = self.publish(step + 1)
     if not self.main:
       return {"step": step + 1, "kind": "train", **m}
+    assert batch is not None              # process 0 pulled it
     self.evaluation.collect()
     lag = list(batch.summary.lag.counts)
     dump_every = int(self.config.debug_dump_every)
@@ -445,6 +448,7 @@ class Trainer:
   def _saved(self, step: int) -> None:
     """Checkpoint `step` has its manifest (possibly on the saver's background thread): the buffer
     may now rewind to it and keep delivered groups from the oldest kept step on."""
+    assert self.learner_state_path is not None   # `save` passes this callback only then
     old = read_learner_state(self.learner_state_path) or {}
     steps = self.ckpt.all_steps()
     write_learner_state(self.learner_state_path, step, min(steps) if steps else step,
@@ -493,11 +497,13 @@ class Trainer:
       if (s + 1) % every == 0 or s + 1 == total:
         self.evaluation.run(s + 1)
       if self.main:
+        assert self.last_eval is not None   # R0 (or the restored checkpoint's record) set it
         bar.set_postfix(pass_rate=f"{self.last_eval['val_pass_rate']:.3f}",
                         lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
       if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
         self.save(s + 1)
     self._finish()
+    assert self.last_eval is not None     # R0 (or the restored checkpoint's record) set it
     return self.last_eval
 
   def _finish(self, abort: tuple[int, str] | None = None) -> None:

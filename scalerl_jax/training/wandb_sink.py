@@ -10,6 +10,7 @@ to the same W&B run. `read_offline_history` reads an offline run back (tests).
 from __future__ import annotations
 
 import glob
+import json
 import os
 import secrets
 import shutil
@@ -17,7 +18,12 @@ import struct
 import tempfile
 import time
 
+from scalerl_jax import lazy
 from scalerl_jax import storage
+
+# W&B (~1 CPU-s to import) only for a run with wandb.project set: loaded at first use.
+wandb = lazy.module("wandb")
+wandb_pb = lazy.module("wandb.proto.wandb_internal_pb2")
 
 _BLOCK = 32768
 _HEADER = 7
@@ -31,7 +37,6 @@ class WandbSink:
     """`workdir` may be gs:// (scalerl_jax/storage.py): the run id file is an object there, W&B's
     own files (it appends to them) go to `local_dir` (default storage.local_dir(workdir)) and are
     uploaded to WORKDIR/wandb/ by `finish`."""
-    import wandb
     self._wandb = wandb
     self.workdir = workdir
     self.local = workdir if not storage.is_remote(workdir) else (
@@ -125,15 +130,15 @@ def _records(path: str):
 
 def read_offline_history(workdir: str) -> list[dict]:
   """History rows of the offline W&B runs under WORKDIR/wandb/ (in file order)."""
-  import json
-  from wandb.proto import wandb_internal_pb2 as pb
+  pb = wandb_pb
   rows = []
   with storage.local_copy(storage.join(workdir, "wandb")) as d:    # gs://: a temporary copy
     paths = sorted(glob.glob(os.path.join(d, "offline-run-*", "run-*.wandb")))
     data = {p: list(_records(p)) for p in paths}
   for path in paths:
     for raw in data[path]:
-      rec = pb.Record()
+      # Record comes from a generated module picked by protobuf's major version (a star import)
+      rec = pb.Record()  # pyright: ignore[reportAttributeAccessIssue]
       rec.ParseFromString(raw)
       if rec.WhichOneof("record_type") == "history":
         row = {}

@@ -35,7 +35,7 @@ from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol.rpc import SERVICE, TLS, AuthInterceptor, add_port, channel_options
 from scalerl_jax.protocol import validation as val
 from scalerl_jax.protocol import weight_chunks as ws
-from scalerl_jax.protocol.wire import Malformed, parser, serialize
+from scalerl_jax.protocol.wire import Malformed, abort, parser, serialize
 
 log = logging.getLogger("scalerl.weight_source")
 
@@ -135,12 +135,12 @@ class WeightSource:
   def _fetch(self, request, context):
     if isinstance(request, Malformed):
       self._count_reject(grpc.StatusCode.INVALID_ARGUMENT)
-      context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.err)
+      abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.err)
     try:
       wait = val.check_timeout(request.wait_timeout_s, "wait_timeout_s", self.limits)
     except val.RejectError as e:
       self._count_reject(e.code)
-      context.abort(e.code, e.message)
+      abort(context, e.code, e.message)
     want, end = int(request.resume_version), time.time() + max(wait, 1.0)
     with self.cv:
       while want not in self.versions:

@@ -38,7 +38,10 @@ import math
 from typing import Any, Callable, Iterator, Optional
 
 import grpc
+import jax
+import ml_dtypes
 import numpy as np
+from jax import tree_util as tu
 
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import weight_chunks as ws
@@ -60,13 +63,11 @@ def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
 
 def _np_dtype(name: str) -> np.dtype:
   if name == "bfloat16":
-    import ml_dtypes
     return np.dtype(ml_dtypes.bfloat16)
   return np.dtype(name)
 
 
 def _path_key(k) -> str | int:
-  from jax import tree_util as tu
   if isinstance(k, (tu.DictKey, tu.FlattenedIndexKey)):
     return k.key
   if isinstance(k, tu.SequenceKey):
@@ -78,7 +79,6 @@ def _path_key(k) -> str | int:
 
 def flatten(params) -> list[tuple[list, Any]]:
   """[(path as a list of dict keys / list indices, leaf)] in pytree order."""
-  import jax
   leaves, _ = jax.tree_util.tree_flatten_with_path(params)
   return [([_path_key(k) for k in path], leaf) for path, leaf in leaves]
 
@@ -163,7 +163,6 @@ class StreamPublisher:
     self.manifest["checksum"] = checksum
     self._checksum = ws.CHECKSUMS[checksum]
     if process_index is None:
-      import jax
       process_index = jax.process_index()
     self.process_index = process_index
     if source is not None:     # host arrays (no device) are served by process 0's source
@@ -203,7 +202,7 @@ class StreamPublisher:
     host = self._host_chunk(i)
     if host.dtype != self._dtypes[self.plan[i][0]]:
       host = host.astype(self._dtypes[self.plan[i][0]])      # wire cast, one chunk at a time
-    view = memoryview(host.reshape(-1).view(np.uint8))
+    view = host.reshape(-1).view(np.uint8).data       # .data: the array's memoryview, no copy
     msg = ws.encode_chunk(self.version, i, view, self._checksum(view))
     self.peak_chunk_bytes = max(self.peak_chunk_bytes, len(msg) + (
         host.nbytes if host.base is None else 0))
@@ -247,6 +246,7 @@ class StreamPublisher:
     """Learner-hosted: this process's source starts holding the version, process 0 announces it
     to the buffer (fetchers may start at once), then this process's chunks are staged one by one
     (each is served as soon as it is staged). Returns when all of them are staged."""
+    assert self.source is not None       # `publish` takes this path only with a source
     self.source.begin(self.version, self._first, len(self.own))
     ack = pb.PublishAck(version=self.version, total_bytes=self.total_bytes, visible=True)
     if self.process_index == 0:
@@ -387,10 +387,13 @@ class StreamFetcher:
     log.info("fetched weights version %d from learner sources %s", h.version,
              {manifest["sources"][o]: len(ids) for o, ids in sorted(by_src.items())})
 
-  def _blob(self, m, stream):
+  def _blob(self, m: ws.WeightMsg, stream):
     h, parts = m.head, [m.data]
     for raw in stream:
-      parts.append(ws.parse_weight_message(raw).data)
+      c = ws.parse_weight_message(raw)
+      if isinstance(c, ws.Malformed):
+        raise IOError(c.err)
+      parts.append(c.data)
     payload = b"".join(parts)
     if len(payload) != h.total_bytes or hashlib.sha256(payload).hexdigest() != h.sha256:
       raise IOError(f"weights version {h.version}: size or sha256 mismatch after transfer")

@@ -4,6 +4,7 @@ per sample, as its continuous decoder. Imported by the JAX-side generator worker
 from __future__ import annotations
 
 import tempfile
+from typing import Any, cast
 
 import ml_collections
 
@@ -32,7 +33,7 @@ def vllm_args(g) -> dict:
   """The engine's sizing from the generator section `g` (KV cache from gpu_memory_utilization
   unless kv_cache_bytes is set; decode_batch concurrent sequences), then its vllm_args, with
   generator.tensor_parallel as the engine's TP size."""
-  extra = dict(kv_cache_bytes=int(g.kv_cache_bytes) or None,
+  extra: dict[str, Any] = dict(kv_cache_bytes=int(g.kv_cache_bytes) or None,
                gpu_memory_utilization=float(g.gpu_memory_utilization),
                max_num_seqs=int(g.decode_batch))
   extra.update({k: (v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v)
@@ -69,7 +70,8 @@ class VLLMEngine(Engine):
         initial_version=version, seed=int(config.seed), **vllm_args(config.generator))
 
   def continuous(self, gen, spec):
-    return VLLMSlots(gen, int(self.config.generator.decode_batch), spec)
+    # `gen` is the VLLMGenerator this engine's `generator` built (Engine's contract).
+    return VLLMSlots(cast(VLLMGenerator, gen), int(self.config.generator.decode_batch), spec)
 
   def devices(self) -> int:
     return int(self.config.generator.tensor_parallel or 1)

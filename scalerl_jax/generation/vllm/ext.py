@@ -8,10 +8,22 @@ vLLM's `LlamaForCausalLM.load_weights` maps them itself (q/k/v -> qkv_proj and g
 gate_up_proj shards, dtype cast to the model dtype). Tensors arrive as (dtype, shape, bytes) triples
 because vLLM's collective_rpc serializer turns numpy arrays inside lists into nested lists.
 """
+# vllm is installed in .venv-vllm only (this module runs there); the type check runs in .venv.
+# pyright: reportMissingImports=false
 from __future__ import annotations
+
+import hashlib
+import warnings
+from typing import Any
 
 import numpy as np
 import torch
+
+from scalerl_jax import lazy
+from scalerl_jax.generation.vllm.protocol import BF16, read_shm
+
+# vLLM's layerwise reload, loaded at the first weight update (this module loads into vLLM's workers).
+reload = lazy.module("vllm.model_executor.model_loader.reload")
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                  "float64": torch.float64}
@@ -37,18 +49,18 @@ class ScaleRLWorkerExtension:
   A fused module (qkv_proj, gate_up_proj) must receive all its parts within one update; layers
   that get no tensors keep their current weights."""
 
+  model_runner: Any     # vLLM's model runner: set by the Worker this class is mixed into
+
   def scalerl_reload_begin(self) -> bool:
-    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
     model = self._scalerl_model()
     _hf_names(model)   # cache the accepted names while parameters are still materialized
     self._scalerl_moe_touched = set()
-    initialize_layerwise_reload(model)
+    reload.initialize_layerwise_reload(model)
     return True
 
   def scalerl_reload_end(self) -> bool:
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
     model = self._scalerl_model()
-    finalize_layerwise_reload(model, self.model_runner.vllm_config.model_config)
+    reload.finalize_layerwise_reload(model, self.model_runner.vllm_config.model_config)
     _repack_cpu_experts(model, getattr(self, "_scalerl_moe_touched", ()))
     return True
 
@@ -64,8 +76,6 @@ class ScaleRLWorkerExtension:
     """Loads the tensors of one /dev/shm chunk (vllm.protocol.ShmSlots) into the model: torch views
     of the mapped file, copied once by vLLM's loader (chunks hold whole layers, so the layerwise
     reload finishes with them before the client reuses the file)."""
-    import warnings
-    from scalerl_jax.generation.vllm.protocol import BF16, read_shm
     cache = self.__dict__.setdefault("_scalerl_shm_maps", {})
     views = read_shm(path, metas, cache)
     pairs = []
@@ -100,7 +110,11 @@ class ScaleRLWorkerExtension:
             "lm_head_weight_dtype": str(lm_head.weight.dtype).replace("torch.", "") if lm_head is not None else None,
             "head_dtype": str(getattr(lp, "head_dtype", None)).replace("torch.", ""),
             "num_params": int(sum(p.numel() for p in model.parameters()))}
-    hidden = model.config.hidden_size if hasattr(model, "config") else lm_head.weight.shape[1]
+    if hasattr(model, "config"):
+      hidden = model.config.hidden_size
+    else:
+      assert lm_head is not None, "a model without a config has its lm_head"
+      hidden = lm_head.weight.shape[1]
     with torch.no_grad():
       h = torch.randn(2, hidden, dtype=first.dtype, device=first.device)
       logits = model.compute_logits(h)
@@ -111,7 +125,6 @@ class ScaleRLWorkerExtension:
     """sha256 over every parameter and buffer of the served model (names + bytes, name order):
     equal digests = bit-identical weights (tests compare weight transports with it). With
     `per_name`, a {name: sha256} dict instead (to find which tensor differs)."""
-    import hashlib
     h = hashlib.sha256()
     model = self._scalerl_model()
     tensors = dict(model.named_parameters())

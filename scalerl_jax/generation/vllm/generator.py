@@ -24,15 +24,20 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from scalerl_jax import lazy
 from scalerl_jax.generation.vllm import protocol as P
 from scalerl_jax.generation.generator import Generator
 from scalerl_jax.generation.slots import DecodeStats, drive
 from scalerl_jax.processes import child_env, launcher_argv
 from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
+
+# JAX stays out of this module's import (the vLLM venv imports it: parity): loaded at first use.
+models = lazy.module("scalerl_jax.models")
+runtime = lazy.module("scalerl_jax.runtime")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]   # scalerl_jax/generation/vllm/generator.py -> the repo
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
@@ -52,7 +57,11 @@ class _Pending:
   __slots__ = ("event", "header", "arrays", "error")
 
   def __init__(self):
-    self.event, self.header, self.arrays, self.error = threading.Event(), None, None, None
+    self.event = threading.Event()
+    # The reply (header, arrays) or the error, set before `event` is.
+    self.header: dict | None = None
+    self.arrays: dict | None = None
+    self.error: str | None = None
 
 
 class VLLMGenerator(Generator):
@@ -93,7 +102,7 @@ class VLLMGenerator(Generator):
     if not py.exists():
       raise VLLMWorkerError(f"vLLM venv interpreter {py} not found; run scripts/setup_vllm_venv.sh")
     self._dir = tempfile.mkdtemp(prefix="scalerl_vllm_")
-    self._shm = None         # P.ShmSlots once a weight update uses shared memory (False: unusable)
+    self._shm: P.ShmSlots | Literal[False] | None = None   # P.ShmSlots once a weight update uses shared memory (False: unusable)
     sock_path = os.path.join(self._dir, "worker.sock")
     self.log_path = str(log_path or os.path.join(self._dir, "worker.log"))
     cfg = dict(model=str(model_dir), dtype=dtype, head_dtype=head_dtype, max_model_len=max_model_len,
@@ -143,7 +152,7 @@ class VLLMGenerator(Generator):
     t0 = time.monotonic()
     try:
       self._accept(startup_timeout)
-      header, _ = P.recv_msg(self._sock)
+      header, _ = P.recv_msg(self._connected)
     except Exception as e:
       self.close()
       raise VLLMWorkerError(f"vLLM worker did not start: {e}\n--- worker log tail ---\n"
@@ -185,13 +194,19 @@ class VLLMGenerator(Generator):
     except OSError:
       return "(no log)"
 
+  @property
+  def _connected(self) -> socket.socket:
+    """The worker's connection (`_accept` sets it before anything is sent or read)."""
+    assert self._sock is not None, "the vLLM worker has not connected"
+    return self._sock
+
   def _read_loop(self):
-    self._sock.settimeout(None)
+    self._connected.settimeout(None)
     try:
       while True:
-        header, arrays = P.recv_msg(self._sock)
+        header, arrays = P.recv_msg(self._connected)
         with self._lock:
-          pend = self._pending.pop(header.get("id"), None)
+          pend = self._pending.pop(header["id"], None) if "id" in header else None
         if pend is None:
           continue
         if header.get("op") == "error":
@@ -215,7 +230,7 @@ class VLLMGenerator(Generator):
       self._next_id += 1
       self._pending[rid] = pend
     with self._send_lock:
-      P.send_msg(self._sock, {"op": op, "id": rid, **(header or {})}, arrays, dtypes)
+      P.send_msg(self._connected, {"op": op, "id": rid, **(header or {})}, arrays, dtypes)
     return pend
 
   def _wait(self, pend: _Pending, timeout: float | None = None) -> tuple[dict, dict]:
@@ -224,6 +239,7 @@ class VLLMGenerator(Generator):
     if pend.error:
       tail = self.log_tail() if self._dead else ""
       raise VLLMWorkerError(f"vLLM worker error: {pend.error}" + (f"\n--- log ---\n{tail}" if tail else ""))
+    assert pend.header is not None and pend.arrays is not None   # no error: the reply is set
     return pend.header, pend.arrays
 
   def _call(self, op, header=None, arrays=(), timeout=None, dtypes=None):
@@ -275,7 +291,7 @@ class VLLMGenerator(Generator):
           policy_mask=arrays["policy_mask"][sl].copy(), finish_reason=m["finish_reason"]))
     return out
 
-  def _shm_slots(self):
+  def _shm_slots(self) -> P.ShmSlots | None:
     """The /dev/shm slots of the shared-memory transport, or None where /dev/shm is unusable."""
     if self._shm is None:
       try:
@@ -346,13 +362,11 @@ class VLLMGenerator(Generator):
 
   def load_params(self, params, version: int, model_cfg) -> None:
     """Our-layout params (a streamed version, bf16 or fp32) as HF names, pushed in `push_dtype`."""
-    from scalerl_jax import models   # JAX stays out of this module's import at load time
     self.load_weights(models.hf_named_arrays(model_cfg, params), version,
                       wire_dtype=self.push_dtype)
 
   def load_payload(self, payload, version: int, fmt: str = "safetensors") -> None:
     """A published weight blob, pushed in `push_dtype`."""
-    from scalerl_jax import runtime
     self.load_weights(runtime.payload_to_named(payload, fmt), version, wire_dtype=self.push_dtype)
 
   # -- extras ----------------------------------------------------------------------------------------

@@ -14,12 +14,25 @@ Run `python -m scalerl_jax.generation.vllm.parity` for the full report (fp32 and
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
+import tempfile
 from typing import Sequence
 
 import numpy as np
+from safetensors.numpy import load_file
+
+from scalerl_jax import lazy
+from scalerl_jax.generation.vllm.generator import VLLMGenerator
+from scalerl_jax.types import PromptSpec, SamplingSpec
+
+# Deferred to first use: torch / transformers only on the HF reference path (the learner imports
+# parity_stats), JAX only on the JAX reference path (the vLLM venv has none).
+torch = lazy.module("torch")
+transformers = lazy.module("transformers")
+jax = lazy.module("jax")
 
 TINY_LLAMA3 = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -33,11 +46,9 @@ def make_tiny_llama(path: str | os.PathLike, seed: int = 0, lm_head_std: float =
 
   `lm_head_std` makes the next-token distribution peaked enough for log-prob errors to matter
   (with HF's default 0.02 the tiny model is nearly uniform over the vocab)."""
-  import torch
-  from transformers import LlamaConfig, LlamaForCausalLM
   torch.manual_seed(seed)
-  cfg = LlamaConfig(**{**TINY_LLAMA3, **overrides})
-  model = LlamaForCausalLM(cfg)
+  cfg = transformers.LlamaConfig(**{**TINY_LLAMA3, **overrides})
+  model = transformers.LlamaForCausalLM(cfg)
   with torch.no_grad():
     model.lm_head.weight.normal_(0.0, lm_head_std)
   model.save_pretrained(str(path), safe_serialization=True)
@@ -46,7 +57,6 @@ def make_tiny_llama(path: str | os.PathLike, seed: int = 0, lm_head_std: float =
 
 def load_hf_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
   """All tensors of an HF safetensors checkpoint as float32 numpy arrays, HF names."""
-  from safetensors.numpy import load_file
   out = {}
   for f in sorted(pathlib.Path(path).glob("*.safetensors")):
     out.update({k: np.asarray(v, np.float32) for k, v in load_file(str(f)).items()})
@@ -55,7 +65,7 @@ def load_hf_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def _jax_backend():
   try:
-    from scalerl_jax import models
+    from scalerl_jax import models  # local: probes for JAX (the vLLM venv has none)
   except ImportError:       # the vLLM venv has no JAX
     return None
   return models
@@ -86,15 +96,14 @@ def reference_logprobs(model_dir: str | os.PathLike, prompts: Sequence[np.ndarra
   batch = _pad(seqs)
   T = max(temperature, 1e-6)
   if backend == "jax":
-    import jax
     models = _jax_backend()
+    if models is None:
+      raise RuntimeError("backend 'jax' needs JAX, which this venv does not have")
     cfg, params = models.load_hf(str(model_dir), dtype="float32", param_dtype="float32")
     logits = jax.jit(models.forward, static_argnums=1)(params, cfg, batch)
     lp = np.asarray(jax.nn.log_softmax(logits.astype("float32") / T, axis=-1))
   elif backend == "hf-torch-fp32":
-    import torch
-    from transformers import LlamaForCausalLM
-    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = transformers.LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     with torch.no_grad():
       logits = model(torch.from_numpy(batch.astype(np.int64))).logits.float()
       lp = torch.log_softmax(logits / T, dim=-1).numpy()
@@ -137,10 +146,6 @@ def run_gate(gen, model_dir, spec, prompts, n: int, backend: str = "auto") -> di
 
 def main(argv=None):
   """Parity report for each engine dtype x LM-head dtype (run in the JAX venv)."""
-  import argparse
-  import tempfile
-  from scalerl_jax.types import PromptSpec, SamplingSpec
-  from scalerl_jax.generation.vllm.generator import VLLMGenerator
   ap = argparse.ArgumentParser(description="vLLM vs reference log-prob parity")
   ap.add_argument("--engine-dtypes", default="bfloat16,float32")
   ap.add_argument("--head-dtypes", default="float32,bfloat16")

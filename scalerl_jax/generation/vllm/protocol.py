@@ -31,12 +31,19 @@ The worker sends one unsolicited {"op": "ready", "id": 0, ...} once its engine i
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import socket
 import struct
-from typing import Iterable, Iterator, Mapping
+import tempfile
+from typing import Iterable, Iterator, Mapping, cast
 
 import numpy as np
+
+try:
+  import ml_dtypes
+except ImportError:   # the vLLM venv has none: f32_to_bf16_bits falls back to NumPy
+  ml_dtypes = None
 
 MAGIC = b"SRLV"
 _PREFIX = struct.Struct("<4sIQ")
@@ -94,7 +101,9 @@ def _views(metas: list[dict], buf, where: str) -> dict[str, np.ndarray]:
 def encode(header: Mapping, arrays: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]] = (),
            dtypes: Mapping[str, str] | None = None) -> list[memoryview | bytes]:
   """Serializes one message; returns buffers to send in order (array bytes are not copied)."""
-  items = arrays.items() if isinstance(arrays, Mapping) else arrays
+  # cast: to a type checker the pairs could also be a Mapping (of pairs), which they never are
+  items = cast(Iterable[tuple[str, np.ndarray]],
+               arrays.items() if isinstance(arrays, Mapping) else arrays)
   metas, bufs, offset = [], [], 0
   for name, arr in items:
     arr = np.asarray(arr)
@@ -103,7 +112,7 @@ def encode(header: Mapping, arrays: Mapping[str, np.ndarray] | Iterable[tuple[st
     metas.append({"name": name, "dtype": wname, "shape": list(arr.shape), "offset": offset,
                   "nbytes": nbytes})
     if nbytes:
-      bufs.append(memoryview(warr.reshape(-1)).cast("B"))
+      bufs.append(warr.reshape(-1).data.cast("B"))     # .data: the array's memoryview
     offset += nbytes
   head = dict(header)
   head["arrays"] = metas
@@ -169,10 +178,6 @@ def f32_to_bf16_bits(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray
   integer arithmetic (~0.5 GB/s); NaNs keep their sign and payload bits (quieted) either way.
   `out`: an existing uint16 array of x's shape to write into."""
   x = np.asarray(x, dtype=np.float32)
-  try:
-    import ml_dtypes
-  except ImportError:
-    ml_dtypes = None
   if ml_dtypes is not None:
     if out is None:
       out = np.empty(x.shape, np.uint16)
@@ -250,8 +255,6 @@ class ShmSlots:
   the file read-only (`read_shm`). Files are 0600, removed on `close`."""
 
   def __init__(self, nslots: int = 2, directory: str = "/dev/shm"):
-    import mmap
-    import tempfile
     self._mmap, self.dir = mmap, directory
     self.slots = []
     for _ in range(nslots):
@@ -311,7 +314,6 @@ class ShmSlots:
 def read_shm(path: str, metas: list[dict], cache: dict | None = None) -> dict[str, np.ndarray]:
   """The worker side of `ShmSlots`: {name: read-only view} of the arrays in `path` (bf16 as uint16
   bit patterns). `cache` (path -> mapping) keeps files mapped across calls."""
-  import mmap
   if not path.startswith("/dev/shm/") or ".." in path:
     raise ProtocolError(f"weights_shm path {path!r} is not a file in /dev/shm")
   cache = {} if cache is None else cache

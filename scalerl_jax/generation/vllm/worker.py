@@ -22,6 +22,8 @@ speaks `vllm/protocol.py` to it. What the worker does (docs/VLLM.md has the deta
   policy_mask False) and a continuation request (prompt + thinking + injected; prefix cache
   reuses the KV) answers for up to `answer_budget` tokens; finish reason "interrupted".
 """
+# vllm is installed in .venv-vllm only (this module runs there); the type check runs in .venv.
+# pyright: reportMissingImports=false
 from __future__ import annotations
 
 import argparse
@@ -31,12 +33,20 @@ import os
 import sys
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 
+from scalerl_jax import lazy
 from scalerl_jax.generation.interruption import think_budget, think_end_automaton
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP
 from scalerl_jax.generation.vllm import protocol as P
+
+# vLLM exists only in the vLLM venv (the JAX venv imports this module for its tests): first use.
+vllm = lazy.module("vllm")
+vllm_arg_utils = lazy.module("vllm.engine.arg_utils")
+vllm_async_llm = lazy.module("vllm.v1.engine.async_llm")
+vllm_sampling = lazy.module("vllm.sampling_params")
 EXT_CLS = "scalerl_jax.generation.vllm.ext.ScaleRLWorkerExtension"
 # KV cache on the CPU backend when no explicit `kv_cache_bytes` is given (host RAM; on GPU the
 # cache is sized from `gpu_memory_utilization` instead).
@@ -86,7 +96,7 @@ def kv_cache_args(cfg: dict, on_gpu: bool) -> dict:
 
 def _on_gpu() -> bool:
   try:
-    import torch
+    import torch  # local: an optional probe (ImportError: no GPU), torch loads only when asked
     return bool(torch.cuda.is_available())
   except ImportError:   # pragma: no cover - the vLLM venv has torch
     return False
@@ -116,7 +126,7 @@ class Worker:
     self.cfg, self.reader, self.writer = cfg, reader, writer
     self.version = int(cfg["initial_version"])
     self.send_lock = asyncio.Lock()
-    self.engine = None
+    self.engine: Any = None            # vllm's AsyncLLM (start_engine)
     self._req = 0
     self._update: dict | None = None
     self.tasks: set[asyncio.Task] = set()
@@ -124,10 +134,8 @@ class Worker:
 
   # -- engine ------------------------------------------------------------------------------------
   def start_engine(self):
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
     cfg = self.cfg
-    kw = dict(model=cfg["model"], skip_tokenizer_init=True, dtype=cfg["dtype"],
+    kw: dict[str, Any] = dict(model=cfg["model"], skip_tokenizer_init=True, dtype=cfg["dtype"],
               logprobs_mode="processed_logprobs", max_model_len=cfg["max_model_len"],
               enable_prefix_caching=cfg["enable_prefix_caching"], enforce_eager=cfg["enforce_eager"],
               max_num_seqs=cfg["max_num_seqs"], seed=cfg["seed"], generation_config="vllm",
@@ -141,7 +149,7 @@ class Worker:
     if gen_over:
       kw["override_generation_config"] = gen_over
     kw.update(cfg.get("engine_args") or {})
-    self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+    self.engine = vllm_async_llm.AsyncLLM.from_engine_args(vllm_arg_utils.AsyncEngineArgs(**kw))
 
   async def rpc(self, method: str, *args):
     res = await self.engine.collective_rpc(method, args=args)
@@ -180,7 +188,7 @@ class Worker:
                  "weights_shm": self.weights_shm,
                  "weights_end": self.weights_end, "info": self.info,
                  "set_head_dtype": self.set_head_dtype, "param_digest": self.param_digest,
-                 "progress": self.progress}.get(op)
+                 "progress": self.progress}.get(op) if op is not None else None
       if op == "shutdown":
         await self.send({"op": "ok", "id": rid})
         return
@@ -199,7 +207,6 @@ class Worker:
 
   # -- ops ---------------------------------------------------------------------------------------
   async def _info(self) -> dict:
-    import vllm
     info = await self.rpc("scalerl_info")
     return {"vllm_version": vllm.__version__, "engine_dtype": self.cfg["dtype"],
             "head_dtype_override": self.cfg["head_dtype"], "model_info": info}
@@ -304,13 +311,12 @@ class Worker:
 
   async def _run(self, prompt: list[int], max_tokens: int, spec: dict, seed: int) -> dict:
     """One vLLM request; returns tokens, sampled-token logprobs, per-token versions, finish."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-    sp = SamplingParams(n=1, temperature=float(spec["temperature"]), top_p=float(spec["top_p"]),
-                        max_tokens=int(max_tokens), stop_token_ids=list(spec["stop_tokens"]),
-                        ignore_eos=True, logprobs=0, seed=seed, detokenize=False,
-                        output_kind=(RequestOutputKind.CUMULATIVE if self.cfg["report_progress"]
-                                     else RequestOutputKind.FINAL_ONLY))
+    kind = vllm_sampling.RequestOutputKind
+    sp = vllm_sampling.SamplingParams(
+        n=1, temperature=float(spec["temperature"]), top_p=float(spec["top_p"]),
+        max_tokens=int(max_tokens), stop_token_ids=list(spec["stop_tokens"]),
+        ignore_eos=True, logprobs=0, seed=seed, detokenize=False,
+        output_kind=kind.CUMULATIVE if self.cfg["report_progress"] else kind.FINAL_ONLY)
     self._req += 1
     rid, final = f"r{self._req}", None
     try:
@@ -320,6 +326,7 @@ class Worker:
           self._progress[rid] = len(out.outputs[0].token_ids)
     finally:
       self._progress.pop(rid, None)
+    assert final is not None           # vLLM yields the request's output at least once
     o = final.outputs[0]
     tokens = list(o.token_ids)
     logprobs = [float(d[t].logprob) for d, t in zip(o.logprobs, tokens)]
@@ -391,7 +398,7 @@ async def _amain(sock_path: str, cfg: dict) -> int:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   ap.add_argument("--socket", required=True, help="Unix socket path the client listens on")
   ap.add_argument("--config", required=True, help="JSON object; keys: " + ", ".join(DEFAULTS))
   args = ap.parse_args(argv)
