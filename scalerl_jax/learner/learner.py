@@ -85,7 +85,9 @@ class Learner:
     self.optimizer = make_optimizer(optim)
     self.lr_schedule = warmup_constant_schedule(optim.lr, optim.warmup_steps)
     self.mesh = mesh
-    self.rules = tuple(rules) if mesh is not None else None
+    if mesh is not None and rules is None:
+      raise ValueError("a mesh needs rules (the mesh section's logical-axis rules)")
+    self.rules = tuple(rules) if mesh is not None and rules is not None else None
     partition = None
     state_sh = batch_sh = None
     if mesh is not None:
