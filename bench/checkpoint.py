@@ -83,7 +83,7 @@ def main(argv=None):
   a = _args(argv)
   import jax
   import jax.numpy as jnp
-  from configs import tiny
+  from configs import common, tiny
   from scalerl_jax import models
   from scalerl_jax.learner import Learner
   from bench.learner import make_batch
@@ -99,8 +99,9 @@ def main(argv=None):
   root = a.dir or tempfile.mkdtemp(prefix="bench_ckpt_")
   learners = {}
   for mode in ("sync", "async"):
-    learner = Learner(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
-                      jax.tree.map(jnp.array, params), config, with_entropy=False)
+    learner = Learner.for_run(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
+                              jax.tree.map(jnp.array, params), common.RunConfig.from_config(config),
+                              with_entropy=False)
     dev = learner.device_batch(batch)
     for _ in range(2):                                  # compile + warm up
       learner.state, m = learner._step(learner.state, dev)

@@ -118,10 +118,12 @@ def ours(cfg, params, batch, config):
   jitted JAX learner."""
   import jax
   import jax.numpy as jnp
+  from configs import common
   from scalerl_jax import models
   from scalerl_jax.learner import Learner
-  learner = Learner(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
-                    jax.tree.map(jnp.asarray, params), config, with_entropy=False)
+  run = common.RunConfig.from_config(config)
+  learner = Learner.for_run(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
+                            jax.tree.map(jnp.asarray, params), run, with_entropy=False)
   dev_batch = learner.device_batch(batch)
   # XLA's own FLOP count of the compiled step. CPU only: on GPU the matmuls are cuBLAS / cuDNN
   # custom calls that cost analysis does not count (an H200 run read 91 GFLOP for a 96 TFLOP step).
@@ -136,8 +138,9 @@ def ours(cfg, params, batch, config):
     assert bool(attention_lib.slot_layout(jnp.asarray(pos), jnp.asarray(pos)))
     # A learner of its own: its jitted step is another function, so the timed learner's trace
     # (with the cond) is never the one made here.
-    counted = Learner(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
-                      jax.tree.map(jnp.asarray, params), config, with_entropy=False, donate=False)
+    counted = Learner.for_run(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
+                              jax.tree.map(jnp.asarray, params), run, with_entropy=False,
+                              donate=False)
     with attention_lib.executed_branch_only():
       lowered = counted._step.lower(counted.state, dev_batch)
     del counted

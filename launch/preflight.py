@@ -344,7 +344,7 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
              "optim.microbatches")
 
   # the memory plan, made at the learner's real pad length
-  pad, longest = runtime.train_seq_len(cfg), runtime.max_sequence_len(cfg)
+  pad, longest = runtime.train_seq_len(cfg), runtime.max_sequence_len(cfg.rollout)
   assert default_seq_len(cfg) == pad        # the plan tool's default is the pad length
   if topo is not None and not wrong_layout:     # (a wrong layout's plan says nothing)
     plan = None
@@ -419,7 +419,7 @@ def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:
   defaults = {k: p.default for k, p in inspect.signature(VLLMGenerator).parameters.items()
               if p.default is not inspect.Parameter.empty}
   args = dict(defaults)
-  args.update(engine.vllm_args(gcfg))
+  args.update(engine.vllm_args(gcfg.generator))
   kv_bytes = args.get("kv_cache_bytes")
   seqs = int(args.get("max_num_seqs", 256))
   probe = gcfg.copy_and_resolve_references()

@@ -54,12 +54,13 @@ def model_numbers(config) -> dict:
 
 
 def wire_bytes_per_param(config) -> int:
-  """Bytes a float32 parameter takes on the wire to the generators: runtime.wire_dtype(config)
-  where the code has it (bfloat16: 2), else 4 (the push sends the learner's fp32 params as is)."""
+  """Bytes a float32 parameter takes on the wire to the generators: runtime.wire_dtype of the
+  weights section where the code has it (bfloat16: 2), else 4 (the push sends the learner's fp32
+  params as is)."""
   fn = getattr(runtime, "wire_dtype", None)
   if fn is None:
     return 4
-  return 2 if fn(config) in ("bfloat16", "float16") else 4
+  return 2 if fn(config.weights) in ("bfloat16", "float16") else 4
 
 
 def engine_bytes_per_param(config) -> int:
@@ -109,7 +110,7 @@ def kv_cache(config, hbm_bytes: int, tensor_parallel: int) -> dict:
     capacity = explicit * tp
   else:
     capacity = int(util * hbm_bytes * tp - weights - VLLM_WORKSPACE_BYTES * tp)
-  max_len = runtime.vllm_max_model_len(config)
+  max_len = runtime.vllm_max_model_len(config.rollout)
   per_seq = max_len * mn["kv_bytes_per_token"]
   seqs = int(g.decode_batch)
   return dict(capacity=capacity, per_seq=per_seq, max_model_len=max_len, seqs=seqs,
@@ -123,7 +124,7 @@ def buffer_host_bytes(config, learner_hosts: int = 1) -> int:
   go through it (weights.serve_from="buffer": two)."""
   r = config.rollout
   batch = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
-  rollouts = (int(r.max_lag) + 2) * batch * runtime.max_sequence_len(config) * 13
+  rollouts = (int(r.max_lag) + 2) * batch * runtime.max_sequence_len(config.rollout) * 13
   weights = 0
   if str(config.weights.serve_from) == "buffer":
     weights = 2 * model_numbers(config)["params"] * wire_bytes_per_param(config)

@@ -7,7 +7,7 @@ learner use on every host:
   distributed.initialize(config)                 # no-op for a single process
   mesh = sharding.make_mesh(config.mesh.shape)   # over jax.devices(): ALL hosts' devices
   params, shardings = sharding.sharded_init(cfg, rng, mesh, rules)
-  learner = distributed.MultiHostLearner(apply_fn, params, config, mesh=mesh,
+  learner = distributed.MultiHostLearner.for_run(apply_fn, params, run, mesh=mesh,
                                          params_sharding=shardings, vocab_size=cfg.vocab_size)
   rows = learner.local_rows()                    # slice of the global batch THIS host feeds
   metrics = learner.step({k: v[rows] for k, v in global_batch.items()})   # or a loader's shard

@@ -110,7 +110,8 @@ def child_env(env: dict | None = None) -> dict:
 
 def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | None = None,
                  learner_state: str | None = None, tls: list[str] | tuple = ()) -> list[str]:
-  """The flags of `python -m scalerl_jax.buffer.server` for a run `config`: the one definition, used
+  """The flags of `python -m scalerl_jax.buffer.server` for a run `config` (the typed RunConfig; or
+  the resolved ConfigDict launch/ renders, which has the same attributes): the one definition, used
   by `ProcessGroup.start_buffer` (main starts the buffer) and by launch/spec.py (the buffer pod).
 
   Everything the buffer needs comes from the config: batch shape, PipelineRL-k, the message and
@@ -199,7 +200,8 @@ class ProcessGroup:
 
   def start_buffer(self, prompts_path: str, config, timeout_s: float = 60.0,
                    wal_dir: str | None = None, learner_state: str | None = None) -> str:
-    """Starts the gRPC buffer server process; returns its address once it listens.
+    """Starts the gRPC buffer server process of the run `config` (the typed RunConfig: its
+    buffer, rollout, rl, audit, tls and generator sections); returns its address once it listens.
 
     With `wal_dir` (or `config.buffer.wal_dir`) the buffer keeps a write-ahead log there and
     `supervise()` may restart it (same port, state replayed from the log). `learner_state` is the

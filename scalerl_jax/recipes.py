@@ -15,18 +15,18 @@ import os
 
 import ml_collections
 
+from configs import common
+from configs.common import WIRE_DTYPES as WIRE_DTYPES   # re-exported (weights.wire_dtype values)
+from configs.common import ConfigError as ConfigError   # re-exported: callers catch recipes.ConfigError
+from configs.common import RunConfig
 from scalerl_jax import storage
-from scalerl_jax.data import KINDS, check_template, reward_for
-from scalerl_jax.data import mixture
 from scalerl_jax.generation import backends
-from scalerl_jax.learner import RLSpec
 from scalerl_jax.models import attention
 from scalerl_jax.protocol.rpc import TLS
 
 
 # Batch 80 x 16 (Qwen2.5 / MiniMax) relative to ScaleRL's 48 x 16.
 _BIG_BATCH = 80 / 48
-WIRE_DTYPES = ("bfloat16", "float32")   # weights.wire_dtype values (runtime.wire_dtype)
 
 # Sources (issue #28): "P §n" = /work/shared/PAPER_NOTES.md section n (the ScaleRL paper, arXiv
 # 2510.13786: §4 "Recipes compared" lists each recipe; §3 defines the switches). Where the ScaleRL
@@ -94,10 +94,6 @@ RECIPES = {
 }
 
 
-class ConfigError(ValueError):
-  """A bad run configuration; the message is one actionable line."""
-
-
 def locked_keys(argv) -> frozenset[str]:
   """Config keys set explicitly on the command line (`--config.a.b=...`): they win over recipes."""
   return frozenset(a.split("=")[0][len("--config."):] for a in argv if a.startswith("--config."))
@@ -154,7 +150,7 @@ def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = fro
   it was resolved with and scale `rollout.prompts_per_step` again."""
   if config.recipe not in RECIPES:
     raise ConfigError(f"unknown recipe {config.recipe!r}; choose one of {sorted(RECIPES)}")
-  c = ml_collections.ConfigDict(config.to_dict())
+  c = common.lock(ml_collections.ConfigDict(config.to_dict()))
   if config.recipe_applied == config.recipe:
     return c
   for key, value in RECIPES[config.recipe].items():
@@ -167,11 +163,12 @@ def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = fro
   return c
 
 
-def vllm_model_dir(config: ml_collections.ConfigDict) -> str:
-  """`generator.vllm_model_dir` ("" = export the learner's weights), checked to be an HF
-  checkpoint directory on this machine; checked by `validate` for local generators and by each
-  generator process at start (an external fleet's pods hold their own copy)."""
-  vdir = str(config.generator.vllm_model_dir or "")
+def vllm_model_dir(generator) -> str:
+  """`generator.vllm_model_dir` ("" = export the learner's weights) of the generator section,
+  checked to be an HF checkpoint directory on this machine; checked by `validate` for local
+  generators and by each generator process at start (an external fleet's pods hold their own
+  copy)."""
+  vdir = str(generator.vllm_model_dir or "")
   if vdir and not os.path.isfile(os.path.join(vdir, "config.json")):
     raise ConfigError(f"generator.vllm_model_dir={vdir!r} is not an HF checkpoint directory on "
                       "this machine (no config.json); leave it empty to start vLLM on the "
@@ -179,160 +176,48 @@ def vllm_model_dir(config: ml_collections.ConfigDict) -> str:
   return vdir
 
 
-def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
+def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> RunConfig:
   """Fails fast, before any process starts, with one clear line per problem (the first found).
 
-  Resolves `rollout.batch_size` (when set) into `rollout.prompts_per_step` in place."""
-  r, g = config.rollout, config.generator
-  if r.mode not in ("pipeline", "ppo_off_policy"):
-    raise ConfigError(f"rollout.mode={r.mode!r}; expected 'pipeline' or 'ppo_off_policy'")
-  if r.max_lag < 0:
-    raise ConfigError(f"rollout.max_lag (k) must be >= 0, got {r.max_lag}")
-  if r.prompts_per_step < 1 or r.generations_per_prompt < 1:
-    raise ConfigError("rollout.prompts_per_step and rollout.generations_per_prompt must be >= 1")
-  if r.generations_per_prompt < 2 and config.rl.adv_norm != "none":
-    raise ConfigError("group advantages need rollout.generations_per_prompt >= 2")
-  if r.get("batch_size", 0):
-    if r.batch_size % r.generations_per_prompt:
-      raise ConfigError(f"rollout.batch_size={r.batch_size} is not divisible by "
-                        f"rollout.generations_per_prompt={r.generations_per_prompt}")
-    r.prompts_per_step = r.batch_size // r.generations_per_prompt
-  batch = r.prompts_per_step * r.generations_per_prompt
-  if batch % config.optim.microbatches:
-    raise ConfigError(f"batch {batch} (prompts x generations) is not divisible by "
-                      f"optim.microbatches={config.optim.microbatches}")
-  if not 0 <= r.think_budget_min <= r.think_budget_max:
-    raise ConfigError(f"need 0 <= think_budget_min <= think_budget_max, got "
-                      f"[{r.think_budget_min}, {r.think_budget_max}]")
-  if g.backend not in backends.names():
-    raise ConfigError(f"generator.backend={g.backend!r}; expected one of {backends.names()}")
-  backend = backends.get(g.backend)
-  if backend.local_checkpoint and not config.buffer.external:
-    vllm_model_dir(config)            # local generators: their start checkpoint is on this machine
-  if config.rl.routing_replay and not backend.records_routes:
-    raise ConfigError(f"rl.routing_replay=True needs a generator.backend that records routed "
-                      f"experts ({', '.join(n for n in backends.names() if backends.get(n).records_routes)}"
-                      f"): the {g.backend} generators do not (vLLM 0.32 returns them only from its "
-                      f"Model Runner V2, which needs Triton; docs/VLLM.md 'Routing replay')")
-  if not g.temperature > 0:
-    raise ConfigError(f"generator.temperature={g.temperature}: training rollouts need T > 0 (the "
-                      f"learner computes log_softmax(logits / T) for the importance ratios)")
-  if g.top_p < 1.0 or g.get("top_k", 0):
-    top_k = f" / top_k={g.top_k}" if g.get("top_k", 0) else ""
-    raise ConfigError(f"generator.top_p={g.top_p}{top_k}: "
-                      "truncated sampling is refused for training rollouts: the generators' "
-                      "log-probs would be renormalised over the kept tokens while the learner's "
-                      "are over the whole vocabulary, which biases every importance ratio; use "
-                      "eval.top_p / eval.temperature for evaluation only")
-  if not (0.0 < config.eval.top_p <= 1.0 and config.eval.temperature > 0):
-    raise ConfigError(f"eval.top_p must be in (0, 1] and eval.temperature > 0, got "
-                      f"{config.eval.get('top_p', 1.0)} / {config.eval.get('temperature', 1.0)}")
+  Builds the typed run config (configs.common.RunConfig: each value's type, each section's
+  checks, the checks across sections), then checks what depends on this machine: the start
+  checkpoint of local vLLM generators, the TLS files, the buffer token, the attention backend's
+  platform, and `workdir` when given. Returns the typed config; resolves `rollout.batch_size`
+  (when set) into `config.rollout.prompts_per_step` in place."""
+  run = RunConfig.from_config(config)
+  config.rollout.prompts_per_step = run.rollout.prompts_per_step
+  if backends.get(run.generator.backend).local_checkpoint and not run.buffer.external:
+    vllm_model_dir(run.generator)     # local generators: their start checkpoint is on this machine
   try:
-    tls = TLS.from_config(config)
+    tls = TLS.from_config(run)
     tls.check(server=tls.enabled)    # the learner serves weights (and runs the buffer) over TLS too
   except ValueError as e:
     raise ConfigError(str(e)) from None
-  if config.buffer.external and not os.environ.get(config.buffer.auth_token_env):
-    raise ConfigError(f"buffer.external=True: set ${config.buffer.auth_token_env} to the buffer "
+  if run.buffer.external and not os.environ.get(run.buffer.auth_token_env):
+    raise ConfigError(f"buffer.external=True: set ${run.buffer.auth_token_env} to the buffer "
                       f"service's auth token")
-  if config.buffer.external and config.buffer.address.endswith(":0"):
-    raise ConfigError(f"buffer.external=True needs buffer.address=HOST:PORT of the buffer service, "
-                      f"got {config.buffer.address!r}")
-  if g.num_workers < 1:
-    raise ConfigError(f"generator.num_workers must be >= 1, got {g.num_workers}")
-  w = config.weights
-  if w.serve_from not in ("learner", "buffer"):
-    raise ConfigError(f"weights.serve_from={w.serve_from!r}; expected 'learner' (each learner "
-                      f"process serves its shards) or 'buffer'")
-  if w.wire_dtype not in WIRE_DTYPES:
-    raise ConfigError(f"weights.wire_dtype={w.wire_dtype!r}; expected one of {WIRE_DTYPES}")
-  if not 0 <= int(w.port) <= 65535:
-    raise ConfigError(f"weights.port={w.port} is not a TCP port (0 = any free port)")
-  if config.rl.length_control not in ("interrupt", "penalty"):
-    raise ConfigError(f"rl.length_control={config.rl.length_control!r}; expected "
-                      "'interrupt' or 'penalty'")
-  if config.total_steps < 1:
-    raise ConfigError(f"total_steps must be >= 1, got {config.total_steps}")
-  if config.eval.every_steps < 1:
-    raise ConfigError(f"eval.every_steps must be >= 1, got {config.eval.every_steps}")
-  check_eval(config)
-  check_attention(config)
-  check_data(config.data)
-  try:
-    RLSpec.from_config(config.rl)
-  except ValueError as e:
-    raise ConfigError(f"rl: {e}") from None
+  check_attention(run.model)
   if workdir is not None:
     check_workdir(workdir)
+  return run
 
 
-def heldout_size(data) -> int:
-  """Prompts in the held-out split the data section asks for (the sum over a mixture's tasks)."""
-  mix = mixture.parse_mixture(data)
-  return sum(int(data.tasks[name].heldout) for name, _ in mix) if mix else int(data.heldout)
-
-
-def check_eval(config) -> None:
-  """The eval section: mode, sizes, and num_prompts against the held-out split's size."""
-  e = config.eval
-  if e.mode not in ("fleet", "local"):
-    raise ConfigError(f"eval.mode={e.mode!r}; expected 'fleet' (the generators evaluate, through "
-                      f"the buffer's evaluation lane) or 'local' (learner process 0 samples)")
-  if int(e.samples_per_prompt) < 1:
-    raise ConfigError(f"eval.samples_per_prompt must be >= 1 (mean@n needs n >= 1 samples per "
-                      f"prompt), got {e.samples_per_prompt}")
-  n = int(e.num_prompts)
-  if n < 0:
-    raise ConfigError(f"eval.num_prompts must be >= 0 (0 = the whole held-out split), got {n}")
-  try:
-    held = heldout_size(config.data)
-  except (ValueError, KeyError):
-    return                                   # check_data reports a bad mixture
-  if n > held:
-    raise ConfigError(f"eval.num_prompts={n} is larger than the held-out split ({held} prompts, "
-                      f"data.heldout); lower eval.num_prompts or raise data.heldout")
-  if not float(e.timeout_s) > 0:
-    raise ConfigError(f"eval.timeout_s must be > 0, got {e.timeout_s}")
-  if int(config.generator.eval_hold_versions) < 1:
-    raise ConfigError(f"generator.eval_hold_versions must be >= 1, got "
-                      f"{config.generator.eval_hold_versions}")
-
-
-def check_attention(config, platform: str | None = None) -> None:
-  """ConfigError when `model.attention_impl` is unknown or needs a platform this process lacks
-  (cudnn without a GPU, splash without a TPU), instead of a wrong answer or a late crash.
+def check_attention(model, platform: str | None = None) -> None:
+  """ConfigError when the model section's `attention_impl` is unknown or needs a platform this
+  process lacks (cudnn without a GPU, splash without a TPU), instead of a wrong answer or a late
+  crash.
 
   The platform is read without initialising a JAX backend (validate runs before
   jax.distributed.initialize): $JAX_PLATFORMS, else the installed plugins."""
-  m = config.model
-  impl = m.attention_impl
   try:
-    attention.check_available(impl, platform or attention.installed_platform())
+    attention.check_available(model.attention_impl, platform or attention.installed_platform())
   except ValueError as e:
     raise ConfigError(f"model.{e}") from None
-  if int(m.attention_block) < 1 or int(m.logits_chunk) < 1:
-    raise ConfigError("model.attention_block and model.logits_chunk must be >= 1")
 
 
 def check_data(data) -> None:
-  """The data section's shape, before anything loads: the mixture (shares, task names), every
-  mixed task's kind and prompt template (the data itself is loaded and checked by build_dataset
-  at job start)."""
-  try:
-    mix = mixture.parse_mixture(data)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
-  for name, _ in mix or [("", 1.0)]:
-    sec = data.tasks[name] if name else data
-    kind = sec.kind
-    if kind not in KINDS:
-      where = f"data.tasks.{name}.kind" if name else "data.kind"
-      raise ConfigError(f"{where}={kind!r}; expected one of {KINDS}")
-    try:
-      check_template(kind, sec.template)
-      reward_for(sec)
-    except ValueError as e:
-      raise ConfigError(f"data.tasks.{name}: {e}" if name else str(e)) from None
+  """The data section's checks (configs.common.Data: mixture, kinds, templates, rewards)."""
+  common.Data.from_config(data)
 
 
 def check_workdir(workdir: str) -> None:

@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 from safetensors.numpy import load, save
 
+from configs import common
 from scalerl_jax import models
 from scalerl_jax import recipes
 from scalerl_jax import storage
@@ -54,9 +55,10 @@ def model_config(config):
     cfg = models.from_hf_config(json.loads(storage.read_text(cfg_path)), **numerics)
   else:
     cfg = models.get_preset(m["preset"], **overrides)
-  if cfg.is_moe and "mesh" in config and cfg.moe_impl == "dispatch":
-    shape = {a: int(s) for a, s in config.mesh.shape if int(s) > 0}   # -1 (rest): checked at trace
-    moe.expert_shards(cfg.num_experts, shape, tuple(config.mesh.rules))
+  mesh = getattr(config, "mesh", None)   # a ConfigDict or a typed RunConfig (may lack it)
+  if cfg.is_moe and mesh is not None and cfg.moe_impl == "dispatch":
+    shape = {a: int(s) for a, s in mesh.shape if int(s) > 0}   # -1 (rest): checked at trace
+    moe.expert_shards(cfg.num_experts, shape, tuple(mesh.rules))
   return cfg
 
 
@@ -125,26 +127,28 @@ def padded_length(length: int, multiple: int, max_len: int) -> int:
   return min(-(-max(length, 1) // multiple) * multiple, max_len)
 
 
-def max_sequence_len(config) -> int:
-  """Longest learner row the config allows: max prompt + the longest completion (thinking budget,
-  the injected interruption tokens (cap 64), answer budget). The plan tool's memory plan must
-  cover it (tools/plan.py sizes prompt + think + answer; a longer sum is a config error)."""
-  return int(config.rollout.max_prompt_len) + max_completion_len(config)
+def max_sequence_len(rollout) -> int:
+  """Longest learner row the rollout section allows: max prompt + the longest completion
+  (thinking budget, the injected interruption tokens (cap 64), answer budget). The plan tool's
+  memory plan must cover it (tools/plan.py sizes prompt + think + answer; a longer sum is a
+  config error)."""
+  return int(rollout.max_prompt_len) + max_completion_len(rollout)
 
 
-def wire_dtype(config) -> str | None:
-  """The dtype float32 params are pushed to generators in (`weights.wire_dtype`): "bfloat16", or
-  None for float32 (no cast). Every weight push (StreamPublisher, the vLLM load) uses it."""
-  name = config.weights.wire_dtype
+def wire_dtype(weights) -> str | None:
+  """The dtype float32 params are pushed to generators in (the weights section's `wire_dtype`):
+  "bfloat16", or None for float32 (no cast). Every weight push (StreamPublisher, the vLLM load)
+  uses it."""
+  name = weights.wire_dtype
   if name not in recipes.WIRE_DTYPES:
     raise ValueError(f"weights.wire_dtype={name!r}; expected one of {recipes.WIRE_DTYPES}")
   return None if name == "float32" else name
 
 
-def max_completion_len(config) -> int:
-  """Longest completion a generator can produce under config.rollout (incl. interruption;
+def max_completion_len(rollout) -> int:
+  """Longest completion a generator can produce under the rollout section (incl. interruption;
   generation.interruption.max_completion_len)."""
-  return interruption.max_completion_len(config.rollout)
+  return interruption.max_completion_len(rollout)
 
 
 def train_seq_len(config) -> int:
@@ -152,13 +156,13 @@ def train_seq_len(config) -> int:
   (`padded_length` with `learner.pad_multiple`, as trainer.pad_time pads): the longest sequence
   the train step compiles for, the length its memory plan must be made at (tools.plan's default,
   launch.preflight's check)."""
-  longest = max_sequence_len(config)
+  longest = max_sequence_len(config.rollout)
   return padded_length(longest, int(config.learner.pad_multiple), longest)
 
 
-def vllm_max_model_len(config) -> int:
+def vllm_max_model_len(rollout) -> int:
   """`max_model_len` a vLLM generator engine is started with (prompt + completion + 16)."""
-  return max_sequence_len(config) + 16
+  return max_sequence_len(rollout) + 16
 
 
 def params_to_payload(model_cfg, params) -> bytes:
@@ -192,7 +196,7 @@ def load_run_config(path: str, overrides=()) -> ml_collections.ConfigDict:
   with open(path) as f:
     d = json.load(f)
   d.pop("_meta", None)
-  return recipes.apply_overrides(ml_collections.ConfigDict(_tuplify(d)), overrides)
+  return recipes.apply_overrides(common.lock(ml_collections.ConfigDict(_tuplify(d))), overrides)
 
 
 def _tuplify(x):

@@ -159,10 +159,10 @@ def test_unavailable_backend_is_a_config_error():
   for impl, platform in (("cudnn", "cpu"), ("splash", "cpu"), ("splash", "gpu"),
                          ("cudnn", "tpu"), ("flash", "cpu")):
     with pytest.raises(recipes.ConfigError, match="attention_impl"):
-      recipes.check_attention(cfg(impl), platform)
+      recipes.check_attention(cfg(impl).model, platform)
   for impl, platform in (("auto", "cpu"), ("blockwise", "cpu"), ("cudnn", "gpu"),
                          ("splash", "tpu"), ("xla_einsum", "gpu")):
-    recipes.check_attention(cfg(impl), platform)
+    recipes.check_attention(cfg(impl).model, platform)
   assert A.resolve("auto", "gpu") == "cudnn" and A.resolve("auto", "tpu") == "splash"
   assert A.resolve("auto", "cpu") == "causal_blocks"
 

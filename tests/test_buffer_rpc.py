@@ -190,11 +190,12 @@ def test_cli_requires_token(tmp_path):
 
 
 def test_from_config_uses_rollout_and_buffer_sections():
-  from configs.common import base_config
-  cfg = base_config()
+  from configs import common
+  cfg = common.base_config()
   cfg.rollout.prompts_per_step, cfg.rollout.generations_per_prompt, cfg.rollout.max_lag = 3, 2, 5
   prompts = [PromptSpec(i, np.array([i], np.int32)) for i in range(4)]
-  srv = BufferServer.from_config(cfg, prompts, token=TOKEN).start()
+  run = common.RunConfig.from_config(cfg)
+  srv = BufferServer.from_sections(run.rollout, run.buffer, run.tls, prompts, token=TOKEN).start()
   try:
     st = BufferClient(srv.address, TOKEN).status()
     assert (st.prompts_per_step, st.group_size, st.max_lag, st.mode) == (3, 2, 5, "pipeline")

@@ -334,9 +334,9 @@ def test_vllm_generators_start_on_the_start_checkpoint(tmp_path):
   from scalerl_jax import storage
   from scalerl_jax.generation.vllm.engine import vllm_start_dir
   c = base_config()
-  assert vllm_start_dir(c, 0) == ""
+  assert vllm_start_dir(c.model, 0) == ""
   c.model.hf_checkpoint = str(tmp_path / "ckpt")
-  assert vllm_start_dir(c, 0) == str(tmp_path / "ckpt") and vllm_start_dir(c, 3) == ""
+  assert vllm_start_dir(c.model, 0) == str(tmp_path / "ckpt") and vllm_start_dir(c.model, 3) == ""
   src = tmp_path / "src"
   src.mkdir()
   (src / "config.json").write_text("{}")

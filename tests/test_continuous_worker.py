@@ -13,7 +13,7 @@ import time
 import jax
 import pytest
 
-from configs import tiny
+from configs import common, tiny
 from scalerl_jax import models
 from scalerl_jax import runtime
 from scalerl_jax.buffer.server import BufferServer
@@ -46,7 +46,7 @@ def test_continuous_worker_pushes_per_group_and_a_slow_grader_stalls_nothing(tmp
   os.environ[c.buffer.auth_token_env] = TOKEN
   client = BufferClient(srv.address, TOKEN, retries=3)
   StreamPublisher(client, 0, params).publish()
-  worker = Worker(c, srv.address, "gen-0", "jax", str(tmp_path))
+  worker = Worker(common.RunConfig.from_config(c), srv.address, "gen-0", "jax", str(tmp_path))
   assert worker.continuous_ok() == ""
   # The first group graded blocks in its grader (a hung sandbox, say) until this test has seen
   # two other groups pushed meanwhile: forced, not timed. Admission lets (k + 1) * B = 6 groups

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import tiny
+from configs import common, tiny
 from scalerl_jax import models
 from scalerl_jax import runtime
 from scalerl_jax.buffer.server import BufferServer
@@ -64,7 +64,7 @@ def setup(tmp_path_factory):
   os.environ[c.buffer.auth_token_env] = TOKEN
   client = BufferClient(srv.address, TOKEN, retries=3)
   StreamPublisher(client, 0, p0).publish()
-  worker = Worker(c, srv.address, "gen-0", "jax", str(wd))
+  worker = Worker(common.RunConfig.from_config(c), srv.address, "gen-0", "jax", str(wd))
   th = threading.Thread(target=worker.run, daemon=True)
   th.start()
   StreamPublisher(client, 1, p1).publish()

@@ -29,9 +29,9 @@ def test_padded_length_is_a_clamped_multiple():
   with pytest.raises(ValueError, match="learner.pad_multiple=0"):
     runtime.padded_length(10, 0, 100)
   c = common.base_config()          # 8B budgets: 2048 + 12288 + 64 + 2048
-  assert runtime.max_sequence_len(c) == 16_448
+  assert runtime.max_sequence_len(c.rollout) == 16_448
   arrays = {"tokens": np.ones((2, 16_404), np.int32), "loss_mask": np.ones((2, 16_404), bool)}
-  assert pad_time(arrays, 128, runtime.max_sequence_len(c))["tokens"].shape == (2, 16_448)
+  assert pad_time(arrays, 128, runtime.max_sequence_len(c.rollout))["tokens"].shape == (2, 16_448)
 
 
 def _ragged_batch(seed=11, T=48):

@@ -21,7 +21,7 @@ def _main():
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from configs import tiny
+  from configs import common, tiny
   from scalerl_jax import models, sharding, topologies
   from scalerl_jax.learner import Learner
   sys.path.insert(0, os.path.dirname(__file__))
@@ -42,9 +42,11 @@ def _main():
 
   mesh = sharding.make_mesh(config.mesh.shape)
   shard = sharding.param_shardings(cfg, mesh, config.mesh.rules)
-  meshed = Learner(apply_fn, jax.tree.map(jnp.array, host0), config, mesh=mesh,
-                   params_sharding=shard, vocab_size=cfg.vocab_size)
-  single = Learner(apply_fn, jax.tree.map(jnp.array, host0), config, vocab_size=cfg.vocab_size)
+  run = common.RunConfig.from_config(config)
+  meshed = Learner.for_run(apply_fn, jax.tree.map(jnp.array, host0), run, mesh=mesh,
+                           params_sharding=shard, vocab_size=cfg.vocab_size)
+  single = Learner.for_run(apply_fn, jax.tree.map(jnp.array, host0), run,
+                           vocab_size=cfg.vocab_size)
 
   rng = np.random.default_rng(0)
   losses = []

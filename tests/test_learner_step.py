@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from configs import tiny
+from configs import common, tiny
 from scalerl_jax import models
 from scalerl_jax.learner import (Learner, LearnerState, RLSpec, make_optimizer, make_train_step,
                                  token_logprobs, warmup_constant_schedule)
@@ -193,7 +193,8 @@ def _learner(**optim):
   for k, v in optim.items():
     c.optim[k] = v
   params = jax.tree.map(jnp.array, _params())          # a copy: the Learner donates its params
-  return Learner(apply_fn, params, c, vocab_size=CFG.vocab_size), c
+  return Learner.for_run(apply_fn, params, common.RunConfig.from_config(c),
+                         vocab_size=CFG.vocab_size), c
 
 
 def test_bad_batches_error_or_skip(caplog):

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import tiny
+from configs import common, tiny
 from scalerl_jax import models
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner
@@ -48,8 +48,8 @@ def _first_step_batch(params, temperature):
 def _first_step_metrics(params, batch, **kw):
   config = tiny.get_config()
   config.generator.temperature = T
-  learner = Learner(apply_fn, jax.tree.map(jnp.array, params), config,
-                    vocab_size=CFG.vocab_size, **kw)
+  learner = Learner.for_run(apply_fn, jax.tree.map(jnp.array, params),
+                            common.RunConfig.from_config(config), vocab_size=CFG.vocab_size, **kw)
   return learner.step(batch)
 
 

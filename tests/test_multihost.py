@@ -41,7 +41,7 @@ def _worker(mode, out_path):
   from scalerl_jax import distributed
   spec = distributed.initialize()          # env SCALERL_* (multi) or a no-op (single)
   import jax
-  from configs import tiny
+  from configs import common, tiny
   from scalerl_jax import models, sharding
   from scalerl_jax.learner import Learner
 
@@ -62,13 +62,15 @@ def _worker(mode, out_path):
   t0 = time.perf_counter()
   init = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(0)))
   if mode == "nomesh":
-    learner = Learner(apply_fn, jax.tree.map(np.array, init), config, vocab_size=cfg.vocab_size)
+    learner = Learner.for_run(apply_fn, jax.tree.map(np.array, init),
+                              common.RunConfig.from_config(config), vocab_size=cfg.vocab_size)
     metrics = [learner.step(b) for b in batches]
   else:
     assert jax.device_count() == 4, jax.devices()
     mesh = sharding.make_mesh(config.mesh.shape)
     params, shardings = sharding.sharded_init(cfg, jax.random.PRNGKey(0), mesh, config.mesh.rules)
-    learner = distributed.MultiHostLearner(apply_fn, params, config, mesh=mesh,
+    learner = distributed.MultiHostLearner.for_run(apply_fn, params,
+                                                   common.RunConfig.from_config(config), mesh=mesh,
                                            params_sharding=shardings, vocab_size=cfg.vocab_size)
     rows = learner.local_rows(batches[0]["tokens"].shape[0])
     if jax.process_index() == 1:   # a slower host: its first step starts TEST_SKEW_S late

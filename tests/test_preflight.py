@@ -217,7 +217,7 @@ def test_train_seq_len_is_what_pad_time_pads_a_longest_batch_to():
   from scalerl_jax.tools.plan import default_seq_len
   from scalerl_jax.training.trainer import pad_time
   c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
-  longest = runtime.max_sequence_len(c)
+  longest = runtime.max_sequence_len(c.rollout)
   assert longest == 2048 + 12288 + 64 + 2048 == 16448
   got = pad_time({"tokens": np.zeros((1, longest), np.int32)}, int(c.learner.pad_multiple),
                  longest)["tokens"].shape[1]
@@ -256,7 +256,7 @@ def test_vllm_engine_args_size_the_kv_cache_from_gpu_memory():
   from scalerl_jax.generation.vllm.generator import VLLMGenerator
   assert inspect.signature(VLLMGenerator).parameters["kv_cache_bytes"].default is None
   c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
-  args = gen_worker.vllm_args(c)
+  args = gen_worker.vllm_args(c.generator)
   assert (args["kv_cache_bytes"], args["gpu_memory_utilization"], args["max_num_seqs"]) == \
       (None, 0.9, 64)
   cfg = dict(vllm_worker.DEFAULTS, kv_cache_bytes=args["kv_cache_bytes"],
@@ -265,7 +265,7 @@ def test_vllm_engine_args_size_the_kv_cache_from_gpu_memory():
   assert vllm_worker.kv_cache_args(cfg, on_gpu=False) == {
       "kv_cache_memory_bytes": vllm_worker.CPU_KV_CACHE_BYTES}
   c.generator.kv_cache_bytes = 8 << 30
-  cfg["kv_cache_bytes"] = gen_worker.vllm_args(c)["kv_cache_bytes"]
+  cfg["kv_cache_bytes"] = gen_worker.vllm_args(c.generator)["kv_cache_bytes"]
   assert vllm_worker.kv_cache_args(cfg, on_gpu=True) == {"kv_cache_memory_bytes": 8 << 30}
 
 

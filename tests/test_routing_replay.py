@@ -61,10 +61,12 @@ def _learner_metrics(params, batch, replay: bool, cfg=CFG):
   config.optim.lr = 0.0
   config.optim.warmup_steps = 0
   config.rl.routing_replay = replay
+  config.generator.backend = "jax"      # a backend that records routes (a valid replay config)
   aux = cfg.moe_capacity_factor > 0
   apply_fn = lambda p, t, pos, routes=None: models.forward(p, cfg, t, pos, routes=routes,
                                                            return_aux=aux)
-  learner = Learner(apply_fn, params, config, vocab_size=CFG.vocab_size, route_shape=(R, K, E))
+  learner = Learner.for_run(apply_fn, params, common.RunConfig.from_config(config),
+                            vocab_size=CFG.vocab_size, route_shape=(R, K, E))
   keys = ("tokens", "gen_logprobs", "loss_mask", "rewards", "prompt_ids")
   b = {k: batch[k] for k in keys + (("routes",) if replay else ())}
   b["rewards"] = np.arange(len(b["rewards"]), dtype=np.float32) % 2   # non-zero variance

@@ -41,17 +41,16 @@ def test_two_devices_match_one_device():
 
 def test_worker_cpu_decode_devices_flag(monkeypatch):
   """generator.jax_devices=2 adds the XLA:CPU device-count flag; a pinned generator keeps one."""
+  from configs import common
   from scalerl_jax.generation.jax_engine import cpu_decode_devices
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
-  config = _config(jax_devices=2)
-  assert cpu_decode_devices(config, pinned=[1]) == 1
-  assert config.generator.jax_devices == 1
+  generator = common.Generator.from_config(_config(jax_devices=2).generator)
+  assert cpu_decode_devices(generator, pinned=[1]) == 1
   assert os.environ["XLA_FLAGS"] == "--xla_cpu_multi_thread_eigen=false"
-  config.generator.jax_devices = 2
-  assert cpu_decode_devices(config, pinned=None) == 2
+  assert cpu_decode_devices(generator, pinned=None) == 2
   assert os.environ["XLA_FLAGS"].split() == ["--xla_cpu_multi_thread_eigen=false",
                                              "--xla_force_host_platform_device_count=2"]
-  assert cpu_decode_devices(_config(), None) == 1
+  assert cpu_decode_devices(common.Generator(), None) == 1
 
 
 def _config(**generator):

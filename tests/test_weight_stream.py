@@ -234,6 +234,7 @@ def test_worker_takes_streamed_and_blob_versions():
   import jax
   from scalerl_jax import models, runtime
   from scalerl_jax.generation import worker as W
+  from configs import common
   from scalerl_jax.generation.jax_engine import JaxEngine
   cfg = models.get_preset("tiny_llama3", vocab_size=128, d_model=64, num_layers=2, num_heads=2,
                           num_kv_heads=1, head_dim=32, ffn_dim=96, dtype="float32")
@@ -246,7 +247,8 @@ def test_worker_takes_streamed_and_blob_versions():
     v = got.version
     assert v == 0 and not got.streamed
     conf = _config(chunk_steps=4)
-    w.gen = JaxEngine(conf).make(cfg, got.params_for(cfg), v, "/tmp", None)
+    w.gen = JaxEngine(common.RunConfig.from_config(conf)).make(cfg, got.params_for(cfg), v, "/tmp",
+                                                               None)
     assert _same(w.gen.params, params)
     new = jax.tree.map(lambda x: x + np.float32(1), params)
     StreamPublisher(c, 1, new, chunk_bytes=16 << 10, process_index=0).publish()

@@ -64,7 +64,7 @@ def _reassemble(manifest, chunks, dtype):
 
 def test_trainer_push_is_bf16_on_the_wire_by_default():
   config = common.base_config()
-  assert config.weights.wire_dtype == "bfloat16" and runtime.wire_dtype(config) == "bfloat16"
+  assert config.weights.wire_dtype == "bfloat16" and runtime.wire_dtype(config.weights) == "bfloat16"
   params = _masters()
   manifest, chunks = _trainer_push(config, params)
   n_params = sum(x.size for _, x in flatten(params))
@@ -91,7 +91,7 @@ def test_bad_wire_dtype_is_a_config_error():
   config = common.base_config()
   config.weights.wire_dtype = "fp8"
   with pytest.raises(ValueError, match="weights.wire_dtype='fp8'"):
-    runtime.wire_dtype(config)
+    runtime.wire_dtype(config.weights)
 
 
 def _fake_vllm(dtype):

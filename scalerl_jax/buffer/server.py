@@ -94,21 +94,22 @@ class BufferServer:
     self.address = f"{host}:{self.port}"
 
   @classmethod
-  def from_config(cls, config, prompts: Sequence[PromptSpec], token: Optional[str] = None,
-                  **overrides) -> "BufferServer":
-    """Builds the server from a run config (`rollout` and `buffer` sections of configs/common.py).
+  def from_sections(cls, rollout, buffer, tls, prompts: Sequence[PromptSpec],
+                    token: Optional[str] = None, **overrides) -> "BufferServer":
+    """Builds the server from a run's `rollout`, `buffer` and `tls` sections (configs/common.py;
+    typed or ConfigDict: this module imports no config code, it runs without JAX).
 
-    The token defaults to the env var named by `config.buffer.auth_token_env`."""
+    The token defaults to the env var named by `buffer.auth_token_env`."""
     if token is None:
-      token = os.environ.get(config.buffer.auth_token_env, "")
+      token = os.environ.get(buffer.auth_token_env, "")
       if not token:
-        raise ValueError(f"auth token env var {config.buffer.auth_token_env} is empty or unset")
-    host, _, port = config.buffer.address.rpartition(":")
-    r = config.rollout
+        raise ValueError(f"auth token env var {buffer.auth_token_env} is empty or unset")
+    host, _, port = buffer.address.rpartition(":")
+    r = rollout
     kw: dict[str, Any] = dict(token=token, prompts_per_step=r.prompts_per_step,
               group_size=r.generations_per_prompt, max_lag=r.max_lag, mode=r.mode,
               host=host or "127.0.0.1", port=int(port or 0),
-              max_message_bytes=config.buffer.max_message_bytes, tls=TLS.from_config(config))
+              max_message_bytes=buffer.max_message_bytes, tls=TLS.from_section(tls))
     kw.update(overrides)
     return cls(prompts, **kw)
 

@@ -123,7 +123,8 @@ class Dataset:
 def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
   """Builds the dataset of a run config's `data` section: the mixture `data_cfg.mixture` over
   `data_cfg.tasks` when set, else the one task named by `data_cfg.kind` (synthetic | tiny_code |
-  polaris | deepcoder). Every key is declared in configs/common.py base_config."""
+  polaris | deepcoder). `data_cfg`: the typed section (configs.common.Data; a ConfigDict data
+  section works too: data.export, launch/)."""
   mix = mixture.parse_mixture(data_cfg)
   if not mix:
     return _build_task(data_cfg, max_prompt_len)

@@ -27,11 +27,10 @@ def parse_mixture(data_cfg) -> list[tuple[str, float]]:
   """[(task name, share), ...] of `data_cfg.mixture` ([] when unset); raises ValueError with one
   clear line for a malformed string, an unknown task, a non-positive share or shares not summing
   to 1."""
-  text = str(data_cfg.get("mixture", "") or "").strip()
+  text = str(data_cfg.mixture or "").strip()
   if not text:
     return []
-  tasks = data_cfg.get("tasks")
-  declared = sorted(tasks.keys()) if tasks is not None else []
+  declared = sorted(data_cfg.tasks.keys())
   out, seen = [], set()
   for part in text.split(","):
     name, sep, share = part.strip().partition(":")

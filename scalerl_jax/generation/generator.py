@@ -65,7 +65,8 @@ class Generator(abc.ABC):
 
 class Engine:
   """How a generator worker runs one backend (generation/backends.py registers them by name):
-  built once per worker process with the run config. The worker calls only this surface.
+  built once per worker process with the typed run config (configs.common.RunConfig: its
+  generator, rollout, rl, model sections). The worker calls only this surface.
 
   `separate_eval`: an evaluation of a pinned version samples in a second generator
   (`eval_generator`) and the training generator keeps its state; False: the one engine switches to

@@ -6,6 +6,7 @@ import logging
 import os
 from typing import cast
 
+from configs import common
 from scalerl_jax import xla_env
 from scalerl_jax.generation.continuous import ContinuousDecoder
 from scalerl_jax.generation.generator import Engine
@@ -14,15 +15,15 @@ from scalerl_jax.generation.sampler import JaxSampler
 log = logging.getLogger("scalerl.worker")
 
 
-def cpu_decode_devices(config, pinned) -> int:
-  """`config.generator.jax_devices` = N > 1 (default 1): the JAX sampler decodes data-parallel over
-  N XLA:CPU devices (bench.sampler --devices 2 on 2 cores: ~1.2-1.3x one device). Sets
-  --xla_force_host_platform_device_count before JAX starts; a generator pinned to one CPU
-  (`pin_cpus`) keeps one device. Returns the device count used."""
-  n = int(config.generator.jax_devices)
+def cpu_decode_devices(generator: common.Generator, pinned) -> int:
+  """`generator.jax_devices` = N > 1 (default 1) of the generator section: the JAX sampler decodes
+  data-parallel over N XLA:CPU devices (bench.sampler --devices 2 on 2 cores: ~1.2-1.3x one
+  device). Sets --xla_force_host_platform_device_count before JAX starts; a generator pinned to
+  one CPU (`pin_cpus`) keeps one device. Returns the device count used."""
+  n = generator.jax_devices
   if n > 1 and pinned:
     log.warning("generator.jax_devices=%d ignored: this generator is pinned to CPU %s", n, pinned)
-    config.generator.jax_devices = n = 1
+    n = 1
   if n > 1:
     os.environ["XLA_FLAGS"] = xla_env.with_device_count(os.environ.get("XLA_FLAGS"), n)
   return n
@@ -35,25 +36,28 @@ class JaxEngine(Engine):
 
   separate_eval = True
 
+  def __init__(self, config: common.RunConfig):
+    super().__init__(config)
+    self.n_dev = config.generator.jax_devices   # decode devices (prepare_process may lower it)
+
   def prepare_process(self, pinned):
-    cpu_decode_devices(self.config, pinned)
+    self.n_dev = cpu_decode_devices(self.config.generator, pinned)
 
   def _sampler(self, model_cfg, params, version: int, record_routes: bool = False) -> JaxSampler:
-    n_dev = int(self.config.generator.jax_devices)
     return JaxSampler(model_cfg, params, version=version,
-                      chunk_steps=int(self.config.generator.chunk_steps),
-                      devices=n_dev if n_dev > 1 else None, record_routes=record_routes)
+                      chunk_steps=self.config.generator.chunk_steps,
+                      devices=self.n_dev if self.n_dev > 1 else None, record_routes=record_routes)
 
   def make(self, model_cfg, params, version, workdir, dataset):
-    return self._sampler(model_cfg, params, version, bool(self.config.rl.routing_replay))
+    return self._sampler(model_cfg, params, version, self.config.rl.routing_replay)
 
   def eval_generator(self, model_cfg, params, version):
     return self._sampler(model_cfg, params, version)
 
   def continuous(self, gen, spec):
     # `gen` is the JaxSampler this engine's `generator` built (Engine's contract).
-    return ContinuousDecoder(cast(JaxSampler, gen), int(self.config.generator.decode_batch), spec,
-                             max_prompt_len=int(self.config.rollout.max_prompt_len))
+    return ContinuousDecoder(cast(JaxSampler, gen), self.config.generator.decode_batch, spec,
+                             max_prompt_len=self.config.rollout.max_prompt_len)
 
   def refuses_continuous(self, gen, model_cfg) -> str:
     gen = cast(JaxSampler, gen)          # this engine's own generator (Engine's contract)
@@ -62,7 +66,7 @@ class JaxEngine(Engine):
     return ""
 
   def devices(self) -> int:
-    return int(self.config.generator.jax_devices)
+    return self.n_dev
 
   def drain_chunk(self) -> int:
-    return int(self.config.generator.chunk_steps)
+    return self.config.generator.chunk_steps

@@ -44,6 +44,7 @@ from typing import Any
 
 import grpc
 
+from configs import common
 from scalerl_jax import recipes
 from scalerl_jax import rewards
 from scalerl_jax import runtime
@@ -102,8 +103,8 @@ class Worker(EvalLane, ContinuousLoop):
   (generation/eval_lane.py), its continuous-batching loop `ContinuousLoop`
   (generation/continuous_loop.py)."""
 
-  def __init__(self, config, address: str, generator_id: str, backend: str, workdir: str,
-               engine: Engine | None = None):
+  def __init__(self, config: common.RunConfig, address: str, generator_id: str, backend: str,
+               workdir: str, engine: Engine | None = None):
     self.config, self.id = config, generator_id
     # The backend's engine (generation/backends.py); main builds it first (prepare_process).
     self.engine = engine or backends.engine_class(backend)(config)
@@ -382,9 +383,10 @@ def main(argv=None):
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
   pinned = runtime.pin_to_device_cpus(config, "generator", index)
   backend = a.backend or config.generator.backend
-  engine = backends.engine_class(backend)(config)
+  run = common.RunConfig.from_config(config)   # the typed run config, built once
+  engine = backends.engine_class(backend)(run)
   engine.prepare_process(pinned)     # before JAX starts (e.g. the XLA:CPU device count)
-  w = Worker(config, a.buffer, a.generator_id, backend,
+  w = Worker(run, a.buffer, a.generator_id, backend,
              a.workdir or os.path.dirname(os.path.abspath(a.run_config)), engine=engine)
   w.alive_file = a.alive_file
   w.touch_alive()

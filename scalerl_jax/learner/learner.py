@@ -1,6 +1,6 @@
 """Host-side learner: builds optimizer + state, shards and jits the step, validates batches, logs.
 
-    learner = Learner(apply_fn, params, config, mesh=mesh, params_sharding=shardings)
+    learner = Learner.for_run(apply_fn, params, run, mesh=mesh, params_sharding=shardings)
     metrics = learner.step(batch)        # dict of python floats; logs a warning on skipped steps
     learner.state                        # LearnerState pytree (orbax-checkpointable)
 """
@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
+from configs import common
 from scalerl_jax import sharding
 from scalerl_jax.learner.batch import RLSpec
 from scalerl_jax.learner.batch import validate_batch
@@ -59,42 +60,45 @@ def jit_train_step(step_fn, *, mesh=None, state_sharding=None, batch_sharding=No
 
 
 class Learner:
-  """Owns the LearnerState and the compiled step. `config` needs the ``rl`` and ``optim`` sections
-  (and ``mesh.rules`` when a mesh is given).
+  """Owns the LearnerState and the compiled step, built from the run's typed sections
+  (configs.common): ``rl`` (the objective), ``optim``, ``learner`` (length buckets) and ``model``
+  (logits_chunk, head_precision); ``rules`` (mesh.rules) when a mesh is given. `for_run` takes
+  them from a typed RunConfig.
 
   The Learner takes ownership of ``params``: its buffers are donated to the first step, so pass a
   copy if the caller keeps using them.
   """
 
-  def __init__(self, apply_fn: ApplyFn, params, config, *, mesh=None, params_sharding=None,
-               vocab_size: int | None = None, with_entropy: bool = True, donate: bool = True,
-               temperature: float | None = None,
+  def __init__(self, apply_fn: ApplyFn, params, *, rl: common.RL, optim: common.Optim,
+               learner: common.Learner, model: common.Model, temperature: float,
+               rules=None, mesh=None, params_sharding=None, vocab_size: int | None = None,
+               with_entropy: bool = True, donate: bool = True,
                route_shape: tuple[int, int, int] | None = None):
-    """`temperature`: the generators' sampling temperature (default
-    `config.generator.temperature`): learner log-probs are log_softmax(logits / T).
-    `route_shape` (R, K, E): validates batch["routes"] (MoE routing replay)."""
-    self.spec = RLSpec.from_config(config.rl)
-    if temperature is None:
-      temperature = float(config.generator.temperature)
+    """`temperature`: the generators' sampling temperature (generator.temperature): learner
+    log-probs are log_softmax(logits / T). `route_shape` (R, K, E): validates batch["routes"]
+    (MoE routing replay)."""
+    self.spec = RLSpec.from_config(rl)
     self.temperature = float(temperature)
-    self.microbatches = int(config.optim.microbatches)
+    self.microbatches = optim.microbatches
     self.vocab_size = vocab_size
     self.route_shape = route_shape   # (R, K, E): validates batch["routes"] (MoE routing replay)
-    self.optimizer = make_optimizer(config.optim)
-    self.lr_schedule = warmup_constant_schedule(config.optim.lr, config.optim.warmup_steps)
+    self.optimizer = make_optimizer(optim)
+    self.lr_schedule = warmup_constant_schedule(optim.lr, optim.warmup_steps)
     self.mesh = mesh
-    self.rules = tuple(config.mesh.rules) if mesh is not None else None
+    if mesh is not None and rules is None:
+      raise ValueError("a mesh needs rules (the mesh section's logical-axis rules)")
+    self.rules = tuple(rules) if mesh is not None and rules is not None else None
     partition = None
     state_sh = batch_sh = None
     if mesh is not None:
       if params_sharding is None:
         raise ValueError("a mesh needs params_sharding (e.g. from scalerl_jax.sharding)")
-      partition = P(batch_axes(config.mesh.rules))
+      partition = P(batch_axes(rules))
       batch_sh = NamedSharding(mesh, partition)
       state_sh = state_shardings(self.optimizer, params, params_sharding, mesh)
       params = jax.device_put(params, params_sharding)
     self.batch_sharding = batch_sh
-    model, lcfg = config.model, config.learner   # lcfg: per-micro-batch length buckets (train_step)
+    lcfg = learner                   # per-micro-batch length buckets (train_step)
     step_fn = make_train_step(apply_fn, self.optimizer, self.spec, self.microbatches,
                               lr_schedule=self.lr_schedule, with_entropy=with_entropy,
                               logits_chunk=int(model.logits_chunk),
@@ -115,6 +119,14 @@ class Learner:
     self._logp = (jax.jit(logp) if mesh is None or state_sh is None else jax.jit(
         logp, in_shardings=(state_sh.params, batch_sh, batch_sh),
         out_shardings=NamedSharding(mesh, P())))
+
+  @classmethod
+  def for_run(cls, apply_fn: ApplyFn, params, run: common.RunConfig, **kwargs):
+    """The learner of the typed run config `run`: its rl, optim, learner and model sections,
+    mesh.rules, and (unless given) generator.temperature."""
+    kwargs.setdefault("temperature", run.generator.temperature)
+    return cls(apply_fn, params, rl=run.rl, optim=run.optim, learner=run.learner, model=run.model,
+               rules=run.mesh.rules, **kwargs)
 
   def _place_rows(self, arrays: Mapping[str, Any]) -> dict:
     """Global [B, ...] host arrays (the same on every process) placed like a batch."""

@@ -78,7 +78,11 @@ class TLS:
   @classmethod
   def from_config(cls, config) -> "TLS":
     """From `config.tls` (its files all "": plaintext)."""
-    t = config.tls
+    return cls.from_section(config.tls)
+
+  @classmethod
+  def from_section(cls, t) -> "TLS":
+    """From a tls section (configs.common.Tls, or its ConfigDict)."""
     return cls(cert=str(t.cert or ""), key=str(t.key or ""), ca=str(t.ca or ""),
                mutual=bool(t.mutual), server_name=str(t.server_name or ""))
 

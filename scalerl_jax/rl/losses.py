@@ -48,7 +48,9 @@ class LossHParams:
 
   @classmethod
   def from_config(cls, rl) -> "LossHParams":
-    return cls(**{f.name: float(rl[f.name]) for f in dataclasses.fields(cls) if f.name in rl})
+    """From the rl section (configs.common.RL; a ConfigDict works too)."""
+    values = {f.name: getattr(rl, f.name, None) for f in dataclasses.fields(cls)}
+    return cls(**{k: float(v) for k, v in values.items() if v is not None})
 
 
 LossFn = Callable[..., LossOut]

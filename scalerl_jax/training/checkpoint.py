@@ -42,12 +42,13 @@ import crc32c
 import jax
 import orbax.checkpoint as ocp
 
+from configs import common
 from scalerl_jax import storage
 
 log = logging.getLogger("scalerl.checkpoint")
 MANIFEST = "manifest.json"
 COMMIT_MARKER = "commit_success.txt"   # orbax writes it when it finalized a step
-VERIFY_MODES = ("metadata", "full")    # checkpoint.verify
+VERIFY_MODES = common.VERIFY_MODES      # checkpoint.verify
 
 
 class CheckpointError(RuntimeError):
@@ -213,6 +214,11 @@ def find_valid(workdir: str, full: bool = False) -> tuple[int, dict, list[dict]]
 
 class RunCheckpointer:
   """Saves and restores (LearnerState, meta) pairs under WORKDIR/checkpoints."""
+
+  @classmethod
+  def for_section(cls, workdir: str, checkpoint: common.Checkpoint) -> "RunCheckpointer":
+    """The checkpointer of a run's checkpoint section (keep, async_save)."""
+    return cls(workdir, keep=checkpoint.keep, async_save=checkpoint.async_save)
 
   def __init__(self, workdir: str, keep: int = 3, async_save: bool = False):
     self.directory = storage.join(storage.abspath(workdir), "checkpoints")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from configs import common
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.rewards import sandbox_still_works
 from scalerl_jax.training.fleet_eval import FleetEvaluator, peak_rss_mb, summarize
@@ -43,10 +44,12 @@ def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
 
 
 class Evaluation:
-  """What the trainer calls (`trainer`: the Trainer, for its ledger, params and logs)."""
+  """What the trainer calls (`trainer`: the Trainer, for its ledger, params and logs; `section`:
+  the eval section; `hold_versions`: generator.eval_hold_versions, the versions a generator keeps
+  for pinned evaluations)."""
 
-  def __init__(self, trainer):
-    self.t = trainer
+  def __init__(self, trainer, section: common.Eval, hold_versions: int):
+    self.t, self.section, self.hold_versions = trainer, section, hold_versions
 
   def run(self, step: int) -> None:
     """Evaluates version `step` (0: R0, the base policy; the compute axis starts after it)."""
@@ -69,24 +72,23 @@ class LocalEvaluation(Evaluation):
       return
     t.ledger.begin_eval()
     out = evaluate(t.model_cfg, params, t.dataset, t.eval_spec,
-                   int(t.config.eval.samples_per_prompt), prompts=t.eval_set)
+                   self.section.samples_per_prompt, prompts=t.eval_set)
     t.record_eval(step, {**out, "eval_mode": "local", "learner_peak_rss_mb": peak_rss_mb()})
 
 
 class FleetEvaluation(Evaluation):
   """Through the buffer's evaluation lane: process 0 submits and collects (nothing collective)."""
 
-  def __init__(self, trainer):
-    super().__init__(trainer)
-    t, config = trainer, trainer.config
+  def __init__(self, trainer, section: common.Eval, hold_versions: int):
+    super().__init__(trainer, section, hold_versions)
+    t = trainer
     self.fleet = None
     if t.main:
       self.fleet = FleetEvaluator(
           t.client, t.eval_set, num_prompts=0,
-          samples_per_prompt=int(config.eval.samples_per_prompt), seed=int(t.eval_spec.seed),
+          samples_per_prompt=section.samples_per_prompt, seed=int(t.eval_spec.seed),
           temperature=t.eval_spec.temperature, top_p=t.eval_spec.top_p,
-          hold_versions=int(config.generator.eval_hold_versions),
-          timeout_s=float(config.eval.timeout_s),
+          hold_versions=hold_versions, timeout_s=section.timeout_s,
           task_names=t.dataset.tasks if t.dataset.is_mixture else (), watchdog=t.watchdog)
 
   def run(self, step: int) -> None:

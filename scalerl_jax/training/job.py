@@ -26,6 +26,7 @@ from analysis.errors import TooFewPointsError
 from analysis.fit import PER_TASK, fit_runs, metric_slug
 from analysis.forecast import forecast_runs
 from analysis.metrics import read_run, task_metric_keys
+from configs import common
 from scalerl_jax.training import checkpoint
 from scalerl_jax import rewards
 from scalerl_jax import runtime
@@ -43,7 +44,6 @@ from scalerl_jax.training.trainer import Trainer
 TRAINED_IDS = "trained_ids.jsonl"
 _RUN_OUTPUTS = (TRAINED_IDS, "metrics.jsonl", "tb", "checkpoints", "buffer_wal", "batches", "fit", "logs",
                 "npr_history.json", "learner_state.json", "resumes.jsonl", "checkpoints_invalid")
-RESUME_MODES = ("auto", "never")
 log = logging.getLogger("scalerl.job")
 
 
@@ -90,7 +90,7 @@ def truncate_metrics(workdir: str, step: int, name: str = "metrics.jsonl") -> di
   return dict(dropped_lines=dropped, last_step=last_step, last_time=last_time)
 
 
-def prepare_resume(config, workdir: str) -> dict | None:
+def prepare_resume(config: common.RunConfig, workdir: str) -> dict | None:
   """Finds the checkpoint to resume from (None: start over) and makes the workdir consistent
   with it: metrics truncated to its step, a resume record in WORKDIR/resumes.jsonl, and the
   learner-state file that tells the buffer to rewind (buffer/replay.py).
@@ -99,13 +99,9 @@ def prepare_resume(config, workdir: str) -> dict | None:
   resume from step 0: the learner-state file carries a resume request for step 0 (with a fresh
   NPR history), so a buffer that kept running with the previous run's versions and deliveries
   restarts and rewinds to step 0 from its WAL instead of refusing version 0 (a fresh buffer has
-  nothing to rewind). A first run in an empty workdir writes no request."""
-  mode = str(config.resume)
-  if mode not in RESUME_MODES:
-    raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {mode!r}")
-  vmode = str(config.checkpoint.verify)
-  if vmode not in checkpoint.VERIFY_MODES:
-    raise ValueError(f"checkpoint.verify must be one of {checkpoint.VERIFY_MODES}, got {vmode!r}")
+  nothing to rewind). A first run in an empty workdir writes no request. `config`: the typed
+  run config (its resume and checkpoint.verify values are checked there)."""
+  mode, vmode = config.resume, config.checkpoint.verify
   found = checkpoint.find_valid(workdir, full=vmode == "full") if mode == "auto" else None
   ls_path = storage.join(workdir, "learner_state.json")
   if found is None:
@@ -156,21 +152,21 @@ def _share(values: dict | None, key: str = "scalerl/shared") -> dict:
   return json.loads(_kv().blocking_key_value_get(key, _WAIT_MS))
 
 
-def _run_follower(config, workdir: str) -> dict:
+def _run_follower(run_cfg: common.RunConfig, workdir: str) -> dict:
   """Processes 1.. of a multi-host learner: same learner loop, no buffer / generators / logs.
 
   Process 0 shares the buffer address, auth token and resume step; the SFT base policy is read
   from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints); a
   start checkpoint (model.hf_checkpoint) is read at once, each process its own slices."""
-  dataset = build_dataset(config.data, config.rollout.max_prompt_len)
-  model_cfg = runtime.model_config(config)
-  if config.model.hf_checkpoint:   # each process reads its own slices, in parallel
-    params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
+  dataset = build_dataset(run_cfg.data, run_cfg.rollout.max_prompt_len)
+  model_cfg = runtime.model_config(run_cfg)
+  if run_cfg.model.hf_checkpoint:   # each process reads its own slices, in parallel
+    params, _ = warm_start(run_cfg, model_cfg, dataset, workdir, progress=False)
   shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
-  if not config.model.hf_checkpoint:
-    params, _ = warm_start(config, model_cfg, dataset, workdir, progress=False)
-  trainer = Trainer(config, workdir, dataset, model_cfg, params,
-                    BufferClient(shared["address"], shared["token"], tls=TLS.from_config(config)),
+  if not run_cfg.model.hf_checkpoint:
+    params, _ = warm_start(run_cfg, model_cfg, dataset, workdir, progress=False)
+  trainer = Trainer(run_cfg, workdir, dataset, model_cfg, params,
+                    BufferClient(shared["address"], shared["token"], tls=TLS.from_config(run_cfg)),
                     token=shared["token"],
                     gen_devices=0,
                     progress=False, resume_step=shared["resume_step"])
@@ -185,29 +181,30 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
   Multi-host (after `distributed.initialize`): every process calls this; process 0 runs the
   buffer, generators, evaluation and logs, the others only the learner (`_run_follower`)."""
+  run_cfg = common.RunConfig.from_config(config)   # the typed run config, built once
   multi = jax.process_count() > 1
   if multi and jax.process_index() != 0:
-    return _run_follower(config, workdir)
-  runtime.pin_to_device_cpus(config, "learner")   # before JAX starts its thread pools
-  external = bool(config.buffer.external)   # token checked by recipes.validate
-  os.environ.setdefault(config.buffer.auth_token_env, secrets.token_hex(16))
-  token = os.environ[config.buffer.auth_token_env]
+    return _run_follower(run_cfg, workdir)
+  runtime.pin_to_device_cpus(run_cfg, "learner")   # before JAX starts its thread pools
+  external = bool(run_cfg.buffer.external)   # token checked by recipes.validate
+  os.environ.setdefault(run_cfg.buffer.auth_token_env, secrets.token_hex(16))
+  token = os.environ[run_cfg.buffer.auth_token_env]
   # gs:// workdirs: what must be on a local disk (WAL, child logs, the files children read) goes to
   # `local` (docs/STORAGE.md); for a local workdir local == workdir.
-  local = storage.local_dir(workdir, config.local_dir)
+  local = storage.local_dir(workdir, run_cfg.local_dir)
   os.makedirs(local, exist_ok=True)
-  resume = prepare_resume(config, workdir)
+  resume = prepare_resume(run_cfg, workdir)
   ls_path = storage.join(workdir, "learner_state.json")
-  dataset = build_dataset(config.data, config.rollout.max_prompt_len)
+  dataset = build_dataset(run_cfg.data, run_cfg.rollout.max_prompt_len)
   if dataset.needs_sandbox:   # no run without a working sandbox (docs/SANDBOX.md)
-    rewards.prepare_code_rewards(config)
-  model_cfg = runtime.model_config(config)
+    rewards.prepare_code_rewards(run_cfg)
+  model_cfg = runtime.model_config(run_cfg)
   config_text = json.dumps({**config.to_dict(), "_meta": {"argv": sys.argv}}, indent=1, default=str)
   storage.write_text(storage.join(workdir, "config.json"), config_text)
   config_path = os.path.join(local, "config.json")   # the copy the generator processes read
   if config_path != storage.join(workdir, "config.json"):
     storage.write_text(config_path, config_text)
-  params, sft_info = warm_start(config, model_cfg, dataset, workdir, progress=progress)
+  params, sft_info = warm_start(run_cfg, model_cfg, dataset, workdir, progress=progress)
   prompts_path = os.path.join(local, "train_prompts.jsonl")
   write_prompts(dataset.train, prompts_path)   # the buffer serves only the train split
   procs = ProcessGroup(local)
@@ -215,20 +212,20 @@ def run(config, workdir: str, progress: bool = True) -> dict:
     # The buffer keeps acknowledged rollouts in a write-ahead log; a crashed buffer is restarted
     # from it by the supervisor, and dead generators are restarted (docs/RELIABILITY.md).
     if external:   # buffer and generator fleet are their own jobs (launch/): connect only
-      address = config.buffer.address
+      address = run_cfg.buffer.address
       if resume is not None:
         log.warning("resuming with an external buffer: it does not read %s; restart it with "
                     "--learner-state pointing at that file so it rewinds", ls_path)
     else:
       address = procs.start_buffer(
-          prompts_path, config, learner_state=ls_path,
-          wal_dir=config.buffer.wal_dir or os.path.join(local, "buffer_wal"))
-    client = BufferClient(address, token, tls=TLS.from_config(config))
+          prompts_path, run_cfg, learner_state=ls_path,
+          wal_dir=run_cfg.buffer.wal_dir or os.path.join(local, "buffer_wal"))
+    client = BufferClient(address, token, tls=TLS.from_config(run_cfg))
     if multi:   # the other learner processes join: buffer address, token, resume step
       _share(dict(address=address, token=token,
                   resume_step=resume["checkpoint_step"] if resume else None))
-    trainer = Trainer(config, workdir, dataset, model_cfg, params, client, token=token,
-                      gen_devices=int(config.generator.num_workers), progress=progress,
+    trainer = Trainer(run_cfg, workdir, dataset, model_cfg, params, client, token=token,
+                      gen_devices=int(run_cfg.generator.num_workers), progress=progress,
                       resume_step=resume["checkpoint_step"] if resume else None,
                       learner_state_path=ls_path,
                       watchdog=None if external else procs.check)
@@ -238,9 +235,9 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     gap_booked_s=trainer.resume_info["gap_booked_s"])
       storage.append_text(storage.join(workdir, "resumes.jsonl"), json.dumps(resume) + "\n")
     if not external:
-      procs.start_workers(int(config.generator.num_workers), config_path,
-                          config.buffer.generator_address or address,
-                          config.generator.backend)
+      procs.start_workers(int(run_cfg.generator.num_workers), config_path,
+                          run_cfg.buffer.generator_address or address,
+                          run_cfg.generator.backend)
       procs.start_supervisor(interval_s=1.0)
     last = trainer.run()
   finally:
@@ -255,7 +252,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   out = storage.join(workdir, "fit")
   trainer.metrics.log_images({"fit/curves": storage.join(out, "curves.png"),
                               "fit/forecast": storage.join(out, "forecast.png")},
-                             step=int(config.total_steps))
+                             step=int(run_cfg.total_steps))
   trainer.metrics.finish()
   if multi:
     _share({"done": True}, "scalerl/fit_done")

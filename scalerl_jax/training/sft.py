@@ -32,6 +32,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from configs import common
 from scalerl_jax import models
 from scalerl_jax import sharding
 from scalerl_jax import storage
@@ -103,7 +104,7 @@ def start_from_checkpoint(config, model_cfg, path: str, workdir: str | None = No
   return params, {"start": "hf_checkpoint", "hf_checkpoint": path, **stats}
 
 
-def warm_start(config, model_cfg, dataset, workdir: str, progress: bool = True):
+def warm_start(config: common.RunConfig, model_cfg, dataset, workdir: str, progress: bool = True):
   """The start policy: `model.hf_checkpoint` when set (`start_from_checkpoint`); else
   WORKDIR/base_policy if present, else SFT on the dataset's traces (config.sft), saved there."""
   ckpt = str(config.model.hf_checkpoint or "")
@@ -155,7 +156,7 @@ def _run_sft(config, model_cfg, dataset, progress: bool):
                   "sft_seconds": time.time() - t0, "sft_final_loss": float(np.mean(losses[-10:]))}
 
 
-def cache_entry(config) -> str:
+def cache_entry(config: common.RunConfig) -> str:
   """The shared warm-start cache directory for this config (`sft.cache_dir`, else
   $SCALERL_SFT_CACHE_DIR; "" = no cache): one subdirectory per sha256 of everything the warm
   start depends on (the model, sft, data sections and the seed), so a different config never

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from configs import common
 from scalerl_jax import distributed
 from scalerl_jax import models
 from scalerl_jax import runtime
@@ -90,8 +91,8 @@ def pad_time(arrays: dict, multiple: int, max_len: int) -> dict:
   return out
 
 
-def make_learner(config, model_cfg, params):
-  """The learner of a run. One device: a plain `Learner`. Several devices (a GPU host, a TPU
+def make_learner(config: common.RunConfig, model_cfg, params):
+  """The learner of a run (`config`: the typed run config). One device: a plain `Learner`. Several devices (a GPU host, a TPU
   slice, or several JAX processes): `distributed.MultiHostLearner` over the mesh of
   `config.mesh.shape` with the rules table's parameter shardings; `params` (host numpy, the same
   on every process) are placed shard by shard, never gathered on one device."""
@@ -107,14 +108,15 @@ def make_learner(config, model_cfg, params):
     route_shape = (models.num_moe_layers(model_cfg), model_cfg.num_experts_per_tok,
                    model_cfg.num_experts)
   if jax.device_count() == 1:
-    return Learner(apply_fn, jax.tree.map(np.array, params), config,
-                   vocab_size=model_cfg.vocab_size, route_shape=route_shape)
+    return Learner.for_run(apply_fn, jax.tree.map(np.array, params), config,
+                           vocab_size=model_cfg.vocab_size, route_shape=route_shape)
   mesh = sharding.make_mesh(config.mesh.shape)
   shardings = sharding.param_shardings(model_cfg, mesh, config.mesh.rules)
   placed = sharding.shard_params(params, model_cfg, mesh, config.mesh.rules)
-  return distributed.MultiHostLearner(apply_fn, placed, config, mesh=mesh,
-                                      params_sharding=shardings, vocab_size=model_cfg.vocab_size,
-                                      route_shape=route_shape)
+  return distributed.MultiHostLearner.for_run(apply_fn, placed, config, mesh=mesh,
+                                              params_sharding=shardings,
+                                              vocab_size=model_cfg.vocab_size,
+                                              route_shape=route_shape)
 
 
 def generator_metrics(stats) -> dict:
@@ -143,7 +145,8 @@ class Trainer:
   file. Orbax saves and restores the sharded state collectively.
   """
 
-  def __init__(self, config, workdir, dataset, model_cfg, params, client, *, token: str,
+  def __init__(self, config: common.RunConfig, workdir, dataset, model_cfg, params, client, *,
+               token: str,
                gen_devices: int,
                progress: bool = True, resume_step: int | None = None,
                learner_state_path: str | None = None, watchdog=None):
@@ -166,9 +169,9 @@ class Trainer:
     self.eval_set = eval_prompts(dataset.heldout, int(config.eval.num_prompts), int(config.seed))
     # A callable raising when a child process died (job.py: ProcessGroup.check), or None.
     self.watchdog = watchdog
-    self.evaluation = EVALUATIONS[config.eval.mode](self)
-    self.ckpt = RunCheckpointer(workdir, keep=int(config.checkpoint.keep),
-                                async_save=bool(config.checkpoint.async_save))
+    self.evaluation = EVALUATIONS[config.eval.mode](self, config.eval,
+                                                    config.generator.eval_hold_versions)
+    self.ckpt = RunCheckpointer.for_section(workdir, config.checkpoint)
     self.audit_ids = bool(config.audit.trained_ids) and self.main
     self.learner_state_path = learner_state_path
     self.source, self.sources = self._start_weight_source()
@@ -233,7 +236,7 @@ class Trainer:
     self.evaluation.before_publish(version)
     t = time.time()
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
-                    sources=self.sources, wire_dtype=runtime.wire_dtype(self.config)).publish()
+                    sources=self.sources, wire_dtype=runtime.wire_dtype(self.config.weights)).publish()
     return time.time() - t
 
   def eval_params(self):
@@ -322,7 +325,7 @@ class Trainer:
       batch = self._pull(step)
       lc = self.config.learner
       full = pad_time(batch_to_arrays(batch, pad_id=0), int(lc.pad_multiple),
-                      runtime.max_sequence_len(self.config))
+                      runtime.max_sequence_len(self.config.rollout))
       self._book(step, batch)
       keys = ("tokens", "gen_logprobs", "loss_mask", "rewards", "prompt_ids")
       if self.config.rl.routing_replay:

@@ -16,29 +16,29 @@ from scalerl_jax.generation.generator import Engine
 from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
 
 
-def vllm_start_dir(config, version: int) -> str:
+def vllm_start_dir(model, version: int) -> str:
   """The directory a vLLM engine starts on without `generator.vllm_model_dir`: the run's start
   checkpoint (`model.hf_checkpoint`) when the generator starts at version 0 (which is that
   checkpoint), so nothing is exported; a gs:// checkpoint is copied to this machine once
   (storage.cached_local_copy: vLLM loads from a local path). "" = export the fetched weights
-  (no start checkpoint, or a later version). The parity gate checks the engine either way."""
-  ckpt = str(config.model.hf_checkpoint or "")
+  (no start checkpoint, or a later version). The parity gate checks the engine either way.
+  `model`: the model section."""
+  ckpt = str(model.hf_checkpoint or "")
   if not ckpt or int(version) != 0:
     return ""
   return storage.cached_local_copy(ckpt)
 
 
-def vllm_args(config) -> dict:
-  """The engine's sizing from config.generator (KV cache from gpu_memory_utilization unless
-  kv_cache_bytes is set; decode_batch concurrent sequences), then config.generator.vllm_args,
-  with generator.tensor_parallel as the engine's TP size."""
-  g = config.generator
+def vllm_args(g) -> dict:
+  """The engine's sizing from the generator section `g` (KV cache from gpu_memory_utilization
+  unless kv_cache_bytes is set; decode_batch concurrent sequences), then its vllm_args, with
+  generator.tensor_parallel as the engine's TP size."""
   extra: dict[str, Any] = dict(kv_cache_bytes=int(g.kv_cache_bytes) or None,
                gpu_memory_utilization=float(g.gpu_memory_utilization),
                max_num_seqs=int(g.decode_batch))
   extra.update({k: (v.to_dict() if isinstance(v, ml_collections.ConfigDict) else v)
                 for k, v in dict(g.vllm_args).items()})
-  tp = int(config.generator.tensor_parallel or 1)
+  tp = int(g.tensor_parallel or 1)
   if tp > 1:
     extra["engine_args"] = {"tensor_parallel_size": tp, **dict(extra.get("engine_args") or {})}
   return extra
@@ -54,20 +54,20 @@ class VLLMEngine(Engine):
   def make(self, model_cfg, params, version, workdir, dataset):
     config = self.config
     try:   # the fleet's own copy of the checkpoint (the learner's version must equal it), or ""
-      model_dir = recipes.vllm_model_dir(config)
+      model_dir = recipes.vllm_model_dir(config.generator)
     except recipes.ConfigError as e:
       raise SystemExit(f"error: {e}") from None
     engine_dtype = "float32" if model_cfg.dtype == "float32" else "bfloat16"
     if not model_dir:
-      model_dir = vllm_start_dir(config, version)
+      model_dir = vllm_start_dir(config.model, version)
     if not model_dir:   # exported in the engine's dtype (a bf16 engine: half an fp32 export's bytes)
       model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
       models.save_hf(model_cfg, params, model_dir, dtype=engine_dtype)
     return VLLMGenerator(
         model_dir, dtype=engine_dtype,
         head_dtype="float32" if model_cfg.fp32_lm_head else None,
-        max_model_len=runtime.vllm_max_model_len(config),
-        initial_version=version, seed=int(config.seed), **vllm_args(config))
+        max_model_len=runtime.vllm_max_model_len(config.rollout),
+        initial_version=version, seed=int(config.seed), **vllm_args(config.generator))
 
   def continuous(self, gen, spec):
     # `gen` is the VLLMGenerator this engine's `generator` built (Engine's contract).
