@@ -1,7 +1,12 @@
 """Learner crash and resume (issue #8): `kill -9` of the main process after step m, then the same
 command again. Synchronous mode (k=0) with fixed seeds is deterministic end to end (generation is
-seeded per lease from (seed, version, prompts), the buffer's prompt sampler is in its WAL and is
-rewound to the checkpoint), so the resumed run must reproduce the uninterrupted one exactly.
+seeded per sample from (seed, version, prompts), the buffer's prompt sampler is in its WAL and is
+rewound to the checkpoint), so the resumed run must reproduce the uninterrupted one: the same tokens,
+loss masks and rewards, bit for bit. The generator's log-probs agree to LOGPROB_TOL, not bit for bit:
+the continuous decoder (generation/continuous.py) computes a chunk over a bucket of rows and a
+window of its ring that depend on when each sample was inserted, and XLA:CPU rounds a [rows, ...]
+matmul or a [window] softmax differently for different shapes (~1e-6; tokens are unaffected). Those
+differences reach the loss and the parameters at the same order, so both are compared within tolerances.
 
 Numbers observed here are tabulated in docs/RELIABILITY.md (run with -s to print them).
 """
@@ -23,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N, M, EVERY = 5, 3, 2   # steps in all; the learner is killed once step M is logged; checkpoints
 C = M - M % EVERY       # the checkpoint the resumed run starts from (step M is redone)
+LOGPROB_TOL = 1e-5      # generator log-probs across decode layouts (measured ~1e-6; docstring)
 
 
 def _cmd(wd, steps=N):
@@ -115,18 +121,20 @@ def test_resumed_run_matches_uninterrupted(runs):
   c = [l["compute_hours"] for l in lb]
   assert all(y > x for x, y in zip(c, c[1:])), c               # the compute axis continues
   diffs = {l["step"]: abs(l["loss"] - ta[l["step"]]["loss"]) for l in tb}
-  assert diffs[M + 1] <= 1e-6, diffs
-  assert max(diffs.values()) <= 1e-6, diffs
+  assert diffs[M + 1] <= LOGPROB_TOL, diffs
+  assert max(diffs.values()) <= LOGPROB_TOL, diffs
   for s in range(N):                                            # the very same batches
     za, zb = (np.load(os.path.join(w, "batches", f"step_{s:06d}.npz")) for w in (a, b))
-    for k in ("tokens", "gen_logprobs", "loss_mask", "rewards"):
+    for k in ("tokens", "loss_mask", "rewards"):
       np.testing.assert_array_equal(za[k], zb[k], err_msg=f"step {s} {k}")
+    np.testing.assert_allclose(za["gen_logprobs"], zb["gen_logprobs"], rtol=0, atol=LOGPROB_TOL,
+                               err_msg=f"step {s} gen_logprobs")
   pa, ma = _params(a, N)
   pb, mb = _params(b, N)
   import jax
   d = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
           for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)))
-  assert d == 0.0, d
+  assert d <= LOGPROB_TOL, d     # Adam steps of ~lr from log-probs equal to ~1e-6: far below
   assert ma["consumed"]["ids_sha256"] != mb["consumed"]["ids_sha256"]   # rollout ids are uuids
   assert (ma["consumed"]["groups"], ma["consumed"]["rollouts"]) == \
          (mb["consumed"]["groups"], mb["consumed"]["rollouts"])
@@ -172,7 +180,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(runs, tmp_path):
   import jax
   d = max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
           for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pc)))
-  assert d == 0.0, d
+  assert d == 0.0, d            # step N redone from the WAL's rollouts: the very same batch
   print("\n[corrupt-checkpoint]", json.dumps(dict(corrupted=rel, fell_back_to=N - 1,
                                                   buffer_rewind=res[-1]["buffer"],
                                                   final_param_max_abs_diff=d, wall_s=round(wall, 1))))
