@@ -614,6 +614,9 @@ class Task(Section):
   reward: str = ""                 # reward (scalerl_jax.rewards registry name); "" = the kind's (data.REWARD_FOR_KIND)
   synthetic_n_train: int = 4096    # built-in tasks (synthetic, tiny_code): train prompts
   synthetic_num_terms: int = 8     # built-in tasks: digits per problem
+  # synthetic task only: > 0 = each problem's digit count is drawn uniformly from
+  # [synthetic_num_terms, this] (thinking ~1 token per digit: a length-tailed workload, issue #25)
+  synthetic_num_terms_max: int = 0
   synthetic_step_noise: float = 0.15  # built-in tasks: SFT trace step-error probability
 
 

@@ -118,6 +118,27 @@ def test_build_dataset_synthetic_from_tiny_config():
     build_dataset(c.data, 8)
 
 
+def test_tailed_config_spreads_problem_lengths_and_gold_thinking():
+  """configs/tiny.py:tailed (issue #25): 2 to 24 digits per problem, each length present, and the
+  gold thinking is one token per digit, so thinking lengths spread 1:12 by construction."""
+  c = tiny.get_config("tailed")
+  d = build_dataset(c.data, c.rollout.max_prompt_len)
+  counts = [len(s.tokens) - 4 for s in d.train]           # <bos> sum d_1..d_n = <think>
+  assert (min(counts), max(counts)) == (2, 24) and set(counts) == set(range(2, 25)), sorted(set(counts))
+  assert 10 <= np.median(counts) <= 16                    # uniform over the range (not skewed)
+  train, _ = syn.make_split(0, n_train=200, n_heldout=4, num_terms=(2, 24))
+  think = [syn.TOKENIZER.encode(p.gold_completion_text).index(syn.TOKENIZER.end_think_id)
+           for p in train]
+  assert think == [len(p.terms) for p in train]
+  c.data.synthetic_num_terms_max = 1                      # below synthetic_num_terms
+  with pytest.raises(ValueError, match="synthetic_num_terms_max=1"):
+    build_dataset(c.data, c.rollout.max_prompt_len)
+  c.data.synthetic_num_terms_max = 24
+  c.data.kind = "tiny_code"
+  with pytest.raises(ValueError, match="the synthetic task only"):
+    build_dataset(c.data, c.rollout.max_prompt_len)
+
+
 def test_design_proxy_numbers():
   """Tabular proxy: SFT pass in [0.05, 0.40], RL gain >= 0.25 in 300 steps of 8x8."""
   out = synthetic_proxy.run(seed=0, rl_steps=300)

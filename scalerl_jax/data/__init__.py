@@ -251,9 +251,16 @@ def check_template(kind: str, name: str) -> str:
 def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed, reward) -> Dataset:
   """The generated tasks (no files): the digit-sum task or the tiny code task."""
   mod = synthetic if kind == "synthetic" else tiny_code
-  num_terms = data_cfg.synthetic_num_terms
+  num_terms, n_train = int(data_cfg.synthetic_num_terms), int(data_cfg.synthetic_n_train)
+  most = int(data_cfg.synthetic_num_terms_max)
   train: list                # one task module's Problems (the two modules have the same functions)
-  train, held = mod.make_split(seed, int(data_cfg.synthetic_n_train), heldout, num_terms)
+  if most:                   # a digit count per problem in [num_terms, most]
+    if kind != "synthetic" or most < num_terms:
+      raise ValueError(f"data.synthetic_num_terms_max={most}: the synthetic task only (kind "
+                       f"{kind!r}), and at least data.synthetic_num_terms={num_terms} (0 = off)")
+    train, held = synthetic.make_split(seed, n_train, heldout, (num_terms, most))
+  else:
+    train, held = mod.make_split(seed, n_train, heldout, num_terms)
   specs = [p.to_prompt_spec() for p in train], [p.to_prompt_spec() for p in held]
   longest = max(len(s.tokens) for s in specs[0] + specs[1])
   if longest > max_prompt_len:

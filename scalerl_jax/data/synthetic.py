@@ -168,7 +168,7 @@ def _draw(rng, count, num_terms, exclude, first_id):
 
 
 def make_split(seed: int = 0, n_train: int = 4096, n_heldout: int = 64,
-               num_terms=DEFAULT_NUM_TERMS) -> tuple[list[Problem], list[Problem]]:
+               num_terms: int | tuple[int, int] = DEFAULT_NUM_TERMS) -> tuple[list[Problem], list[Problem]]:
   """Deterministic (train, heldout) problems; held-out is drawn first from its own stream.
 
   The held-out set depends only on (seed, n_heldout, num_terms), never on n_train, and no train
