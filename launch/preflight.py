@@ -41,7 +41,9 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
+import ml_collections
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -162,7 +164,7 @@ class Variant:
           return cm.get("data", {}).get(path[len(mp) + 1:])
     return None
 
-  def load(self, pod, container, path_arg: str):
+  def load(self, pod, container, path_arg: str) -> tuple[Any, str]:
     """(config, source) a container loads from `--config=path[:arg]` before its overrides."""
     path, _, arg = path_arg.partition(":")
     if path.startswith("/"):
@@ -190,7 +192,7 @@ def _validate(cfg) -> None:
       os.environ.pop(env, None)
 
 
-def learner_config(v: Variant, pod, c):
+def learner_config(v: Variant, pod, c) -> tuple[ml_collections.ConfigDict, str]:
   """The config scalerl_jax.main builds from this container's command (main.main's steps)."""
   cfg, src = v.load(pod, c, _config_arg(c))
   over = _overrides(c["command"])
@@ -203,7 +205,7 @@ def learner_config(v: Variant, pod, c):
   return cfg, src
 
 
-def generator_config(v: Variant, pod, c):
+def generator_config(v: Variant, pod, c) -> tuple[ml_collections.ConfigDict, str]:
   """The config generation.worker.main builds (load_run_config + its --tensor_parallel)."""
   rest, over = recipes.split_overrides(c["command"][3:])
   a = worker.build_parser().parse_args(rest)
@@ -217,7 +219,7 @@ def generator_config(v: Variant, pod, c):
   return cfg, src
 
 
-def export_config(v: Variant, pod, c):
+def export_config(v: Variant, pod, c) -> tuple[Any, str]:
   """The config scalerl_jax.data.export builds (its config file + overrides, no recipe)."""
   path = _config_arg(c)
   cfg, src = v.load(pod, c, path.partition(":")[0])

@@ -69,7 +69,7 @@ class DistributedSpec:
     if config is not None and "distributed" in config:
       section = dict(config.distributed)
 
-    def pick(field, env_key, cast, default):
+    def pick(field, env_key, cast, default) -> Any:
       v = section.get(field)
       if v not in (None, "", -1):
         return cast(v)
@@ -167,7 +167,7 @@ def host_to_global(local_batch: Mapping[str, Any], sharding, global_rows: int) -
   return out
 
 
-def gather_to_host(tree):
+def gather_to_host(tree) -> Any:
   """Every process gets the full numpy value of a (possibly multi-host sharded) pytree."""
   if jax.process_count() == 1:
     return jax.tree.map(np.asarray, jax.device_get(tree))
@@ -245,7 +245,7 @@ def _make_learner_class():
       super().__init__(*args, **kwargs)
       self._met = set()      # (program, argument shapes) already compiled and met on
 
-    def run_program(self, fn, *args):
+    def run_program(self, fn, *args) -> Any:
       """The first run of each program (per argument shapes) compiles it ahead, then meets the
       other processes before running. gloo connects a program's collectives when it first runs
       and gives up after 30 s: a process that compiled much slower (a loaded host, a colder

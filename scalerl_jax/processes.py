@@ -283,7 +283,7 @@ class ProcessGroup:
   def start_supervisor(self, interval_s: float = 1.0) -> threading.Thread:
     """Runs `supervise()` every `interval_s` in a daemon thread; an error it raises is re-raised
     by the next `check()` (so the trainer's watchdog sees it)."""
-    def loop():
+    def loop() -> None:
       while not self._closing.wait(interval_s):
         try:
           self.supervise()

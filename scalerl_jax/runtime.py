@@ -29,7 +29,7 @@ WEIGHTS_FORMAT = "safetensors"
 _NOT_MODEL_FIELDS = ("preset", "hf_checkpoint", "logits_chunk")
 
 
-def model_config(config):
+def model_config(config) -> models.ModelConfig:
   """ModelConfig from `config.model`: the preset, then every field that names a ModelConfig field.
 
   With `config.model.hf_checkpoint` set (local or gs://), the architecture comes from that

@@ -90,7 +90,7 @@ class Dataset:
       raise ValueError(f"prompt id {prompt_id} is outside every task's id range")
     return self.tasks[i]
 
-  def sft_batch(self, n: int, seed: int = 0, step_noise: float | None = None):
+  def sft_batch(self, n: int, seed: int = 0, step_noise: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """SFT traces for the warm start: (tokens int32 [n,T], loss_mask bool [n,T])."""
     if self.sft is None:
       raise ValueError(f"dataset kind {self.kind!r} ships no SFT traces; start RL from an SFT "
@@ -162,7 +162,7 @@ def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
 
 def _mixture_sft(mix, parts, pad_id: int):
   """SFT traces of a mixture: each task's share of `n`, padded to one length, shuffled."""
-  def sft(n, seed, step_noise=None):
+  def sft(n, seed, step_noise=None) -> tuple[np.ndarray, np.ndarray]:
     toks, masks = [], []
     for (name, share), d in zip(mix, parts):
       if d.sft is None:
@@ -268,7 +268,7 @@ def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed, reward) -> Dat
   tok = mod.TOKENIZER
   noise = float(data_cfg.synthetic_step_noise)
 
-  def sft(n, sft_seed, step_noise=None):
+  def sft(n, sft_seed, step_noise=None) -> tuple[np.ndarray, np.ndarray]:
     if n > len(train):
       raise ValueError(f"asked for {n} SFT traces but the train split has {len(train)} prompts")
     q = noise if step_noise is None else step_noise

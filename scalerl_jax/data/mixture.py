@@ -16,6 +16,7 @@ then leases task i with probability share_i. Held-out sets stay per task, untrim
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +80,7 @@ def relabel(prompts: list, index: int, task: str) -> list:
           for p in prompts]
 
 
-def shared_tokenizer(names: list[str], tokenizers: list):
+def shared_tokenizer(names: list[str], tokenizers: list) -> Any:
   """The one tokenizer a mixture samples with: word-level vocabularies must be prefixes of the
   widest one (equal ids for shared words); HF tokenizers must come from the same directory."""
   vocabs: list = [getattr(t, "vocab", None) for t in tokenizers]   # tuples (word-level) or None

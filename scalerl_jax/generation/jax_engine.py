@@ -40,7 +40,7 @@ class JaxEngine(Engine):
     super().__init__(config)
     self.n_dev = config.generator.jax_devices   # decode devices (prepare_process may lower it)
 
-  def prepare_process(self, pinned):
+  def prepare_process(self, pinned) -> None:
     self.n_dev = cpu_decode_devices(self.config.generator, pinned)
 
   def _sampler(self, model_cfg, params, version: int, record_routes: bool = False) -> JaxSampler:
@@ -48,13 +48,13 @@ class JaxEngine(Engine):
                       chunk_steps=self.config.generator.chunk_steps,
                       devices=self.n_dev if self.n_dev > 1 else None, record_routes=record_routes)
 
-  def make(self, model_cfg, params, version, workdir, dataset):
+  def make(self, model_cfg, params, version, workdir, dataset) -> JaxSampler:
     return self._sampler(model_cfg, params, version, self.config.rl.routing_replay)
 
-  def eval_generator(self, model_cfg, params, version):
+  def eval_generator(self, model_cfg, params, version) -> JaxSampler:
     return self._sampler(model_cfg, params, version)
 
-  def continuous(self, gen, spec):
+  def continuous(self, gen, spec) -> ContinuousDecoder:
     # `gen` is the JaxSampler this engine's `generator` built (Engine's contract).
     return ContinuousDecoder(cast(JaxSampler, gen), self.config.generator.decode_batch, spec,
                              max_prompt_len=self.config.rollout.max_prompt_len)

@@ -333,10 +333,10 @@ class Worker(EvalLane, ContinuousLoop):
     self._incarnation += 1
     self.lease_id = f"{self.id}@{os.getpid()}.{self._incarnation}"
 
-  def stop(self):
+  def stop(self) -> None:
     self._stop.set()
 
-  def close(self):
+  def close(self) -> None:
     self.stop()
     self.gen.close()
     self.client.close()
@@ -365,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
   return ap
 
 
-def main(argv=None):
+def main(argv=None) -> None:
   ap = build_parser()
   rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
   a = ap.parse_args(rest)
@@ -390,7 +390,7 @@ def main(argv=None):
              a.workdir or os.path.dirname(os.path.abspath(a.run_config)), engine=engine)
   w.alive_file = a.alive_file
   w.touch_alive()
-  def on_term(*_):
+  def on_term(*_) -> None:
     # SIGTERM also comes from PDEATHSIG when the learner died: a client call may be retrying a
     # dead buffer for its whole retry budget, so exit for sure after a short grace period.
     w.stop()

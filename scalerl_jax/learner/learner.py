@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Mapping
+from typing import Any, Mapping, Self
 
 import jax
 from jax.sharding import NamedSharding
@@ -38,7 +38,8 @@ def batch_axes(rules) -> tuple | None:
   return None
 
 
-def state_shardings(optimizer: optax.GradientTransformation, params, params_sharding, mesh):
+def state_shardings(optimizer: optax.GradientTransformation, params, params_sharding, mesh
+                    ) -> LearnerState:
   """LearnerState of shardings: optimizer moments follow their parameter; the rest replicated."""
   replicated = NamedSharding(mesh, P())
   abstract_opt = jax.eval_shape(optimizer.init, params)
@@ -49,7 +50,7 @@ def state_shardings(optimizer: optax.GradientTransformation, params, params_shar
 
 
 def jit_train_step(step_fn, *, mesh=None, state_sharding=None, batch_sharding=None,
-                   donate: bool = True):
+                   donate: bool = True) -> jax.stages.Wrapped:
   """jax.jit with donated state and, when a mesh is given, explicit in/out shardings."""
   donate_argnums = (0,) if donate else ()
   if mesh is None:
@@ -121,7 +122,7 @@ class Learner:
         out_shardings=NamedSharding(mesh, P())))
 
   @classmethod
-  def for_run(cls, apply_fn: ApplyFn, params, run: common.RunConfig, **kwargs):
+  def for_run(cls, apply_fn: ApplyFn, params, run: common.RunConfig, **kwargs) -> Self:
     """The learner of the typed run config `run`: its rl, optim, learner and model sections,
     mesh.rules, and (unless given) generator.temperature."""
     kwargs.setdefault("temperature", run.generator.temperature)
@@ -145,13 +146,13 @@ class Learner:
     out = self.run_program(self._logp, self.state.params, placed["tokens"], placed.get("routes"))
     return np.asarray(jax.device_get(out))
 
-  def run_program(self, fn, *args):
+  def run_program(self, fn, *args) -> Any:
     """Runs one of this learner's jitted programs (the step, the log-probs) under its mesh. A
     multi-host learner first compiles it and meets the other processes (see MultiHostLearner)."""
     with self.mesh_context():
       return fn(*args)
 
-  def mesh_context(self):
+  def mesh_context(self) -> contextlib.AbstractContextManager[None]:
     """Mesh + logical-axis rules active while tracing/running (model activation constraints)."""
     if self.mesh is None:
       return contextlib.nullcontext()

@@ -137,13 +137,13 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom) ->
 
 
 def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: float = 1.0,
-                    head_precision: str = "fp32"):
+                    head_precision: str = "fp32") -> Callable[..., jax.Array]:
   """``(params, tokens, routes=None) -> logp float32 [B,T]`` (0 at t=0): the learner's own
   log-probs (log_softmax(logits / T)) as its step computes them. With an ``apply_fn`` returning
   (hidden, head kernel) they are computed over sequence chunks of ``logits_chunk`` positions, so
   [B,T,V] logits never exist; under a mesh the batch stays sharded like the step's (the parity
   gate of a multi-host learner, trainer._parity)."""
-  def fn(params, tokens, routes=None):
+  def fn(params, tokens, routes=None) -> jax.Array:
     tokens = jnp.asarray(tokens, jnp.int32)
     b, t = tokens.shape
     pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
@@ -151,8 +151,9 @@ def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: fl
     if isinstance(out, tuple) and isinstance(out[-1], dict):
       out = out[0] if len(out) == 2 else out[:-1]
     if isinstance(out, tuple):
-      return chunked_token_logprobs(*out, tokens, logits_chunk, False, temperature=temperature,
-                                    precision=head_precision)[0]
+      hidden, kernel = out
+      return chunked_token_logprobs(hidden, kernel, tokens, logits_chunk, False,
+                                    temperature=temperature, precision=head_precision)[0]
     return token_logprobs(out, tokens, False, temperature=temperature)[0]
   return fn
 

@@ -33,7 +33,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
     self._expected = f"Bearer {token}".encode()
     self._on_reject = on_reject
 
-  def intercept_service(self, continuation, details):
+  def intercept_service(self, continuation, details) -> grpc.RpcMethodHandler | None:
     for key, value in details.invocation_metadata or ():
       if key == "authorization":
         got = value.encode() if isinstance(value, str) else bytes(value)
@@ -45,7 +45,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
       return None
     self._on_reject(grpc.StatusCode.UNAUTHENTICATED)
 
-    def deny(request, context):
+    def deny(request, context) -> None:
       context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
 
     kinds = {(False, False): grpc.unary_unary_rpc_method_handler,

@@ -37,6 +37,7 @@ import os
 import struct
 import threading
 import time
+from typing import Any
 
 import crc32c
 import jax
@@ -316,7 +317,7 @@ class RunCheckpointer:
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
-  def restore(self, abstract_state, step: int | None = None):
+  def restore(self, abstract_state, step: int | None = None) -> tuple[Any, Any]:
     """(state, meta) of `step` (default: the newest). `abstract_state` gives shapes/shardings."""
     step = self.manager.latest_step() if step is None else step
     if step is None:

@@ -119,7 +119,7 @@ def step0_reward_check(rewards, cfg: common.Health, samples=None, task_templates
 def _step0_reason(samples, task_templates, task_rewards) -> str:
   """Why (nearly) nothing scored, and the knob: from the completions' texts and the templates.
   In a mixture, about the task with the largest share of completions without `</think>`."""
-  def unclosed(task):
+  def unclosed(task) -> float:
     mine = [text for text, _, t in samples if t == task]
     return sum(END_THINK not in text for text in mine) / len(mine)
   task = max(sorted({t for _, _, t in samples}), key=unclosed)

@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +58,7 @@ def _step(params, cfg, opt, opt_state, tokens, mask):
 
 
 def train_sft(model_cfg, params, phases, *, batch_size: int, lr: float, seed: int = 0,
-              progress: bool = True):
+              progress: bool = True) -> tuple[Any, list[float]]:
   """AdamW on masked next-token cross-entropy over `phases` = [(tokens, mask, steps), ...] in
   order (one optimizer throughout); returns (params, losses)."""
   total = sum(n for _, _, n in phases)
@@ -84,7 +85,8 @@ def train_sft(model_cfg, params, phases, *, batch_size: int, lr: float, seed: in
   return params, losses
 
 
-def start_from_checkpoint(config, model_cfg, path: str, workdir: str | None = None):
+def start_from_checkpoint(config, model_cfg, path: str, workdir: str | None = None
+                          ) -> tuple[Any, dict[str, Any]]:
   """Params of the start checkpoint `path`, already placed: sharded over the mesh of
   `config.mesh.shape` (rules table) when JAX has several devices (every process calls this and
   reads only its own slices), else on the one device. Returns (params, info)."""
@@ -104,7 +106,8 @@ def start_from_checkpoint(config, model_cfg, path: str, workdir: str | None = No
   return params, {"start": "hf_checkpoint", "hf_checkpoint": path, **stats}
 
 
-def warm_start(config: common.RunConfig, model_cfg, dataset, workdir: str, progress: bool = True):
+def warm_start(config: common.RunConfig, model_cfg, dataset, workdir: str, progress: bool = True
+               ) -> tuple[Any, dict[str, Any]]:
   """The start policy: `model.hf_checkpoint` when set (`start_from_checkpoint`); else
   WORKDIR/base_policy if present, else SFT on the dataset's traces (config.sft), saved there."""
   ckpt = str(config.model.hf_checkpoint or "")

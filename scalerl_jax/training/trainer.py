@@ -65,7 +65,7 @@ def learner_token_logprobs(model_cfg, params, tokens, temperature: float = 1.0,
   positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32)[None], tokens.shape)
   fn = _LOGP_FNS.get(model_cfg)
   if fn is None:
-    def logp(p, tok, pos, t, routes):
+    def logp(p, tok, pos, t, routes) -> jax.Array:
       logits = models.forward(p, model_cfg, tok, pos, routes=routes)
       return token_logprobs(logits.astype(jax.numpy.float32) / t, tok, with_entropy=False)[0]
     fn = _LOGP_FNS[model_cfg] = jax.jit(logp)
@@ -91,7 +91,7 @@ def pad_time(arrays: dict, multiple: int, max_len: int) -> dict:
   return out
 
 
-def make_learner(config: common.RunConfig, model_cfg, params):
+def make_learner(config: common.RunConfig, model_cfg, params) -> Learner:
   """The learner of a run (`config`: the typed run config). One device: a plain `Learner`. Several devices (a GPU host, a TPU
   slice, or several JAX processes): `distributed.MultiHostLearner` over the mesh of
   `config.mesh.shape` with the rules table's parameter shardings; `params` (host numpy, the same
@@ -239,7 +239,7 @@ class Trainer:
                     sources=self.sources, wire_dtype=runtime.wire_dtype(self.config.weights)).publish()
     return time.time() - t
 
-  def eval_params(self):
+  def eval_params(self) -> Any:
     """Params for evaluation: the learner's own (one process) or gathered (collective)."""
     if not self.multi:
       return self.learner.state.params

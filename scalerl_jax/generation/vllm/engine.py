@@ -51,7 +51,7 @@ class VLLMEngine(Engine):
   (`generator.vllm_model_dir`), or an export of the fetched weights. An evaluation switches the
   engine to the pinned version."""
 
-  def make(self, model_cfg, params, version, workdir, dataset):
+  def make(self, model_cfg, params, version, workdir, dataset) -> VLLMGenerator:
     config = self.config
     try:   # the fleet's own copy of the checkpoint (the learner's version must equal it), or ""
       model_dir = recipes.vllm_model_dir(config.generator)
@@ -69,7 +69,7 @@ class VLLMEngine(Engine):
         max_model_len=runtime.vllm_max_model_len(config.rollout),
         initial_version=version, seed=int(config.seed), **vllm_args(config.generator))
 
-  def continuous(self, gen, spec):
+  def continuous(self, gen, spec) -> VLLMSlots:
     # `gen` is the VLLMGenerator this engine's `generator` built (Engine's contract).
     return VLLMSlots(cast(VLLMGenerator, gen), int(self.config.generator.decode_batch), spec)
 
