@@ -240,6 +240,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                           run_cfg.generator.backend)
       procs.start_supervisor(interval_s=1.0)
     last = trainer.run()
+    assert last is not None           # process 0 evaluates (R0 or the restored record at least)
   finally:
     procs.close()
     if storage.is_remote(workdir):   # the children's logs (local files) into WORKDIR/logs

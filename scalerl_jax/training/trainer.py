@@ -474,9 +474,10 @@ class Trainer:
                       "train_pad_flops": 0.0}
     self.metrics.write({**self.last_eval, **stats_metrics(self.dataset)})
 
-  def run(self) -> dict:
+  def run(self) -> dict | None:
     """Trains up to `config.total_steps` steps (evaluating on schedule), from `start_step` when
-    resumed; returns the last eval record. A health abort (health.abort_on) saves a checkpoint,
+    resumed; returns the last eval record (None on a follower process of a multi-host learner:
+    process 0 evaluates). A health abort (health.abort_on) saves a checkpoint,
     logs the reason and re-raises; both ends go through `_finish`."""
     start = self.start_step
     self.publish(start)
@@ -503,7 +504,6 @@ class Trainer:
       if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
         self.save(s + 1)
     self._finish()
-    assert self.last_eval is not None     # R0 (or the restored checkpoint's record) set it
     return self.last_eval
 
   def _finish(self, abort: tuple[int, str] | None = None) -> None:
