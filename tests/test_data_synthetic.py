@@ -118,10 +118,11 @@ def test_build_dataset_synthetic_from_tiny_config():
     build_dataset(c.data, 8)
 
 
-def test_tailed_config_spreads_problem_lengths_and_gold_thinking():
-  """configs/tiny.py:tailed (issue #25): 2 to 24 digits per problem, each length present, and the
-  gold thinking is one token per digit, so thinking lengths spread 1:12 by construction."""
+def test_num_terms_max_spreads_problem_lengths_and_gold_thinking():
+  """data.synthetic_num_terms_max (issue #25): 2 to 24 digits per problem, each length present, and
+  the gold thinking is one token per digit, so thinking lengths spread 1:12 by construction."""
   c = tiny.get_config("tailed")
+  c.data.synthetic_num_terms, c.data.synthetic_num_terms_max = 2, 24   # prompts up to 28 tokens
   d = build_dataset(c.data, c.rollout.max_prompt_len)
   counts = [len(s.tokens) - 4 for s in d.train]           # <bos> sum d_1..d_n = <think>
   assert (min(counts), max(counts)) == (2, 24) and set(counts) == set(range(2, 25)), sorted(set(counts))
