@@ -55,3 +55,31 @@ def test_apply_length_penalty_only_on_correct():
   np.testing.assert_allclose(r, [0.0, 1.0, 0.0])
   with pytest.raises(ValueError):
     it.length_penalty(10, l_max=100, l_cache=0)
+
+
+def test_worker_reward_applies_the_length_penalty_to_correct_completions_only():
+  """generator.Worker.rewards with rl.length_control=penalty: the grade's own correctness decides
+  (it passed rl.length_penalty_max as `correct` and the cache as L_max: every call raised)."""
+  import dataclasses
+  import types
+  from configs import common, tiny
+  from scalerl_jax.data import build_dataset, synthetic as syn
+  from scalerl_jax.generation.worker import Worker
+  c = tiny.get_config()
+  c.rl.length_control, c.rl.length_penalty_max, c.rl.length_penalty_cache = "penalty", 16, 4
+  run = common.RunConfig.from_config(c)
+  ds = build_dataset(run.data, run.rollout.max_prompt_len)
+  p = ds.heldout[0]
+  terms = tuple(int(t) for t in ds.tokenizer.decode(p.tokens[2:-2]).split())
+  gold = ds.tokenizer.encode(syn.Problem(p.prompt_id, terms).gold_completion_text)
+  wrong = list(gold)
+  wrong[-2] = ds.tokenizer.encode(str((int(p.answer) + 1) % 10))[0]    # the answer digit
+  me = types.SimpleNamespace(config=run, dataset=ds, id="g", gen=types.SimpleNamespace(version=0))
+  assert len(gold) == 11                         # 8 digits + </think> + answer + <eos>
+  for toks, want in ((gold, 1.0), (wrong, 0.0)):   # 11 <= L_max - L_cache = 12: no penalty
+    r = Worker.rewards(me, types.SimpleNamespace(tokens=toks), p.answer, p.prompt_id)
+    assert r == want, (toks, r, want)
+  me.config = dataclasses.replace(run, rl=dataclasses.replace(run.rl, length_penalty_max=12))
+  for toks, want in ((gold, 0.25), (wrong, 0.0)):  # clip((12 - 11) / 4 - 1) = -0.75 if correct
+    r = Worker.rewards(me, types.SimpleNamespace(tokens=toks), p.answer, p.prompt_id)
+    assert r == pytest.approx(want), (toks, r, want)

@@ -245,7 +245,7 @@ class Worker(EvalLane, ContinuousLoop):
       log.append(line)
     if self.config.rl.length_control == "penalty":
       r = float(interruption.apply_length_penalty(
-          r, len(completion.tokens), self.config.rl.length_penalty_max,
+          r, len(completion.tokens), g.reason == "pass", self.config.rl.length_penalty_max,
           self.config.rl.length_penalty_cache))
     return float(r)
 
