@@ -17,30 +17,23 @@ import logging
 import threading
 import time
 from concurrent import futures
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 
 from scalerl_jax import runtime
-from scalerl_jax.generation.generator import Engine, Generator
+from scalerl_jax.generation.worker_fields import WorkerFields
 from scalerl_jax.generation.slots import DecodeStats, requests_for
 from scalerl_jax.protocol import codec
-from scalerl_jax.protocol.client import BufferClient, assignment_prompt
+from scalerl_jax.protocol.client import assignment_prompt
 
 log = logging.getLogger("scalerl.worker")
 
 
-class ContinuousLoop:
+class ContinuousLoop(WorkerFields):
   """The continuous-batching serving loop of a Worker (module docstring)."""
 
-  # The Worker's fields and methods this base works on (declared for the type checker).
-  config: Any                   # the run's ConfigDict
-  id: str
-  engine: Engine
-  gen: Generator
-  model_cfg: Any                # models.ModelConfig
-  dataset: Any                  # data.Dataset
-  client: BufferClient
+  # The Worker's other fields and methods this base works on (declared for the type checker).
   lease_id: str
   backend: str
   decode_stats: DecodeStats
