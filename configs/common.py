@@ -283,11 +283,7 @@ class RL(Section):
       raise ConfigError(f"rl.length_control={self.length_control!r}; expected "
                         "'interrupt' or 'penalty'")
     try:                             # the checks of learner.RLSpec (which the Learner builds)
-      rl.get_loss(self.loss)           # raises on unknown names
-      if self.aggregation not in rl.AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {self.aggregation!r}; expected {rl.AGGREGATIONS}")
-      if self.adv_norm not in rl.ADV_NORMS:
-        raise ValueError(f"unknown adv_norm {self.adv_norm!r}; expected {rl.ADV_NORMS}")
+      rl.check_objective(self.loss, self.aggregation, self.adv_norm)
     except ValueError as e:
       raise ConfigError(f"rl: {e}") from None
 

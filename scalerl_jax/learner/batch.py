@@ -32,11 +32,7 @@ class RLSpec:
   zero_variance_filter: bool = True
 
   def __post_init__(self):
-    rl.get_loss(self.loss)  # raises on unknown names
-    if self.aggregation not in rl.AGGREGATIONS:
-      raise ValueError(f"unknown aggregation {self.aggregation!r}; expected {rl.AGGREGATIONS}")
-    if self.adv_norm not in rl.ADV_NORMS:
-      raise ValueError(f"unknown adv_norm {self.adv_norm!r}; expected {rl.ADV_NORMS}")
+    rl.check_objective(self.loss, self.aggregation, self.adv_norm)
 
   @classmethod
   def from_config(cls, rl_cfg) -> "RLSpec":

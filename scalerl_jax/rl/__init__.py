@@ -11,6 +11,6 @@ __getattr__, __all__ = lazy.exports(__name__, {
     "AGGREGATIONS": "aggregation", "token_weights": "aggregation",
     "zero_variance_keep": "filtering",
     "LOSSES": "losses", "LossHParams": "losses", "LossOut": "losses", "get_loss": "losses",
-    "register_loss": "losses", "registered_losses": "losses", "clipped_ratio_loss": "losses",
+    "register_loss": "losses", "check_objective": "losses", "registered_losses": "losses", "clipped_ratio_loss": "losses",
     "PassRateHistory": "npr",
 })

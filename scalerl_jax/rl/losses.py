@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 
 from scalerl_jax.registry import Registry
+from scalerl_jax.rl.advantages import ADV_NORMS
+from scalerl_jax.rl.aggregation import AGGREGATIONS
 
 
 class LossOut(NamedTuple):
@@ -66,6 +68,16 @@ def get_loss(name: str) -> LossFn:
 def registered_losses() -> tuple[str, ...]:
   """Names of the registered losses, sorted."""
   return LOSSES.names()
+
+
+def check_objective(loss: str, aggregation: str, adv_norm: str) -> None:
+  """ValueError unless `loss` is registered and `aggregation` / `adv_norm` are known names (the
+  learner's RLSpec and the config's rl section both check with this)."""
+  get_loss(loss)  # raises on unknown names
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"unknown aggregation {aggregation!r}; expected {AGGREGATIONS}")
+  if adv_norm not in ADV_NORMS:
+    raise ValueError(f"unknown adv_norm {adv_norm!r}; expected {ADV_NORMS}")
 
 
 # ----------------------------------------------------------------------------- helpers
