@@ -143,17 +143,29 @@ def _snapshot(root: str) -> dict:
   return out
 
 
-def _pid_ns_members(inodes: set[int]) -> list[str]:
-  """Host processes still inside any of these PID namespaces (pid: cmdline)."""
+def _pid_ns_members(inodes: set[int], started_by: float) -> list[str]:
+  """Live host processes inside any of these PID namespaces that started by `started_by`
+  (CLOCK_BOOTTIME seconds), as "pid state: cmdline".
+
+  Zombies are dead (no memory, nothing runs); the host's init reaps them on its own schedule
+  (measured here: every ~2 s). The start-time bound keeps out a later sandbox's processes: once
+  the dead namespace is freed the kernel may hand its inode number to a new one (seen in CI: a
+  concurrent worker's live launcher in a reused namespace inode)."""
+  hz = os.sysconf("SC_CLK_TCK")
   left = []
   for p in os.listdir("/proc"):
     if not p.isdigit():
       continue
     try:
-      ino = os.stat(f"/proc/{p}/ns/pid").st_ino
-      if ino in inodes:
-        with open(f"/proc/{p}/cmdline", "rb") as f:
-          left.append(f"{p}: {f.read()[:200]!r}")
+      if os.stat(f"/proc/{p}/ns/pid").st_ino not in inodes:
+        continue
+      with open(f"/proc/{p}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+      state, start = fields[0], int(fields[19]) / hz     # stat fields 3 and 22
+      if state in (b"Z", b"X") or start > started_by:
+        continue
+      with open(f"/proc/{p}/cmdline", "rb") as f:
+        left.append(f"{p} {state.decode()}: {f.read()[:200]!r}")
     except OSError:
       continue
   return left
@@ -208,6 +220,7 @@ def test_hostile_program(name, template, expected, reasons, buffer, recorded, tm
 
   g = rewards.grade_code(f"</think>\n```python\n{src}```", answer, LIMITS)
 
+  returned = time.clock_gettime(time.CLOCK_BOOTTIME)
   elapsed = time.monotonic() - t0
   assert g.reward == 0.0, (g, src)
   assert g.reason in reasons, (g, src)
@@ -216,10 +229,9 @@ def test_hostile_program(name, template, expected, reasons, buffer, recorded, tm
   # nothing outlives the sandbox: no process left in its PID namespace
   inodes = {r.pid_ns for r in recorded if r.pid_ns}
   assert inodes, recorded
-  deadline = time.monotonic() + 2.0
-  while _pid_ns_members(inodes) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  assert _pid_ns_members(inodes) == []
+  # checked at once: the sandbox returns only after its init is dead, and the kernel kills every
+  # member before a namespace's init dies
+  assert _pid_ns_members(inodes, returned) == []
   # the host is unchanged
   if name == "setsid_double_fork_daemon":
     time.sleep(3.5)                                          # past the daemon's planned write
