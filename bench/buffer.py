@@ -107,6 +107,8 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4, extra
                 push_bytes=4 << 20):
   extra_args = list(extra_args)
   from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.weights.stream import StreamPublisher      # imports JAX (this process only)
+  weights = {"w": np.zeros(256, np.float32)}   # the tiny (1 KiB) version published every step
   tmp = tempfile.mkdtemp()
   ppath = os.path.join(tmp, "prompts.jsonl")
   with open(ppath, "w") as f:
@@ -147,7 +149,7 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4, extra
       lat.append(time.perf_counter() - t)
       got += B * G
       step += 1
-      c.publish_weights(step, b"w" * 1024)
+      StreamPublisher(c, step, weights, process_index=0).publish()
     wall = time.perf_counter() - t0
     cpu = cpu_of(pids) - cpu0
     per = {name: round(cpu_seconds(pid) - b, 2) for name, pid, b in

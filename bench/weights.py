@@ -1,4 +1,4 @@
-"""Weight-push bandwidth: learner params -> JAX sampler / vLLM (learner-hosted, via the buffer, blob).
+"""Weight-push bandwidth: learner params -> JAX sampler / vLLM (learner-hosted, via the buffer).
 
   python -m bench.weights [--d-model 1024] [--layers 8] [--ffn 1280] [--vocab 8192] [--repeats 3]
                           [--stream-chunk-mb 8] [--skip-vllm] [--vllm-eager] [--in-process-buffer]
@@ -6,19 +6,8 @@
 Model: a random `tiny_llama3`-shaped Llama (defaults: d 1024, 8 layers, 16 heads, 8 KV heads,
 head_dim 64, ffn 1280, vocab 8192: ~73M parameters, ~290 MB float32), learner params as jax arrays.
 The buffer (`scalerl_jax.buffer.server`, with an auth token) runs as its own process on loopback.
-
-Old blob path, stage by stage (the peer; MB = float32 payload bytes / 1e6):
-  to_host   learner params (jax) -> HF-named numpy arrays (`models.hf_named_arrays`, contiguous)
-  encode    -> safetensors payload (`runtime.params_to_payload`'s format)
-  publish   `BufferClient.publish_weights` (sha256 + client-streamed chunks; visible once verified)
-  fetch     `BufferClient.fetch_weights` (server-streamed chunks, join, sha256 check)
-  decode    payload -> {name: array}: `runtime.payload_to_named` (safetensors.numpy.load, copies)
-            and `sampler.named_from_safetensors` (zero-copy views; what `JaxSampler.load_payload`
-            uses)
-  load_jax  `JaxSampler.load_weights` (HF layout -> our params, host -> device) + the swap
-Reference rows (not part of the path): `encode_direct_proposed` (same format in one copy, a
-proposed runtime.params_to_payload; checked to decode to the same tensors) and `sha256_once_ref`
-(one sha256 pass over the payload: publish hashes twice (client + server), fetch once).
+Weight versions travel one way, as streamed versions (the one-payload safetensors "blob" chain this
+bench once compared against was removed; docs/results/bench_weights_*quiet.json keep its numbers).
 
 Streamed path through the buffer (weights/stream.py), stage by stage (reference rows):
   stream_publish  `StreamPublisher.publish`: per-shard chunks of the jax params (zero-copy host views
@@ -37,10 +26,7 @@ ours = the deployed layout (`measure_deployed`): this process is the learner, th
        publish to the generator's JaxSampler holding the new params (one host, one clock),
        median of --repeats after one untimed warm-up version; every version is checked
        bit-exact (sha256) in the generator.
-       `via_buffer_MBps`: the same measurement with the chunks going through the buffer (2 hops).
-peer = the blob chain as it was before this bench: to_host + safetensors encode + publish + fetch
-       (sha256 thrice) + `runtime.payload_to_named` + load_weights (summed stage seconds, median).
-blob_zero_copy_MBps: the blob chain with the zero-copy decode.
+peer = `via_buffer`: the same measurement with the chunks going through the buffer (2 hops).
 vLLM: the streamed params -> `models.hf_named_arrays` (views) -> `VLLMGenerator.load_weights`
 (`--skip-vllm` to skip): transports "shm" (chunks of whole layers written once into reused
 /dev/shm files that vLLM's worker maps; the default) and "socket" (frames + vLLM's RPC), float32
@@ -64,39 +50,10 @@ import numpy as np
 from bench.common import cpu_seconds
 
 
-_ST_NAMES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.int32): "I32",
-             np.dtype(np.int64): "I64", np.dtype(np.float64): "F64"}
-
-
-def encode_direct(named) -> bytearray:
-  """Proposed `runtime.params_to_payload`: the same safetensors format, built with ONE copy per
-  tensor (source array -> its slot of a preallocated buffer; transposed views are copied straight
-  into place), instead of ascontiguousarray copies + safetensors' serialize + bytes copies.
-  Tensors in name order, 8-byte aligned header (as safetensors writes)."""
-  import struct
-  named = sorted(named, key=lambda kv: kv[0])
-  header, off = {}, 0
-  for name, a in named:
-    header[name] = {"dtype": _ST_NAMES[np.dtype(a.dtype)], "shape": list(a.shape),
-                    "data_offsets": [off, off + a.nbytes]}
-    off += a.nbytes
-  h = json.dumps(header, separators=(",", ":")).encode()
-  h += b" " * (-len(h) % 8)
-  buf = bytearray(8 + len(h) + off)
-  buf[:8] = struct.pack("<Q", len(h))
-  buf[8:8 + len(h)] = h
-  base = 8 + len(h)
-  for name, a in named:
-    b, e = header[name]["data_offsets"]
-    dst = np.frombuffer(buf, dtype=a.dtype, count=a.size, offset=base + b).reshape(a.shape)
-    np.copyto(dst, a)
-  return buf
-
-
 class _BufferProcess:
   """`python -m scalerl_jax.buffer.server` as its own process (the deployed layout)."""
 
-  def __init__(self, token: str, max_message_bytes: int, weight_chunk_bytes: int):
+  def __init__(self, token: str, max_message_bytes: int):
     import subprocess
     self._dir = tempfile.mkdtemp(prefix="bench_weights_buf_")
     prompts = os.path.join(self._dir, "prompts.jsonl")
@@ -105,8 +62,7 @@ class _BufferProcess:
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "scalerl_jax.buffer.server", "--prompts", prompts,
          "--prompts-per-step", "1", "--group-size", "1", "--max-lag", "1",
-         "--max-message-bytes", str(max_message_bytes),
-         "--weight-chunk-bytes", str(weight_chunk_bytes)],
+         "--max-message-bytes", str(max_message_bytes)],
         env=dict(os.environ, SCALERL_BUFFER_TOKEN=token), stdout=subprocess.PIPE, text=True)
     self.address = json.loads(self.proc.stdout.readline())["address"]
     _SERVER_PID[0] = self.proc.pid
@@ -144,9 +100,6 @@ def main(argv=None):
   ap.add_argument("--heads", type=int, default=16)
   ap.add_argument("--kv-heads", type=int, default=8)
   ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--chunk-mb", type=int, default=4, help="PublishWeights chunk size")
-  ap.add_argument("--fetch-chunk-mb", type=int, default=4,
-                  help="FetchWeights chunk size (BufferServer weight_chunk_bytes)")
   ap.add_argument("--stream-chunk-mb", type=int, default=8, help="streamed chunk size")
   ap.add_argument("--skip-vllm", action="store_true")
   ap.add_argument("--in-process-buffer", action="store_true",
@@ -155,11 +108,11 @@ def main(argv=None):
   args = ap.parse_args(argv)
 
   import jax
-  from scalerl_jax import models, runtime
+  from scalerl_jax import models
   from scalerl_jax.buffer.server import BufferServer
   from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.types import PromptSpec
-  from scalerl_jax.generation.sampler import JaxSampler, named_from_safetensors
+  from scalerl_jax.generation.sampler import JaxSampler
 
   cfg_kw = dict(d_model=args.d_model, num_layers=args.layers, num_heads=args.heads,
                 num_kv_heads=args.kv_heads, head_dim=64, ffn_dim=args.ffn, vocab_size=args.vocab,
@@ -175,60 +128,26 @@ def main(argv=None):
   tune_malloc()   # what the buffer process does; multi-MB messages are then recycled, not re-faulted
   token = secrets.token_hex(16)
   max_bytes = int(mb * 1e6 * 1.1) + (64 << 20)
-  msg_bytes = max(64, 2 * args.chunk_mb, 2 * args.stream_chunk_mb) << 20
+  msg_bytes = max(64, 2 * args.stream_chunk_mb) << 20
   if args.in_process_buffer:
     server = BufferServer([PromptSpec(0, np.array([1, 2], np.int32))], token=token,
                           prompts_per_step=1, group_size=1, max_lag=1,
-                          max_message_bytes=msg_bytes, weight_chunk_bytes=args.fetch_chunk_mb << 20,
-                          max_weight_bytes=max_bytes).start()
+                          max_message_bytes=msg_bytes, max_weight_bytes=max_bytes).start()
   else:
-    server = _BufferProcess(token, msg_bytes, args.fetch_chunk_mb << 20)
+    server = _BufferProcess(token, msg_bytes)
   client = BufferClient(server.address, token, max_message_bytes=max(256 << 20, 64 << 20))
   sampler = JaxSampler(cfg, params, version=0)
   runs = []
   try:
     for rep in range(args.repeats):
-      version = 10 * rep + 1
-      st = {}
-      named = _t(st, "to_host", lambda: [(k, np.ascontiguousarray(v))
-                                         for k, v in models.hf_named_arrays(cfg, params)])
-      from safetensors.numpy import save
-      payload = _t(st, "encode", lambda: save(dict(named)))
-      # Proposed encoder (same format, checked below): views of the learner params, one copy.
-      direct = _t(st, "encode_direct_proposed", lambda: encode_direct(
-          [(k, v) for k, v in models.hf_named_arrays(cfg, params)]))
-      from safetensors.numpy import load as st_load
-      ref = st_load(payload)
-      dec = named_from_safetensors(direct)
-      assert ref.keys() == dec.keys() and all(np.array_equal(ref[k], dec[k]) for k in ref)
-      named = direct = dec = ref = None   # free (not del: the timed lambdas name them)
-      import hashlib
-      _ = _t(st, "sha256_once_ref", lambda: hashlib.sha256(payload).hexdigest())
-      _ = _t(st, "publish", lambda: client.publish_weights(
-          version, payload, fmt=runtime.WEIGHTS_FORMAT, chunk_bytes=args.chunk_mb << 20))
-      got = _t(st, "fetch", lambda: client.fetch_weights(have_version=version - 1))
-      v, fetched, fmt = got
-      assert v == version and len(fetched) == len(payload)
-      naive = _t(st, "decode_naive", lambda: runtime.payload_to_named(fetched, fmt))
-      fast = _t(st, "decode_zero_copy", lambda: named_from_safetensors(fetched))
-      assert naive.keys() == fast.keys()
-      for k in fast:   # zero-copy views hold the same values as the safetensors decode
-        assert fast[k].dtype == naive[k].dtype and np.array_equal(fast[k], naive[k]), k
-      def load(named):
-        sampler.load_weights(named, version)
-        sampler.apply_pending()   # what generate() does between chunks
-        jax.block_until_ready(sampler.params)
-      _ = _t(st, "load_jax_naive", lambda: load(naive))
-      naive = None
-      _ = _t(st, "load_jax_zero_copy", lambda: load(fast))
-      assert sampler.version == version
-      fast = fetched = got = None
-      st.update(measure_stream(client, sampler, params, 10 * rep + 2, args.stream_chunk_mb << 20))
+      st = measure_stream(client, sampler, params, 10 * rep + 2, args.stream_chunk_mb << 20)
       runs.append({"stages_s": st, "named": None})
       print(f"[bench.weights] rep {rep}: " + json.dumps({k: round(x, 4) for k, x in st.items()}),
             flush=True)
     from scalerl_jax.weights.stream import StreamFetcher
-    streamed = StreamFetcher(client).fetch(-1)[1]     # the newest streamed version, for vLLM
+    newest = StreamFetcher(client).fetch(-1)          # the newest streamed version, for vLLM
+    assert newest is not None
+    streamed = newest.params
     deployed = measure_deployed(server, token, params, cfg_kw, args.stream_chunk_mb << 20,
                                 args.repeats, 10 * args.repeats + 1)
     print(f"[bench.weights] deployed layout (s per version): {json.dumps(deployed)}", flush=True)
@@ -236,21 +155,14 @@ def main(argv=None):
     client.close()
     server.stop()
 
-  common = ("to_host", "encode", "publish", "fetch")   # the real path (reference rows excluded)
-  def total(st, kind):
-    return sum(st[k] for k in common) + st[f"decode_{kind}"] + st[f"load_jax_{kind}"]
   med = lambda xs: float(np.median(xs))
   stream = ("stream_publish", "stream_fetch", "stream_load_jax")
   ours = mb / med(deployed["learner_hosted"])
   via_buffer = mb / med(deployed["via_buffer"])
   stream_summed = mb / med([sum(r["stages_s"][k] for k in stream) for r in runs])
   cpu_total = lambda r, ks: sum(r["stages_s"][k + "_cpu_s"] for k in ks)
-  naive = common + ("decode_naive", "load_jax_naive")
-  ours_cpu = mb / med([cpu_total(r, stream) for r in runs])
-  peer_cpu = mb / med([cpu_total(r, naive) for r in runs])
+  stream_cpu = mb / med([cpu_total(r, stream) for r in runs])
   pipelined = mb / med([r["stages_s"]["stream_pipelined"] for r in runs])
-  peer = mb / med([total(r["stages_s"], "naive") for r in runs])
-  blob_fast = mb / med([total(r["stages_s"], "zero_copy") for r in runs])
   stages = {k: {"s": round(med([r["stages_s"][k] for r in runs]), 4)} for k in runs[0]["stages_s"]}
   for k, v in stages.items():
     v["MBps"] = round(mb / v["s"], 1) if v["s"] > 0 and not k.endswith("cpu_s") else None
@@ -260,7 +172,7 @@ def main(argv=None):
     vllm = measure_vllm(cfg, streamed, mb, args)
     print(f"[bench.weights] vllm: {json.dumps(vllm)}", flush=True)
   print(json.dumps({
-      "ours": ours, "peer": peer, "unit": "MB/s", "ratio": ours / peer,
+      "ours": ours, "peer": via_buffer, "unit": "MB/s", "ratio": ours / via_buffer,
       "vllm_MBps": (vllm or {}).get("e2e_bf16_MBps"), "vllm": vllm, "stages": stages,
       "vllm_chain_MBps": (1 / (1 / ours + 1 / vllm["e2e_bf16_MBps"])) if vllm else None,
       "ours_best": mb / min(deployed["learner_hosted"]),
@@ -271,18 +183,15 @@ def main(argv=None):
       "publish_s_via_buffer": med(deployed["publish_s_via_buffer"]),
       "fetched_s_learner_hosted": med(deployed["fetched_s_learner_hosted"]),
       "fetched_s_via_buffer": med(deployed["fetched_s_via_buffer"]),
-      "blob_zero_copy_MBps": blob_fast, "stream_pipelined_one_process_MBps": pipelined,
+      "stream_pipelined_one_process_MBps": pipelined,
       "stream_summed_stages_MBps": stream_summed,
-      "ours_MB_per_cpu_s": ours_cpu, "peer_MB_per_cpu_s": peer_cpu,
-      "cpu_ratio": ours_cpu / peer_cpu,
+      "stream_MB_per_cpu_s": stream_cpu,
       "repeats": args.repeats,
-      "model_MB": mb, "stream_chunk_MB": args.stream_chunk_mb, "publish_chunk_MB": args.chunk_mb,
-      "fetch_chunk_MB": args.fetch_chunk_mb,
+      "model_MB": mb, "stream_chunk_MB": args.stream_chunk_mb,
       "ours_impl": "jax params->per-shard CRC-32C chunks staged on the learner's WeightSource->"
                    "gRPC (one hop, pipelined) to a generator process->aligned arrays->JaxSampler "
                    "(zero-copy device_put); wall time publish start -> sampler holds it",
-      "peer_impl": "params->safetensors->gRPC buffer (sha256 x3)->runtime.payload_to_named->"
-                   "JaxSampler.load_weights",
+      "peer_impl": "the same chunks published to the buffer, fetched from it (two hops)",
       "cpus": os.cpu_count(), "loadavg": os.getloadavg()}))
 
 

@@ -1,8 +1,7 @@
 """Glue from a run config to the objects every process builds the same way.
 
 One place for: the ModelConfig of a run (`model_config`), the sampling settings generators use
-(`sampling_spec`), the weight payload format on the wire (`params_to_payload` / `payload_to_named`),
-and loading a run config written by `main` (`load_run_config`).
+(`sampling_spec`), and loading a run config written by `main` (`load_run_config`).
 """
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ import os
 import sys
 
 import ml_collections
-import numpy as np
-from safetensors.numpy import load, save
 
 from configs import common
 from scalerl_jax import models
@@ -25,7 +22,6 @@ from scalerl_jax.models import moe
 from scalerl_jax.generation import interruption
 from scalerl_jax.types import SamplingSpec
 
-WEIGHTS_FORMAT = "safetensors"
 _NOT_MODEL_FIELDS = ("preset", "hf_checkpoint", "logits_chunk")
 
 
@@ -163,18 +159,6 @@ def train_seq_len(config) -> int:
 def vllm_max_model_len(rollout) -> int:
   """`max_model_len` a vLLM generator engine is started with (prompt + completion + 16)."""
   return max_sequence_len(rollout) + 16
-
-
-def params_to_payload(model_cfg, params) -> bytes:
-  """Serializes params as one safetensors blob in HF naming (the weight interchange format)."""
-  return save({k: np.ascontiguousarray(v) for k, v in models.hf_named_arrays(model_cfg, params)})
-
-
-def payload_to_named(payload: bytes | bytearray | memoryview, fmt: str) -> dict[str, np.ndarray]:
-  """Inverse of params_to_payload: {hf_name: array}."""
-  if fmt != WEIGHTS_FORMAT:
-    raise ValueError(f"unsupported weight payload format {fmt!r}; expected {WEIGHTS_FORMAT!r}")
-  return load(bytes(payload))
 
 
 def load_run_config(path: str, overrides=()) -> ml_collections.ConfigDict:

@@ -1,5 +1,6 @@
 """Shared test helpers: child processes whose output goes to files, XLA flags for test scripts,
-and (re-exported from `harness.procs`) process trees, free ports and `wait_until`.
+tiny streamed weight versions (`tiny_params`, `publish_params`), and (re-exported from
+`harness.procs`) process trees, free ports and `wait_until`.
 
 Why files: a child whose stdout/stderr is a pipe that nobody reads blocks once it has written
 64 KiB. Tests that started several processes with `stdout=PIPE, stderr=PIPE` and then waited for
@@ -15,6 +16,9 @@ import dataclasses
 import os
 import subprocess
 import time
+from typing import Any
+
+import numpy as np
 
 # The process, port and polling helpers are the harness's (one copy for tests, benches, chaos).
 from harness.procs import (alive, argv, children, cmdline, cpu_seconds, descendants,  # noqa: F401
@@ -79,3 +83,21 @@ def finish(logged: list[Logged], timeout: float) -> list[tuple[int | None, str, 
         c.proc.kill()
         c.proc.wait()
   return results
+
+
+def tiny_params(tag: int = 0) -> dict[str, np.ndarray]:
+  """A stand-in model of two small host arrays for buffer tests. Its manifest (what a re-publish of
+  the same version is compared by) depends on `tag`: another tag is another version's content."""
+  rng = np.random.default_rng(tag)
+  return {"w": rng.standard_normal((4, 8 + tag)).astype(np.float32),
+          "b": np.full((3,), tag, np.int32)}
+
+
+def publish_params(client, version: int, params: Any = None, tag: int = 0, retries: int = 5,
+                   **kw) -> Any:
+  """Publishes `params` (default `tiny_params(tag)`) as streamed weight version `version`
+  (weights.stream.StreamPublisher as process 0; `kw` go to it; `retries`: its publish's resumes
+  after a broken stream, 0 = the first error is raised); returns the PublishAck."""
+  from scalerl_jax.weights.stream import StreamPublisher    # imports JAX: only when publishing
+  return StreamPublisher(client, version, tiny_params(tag) if params is None else params,
+                         process_index=0, **kw).publish(retries=retries)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from helpers import publish_params
 from scalerl_jax.protocol import codec
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol.client import BufferClient, batch_to_arrays
@@ -36,7 +37,7 @@ def _run(mode, k, steps, n_gen=2, train_s=0.02):
   for p in procs:
     p.start()
   try:
-    c.publish_weights(0, b"weights-v0")
+    publish_params(c, 0)
     batches = []
     for s in range(steps):
       b = c.pull_batch(s, timeout_s=60)
@@ -44,7 +45,7 @@ def _run(mode, k, steps, n_gen=2, train_s=0.02):
       st = c.status()
       assert st.contents.leased_groups + st.contents.ready_groups <= max(k, 1) * B + B
       time.sleep(train_s)
-      c.publish_weights(s + 1, f"weights-v{s + 1}".encode())
+      publish_params(c, s + 1)
     again = c.pull_batch(steps - 1, timeout_s=5)         # retry of the last step: same groups
     assert [g.group_id for g in again.groups] == [g.group_id for g in batches[-1].groups]
     status = c.status()

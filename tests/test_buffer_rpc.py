@@ -1,5 +1,4 @@
 """RPC-level behaviour of the live buffer: weights publish/fetch/watch, disconnects, retries."""
-import hashlib
 import os
 import subprocess
 import sys
@@ -10,13 +9,15 @@ import grpc
 import numpy as np
 import pytest
 
-from helpers import free_port
+from helpers import free_port, tiny_params
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol.client import BufferClient, assignment_prompt, pack_push_requests
 from scalerl_jax.generation.fake import random_completion
 from scalerl_jax.types import PromptSpec
+from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher
 
 TOKEN = "rpc-test-token"
 
@@ -41,31 +42,40 @@ def test_weights_publish_fetch_watch_and_checksum():
   srv = _server()
   c = BufferClient(srv.address, TOKEN)
   try:
-    assert c.fetch_weights(-1, wait_timeout_s=0) is None          # nothing published yet
+    assert c.fetch_version(-1, wait_timeout_s=0) is None          # nothing published yet
     watch = c.watch_versions(-1)
-    blob = np.random.default_rng(0).bytes(9 << 20)                 # 9 MiB in 1 MiB chunks
-    ack = c.publish_weights(1, blob, fmt="raw", chunk_bytes=1 << 20)
-    assert (ack.version, ack.total_bytes) == (1, len(blob))
-    v, got, fmt = c.fetch_weights(0, wait_timeout_s=5)
-    assert (v, fmt) == (1, "raw") and got == blob
+    params = {"w": np.random.default_rng(0).standard_normal((9, 1 << 18)).astype(np.float32)}
+    pub = StreamPublisher(c, 1, params, chunk_bytes=1 << 20, process_index=0)   # 9 MiB, 1 MiB chunks
+    ack = pub.publish()
+    assert ack.visible and (ack.version, ack.total_bytes) == (1, params["w"].nbytes)
+    got = StreamFetcher(c).fetch(0, wait_timeout_s=5)
+    assert got is not None and got.version == 1 and np.array_equal(got.params["w"], params["w"])
     notice = next(watch)
-    assert notice.version == 1 and notice.sha256 == hashlib.sha256(blob).hexdigest()
-    assert c.publish_weights(1, blob).version == 1                 # idempotent re-publish
-    # a corrupted payload never becomes visible
-    bad = pb.WeightChunk(version=2, total_bytes=3, sha256="0" * 64, data=b"abc")
+    assert notice.version == 1 and notice.sha256 == pub.sha256
+    assert pub.publish().version == 1                              # idempotent re-publish
+    # a corrupted chunk never becomes visible
+    v2 = StreamPublisher(c, 2, tiny_params(), process_index=0)
+    good = ws.parse_weight_message(v2.encode(0))
+    assert not isinstance(good, ws.Malformed)
+    bad = ws.encode_chunk(2, 0, good.data, good.head.crc32 ^ 1)
     with pytest.raises(grpc.RpcError) as e:
-      c._publish(iter([bad]), metadata=c._md)
+      c.publish_raw(iter([next(v2.messages([])), bad]))
     assert e.value.code() == grpc.StatusCode.DATA_LOSS
+    # a one-payload blob (no manifest: the removed protocol) is refused
+    blob = pb.WeightChunk(version=2, total_bytes=3, sha256="0" * 64, data=b"abc")
+    with pytest.raises(grpc.RpcError) as e:
+      c._publish(iter([blob]), metadata=c._md)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "manifest" in e.value.details()
     assert c.status().contents.current_version == 1
-    assert c.fetch_weights(1, wait_timeout_s=0.3) is None
+    assert c.fetch_version(1, wait_timeout_s=0) is None
     # long-poll: a fetch waiting for version > 1 returns when version 2 lands
     out = {}
-    t = threading.Thread(target=lambda: out.update(r=c.fetch_weights(1, wait_timeout_s=10)))
+    t = threading.Thread(target=lambda: out.update(r=c.fetch_version(1, wait_timeout_s=10)))
     t.start()
     time.sleep(0.3)
-    c.publish_weights(2, b"v2")
+    assert v2.publish().visible
     t.join()
-    assert out["r"][:2] == (2, b"v2") and next(watch).version == 2
+    assert out["r"] == 2 and next(watch).version == 2
     watch.cancel()
   finally:
     c.close()

@@ -2,6 +2,7 @@
 
 Numbers observed here are tabulated in docs/RELIABILITY.md (run with -s to print them).
 """
+import hashlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from helpers import publish_params, tiny_params
 import test_fault_common as fc
 from scalerl_jax.processes import ProcessGroup
 from scalerl_jax.protocol import codec
@@ -20,6 +22,7 @@ from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol.client import BufferClient, assignment_prompt
 from scalerl_jax.generation.fake import random_completion
 from scalerl_jax.types import PromptSpec
+from scalerl_jax.weights.stream import StreamFetcher
 
 TOKEN = fc.TOKEN
 
@@ -49,13 +52,13 @@ def test_wal_replay_restores_state_weights_and_idempotency(tmp_path):
   srv = BufferServer(_prompts(), **kw).start()
   c = BufferClient(srv.address, TOKEN)
   rng = np.random.default_rng(0)
-  c.publish_weights(0, b"weights-v0")
+  publish_params(c, 0)
   pushed = []
   for _ in range(2):
     pushed += _group(c, rng)
   c.push(pushed)
   b0 = c.pull_batch(0, timeout_s=5)
-  c.publish_weights(1, b"weights-v1")
+  publish_params(c, 1)
   full = _group(c, rng, version=1)
   partial = _group(c, rng, version=1, n=2)       # an incomplete group stays outstanding
   c.push(full + partial)
@@ -75,9 +78,10 @@ def test_wal_replay_restores_state_weights_and_idempotency(tmp_path):
     assert [g.group_id for g in again.groups] == [g.group_id for g in b0.groups]
     assert [r.rollout_id for g in again.groups for r in g.rollouts] == \
            [r.rollout_id for g in b0.groups for r in g.rollouts]
-    v, payload, _ = c.fetch_weights(-1)
-    assert (v, payload) == (1, b"weights-v1")
-    assert c.publish_weights(1, b"weights-v1").version == 1      # idempotent re-publish
+    got = StreamFetcher(c).fetch(-1)                            # weights.bin: a packed version
+    assert got is not None and got.version == 1
+    assert all(np.array_equal(got.params[k], tiny_params()[k]) for k in ("w", "b"))
+    assert publish_params(c, 1).version == 1      # idempotent re-publish
     # The rest of the partial group completes the batch of step 1 after the restart.
     a_rest = [codec.completion_to_rollout(random_completion(rng, partial[0].prompt_id, 5, 1),
                                           group_id=partial[0].group_id, sample_index=2,
@@ -96,13 +100,41 @@ def test_wal_replay_restores_state_weights_and_idempotency(tmp_path):
   assert len(rep["segments"]) == 1 and rep["records"]["snapshot"] == 1
 
 
+def test_wal_with_an_old_blob_fails_with_the_format_named(tmp_path, monkeypatch):
+  """A weights.bin written by the removed blob protocol (one opaque payload, format "safetensors")
+  stops the buffer at startup with an error naming the format, not an obscure crash."""
+  from scalerl_jax.buffer import server as server_mod
+  from scalerl_jax.buffer.weight_store import UnsupportedWeightsFormat
+  d = str(tmp_path / "wal")
+  kw = dict(token=TOKEN, prompts_per_step=2, group_size=2, max_lag=1, wal_dir=d)
+  srv = BufferServer(_prompts(), **kw).start()
+  c = BufferClient(srv.address, TOKEN)
+  publish_params(c, 0)
+  c.close()
+  srv.stop()
+  blob = b"old safetensors payload"
+  w = wal.WAL(d, fsync="none")
+  w.save_weights(0, blob, hashlib.sha256(blob).hexdigest(), "safetensors")
+  w.close()
+  with pytest.raises(UnsupportedWeightsFormat, match="'safetensors'.*blob"):
+    BufferServer(_prompts(), **kw)
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text("".join(json.dumps(dict(prompt_id=p.prompt_id, tokens=p.tokens.tolist(),
+                                             answer=p.answer)) + "\n" for p in _prompts()))
+  monkeypatch.setenv("SCALERL_BUFFER_TOKEN", TOKEN)
+  with pytest.raises(SystemExit) as e:                     # the command: one line, no traceback
+    server_mod.main(["--prompts", str(prompts), "--wal-dir", d, "--prompts-per-step", "2",
+                     "--group-size", "2", "--no-tune-malloc"])
+  assert "format 'safetensors'" in str(e.value.code)
+
+
 @pytest.mark.parametrize("damage", ["short_length", "crc"])
 def test_torn_wal_tail_is_truncated_and_reported(tmp_path, caplog, damage):
   d = str(tmp_path / "wal")
   kw = dict(token=TOKEN, prompts_per_step=2, group_size=2, max_lag=1, wal_dir=d)
   srv = BufferServer(_prompts(), **kw).start()
   c = BufferClient(srv.address, TOKEN)
-  c.publish_weights(0, b"w0")
+  publish_params(c, 0)
   rs = _group(c, np.random.default_rng(1))
   c.push(rs)
   before = _contents(c)
@@ -162,7 +194,7 @@ def test_kill9_buffer_mid_run_loses_no_acked_rollout(tmp_path, monkeypatch):
       reports.append(procs.restart_buffer()["wal"])
       downtime.append(time.time() - t0)
   try:
-    c.publish_weights(0, b"v0")
+    publish_params(c, 0)
     for i in range(2):
       procs.start(f"gen-{i}", fc.gen_argv(address, f"gen-{i}", i, logs[i]), env=fc.ENV)
     kt = threading.Thread(target=killer, daemon=True)
@@ -178,7 +210,7 @@ def test_kill9_buffer_mid_run_loses_no_acked_rollout(tmp_path, monkeypatch):
           delivered[r.rollout_id] = s
       state["step"] = s
       time.sleep(0.05)                           # "training"
-      c.publish_weights(s + 1, f"v{s + 1}".encode())
+      publish_params(c, s + 1)
     kt.join(60)
     assert len(reports) == len(kill_at)
     for i in range(2):                           # stop generators: the acked set is final
@@ -247,7 +279,7 @@ def test_wal_replay_ppo_off_policy_round(tmp_path):
   srv = BufferServer(_prompts(), **kw).start()
   c = BufferClient(srv.address, TOKEN)
   rng = np.random.default_rng(2)
-  c.publish_weights(0, b"w0")
+  publish_params(c, 0)
   groups = [_group(c, rng) for _ in range(4)]    # the whole round: k * B = 4 groups
   assert c.lease("g0", max_groups=1) == []
   c.push([r for g in groups[:3] for r in g])

@@ -85,8 +85,8 @@ def _main(argv=None):
 
   got = None
   while got is None:                 # like worker.Worker: the newest weights before generating
-    got = c.fetch_weights(-1, wait_timeout_s=30)
-  version = got[0]
+    got = c.fetch_version(-1, wait_timeout_s=30)
+  version = got
   log({"start_version": version, "pid": os.getpid(), "t": time.time()})
   stop = threading.Event()
   lease_id = f"{a.gen_id}@{os.getpid()}"     # per process, like worker.Worker
@@ -104,9 +104,9 @@ def _main(argv=None):
       for asg in c.lease(lease_id, max_groups=1, wait_timeout_s=0.5):
         working["gids"] = [asg.group_id]
         log({"leased": asg.group_id})
-        got = c.fetch_weights(version, wait_timeout_s=0 if version >= asg.min_version else 30)
-        if got:
-          version = got[0]
+        got = c.fetch_version(version, wait_timeout_s=0 if version >= asg.min_version else 30)
+        if got is not None:
+          version = got
         p = assignment_prompt(asg)
         rollouts = []
         for i in range(asg.group_size):

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from helpers import publish_params
 import test_fault_common as fc
 from scalerl_jax.processes import ProcessGroup
 from scalerl_jax.protocol import codec
@@ -41,7 +42,7 @@ def test_kill9_generator_mid_group_is_replaced_and_nothing_half_written_is_train
   published = [(0, time.time())]
   delivered, killed = {}, None
   try:
-    c.publish_weights(0, b"v0")
+    publish_params(c, 0)
     for i in range(2):
       procs.start(f"gen-{i}", fc.gen_argv(address, f"gen-{i}", i, logs[i], per_sample=True,
                                           heartbeat_s=0.5, sample_sleep_s=0.05), env=fc.ENV)
@@ -64,7 +65,7 @@ def test_kill9_generator_mid_group_is_replaced_and_nothing_half_written_is_train
           delivered[r.rollout_id] = (s, g.group_id, r)
       procs.check()                              # the watchdog: raises only beyond the limits
       time.sleep(0.05)
-      c.publish_weights(s + 1, f"v{s + 1}".encode())
+      publish_params(c, s + 1)
       published.append((s + 1, time.time()))
     wall = time.time() - t_start
     status = c.status()

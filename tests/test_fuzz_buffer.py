@@ -6,6 +6,7 @@ process alive, still serving), and the buffer contents (digest over everything s
 change. Random cases come from a fixed seed; a table adds targeted ones and raw garbage bytes sent
 through a generic channel call. The whole fuzz runs twice: plaintext and over TLS (the server with a
 certificate from tests/tls_certs.py, every client verifying it with the CA)."""
+import hashlib
 import json
 import math
 import os
@@ -18,9 +19,12 @@ import pytest
 
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.protocol.client import BufferClient, assignment_prompt, pack_push_requests
 from scalerl_jax.generation.fake import random_completion
 from scalerl_jax.protocol.rpc import TLS, open_channel
+from scalerl_jax.weights.stream import StreamPublisher
+from helpers import publish_params, tiny_params
 import tls_certs
 
 TOKEN = "fuzz-secret-0123456789"
@@ -164,7 +168,7 @@ def _mutations(a):
 def test_fuzz_live_server(server):
   proc, address, tls, err_log = server
   c = BufferClient(address, TOKEN, tls=tls)
-  c.publish_weights(0, b"w0")
+  publish_params(c, 0)
   (a,) = c.lease("fuzz-gen", 1, 5)
   assert c.push([_valid_rollout(a, 0, "stored-0")])[0].rollout_id == "stored-0"
   before = c.status().contents
@@ -220,26 +224,34 @@ def test_fuzz_live_server(server):
             ("pull_bad_learner_id", "PullBatch", P(step=0, learner_id="\x01"), None, {IA}),
             ("pull_not_ready", "PullBatch", P(step=0, timeout_s=0), None,
              {grpc.StatusCode.DEADLINE_EXCEEDED})]
-  payload = b"new weights"
-  sha = __import__("hashlib").sha256(payload).hexdigest()
-  W = lambda **kw: pb.WeightChunk(**{**dict(version=1, total_bytes=len(payload), sha256=sha,
-                                            data=payload), **kw}).SerializeToString()
-  cases += [("weights_bad_sha", "PublishWeights", [W(sha256="0" * 64)], None, {DL}),
-            ("weights_nonhex_sha", "PublishWeights", [W(sha256="z" * 64)], None, {IA}),
-            ("weights_not_newer", "PublishWeights", [W(version=0)], None, {FP}),
-            ("weights_negative_version", "PublishWeights", [W(version=-2)], None, {IA}),
-            ("weights_offset_gap", "PublishWeights", [W(offset=3)], None, {IA}),
-            ("weights_short", "PublishWeights", [W(data=payload[:4])], None, {IA}),
-            ("weights_overflow", "PublishWeights", [W(), W(offset=len(payload))], None, {IA}),
-            ("weights_header_changes", "PublishWeights",
-             [W(data=payload[:4]), W(version=2, offset=4, data=payload[4:])], None, {IA}),
-            ("weights_too_big", "PublishWeights", [W(total_bytes=1 << 62)], None, {RE}),
+  # Weights: version 1's manifest and chunks (streamed, the one protocol), broken one way each.
+  v1 = StreamPublisher(c, 1, tiny_params(2), process_index=0)
+  first, c0 = next(v1.messages([])), ws.parse_weight_message(v1.encode(0))
+  assert not isinstance(c0, ws.Malformed)
+  head = pb.WeightChunk.FromString(first)
+  M = lambda **kw: pb.WeightChunk(**{**dict(version=1, total_bytes=head.total_bytes,
+                                            sha256=head.sha256, format=head.format,
+                                            manifest=head.manifest), **kw}).SerializeToString()
+  C = lambda data=c0.data, **kw: ws.with_data(pb.WeightChunk(**{**dict(
+      version=1, chunk_index=0, crc32=c0.head.crc32), **kw}).SerializeToString(), data)
+  blob = pb.WeightChunk(version=1, total_bytes=3, sha256="0" * 64, data=b"abc").SerializeToString()
+  cases += [("weights_bad_crc", "PublishWeights", [first, C(crc32=c0.head.crc32 ^ 1)], None, {DL}),
+            ("weights_nonhex_sha", "PublishWeights", [M(sha256="z" * 64)], None, {IA}),
+            ("weights_manifest_sha", "PublishWeights", [M(sha256="0" * 64)], None, {IA}),
+            ("weights_bad_manifest", "PublishWeights", [M(manifest="{}", sha256=hashlib.sha256(b"{}").hexdigest())], None, {IA}),
+            ("weights_not_newer", "PublishWeights", [M(version=0)], None, {FP}),
+            ("weights_negative_version", "PublishWeights", [M(version=-2)], None, {IA}),
+            ("weights_blob_no_manifest", "PublishWeights", [blob], None, {IA}),
+            ("weights_chunk_index", "PublishWeights", [first, C(chunk_index=99)], None, {IA}),
+            ("weights_chunk_size", "PublishWeights", [first, C(data=c0.data[:4])], None, {IA}),
+            ("weights_chunk_other_version", "PublishWeights", [first, C(version=2)], None, {IA}),
+            ("weights_second_manifest", "PublishWeights", [first, first], None, {IA}),
+            ("weights_too_big", "PublishWeights", [M(total_bytes=1 << 62)], None, {RE}),
             ("weights_empty_stream", "PublishWeights", [], None, {IA}),
             ("fetch_nan_wait", "FetchWeights",
              pb.FetchWeightsRequest(wait_timeout_s=math.nan).SerializeToString(), None, {IA}),
-            ("fetch_tiny_chunks", "FetchWeights",
-             pb.FetchWeightsRequest(have_version=-1, chunk_bytes=1).SerializeToString(), None,
-             {IA}),
+            ("fetch_not_streamed", "FetchWeights",
+             pb.FetchWeightsRequest(have_version=-1).SerializeToString(), None, {FP}),
             ("heartbeat_no_id", "Heartbeat", pb.HeartbeatRequest().SerializeToString(), None, {IA}),
             ("unknown_method", "NoSuchMethod", b"", None, {grpc.StatusCode.UNIMPLEMENTED})]
   # -- the evaluation lane (issue 15): bad requests, results for unknown evaluations, garbage

@@ -17,6 +17,7 @@ import sys
 import time
 
 import pytest
+from helpers import publish_params
 from gcs_emulator import running_emulator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -288,15 +289,15 @@ def test_buffer_asks_for_restart_when_the_learner_resumed(tmp_path):
   srv.learner_state_path = ls
   c = BufferClient(srv.address, "t" * 32, retries=0)
   try:
-    c.publish_weights(0, b"v0")
-    c.publish_weights(1, b"v1")
+    publish_params(c, 0)
+    publish_params(c, 1)
     with pytest.raises(grpc.RpcError) as e:          # no resume announced: the plain error
-      c.publish_weights(1, b"other")
+      publish_params(c, 1, tag=1)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert not srv.restart_requested.is_set()
     write_learner_state(ls, 0, 0, dict(id="r1", step=0, npr=None))
     with pytest.raises(grpc.RpcError) as e:
-      c.publish_weights(0, b"v0-again")              # the resumed learner republishes
+      publish_params(c, 0, retries=0)             # the resumed learner republishes
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert srv.restart_requested.is_set()
   finally:
@@ -332,14 +333,14 @@ def test_start_over_after_a_previous_run_makes_the_running_buffer_rewind(tmp_pat
   c = BufferClient(srv.address, "t" * 32, retries=0)
   try:
     for v in range(3):
-      c.publish_weights(v, f"v{v}".encode())
+      publish_params(c, v)
     (wd / "metrics.jsonl").write_text('{"step": 1, "kind": "train"}\n')
     assert job.prepare_resume(cfg, str(wd)) is None           # no checkpoint: start over
     res = read_learner_state(ls)["resume"]
     assert res["start_over"] and res["step"] == 0 and res["npr"]["threshold"] == 0.9, res
     assert list(wd.glob("previous-*/metrics.jsonl"))          # the previous run, set aside
     with pytest.raises(grpc.RpcError) as e:
-      c.publish_weights(0, b"v0-again")              # not FAILED_PRECONDITION: restart to rewind
+      publish_params(c, 0, retries=0)             # not FAILED_PRECONDITION: restart to rewind
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert srv.restart_requested.is_set()
   finally:
@@ -351,7 +352,7 @@ def test_start_over_after_a_previous_run_makes_the_running_buffer_rewind(tmp_pat
     rep = srv.wal_report["resume"]
     assert rep["step"] == 0 and rep["from_version"] == 2, rep
     assert srv.state.version == 0 and srv.state.resumes[-1] == res["id"]
-    c.publish_weights(0, b"v0-again")                # the started-over learner's version 0
+    publish_params(c, 0)                # the started-over learner's version 0
   finally:
     c.close()
     srv.stop(0)

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 
+from helpers import publish_params
 from scalerl_jax.protocol import codec
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol.client import BufferClient, assignment_prompt
@@ -50,14 +51,14 @@ def test_buffer_rewinds_to_the_learner_checkpoint_once(tmp_path):
   rng = np.random.default_rng(0)
   acked, trained, batches = [], [], {}
   for s in range(3):                                   # steps 0, 1, 2 delivered
-    c.publish_weights(s, f"w{s}".encode())
+    publish_params(c, s)
     acked += _lease_push(c, rng, s, n_groups=2)
     batches[s] = c.pull_batch(s, timeout_s=5)
     if s < 2:
       trained += _ids(batches[s])
     if s == 1:
       write_learner_state(ls, 2, 0, None)            # checkpoint 2 is durable (steps 0, 1 trained)
-  c.publish_weights(3, b"w3")
+  publish_params(c, 3)
   partial = _lease_push(c, rng, 3, samples=1)        # incomplete, version 3
   future = _lease_push(c, rng, 3)                    # complete, but version 3 > checkpoint 2
   port = srv.port
@@ -72,13 +73,13 @@ def test_buffer_rewinds_to_the_learner_checkpoint_once(tmp_path):
                        dropped_lost_version_groups=1, dropped_stale_groups=0,
                        dropped_incomplete_groups=1, returned_prompts=2, missing_steps=[])
     c = BufferClient(srv2.address, TOKEN)
-    assert c.fetch_weights(-1, wait_timeout_s=0) is None       # version 3's weights are gone
-    c.publish_weights(2, b"w2")                                  # the resumed learner's version
+    assert c.fetch_version(-1, wait_timeout_s=0) is None       # version 3's weights are gone
+    publish_params(c, 2)                                  # the resumed learner's version
     again = c.pull_batch(2, timeout_s=5)
     assert [g.group_id for g in again.groups] == [g.group_id for g in batches[2].groups]
     assert _ids(again) == _ids(batches[2])                       # same rollouts, same order
     trained += _ids(again)
-    c.publish_weights(3, b"w3-new")
+    publish_params(c, 3, tag=1)
     nxt = _lease_push(c, rng, 3, n_groups=2)                     # dropped prompts come back first
     assert [p for _, p, _ in nxt] == [partial[0][1], future[0][1]]
     port = srv2.port
@@ -113,7 +114,7 @@ def test_fresh_buffer_adopts_the_checkpoint_position(tmp_path):
     c = BufferClient(srv.address, TOKEN)
     st = c.status().contents
     assert (st.next_step, st.current_version) == (5, 5)
-    c.publish_weights(5, b"w5")
+    publish_params(c, 5)
     rng = np.random.default_rng(1)
     _lease_push(c, rng, 5, n_groups=2)
     assert c.pull_batch(5, timeout_s=5).summary.step == 5

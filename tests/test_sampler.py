@@ -140,28 +140,6 @@ def test_in_flight_update_switches_weights_and_versions(model):
   assert sampler.version == 1
 
 
-def test_load_payload_zero_copy_decode_matches_safetensors(model):
-  """The buffer's safetensors payload decodes zero-copy to the same arrays; load_payload swaps."""
-  from safetensors.numpy import load
-  from scalerl_jax import runtime
-  from scalerl_jax.generation.sampler import named_from_safetensors
-  cfg, params = model
-  payload = runtime.params_to_payload(cfg, params)
-  ref, got = load(payload), named_from_safetensors(payload)
-  assert ref.keys() == got.keys()
-  for k in ref:
-    assert got[k].dtype == ref[k].dtype and got[k].shape == ref[k].shape
-    np.testing.assert_array_equal(got[k], ref[k])
-  with pytest.raises(ValueError):
-    named_from_safetensors(payload[:-4])          # truncated data
-  sampler = JaxSampler(cfg, params, version=0)
-  sampler.load_payload(memoryview(payload), 7)
-  sampler.apply_pending()
-  assert sampler.version == 7
-  for a, b in zip(jax.tree.leaves(sampler.params), jax.tree.leaves(params)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
 def test_growing_cache_long_generation_matches_learner(model):
   """Completions long enough for the KV cache to grow (32 -> 64 -> 96 -> 128 slots) keep exact
   log-probs."""

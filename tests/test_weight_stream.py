@@ -19,7 +19,7 @@ from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.types import PromptSpec
-from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher, flatten
+from scalerl_jax.weights.stream import FetchedWeights, StreamFetcher, StreamPublisher, flatten
 
 from helpers import xla_flags
 
@@ -170,7 +170,8 @@ def test_multi_host_publish_and_resumable_publisher_and_fetcher():
 
 def test_streamed_chunks_are_validated():
   """Corrupt chunk -> DATA_LOSS (and it is not stored); bad manifest / index / size -> INVALID_ARGUMENT;
-  an old version -> FAILED_PRECONDITION; a blob-only fetcher is told to use the streamed protocol."""
+  a manifest-less (blob) publish -> INVALID_ARGUMENT; an old version -> FAILED_PRECONDITION; a
+  fetcher that does not ask for the streamed protocol is told to (FAILED_PRECONDITION)."""
   with _serving(max_message_bytes=8 << 20, max_weight_bytes=1 << 20) as (srv, c):
     p = StreamPublisher(c, 5, _params(3), chunk_bytes=4096, process_index=0)
     msgs = list(p.messages([0, 1]))
@@ -184,6 +185,8 @@ def test_streamed_chunks_are_validated():
         "manifest_sha": [pb.WeightChunk(version=5, sha256="0" * 64, manifest="{}").SerializeToString()],
         "manifest_json": [pb.WeightChunk(version=5, sha256=__import__("hashlib").sha256(
             b"[").hexdigest(), manifest="[").SerializeToString()],
+        "blob": [pb.WeightChunk(version=5, total_bytes=3, sha256="0" * 64,
+                                data=b"abc").SerializeToString()],
     }.items():
       with pytest.raises(grpc.RpcError) as e:
         c.publish_raw(iter(stream))
@@ -191,7 +194,8 @@ def test_streamed_chunks_are_validated():
     assert codes == {"crc": grpc.StatusCode.DATA_LOSS, "index": grpc.StatusCode.INVALID_ARGUMENT,
                      "size": grpc.StatusCode.INVALID_ARGUMENT,
                      "manifest_sha": grpc.StatusCode.INVALID_ARGUMENT,
-                     "manifest_json": grpc.StatusCode.INVALID_ARGUMENT}
+                     "manifest_json": grpc.StatusCode.INVALID_ARGUMENT,
+                     "blob": grpc.StatusCode.INVALID_ARGUMENT}
     assert 0 in p.missing()                              # the corrupt chunk was not kept
     big = StreamPublisher(c, 6, {"w": np.zeros((1024, 512), np.float32)}, process_index=0)
     with pytest.raises(grpc.RpcError) as e:
@@ -202,7 +206,7 @@ def test_streamed_chunks_are_validated():
       StreamPublisher(c, 4, _params(3), process_index=0).publish(retries=0)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(grpc.RpcError) as e:
-      c.fetch_weights(-1)
+      list(c.fetch_raw(pb.FetchWeightsRequest(have_version=-1), timeout=10))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     again = StreamPublisher(c, 5, _params(3), chunk_bytes=4096, process_index=0)
     assert again.publish().visible                      # idempotent re-publish of the same version
@@ -228,11 +232,11 @@ def test_streamed_version_survives_buffer_restart_from_wal(tmp_path):
     srv.stop()
 
 
-def test_worker_takes_streamed_and_blob_versions():
-  """The generator worker's fetch path: a streamed version becomes JaxSampler params as is; a blob
-  (safetensors) version still works through the same fetcher."""
+def test_worker_fetches_typed_weights():
+  """The generator worker's fetch path: each version arrives as a `FetchedWeights` (version, our
+  layout params), which becomes JaxSampler params as is."""
   import jax
-  from scalerl_jax import models, runtime
+  from scalerl_jax import models
   from scalerl_jax.generation import worker as W
   from configs import common
   from scalerl_jax.generation.jax_engine import JaxEngine
@@ -242,19 +246,19 @@ def test_worker_takes_streamed_and_blob_versions():
   with _serving(max_message_bytes=8 << 20) as (srv, c):
     w = W.Worker.__new__(W.Worker)
     w.fetcher, w.model_cfg = StreamFetcher(c), cfg
-    c.publish_weights(0, runtime.params_to_payload(cfg, params), runtime.WEIGHTS_FORMAT)
+    assert w._fetch(-1, 0) is None                      # nothing published yet
+    StreamPublisher(c, 0, params, chunk_bytes=16 << 10, process_index=0).publish()
     got = w._fetch(-1, 5)
-    v = got.version
-    assert v == 0 and not got.streamed
+    assert isinstance(got, FetchedWeights) and got.version == 0 and _same(got.params, params)
     conf = _config(chunk_steps=4)
-    w.gen = JaxEngine(common.RunConfig.from_config(conf)).make(cfg, got.params_for(cfg), v, "/tmp",
-                                                               None)
+    w.gen = JaxEngine(common.RunConfig.from_config(conf)).make(cfg, got.params, 0, "/tmp", None)
     assert _same(w.gen.params, params)
     new = jax.tree.map(lambda x: x + np.float32(1), params)
     StreamPublisher(c, 1, new, chunk_bytes=16 << 10, process_index=0).publish()
     got = w._fetch(0, 5)
+    assert got is not None
     v = got.version
-    assert v == 1 and got.streamed and _same(got.params, new)
+    assert v == 1 and _same(got.params, new)
     w.gen.set_params(got.params, v)
     w.gen.apply_pending()
     assert w.gen.version == 1 and _same(jax.tree.map(np.asarray, w.gen.params), new)

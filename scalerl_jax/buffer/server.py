@@ -53,7 +53,7 @@ class BufferServer:
   def __init__(self, prompts: Sequence[PromptSpec], *, token: str, prompts_per_step: int,
                group_size: int, max_lag: int, mode: str = "pipeline", host: str = "127.0.0.1",
                port: int = 0, max_message_bytes: int = 64 << 20,
-               max_weight_bytes: int = 64 << 30, weight_chunk_bytes: int = 4 << 20,
+               max_weight_bytes: int = 64 << 30,
                lease_ttl_s: float = 120.0, limits: val.Limits = val.Limits(),
                verifier: Optional[val.Verifier] = None, max_workers: int = 256,
                shuffle_seed: Optional[int] = None, npr_threshold: Optional[float] = None,
@@ -71,7 +71,6 @@ class BufferServer:
     self.limits, self.max_weight_bytes = limits, max_weight_bytes
     self.learner_state_path = ""            # set by main: where a learner resume is announced
     self.restart_requested = threading.Event()
-    self.weight_chunk_bytes = weight_chunk_bytes
     self.weights = weight_store.WeightStore(self)
     self.wal: Optional[walmod.WAL] = None
     self.wal_report: dict = {}
@@ -331,8 +330,6 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--max-message-bytes", type=int, default=64 << 20)
   ap.add_argument("--lease-ttl-s", type=float, default=120.0)
   ap.add_argument("--max-weight-bytes", type=int, default=64 << 30)
-  ap.add_argument("--weight-chunk-bytes", type=int, default=4 << 20,
-                  help="FetchWeights chunk size of blob versions (streamed ones keep their chunks)")
   ap.add_argument("--max-completion-tokens", type=int, default=32768)
   ap.add_argument("--route-shape", default="",
                   help="MoE routing replay: 'R,K,E' (MoE layers, experts per token, experts); "
@@ -377,17 +374,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     tls.check(server=tls.enabled)
   except ValueError as e:
     sys.exit(f"error: {e}")
-  srv = BufferServer(load_prompts(a.prompts), token=token, prompts_per_step=a.prompts_per_step,
-                     group_size=a.group_size, max_lag=a.max_lag, mode=a.mode, host=a.host,
-                     port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
-                     limits=val.Limits(max_completion_tokens=a.max_completion_tokens,
-                                       **_route_limits(a.route_shape)),
-                     shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
-                     npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
-                     wal_fsync_interval_s=a.wal_fsync_interval_s, wal_archive=a.wal_archive,
-                     learner_state=replay.read_learner_state(a.learner_state),
-                     max_weight_bytes=a.max_weight_bytes,
-                     weight_chunk_bytes=a.weight_chunk_bytes, tls=tls).start()
+  try:
+    srv = BufferServer(load_prompts(a.prompts), token=token, prompts_per_step=a.prompts_per_step,
+                       group_size=a.group_size, max_lag=a.max_lag, mode=a.mode, host=a.host,
+                       port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
+                       limits=val.Limits(max_completion_tokens=a.max_completion_tokens,
+                                         **_route_limits(a.route_shape)),
+                       shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
+                       npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
+                       wal_fsync_interval_s=a.wal_fsync_interval_s, wal_archive=a.wal_archive,
+                       learner_state=replay.read_learner_state(a.learner_state),
+                       max_weight_bytes=a.max_weight_bytes, tls=tls).start()
+  except weight_store.UnsupportedWeightsFormat as e:   # a WAL written by the old blob protocol
+    sys.exit(f"error: {e}")
   srv.learner_state_path = a.learner_state or ""
   # the run-config knobs this pod got (as flags: processes.buffer_flags), as the other pods log them
   print(f"run config (buffer): rollout.max_lag={a.max_lag} rollout.prompts_per_step="

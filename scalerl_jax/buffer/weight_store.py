@@ -1,8 +1,6 @@
 """The buffer's weight store: PublishWeights / FetchWeights / WatchVersion (docs/ROLLOUT.md "Weights").
 
-Two protocols share the `WeightChunk` message (rollout.proto):
-  blob      one opaque payload (e.g. safetensors), contiguous offsets, one sha256 over the whole;
-            the version becomes visible once the sha256 matches (else DATA_LOSS).
+Versions travel as `WeightChunk` messages (rollout.proto):
   streamed  a JSON manifest (tensors + chunk table, its sha256 in the header) then chunks in any
             order, each with its own checksum (the manifest's "checksum": "crc32c" (Castagnoli,
             hardware, ~25 GB/s) or "crc32" (zlib, the default when absent)), possibly from several
@@ -17,26 +15,31 @@ Two protocols share the `WeightChunk` message (rollout.proto):
             fetchers read the manifest here and the chunks from the sources.
 
 Requests are split by `parse_weight_message` without copying `data` (a memoryview into the bytes
-gRPC handed over). This module must not import jax.
+gRPC handed over). A publish without a manifest (the removed one-payload "blob" protocol) is
+INVALID_ARGUMENT, a fetch without `streamed` FAILED_PRECONDITION. This module must not import jax.
 """
 from __future__ import annotations
 
 import hashlib
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import grpc
 
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
-from scalerl_jax.protocol.weight_chunks import (STREAM_PREFIX, Version, check_manifest,
-                                                stream_chunks, with_data)
+from scalerl_jax.protocol.weight_chunks import STREAM_PREFIX, Version, check_manifest, stream_chunks
+
+
+class UnsupportedWeightsFormat(ValueError):
+  """The WAL's weights.bin holds a version this buffer cannot serve (a blob of the removed
+  protocol): it names the format."""
 
 
 class WeightStore:
   """Newest visible weights + streamed versions being assembled; serves the three weight RPCs for
-  a `BufferServer` (`srv`: abort, call, state, wal, limits, max_weight_bytes, weight_chunk_bytes)."""
+  a `BufferServer` (`srv`: abort, call, state, wal, limits, max_weight_bytes)."""
 
   def __init__(self, srv, max_pending: int = 2):
     self.srv, self.max_pending = srv, max_pending
@@ -49,16 +52,19 @@ class WeightStore:
     return self.visible.version if self.visible else 0
 
   def restore(self, head: dict, payload: bytes) -> None:
-    """Reloads the WAL's weights.bin (a blob, or a packed streamed version)."""
-    if head["format"].startswith(STREAM_PREFIX):
-      self.visible = Version.unpack(payload, self.srv.max_weight_bytes)
-    else:
-      self.visible = Version(head["version"], head["format"], head["sha256"], len(payload),
-                             payload=payload)
+    """Reloads the WAL's weights.bin (a packed streamed version, `Version.pack`). Raises
+    UnsupportedWeightsFormat for any other format (a blob written before that protocol was removed)."""
+    fmt = str(head.get("format", ""))
+    if not fmt.startswith(STREAM_PREFIX):
+      raise UnsupportedWeightsFormat(
+          f"WAL weights.bin: version {head.get('version')} has format {fmt!r}, a one-payload blob "
+          f"of the removed blob protocol; this buffer restores only streamed versions "
+          f"({STREAM_PREFIX!r}...). Delete weights.bin (the learner republishes its version).")
+    self.visible = Version.unpack(payload, self.srv.max_weight_bytes)
 
   # ---- publish -----------------------------------------------------------------------------------
   def publish(self, request_iterator, context) -> pb.PublishAck:
-    """PublishWeights handler: dispatches on the first message (manifest -> streamed, else blob)."""
+    """PublishWeights handler: the first message carries the manifest, the rest are chunks."""
     srv = self.srv
     first = next(iter(request_iterator), None)
     if first is None:
@@ -74,9 +80,11 @@ class WeightStore:
       srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "sha256 must be 64 lowercase hex chars")
     if len(h.format) > srv.limits.max_id_chars:
       srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "format string too long")
-    if h.manifest:
-      return self._publish_streamed(first, request_iterator, context)
-    return self._publish_blob(first, request_iterator, context)
+    if not h.manifest:
+      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
+                 "the first message carries no manifest (the one-payload blob protocol was "
+                 "removed: publish with weights.stream.StreamPublisher)")
+    return self._publish_streamed(first, request_iterator, context)
 
   def _check_newer(self, context, version: int, sha256: str) -> bool:
     """True if (version, sha256) is the visible version already (idempotent re-publish)."""
@@ -91,42 +99,6 @@ class WeightStore:
       self.srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                       f"version {version} is not newer than published version {cur.version}")
     return False
-
-  def _publish_blob(self, first, request_iterator, context):
-    srv, header, got, parts = self.srv, first.head, 0, []
-    sha = hashlib.sha256()
-
-    def msgs() -> Iterator[Any]:
-      yield first
-      for item in request_iterator:
-        yield srv._req(item, context)
-    for c in msgs():
-      h = c.head
-      if (h.version, h.total_bytes, h.sha256) != (header.version, header.total_bytes,
-                                                   header.sha256) or h.manifest:
-        srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   "chunk header (version, total_bytes, sha256) differs from the first chunk")
-      if h.offset != got:
-        srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   f"chunk offset {h.offset} but {got} bytes received so far")
-      if got + len(c.data) > header.total_bytes:
-        srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                   f"chunks exceed total_bytes {header.total_bytes}")
-      sha.update(c.data)
-      parts.append(c.data)
-      got += len(c.data)
-    if got != header.total_bytes:
-      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                 f"received {got} of total_bytes {header.total_bytes}")
-    if sha.hexdigest() != header.sha256:
-      srv._abort(context, grpc.StatusCode.DATA_LOSS,
-                 f"sha256 mismatch: payload has {sha.hexdigest()}, header says {header.sha256}")
-    with self.cv:
-      if self._check_newer(context, header.version, header.sha256):
-        return pb.PublishAck(version=header.version, total_bytes=got, visible=True)
-      v = Version(header.version, header.format, header.sha256, got, payload=b"".join(parts))
-      self._make_visible(context, v, v.payload, v.format)
-    return pb.PublishAck(version=header.version, total_bytes=got, visible=True)
 
   def _publish_streamed(self, first, request_iterator, context):
     srv, h = self.srv, first.head
@@ -155,7 +127,7 @@ class WeightStore:
         v = Version(h.version, h.format, h.sha256, h.total_bytes, manifest_raw=mraw, sizes=sizes,
                     manifest=manifest)
         if v.remote:       # announced: the chunks are served by the learner hosts
-          self._make_visible(context, v, None, v.format)
+          self._make_visible(context, v)
           return pb.PublishAck(version=h.version, total_bytes=h.total_bytes, visible=True)
         self.pending[h.version] = v
         for old in sorted(self.pending)[:-self.max_pending]:   # bound memory: newest few only
@@ -182,24 +154,22 @@ class WeightStore:
           v.order.append(i)
           v.missing -= 1
           if v.missing == 0:
-            self._make_visible(context, v, None, v.format)
+            self._make_visible(context, v)
           else:
             self.cv.notify_all()
     with self.cv:
       return pb.PublishAck(version=h.version, total_bytes=h.total_bytes,
                            missing_chunks=v.missing_list(), visible=v.missing == 0)
 
-  def _make_visible(self, context, v: Version, payload, fmt: str) -> None:
+  def _make_visible(self, context, v: Version) -> None:
     """Under cv: persist (WAL), admit the version, swap it in, wake fetchers and watchers."""
     srv = self.srv
     meta = dict(sha256=v.sha256, format=v.format, total_bytes=v.total_bytes)
     if srv.wal is not None:   # the payload file first: a replayed VERSION always has its weights
-      blob, sha = payload, v.sha256
-      if v.streamed:
-        blob = v.pack()
-        sha, fmt = hashlib.sha256(blob).hexdigest(), STREAM_PREFIX + v.format
+      packed = v.pack()
       try:
-        srv.wal.save_weights(v.version, blob, sha, fmt)
+        srv.wal.save_weights(v.version, packed, hashlib.sha256(packed).hexdigest(),
+                             STREAM_PREFIX + v.format)
       except OSError as e:
         srv._abort(context, grpc.StatusCode.UNAVAILABLE, f"cannot persist weights: {e}")
     # Admission first: a generator can only stamp the new version after fetching its payload.
@@ -215,40 +185,28 @@ class WeightStore:
     srv = self.srv
     r = srv._req(request, context)
     timeout = srv._call(context, val.check_timeout, r.wait_timeout_s, "wait_timeout_s", srv.limits)
-    chunk = r.chunk_bytes or srv.weight_chunk_bytes
-    if not 1024 <= chunk <= srv.weight_chunk_bytes * 4:
-      srv._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                 f"chunk_bytes {chunk} outside [1024, {srv.weight_chunk_bytes * 4}]")
+    if not r.streamed:
+      srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                 "fetch with streamed=true (weights.stream.StreamFetcher): the one-payload blob "
+                 "protocol was removed")
     end = time.time() + timeout
     with self.cv:
       while True:
-        v = self._newest(r.have_version, r.streamed and timeout > 0)
+        v = self._newest(r.have_version, timeout > 0)
         left = end - time.time()
         if v is not None or left <= 0 or not context.is_active():
           break
         self.cv.wait(min(left, 0.25))
     if v is None:
       return
-    if v.streamed:
-      if not r.streamed:
-        srv._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
-                   f"version {v.version} was streamed; fetch it with streamed=true")
-      yield from stream_chunks(self.cv, v, set(r.have_chunks) if r.resume_version == v.version
-                               else (), context, max(timeout, 10.0))
-      return
-    assert v.payload is not None        # a blob (not streamed) version holds its payload
-    view = memoryview(v.payload)
-    head: dict[str, Any] = dict(version=v.version, total_bytes=v.total_bytes, sha256=v.sha256, format=v.format)
-    for off in range(0, max(v.total_bytes, 1), chunk):
-      h = pb.WeightChunk(offset=off, **head).SerializeToString()
-      part = view[off:off + chunk]
-      yield with_data(h, part)
+    yield from stream_chunks(self.cv, v, set(r.have_chunks) if r.resume_version == v.version
+                             else (), context, max(timeout, 10.0))
 
-  def _newest(self, have: int, streamed: bool) -> Optional[Version]:
-    """Under cv: the newest version above `have`: the visible one, or for streamed fetchers also a
-    version still being published (pipelined: its chunks are forwarded as they arrive)."""
+  def _newest(self, have: int, pipelined: bool) -> Optional[Version]:
+    """Under cv: the newest version above `have`: the visible one, or when `pipelined` (a
+    long-poll) also a version still being published (its chunks are forwarded as they arrive)."""
     best = self.visible if self.visible is not None and self.visible.version > have else None
-    if streamed and self.pending:
+    if pipelined and self.pending:
       top = self.pending[max(self.pending)]
       if top.version > have and (best is None or top.version > best.version):
         best = top

@@ -46,13 +46,13 @@ def run_fake_generator(address: str, token: str, generator_id: str, seed: int = 
   acked = 0
   end = time.time() + max_seconds
   try:
-    got = c.fetch_weights(-1, wait_timeout_s=60)
-    version = got[0] if got else 0
+    got = c.fetch_version(-1, wait_timeout_s=60)
+    version = got if got is not None else 0
     while time.time() < end and not (stop_event is not None and stop_event.is_set()):
       for a in c.lease(generator_id, max_groups=1, wait_timeout_s=0.2):
         if version < a.min_version:                       # must generate with >= min_version
-          got = c.fetch_weights(version, wait_timeout_s=60)
-          version = got[0] if got else version
+          got = c.fetch_version(version, wait_timeout_s=60)
+          version = got if got is not None else version
         p = assignment_prompt(a)
         pinned = a.max_version >= 0
         rollouts = []
@@ -61,9 +61,9 @@ def run_fake_generator(address: str, token: str, generator_id: str, seed: int = 
           comp = random_completion(rng, a.prompt_id, L, version)
           time.sleep(rng.random() * max_sleep_s)
           if not pinned and rng.random() < 0.5:           # in-flight weight update mid-sequence
-            got = c.fetch_weights(version, wait_timeout_s=0)
-            if got:
-              version = got[0]
+            got = c.fetch_version(version, wait_timeout_s=0)
+            if got is not None:
+              version = got
               cut = int(rng.integers(1, L))
               comp.versions[cut:] = version
           rollouts.append(codec.completion_to_rollout(
@@ -136,9 +136,6 @@ class ScriptedInstructModel(Generator):
     self._pending = int(version)
 
   def load_params(self, params, version: int, model_cfg=None) -> None:
-    self._pending = int(version)
-
-  def load_payload(self, payload, version: int, fmt: str = "safetensors") -> None:
     self._pending = int(version)
 
   def apply_pending(self) -> None:

@@ -15,14 +15,13 @@ from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
 
 # JAX stays out of this module's import (vLLM client side): loaded at first use.
 models = lazy.module("scalerl_jax.models")
-runtime = lazy.module("scalerl_jax.runtime")
 
 class Generator(abc.ABC):
   """Generates groups of completions and takes weight updates in flight.
 
-  The worker (generation/worker.py) calls exactly this surface: `generate`, the three loaders
-  (`load_weights` for HF-named arrays, `load_params` for our layout, `load_payload` for a published
-  blob), `apply_pending`, `max_version`, `version` and `close`. Backends override what they can
+  The worker (generation/worker.py) calls exactly this surface: `generate`, the two loaders
+  (`load_weights` for HF-named arrays, `load_params` for our layout: a fetched streamed version),
+  `apply_pending`, `max_version`, `version` and `close`. Backends override what they can
   do faster; the defaults convert to HF names and call `load_weights`.
   """
 
@@ -53,11 +52,6 @@ class Generator(abc.ABC):
 
     Default: HF names via `models.hf_named_arrays`, then `load_weights`."""
     self.load_weights(models.hf_named_arrays(model_cfg, params), version)
-
-  def load_payload(self, payload: bytes | bytearray | memoryview, version: int,
-                   fmt: str = "safetensors") -> None:
-    """Installs a published weight blob (runtime.params_to_payload format) as policy `version`."""
-    self.load_weights(runtime.payload_to_named(payload, fmt), version)
 
   def apply_pending(self) -> None:  # noqa: B027 (an optional hook: by default nothing queued)
     """Applies a queued weight update now if the backend queues them (default: nothing queued)."""

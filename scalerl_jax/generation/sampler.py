@@ -38,7 +38,6 @@ import numpy as np
 
 from scalerl_jax import models
 from scalerl_jax.models import hf_io
-from scalerl_jax.models import safetensors_format as st_format
 from scalerl_jax.generation.generator import Generator
 from scalerl_jax.generation.interruption import think_budget, think_end_automaton
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Completion, PromptSpec, SamplingSpec
@@ -220,15 +219,6 @@ def _chunk_steps(params, state, consts, *, cfg, n_steps, use_top_p, sharded):
   return state, jnp.all(state["done"])[None]
 
 
-def named_from_safetensors(payload: bytes | bytearray | memoryview) -> dict[str, np.ndarray]:
-  """Zero-copy decode of a safetensors blob (runtime.params_to_payload's format): {name: view}.
-
-  Same result as `safetensors.numpy.load(bytes(payload))`, but every array is a read-only numpy
-  view into `payload` (no `bytes()` copy of the whole payload, no per-tensor copies). The views
-  keep `payload` alive. The parser is the project's one (models/safetensors_format.py)."""
-  return st_format.decode_blob(payload)
-
-
 def split_cache(cache) -> dict[str, Any]:
   """models.init_cache layout -> the same cache with k, v as tuples of per-layer arrays, keys
   [B,K,S,H] and values transposed [B,K,H,S] (both decode dots then contract the stored last axis:
@@ -402,15 +392,6 @@ class JaxSampler(Generator):
       return named[name]
 
     self.set_params(hf_io.params_from_hf_tensors(self.cfg, get), version)
-
-  def load_payload(self, payload: bytes | bytearray | memoryview, version: int,
-                   fmt: str = "safetensors") -> None:
-    """Takes a weight payload as published through the buffer (runtime.params_to_payload format,
-    sha256 already checked by BufferClient.fetch_weights) as policy `version`, decoding it
-    zero-copy (`named_from_safetensors`): the only copies are the layout changes into our params."""
-    if fmt != "safetensors":
-      raise ValueError(f"unsupported weight payload format {fmt!r}; expected 'safetensors'")
-    self.load_weights(named_from_safetensors(payload), version)
 
   def apply_pending(self) -> None:
     """Swaps in the newest queued version (within `max_version`); called between decode chunks."""

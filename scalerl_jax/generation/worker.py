@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import logging
 import os
@@ -40,7 +39,6 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
 
 import grpc
 
@@ -55,47 +53,16 @@ from scalerl_jax.generation.continuous_loop import ContinuousLoop
 from scalerl_jax.generation.eval_lane import EvalLane
 from scalerl_jax.generation.generator import Engine
 from scalerl_jax.generation.slots import DecodeStats
-from scalerl_jax.models import hf_io
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol.client import assignment_prompt
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.protocol.wire import tune_malloc
-from scalerl_jax.weights.stream import StreamFetcher
+from scalerl_jax.weights.stream import FetchedWeights, StreamFetcher
 
 # Exit status of a worker that stopped because the buffer rewound (its pod / supervisor restarts it).
 RESTART_EXIT = 75
 log = logging.getLogger("scalerl.worker")
-
-
-@dataclasses.dataclass(frozen=True)
-class Fetched:
-  """One fetched weight version: a streamed version's params (our layout, assembled in place),
-  or a published blob (`payload` in `fmt`, runtime.params_to_payload; publishers that push one
-  whole payload through the buffer)."""
-  version: int
-  params: Any = None
-  payload: Any = None
-  fmt: str = ""
-
-  @property
-  def streamed(self) -> bool:
-    """True for a streamed version (params in our layout), False for a published blob."""
-    return self.params is not None
-
-  def params_for(self, model_cfg) -> Any:
-    """Our-layout params: a streamed version's as they are, a blob's HF-named arrays converted."""
-    if self.streamed:
-      return self.params
-    named = runtime.payload_to_named(self.payload, self.fmt)
-    return hf_io.params_from_hf_tensors(model_cfg, named.__getitem__)
-
-  def install(self, gen, model_cfg) -> None:
-    """Hands this version to generator `gen` (swapped in between decode chunks)."""
-    if self.streamed:
-      gen.load_params(self.params, self.version, model_cfg)
-    else:
-      gen.load_payload(self.payload, self.version, self.fmt)
 
 
 class Worker(EvalLane, ContinuousLoop):
@@ -139,9 +106,8 @@ class Worker(EvalLane, ContinuousLoop):
     self._held_lock = threading.Lock()
     self._swap_lock = threading.Lock()     # non-JAX backends: eval swaps vs the weight watcher
     self.hold_n = int(config.generator.eval_hold_versions)
-    if got.streamed:
-      self._remember(version, got.params)
-    params = got.params_for(self.model_cfg) if self.engine.needs_params else None
+    self._remember(version, got.params)
+    params = got.params if self.engine.needs_params else None
     self.gen = self.engine.make(self.model_cfg, params, version, workdir, self.dataset)
     self._stop = threading.Event()
     self.rewound = False
@@ -184,20 +150,10 @@ class Worker(EvalLane, ContinuousLoop):
         self.rewound = True
         self.stop()
 
-  def _fetch(self, have: int, wait_timeout_s: float) -> Fetched | None:
-    """The newest version above `have` (`Fetched`), or None when none arrived in time. A
-    streamed version is assembled in place and resumable."""
-    got = self.fetcher.fetch(have, wait_timeout_s=wait_timeout_s)
-    if got is None:
-      return None
-    version, params = got
-    if params is not None:
-      return Fetched(version, params=params)
-    blob = self.fetcher.blob
-    assert blob is not None              # a blob version (params None) waits in fetcher.blob
-    _, payload, fmt = blob
-    self.fetcher.blob = None
-    return Fetched(version, payload=payload, fmt=fmt)
+  def _fetch(self, have: int, wait_timeout_s: float) -> FetchedWeights | None:
+    """The newest version above `have` (`FetchedWeights`: params in our layout, assembled in
+    place; a broken fetch resumes), or None when none arrived in time."""
+    return self.fetcher.fetch(have, wait_timeout_s=wait_timeout_s)
 
   def _watch_weights(self):
     """Fetches each newly published version and installs it (applied between decode chunks).
@@ -216,9 +172,8 @@ class Worker(EvalLane, ContinuousLoop):
       if got is None:
         continue
       with self._swap_lock:
-        if got.streamed:
-          self._remember(got.version, got.params)
-        got.install(self.gen, self.model_cfg)
+        self._remember(got.version, got.params)
+        self.gen.load_params(got.params, got.version, self.model_cfg)   # swapped in between chunks
       have = got.version
 
   def _wait_for_version(self, min_version: int):

@@ -5,9 +5,7 @@ Format: u64 little-endian header length N, N bytes of JSON {name: {"dtype", "sha
 then the raw little-endian tensor data.
 
 * `parse_header(read)` reads and validates a header through `read(offset, n) -> bytes` (a local
-  file, a ranged gs:// reader, or an in-memory blob) -> {name: TensorInfo} with absolute offsets.
-* `decode_blob(payload)` -> {name: read-only numpy view into payload} (zero-copy; the weight
-  payloads the buffer serves, runtime.params_to_payload's format).
+  file, a ranged gs:// reader, or in-memory bytes) -> {name: TensorInfo} with absolute offsets.
 * `write_file(path, tensors)` writes a file `transformers` loads.
 * `read_box(reader, info, shape, box)` reads one rectangular slice of a tensor (viewed row-major as
   `shape`) by byte ranges: only the runs the slice covers (gaps up to `max_gap` bytes are read
@@ -78,17 +76,6 @@ def parse_header(read: Callable[[int, int], bytes | memoryview], size: int | Non
                        f"{shape} ({m['dtype']})")
     out[name] = TensorInfo(name, dt, shape, base + begin, end - begin)
   return out, meta
-
-
-def decode_blob(payload) -> dict[str, np.ndarray]:
-  """Zero-copy decode of an in-memory safetensors blob: {name: read-only numpy view}.
-
-  Same result as `safetensors.numpy.load(bytes(payload))`; the views keep `payload` alive."""
-  buf = memoryview(payload).cast("B")
-  infos, _ = parse_header(lambda o, n: buf[o:o + n], size=len(buf), where="safetensors payload")
-  return {name: np.frombuffer(buf, dtype=i.dtype, count=i.nbytes // i.dtype.itemsize,
-                              offset=i.offset).reshape(i.shape)
-          for name, i in infos.items()}
 
 
 def write_file(path: str, tensors: Mapping[str, np.ndarray]) -> None:

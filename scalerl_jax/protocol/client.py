@@ -3,15 +3,18 @@
 Generator loop:
   c = BufferClient(address, token)
   for a in c.lease("gen-0", max_groups=4, wait_timeout_s=5):          # pb.Assignment
-    if my_version < a.min_version: my_version, blob = c.fetch_weights(my_version, 60)  # + load
+    if my_version < a.min_version: my_version, params = StreamFetcher(c).fetch(my_version, 60)
     completions = generator.generate([assignment_prompt(a)], a.group_size, spec)[0]
     c.push([completion_to_rollout(x, group_id=a.group_id, sample_index=i, ...) ...])  # acked
 Learner loop:
-  c.publish_weights(0, blob)                     # optional: the initial weights
+  StreamPublisher(c, 0, params).publish()        # optional: the initial weights
   for s in range(steps):
     batch = c.pull_batch(s, timeout_s=600)       # Batch: complete groups + lag histogram
     arrays = batch_to_arrays(batch)              # ARCHITECTURE.md "Rollout batch"
-    ...train...; c.publish_weights(s + 1, blob)
+    ...train...; StreamPublisher(c, s + 1, params).publish()
+Weight versions travel only as streamed versions (weights.stream: StreamPublisher / StreamFetcher,
+which use `publish_raw` / `fetch_raw`); `fetch_version` is the JAX-free fetch of generators that
+carry no weights (fakes).
 
 Unary calls and pulls retry with exponential backoff on UNAVAILABLE; pushes re-send the not yet
 acknowledged rollouts (the server is idempotent on rollout_id, so nothing is stored twice).
@@ -22,11 +25,11 @@ PullBatch retried for the same step after a restart gets the same groups (the de
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import json
 import logging
 import random
 import time
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -185,26 +188,34 @@ class BufferClient:
                               lists_held=held_versions is not None, stats=dict(stats or {}))
     return self._retry(lambda: self._heartbeat(req, metadata=self._md, timeout=30))
 
-  def fetch_weights(self, have_version: int = -1, wait_timeout_s: float = 0.0
-                    ) -> Optional[tuple[int, bytes, str]]:
-    """Newest weights newer than `have_version` as (version, payload, format), or None on timeout.
-    The sha256 is verified here as well. Blob versions only: a streamed version (weights.stream.StreamPublisher)
-    raises FAILED_PRECONDITION; use weights.stream.StreamFetcher, which takes both."""
-    def once() -> tuple[Any, list[bytes]]:
-      req = pb.FetchWeightsRequest(have_version=have_version, wait_timeout_s=wait_timeout_s)
-      parts, head = [], None
-      for c in self._fetch(req, metadata=self._md, timeout=wait_timeout_s + 600):
-        head = head or c
-        parts.append(c.data)
-      return head, parts
-    head, parts = self._retry(once)
-    if head is None:
-      return None
-    payload = b"".join(parts)
-    if len(payload) != head.total_bytes or hashlib.sha256(payload).hexdigest() != head.sha256:
-      raise IOError(f"weights version {head.version}: size or sha256 mismatch after transfer")
-    return head.version, payload, head.format
+  def fetch_version(self, have_version: int = -1, wait_timeout_s: float = 0.0) -> Optional[int]:
+    """The newest weight version above `have_version` once fully fetched (its chunks read and
+    dropped), or None when none arrived within `wait_timeout_s`: for generators without weights
+    (fakes, fault tests); a real one fetches the params with weights.stream.StreamFetcher."""
+    deadline = time.time() + wait_timeout_s
 
+    def once() -> Optional[tuple[int, bool]]:
+      req = pb.FetchWeightsRequest(have_version=have_version, streamed=True,
+                                   wait_timeout_s=max(0.0, deadline - time.time()))
+      head, chunks = None, set()
+      for c in self._fetch(req, metadata=self._md, timeout=wait_timeout_s + 600):
+        if head is None:
+          head = c
+        else:
+          chunks.add(c.chunk_index)
+      if head is None:
+        return None
+      manifest = json.loads(head.manifest)      # remote ("sources"): the chunks are not here
+      return head.version, "sources" in manifest or len(chunks) == len(manifest["chunks"])
+    while True:
+      got = self._retry(once)
+      if got is None:
+        return None
+      version, complete = got
+      if complete:
+        return version
+      if time.time() > deadline:     # the stream ended short (superseded or stalled): try again
+        return None
   def fetch_raw(self, request: pb.FetchWeightsRequest, timeout: float) -> Iterator[bytes]:
     """FetchWeights without parsing (serialized WeightChunks; weights.stream.StreamFetcher)."""
     return self._fetch_raw(request, metadata=self._md, timeout=timeout)
@@ -237,19 +248,6 @@ class BufferClient:
     """PullBatch without parsing: yields serialized BatchItem messages (for benchmarks)."""
     call = self._ch.unary_stream(f"/{SERVICE}/PullBatch", pb.PullRequest.SerializeToString, _ident)
     return call(pb.PullRequest(step=step, timeout_s=timeout_s), metadata=self._md)
-
-  def publish_weights(self, version: int, payload: bytes | memoryview, fmt: str = "",
-                      chunk_bytes: int = 4 << 20) -> pb.PublishAck:
-    """Client-streams the payload in chunks with its sha256; visible once the server verified it."""
-    view = memoryview(payload).cast("B")
-    sha = hashlib.sha256(view).hexdigest()
-    n = len(view)
-
-    def chunks() -> Iterator[pb.WeightChunk]:
-      for off in range(0, max(n, 1), chunk_bytes):
-        yield pb.WeightChunk(version=version, total_bytes=n, sha256=sha, format=fmt, offset=off,
-                             data=bytes(view[off:off + chunk_bytes]))
-    return self._retry(lambda: self._publish(chunks(), metadata=self._md, timeout=600))
 
   def status(self) -> pb.Status:
     return self._retry(lambda: self._status(pb.StatusRequest(), metadata=self._md, timeout=30))

@@ -1,6 +1,6 @@
 """Weight chunks on the wire: the `WeightChunk` message split without copies, manifests, checksums,
 and `Version` (one version's chunks as held by a server). Shared by the buffer's weight store, the
-learner's weight sources and the fetchers (weights/). The protocols (blob, streamed, remote) are
+learner's weight sources and the fetchers (weights/). The protocols (streamed, remote) are
 described in buffer/weight_store.py. No JAX.
 """
 from __future__ import annotations
@@ -134,16 +134,16 @@ def check_manifest(text: str, max_bytes: int) -> tuple[dict, list[int]]:
 
 
 class Version:
-  """One weight version: a blob payload, or a streamed manifest + chunk messages as received."""
+  """One streamed weight version: its manifest message + chunk messages as received."""
 
-  def __init__(self, version: int, fmt: str, sha256: str, total_bytes: int, *, payload=None,
-               manifest_raw: Optional[bytes] = None, sizes: Optional[list[int]] = None,
+  def __init__(self, version: int, fmt: str, sha256: str, total_bytes: int, *,
+               manifest_raw: bytes, sizes: Optional[list[int]] = None,
                manifest: Optional[dict] = None, expected: Optional[int] = None):
-    """`manifest` (parsed) gives the checksum and, with "sources", makes the version remote (no
-    chunks held here); `expected`: how many chunks this holder will have (default: all)."""
+    """`manifest_raw`: the first message, as sent to fetchers; `manifest` (parsed) gives the
+    checksum and, with "sources", makes the version remote (no chunks held here); `expected`: how
+    many chunks this holder will have (default: all)."""
     self.version, self.format, self.sha256, self.total_bytes = version, fmt, sha256, total_bytes
-    self.payload = payload                      # blob only
-    self.manifest_raw = manifest_raw            # streamed: the first message, as sent to fetchers
+    self.manifest_raw = manifest_raw
     self.sizes = sizes or []
     manifest = manifest or {}
     self.checksum = checksum_of(manifest)
@@ -154,27 +154,23 @@ class Version:
     self.missing = self.expected
     self.dropped = False                        # evicted before completion (fetchers give up)
 
-  @property
-  def streamed(self) -> bool:
-    return self.manifest_raw is not None
-
   def missing_list(self) -> list[int]:
     return [i for i, c in enumerate(self.chunks) if c is None]
 
   def pack(self) -> bytes:
-    """Streamed version as one blob (WAL): u64 count, then u64-length-prefixed messages (a remote
-    version: the manifest only)."""
-    assert self.manifest_raw is not None     # only streamed versions are packed
+    """The version as one byte string (WAL): u64 count, then u64-length-prefixed messages (a
+    remote version: the manifest only)."""
     # Packed once complete (buffer/weight_store: a visible version): every chunk is bytes.
     msgs = [self.manifest_raw] + ([] if self.remote else cast(list[bytes], self.chunks))
     return b"".join([struct.pack("<Q", len(msgs))] + [
         x for m in msgs for x in (struct.pack("<Q", len(m)), m)])
 
   @staticmethod
-  def unpack(blob: bytes, max_bytes: int) -> "Version":
-    view, (n,), pos, msgs = memoryview(blob), struct.unpack_from("<Q", blob, 0), 8, []
+  def unpack(packed: bytes, max_bytes: int) -> "Version":
+    """Inverse of `pack`."""
+    view, (n,), pos, msgs = memoryview(packed), struct.unpack_from("<Q", packed, 0), 8, []
     for _ in range(n):
-      (size,) = struct.unpack_from("<Q", blob, pos)
+      (size,) = struct.unpack_from("<Q", packed, pos)
       msgs.append(bytes(view[pos + 8:pos + 8 + size]))
       pos += 8 + size
     first = parse_weight_message(msgs[0])

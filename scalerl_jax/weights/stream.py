@@ -5,7 +5,7 @@ Learner (every host of a multi-host learner runs the same call):
   ack = pub.publish()                                # sends this host's chunks; resumes on breaks
 Generator:
   f = StreamFetcher(client)
-  got = f.fetch(have_version, wait_timeout_s=30)     # (version, params pytree) or None
+  got = f.fetch(have_version, wait_timeout_s=30)     # FetchedWeights(version, params) or None
 
 Format "scalerl-params-v1": the manifest lists every leaf of the params pytree (its tree path, dtype,
 global shape) and a chunk table: each chunk is a box [start, start + extent) of one leaf. The boxes
@@ -35,7 +35,7 @@ import hashlib
 import json
 import logging
 import math
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import grpc
 import jax
@@ -50,6 +50,13 @@ log = logging.getLogger("scalerl.weight_stream")
 FORMAT = "scalerl-params-v1"
 _RESUMABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
               grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL)
+
+
+class FetchedWeights(NamedTuple):
+  """One fetched weight version: `params` is the pytree in our layout (host numpy arrays, as the
+  manifest lists the leaves), assembled in place by `StreamFetcher`."""
+  version: int
+  params: Any
 
 
 def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
@@ -276,11 +283,9 @@ class StreamFetcher:
     self.received_chunks = self.received_bytes = 0
     self.peak_message_bytes = 0
     self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
-    self.blob: Optional[tuple[int, bytes, str]] = None      # a blob-protocol version, if served
 
-  def fetch(self, have_version: int = -1, wait_timeout_s: float = 0.0) -> Optional[tuple[int, Any]]:
-    """Newest version newer than `have_version` as (version, params pytree), None on timeout.
-    A blob version (old publishers) comes back as (version, None) with `self.blob` set."""
+  def fetch(self, have_version: int = -1, wait_timeout_s: float = 0.0) -> Optional[FetchedWeights]:
+    """Newest version newer than `have_version` (`FetchedWeights`), None on timeout."""
     p = self._partial
     req = pb.FetchWeightsRequest(have_version=have_version, wait_timeout_s=wait_timeout_s,
                                  streamed=True)
@@ -292,7 +297,7 @@ class StreamFetcher:
     finally:
       stream.cancel()   # no-op once the stream ended; frees the call after a break
 
-  def _consume(self, stream, wait_timeout_s: float = 0.0):
+  def _consume(self, stream, wait_timeout_s: float = 0.0) -> Optional[FetchedWeights]:
     p = self._partial
     first = next(stream, None)
     if first is None:
@@ -300,9 +305,9 @@ class StreamFetcher:
     m = ws.parse_weight_message(first)
     if isinstance(m, ws.Malformed):
       raise IOError(m.err)
-    if not m.head.manifest:
-      return self._blob(m, stream)
     h = m.head
+    if not h.manifest:
+      raise IOError(f"version {h.version}: the first message carries no manifest")
     if hashlib.sha256(h.manifest.encode()).hexdigest() != h.sha256:
       raise IOError(f"version {h.version}: manifest sha256 mismatch")
     if p is None or p["version"] != h.version or p["sha256"] != h.sha256:
@@ -320,7 +325,7 @@ class StreamFetcher:
                     f"{len(manifest['chunks'])} chunks (fetch again to resume)")
     self._partial = None
     names = [t["name"] for t in manifest["tensors"]]
-    return h.version, unflatten(names, dests)
+    return FetchedWeights(h.version, unflatten(names, dests))
 
   def _take(self, stream, h, p) -> None:
     """Writes every chunk message of `stream` into its box of p's arrays (checksum verified)."""
@@ -386,16 +391,3 @@ class StreamFetcher:
           f.result()
     log.info("fetched weights version %d from learner sources %s", h.version,
              {manifest["sources"][o]: len(ids) for o, ids in sorted(by_src.items())})
-
-  def _blob(self, m: ws.WeightMsg, stream):
-    h, parts = m.head, [m.data]
-    for raw in stream:
-      c = ws.parse_weight_message(raw)
-      if isinstance(c, ws.Malformed):
-        raise IOError(c.err)
-      parts.append(c.data)
-    payload = b"".join(parts)
-    if len(payload) != h.total_bytes or hashlib.sha256(payload).hexdigest() != h.sha256:
-      raise IOError(f"weights version {h.version}: size or sha256 mismatch after transfer")
-    self.blob = (h.version, payload, h.format)
-    return h.version, None

@@ -37,7 +37,6 @@ from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
 
 # JAX stays out of this module's import (the vLLM venv imports it: parity): loaded at first use.
 models = lazy.module("scalerl_jax.models")
-runtime = lazy.module("scalerl_jax.runtime")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]   # scalerl_jax/generation/vllm/generator.py -> the repo
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
@@ -355,7 +354,7 @@ class VLLMGenerator(Generator):
 
   @property
   def push_dtype(self) -> str | None:
-    """The wire dtype of float32 arrays pushed by `load_params` / `load_payload`: "bfloat16" for a
+    """The wire dtype of float32 arrays pushed by `load_params`: "bfloat16" for a
     bf16 engine (it stores bf16 weights, LM head included: the FP32 head casts at compute time;
     vLLM's own cast is the same round-to-nearest-even), None (as they are) for an fp32 engine."""
     return P.BF16 if self.dtype == P.BF16 else None
@@ -364,10 +363,6 @@ class VLLMGenerator(Generator):
     """Our-layout params (a streamed version, bf16 or fp32) as HF names, pushed in `push_dtype`."""
     self.load_weights(models.hf_named_arrays(model_cfg, params), version,
                       wire_dtype=self.push_dtype)
-
-  def load_payload(self, payload, version: int, fmt: str = "safetensors") -> None:
-    """A published weight blob, pushed in `push_dtype`."""
-    self.load_weights(runtime.payload_to_named(payload, fmt), version, wire_dtype=self.push_dtype)
 
   # -- extras ----------------------------------------------------------------------------------------
   def info(self) -> dict:
