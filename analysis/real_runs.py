@@ -47,6 +47,13 @@ RUNS: dict[str, dict] = {
     "loo_bf16_head": {"model.fp32_lm_head": False},
     "lr_2e-5_s0": {"optim.lr": 2e-5, "seed": 0},
     "lr_4e-5_s0": {"optim.lr": 4e-5, "seed": 0},
+    # session 21: ten more runs, all held out (the calibration half above is unchanged): four
+    # seeds, a third seed of two recipes, two more switches, and two longer runs
+    **{f"scalerl_s{s}": {"seed": s} for s in range(6, 10)},
+    **{f"{r}_s2": {"recipe": r, "seed": 2} for r in ("qwen_dapo", "deepseek_grpo")},
+    "loo_adv_norm_prompt": {"rl.adv_norm": "prompt", "seed": 3},
+    "loo_no_zero_variance_filter": {"rl.zero_variance_filter": False, "seed": 3},
+    **{f"long450_s{s}": {"total_steps": 450, "seed": s} for s in (11, 12)},
 }
 
 #: Runs the misspecification term is fitted on; every other run is held out (chosen before the
