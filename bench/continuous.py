@@ -37,6 +37,9 @@ from scalerl_jax.generation.slots import requests_for
 from scalerl_jax.types import PromptSpec, SamplingSpec
 
 INTERRUPT = (400, 401, 402, 403)
+#: --memory-bound: a 1024-wide model (~46M params, 184 MB float32, 6x the 32 MB L3 here), one
+#: group of 16 per lease and 16 slots.
+MEMORY_BOUND = dict(hidden=1024, layers=4, groups=1, group_size=16, capacity=16, leases=12)
 
 
 def workload(args, seed: int = 0):
@@ -92,10 +95,25 @@ def main(argv=None):
   ap.add_argument("--row-buckets", type=int, default=4,
                   help="JAX: decoded row-count buckets (1 = every slot every step)")
   ap.add_argument("--omp-bind", default="0-1", help="vLLM: OMP threads binding")
+  ap.add_argument("--hidden", type=int, default=0,
+                  help="model width (0: the tiny model's 256); intermediate = 2.75 x hidden")
+  ap.add_argument("--layers", type=int, default=0, help="model depth (0: the tiny model's 4)")
+  ap.add_argument("--memory-bound", action="store_true",
+                  help=f"preset: {MEMORY_BOUND}: weights far past the CPU's caches and few enough "
+                       "slots that a decode step streams the weights once (cost nearly flat in "
+                       "the rows in it), as an accelerator's decode step does")
   a = ap.parse_args(argv)
+  if a.memory_bound:
+    for k, v in MEMORY_BOUND.items():
+      setattr(a, k, v)
   from scalerl_jax.generation.vllm import parity as VP
   tmp = tempfile.mkdtemp(prefix="bench_continuous_")
-  model_dir = VP.make_tiny_llama(os.path.join(tmp, "model"), lm_head_std=0.02)
+  width = dict(hidden_size=a.hidden, intermediate_size=a.hidden * 11 // 4,
+               num_attention_heads=a.hidden // 64,
+               num_key_value_heads=max(1, a.hidden // 256)) if a.hidden else {}
+  if a.layers:
+    width["num_hidden_layers"] = a.layers
+  model_dir = VP.make_tiny_llama(os.path.join(tmp, "model"), lm_head_std=0.02, **width)
   leases, spec = workload(a)
   n = a.group_size
   closer = None
@@ -136,7 +154,8 @@ def main(argv=None):
       occupancy_ours=round(ours["occupancy"], 3), occupancy_peer=round(peer["occupancy"], 3),
       tokens=ours["tokens"], workload=dict(leases=a.leases, groups=a.groups, group_size=n,
                                            capacity=a.capacity, chunk=a.chunk, think=[a.think_min, a.think_max],
-                                           answer=a.answer),
+                                           answer=a.answer, hidden=a.hidden or 256,
+                                           layers=a.layers or 4),
       all_tok_s={k: [round(r["tok_s"], 1) for r in v] for k, v in runs.items()})))
 
 
