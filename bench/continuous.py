@@ -17,7 +17,8 @@ stop tokens, so both sides decode exactly the same number of tokens per sample.
 
 Model: a random tiny Llama HF checkpoint (vocab 512, d 256, 4 layers, head_dim 64; as bench.sampler)
 loaded by the JAX sampler (float32, chunk 16) or served by vLLM (float32 engine, FP32 head, eager).
-Same process and machine; both sides warmed up first (compilation excluded), then timed
+Same process and machine; both sides warmed up first on the whole workload (compilation
+excluded), then timed
 alternately `--repeats` times, median reported. Occupancy = tokens / (slots x decode steps) for
 the JAX sides and vLLM drain (its batch runs until its longest sample ends); vLLM continuous
 reports the time-weighted requests in flight / capacity (VLLMSlots).
@@ -103,9 +104,9 @@ def main(argv=None):
                        "slots that a decode step streams the weights once (cost nearly flat in "
                        "the rows in it), as an accelerator's decode step does")
   a = ap.parse_args(argv)
-  if a.memory_bound:
-    for k, v in MEMORY_BOUND.items():
-      setattr(a, k, v)
+  if a.memory_bound:                  # the preset's values, unless given on the command line
+    ap.set_defaults(**MEMORY_BOUND)
+    a = ap.parse_args(argv)
   from scalerl_jax.generation.vllm import parity as VP
   tmp = tempfile.mkdtemp(prefix="bench_continuous_")
   width = dict(hidden_size=a.hidden, intermediate_size=a.hidden * 11 // 4,
@@ -135,8 +136,10 @@ def main(argv=None):
     chunk = 1
     make = lambda: VLLMSlots(gen, a.capacity, spec)
   try:
-    run_drain(gen, leases[:2], spec, n, chunk)   # warm-up: compilation, engine caches
-    run_continuous(make, leases[:2], spec, n)
+    # warm-up: the whole workload once on each side, so that every shape the timed rounds meet
+    # (row buckets, windows, prefill and insert sizes) is compiled before them
+    run_drain(gen, leases, spec, n, chunk)
+    run_continuous(make, leases, spec, n)
     runs = {"drain": [], "continuous": []}
     for _ in range(a.repeats):
       runs["drain"].append(run_drain(gen, leases, spec, n, chunk))

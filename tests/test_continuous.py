@@ -191,3 +191,39 @@ def test_bad_requests_fail_with_one_line(model):
   with pytest.raises(ValueError, match="exceed the model's"):
     ContinuousDecoder(JaxSampler(cfg, params), 1, SPEC, max_prompt_len=16,
                       max_completion_len=cfg.max_position_embeddings)
+
+
+def test_prompt_bank_prefills_a_groups_prompt_once_and_a_swap_refills_it(model):
+  """A group's samples enter as slots free (three inserts here): its prompt is prefilled once
+  and copied from the bank after; each sample decodes as it does alone. After a weight swap the
+  same prompt is prefilled again with the new weights (learner forward under params2)."""
+  cfg, params = model
+  params2 = models.init_params(cfg, jax.random.PRNGKey(1))
+  s = JaxSampler(cfg, params, version=0)
+  dec = ContinuousDecoder(s, capacity=2, spec=FIXED, max_prompt_len=16, chunk_steps=8)
+  prompt = [4, 5, 6, 9]
+  g = [_req(9, prompt, think=t, answer=2, sample=j) for j, t in enumerate((0, 30, 1, 2))]
+  dec.insert(g[:2])
+  assert dec.prompt_prefills == 1               # two samples, one prompt
+  got = {r.sample_index: c for r, c in dec.step()}
+  assert set(got) == {0} and dec.free == 1
+  dec.insert([g[2]])                             # the same prompt: from the bank
+  got.update({r.sample_index: c for r, c in dec.step()})
+  assert 2 in got and dec.prompt_prefills == 1
+  dec.insert([g[3]])
+  assert dec.prompt_prefills == 1
+  got.update({r.sample_index: c for r, c in dec.run([])})
+  assert sorted(got) == [0, 1, 2, 3]
+  for j in range(4):                             # as alone, without the bank's history
+    (_, ref), = ContinuousDecoder(JaxSampler(cfg, params, version=0), capacity=1, spec=FIXED,
+                                  max_prompt_len=16, chunk_steps=8).run([g[j]])
+    assert got[j].tokens.tolist() == ref.tokens.tolist(), j
+    np.testing.assert_allclose(got[j].logprobs, ref.logprobs, atol=1e-5)
+  s.set_params(params2, 1)
+  late = _req(9, prompt, think=3, answer=2, sample=4)
+  dec.insert([late])                             # the swap emptied the bank: prefilled again
+  assert dec.prompt_prefills == 2
+  (_, c), = dec.run([])
+  assert np.all(c.versions == 1)
+  lp = _learner_logprobs(cfg, params2, late.prompt.tokens, c.tokens)
+  np.testing.assert_allclose(c.logprobs[c.policy_mask], lp[c.policy_mask], atol=2e-5)

@@ -25,8 +25,10 @@ Layout (one device; the sampler's split KV cache, per-layer keys [B,K,S,H], valu
   and the ring columns of decode steps [first, first + W), `first` the oldest busy sample's start,
   W the smallest of 2, 4, 8 ... chunks (below R) that reaches the chunk's end; gathered once per
   chunk, the chunk's new columns written back. One old sample in flight means the whole ring.
-* an insertion prefills each distinct prompt once (a group's samples share their prompt) and
-  copies its KV to their slots.
+* an insertion prefills each distinct prompt once (a group's samples share their prompt) into a
+  prompt bank (a prefix cache of the last `capacity` prompts, for the current weights version)
+  and copies its KV to their slots; a later insertion of the same prompt (the group's other
+  samples, as slots free) copies it from the bank without prefilling again.
 * randomness is per sample, not per slot or step: token t of sample j of prompt p draws
   uniform(fold_in(key(seed, p, j), t)). The same request decodes to the same tokens whatever the
   slot, the neighbours and the moment it was inserted (log-probs equal to float32 rounding: the
@@ -40,6 +42,7 @@ scanned-layer models; `ContinuousDecoder` refuses those with one line.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import time
 from typing import Any, Sequence
@@ -86,21 +89,39 @@ def _empty(cfg, B: int, P: int, R: int, kv_dtype: str):
       g=jnp.zeros((), jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnums=(1, 13), donate_argnums=(2,))
-def _insert(params, cfg, state, slots, src, tokens, mask, budget, answer_budget, seeds,
-            prompt_ids, samples, version, phase0: int):
-  """Prefills u distinct prompts [u, P] once and puts prompt `src[i]` into slot `slots[i]` (k of
-  them; a slot index >= B is padding: dropped): a group's samples share their prompt's prefill.
-  Each slot's prompt goes to cache columns [0, P); its ring columns become empty."""
-  P = tokens.shape[1]
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _empty_bank(cfg, Q: int, P: int, kv_dtype: str):
+  """A prompt bank of `Q` rows: the prefilled KV [Q, ...] of prompts of width `P` and each one's
+  next-token logits [Q, V] (see ContinuousDecoder.insert)."""
+  return dict(cache=sampler_lib.split_cache(models.init_cache(cfg, Q, P, dtype=kv_dtype)),
+              logits=jnp.zeros((Q, cfg.vocab_size), jnp.float32))
+
+
+@functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(2,))
+def _prefill_bank(params, cfg, bank, rows, tokens, mask):
+  """Prefills u prompts [u, P] and writes them to bank rows `rows` [u] (a row >= Q is padding:
+  dropped)."""
+  small = sampler_lib.split_cache(models.init_cache(cfg, tokens.shape[0], tokens.shape[1],
+                                                    dtype=bank["cache"]["k"][0].dtype))
+  logits, small = models.prefill(params, cfg, tokens, small, mask)
+  put = lambda big, val: big if big.ndim == 0 else big.at[rows].set(val, mode="drop")
+  return dict(cache=jax.tree_util.tree_map(put, bank["cache"], small),
+              logits=put(bank["logits"], logits[:, -1]))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 11), donate_argnums=(1,))
+def _insert(cfg, state, bank, slots, src, budget, answer_budget, seeds, prompt_ids, samples,
+            version, phase0: int):
+  """Puts bank row `src[i]` (a prefilled prompt) into slot `slots[i]` (k of them; a slot index
+  >= B is padding: dropped): a group's samples share their prompt's prefill. Each slot's prompt
+  goes to cache columns [0, P); its ring columns become empty. `version`: the weights version
+  that prefilled the bank (the bank holds one version), stamped on each slot's first logits."""
   k = slots.shape[0]
   cache = state["cache"]
   S = cache["pos"].shape[1]
-  small = sampler_lib.split_cache(models.init_cache(cfg, tokens.shape[0], P,
-                                                    dtype=cache["k"][0].dtype))
-  logits, small = models.prefill(params, cfg, tokens, small, mask)
-  small = jax.tree_util.tree_map(lambda x: x if x.ndim == 0 else x[src], small)
-  logits = logits[src]
+  small = jax.tree_util.tree_map(lambda x: x if x.ndim == 0 else x[src], bank["cache"])
+  P = small["pos"].shape[1]
+  logits = bank["logits"][src]
   put = lambda big, val: big.at[slots].set(val, mode="drop")
   new_cache = dict(
       cache,
@@ -112,7 +133,7 @@ def _insert(params, cfg, state, slots, src, tokens, mask, budget, answer_budget,
           [small["pos"], jnp.full((k, S - P), -1, jnp.int32)], axis=1)),
       next_pos=put(cache["next_pos"], small["next_pos"]))
   zero = jnp.zeros((k,), jnp.int32)
-  out = dict(state, cache=new_cache, logits=put(state["logits"], logits[:, -1]),
+  out = dict(state, cache=new_cache, logits=put(state["logits"], logits),
              keys=put(state["keys"], _row_keys(seeds, prompt_ids, samples)),
              logit_version=put(state["logit_version"], jnp.full((k,), version, jnp.int32)),
              budget=put(state["budget"], budget),
@@ -267,6 +288,14 @@ class ContinuousDecoder:
     self._interrupt = np.asarray(list(spec.interruption_tokens) or [0], np.int32)
     self._stop = np.asarray(list(spec.stop_tokens) or [-1], np.int32)
     self.state = _empty(self.cfg, self.capacity, self.P, self.R, sampler.kv_dtype)
+    # Prompt bank (prefix cache): the prefilled KV of up to `capacity` recent prompts, by token
+    # bytes, valid for one weights version. A group's samples enter over several inserts (as
+    # slots free), and each insert prefilled their prompt again: as costly as a decode step
+    # where a step streams the weights (bench.continuous --memory-bound: 10 % of the time).
+    self.bank = _empty_bank(self.cfg, self.capacity, self.P, sampler.kv_dtype)
+    self._bank_rows: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+    self._bank_version: int | None = None
+    self.prompt_prefills = 0           # prompts prefilled (bank misses)
     self._slots: list[SlotRequest | None] = [None] * self.capacity
     self._start = [0] * self.capacity   # the decode step at which each slot's sample started
     self._g = 0
@@ -316,20 +345,46 @@ class ContinuousDecoder:
         self._slots[free[i]] = r
         self._start[free[i]] = self._g
         self._length[free[i]] = 0
-    u = 1 << (len(prompts) - 1).bit_length()
-    tokens = np.zeros((u, self.P), np.int32)
-    mask = np.zeros((u, self.P), bool)
-    for b, row in prompts.items():
-      t = np.frombuffer(b, np.int32)
-      tokens[row, self.P - len(t):] = t
-      mask[row, self.P - len(t):] = True
-    mask[len(prompts):, -1] = True    # padding rows: one token, never used
-    self.state = _insert(self.sampler.params, self.cfg, self.state, slots, src, tokens, mask,
+    src = self._bank_lookup(list(prompts))[src]
+    self.state = _insert(self.cfg, self.state, self.bank, slots, src,
                          ints[0].astype(np.int32), ints[1].astype(np.int32),
                          ints[2].astype(np.uint32), ints[3].astype(np.int32),
-                         ints[4].astype(np.int32), np.int32(self.sampler.version),
+                         ints[4].astype(np.int32), np.int32(self._bank_version),
                          sampler_lib.PHASE_THINK if self.n_int else sampler_lib.PHASE_ANSWER)
     self.stats.insert_s += time.perf_counter() - t0
+
+  def _bank_lookup(self, prompts: list[bytes]) -> np.ndarray:
+    """The bank row of each of these distinct prompts (token bytes), prefilling the ones not in
+    the bank in one batch (into free rows, else the least recently used rows of other prompts).
+    A weights swap empties the bank: a prompt inserted after a swap is prefilled by the new
+    weights, as before the bank."""
+    if self._bank_version != self.sampler.version:
+      self._bank_rows.clear()
+      self._bank_version = int(self.sampler.version)
+    missing = [b for b in prompts if b not in self._bank_rows]
+    if missing:
+      wanted = set(prompts)
+      used = set(self._bank_rows.values())
+      free = [r for r in range(self.capacity) if r not in used]
+      while len(free) < len(missing):     # evict: oldest first, never a prompt of this insert
+        old = next(b for b in self._bank_rows if b not in wanted)
+        free.append(self._bank_rows.pop(old))
+      u = 1 << (len(missing) - 1).bit_length()     # powers of two: few prefill shapes compile
+      tokens = np.zeros((u, self.P), np.int32)
+      mask = np.zeros((u, self.P), bool)
+      rows = np.full((u,), self.capacity, np.int32)   # >= Q: padding, dropped
+      for i, b in enumerate(missing):
+        t = np.frombuffer(b, np.int32)
+        tokens[i, self.P - len(t):] = t
+        mask[i, self.P - len(t):] = True
+        rows[i] = free[i]
+        self._bank_rows[b] = free[i]
+      mask[len(missing):, -1] = True   # padding rows: one token, never used
+      self.bank = _prefill_bank(self.sampler.params, self.cfg, self.bank, rows, tokens, mask)
+      self.prompt_prefills += len(missing)
+    for b in prompts:
+      self._bank_rows.move_to_end(b)
+    return np.asarray([self._bank_rows[b] for b in prompts], np.int32)
 
   def step(self) -> list[tuple[SlotRequest, Completion]]:
     """Decodes one chunk (`chunk_steps` tokens per busy slot; weights queued on the sampler are
