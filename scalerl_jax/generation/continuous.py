@@ -28,7 +28,8 @@ Layout (one device; the sampler's split KV cache, per-layer keys [B,K,S,H], valu
 * an insertion prefills each distinct prompt once (a group's samples share their prompt) into a
   prompt bank (a prefix cache of the last `capacity` prompts, for the current weights version)
   and copies its KV to their slots; a later insertion of the same prompt (the group's other
-  samples, as slots free) copies it from the bank without prefilling again.
+  samples, as slots free) copies it from the bank without prefilling again. Its memory: the
+  prompt columns of the cache once more (capacity x P).
 * randomness is per sample, not per slot or step: token t of sample j of prompt p draws
   uniform(fold_in(key(seed, p, j), t)). The same request decodes to the same tokens whatever the
   slot, the neighbours and the moment it was inserted (log-probs equal to float32 rounding: the
