@@ -295,7 +295,7 @@ class ContinuousDecoder:
     # where a step streams the weights (bench.continuous --memory-bound: 10 % of the time).
     self.bank = _empty_bank(self.cfg, self.capacity, self.P, sampler.kv_dtype)
     self._bank_rows: collections.OrderedDict[bytes, int] = collections.OrderedDict()
-    self._bank_version: int | None = None
+    self._bank_version = -1             # the weights version the bank holds (-1: none yet)
     self.prompt_prefills = 0           # prompts prefilled (bank misses)
     self._slots: list[SlotRequest | None] = [None] * self.capacity
     self._start = [0] * self.capacity   # the decode step at which each slot's sample started
