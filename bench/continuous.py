@@ -157,8 +157,9 @@ def main(argv=None):
       occupancy_ours=round(ours["occupancy"], 3), occupancy_peer=round(peer["occupancy"], 3),
       tokens=ours["tokens"], workload=dict(leases=a.leases, groups=a.groups, group_size=n,
                                            capacity=a.capacity, chunk=a.chunk, think=[a.think_min, a.think_max],
-                                           answer=a.answer, hidden=a.hidden or 256,
-                                           layers=a.layers or 4),
+                                           answer=a.answer,
+                                           hidden=a.hidden or VP.TINY_LLAMA3["hidden_size"],
+                                           layers=a.layers or VP.TINY_LLAMA3["num_hidden_layers"]),
       all_tok_s={k: [round(r["tok_s"], 1) for r in v] for k, v in runs.items()})))
 
 
