@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from scalerl_jax.generation.slots import requests_for
+from scalerl_jax.generation.slots import drive, requests_for
 from scalerl_jax.types import PromptSpec, SamplingSpec
 
 INTERRUPT = (400, 401, 402, 403)
@@ -67,12 +67,12 @@ def run_drain(gen, leases, spec, n, chunk: int) -> dict:
   return dict(seconds=dt, tokens=tokens, tok_s=tokens / dt, occupancy=tokens / slot_steps)
 
 
-def run_continuous(make_decoder, leases, spec, n) -> dict:
+def run_continuous(make_decoder, leases, spec, n, stop_after: int = 1) -> dict:
   """All leases' samples through one continuous decoder (leased ahead: never runs dry)."""
   dec = make_decoder()
   reqs = [r for prompts in leases for r in requests_for(prompts, n, spec)]
   t0 = time.perf_counter()
-  out = dec.run(reqs)
+  out = drive(dec, reqs, stop_after)
   dt = time.perf_counter() - t0
   tokens = sum(len(c.tokens) for _, c in out)
   assert tokens == dec.stats.tokens and len(out) == len(reqs)
@@ -93,6 +93,9 @@ def main(argv=None):
   ap.add_argument("--answer", type=int, default=8)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--chunk", type=int, default=16, help="JAX: decode steps per jitted chunk")
+  ap.add_argument("--stop-after", type=int, default=1,
+                  help="JAX continuous: a chunk ends once this many samples finished in it, while "
+                       "samples wait (0: whole chunks)")
   ap.add_argument("--row-buckets", type=int, default=4,
                   help="JAX: decoded row-count buckets (1 = every slot every step)")
   ap.add_argument("--omp-bind", default="0-1", help="vLLM: OMP threads binding")
@@ -139,11 +142,11 @@ def main(argv=None):
     # warm-up: the whole workload once on each side, so that every shape the timed rounds meet
     # (row buckets, windows, prefill and insert sizes) is compiled before them
     run_drain(gen, leases, spec, n, chunk)
-    run_continuous(make, leases, spec, n)
+    run_continuous(make, leases, spec, n, a.stop_after)
     runs = {"drain": [], "continuous": []}
     for _ in range(a.repeats):
       runs["drain"].append(run_drain(gen, leases, spec, n, chunk))
-      runs["continuous"].append(run_continuous(make, leases, spec, n))
+      runs["continuous"].append(run_continuous(make, leases, spec, n, a.stop_after))
   finally:
     if closer is not None:
       closer.close()
@@ -156,7 +159,8 @@ def main(argv=None):
       ratio=round(ours["tok_s"] / peer["tok_s"], 3), backend=a.backend,
       occupancy_ours=round(ours["occupancy"], 3), occupancy_peer=round(peer["occupancy"], 3),
       tokens=ours["tokens"], workload=dict(leases=a.leases, groups=a.groups, group_size=n,
-                                           capacity=a.capacity, chunk=a.chunk, think=[a.think_min, a.think_max],
+                                           capacity=a.capacity, chunk=a.chunk, stop_after=a.stop_after,
+                                           think=[a.think_min, a.think_max],
                                            answer=a.answer,
                                            hidden=a.hidden or VP.TINY_LLAMA3["hidden_size"],
                                            layers=a.layers or VP.TINY_LLAMA3["num_hidden_layers"]),

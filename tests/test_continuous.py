@@ -86,6 +86,40 @@ def test_freed_slot_is_refilled_and_decodes_as_alone(model):
   assert st.slot_steps == 2 * 8 * st.chunks
 
 
+def test_a_chunk_stops_when_a_sample_ends_and_its_slot_is_refilled_at_once(model):
+  """stop_after=1: the chunk ends at the step A's 7th (last) token is decoded, not at the chunk's
+  8th step, and C takes A's slot 1 step earlier. The samples are the same as with whole chunks
+  (tokens exact, log-probs to float32 rounding), and fewer slot-steps are spent on them."""
+  cfg, params = model
+  a = _req(1, [1, 7, 8, 9], think=0, answer=2)            # 7 tokens
+  b = _req(2, [1, 3], think=30, answer=12)                # 46 tokens
+  c = _req(3, [4, 5, 6, 7, 8, 9, 10], think=9, answer=3, sample=3)   # 16 tokens
+  make = lambda: ContinuousDecoder(JaxSampler(cfg, params, version=4), capacity=2, spec=FIXED,
+                                   max_prompt_len=16, max_completion_len=48, chunk_steps=8)
+  dec = make()
+  dec.insert([a, b])
+  (r, comp), = dec.step(stop_after=1)
+  assert r is a and len(comp.tokens) == 7
+  assert dec.stats.slot_steps == 2 * 7 and dec.stats.live_row_steps == 7 + 7
+  dec.insert([c])
+  got = {r.prompt.prompt_id: comp for r, comp in [(r, comp)] + dec.run([])}
+  whole = make()
+  whole.insert([a, b])
+  ref = {r.prompt.prompt_id: comp for r, comp in whole.step()}
+  whole.insert([c])
+  ref.update({r.prompt.prompt_id: comp for r, comp in whole.run([])})
+  assert sorted(got) == sorted(ref) == [1, 2, 3]
+  for pid in got:
+    assert got[pid].tokens.tolist() == ref[pid].tokens.tolist(), pid
+    np.testing.assert_allclose(got[pid].logprobs, ref[pid].logprobs, atol=1e-5)
+    assert got[pid].versions.tolist() == ref[pid].versions.tolist()
+  assert dec.stats.live_row_steps == whole.stats.live_row_steps == 7 + 46 + 16
+  # whole chunks: 6 chunks of 8 steps (B's 46 tokens end in the 6th); the early stop: 7 steps,
+  # then (nothing waits) whole chunks again: 7 + 5 x 8 = 47 steps (B's 46th token in the last)
+  assert whole.stats.slot_steps == 2 * 48 and dec.stats.slot_steps == 2 * 47
+  assert dec.stats.occupancy > whole.stats.occupancy
+
+
 def test_samples_do_not_depend_on_slot_or_neighbours(model):
   """The same 12 requests through 3 slots and through 12 slots: identical completions."""
   cfg, params = model

@@ -195,13 +195,14 @@ def _move(state, src, dst):
 
 @functools.partial(jax.jit, static_argnums=(1, 3, 4, 5, 7, 8), donate_argnums=(2,))
 def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts, rows: int,
-            width: int, first):
-  """`n_steps` decode steps of slots [0, rows) (the live ones are packed there: `rows` is a
+            width: int, first, stop_after):
+  """Up to `n_steps` decode steps of slots [0, rows) (the live ones are packed there: `rows` is a
   bucket, so few shapes compile); a finished or free slot computes but changes nothing of its
-  outputs. `width` > 0: attention reads only the prompt columns and the `width` ring columns of
-  decode steps [first, first + width) (every live sample started at or after `first`, and
-  first + width >= g + n_steps), gathered once per chunk; 0: every ring column. Returns
-  (state, done [B], length [B])."""
+  outputs. `stop_after` > 0 (traced: no recompiles) ends the chunk after the step at which that
+  many samples have finished in it. `width` > 0: attention reads only the prompt columns and the
+  `width` ring columns of decode steps [first, first + width) (every live sample started at or
+  after `first`, and first + width >= g + n_steps), gathered once per chunk; 0: every ring
+  column. Returns (state, done [B], length [B], steps run)."""
   interrupt, stop, temperature, top_p, version, end_cols, end_next, end_hit = consts
   full = state
   R = full["tokens"].shape[1]
@@ -230,12 +231,21 @@ def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts
     out["logit_version"] = jnp.full_like(s["logit_version"], version)
     return out
 
-  state = jax.lax.fori_loop(0, n_steps, body, state)
-  state["g"] = g0 + n_steps
+  done0 = state["done"]
+
+  def more(c) -> jax.Array:
+    i, s = c
+    ended = jnp.sum(s["done"] & ~done0)
+    return (i < n_steps) & ((stop_after <= 0) | (ended < stop_after))
+
+  # The columns of steps not run are written back unchanged (the view holds what it gathered).
+  n_run, state = jax.lax.while_loop(more, lambda c: (c[0] + 1, body(c[0], c[1])),
+                                    (jnp.int32(0), state))
+  state["g"] = g0 + n_run
   cache = _cache_put(full["cache"], state.pop("cache"), cols,
                      base + steps if width else None, P + (g0 + steps) % R)
   state = dict(_put_rows({k: v for k, v in full.items() if k != "cache"}, state), cache=cache)
-  return state, state["done"], state["length"]
+  return state, state["done"], state["length"], n_run
 
 
 class ContinuousDecoder:
@@ -387,10 +397,12 @@ class ContinuousDecoder:
       self._bank_rows.move_to_end(b)
     return np.asarray([self._bank_rows[b] for b in prompts], np.int32)
 
-  def step(self) -> list[tuple[SlotRequest, Completion]]:
+  def step(self, stop_after: int = 0) -> list[tuple[SlotRequest, Completion]]:
     """Decodes one chunk (`chunk_steps` tokens per busy slot; weights queued on the sampler are
     swapped in first) and returns the samples that finished, with their completions; their slots
-    are free again."""
+    are free again. `stop_after` > 0 ends the chunk early, after the step at which that many
+    samples finished (a caller with samples waiting refills their slots at once instead of
+    leaving them idle until the chunk's end: on average half a chunk per sample)."""
     t0 = time.perf_counter()
     self.sampler.apply_pending()
     rows = self._pack()
@@ -402,18 +414,20 @@ class ContinuousDecoder:
     need = self._g + self.chunk_steps - first
     width = next((w for w in self.widths if w >= need), 0)
     self.stats.window_chunks += bool(width)
-    self.state, done, length = _decode(self.sampler.params, self.cfg, self.state,
-                                       self.chunk_steps, self.room, spec.top_p < 1.0, consts,
-                                       rows, width, np.int32(first))
-    done, length = jax.device_get((done, length))
-    self._g += self.chunk_steps
+    self.state, done, length, n_run = _decode(self.sampler.params, self.cfg, self.state,
+                                              self.chunk_steps, self.room, spec.top_p < 1.0,
+                                              consts, rows, width, np.int32(first),
+                                              np.int32(stop_after))
+    done, length, n_run = jax.device_get((done, length, n_run))
+    n_run = int(n_run)
+    self._g += n_run
     busy = np.array([s is not None for s in self._slots])
     grown = np.where(busy, length - self._length, 0)
     self._length = np.where(busy, length, self._length)
     st = self.stats
     st.chunks += 1
-    st.slot_steps += self.capacity * self.chunk_steps
-    st.row_steps += rows * self.chunk_steps
+    st.slot_steps += self.capacity * n_run
+    st.row_steps += rows * n_run
     st.live_row_steps += int(grown.sum())
     finished = [i for i in range(self.capacity) if busy[i] and done[i]]
     out = []

@@ -84,10 +84,11 @@ class DecodeStats:
                 compute_occupancy=self.compute_occupancy)
 
 
-def drive(decoder, requests: Sequence[SlotRequest]) -> list:
+def drive(decoder, requests: Sequence[SlotRequest], stop_after: int = 1) -> list:
   """Decodes all `requests` on a continuous decoder (ContinuousDecoder or VLLMSlots), refilling
-  slots as samples finish; returns (request, Completion) pairs in finishing order. For benches
-  and tests; the generator worker drives insert/step itself (leases, grading, pushes)."""
+  slots as samples finish (while samples wait, a chunk ends once `stop_after` of its samples
+  finished; 0: whole chunks); returns (request, Completion) pairs in finishing order. For
+  benches and tests; the generator worker drives insert/step itself (leases, grading, pushes)."""
   pending = list(requests)
   out: list = []
   while pending or decoder.in_flight:
@@ -95,5 +96,5 @@ def drive(decoder, requests: Sequence[SlotRequest]) -> list:
     if k:
       decoder.insert(pending[:k])
       pending = pending[k:]
-    out.extend(decoder.step())
+    out.extend(decoder.step(stop_after=stop_after if pending else 0))
   return out
