@@ -165,3 +165,25 @@ def test_wandb_offline_holds_the_same_scalars_as_metrics_jsonl(tmp_path, monkeyp
   assert [r["trainer_step"] for r in rows[:3]] == [0, 1, 1]
   assert rows[3]["trainer_step"] == 2 and rows[3]["fit/curves"]["_type"] == "image-file"
   assert (tmp_path / "wandb_id.txt").is_file()
+
+
+def test_a_refit_that_ends_before_submit_returns_still_records_the_learner_cost(tmp_path, monkeypatch):
+  """The race is forced: the refit (made instant) ends while `submit` is held up right after
+  starting its thread. Before the fix that record lacked `forecast/learner_s` (a live run under
+  load wrote one: test_forecast_e2e, session 22); the refit now waits for the cost."""
+  got = []
+  lf = LiveForecast(str(tmp_path), got.append)
+  monkeypatch.setattr(lf, "compute", lambda *a: {"step": 40, "kind": "forecast"})
+  real, calls = time.perf_counter, []
+
+  def held_up() -> float:
+    calls.append(1)
+    if len(calls) == 2:      # submit's second reading: the thread has started
+      time.sleep(0.3)
+    return real()
+
+  monkeypatch.setattr(time, "perf_counter", held_up)
+  cost = lf.submit(40, 0.5, 300)
+  monkeypatch.setattr(time, "perf_counter", real)
+  lf.wait()
+  assert cost >= 0.3 and got == [{"step": 40, "kind": "forecast", "forecast/learner_s": cost}]

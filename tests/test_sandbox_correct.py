@@ -2,7 +2,12 @@
 functional tests with metadata.func_name, codeforces stdin, PrimeIntellect stdin_stdout, the
 APPS/TACO inputs/outputs layout, stdin and call-based with fn_name), loaded through
 scalerl_jax.data.loaders like a real run."""
+import dataclasses
 import json
+import os
+import shutil
+import tempfile
+import time
 
 import pytest
 
@@ -158,8 +163,25 @@ def test_wrong_programs_fail_with_reasons(answers):
 def test_a_wall_limit_reached_before_bwrap_started_the_program_is_a_timeout():
   """The wall time counts from the spawn; under heavy load bwrap's start-up alone (~60 ms here)
   outlasted it once and the kill was reported as "sandbox_error: bwrap exited -15 before
-  starting the program" (session 8, an e2e run). It is the limit's status."""
-  r = sandbox.run_program("print(1)", limits=Limits(wall_s=0.001))
+  starting the program" (session 8, an e2e run). It is the limit's status.
+
+  The slow start is forced, not hoped for: a 1 ms limit alone was not always reached before
+  bwrap started the program (session 22: killed at 16 ms, after the start, under load). Here
+  bwrap is a script that sleeps 30 s before it runs the real one, and the limit is 0.3 s."""
+  real = sandbox.bwrap_path()
+  d = tempfile.mkdtemp(prefix="slow_bwrap_", dir="/tmp")
+  try:
+    os.chmod(d, 0o755)          # bwrap runs as nobody when the tests run as root
+    slow = os.path.join(d, "bwrap")
+    with open(slow, "w") as f:
+      f.write(f"#!/bin/sh\n{shutil.which('sleep')} 30\nexec {real} \"$@\"\n")
+    os.chmod(slow, 0o755)
+    s = dataclasses.replace(sandbox.settings(), bwrap=slow)
+    t0 = time.monotonic()
+    r = sandbox.run_program("print(1)", limits=Limits(wall_s=0.3), s=s)
+    assert time.monotonic() - t0 < 10, r       # killed at the limit, not after the sleep
+  finally:
+    shutil.rmtree(d)
   assert r.status == "timeout", r
   assert "before bwrap started the program" in r.detail, r
 

@@ -239,19 +239,23 @@ class LiveForecast:
     self.workdir, self.write, self.n_draws = workdir, write, n_draws
     self.lock = lock or threading.Lock()
     self._thread = None
-    self._cost = None
     self.last = None
 
   def submit(self, step: int, compute_hours: float, total_steps: int) -> float:
     """Starts a refit; returns the seconds the caller spent (the learner's cost)."""
     t0 = time.perf_counter()
     self.wait()
-    self._cost = None
-    self._thread = threading.Thread(target=self._refit, args=(step, compute_hours, total_steps),
+    # The refit's record carries this cost, known only once the thread has started: the thread
+    # waits for it (a refit that ended first wrote records without it: session 22, under load).
+    cost: dict = {}
+    ready = threading.Event()
+    self._thread = threading.Thread(target=self._refit,
+                                    args=(step, compute_hours, total_steps, cost, ready),
                                     name="live-forecast", daemon=True)
     self._thread.start()
-    self._cost = time.perf_counter() - t0
-    return self._cost
+    cost["s"] = time.perf_counter() - t0
+    ready.set()
+    return cost["s"]
 
   def wait(self) -> None:
     if self._thread is not None:
@@ -284,15 +288,15 @@ class LiveForecast:
             "forecast/misspec_kappa": float(post.misspec["kappa"]),
             "forecast/refit_s": time.perf_counter() - t0}
 
-  def _refit(self, step, compute_hours, total_steps):
+  def _refit(self, step, compute_hours, total_steps, cost: dict, ready: threading.Event):
     try:
       rec = self.compute(step, compute_hours, total_steps)
     except Exception:    # a forecast must never take the run down
       log.exception("live forecast failed at step %d", step)
       return
     if rec is not None:
-      if self._cost is not None:     # the learner's own cost of this refit (waiting + starting it)
-        rec["forecast/learner_s"] = self._cost
+      ready.wait()                   # the learner's own cost of this refit (waiting + starting it)
+      rec["forecast/learner_s"] = cost["s"]
       self.last = rec
       self.write(rec)
       if "forecast/A" in rec:
