@@ -67,12 +67,12 @@ def run_drain(gen, leases, spec, n, chunk: int) -> dict:
   return dict(seconds=dt, tokens=tokens, tok_s=tokens / dt, occupancy=tokens / slot_steps)
 
 
-def run_continuous(make_decoder, leases, spec, n, stop_after: int = 1) -> dict:
+def run_continuous(make_decoder, leases, spec, n) -> dict:
   """All leases' samples through one continuous decoder (leased ahead: never runs dry)."""
   dec = make_decoder()
   reqs = [r for prompts in leases for r in requests_for(prompts, n, spec)]
   t0 = time.perf_counter()
-  out = drive(dec, reqs, stop_after)
+  out = drive(dec, reqs)
   dt = time.perf_counter() - t0
   tokens = sum(len(c.tokens) for _, c in out)
   assert tokens == dec.stats.tokens and len(out) == len(reqs)
@@ -93,9 +93,9 @@ def main(argv=None):
   ap.add_argument("--answer", type=int, default=8)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--chunk", type=int, default=16, help="JAX: decode steps per jitted chunk")
-  ap.add_argument("--stop-after", type=int, default=1,
+  ap.add_argument("--stop-after", type=int, default=-1,
                   help="JAX continuous: a chunk ends once this many samples finished in it, while "
-                       "samples wait (0: whole chunks)")
+                       "samples wait (0: whole chunks; -1: the decoder's default, capacity / 8)")
   ap.add_argument("--row-buckets", type=int, default=4,
                   help="JAX: decoded row-count buckets (1 = every slot every step)")
   ap.add_argument("--omp-bind", default="0-1", help="vLLM: OMP threads binding")
@@ -120,16 +120,18 @@ def main(argv=None):
   model_dir = VP.make_tiny_llama(os.path.join(tmp, "model"), lm_head_std=0.02, **width)
   leases, spec = workload(a)
   n = a.group_size
+  stop_after = None          # the vLLM side: its engine refills between tokens
   closer = None
   if a.backend == "jax":
     from scalerl_jax import models
-    from scalerl_jax.generation.continuous import ContinuousDecoder
+    from scalerl_jax.generation.continuous import ContinuousDecoder, default_stop_after
     from scalerl_jax.generation.sampler import JaxSampler
     cfg, params = models.load_hf(model_dir)
     gen = JaxSampler(cfg, params, chunk_steps=a.chunk)
     chunk = gen.chunk_steps
+    stop_after = default_stop_after(a.capacity) if a.stop_after < 0 else a.stop_after
     make = lambda: ContinuousDecoder(gen, a.capacity, spec, max_prompt_len=32,
-                                     row_buckets=a.row_buckets)
+                                     row_buckets=a.row_buckets, stop_after=stop_after)
   else:
     from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
     gen = closer = VLLMGenerator(model_dir, dtype="float32", head_dtype="float32",
@@ -142,11 +144,11 @@ def main(argv=None):
     # warm-up: the whole workload once on each side, so that every shape the timed rounds meet
     # (row buckets, windows, prefill and insert sizes) is compiled before them
     run_drain(gen, leases, spec, n, chunk)
-    run_continuous(make, leases, spec, n, a.stop_after)
+    run_continuous(make, leases, spec, n)
     runs = {"drain": [], "continuous": []}
     for _ in range(a.repeats):
       runs["drain"].append(run_drain(gen, leases, spec, n, chunk))
-      runs["continuous"].append(run_continuous(make, leases, spec, n, a.stop_after))
+      runs["continuous"].append(run_continuous(make, leases, spec, n))
   finally:
     if closer is not None:
       closer.close()
@@ -159,7 +161,7 @@ def main(argv=None):
       ratio=round(ours["tok_s"] / peer["tok_s"], 3), backend=a.backend,
       occupancy_ours=round(ours["occupancy"], 3), occupancy_peer=round(peer["occupancy"], 3),
       tokens=ours["tokens"], workload=dict(leases=a.leases, groups=a.groups, group_size=n,
-                                           capacity=a.capacity, chunk=a.chunk, stop_after=a.stop_after,
+                                           capacity=a.capacity, chunk=a.chunk, stop_after=stop_after,
                                            think=[a.think_min, a.think_max],
                                            answer=a.answer,
                                            hidden=a.hidden or VP.TINY_LLAMA3["hidden_size"],

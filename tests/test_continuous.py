@@ -87,9 +87,10 @@ def test_freed_slot_is_refilled_and_decodes_as_alone(model):
 
 
 def test_a_chunk_stops_when_a_sample_ends_and_its_slot_is_refilled_at_once(model):
-  """stop_after=1: the chunk ends at the step A's 7th (last) token is decoded, not at the chunk's
-  8th step, and C takes A's slot 1 step earlier. The samples are the same as with whole chunks
-  (tokens exact, log-probs to float32 rounding), and fewer slot-steps are spent on them."""
+  """refill, stop_after 1 (2 slots: capacity / 8, at least 1): the chunk ends at the step A's
+  7th (last) token is decoded, not at the chunk's 8th step, and C takes A's slot 1 step
+  earlier. The samples are the same as with whole chunks (tokens exact, log-probs to float32
+  rounding), and fewer slot-steps are spent on them."""
   cfg, params = model
   a = _req(1, [1, 7, 8, 9], think=0, answer=2)            # 7 tokens
   b = _req(2, [1, 3], think=30, answer=12)                # 46 tokens
@@ -98,7 +99,7 @@ def test_a_chunk_stops_when_a_sample_ends_and_its_slot_is_refilled_at_once(model
                                    max_prompt_len=16, max_completion_len=48, chunk_steps=8)
   dec = make()
   dec.insert([a, b])
-  (r, comp), = dec.step(stop_after=1)
+  (r, comp), = dec.step(refill=True)
   assert r is a and len(comp.tokens) == 7
   assert dec.stats.slot_steps == 2 * 7 and dec.stats.live_row_steps == 7 + 7
   dec.insert([c])

@@ -248,6 +248,11 @@ def _decode(params, cfg, state, n_steps: int, room: int, use_top_p: bool, consts
   return state, state["done"], state["length"], n_run
 
 
+def default_stop_after(capacity: int) -> int:
+  """ContinuousDecoder's default `stop_after` for `capacity` slots: capacity / 8, at least 1."""
+  return max(1, int(capacity) // 8)
+
+
 class ContinuousDecoder:
   """`capacity` decode slots on a JaxSampler's model and weights; see the module docstring.
 
@@ -264,7 +269,8 @@ class ContinuousDecoder:
 
   def __init__(self, sampler: "sampler_lib.JaxSampler", capacity: int, spec: SamplingSpec,
                max_prompt_len: int, max_completion_len: int | None = None,
-               chunk_steps: int | None = None, row_buckets: int = 4, windows: bool = True):
+               chunk_steps: int | None = None, row_buckets: int = 4, windows: bool = True,
+               stop_after: int | None = None):
     if sampler.record_routes:
       raise ValueError("continuous batching does not record MoE routes (routing replay): use "
                        "generator.continuous=False")
@@ -288,6 +294,13 @@ class ContinuousDecoder:
       raise ValueError(f"prompt {self.P} + completion {L} tokens exceed the model's "
                        f"{self.cfg.max_position_embeddings} positions")
     self.chunk_steps = int(chunk_steps or sampler.chunk_steps)
+    # With samples waiting (`step(refill=True)`), a chunk ends once this many of its samples
+    # finished, their slots refilled at once instead of idle to the chunk's end (half a chunk
+    # per sample on average). Each early end costs a chunk's fixed work (dispatch, reading the
+    # outputs, an insert, the window's gather): capacity / 8 balances them (bench.continuous:
+    # 16 slots of a weight-streaming model: 1-2 best; 64 slots of the tiny model: 8 as fast as
+    # whole chunks, 1 14 % slower). 0: whole chunks always.
+    self.stop_after = default_stop_after(self.capacity) if stop_after is None else int(stop_after)
     # Ring widths attention may read (powers of two from 2 chunks, below R; else all of R):
     # samples far shorter than R (thinking ends early) do not pay for R's columns.
     self.widths = [w for w in (2 ** i * self.chunk_steps for i in range(1, 12))
@@ -397,12 +410,11 @@ class ContinuousDecoder:
       self._bank_rows.move_to_end(b)
     return np.asarray([self._bank_rows[b] for b in prompts], np.int32)
 
-  def step(self, stop_after: int = 0) -> list[tuple[SlotRequest, Completion]]:
+  def step(self, refill: bool = False) -> list[tuple[SlotRequest, Completion]]:
     """Decodes one chunk (`chunk_steps` tokens per busy slot; weights queued on the sampler are
     swapped in first) and returns the samples that finished, with their completions; their slots
-    are free again. `stop_after` > 0 ends the chunk early, after the step at which that many
-    samples finished (a caller with samples waiting refills their slots at once instead of
-    leaving them idle until the chunk's end: on average half a chunk per sample)."""
+    are free again. `refill` (the caller has samples waiting for slots): the chunk ends early,
+    after the step at which `stop_after` samples finished."""
     t0 = time.perf_counter()
     self.sampler.apply_pending()
     rows = self._pack()
@@ -417,7 +429,7 @@ class ContinuousDecoder:
     self.state, done, length, n_run = _decode(self.sampler.params, self.cfg, self.state,
                                               self.chunk_steps, self.room, spec.top_p < 1.0,
                                               consts, rows, width, np.int32(first),
-                                              np.int32(stop_after))
+                                              np.int32(self.stop_after if refill else 0))
     done, length, n_run = jax.device_get((done, length, n_run))
     n_run = int(n_run)
     self._g += n_run

@@ -174,10 +174,9 @@ class ContinuousLoop(WorkerFields):
           time.sleep(0.01)   # nothing to decode: waiting for a lease or for weights
           dec.note_idle(time.perf_counter() - t)
           continue
-        # samples waiting for a slot: end the chunk as soon as one sample ends (its slot
+        # samples waiting for a slot: the chunk may end early, as samples end (their slots
         # refilled at once, not idle to the chunk's end); none waiting: whole chunks
-        ready = bool(waiting) and waiting[0][0].min_version <= self.gen.version
-        finished(dec.step(stop_after=int(ready)))
+        finished(dec.step(refill=bool(waiting) and waiting[0][0].min_version <= self.gen.version))
         done += sum(f.result() for f in pushes if f.done())
         pushes = [f for f in pushes if not f.done()]
     finally:

@@ -84,11 +84,11 @@ class DecodeStats:
                 compute_occupancy=self.compute_occupancy)
 
 
-def drive(decoder, requests: Sequence[SlotRequest], stop_after: int = 1) -> list:
+def drive(decoder, requests: Sequence[SlotRequest]) -> list:
   """Decodes all `requests` on a continuous decoder (ContinuousDecoder or VLLMSlots), refilling
-  slots as samples finish (while samples wait, a chunk ends once `stop_after` of its samples
-  finished; 0: whole chunks); returns (request, Completion) pairs in finishing order. For
-  benches and tests; the generator worker drives insert/step itself (leases, grading, pushes)."""
+  slots as samples finish (`step(refill=True)` while samples wait); returns (request,
+  Completion) pairs in finishing order. For benches and tests; the generator worker drives
+  insert/step itself (leases, grading, pushes)."""
   pending = list(requests)
   out: list = []
   while pending or decoder.in_flight:
@@ -96,5 +96,5 @@ def drive(decoder, requests: Sequence[SlotRequest], stop_after: int = 1) -> list
     if k:
       decoder.insert(pending[:k])
       pending = pending[k:]
-    out.extend(decoder.step(stop_after=stop_after if pending else 0))
+    out.extend(decoder.step(refill=bool(pending)))
   return out

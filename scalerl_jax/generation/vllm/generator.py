@@ -468,11 +468,11 @@ class VLLMSlots:
                                  think_budget_max=r.think_budget, answer_budget=r.answer_budget)
       self._ops[self.gen.submit([r.prompt], 1, spec, sample_offset=r.sample_index)] = r
 
-  def step(self, timeout: float = 0.05, stop_after: int = 0) -> list:
+  def step(self, timeout: float = 0.05, refill: bool = False) -> list:
     """Waits up to `timeout` s for samples to finish; returns them as (request, Completion).
-    `stop_after`: ContinuousDecoder.step's; here every step returns at the first finished
-    samples already (the engine's own scheduler refills its batch between tokens)."""
-    del stop_after
+    `refill`: ContinuousDecoder.step's; here every step returns at the first finished samples
+    already (the engine's own scheduler refills its batch between tokens)."""
+    del refill
     t_end = time.perf_counter() + timeout
     while True:
       ready = [p for p in self._ops if p.event.is_set()]
