@@ -30,6 +30,9 @@ Layout (one device; the sampler's split KV cache, per-layer keys [B,K,S,H], valu
   and copies its KV to their slots; a later insertion of the same prompt (the group's other
   samples, as slots free) copies it from the bank without prefilling again. Its memory: the
   prompt columns of the cache once more (capacity x P).
+* a chunk is up to `chunk_steps` decode steps; while samples wait for slots (`step(refill=True)`)
+  it ends after the step at which `stop_after` of its samples finished (default capacity / 8), so
+  a finished sample's slot does not idle to the chunk's end (half a chunk per sample on average).
 * randomness is per sample, not per slot or step: token t of sample j of prompt p draws
   uniform(fold_in(key(seed, p, j), t)). The same request decodes to the same tokens whatever the
   slot, the neighbours and the moment it was inserted (log-probs equal to float32 rounding: the
