@@ -302,7 +302,7 @@ class ContinuousDecoder:
     # per sample on average). Each early end costs a chunk's fixed work (dispatch, reading the
     # outputs, an insert, the window's gather): capacity / 8 balances them (bench.continuous:
     # 16 slots of a weight-streaming model: 1-2 best; 64 slots of the tiny model: 8 as fast as
-    # whole chunks, 1 14 % slower). 0: whole chunks always.
+    # whole chunks, 1 a ratio of 1.11 instead of 1.32). 0: whole chunks always.
     self.stop_after = default_stop_after(self.capacity) if stop_after is None else int(stop_after)
     # Ring widths attention may read (powers of two from 2 chunks, below R; else all of R):
     # samples far shorter than R (thinking ends early) do not pay for R's columns.
