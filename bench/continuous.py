@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from scalerl_jax.generation.slots import drive, requests_for
+from scalerl_jax.generation.slots import requests_for
 from scalerl_jax.types import PromptSpec, SamplingSpec
 
 INTERRUPT = (400, 401, 402, 403)
@@ -72,7 +72,7 @@ def run_continuous(make_decoder, leases, spec, n) -> dict:
   dec = make_decoder()
   reqs = [r for prompts in leases for r in requests_for(prompts, n, spec)]
   t0 = time.perf_counter()
-  out = drive(dec, reqs)
+  out = dec.run(reqs)
   dt = time.perf_counter() - t0
   tokens = sum(len(c.tokens) for _, c in out)
   assert tokens == dec.stats.tokens and len(out) == len(reqs)

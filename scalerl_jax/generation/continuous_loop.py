@@ -104,6 +104,8 @@ class ContinuousLoop(WorkerFields):
     self.eval_groups = 0
     done = 0
     queued = lambda: sum(len(w[2]) for w in waiting)
+    # the next waiting sample may enter a slot: this sampler has reached its minimum version
+    insertable = lambda: bool(waiting) and waiting[0][0].min_version <= self.gen.version
 
     def finished(results) -> None:
       """Files finished samples under their groups; a complete group goes to the grading pool."""
@@ -158,7 +160,7 @@ class ContinuousLoop(WorkerFields):
         # Fill free slots with samples whose minimum version this sampler has reached.
         self.gen.apply_pending()
         batch = []
-        while waiting and len(batch) < dec.free and waiting[0][0].min_version <= self.gen.version:
+        while len(batch) < dec.free and insertable():
           a, p, reqs = waiting[0]
           take = reqs[:dec.free - len(batch)]
           if a.group_id not in open_groups:
@@ -176,7 +178,7 @@ class ContinuousLoop(WorkerFields):
           continue
         # samples waiting for a slot: the chunk may end early, as samples end (their slots
         # refilled at once, not idle to the chunk's end); none waiting: whole chunks
-        finished(dec.step(refill=bool(waiting) and waiting[0][0].min_version <= self.gen.version))
+        finished(dec.step(refill=insertable()))
         done += sum(f.result() for f in pushes if f.done())
         pushes = [f for f in pushes if not f.done()]
     finally:
