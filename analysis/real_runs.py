@@ -9,7 +9,7 @@ differ by their RL alone. A finished run leaves ``OUT/NAME/metrics.jsonl`` (its 
 step, compute_hours, val_pass_rate, val_samples) and ``OUT/NAME/command.txt`` (the exact
 command); a run whose ``metrics.jsonl`` exists is skipped, so the command resumes where it stopped.
 ``analysis.calibrate --only real`` reads them (the split into calibration and held-out runs is
-``CALIBRATION``). Cost: ~3-5 min per 300-step run on 2 cores (~80 min for all 20).
+``CALIBRATION``). Cost: ~2.5-3 min per 300-step run on 2 cores (~25 min for ten).
 """
 
 from __future__ import annotations
