@@ -152,7 +152,7 @@ def _real_cut(run, share: float, seed: int, n_samples: float | None) -> dict | N
   m = (run.compute > 0) & (run.compute <= share * budget)
   try:
     post = fit_posterior(run.compute[m], run.value[m], run.r0, n_samples=n_samples, seed=seed,
-                         n_draws=8000)
+                         n_draws=8000, unstable_at=run.alarms)
   except AnalysisError:
     return None
   # the run's own misfit, whatever gain is in use (the grid scales it)

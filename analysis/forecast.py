@@ -76,7 +76,8 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
     """
   C, y = run.window(None, until)
   _check_request(run, C, budget, target)
-  post = fit_posterior(C, y, run.r0, n_samples=n_samples, seed=seed, n_draws=n_draws)
+  post = fit_posterior(C, y, run.r0, n_samples=n_samples, seed=seed, n_draws=n_draws,
+                       unstable_at=run.alarms)
   band = post.band([budget], level)
   mband = post.band([budget], level, measurement=True, seed=seed)
   ident = post.identifiability(level=level)
@@ -91,7 +92,8 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
          "pred_lo": float(mband["lo"][0]), "pred_hi": float(mband["hi"][0]),
          "identifiable": ident["identifiable"],
          "verdict": verdict(ident["identifiable"], width),
-         "misspec": {k: _finite_or_none(post.misspec.get(k)) for k in ("kappa", "kappa_prior", "kappa_run")},
+         "misspec": {**{k: _finite_or_none(post.misspec.get(k)) for k in ("kappa", "kappa_prior", "kappa_run")},
+                     "unstable_at": list(post.misspec.get("unstable_at", []))},
          "reasons": ident["reasons"], "p_cmid_beyond_last": ident["p_cmid_beyond_last"],
          "A": float(np.median(post.A)), "B": float(np.median(post.B)), "C_mid": float(np.median(post.C_mid)),
          "ci": {p: post.interval(p, level) for p in ("A", "B", "C_mid")}, "ci_level": level,

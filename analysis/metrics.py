@@ -33,7 +33,7 @@ EVAL_KEYS = ("step", "compute_hours", "val_pass_rate")
 
 TASK_PREFIX = "val_pass_rate/"   # per-task pass rates of a task mixture: val_pass_rate/<task>
 
-__all__ = ["RunData", "read_run", "read_metrics_lines", "append_metrics", "write_config",
+__all__ = ["RunData", "KL_ALARM", "read_run", "read_metrics_lines", "append_metrics", "write_config",
       "validate_curve", "task_metric_keys", "METRICS_FILE", "CONFIG_FILE", "TASK_PREFIX"]
 
 
@@ -129,6 +129,10 @@ def read_metrics_lines(path: str | os.PathLike) -> list[dict]:
   return out
 
 
+#: The train-line flag of a KL(generator || learner) alarm (scalerl_jax/training/health.py).
+KL_ALARM = "health/kl_alarm"
+
+
 @dataclasses.dataclass
 class RunData:
   """Evaluation curve of one run: compute (hours) and validation pass rate, plus its R0."""
@@ -140,6 +144,9 @@ class RunData:
   r0: float                 # measured initial value (first evaluation)
   config: dict = dataclasses.field(default_factory=dict)
   run_dir: str | None = None
+  #: compute_hours of the train lines whose KL(generator || learner) alarm fired
+  #: (``health/kl_alarm``): an unstable phase (analysis.posterior ``unstable_at``)
+  alarms: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
   def window(self, cutoff: float | None = None, fit_until: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Points usable for a fit: compute > 0, compute >= cutoff and compute <= fit_until."""
@@ -218,8 +225,10 @@ def read_run(run_dir: str | os.PathLike, *, name: str | None = None,
       config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
       raise MetricsFormatError(f"{cfg_path}: not valid JSON ({exc.msg}); rewrite it with write_config") from None
+  alarms = np.array(sorted(float(r["compute_hours"]) for r in lines
+                           if r.get(KL_ALARM) and "compute_hours" in r), float)
   return RunData(name=name or (run_dir.name if storage.is_remote(run_dir) else run_dir.resolve().name), compute=c, value=v, step=step, r0=float(v[0]),
-          config=config, run_dir=str(run_dir))
+          config=config, run_dir=str(run_dir), alarms=alarms)
 
 
 def task_metric_keys(run_dir: str | os.PathLike) -> list[str]:

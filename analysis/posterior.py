@@ -24,6 +24,7 @@ compute needed to reach a target, the probability that one run ends highest.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 from scipy.special import log_ndtr, ndtr, ndtri
@@ -218,13 +219,19 @@ class Posterior:
     a_lo, a_hi = self.interval("A", level)
     _, c_hi = self.interval("C_mid", level)
     bracketed = c_hi <= cmid_factor * c_last
+    unstable = [c for c in self.misspec.get("unstable_at", ()) if c <= c_last]
     reasons = []
+    if unstable:   # issue #29, session 23: a stall in an unstable phase reads as the asymptote
+      reasons.append(f"KL(generator || learner) alarm at {len(unstable)} step(s) inside the data "
+                     f"(first at {unstable[0]:.4g} h): an unstable phase; a stall or dip there "
+                     "looks like the asymptote, so Eq. 1 cannot bound the final value from above "
+                     "(docs/ANALYSIS.md 'Misspecification')")
     if not bracketed:
       reasons.append(f"C_mid not bracketed yet (P(C_mid > last eval {c_last:.4g} h) = "
                      f"{self.p_cmid_beyond(c_last):.2f}, upper {level:.0%} bound {c_hi:.4g} h = "
                      f"{c_hi / c_last:.3g} x the last eval, needs <= {cmid_factor:g} x)")
       reasons.append(f"A anywhere in {a_lo:.3f}-{a_hi:.3f} ({level:.0%})")
-    return {"identifiable": bool(bracketed), "reasons": reasons,
+    return {"identifiable": bool(bracketed) and not unstable, "reasons": reasons,
             "p_cmid_beyond_last": self.p_cmid_beyond(c_last), "a_width": a_hi - a_lo,
             "cmid_hi_over_last": c_hi / c_last}
 
@@ -397,7 +404,7 @@ def lfo_excess(C, y, r0: float, *, n_samples: float | None = None, split: float 
 def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: int = 20000,
                   seed: int = 0, value_max: float = 1.0, noise: dict | None = None,
                   r0_noise: bool = True, model_error: float = MODEL_ERROR,
-                  misspec: bool = True) -> Posterior:
+                  misspec: bool = True, unstable_at=()) -> Posterior:
   """Posterior of Eq. 1 for evaluations ``(C, y)`` (C > 0) with ``r0`` the measured step-0 value.
 
     ``n_samples``: generations behind each evaluation (held-out prompts x samples per prompt, e.g.
@@ -406,8 +413,10 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
     ``r0_noise``: treat the step-0 value as a measurement too (its error integrated out).
     ``model_error``: sd factor on the whole noise model (``MODEL_ERROR``; 1 = none).
     ``misspec``: estimate the misspecification term (``MISSPEC_PRIOR``, ``lfo_excess``); False
-    gives a band of Eq. 1's uncertainty alone. Returns a ``Posterior`` with ``n_draws`` draws
-    (seeded by ``seed``).
+    gives a band of Eq. 1's uncertainty alone. ``unstable_at``: compute of the run's
+    KL(generator || learner) alarms (``RunData.alarms``); one inside the data makes the forecast
+    not identifiable (its band's upper edge is the ceiling, ``Posterior.identifiability``).
+    Returns a ``Posterior`` with ``n_draws`` draws (seeded by ``seed``).
     """
   C, y = validate_curve(C, y, min_points=1, what="forecast input")
   m = C > 0
@@ -476,12 +485,14 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   jc, jb = np.unravel_index(j, (len(cm), len(bg)))
   a_map = float(np.clip(st["S1"][j] / st["S2"][j], a_lo, a_hi))
   noise["sigma"] = float(np.sqrt(noise["inflate"] * (noise["d"] + noise["s2"])))
-  ms = {"kappa_prior": MISSPEC_PRIOR if misspec else 0.0, "gain": MISSPEC_GAIN, "c_last": float(C[-1]),
+  ms: dict[str, Any] = {"kappa_prior": MISSPEC_PRIOR if misspec else 0.0, "gain": MISSPEC_GAIN, "c_last": float(C[-1]),
         "kappa_run": 0.0}
   if misspec and MISSPEC_GAIN > 0:   # one more fit per forecast: only when it counts
     ms.update(lfo_excess(C, y, r0, n_samples=n_samples, seed=seed))
   ms["kappa"] = float(np.hypot(ms["kappa_prior"], ms["gain"] * ms["kappa_run"]))
   ms["up"] = MISSPEC_UP if misspec else 0.0
+  ms["unstable_at"] = sorted(float(c) for c in np.atleast_1d(np.asarray(unstable_at, float))
+                             if 0 < c <= float(C[-1])) if misspec else []
   return Posterior(A=R0 + a, B=b, C_mid=cmid, R0=R0, r0_measured=float(r0), C=C, y=y, noise=noise,
                    map={"A": r0 + a_map, "B": float(bg[jb]), "C_mid": float(cm[jc])}, misspec=ms,
                    value_max=float(value_max))

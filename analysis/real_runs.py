@@ -24,7 +24,7 @@ import time
 
 from tqdm import tqdm
 
-from analysis.metrics import read_metrics_lines
+from analysis.metrics import KL_ALARM, read_metrics_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "analysis", "real_runs")
@@ -77,9 +77,16 @@ def command(name: str, workdir: str) -> list[str]:
 
 
 def eval_lines(metrics_path: str) -> list[dict]:
-  """The evaluation lines of a run's metrics.jsonl, reduced to KEEP."""
-  return [{k: rec[k] for k in KEEP if k in rec} for rec in read_metrics_lines(metrics_path)
-          if "val_pass_rate" in rec]
+  """The evaluation lines of a run's metrics.jsonl, reduced to KEEP, and (since session 23) the
+  train lines whose KL(generator || learner) alarm fired, reduced to (step, compute_hours, the
+  flag): the forecast reads them (``RunData.alarms``)."""
+  out = []
+  for rec in read_metrics_lines(metrics_path):
+    if "val_pass_rate" in rec:
+      out.append({k: rec[k] for k in KEEP if k in rec})
+    elif rec.get(KL_ALARM) and "compute_hours" in rec:
+      out.append({"step": rec.get("step"), "compute_hours": rec["compute_hours"], KL_ALARM: 1})
+  return out
 
 
 def run_one(name: str, workdir: str, out: str, base: str) -> dict:
@@ -110,8 +117,9 @@ def run_one(name: str, workdir: str, out: str, base: str) -> dict:
   with open(os.path.join(dest, "metrics.jsonl.tmp"), "w") as f:
     f.writelines(json.dumps(l) + "\n" for l in lines)
   os.replace(os.path.join(dest, "metrics.jsonl.tmp"), os.path.join(dest, "metrics.jsonl"))
-  return {"run": name, "seconds": round(time.time() - t0, 1), "evals": len(lines),
-          "first": lines[0]["val_pass_rate"], "last": lines[-1]["val_pass_rate"]}
+  evals = [l for l in lines if "val_pass_rate" in l]
+  return {"run": name, "seconds": round(time.time() - t0, 1), "evals": len(evals),
+          "first": evals[0]["val_pass_rate"], "last": evals[-1]["val_pass_rate"]}
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,8 @@ upward drift allowance (MISSPEC_UP) raises the upper edge and covers a planted l
 Eq. 1's band misses; a not-yet-identifiable prefix's band reaches the ceiling; the run's
 leave-future-out misfit sees a drift inside the data and not an Eq. 1 curve;
 `analysis.calibrate --only real` reports every cut of the real runs in analysis/real_runs/."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -109,3 +111,40 @@ def test_late_upward_drift_beyond_the_asymptote_is_covered_where_the_old_band_mi
     assert old["hi"][0] < true[-1] <= new["hi"][0], (seed, old, new, true[-1])
     np.testing.assert_allclose([new["lo"][0], new["pred"][0]], [old["lo"][0], old["pred"][0]])
     assert new["hi"][0] - old["hi"][0] == pytest.approx(1.6449 * 0.009 * np.log(2), abs=1e-4)
+
+
+def test_a_kl_alarm_inside_the_data_makes_the_forecast_not_identifiable(tmp_path):
+  """Session 23: a real run (xeon_scalerl_s14, analysis/real_runs/) stalled and dipped in an unstable
+  phase (KL(generator || learner) alarms at steps 102 and 122; 0.734 at step 90, 0.628 at 110) and
+  climbed to 0.897 after. Forecast from its first half, Eq. 1 reads the stall as the asymptote: the
+  band misses the final value. With the run's alarms (`health/kl_alarm` lines, RunData.alarms) the
+  forecast is not identifiable, says why, and its upper edge is the ceiling."""
+  from analysis.forecast import eval_samples, forecast_run
+  from analysis.metrics import read_run
+  d = real_runs.OUT + "/xeon_scalerl_s14"
+  run = read_run(d)
+  assert len(run.alarms) == 2 and np.all(np.diff(run.alarms) > 0)
+  budget, final = float(run.compute[-1]), float(run.value[-1])
+  rec, post = forecast_run(run, budget, until=budget / 2, n_samples=eval_samples(d), n_draws=8000)
+  assert post.misspec["unstable_at"] == sorted(run.alarms[run.alarms <= budget / 2].tolist())
+  assert not rec["identifiable"] and rec["verdict"] == "not yet identifiable"
+  assert "KL(generator || learner) alarm" in rec["reasons"][0]
+  assert rec["hi"] == rec["pred_hi"] == 1.0 and rec["pred_lo"] <= final
+  assert rec["pred"] < final - 0.15                    # the median is Eq. 1's: still low
+  quiet = dataclasses.replace(run, alarms=np.zeros(0))
+  rec0, _ = forecast_run(quiet, budget, until=budget / 2, n_samples=eval_samples(d), n_draws=8000)
+  assert rec0["identifiable"] and rec0["pred_hi"] < final - 0.05   # the band as before: a miss
+
+
+def test_real_run_curves_keep_the_kl_alarm_lines(tmp_path):
+  from analysis.metrics import KL_ALARM, append_metrics as append, read_run
+  p = tmp_path / "metrics.jsonl"
+  append(tmp_path, {"step": 0, "compute_hours": 0.0, "val_pass_rate": 0.2, "val_samples": 64})
+  append(tmp_path, {"step": 5, "compute_hours": 0.01, "loss": 1.0, KL_ALARM: 0, "kl_k3": 0.01})
+  append(tmp_path, {"step": 6, "compute_hours": 0.012, "loss": 1.0, KL_ALARM: 1, "kl_k3": 0.3})
+  append(tmp_path, {"step": 10, "compute_hours": 0.02, "val_pass_rate": 0.4, "val_samples": 64})
+  lines = real_runs.eval_lines(str(p))
+  assert lines == [{"step": 0, "compute_hours": 0.0, "val_pass_rate": 0.2, "val_samples": 64},
+                   {"step": 6, "compute_hours": 0.012, KL_ALARM: 1},
+                   {"step": 10, "compute_hours": 0.02, "val_pass_rate": 0.4, "val_samples": 64}]
+  np.testing.assert_allclose(read_run(tmp_path).alarms, [0.012])

@@ -272,7 +272,8 @@ class LiveForecast:
       return None
     budget = max(float(compute_hours) * total_steps / step, float(C[-1]))
     try:
-      post = fit_posterior(C, y, run.r0, n_samples=eval_samples(self.workdir), n_draws=self.n_draws)
+      post = fit_posterior(C, y, run.r0, n_samples=eval_samples(self.workdir), n_draws=self.n_draws,
+                           unstable_at=run.alarms)
     except AnalysisError as e:   # e.g. no rise above R0 yet: say so, with no numbers
       log.info("live forecast at step %d: %s", step, e)
       return {"step": step, "kind": "forecast", "forecast/identifiable": 0, "forecast/budget_hours": budget,
