@@ -33,7 +33,7 @@ EVAL_KEYS = ("step", "compute_hours", "val_pass_rate")
 
 TASK_PREFIX = "val_pass_rate/"   # per-task pass rates of a task mixture: val_pass_rate/<task>
 
-__all__ = ["RunData", "KL_ALARM", "read_run", "read_metrics_lines", "append_metrics", "write_config",
+__all__ = ["RunData", "KL_ALARM", "is_kl_alarm", "read_run", "read_metrics_lines", "append_metrics", "write_config",
       "validate_curve", "task_metric_keys", "METRICS_FILE", "CONFIG_FILE", "TASK_PREFIX"]
 
 
@@ -133,6 +133,12 @@ def read_metrics_lines(path: str | os.PathLike) -> list[dict]:
 KL_ALARM = "health/kl_alarm"
 
 
+def is_kl_alarm(rec: Mapping[str, Any]) -> bool:
+  """Whether a metrics line is a train line whose KL(generator || learner) alarm fired (with the
+  compute it fired at): what ``RunData.alarms`` holds and what analysis.real_runs keeps."""
+  return bool(rec.get(KL_ALARM)) and "compute_hours" in rec
+
+
 @dataclasses.dataclass
 class RunData:
   """Evaluation curve of one run: compute (hours) and validation pass rate, plus its R0."""
@@ -225,8 +231,7 @@ def read_run(run_dir: str | os.PathLike, *, name: str | None = None,
       config = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
       raise MetricsFormatError(f"{cfg_path}: not valid JSON ({exc.msg}); rewrite it with write_config") from None
-  alarms = np.array(sorted(float(r["compute_hours"]) for r in lines
-                           if r.get(KL_ALARM) and "compute_hours" in r), float)
+  alarms = np.array(sorted(float(r["compute_hours"]) for r in lines if is_kl_alarm(r)), float)
   return RunData(name=name or (run_dir.name if storage.is_remote(run_dir) else run_dir.resolve().name), compute=c, value=v, step=step, r0=float(v[0]),
           config=config, run_dir=str(run_dir), alarms=alarms)
 

@@ -219,7 +219,7 @@ class Posterior:
     a_lo, a_hi = self.interval("A", level)
     _, c_hi = self.interval("C_mid", level)
     bracketed = c_hi <= cmid_factor * c_last
-    unstable = [c for c in self.misspec.get("unstable_at", ()) if c <= c_last]
+    unstable = self.misspec.get("unstable_at", [])   # alarms inside the data (fit_posterior)
     reasons = []
     if unstable:   # issue #29, session 23: a stall in an unstable phase reads as the asymptote
       reasons.append(f"KL(generator || learner) alarm at {len(unstable)} step(s) inside the data "

@@ -24,7 +24,7 @@ import time
 
 from tqdm import tqdm
 
-from analysis.metrics import KL_ALARM, read_metrics_lines
+from analysis.metrics import KL_ALARM, is_kl_alarm, read_metrics_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "analysis", "real_runs")
@@ -84,7 +84,7 @@ def eval_lines(metrics_path: str) -> list[dict]:
   for rec in read_metrics_lines(metrics_path):
     if "val_pass_rate" in rec:
       out.append({k: rec[k] for k in KEEP if k in rec})
-    elif rec.get(KL_ALARM) and "compute_hours" in rec:
+    elif is_kl_alarm(rec):
       out.append({"step": rec.get("step"), "compute_hours": rec["compute_hours"], KL_ALARM: 1})
   return out
 

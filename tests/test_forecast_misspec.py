@@ -113,7 +113,7 @@ def test_late_upward_drift_beyond_the_asymptote_is_covered_where_the_old_band_mi
     assert new["hi"][0] - old["hi"][0] == pytest.approx(1.6449 * 0.009 * np.log(2), abs=1e-4)
 
 
-def test_a_kl_alarm_inside_the_data_makes_the_forecast_not_identifiable(tmp_path):
+def test_a_kl_alarm_inside_the_data_makes_the_forecast_not_identifiable():
   """Session 23: a real run (xeon_scalerl_s14, analysis/real_runs/) stalled and dipped in an unstable
   phase (KL(generator || learner) alarms at steps 102 and 122; 0.734 at step 90, 0.628 at 110) and
   climbed to 0.897 after. Forecast from its first half, Eq. 1 reads the stall as the asymptote: the
