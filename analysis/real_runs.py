@@ -59,6 +59,12 @@ RUNS: dict[str, dict] = {
     # policy differs (step-0 pass rate 0.229 vs 0.194), so these curves test the bands on a base
     # the calibration half never saw. (The demo on this machine, seed 0, is not among them.)
     **{f"xeon_scalerl_s{s}": {"seed": s} for s in range(10, 20)},
+    # session 24: ten more held-out seeds on the same Xeon, declared (and committed) before they
+    # ran, to test the KL-alarm rule of session 23 (chosen after seeing s10-s19) on runs it was not
+    # chosen on. Primary: the rule as committed (alarm = kl_k3 > health.max_kl 0.1). Secondary,
+    # reported and not applied: the same rule with a 0.03 threshold, read from the workdirs' train
+    # lines (docs/ANALYSIS.md "Session 24 batch").
+    **{f"xeon_scalerl_s{s}": {"seed": s} for s in range(20, 30)},
 }
 
 #: Runs the misspecification term is fitted on; every other run is held out (chosen before the
