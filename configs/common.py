@@ -613,6 +613,10 @@ class Task(Section):
   # synthetic task only: > 0 = each problem's digit count is drawn uniformly from
   # [synthetic_num_terms, this] (thinking ~1 token per digit: a length-tailed workload, issue #25)
   synthetic_num_terms_max: int = 0
+  # with synthetic_num_terms_max: every prompt has that many digit slots, the unused ones `<unk>`,
+  # so thinking step i reads prompt slot i at one offset (learnable by the tiny model; without it
+  # 2-24 digits stay at chance)
+  synthetic_fixed_width: bool = False
   synthetic_step_noise: float = 0.15  # built-in tasks: SFT trace step-error probability
 
 

@@ -10,18 +10,24 @@ zero-variance filtering, No-Positive-Resampling, forced interruptions, FP32 head
 WORKDIR/base_policy). head_dim is 64 so vLLM can serve the same model (generator.backend=vllm).
 
 `--config=configs/tiny.py:tailed`: the length-tailed workload (issue #25): thinking budgets drawn
-in [8, 96] tokens (a 1:12 spread, like the paper's 1k-12k) instead of [24, 32]. (Problems of 2-24
-digits, data.synthetic_num_terms_max=24, spread the thinking itself, but 600 SFT steps leave the
-tiny model at chance on them: NOTES.md session 20.) The generator
-batches continuously by default (generator.continuous); `--config.generator.continuous=False` runs
-the drain-per-lease loop on the same workload.
+in [8, 96] tokens (a 1:12 spread, like the paper's 1k-12k) instead of [24, 32]. The policy's own
+thinking stays ~8 tokens (one per digit), so only the budgets below 8 shorten samples.
+
+`--config=configs/tiny.py:lengths`: the lengths themselves spread 1:12 (session 24): problems of
+2-24 digits (thinking is one token per digit), written in 24 fixed slots (the unused ones `<unk>`,
+data.synthetic_fixed_width) so that the tiny model learns them, with 4x the SFT steps (1500 + 900:
+~9 min here; base pass rate ~0.20). Without the fixed slots, or with 600 SFT steps, the tiny model
+stays at chance on them (NOTES.md session 20).
+
+The generator batches continuously by default (generator.continuous);
+`--config.generator.continuous=False` runs the drain-per-lease loop on the same workload.
 """
 from configs import common
 
 
 def get_config(arg=None):
-  if arg not in (None, "", "tailed"):
-    raise ValueError(f"configs/tiny.py takes no argument or 'tailed', got {arg!r}")
+  if arg not in (None, "", "tailed", "lengths"):
+    raise ValueError(f"configs/tiny.py takes no argument, 'tailed' or 'lengths', got {arg!r}")
   c = common.base_config()
   c.total_steps = 300
   c.model.preset = "tiny_llama3"
@@ -71,4 +77,12 @@ def get_config(arg=None):
   if arg == "tailed":
     c.rollout.think_budget_min = 8
     c.rollout.think_budget_max = 96
+  if arg == "lengths":
+    c.data.synthetic_num_terms = 2
+    c.data.synthetic_num_terms_max = 24
+    c.data.synthetic_fixed_width = True
+    c.rollout.think_budget_min = 26        # every problem's thinking fits (24 digits, </think>)
+    c.rollout.think_budget_max = 32
+    c.sft.steps = 1500
+    c.sft.clean_steps = 900
   return c

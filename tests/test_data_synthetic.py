@@ -140,6 +140,32 @@ def test_num_terms_max_spreads_problem_lengths_and_gold_thinking():
     build_dataset(c.data, c.rollout.max_prompt_len)
 
 
+def test_fixed_width_problems_put_every_thinking_step_at_one_offset():
+  """configs/tiny.py:lengths, data.synthetic_fixed_width (issue #25): 2-24 digits written in 24 slots (the rest `<unk>`), so
+  every prompt has the same length and the digit that gold thinking step i adds sits at the same
+  distance behind it whatever the problem's length; the answer and reward are unchanged."""
+  c = tiny.get_config("lengths")
+  d = build_dataset(c.data, c.rollout.max_prompt_len)
+  assert {len(s.tokens) for s in d.train + d.heldout} == {28}      # <bos> sum 24 slots = <think>
+  unk = syn.TOKENIZER.unk_id
+  counts = [int(np.sum(s.tokens != unk)) - 4 for s in d.train]
+  assert (min(counts), max(counts)) == (2, 24) and set(counts) == set(range(2, 25))
+  train, _ = syn.make_split(0, n_train=100, n_heldout=4, num_terms=(2, 24), width=24)
+  for p in train:
+    seq = np.concatenate([p.prompt_tokens, p.gold_completion_tokens])
+    n, P = len(p.terms), len(p.prompt_tokens)
+    for i in range(n):     # step i (at P + i) adds slot i (index 2 + i): 26 tokens behind it
+      assert seq[P + i - 26] == syn.TOKENIZER.token_id(str(p.terms[i]))
+    after = syn.TOKENIZER.token_id("=") if n == 24 else unk           # stop where the digits end
+    assert seq[P + n - 26] == after and seq[P + n] == syn.TOKENIZER.end_think_id
+    assert d.reward(p.gold_completion_tokens, p.answer) == 1.0
+  with pytest.raises(ValueError, match="3 terms in 2 slots"):
+    syn.Problem(0, (1, 2, 3), width=2)
+  c.data.synthetic_num_terms_max = 0
+  with pytest.raises(ValueError, match="synthetic_fixed_width"):
+    build_dataset(c.data, c.rollout.max_prompt_len)
+
+
 def test_design_proxy_numbers():
   """Tabular proxy: SFT pass in [0.05, 0.40], RL gain >= 0.25 in 300 steps of 8x8."""
   out = synthetic_proxy.run(seed=0, rl_steps=300)

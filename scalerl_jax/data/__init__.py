@@ -258,7 +258,11 @@ def _build_builtin(kind, data_cfg, max_prompt_len, heldout, seed, reward) -> Dat
     if kind != "synthetic" or most < num_terms:
       raise ValueError(f"data.synthetic_num_terms_max={most}: the synthetic task only (kind "
                        f"{kind!r}), and at least data.synthetic_num_terms={num_terms} (0 = off)")
-    train, held = synthetic.make_split(seed, n_train, heldout, (num_terms, most))
+    width = most if bool(data_cfg.synthetic_fixed_width) else 0
+    train, held = synthetic.make_split(seed, n_train, heldout, (num_terms, most), width)
+  elif bool(data_cfg.synthetic_fixed_width):
+    raise ValueError("data.synthetic_fixed_width pads problems to data.synthetic_num_terms_max "
+                     "digit slots: set that too (the synthetic task)")
   else:
     train, held = mod.make_split(seed, n_train, heldout, num_terms)
   specs = [p.to_prompt_spec() for p in train], [p.to_prompt_spec() for p in held]

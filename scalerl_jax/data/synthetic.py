@@ -107,6 +107,11 @@ class Problem:
   """One synthetic problem. `answer` is the gold answer digit as a string."""
   prompt_id: int
   terms: tuple[int, ...]
+  width: int = 0           # > len(terms): the prompt has this many digit slots, the rest `<unk>`
+
+  def __post_init__(self):
+    if self.width and self.width < len(self.terms):
+      raise ValueError(f"problem {self.prompt_id}: {len(self.terms)} terms in {self.width} slots")
 
   @property
   def partial_sums(self) -> tuple[int, ...]:
@@ -118,7 +123,8 @@ class Problem:
 
   @property
   def prompt_text(self) -> str:
-    return " ".join([BOS, "sum", *map(str, self.terms), "=", THINK])
+    slots = [*map(str, self.terms), *[UNK] * max(0, self.width - len(self.terms))]
+    return " ".join([BOS, "sum", *slots, "=", THINK])
 
   @property
   def prompt_tokens(self) -> np.ndarray:
@@ -153,7 +159,7 @@ def _num_terms(rng: np.random.Generator, num_terms) -> int:
   return int(num_terms)
 
 
-def _draw(rng, count, num_terms, exclude, first_id):
+def _draw(rng, count, num_terms, exclude, first_id, width=0):
   out, seen = [], set(exclude)
   space = (MODULUS ** (max(num_terms) if isinstance(num_terms, (tuple, list)) else num_terms))
   if count + len(seen) > space // 2:
@@ -163,23 +169,27 @@ def _draw(rng, count, num_terms, exclude, first_id):
     if terms in seen:
       continue
     seen.add(terms)
-    out.append(Problem(prompt_id=first_id + len(out), terms=terms))
+    out.append(Problem(prompt_id=first_id + len(out), terms=terms, width=width))
   return out
 
 
 def make_split(seed: int = 0, n_train: int = 4096, n_heldout: int = 64,
-               num_terms: int | tuple[int, int] = DEFAULT_NUM_TERMS) -> tuple[list[Problem], list[Problem]]:
+               num_terms: int | tuple[int, int] = DEFAULT_NUM_TERMS,
+               width: int = 0) -> tuple[list[Problem], list[Problem]]:
   """Deterministic (train, heldout) problems; held-out is drawn first from its own stream.
 
   The held-out set depends only on (seed, n_heldout, num_terms), never on n_train, and no train
   problem equals a held-out problem (asserted). Problems are distinct within each split.
-  `num_terms` is an int or an inclusive (lo, hi) range.
+  `num_terms` is an int or an inclusive (lo, hi) range. `width` > 0 writes every prompt in that
+  many digit slots (the unused ones `<unk>`): thinking step i then reads prompt slot i at the same
+  offset whatever the problem's length, which a tiny model learns (without it, 2-24 digits stay at
+  chance after 600 SFT steps: NOTES.md session 20).
   """
   if n_train < 0 or n_heldout < 0:
     raise ValueError(f"n_train={n_train} and n_heldout={n_heldout} must be >= 0")
-  heldout = _draw(np.random.default_rng([seed, 0xE7A1]), n_heldout, num_terms, (), HELDOUT_ID_OFFSET)
+  heldout = _draw(np.random.default_rng([seed, 0xE7A1]), n_heldout, num_terms, (), HELDOUT_ID_OFFSET, width)
   held_keys = {p.terms for p in heldout}
-  train = _draw(np.random.default_rng([seed, 0x7A1A]), n_train, num_terms, held_keys, 0)
+  train = _draw(np.random.default_rng([seed, 0x7A1A]), n_train, num_terms, held_keys, 0, width)
   assert not held_keys & {p.terms for p in train}, "held-out overlaps train"
   return train, heldout
 
