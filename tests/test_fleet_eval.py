@@ -50,6 +50,9 @@ def setup(tmp_path_factory):
   c.rollout.think_budget_min, c.rollout.think_budget_max = 3, 5
   c.generator.groups_per_lease = 2
   c.generator.heartbeat_s = 2.0       # keeps the evaluation leases alive under load
+  # Evaluation leases as one static batch, as the learner's local evaluation samples them (the
+  # exact comparison below); the continuous lane (the default, 64 slots) is the last test's.
+  c.generator.eval_decode_batch = 0
   c.rewards.log = False
   ds = build_dataset(c.data, c.rollout.max_prompt_len)
   mcfg = runtime.model_config(c)
@@ -110,3 +113,37 @@ def test_fleet_equals_local_at_the_pinned_version(setup, version):
   if version == 0:
     assert local["val_pass_rate"] > 0.05     # a trained policy: the comparison is not 0 == 0
   assert setup["worker"].gen.version == 1    # training sampling stayed on the newest version
+
+
+def test_continuous_evaluation_lane_agrees_with_local(setup):
+  """The same worker with its evaluation leases decoded through 16 slots (fewer than the 320
+  samples: freed slots take waiting samples; generation/eval_lane.py `_eval_sample`): each
+  sample draws its own random stream, so the pass rate agrees with the local evaluation within
+  the binomial interval (not to the bit), every group is the pinned version's, and training
+  sampling stays on the newest version."""
+  c, ds, worker = setup["c"], setup["ds"], setup["worker"]
+  prompts = eval_prompts(ds.heldout, int(c.eval.num_prompts), int(c.seed))
+  spec = runtime.sampling_spec(c, ds, seed=777, temperature=float(c.eval.temperature),
+                               top_p=float(c.eval.top_p))
+  c2 = c.copy_and_resolve_references()
+  c2.generator.eval_decode_batch = 16
+  static_config, worker.config = worker.config, common.RunConfig.from_config(c2)
+  try:
+    fe = FleetEvaluator(setup["client"], prompts, num_prompts=0, samples_per_prompt=SAMPLES,
+                        seed=spec.seed, temperature=spec.temperature, top_p=spec.top_p,
+                        timeout_s=300)
+    fe.submit(step=0, version=0, snapshot={"compute_hours": 0.0})
+    (e, res), = fe.poll(block=True)
+  finally:
+    worker.config = static_config
+  assert res is not None and all(g.version == 0 for g in res.results)
+  fleet = fe.record(e, res)
+  local = evaluate(setup["mcfg"], setup["params"][0], ds, spec, SAMPLES, prompts=prompts)
+  n = len(prompts) * SAMPLES
+  assert fleet["val_samples"] == n
+  ok, half = _binomial_agree(fleet["val_pass_rate"], n, local["val_pass_rate"], n)
+  print(f"continuous lane: fleet {fleet['val_pass_rate']:.4f} local {local['val_pass_rate']:.4f} "
+        f"(95% half-width {half:.4f}); {fleet['eval_group_device_s']:.2f} generator device-s")
+  assert ok, (fleet, local)
+  assert fleet["val_pass_rate"] > 0.05
+  assert worker.gen.version == 1

@@ -83,9 +83,9 @@ class Engine:
     """A second generator on `params` for one evaluation lease (`separate_eval` engines)."""
     raise NotImplementedError(f"{type(self).__name__} switches its one engine for evaluations")
 
-  def continuous(self, gen: Generator, spec: SamplingSpec) -> Any:
-    """The continuous decoder over `gen` (`generator.decode_batch` slots; generation/slots.py
-    interface), or None when this backend has none."""
+  def continuous(self, gen: Generator, spec: SamplingSpec, capacity: int | None = None) -> Any:
+    """The continuous decoder over `gen` (`capacity` slots, default `generator.decode_batch`;
+    generation/slots.py interface), or None when this backend has none."""
     return None
 
   def refuses_continuous(self, gen: Generator, model_cfg: Any) -> str:

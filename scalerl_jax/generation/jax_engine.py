@@ -54,9 +54,9 @@ class JaxEngine(Engine):
   def eval_generator(self, model_cfg, params, version) -> JaxSampler:
     return self._sampler(model_cfg, params, version)
 
-  def continuous(self, gen, spec) -> ContinuousDecoder:
-    # `gen` is the JaxSampler this engine's `generator` built (Engine's contract).
-    return ContinuousDecoder(cast(JaxSampler, gen), self.config.generator.decode_batch, spec,
+  def continuous(self, gen, spec, capacity=None) -> ContinuousDecoder:
+    # `gen` is a JaxSampler this engine built (`make` or `eval_generator`; Engine's contract).
+    return ContinuousDecoder(cast(JaxSampler, gen), capacity or self.config.generator.decode_batch, spec,
                              max_prompt_len=self.config.rollout.max_prompt_len)
 
   def refuses_continuous(self, gen, model_cfg) -> str:

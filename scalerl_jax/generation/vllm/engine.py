@@ -69,9 +69,9 @@ class VLLMEngine(Engine):
         max_model_len=runtime.vllm_max_model_len(config.rollout),
         initial_version=version, seed=int(config.seed), **vllm_args(config.generator))
 
-  def continuous(self, gen, spec) -> VLLMSlots:
+  def continuous(self, gen, spec, capacity=None) -> VLLMSlots:
     # `gen` is the VLLMGenerator this engine's `generator` built (Engine's contract).
-    return VLLMSlots(cast(VLLMGenerator, gen), int(self.config.generator.decode_batch), spec)
+    return VLLMSlots(cast(VLLMGenerator, gen), int(capacity or self.config.generator.decode_batch), spec)
 
   def devices(self) -> int:
     return int(self.config.generator.tensor_parallel or 1)
