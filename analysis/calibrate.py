@@ -1,6 +1,6 @@
 """Calibration and identifiability of the forecast on simulated runs (issue #17).
 
-``python -m analysis.calibrate [--runs 200] [--pairs 200] [--seed 0] [--out DIR] [--only STUDY]`` prints the tables
+``python -m analysis.calibrate [--runs 200] [--pairs 200] [--seed 0] [--out DIR] [--only STUDY] [--axis compute|step]`` prints the tables
 pasted into docs/ANALYSIS.md ("Forecast: calibration"). Runs are simulated by
 ``analysis.simulation`` (Table-1 rows in turn, mean@16 on 1,000 held-out prompts of unequal
 difficulty, AR(1) policy wander, A spread +-0.015 run to run); each is forecast from the first half
@@ -10,6 +10,7 @@ of its budget with ``analysis.posterior.fit_posterior`` exactly as ``analysis.fo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -25,7 +26,7 @@ from analysis.posterior import LEVEL, MISSPEC_GAIN, MISSPEC_PRIOR, MISSPEC_UP, f
 from analysis.simulation import NoiseSpec, heldout_offsets, simulate_run
 from analysis.synthetic import TABLE1
 
-__all__ = ["coverage_study", "pairs_study", "identifiability_study", "real_study", "main"]
+__all__ = ["coverage_study", "pairs_study", "identifiability_study", "real_study", "on_axis", "AXES", "main"]
 
 ROWS = tuple(TABLE1)
 PREFIX_RATIOS = (0.25, 1.0, 2.0)
@@ -191,10 +192,26 @@ def _table(cuts: list[dict], prior: float, gain: float, up: float | None = None,
   return out
 
 
+AXES = ("compute", "step")
+
+
+def on_axis(run, axis: str):
+  """``run`` with its x-axis replaced: ``compute`` (as logged: ``compute_hours``) or ``step`` (the
+    evaluation's training step, its KL alarms moved to the steps they fell at). The step axis is a
+    diagnosis (docs/ANALYSIS.md "Session 25: the x-axis"): a tiny run's wall-clock compute holds
+    compilation stalls that do not grow with RL."""
+  if axis not in AXES:
+    raise AnalysisError(f"axis {axis!r}: expected one of {AXES}")
+  if axis == "compute":
+    return run
+  alarms = np.interp(run.alarms, run.compute, run.step) if len(run.alarms) else run.alarms
+  return dataclasses.replace(run, compute=run.step.astype(float), alarms=alarms)
+
+
 def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04),
-               gains=(0.0, 0.5, 1.0, 1.5, 2.0)) -> dict:
+               gains=(0.0, 0.5, 1.0, 1.5, 2.0), axis: str = "compute") -> dict:
   """The misspecification term on real runs (analysis/real_runs/): every run forecast from 25, 50
-    and 75 % of its final compute. ``(MISSPEC_PRIOR, MISSPEC_GAIN)`` is the grid point whose
+    and 75 % of its final compute (``axis`` "step": of its steps, ``on_axis``). ``(MISSPEC_PRIOR, MISSPEC_GAIN)`` is the grid point whose
     measurement band covers the final value of the calibration runs (``real_runs.CALIBRATION``)
     closest to ``LEVEL`` over the three cuts (ties: the narrower band); the held-out runs are
     reported with it, with the band without the term beside it."""
@@ -206,7 +223,7 @@ def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.
   cuts = {"calibration": [], "held_out": []}
   skipped = []
   for i, name in enumerate(names):
-    run = read_run(root / name)
+    run = on_axis(read_run(root / name), axis)
     n_samples = eval_samples(root / name)
     split = "calibration" if name in real_runs.CALIBRATION else "held_out"
     for share in CUTS:
@@ -224,7 +241,7 @@ def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.
       grid.append({"prior": prior, "gain": gain, "coverage": float(cov), "width": float(width)})
   best = min(grid, key=lambda g: (round(abs(g["coverage"] - LEVEL), 3), g["width"]))
   current = (MISSPEC_PRIOR, MISSPEC_GAIN)
-  res = {"runs": names, "calibration_runs": [n for n in names if n in real_runs.CALIBRATION],
+  res = {"axis": axis, "runs": names, "calibration_runs": [n for n in names if n in real_runs.CALIBRATION],
          "skipped_cuts": skipped, "level": LEVEL, "grid": grid, "fitted": {"prior": best["prior"], "gain": best["gain"]},
          "in_use": {"prior": current[0], "gain": current[1]}}
   for split, cc in cuts.items():
@@ -238,7 +255,7 @@ def markdown_real(res: dict) -> str:
   """The real-run study as markdown."""
   f, u = res["fitted"], res["in_use"]
   L = [f"{len(res['runs'])} real runs (analysis/real_runs/), {len(res['calibration_runs'])} for calibration; "
-       f"each forecast from 25/50/75 % of its final compute, {res['level']:.0%} bands at the final compute. "
+       f"each forecast from 25/50/75 % of its final {res.get('axis', 'compute')}, {res['level']:.0%} bands at the final compute. "
        f"Fitted on the calibration runs: MISSPEC_PRIOR={f['prior']:g}, MISSPEC_GAIN={f['gain']:g}; in use: "
        f"{u['prior']:g}, {u['gain']:g}, with the upward drift allowance MISSPEC_UP={MISSPEC_UP:g} and the "
        f"ceiling as the upper edge of not-yet-identifiable forecasts. 'Without': Eq. 1's band as before "
@@ -307,11 +324,13 @@ def main(argv=None) -> int:
   ap.add_argument("--only", choices=("real", "coverage", "pairs", "ident"), default=None,
                   help="run one study (they are independent; run them as separate processes)")
   ap.add_argument("--real-runs", default=None, help="directory of real runs (default analysis/real_runs)")
+  ap.add_argument("--axis", choices=AXES, default="compute",
+                  help="x-axis of the real runs (step: a diagnosis of the compute axis's stalls)")
   args = ap.parse_args(argv)
   out = Path(args.out) if args.out else None
   if out:
     out.mkdir(parents=True, exist_ok=True)
-  studies = {"real": (lambda: real_study(args.real_runs, seed=args.seed), markdown_real),
+  studies = {"real": (lambda: real_study(args.real_runs, seed=args.seed, axis=args.axis), markdown_real),
              "coverage": (lambda: coverage_study(args.runs, seed=args.seed), markdown_coverage),
              "pairs": (lambda: pairs_study(args.pairs, seed=args.seed + 1), markdown_pairs),
              "ident": (lambda: identifiability_study(args.runs, seed=args.seed + 2), markdown_ident)}

@@ -148,3 +148,19 @@ def test_real_run_curves_keep_the_kl_alarm_lines(tmp_path):
                    {"step": 6, "compute_hours": 0.012, KL_ALARM: 1},
                    {"step": 10, "compute_hours": 0.02, "val_pass_rate": 0.4, "val_samples": 64}]
   np.testing.assert_allclose(read_run(tmp_path).alarms, [0.012])
+
+
+def test_the_step_axis_replaces_compute_and_moves_the_alarms_to_their_steps():
+  """`calibrate.on_axis` (the session-25 diagnosis of the compute axis): "step" forecasts on the
+  evaluations' steps, a KL alarm at compute between two evaluations lands between their steps;
+  "compute" is the run as read; any other axis is refused with the choices."""
+  from analysis.errors import AnalysisError
+  from analysis.metrics import RunData
+  run = RunData(name="r", compute=np.array([0.0, 0.5, 0.6, 2.0]), value=np.array([0.2, 0.4, 0.5, 0.6]),
+                step=np.array([0, 10, 20, 30]), r0=0.2, alarms=np.array([0.55, 1.3]))
+  on = calibrate.on_axis(run, "step")
+  assert on.compute.tolist() == [0.0, 10.0, 20.0, 30.0] and on.value is run.value
+  np.testing.assert_allclose(on.alarms, [15.0, 25.0])
+  assert calibrate.on_axis(run, "compute") is run
+  with pytest.raises(AnalysisError, match="expected one of"):
+    calibrate.on_axis(run, "tokens")
