@@ -20,7 +20,10 @@ data.synthetic_fixed_width) so that the tiny model learns them, with 4x the SFT 
 stays at chance on them (NOTES.md session 20).
 
 The generator batches continuously by default (generator.continuous);
-`--config.generator.continuous=False` runs the drain-per-lease loop on the same workload.
+`--config.generator.continuous=False` runs the drain-per-lease loop on the same workload. With
+`--config.eval.mode=fleet` the generator also runs the evaluations (through
+generator.eval_decode_batch slots when continuous) and the lengths run is generator-bound: the
+continuous generator ends it ~30 % sooner than the drain loop (docs/ROLLOUT.md, session 25).
 """
 from configs import common
 
