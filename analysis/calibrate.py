@@ -255,7 +255,8 @@ def markdown_real(res: dict) -> str:
   """The real-run study as markdown."""
   f, u = res["fitted"], res["in_use"]
   L = [f"{len(res['runs'])} real runs (analysis/real_runs/), {len(res['calibration_runs'])} for calibration; "
-       f"each forecast from 25/50/75 % of its final {res.get('axis', 'compute')}, {res['level']:.0%} bands at the final compute. "
+       f"each forecast from 25/50/75 % of its final {res.get('axis', 'compute')}, {res['level']:.0%} bands at the "
+       f"final {res.get('axis', 'compute')}. "
        f"Fitted on the calibration runs: MISSPEC_PRIOR={f['prior']:g}, MISSPEC_GAIN={f['gain']:g}; in use: "
        f"{u['prior']:g}, {u['gain']:g}, with the upward drift allowance MISSPEC_UP={MISSPEC_UP:g} and the "
        f"ceiling as the upper edge of not-yet-identifiable forecasts. 'Without': Eq. 1's band as before "
