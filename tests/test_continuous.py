@@ -9,6 +9,7 @@ import pytest
 from configs import common, tiny
 from scalerl_jax import models
 from scalerl_jax.generation.continuous import ContinuousDecoder
+from scalerl_jax.generation.continuous_loop import ContinuousLoop
 from scalerl_jax.generation.eval_lane import EvalLane
 from scalerl_jax.generation.jax_engine import JaxEngine
 from scalerl_jax.generation.slots import SlotRequest, requests_for
@@ -267,35 +268,39 @@ def test_prompt_bank_prefills_a_groups_prompt_once_and_a_swap_refills_it(model):
   np.testing.assert_allclose(c.logprobs[c.policy_mask], lp[c.policy_mask], atol=2e-5)
 
 
-class _Lane(EvalLane):
-  """The evaluation lane's fields `_eval_sample` reads (a Worker has them all)."""
+class _Lane(EvalLane, ContinuousLoop):
+  """A Worker's two bases, with the fields `_eval_sample` and `continuous_ok` read."""
 
-  def __init__(self, model_cfg, **generator):
+  def __init__(self, model_cfg, params, **overrides):
     c = tiny.get_config()
-    for k, v in generator.items():
-      setattr(c.generator, k, v)
+    for k, v in overrides.items():
+      section, name = k.split("__")
+      setattr(c[section], name, v)
     self.config = common.RunConfig.from_config(c)
     self.engine = JaxEngine(self.config)
-    self.model_cfg = model_cfg
+    self.model_cfg, self.backend = model_cfg, "jax"
+    self.gen = JaxSampler(model_cfg, params, record_routes=bool(c.rl.routing_replay))
 
 
 def test_an_evaluation_lease_on_a_continuous_generator_decodes_through_slots(model):
   """generation/eval_lane.py `_eval_sample`: through `generator.eval_decode_batch` slots (3, fewer
   than the lease's 12 samples: freed slots take the waiting ones) the groups come back in prompt
   order, sample j of each exactly what a decoder of those slots samples for it alone, every token
-  stamped with the pinned version; with eval_decode_batch 0 or a drain generator, exactly the
-  static batch's groups (`generate`), which sample other tokens (their own random streams)."""
+  stamped with the pinned version; with eval_decode_batch 0, a drain generator or one that falls
+  back to the drain loop (version-capped rounds), exactly the static batch's groups (`generate`),
+  which sample other tokens (their own random streams)."""
   cfg, params = model
   prompts = [PromptSpec(10 + i, np.arange(2, 4 + 2 * i, dtype=np.int32) % 60 + 1) for i in range(4)]
   pinned = lambda: JaxSampler(cfg, params, version=3, chunk_steps=16)
   toks = lambda groups: [[c.tokens.tolist() for c in g] for g in groups]
-  got = _Lane(cfg, eval_decode_batch=3)._eval_sample(pinned(), prompts, 3, SPEC)
+  got = _Lane(cfg, params, generator__eval_decode_batch=3)._eval_sample(pinned(), prompts, 3, SPEC)
   alone = {(r.tag, r.sample_index): c for r, c in ContinuousDecoder(
       pinned(), capacity=1, spec=SPEC, max_prompt_len=32).run(requests_for(prompts, 3, SPEC))}
   assert [len(g) for g in got] == [3, 3, 3, 3]
   assert toks(got) == [[alone[(i, j)].tokens.tolist() for j in range(3)] for i in range(4)]
   assert all(np.all(c.versions == 3) and len(c.versions) for g in got for c in g)
   static = toks(pinned().generate(prompts, 3, SPEC))
-  assert toks(_Lane(cfg, eval_decode_batch=0)._eval_sample(pinned(), prompts, 3, SPEC)) == static
-  assert toks(_Lane(cfg, continuous=False)._eval_sample(pinned(), prompts, 3, SPEC)) == static
+  for drain in ({"generator__eval_decode_batch": 0}, {"generator__continuous": False},
+                {"rollout__mode": "ppo_off_policy"}):
+    assert toks(_Lane(cfg, params, **drain)._eval_sample(pinned(), prompts, 3, SPEC)) == static, drain
   assert toks(got) != static

@@ -45,6 +45,7 @@ class EvalLane(WorkerFields):
 
   if TYPE_CHECKING:
     def _abandon(self) -> None: ...
+    def continuous_ok(self) -> str: ...
 
   def _remember(self, version: int, params) -> None:
     """Retains a fetched version's params (streamed fetches are fresh arrays: a reference)."""
@@ -88,12 +89,12 @@ class EvalLane(WorkerFields):
     lengths up to 1:12 apart, and one static batch of them all idles most of its rows (measured
     on the tiny lengths task: 1.5 s vs 3.0 s for 64 prompts x 16). Other engines, a drain generator
     and `eval_decode_batch` 0 sample the lease as one batch (`generate`; vLLM's engine batches
-    its requests continuously itself). Each sample draws its own random stream in either path
-    (generation/continuous.py), so the two paths sample the same distribution, not the same
-    tokens."""
+    its requests continuously itself). "Continuous" is the worker's own verdict (`continuous_ok`:
+    a worker that fell back to the drain loop evaluates as the drain loop does). Each sample draws
+    its own random stream in either path (generation/continuous.py), so the two paths sample the
+    same distribution, not the same tokens."""
     cap = int(self.config.generator.eval_decode_batch)
-    if (not cap or not self.config.generator.continuous or not self.engine.separate_eval
-        or self.engine.refuses_continuous(gen, self.model_cfg)):
+    if not cap or not self.engine.separate_eval or self.continuous_ok():
       return gen.generate(prompts, n, spec)
     groups: list[list] = [[None] * n for _ in prompts]
     for req, completion in drive(self.engine.continuous(gen, spec, cap), requests_for(prompts, n, spec)):
