@@ -5,6 +5,8 @@ buffer server, a real generator `Worker` (JAX backend, tiny model) on a thread, 
 The evaluation is pinned: version 1 (other weights) is published and installed in the worker's
 training sampler before version 0 is evaluated, and the version-0 evaluation still equals the
 learner's evaluation of version 0's params."""
+import collections
+import dataclasses
 import os
 import threading
 import time
@@ -18,6 +20,9 @@ from scalerl_jax import models
 from scalerl_jax import runtime
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.data import build_dataset
+from scalerl_jax.generation.continuous import ContinuousDecoder
+from scalerl_jax.generation.sampler import JaxSampler
+from scalerl_jax.generation.slots import requests_for
 from scalerl_jax.training.fleet_eval import FleetEvaluator, eval_prompts
 from scalerl_jax.generation.worker import Worker
 from scalerl_jax.protocol.client import BufferClient
@@ -117,10 +122,12 @@ def test_fleet_equals_local_at_the_pinned_version(setup, version):
 
 def test_continuous_evaluation_lane_agrees_with_local(setup):
   """The same worker with its evaluation leases decoded through 16 slots (fewer than the 320
-  samples: freed slots take waiting samples; generation/eval_lane.py `_eval_sample`): each
-  sample draws its own random stream, so the pass rate agrees with the local evaluation within
-  the binomial interval (not to the bit), every group is the pinned version's, and training
-  sampling stays on the newest version."""
+  samples: freed slots take waiting samples; generation/eval_lane.py `_eval_sample`): every
+  group's rewards equal those of a ContinuousDecoder run here on version 0's params with the
+  lease's seed (the eval seed + its first group id, as `serve_eval` sets it), graded by the
+  dataset; each sample draws its own random stream, so the pass rate agrees with the local
+  (static batch) evaluation within the binomial interval, not to the bit; every group is the
+  pinned version's, and training sampling stays on the newest version."""
   c, ds, worker = setup["c"], setup["ds"], setup["worker"]
   prompts = eval_prompts(ds.heldout, int(c.eval.num_prompts), int(c.seed))
   spec = runtime.sampling_spec(c, ds, seed=777, temperature=float(c.eval.temperature),
@@ -137,6 +144,13 @@ def test_continuous_evaluation_lane_agrees_with_local(setup):
   finally:
     worker.config = static_config
   assert res is not None and all(g.version == 0 for g in res.results)
+  lease_spec = dataclasses.replace(spec, seed=spec.seed + min(g.group_id for g in res.results))
+  dec = ContinuousDecoder(JaxSampler(setup["mcfg"], setup["params"][0], version=0), 16, lease_spec,
+                          max_prompt_len=int(c.rollout.max_prompt_len))
+  ref = collections.defaultdict(lambda: [0.0] * SAMPLES)
+  for r, comp in dec.run(requests_for(prompts, SAMPLES, lease_spec)):
+    ref[r.prompt.prompt_id][r.sample_index] = ds.grade(comp.tokens, r.prompt.answer, r.prompt.task).reward
+  assert {g.prompt_id: list(g.rewards) for g in res.results} == dict(ref)
   fleet = fe.record(e, res)
   local = evaluate(setup["mcfg"], setup["params"][0], ds, spec, SAMPLES, prompts=prompts)
   n = len(prompts) * SAMPLES
