@@ -36,6 +36,22 @@ OUT = os.path.join(ROOT, "analysis", "real_runs")
 SHARED: dict = {}
 KEEP = ("step", "compute_hours", "val_pass_rate", "val_samples")
 
+#: Session 26: twenty more held-out runs on the Xeon base of sessions 23-24, declared (and
+#: committed) before they ran, to test the reference-calibrated forecast (analysis.reference,
+#: docs/ANALYSIS.md "Session 26") with those sessions' twenty runs as its references: eight seeds,
+#: two longer runs, the four other recipes, four switches and two learning rates.
+SESSION26_RUNS: dict[str, dict] = {
+    **{f"xeon_scalerl_s{s}": {"seed": s} for s in range(30, 38)},
+    **{f"xeon_long450_s{s}": {"total_steps": 450, "seed": s} for s in (38, 39)},
+    **{f"xeon_{r}_s30": {"recipe": r, "seed": 30} for r in ("qwen_dapo", "deepseek_grpo", "magistral", "minimax")},
+    "xeon_loo_loss_dapo_s31": {"rl.loss": "dapo", "seed": 31},
+    "xeon_loo_aggregation_sample_s31": {"rl.aggregation": "sample", "seed": 31},
+    "xeon_loo_bf16_head_s31": {"model.fp32_lm_head": False, "seed": 31},
+    "xeon_loo_adv_norm_prompt_s31": {"rl.adv_norm": "prompt", "seed": 31},
+    "xeon_lr_2e-5_s32": {"optim.lr": 2e-5, "seed": 32},
+    "xeon_lr_4e-5_s32": {"optim.lr": 4e-5, "seed": 32},
+}
+
 #: name -> config settings of the run.
 RUNS: dict[str, dict] = {
     **{f"scalerl_s{s}": {"seed": s} for s in range(6)},
@@ -65,6 +81,7 @@ RUNS: dict[str, dict] = {
     # reported and not applied: the same rule with a 0.03 threshold, read from the workdirs' train
     # lines (docs/ANALYSIS.md "Session 24 batch").
     **{f"xeon_scalerl_s{s}": {"seed": s} for s in range(20, 30)},
+    **SESSION26_RUNS,
 }
 
 #: Runs the misspecification term is fitted on; every other run is held out (chosen before the
@@ -73,6 +90,24 @@ RUNS: dict[str, dict] = {
 #: 19: 20 runs took ~80 min on the 2 cores.
 CALIBRATION = ("scalerl_s0", "scalerl_s2", "scalerl_s4", "qwen_dapo_s0", "deepseek_grpo_s0",
                "magistral_s0", "minimax_s0", "loo_loss_dapo", "loo_ppo_off_policy", "lr_2e-5_s0")
+
+
+#: Session 26's batch (held out), and the finished runs each real run is calibrated against by
+#: the reference-calibrated forecast (``references_for``).
+SESSION26 = tuple(SESSION26_RUNS)
+XEON_REFERENCES = tuple(f"xeon_scalerl_s{s}" for s in range(10, 30))
+
+
+def references_for(name: str) -> tuple[str, ...]:
+  """The reference runs of real run ``name`` (same task, evaluation set and base policy; declared
+    in session 26 before its batch ran): session 26's batch -> the twenty Xeon runs of sessions
+    23-24; one of those -> the other nineteen (leave-one-out: they were seen before the rule was
+    chosen, so not a held-out result); an EPYC run -> the calibration half (less itself)."""
+  if name in SESSION26:
+    return XEON_REFERENCES
+  if name in XEON_REFERENCES:
+    return tuple(r for r in XEON_REFERENCES if r != name)
+  return tuple(r for r in CALIBRATION if r != name)
 
 
 def command(name: str, workdir: str) -> list[str]:
