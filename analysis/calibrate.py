@@ -10,7 +10,6 @@ of its budget with ``analysis.posterior.fit_posterior`` exactly as ``analysis.fo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -21,12 +20,13 @@ import numpy as np
 from analysis import real_runs
 from analysis.errors import AnalysisError, NoImprovementError
 from analysis.forecast import eval_samples
-from analysis.metrics import read_run
+from analysis.metrics import AXES, on_axis, read_run
 from analysis.posterior import LEVEL, MISSPEC_GAIN, MISSPEC_PRIOR, MISSPEC_UP, fit_posterior, lfo_excess
+from analysis.reference import alarm_before, calibrate, reference_residuals
 from analysis.simulation import NoiseSpec, heldout_offsets, simulate_run
 from analysis.synthetic import TABLE1
 
-__all__ = ["coverage_study", "pairs_study", "identifiability_study", "real_study", "on_axis", "AXES", "main"]
+__all__ = ["coverage_study", "pairs_study", "identifiability_study", "real_study", "main"]
 
 ROWS = tuple(TABLE1)
 PREFIX_RATIOS = (0.25, 1.0, 2.0)
@@ -158,7 +158,8 @@ def _real_cut(run, share: float, seed: int, n_samples: float | None) -> dict | N
     return None
   # the run's own misfit, whatever gain is in use (the grid scales it)
   post.misspec.update(lfo_excess(run.compute[m], run.value[m], run.r0, n_samples=n_samples, seed=seed))
-  return {"run": run.name, "share": share, "post": post, "budget": budget, "final": float(run.value[-1])}
+  return {"run": run.name, "share": share, "post": post, "budget": budget, "final": float(run.value[-1]),
+          "x_last": float(run.compute[m][-1])}
 
 
 def _score(cut: dict, prior: float, gain: float, level: float = LEVEL, up: float | None = None,
@@ -192,46 +193,74 @@ def _table(cuts: list[dict], prior: float, gain: float, up: float | None = None,
   return out
 
 
-AXES = ("compute", "step")
+SPLITS = ("held_out_s26", "held_out", "calibration")
+SPLIT_LABELS = {"held_out_s26": "held-out, session 26", "held_out": "held-out", "calibration": "calibration"}
 
 
-def on_axis(run, axis: str):
-  """``run`` with its x-axis replaced: ``compute`` (as logged: ``compute_hours``) or ``step`` (the
-    evaluation's training step, its KL alarms moved to the steps they fell at). The step axis is a
-    diagnosis (docs/ANALYSIS.md "Session 25: the x-axis"): a tiny run's wall-clock compute holds
-    compilation stalls that do not grow with RL."""
-  if axis not in AXES:
-    raise AnalysisError(f"axis {axis!r}: expected one of {AXES}")
-  if axis == "compute":
-    return run
-  alarms = np.interp(run.alarms, run.compute, run.step) if len(run.alarms) else run.alarms
-  return dataclasses.replace(run, compute=run.step.astype(float), alarms=alarms)
+def _split(name: str) -> str:
+  if name in real_runs.SESSION26:
+    return "held_out_s26"
+  return "calibration" if name in real_runs.CALIBRATION else "held_out"
+
+
+def _reference_table(cuts: list[dict], runs: dict, cache: dict, seed: int, level: float = LEVEL) -> dict:
+  """Per cut share, the reference-calibrated forecast (``analysis.reference``, each run against
+    ``real_runs.references_for``): coverage of the final value, median |error|, median width,
+    median shift."""
+  out = {}
+  for share in CUTS:
+    rows = []
+    for c in (c for c in cuts if c["share"] == share):
+      refs = [runs[r] for r in real_runs.references_for(c["run"]) if r in runs]
+      if not refs:
+        continue
+      bm = c["post"].band([c["budget"]], level, measurement=True)
+      res = reference_residuals(refs, c["budget"] / c["x_last"], level=level, seed=seed, cache=cache,
+                                n_samples_of=lambda r: eval_samples(r.run_dir))
+      if not res:
+        continue
+      cal = calibrate(float(bm["pred"][0]), float(bm["lo"][0]), float(bm["hi"][0]), res,
+                      target_alarm=alarm_before(runs[c["run"]], c["x_last"]), level=level)
+      f = c["final"]
+      rows.append({"run": c["run"], "err": cal["pred"] - f, "covers": cal["lo"] <= f <= cal["hi"],
+                   "width": cal["hi"] - cal["lo"], "shift": cal["shift"], "n": cal["n"]})
+    if rows:
+      out[str(share)] = {"n": len(rows), "coverage": float(np.mean([r["covers"] for r in rows])),
+                         "median_abs_err": float(np.median([abs(r["err"]) for r in rows])),
+                         "median_width": float(np.median([r["width"] for r in rows])),
+                         "median_shift": float(np.median([r["shift"] for r in rows])),
+                         "median_references": float(np.median([r["n"] for r in rows])),
+                         "errors": {r["run"]: round(r["err"], 4) for r in rows}}
+  return out
 
 
 def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04),
-               gains=(0.0, 0.5, 1.0, 1.5, 2.0), axis: str = "compute") -> dict:
+               gains=(0.0, 0.5, 1.0, 1.5, 2.0), axis: str = "compute", references: bool = True) -> dict:
   """The misspecification term on real runs (analysis/real_runs/): every run forecast from 25, 50
-    and 75 % of its final compute (``axis`` "step": of its steps, ``on_axis``). ``(MISSPEC_PRIOR, MISSPEC_GAIN)`` is the grid point whose
-    measurement band covers the final value of the calibration runs (``real_runs.CALIBRATION``)
-    closest to ``LEVEL`` over the three cuts (ties: the narrower band); the held-out runs are
-    reported with it, with the band without the term beside it."""
+    and 75 % of its final compute (``axis`` "step": of its steps, ``analysis.metrics.on_axis``).
+    ``(MISSPEC_PRIOR, MISSPEC_GAIN)`` is the grid point whose measurement band covers the final
+    value of the calibration runs (``real_runs.CALIBRATION``) closest to ``LEVEL`` over the three
+    cuts (ties: the narrower band); the held-out runs (session 26's batch apart) are reported with
+    it, with the band without the term beside it. ``references``: also the reference-calibrated
+    forecast of every run (``analysis.reference`` against ``real_runs.references_for``)."""
   root = Path(runs_dir or real_runs.OUT)
   names = sorted(p.name for p in root.iterdir() if (p / "metrics.jsonl").is_file()) if root.is_dir() else []
   if not names:
     raise AnalysisError(f"no real runs in {root}: make them with `python -m analysis.real_runs` "
                         "(~2-3 min per run on 2 cores)")
-  cuts = {"calibration": [], "held_out": []}
+  cuts: dict[str, list] = {s: [] for s in SPLITS}
+  runs = {}
   skipped = []
   for i, name in enumerate(names):
     run = on_axis(read_run(root / name), axis)
+    runs[name] = run
     n_samples = eval_samples(root / name)
-    split = "calibration" if name in real_runs.CALIBRATION else "held_out"
     for share in CUTS:
       c = _real_cut(run, share, seed + 100 * i, n_samples)
       if c is None:
         skipped.append(f"{name}@{share}")
       else:
-        cuts[split].append(c)
+        cuts[_split(name)].append(c)
   grid = []
   for prior in priors:
     for gain in gains:
@@ -244,32 +273,45 @@ def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.
   res = {"axis": axis, "runs": names, "calibration_runs": [n for n in names if n in real_runs.CALIBRATION],
          "skipped_cuts": skipped, "level": LEVEL, "grid": grid, "fitted": {"prior": best["prior"], "gain": best["gain"]},
          "in_use": {"prior": current[0], "gain": current[1]}}
+  cache: dict = {}
   for split, cc in cuts.items():
+    if not cc:
+      continue
     res[split] = {"with_term": _table(cc, *current),
                   "without_term": _table(cc, 0.0, 0.0, up=0.0, ceiling=False),
-                  "kappa_run_median": float(np.median([c["post"].misspec["kappa_run"] for c in cc])) if cc else None}
+                  "kappa_run_median": float(np.median([c["post"].misspec["kappa_run"] for c in cc]))}
+    if references:
+      res[split]["reference"] = _reference_table(cc, runs, cache, seed)
   return res
 
 
 def markdown_real(res: dict) -> str:
   """The real-run study as markdown."""
   f, u = res["fitted"], res["in_use"]
+  ax = res.get("axis", "compute")
   L = [f"{len(res['runs'])} real runs (analysis/real_runs/), {len(res['calibration_runs'])} for calibration; "
-       f"each forecast from 25/50/75 % of its final {res.get('axis', 'compute')}, {res['level']:.0%} bands at the "
-       f"final {res.get('axis', 'compute')}. "
+       f"each forecast from 25/50/75 % of its final {ax}, {res['level']:.0%} bands at the "
+       f"final {ax}. "
        f"Fitted on the calibration runs: MISSPEC_PRIOR={f['prior']:g}, MISSPEC_GAIN={f['gain']:g}; in use: "
        f"{u['prior']:g}, {u['gain']:g}, with the upward drift allowance MISSPEC_UP={MISSPEC_UP:g} and the "
        f"ceiling as the upper edge of not-yet-identifiable forecasts. 'Without': Eq. 1's band as before "
-       f"issue #29 (no term, no allowance, no ceiling).", "",
+       f"issue #29 (no term, no allowance, no ceiling). 'With references': the reference-calibrated "
+       f"forecast (analysis.reference; references: real_runs.references_for - for session 26's batch the "
+       f"twenty Xeon runs of sessions 23-24, declared before it ran).", "",
        "| runs | cut | n | band covers final value (measurement band) | curve band covers | median abs. error "
-       "| median width | Eq. 1 band as before: covers | as before: width |", "|---|---|---|---|---|---|---|---|---|"]
-  for split in ("held_out", "calibration"):
-    w, wo = res[split]["with_term"], res[split]["without_term"]
+       "| median width | Eq. 1 band as before: covers | as before: width | with references: covers | "
+       "median abs. error | median width | median shift |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for split in SPLITS:
+    if split not in res:
+      continue
+    w, wo, rf = res[split]["with_term"], res[split]["without_term"], res[split].get("reference", {})
     for share, v in w.items():
-      o = wo.get(share, {})
-      L.append(f"| {split.replace('_', '-')} | {float(share):.0%} | {v['n']} | **{v['coverage']:.0%}** | "
+      o, r = wo.get(share, {}), rf.get(share)
+      ref = (f"**{r['coverage']:.0%}** | {r['median_abs_err']:.4f} | {r['median_width']:.4f} | {r['median_shift']:+.4f}"
+             if r else "- | - | - | -")
+      L.append(f"| {SPLIT_LABELS[split]} | {float(share):.0%} | {v['n']} | **{v['coverage']:.0%}** | "
                f"{v['curve_coverage']:.0%} | {v['median_abs_err']:.4f} | {v['median_width']:.4f} | "
-               f"{o.get('coverage', float('nan')):.0%} | {o.get('median_width', float('nan')):.4f} |")
+               f"{o.get('coverage', float('nan')):.0%} | {o.get('median_width', float('nan')):.4f} | {ref} |")
   if res["skipped_cuts"]:
     L += ["", f"Cuts with no forecast (too few evaluations or no rise yet): {', '.join(res['skipped_cuts'])}."]
   return "\n".join(L) + "\n"
@@ -325,13 +367,16 @@ def main(argv=None) -> int:
   ap.add_argument("--only", choices=("real", "coverage", "pairs", "ident"), default=None,
                   help="run one study (they are independent; run them as separate processes)")
   ap.add_argument("--real-runs", default=None, help="directory of real runs (default analysis/real_runs)")
-  ap.add_argument("--axis", choices=AXES, default="compute",
-                  help="x-axis of the real runs (step: a diagnosis of the compute axis's stalls)")
+  ap.add_argument("--axis", choices=AXES + ("both",), default="both",
+                  help="x-axis of the real runs: compute (as logged), step (free of compilation and "
+                       "evaluation stalls), or both (two tables)")
   args = ap.parse_args(argv)
   out = Path(args.out) if args.out else None
   if out:
     out.mkdir(parents=True, exist_ok=True)
-  studies = {"real": (lambda: real_study(args.real_runs, seed=args.seed, axis=args.axis), markdown_real),
+  axes = AXES if args.axis == "both" else (args.axis,)
+  studies = {"real": (lambda: {"axes": {a: real_study(args.real_runs, seed=args.seed, axis=a) for a in axes}},
+                      lambda res: "\n".join(markdown_real(r) for r in res["axes"].values())),
              "coverage": (lambda: coverage_study(args.runs, seed=args.seed), markdown_coverage),
              "pairs": (lambda: pairs_study(args.pairs, seed=args.seed + 1), markdown_pairs),
              "ident": (lambda: identifiability_study(args.runs, seed=args.seed + 2), markdown_ident)}

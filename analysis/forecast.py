@@ -1,6 +1,7 @@
 """Forecast runs from what they have measured so far (issue #17).
 
-``python -m analysis.forecast RUN_DIR [RUN_DIR ...] --budget HOURS [--target R] [--out DIR] [--until HOURS]``
+``python -m analysis.forecast RUN_DIR [RUN_DIR ...] --budget HOURS [--target R] [--out DIR] [--until HOURS]
+[--axis compute|step] [--reference FINISHED_RUN_DIR ...]``
 
 For each run: the pass rate predicted at ``--budget`` with a 90 % band, the compute needed to reach
 ``--target`` (or "not reachable", with P(A < target)), A, B, C_mid with 90 % intervals, and an
@@ -8,7 +9,11 @@ identifiability verdict. For several runs: P(each ends highest at the budget), t
 their predicted curves cross, and the paper's shared-A rule. Writes ``forecast.json`` and
 ``forecast.png`` to ``--out`` (default: the current directory). ``--until`` uses only evaluations up
 to that compute (what the run had then). The uncertainty model is ``analysis.posterior`` (calibration
-in docs/ANALYSIS.md). Exit status 2 with a one-line ``error: ...`` on bad input.
+in docs/ANALYSIS.md). ``--axis step`` reads every compute (``--budget``, ``--until``) as training
+steps. ``--reference`` (repeatable): finished runs of the same setup (task, evaluation set, base
+policy); each run's forecast is then corrected by how those runs were forecast from the same
+extrapolation distance, with a split-conformal band (``analysis.reference``). Exit status 2 with a
+one-line ``error: ...`` on bad input.
 """
 
 from __future__ import annotations
@@ -17,18 +22,19 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from analysis.compare import A_TOLERANCE, compare_runs
 from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
-from analysis.metrics import METRICS_FILE, RunData, read_metrics_lines, read_run
+from analysis.metrics import AXES, METRICS_FILE, RunData, on_axis, read_metrics_lines, read_run
 from analysis.plots import plot_forecast
 from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
+from analysis.reference import alarm_before, calibrate, reference_residuals
 from scalerl_jax import storage
 
-__all__ = ["forecast_run", "forecast_runs", "format_table", "eval_samples", "main"]
+__all__ = ["forecast_run", "forecast_runs", "read_references", "format_table", "eval_samples", "main"]
 
 
 def eval_samples(run_dir) -> float | None:
@@ -47,15 +53,16 @@ def _finite_or_none(x):
   return float(x) if x is not None and math.isfinite(x) else None
 
 
-def _check_request(run: RunData, C, budget: float, target: float | None):
+def _check_request(run: RunData, C, budget: float, target: float | None, unit: str = "h"):
   if len(C) < MIN_EVALS:
     raise TooFewPointsError(f"{run.name}: {len(C)} evaluations after step 0, a forecast needs at least "
                             f"{MIN_EVALS}; wait for more evaluations (or evaluate more often)")
   if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
-    raise ForecastInputError(f"--budget {budget} is not a positive number of accelerator-hours")
+    raise ForecastInputError(f"--budget {budget} is not a positive number of "
+                             f"{'accelerator-hours' if unit == 'h' else 'training steps'}")
   if budget < C[-1]:
-    raise ForecastInputError(f"{run.name}: --budget {budget:g} h is below the last measured compute "
-                             f"{C[-1]:g} h; a forecast looks ahead, pass a budget >= {C[-1]:g} h "
+    raise ForecastInputError(f"{run.name}: --budget {budget:g} {unit} is below the last measured compute "
+                             f"{C[-1]:g} {unit}; a forecast looks ahead, pass a budget >= {C[-1]:g} {unit} "
                              "(use analysis.fit --fit-until to back-test instead)")
   if target is not None and not (math.isfinite(target) and run.r0 <= target <= 1.0):
     raise ForecastInputError(f"{run.name}: --target {target} is outside [R0, 1] = [{run.r0:.4g}, 1]; "
@@ -64,7 +71,8 @@ def _check_request(run: RunData, C, budget: float, target: float | None):
 
 def forecast_run(run: RunData, budget: float, target: float | None = None, *, until: float | None = None,
                  n_samples: float | None = None, seed: int = 0, n_draws: int = 20000,
-                 level: float = LEVEL) -> tuple[dict, Posterior]:
+                 level: float = LEVEL, references: Sequence[RunData] = (), ref_cache: dict | None = None,
+                 unit: str = "h") -> tuple[dict, Posterior]:
   """Forecast one run (``analysis.metrics.RunData``) at ``budget`` hours; returns (record, posterior).
 
     The record holds ``run``, ``budget``, ``pred``, ``lo``, ``hi`` (the ``level`` band of the pass
@@ -73,9 +81,15 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
     ``ci`` ({A, B, C_mid} -> [lo, hi]), ``noise`` and, with ``target``, ``hours_to_target``
     ({pred, lo, hi}, hi None when the band reaches "never"; None when not reachable) and
     ``p_A_below_target``.
+
+    ``references``: finished runs of the same setup on the same axis (``analysis.reference``):
+    ``pred`` becomes the calibrated median and ``lo``/``hi`` = ``pred_lo``/``pred_hi`` the
+    calibrated band (of a measured value at the budget); ``raw`` keeps Eq. 1's numbers and
+    ``reference`` the correction (``own_median``: the measurement band's median it shifts,
+    ``shift``, ``n``, the residuals). ``unit``: "h" or "steps".
     """
   C, y = run.window(None, until)
-  _check_request(run, C, budget, target)
+  _check_request(run, C, budget, target, unit)
   post = fit_posterior(C, y, run.r0, n_samples=n_samples, seed=seed, n_draws=n_draws,
                        unstable_at=run.alarms)
   band = post.band([budget], level)
@@ -97,7 +111,20 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
          "reasons": ident["reasons"], "p_cmid_beyond_last": ident["p_cmid_beyond_last"],
          "A": float(np.median(post.A)), "B": float(np.median(post.B)), "C_mid": float(np.median(post.C_mid)),
          "ci": {p: post.interval(p, level) for p in ("A", "B", "C_mid")}, "ci_level": level,
-         "map": post.map, "noise": {k: float(v) for k, v in post.noise.items()}, "n_samples": n_samples}
+         "map": post.map, "noise": {k: float(v) for k, v in post.noise.items()}, "n_samples": n_samples,
+         "unit": unit}
+  references = [r for r in references if not (r.run_dir and r.run_dir == run.run_dir)]   # never itself
+  if references:
+    res = reference_residuals(references, float(budget) / float(C[-1]), level=level, seed=seed,
+                              n_draws=min(n_draws, 8000), cache=ref_cache,
+                              n_samples_of=lambda r: eval_samples(r.run_dir) if r.run_dir else None)
+    cal = calibrate(float(mband["pred"][0]), float(mband["lo"][0]), float(mband["hi"][0]), res,
+                    target_alarm=alarm_before(run, float(C[-1])), level=level)
+    rec["raw"] = {k: rec[k] for k in ("pred", "lo", "hi", "pred_lo", "pred_hi")}
+    rec.update(pred=cal["pred"], lo=cal["lo"], hi=cal["hi"], pred_lo=cal["lo"], pred_hi=cal["hi"],
+               verdict=verdict(ident["identifiable"], cal["hi"] - cal["lo"]))
+    rec["reference"] = {**{k: cal[k] for k in ("shift", "n", "n_all", "alarm", "conformal_lo", "conformal_hi")},
+                        "own_median": float(mband["pred"][0]), "residuals": res}
   if target is not None:
     h = post.hours_to(target, level)
     rec["target"] = float(target)
@@ -124,21 +151,41 @@ def _crossings(names, posts, c_from, c_to):
   return out
 
 
+def read_references(ref_dirs, axis: str = "compute") -> list[RunData]:
+  """Finished reference runs (``analysis.reference``) on ``axis``; a clear error for a directory
+    that is missing or holds too few evaluations."""
+  refs = []
+  for d in ref_dirs:
+    try:
+      refs.append(on_axis(read_run(storage.path(d)), axis))
+    except AnalysisError as e:
+      raise ForecastInputError(f"reference run {d}: {e}") from None
+  return refs
+
+
 def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=None, *,
                   until: float | None = None, n_samples: float | None = None, seed: int = 0,
-                  n_draws: int = 20000, tol: float = A_TOLERANCE, names=None, plot: bool = True) -> list[dict]:
+                  n_draws: int = 20000, tol: float = A_TOLERANCE, names=None, plot: bool = True,
+                  axis: str = "compute", references=()) -> list[dict]:
   """Forecast every run; with several, add ``p_best``, ``crossings`` and the shared-A ``comparison``.
 
     Writes ``out_dir/forecast.json`` and ``out_dir/forecast.png`` when ``out_dir`` is given.
-    ``n_samples``: generations per evaluation; default: each run's ``val_samples``.
+    ``n_samples``: generations per evaluation; default: each run's ``val_samples``. ``axis``:
+    "compute" (hours) or "step" (``budget`` and ``until`` in training steps). ``references``:
+    directories of finished runs of the same setup (``forecast_run``). P(highest) and the crossings
+    stay Eq. 1's: a bias of the setup is shared by its runs.
     """
   run_dirs = [storage.path(d) for d in run_dirs]   # local or gs://
   if not run_dirs:
     raise ForecastInputError("no run directories given; pass at least one RUN_DIR holding metrics.jsonl")
+  if axis not in AXES:
+    raise ForecastInputError(f"--axis {axis!r}: expected one of {AXES}")
+  refs = read_references(references, axis)
+  unit = "h" if axis == "compute" else "steps"
   runs = []
   for i, d in enumerate(run_dirs):
     try:
-      runs.append(read_run(d, name=(names[i] if names else None)))
+      runs.append(on_axis(read_run(d, name=(names[i] if names else None)), axis))
     except TooFewPointsError:
       raise TooFewPointsError(f"{d}: fewer than 2 evaluations; a forecast needs the step-0 evaluation and "
                               f"at least {MIN_EVALS} more") from None
@@ -146,9 +193,11 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
     for i, r in enumerate(runs):
       r.name = f"{i}:{r.name}"
   recs, posts = [], []
+  cache: dict = {}
   for i, run in enumerate(runs):
     ns = n_samples if n_samples is not None else eval_samples(run.run_dir)
-    rec, post = forecast_run(run, budget, target, until=until, n_samples=ns, seed=seed + i, n_draws=n_draws)
+    rec, post = forecast_run(run, budget, target, until=until, n_samples=ns, seed=seed + i, n_draws=n_draws,
+                             references=refs, ref_cache=cache, unit=unit)
     recs.append(rec)
     posts.append(post)
   if len(runs) > 1:
@@ -173,14 +222,15 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
     storage.makedirs(str(out_dir))
     (out / "forecast.json").write_text(json.dumps(recs, indent=2) + "\n", encoding="utf-8")
     if plot:
-      plot_forecast(runs, posts, recs, out / "forecast.png", budget=budget, target=target, until=until)
+      plot_forecast(runs, posts, recs, out / "forecast.png", budget=budget, target=target, until=until, axis=axis)
   return recs
 
 
 def format_table(recs: list[dict]) -> str:
   """The forecast as a plain-text table plus one line per warning / comparison."""
   lvl = f"{recs[0]['level']:.0%}" if recs else "90%"
-  head = (f"{'run':<18} {'evals':>5} {'last h':>9} {'budget h':>9}  {'R@budget [' + lvl + ' band]':<26} "
+  u = recs[0].get("unit", "h") if recs else "h"
+  head = (f"{'run':<18} {'evals':>5} {'last ' + u:>9} {'budget ' + u:>9}  {'R@budget [' + lvl + ' band]':<26} "
           f"{'A [' + lvl + ']':<22} {'B':>5} {'C_mid':>9}  verdict")
   lines = [head, "-" * len(head)]
   for r in recs:
@@ -191,6 +241,13 @@ def format_table(recs: list[dict]) -> str:
     lines.append(f"{r['run'][:18]:<18} {r['n_evals']:>5} {r['last_compute']:>9.4g} {r['budget']:>9.4g}  "
                  f"{band:<26} {a:<22} {r['B']:>5.2f} {r['C_mid']:>9.4g}  {r['verdict']}")
   for r in recs:
+    ref = r.get("reference")
+    if ref:
+      raw = r["raw"]
+      lines.append(f"  {r['run']}: calibrated by {ref['n']} of {ref['n_all']} reference runs (median residual "
+                   f"{ref['shift']:+.3f}; band {'split-conformal' if ref['conformal_lo'] and ref['conformal_hi'] else 'partly Eq. 1 (too few references for a conformal edge)'}"
+                   f"{'; KL alarm in the data: upper edge at the ceiling' if ref['alarm'] else ''}); Eq. 1 alone: "
+                   f"{raw['pred']:.3f} [{raw['pred_lo']:.3f}, {raw['pred_hi']:.3f}]")
     if not r["identifiable"]:
       lines.append(f"! {r['run']}: NOT YET IDENTIFIABLE - " + "; ".join(r["reasons"]) +
                    ". The band is wide on purpose: do not read the median as a prediction.")
@@ -200,9 +257,9 @@ def format_table(recs: list[dict]) -> str:
         lines.append(f"  {r['run']}: target {r['target']:.3f} not reachable "
                      f"(P(A < target) = {r['p_A_below_target']:.2f})")
       else:
-        hi = "never" if h["hi"] is None else f"{h['hi']:.4g} h"
-        lines.append(f"  {r['run']}: target {r['target']:.3f} reached at {h['pred']:.4g} h "
-                     f"[{h['lo']:.4g} h, {hi}] (P(A < target) = {r['p_A_below_target']:.2f})")
+        hi = "never" if h["hi"] is None else f"{h['hi']:.4g} {u}"
+        lines.append(f"  {r['run']}: target {r['target']:.3f} reached at {h['pred']:.4g} {u} "
+                     f"[{h['lo']:.4g} {u}, {hi}] (P(A < target) = {r['p_A_below_target']:.2f}; Eq. 1)")
   if len(recs) > 1:
     lines.append("  P(highest at the budget): " + ", ".join(f"{r['run']} {r['p_best']:.2f}" for r in recs))
     seen = set()
@@ -211,7 +268,7 @@ def format_table(recs: list[dict]) -> str:
         key = (tuple(c["runs"]), round(c["compute"], 6))
         if key not in seen:
           seen.add(key)
-          lines.append(f"  curves of {c['runs'][0]} and {c['runs'][1]} cross at {c['compute']:.4g} h "
+          lines.append(f"  curves of {c['runs'][0]} and {c['runs'][1]} cross at {c['compute']:.4g} {u} "
                        f"({c['leader_after']} ahead after)")
     if not seen:
       lines.append("  the predicted curves do not cross before 10 x the budget")
@@ -230,17 +287,25 @@ def main(argv=None) -> int:
   """Command-line entry point (see the module docstring)."""
   ap = argparse.ArgumentParser(prog="python -m analysis.forecast", description=(__doc__ or "").split("\n")[0])
   ap.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.jsonl")
-  ap.add_argument("--budget", type=float, required=True, help="planned compute (accelerator-hours)")
+  ap.add_argument("--budget", type=float, required=True,
+                  help="planned compute (accelerator-hours; with --axis step: training steps)")
   ap.add_argument("--target", type=float, default=None, help="pass rate to reach (a fraction in [R0, 1])")
   ap.add_argument("--out", default=".", help="directory for forecast.json and forecast.png (default: .)")
   ap.add_argument("--until", type=float, default=None, help="use only evaluations with compute <= HOURS")
   ap.add_argument("--eval-samples", type=float, default=None,
                   help="generations per evaluation (held-out prompts x samples); default: val_samples")
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--axis", choices=AXES, default="compute",
+                  help="x-axis: compute (accelerator-hours, as logged) or step (training steps: free of "
+                       "compilation and evaluation stalls)")
+  ap.add_argument("--reference", action="append", default=[], metavar="FINISHED_RUN_DIR",
+                  help="a finished run of the same setup (repeat for several): calibrates the forecast "
+                       "by how that run was forecast from the same extrapolation distance")
   args = ap.parse_args(argv)
   try:
     recs = forecast_runs(args.run_dirs, args.budget, args.target, args.out, until=args.until,
-                         n_samples=args.eval_samples, seed=args.seed)
+                         n_samples=args.eval_samples, seed=args.seed, axis=args.axis,
+                         references=args.reference)
   except AnalysisError as exc:
     print(f"error: {exc}", file=sys.stderr)
     return 2

@@ -20,6 +20,7 @@ import numpy as np
 from scalerl_jax import storage
 
 from analysis.errors import (
+  ForecastInputError,
   MetricsFormatError,
   NonFiniteError,
   NonIncreasingComputeError,
@@ -34,7 +35,7 @@ EVAL_KEYS = ("step", "compute_hours", "val_pass_rate")
 TASK_PREFIX = "val_pass_rate/"   # per-task pass rates of a task mixture: val_pass_rate/<task>
 
 __all__ = ["RunData", "KL_ALARM", "is_kl_alarm", "read_run", "read_metrics_lines", "append_metrics", "write_config",
-      "validate_curve", "task_metric_keys", "METRICS_FILE", "CONFIG_FILE", "TASK_PREFIX"]
+      "validate_curve", "task_metric_keys", "on_axis", "AXES", "METRICS_FILE", "CONFIG_FILE", "TASK_PREFIX"]
 
 
 def _to_builtin(value: Any) -> Any:
@@ -244,3 +245,19 @@ def task_metric_keys(run_dir: str | os.PathLike) -> list[str]:
     if "val_pass_rate" in rec:
       keys += [k for k in rec if k.startswith(TASK_PREFIX) and k not in keys]
   return keys
+
+
+AXES = ("compute", "step")
+
+
+def on_axis(run: RunData, axis: str) -> RunData:
+  """``run`` with its x-axis replaced: ``compute`` (as logged: ``compute_hours``) or ``step`` (the
+    evaluation's training step, its KL alarms moved to the steps they fell at). A tiny run's
+    wall-clock compute holds compilation stalls that do not grow with RL (docs/ANALYSIS.md
+    "Session 25: the x-axis"); its steps are also its FLOPs (a fixed, padded batch per step)."""
+  if axis not in AXES:
+    raise ForecastInputError(f"axis {axis!r}: expected one of {AXES}")
+  if axis == "compute":
+    return run
+  alarms = np.interp(run.alarms, run.compute, run.step) if len(run.alarms) else run.alarms
+  return dataclasses.replace(run, compute=run.step.astype(float), alarms=alarms)

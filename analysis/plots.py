@@ -137,9 +137,11 @@ def plot_comparison(runs, fits, cmp: dict, path, ci: dict | None = None) -> str:
 
 
 def plot_forecast(runs, posts, recs, path, *, budget: float, target: float | None = None,
-                  until: float | None = None, level: float = 0.9) -> str:
+                  until: float | None = None, level: float = 0.9, axis: str = "compute") -> str:
   """Forecast figure: data (filled: used; hollow: after ``until``), posterior median curve and
-    ``level`` band up to past the budget, the budget line and the target line. Saves a PNG."""
+    ``level`` band up to past the budget, the budget line and the target line; a run calibrated by
+    reference runs (``rec["reference"]``) gets its calibrated value and band as a marker at the
+    budget. ``axis``: "compute" (accelerator-hours) or "step". Saves a PNG."""
   fig = _figure(figsize=(8, 5.2), dpi=110)
   ax = fig.subplots()
   c_hi = budget
@@ -157,14 +159,22 @@ def plot_forecast(runs, posts, recs, path, *, budget: float, target: float | Non
     grid = np.geomspace(C[C > 0].min(), 1.15 * max(c_hi, C.max()), 200)
     b = post.band(grid, level)
     tag = "" if rec["identifiable"] else " (not yet identifiable)"
+    ref = rec.get("reference")
     ax.plot(grid, b["pred"], color=color, lw=2,
-            label=f"{rec['run']}: {rec['pred']:.3f} [{rec['lo']:.3f}, {rec['hi']:.3f}] at budget{tag}")
+            label=(f"{rec['run']}: Eq. 1 alone" if ref else
+                   f"{rec['run']}: {rec['pred']:.3f} [{rec['lo']:.3f}, {rec['hi']:.3f}] at budget{tag}"))
     ax.fill_between(grid, b["lo"], b["hi"], color=color, alpha=0.2, lw=0)
-  ax.axvline(budget, color="k", ls="--", lw=1, label=f"budget {budget:.4g} h")
+    if ref:
+      ax.errorbar([budget], [rec["pred"]], yerr=[[rec["pred"] - rec["lo"]], [rec["hi"] - rec["pred"]]],
+                  fmt="D", color=color, capsize=4,
+                  label=f"{rec['run']}: {rec['pred']:.3f} [{rec['lo']:.3f}, {rec['hi']:.3f}] calibrated by "
+                        f"{ref['n']} reference runs{tag}")
+  unit = "h" if axis == "compute" else "steps"
+  ax.axvline(budget, color="k", ls="--", lw=1, label=f"budget {budget:.4g} {unit}")
   if target is not None:
     ax.axhline(target, color="k", ls=":", lw=1, label=f"target {target:.3f}")
   ax.set_xscale("log")
-  ax.set_xlabel("compute (accelerator-hours)")
+  ax.set_xlabel("compute (accelerator-hours)" if axis == "compute" else "training step")
   ax.set_ylabel("validation pass rate")
   ax.set_title(f"Forecast: posterior median and {level:.0%} band (filled: evaluations used; hollow: later)",
                fontsize=9)

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Mapping
 
 import ml_collections
 
+from analysis.metrics import AXES
 from scalerl_jax import data
 from scalerl_jax.data import mixture
 from scalerl_jax.generation import backends
@@ -568,10 +569,22 @@ class Health(Section):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Forecast(Section):
-  """Live forecast (analysis/posterior.py) after each evaluation, on a background thread."""
+  """Live forecast (analysis/posterior.py) after each evaluation, on a background thread.
+  axis: its x-axis, "compute" (accelerator-hours, as logged) or "step" (training steps: free of
+  compilation and evaluation stalls). references: comma-separated directories of finished runs of
+  the same setup (task, evaluation set, base policy); when set, the forecast is calibrated by how
+  those runs were forecast from the same extrapolation distance (analysis/reference.py)."""
   PATH: ClassVar[str] = "forecast"
   enabled: bool = True
   n_draws: int = 4000
+  axis: str = "compute"
+  references: str = ""
+
+  def check(self):
+    if self.axis not in AXES:
+      raise ConfigError(f"forecast.axis: {self.axis!r} is not one of {list(AXES)}")
+    if self.n_draws < 100:
+      raise ConfigError(f"forecast.n_draws must be >= 100, got {self.n_draws}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

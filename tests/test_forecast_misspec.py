@@ -71,8 +71,14 @@ def test_real_study_reports_every_cut_of_every_run(tmp_path):
     for table in ("with_term", "without_term"):
       assert sorted(res[split][table]) == ["0.25", "0.5", "0.75"] and all(
           v["n"] == 1 for v in res[split][table].values()), res[split]
+  # the held-out run is calibrated against the calibration half (here: scalerl_s0 alone); the
+  # calibration run has no reference left (itself excluded)
+  ref = res["held_out"]["reference"]
+  assert sorted(ref) == ["0.25", "0.5", "0.75"] and all(v["median_references"] == 1 for v in ref.values())
+  assert res["calibration"]["reference"] == {} and "held_out_s26" not in res
   md = calibrate.markdown_real(res)
   assert md.count("| held-out |") == 3 and md.count("| calibration |") == 3
+  assert md.count("| - | - | - | - |") == 3      # no reference row for the calibration run
 
 
 def test_a_prefix_before_the_bend_gets_the_ceiling_as_its_upper_edge():
@@ -151,16 +157,16 @@ def test_real_run_curves_keep_the_kl_alarm_lines(tmp_path):
 
 
 def test_the_step_axis_replaces_compute_and_moves_the_alarms_to_their_steps():
-  """`calibrate.on_axis` (the session-25 diagnosis of the compute axis): "step" forecasts on the
-  evaluations' steps, a KL alarm at compute between two evaluations lands between their steps;
+  """`analysis.metrics.on_axis` (the session-25 diagnosis of the compute axis): "step" forecasts on
+  the evaluations' steps, a KL alarm at compute between two evaluations lands between their steps;
   "compute" is the run as read; any other axis is refused with the choices."""
-  from analysis.errors import AnalysisError
-  from analysis.metrics import RunData
+  from analysis.errors import ForecastInputError
+  from analysis.metrics import RunData, on_axis
   run = RunData(name="r", compute=np.array([0.0, 0.5, 0.6, 2.0]), value=np.array([0.2, 0.4, 0.5, 0.6]),
                 step=np.array([0, 10, 20, 30]), r0=0.2, alarms=np.array([0.55, 1.3]))
-  on = calibrate.on_axis(run, "step")
+  on = on_axis(run, "step")
   assert on.compute.tolist() == [0.0, 10.0, 20.0, 30.0] and on.value is run.value
   np.testing.assert_allclose(on.alarms, [15.0, 25.0])
-  assert calibrate.on_axis(run, "compute") is run
-  with pytest.raises(AnalysisError, match="expected one of"):
-    calibrate.on_axis(run, "tokens")
+  assert on_axis(run, "compute") is run
+  with pytest.raises(ForecastInputError, match="expected one of"):
+    on_axis(run, "tokens")

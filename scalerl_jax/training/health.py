@@ -32,13 +32,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Sequence
 
 import numpy as np
 
 from analysis.errors import AnalysisError
-from analysis.forecast import eval_samples
-from analysis.metrics import read_run
-from analysis.posterior import MIN_EVALS, fit_posterior, verdict
+from analysis.forecast import eval_samples, forecast_run, read_references
+from analysis.metrics import on_axis, read_run
+from analysis.posterior import MIN_EVALS
 from configs import common
 from scalerl_jax.generation.vllm.parity import parity_stats
 
@@ -228,18 +229,25 @@ class LiveForecast:
   `submit(step, compute_hours, total_steps)` returns at once; the refit reads the run's evaluation
   lines, fits `analysis.posterior` and calls `write(record)` with `forecast/A`, `forecast/A_lo`,
   `forecast/A_hi`, `forecast/R_at_budget` (+ `_lo`, `_hi`), `forecast/identifiable`,
-  `forecast/budget_hours` (the planned compute: hours so far x total_steps / step),
-  `forecast/refit_s` (the refit's own wall time, on its thread) and `forecast/learner_s` (what
+  `forecast/budget_hours` (the planned compute: hours so far x total_steps / step; with
+  `axis="step"`: `forecast/budget_steps`, total_steps), with `references` (finished runs of the
+  same setup) the calibrated value and band plus `forecast/reference_shift` and
+  `forecast/reference_n` (analysis/reference.py), `forecast/refit_s` (the refit's own wall time, on its thread) and `forecast/learner_s` (what
   submitting it cost the learner: waiting for the previous refit + starting the thread). A refit still running when the next one is
   submitted makes that one wait (never two at once). When no forecast is possible yet (no rise
   above R0), the record says so in `forecast/verdict` with `forecast/identifiable` 0 and no numbers.
   """
 
-  def __init__(self, workdir: str, write, *, n_draws: int = 4000, lock: threading.Lock | None = None):
-    self.workdir, self.write, self.n_draws = workdir, write, n_draws
+  def __init__(self, workdir: str, write, *, n_draws: int = 4000, lock: threading.Lock | None = None,
+               axis: str = "compute", references: str | Sequence[str] = ""):
+    self.workdir, self.write, self.n_draws, self.axis = workdir, write, n_draws, axis
     self.lock = lock or threading.Lock()
     self._thread = None
     self.last = None
+    dirs = [d.strip() for d in references.split(",")] if isinstance(references, str) else list(references)
+    # read (and checked) now: a missing reference run is a clear error before training starts
+    self.references = read_references([d for d in dirs if d], axis)
+    self._ref_cache: dict = {}
 
   def submit(self, step: int, compute_hours: float, total_steps: int) -> float:
     """Starts a refit; returns the seconds the caller spent (the learner's cost)."""
@@ -263,31 +271,37 @@ class LiveForecast:
       self._thread = None
 
   def compute(self, step: int, compute_hours: float, total_steps: int) -> dict | None:
-    """The forecast record for the run as it stands (None before enough evaluations)."""
+    """The forecast record for the run as it stands (None before enough evaluations): the same
+    ``analysis.forecast.forecast_run`` as the offline forecast, on ``axis``, calibrated by the
+    reference runs when there are any."""
     t0 = time.perf_counter()
     with self.lock:
-      run = read_run(self.workdir)
-    C, y = run.window()
+      run = on_axis(read_run(self.workdir), self.axis)
+    C, _ = run.window()
     if len(C) < MIN_EVALS or step <= 0:
       return None
-    budget = max(float(compute_hours) * total_steps / step, float(C[-1]))
+    if self.axis == "compute":
+      budget, budget_key = max(float(compute_hours) * total_steps / step, float(C[-1])), "forecast/budget_hours"
+    else:
+      budget, budget_key = max(float(total_steps), float(C[-1])), "forecast/budget_steps"
     try:
-      post = fit_posterior(C, y, run.r0, n_samples=eval_samples(self.workdir), n_draws=self.n_draws,
-                           unstable_at=run.alarms)
+      rec, post = forecast_run(run, budget, n_samples=eval_samples(self.workdir), n_draws=self.n_draws,
+                               references=self.references, ref_cache=self._ref_cache,
+                               unit="h" if self.axis == "compute" else "steps")
     except AnalysisError as e:   # e.g. no rise above R0 yet: say so, with no numbers
       log.info("live forecast at step %d: %s", step, e)
-      return {"step": step, "kind": "forecast", "forecast/identifiable": 0, "forecast/budget_hours": budget,
+      return {"step": step, "kind": "forecast", "forecast/identifiable": 0, budget_key: budget,
               "forecast/verdict": f"no forecast: {e}", "forecast/refit_s": time.perf_counter() - t0}
-    band = post.band([budget])
-    a_lo, a_hi = post.interval("A")
-    ident = post.identifiability()
-    return {"step": step, "kind": "forecast", "forecast/A": float(np.median(post.A)), "forecast/A_lo": a_lo,
-            "forecast/A_hi": a_hi, "forecast/R_at_budget": float(band["pred"][0]),
-            "forecast/R_at_budget_lo": float(band["lo"][0]), "forecast/R_at_budget_hi": float(band["hi"][0]),
-            "forecast/identifiable": int(ident["identifiable"]), "forecast/budget_hours": budget,
-            "forecast/verdict": verdict(ident["identifiable"], float(band["hi"][0] - band["lo"][0])),
-            "forecast/misspec_kappa": float(post.misspec["kappa"]),
-            "forecast/refit_s": time.perf_counter() - t0}
+    out = {"step": step, "kind": "forecast", "forecast/A": rec["A"], "forecast/A_lo": rec["ci"]["A"][0],
+           "forecast/A_hi": rec["ci"]["A"][1], "forecast/R_at_budget": rec["pred"],
+           "forecast/R_at_budget_lo": rec["lo"], "forecast/R_at_budget_hi": rec["hi"],
+           "forecast/identifiable": int(rec["identifiable"]), budget_key: budget,
+           "forecast/verdict": rec["verdict"], "forecast/misspec_kappa": float(post.misspec["kappa"])}
+    if "reference" in rec:
+      out["forecast/reference_shift"] = rec["reference"]["shift"]
+      out["forecast/reference_n"] = rec["reference"]["n"]
+    out["forecast/refit_s"] = time.perf_counter() - t0
+    return out
 
   def _refit(self, step, compute_hours, total_steps, cost: dict, ready: threading.Event):
     try:
@@ -301,7 +315,9 @@ class LiveForecast:
       self.last = rec
       self.write(rec)
       if "forecast/A" in rec:
-        log.info("forecast at step %d: A %.3f [%.3f, %.3f], R at budget %.3f h: %.3f (%s, refit %.2f s)",
-                 step, rec["forecast/A"], rec["forecast/A_lo"], rec["forecast/A_hi"],
-                 rec["forecast/budget_hours"], rec["forecast/R_at_budget"], rec["forecast/verdict"],
-                 rec["forecast/refit_s"])
+        at = (f"{rec['forecast/budget_hours']:.4g} h" if "forecast/budget_hours" in rec
+              else f"step {rec['forecast/budget_steps']:.0f}")
+        log.info("forecast at step %d: A %.3f [%.3f, %.3f], R at budget (%s): %.3f [%.3f, %.3f] (%s, refit %.2f s)",
+                 step, rec["forecast/A"], rec["forecast/A_lo"], rec["forecast/A_hi"], at,
+                 rec["forecast/R_at_budget"], rec["forecast/R_at_budget_lo"], rec["forecast/R_at_budget_hi"],
+                 rec["forecast/verdict"], rec["forecast/refit_s"])

@@ -1,0 +1,104 @@
+"""Reference-calibrated forecasts: correct a run's forecast by how finished runs of the same setup
+were forecast (issue #29, session 26; docs/ANALYSIS.md "Reference runs").
+
+On real runs the forecast from a prefix is precise but biased, and the bias belongs to the setup
+(task, evaluation set, base policy), not to the run: on the step axis the 50 % cut of 30 runs
+from one base policy was forecast +0.038 high (each within 0.005 of that), of 13 runs from another
+0.017 low. A run's own prefix does not show it; finished runs of the same setup do. The rule
+(declared before its held-out test ran):
+
+1. ``rho = budget / x_last`` (the target's extrapolation distance); each reference is forecast by
+   the same posterior from its evaluations with ``x <= x_end / rho``; its residual is its final
+   measured value minus that forecast's median at ``x_end`` (``reference_residuals``);
+2. only references whose prefix holds a KL alarm iff the target's does (all when none matches);
+3. corrected median = the target's own median + the residuals' median;
+4. band, split conformal: with ``n`` residuals sorted, ``k_lo = floor((n+1)(1-level)/2)`` and
+   ``k_hi = ceil((n+1)(1+level)/2)``; the edges are the target's median plus those residuals (the
+   target's own band edge plus the median residual where ``k`` falls outside 1..n: too few
+   references); clipped to [0, 1]; a KL alarm in the target's prefix makes the upper edge the
+   ceiling (``calibrate``).
+
+The band is one of a measured value at the budget (the residuals are against measured finals).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from analysis.errors import AnalysisError, ForecastInputError
+from analysis.metrics import RunData
+from analysis.posterior import LEVEL, fit_posterior
+
+__all__ = ["reference_residuals", "calibrate", "alarm_before"]
+
+
+def alarm_before(run: RunData, x_last: float) -> bool:
+  """Whether a KL(generator || learner) alarm of ``run`` falls inside its prefix (0, x_last]."""
+  a = np.asarray(run.alarms, float)
+  return bool(np.any((a > 0) & (a <= x_last)))
+
+
+def reference_residuals(refs: Sequence[RunData], ratio: float, *, level: float = LEVEL, seed: int = 0,
+                        n_draws: int = 8000, n_samples_of: Callable[[RunData], float | None] | None = None,
+                        cache: dict | None = None) -> list[dict]:
+  """Each finished reference run forecast from its evaluations with ``x <= x_end / ratio`` to its
+    last evaluation ``x_end``, as a target at extrapolation distance ``ratio`` is: ``{run, residual
+    (final - median), pred, final, x_cut, alarm}``. A reference whose prefix cannot be forecast
+    (too few evaluations, no rise yet) is left out. ``n_samples_of(ref)``: generations behind one
+    of its evaluations (None: estimated). ``cache``: a dict shared between calls (keyed by the run
+    and its number of evaluations in the prefix)."""
+  if not (math.isfinite(ratio) and ratio >= 1.0):
+    raise ForecastInputError(f"extrapolation ratio {ratio}: expected budget / last evaluation >= 1")
+  out = []
+  for j, ref in enumerate(refs):
+    x_end = float(ref.compute[-1])
+    m = (ref.compute > 0) & (ref.compute <= x_end / ratio * (1 + 1e-12))
+    key = (ref.name, ref.run_dir, int(m.sum()), float(x_end), level)
+    if cache is not None and key in cache:
+      rec = cache[key]
+    else:
+      rec = None
+      try:
+        post = fit_posterior(ref.compute[m], ref.value[m], ref.r0, seed=seed + j, n_draws=n_draws,
+                             n_samples=n_samples_of(ref) if n_samples_of else None, unstable_at=ref.alarms)
+        pred = float(post.band([x_end], level, measurement=True, seed=seed + j)["pred"][0])
+        x_cut = float(ref.compute[m][-1])
+        rec = {"run": ref.name, "residual": float(ref.value[-1]) - pred, "pred": pred,
+               "final": float(ref.value[-1]), "x_cut": x_cut, "x_end": x_end,
+               "alarm": alarm_before(ref, x_cut)}
+      except AnalysisError:
+        rec = None
+      if cache is not None:
+        cache[key] = rec
+    if rec is not None:
+      out.append(rec)
+  return out
+
+
+def calibrate(pred: float, lo: float, hi: float, residuals: Sequence[dict], *, target_alarm: bool,
+              level: float = LEVEL, value_max: float = 1.0) -> dict:
+  """The reference-calibrated forecast from the target's own measurement-band median ``pred`` and
+    edges ``lo``/``hi`` and the references' ``residuals`` (``reference_residuals``): ``{pred, lo,
+    hi, shift (the median residual), n (residuals used), n_all, alarm, conformal_lo,
+    conformal_hi (whether each edge is a residual, not the fallback)}``."""
+  if not residuals:
+    raise ForecastInputError("no reference run could be forecast at this extrapolation distance; "
+                             "give finished runs of the same setup with enough evaluations")
+  same = [r for r in residuals if bool(r["alarm"]) == bool(target_alarm)] or list(residuals)
+  r = np.sort([float(x["residual"]) for x in same])
+  n = len(r)
+  shift = float(np.median(r))
+  alpha = 1.0 - level
+  k_lo = math.floor((n + 1) * alpha / 2 + 1e-9)        # 1e-9: 1 - 0.9 is 0.0999...98 in floating point
+  k_hi = math.ceil((n + 1) * (1 - alpha / 2) - 1e-9)
+  new_lo = pred + r[k_lo - 1] if k_lo >= 1 else lo + shift
+  new_hi = pred + r[k_hi - 1] if k_hi <= n else hi + shift
+  if target_alarm:
+    new_hi = value_max
+  return {"pred": float(np.clip(pred + shift, 0.0, value_max)),
+          "lo": float(np.clip(new_lo, 0.0, value_max)), "hi": float(np.clip(new_hi, 0.0, value_max)),
+          "shift": shift, "n": n, "n_all": len(residuals), "alarm": bool(target_alarm),
+          "conformal_lo": k_lo >= 1, "conformal_hi": k_hi <= n}
