@@ -244,8 +244,12 @@ def format_table(recs: list[dict]) -> str:
     ref = r.get("reference")
     if ref:
       raw = r["raw"]
+      need = math.ceil(2 / (1 - r["level"]) - 1e-9) - 1      # references a conformal edge needs: 19 at 90 %
+      kind = ("split-conformal" if ref["conformal_lo"] and ref["conformal_hi"] else
+              "partly split-conformal, partly Eq. 1's shifted" if ref["conformal_lo"] or ref["conformal_hi"] else
+              f"Eq. 1's shifted: a split-conformal band needs {need} references")
       lines.append(f"  {r['run']}: calibrated by {ref['n']} of {ref['n_all']} reference runs (median residual "
-                   f"{ref['shift']:+.3f}; band {'split-conformal' if ref['conformal_lo'] and ref['conformal_hi'] else 'partly Eq. 1 (too few references for a conformal edge)'}"
+                   f"{ref['shift']:+.3f}; band {kind}"
                    f"{'; KL alarm in the data: upper edge at the ceiling' if ref['alarm'] else ''}); Eq. 1 alone: "
                    f"{raw['pred']:.3f} [{raw['pred_lo']:.3f}, {raw['pred_hi']:.3f}]")
     if not r["identifiable"]:
