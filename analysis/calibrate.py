@@ -193,11 +193,14 @@ def _table(cuts: list[dict], prior: float, gain: float, up: float | None = None,
   return out
 
 
-SPLITS = ("held_out_s26", "held_out", "calibration")
-SPLIT_LABELS = {"held_out_s26": "held-out, session 26", "held_out": "held-out", "calibration": "calibration"}
+SPLITS = ("held_out_s26b", "held_out_s26", "held_out", "calibration")
+SPLIT_LABELS = {"held_out_s26b": "held-out, session 26 second batch", "held_out_s26": "held-out, session 26",
+                "held_out": "held-out", "calibration": "calibration"}
 
 
 def _split(name: str) -> str:
+  if name in real_runs.SESSION26B:
+    return "held_out_s26b"
   if name in real_runs.SESSION26:
     return "held_out_s26"
   return "calibration" if name in real_runs.CALIBRATION else "held_out"
