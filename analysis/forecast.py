@@ -28,7 +28,7 @@ import numpy as np
 
 from analysis.compare import A_TOLERANCE, compare_runs
 from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
-from analysis.metrics import AXES, METRICS_FILE, RunData, on_axis, read_metrics_lines, read_run
+from analysis.metrics import AXES, AXIS_UNITS, METRICS_FILE, RunData, on_axis, read_metrics_lines, read_run
 from analysis.plots import plot_forecast
 from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
 from analysis.reference import alarm_before, calibrate, reference_residuals
@@ -181,7 +181,7 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
   if axis not in AXES:
     raise ForecastInputError(f"--axis {axis!r}: expected one of {AXES}")
   refs = read_references(references, axis)
-  unit = "h" if axis == "compute" else "steps"
+  unit = AXIS_UNITS[axis]
   runs = []
   for i, d in enumerate(run_dirs):
     try:

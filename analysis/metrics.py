@@ -35,7 +35,7 @@ EVAL_KEYS = ("step", "compute_hours", "val_pass_rate")
 TASK_PREFIX = "val_pass_rate/"   # per-task pass rates of a task mixture: val_pass_rate/<task>
 
 __all__ = ["RunData", "KL_ALARM", "is_kl_alarm", "read_run", "read_metrics_lines", "append_metrics", "write_config",
-      "validate_curve", "task_metric_keys", "on_axis", "AXES", "METRICS_FILE", "CONFIG_FILE", "TASK_PREFIX"]
+      "validate_curve", "task_metric_keys", "on_axis", "AXES", "AXIS_UNITS", "METRICS_FILE", "CONFIG_FILE", "TASK_PREFIX"]
 
 
 def _to_builtin(value: Any) -> Any:
@@ -248,6 +248,8 @@ def task_metric_keys(run_dir: str | os.PathLike) -> list[str]:
 
 
 AXES = ("compute", "step")
+#: the unit of each axis in messages and tables
+AXIS_UNITS = {"compute": "h", "step": "steps"}
 
 
 def on_axis(run: RunData, axis: str) -> RunData:

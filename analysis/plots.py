@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from analysis.metrics import AXIS_UNITS
 from scalerl_jax import lazy, storage
 
 # matplotlib costs ~0.6 CPU-s to import; the training process imports this module but plots once.
@@ -169,7 +170,7 @@ def plot_forecast(runs, posts, recs, path, *, budget: float, target: float | Non
                   fmt="D", color=color, capsize=4,
                   label=f"{rec['run']}: {rec['pred']:.3f} [{rec['lo']:.3f}, {rec['hi']:.3f}] calibrated by "
                         f"{ref['n']} reference runs{tag}")
-  unit = "h" if axis == "compute" else "steps"
+  unit = AXIS_UNITS[axis]
   ax.axvline(budget, color="k", ls="--", lw=1, label=f"budget {budget:.4g} {unit}")
   if target is not None:
     ax.axhline(target, color="k", ls=":", lw=1, label=f"target {target:.3f}")

@@ -48,8 +48,8 @@ def reference_residuals(refs: Sequence[RunData], ratio: float, *, level: float =
     last evaluation ``x_end``, as a target at extrapolation distance ``ratio`` is: ``{run, residual
     (final - median), pred, final, x_cut, alarm}``. A reference whose prefix cannot be forecast
     (too few evaluations, no rise yet) is left out. ``n_samples_of(ref)``: generations behind one
-    of its evaluations (None: estimated). ``cache``: a dict shared between calls (keyed by the run
-    and its number of evaluations in the prefix)."""
+    of its evaluations (None: estimated). ``cache``: a dict shared between calls (the fits keyed by
+    the run and its number of evaluations in the prefix; ``n_samples_of`` asked once per run)."""
   if not (math.isfinite(ratio) and ratio >= 1.0):
     raise ForecastInputError(f"extrapolation ratio {ratio}: expected budget / last evaluation >= 1")
   out = []
@@ -63,7 +63,7 @@ def reference_residuals(refs: Sequence[RunData], ratio: float, *, level: float =
       rec = None
       try:
         post = fit_posterior(ref.compute[m], ref.value[m], ref.r0, seed=seed + j, n_draws=n_draws,
-                             n_samples=n_samples_of(ref) if n_samples_of else None, unstable_at=ref.alarms)
+                             n_samples=_n_samples(ref, n_samples_of, cache), unstable_at=ref.alarms)
         pred = float(post.band([x_end], level, measurement=True, seed=seed + j)["pred"][0])
         x_cut = float(ref.compute[m][-1])
         rec = {"run": ref.name, "residual": float(ref.value[-1]) - pred, "pred": pred,
@@ -76,6 +76,18 @@ def reference_residuals(refs: Sequence[RunData], ratio: float, *, level: float =
     if rec is not None:
       out.append(rec)
   return out
+
+
+def _n_samples(ref: RunData, n_samples_of, cache: dict | None) -> float | None:
+  """``n_samples_of(ref)``, asked once per reference while ``cache`` lives (it may read a file)."""
+  if n_samples_of is None:
+    return None
+  if cache is None:
+    return n_samples_of(ref)
+  key = ("n_samples", ref.name, ref.run_dir)
+  if key not in cache:
+    cache[key] = n_samples_of(ref)
+  return cache[key]
 
 
 def calibrate(pred: float, lo: float, hi: float, residuals: Sequence[dict], *, target_alarm: bool,

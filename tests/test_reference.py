@@ -94,8 +94,10 @@ def test_a_bias_shared_by_a_setup_is_removed_by_its_finished_runs():
   assert np.mean(covers) >= 0.8, (covers, cal_err)
   w = np.median(widths, axis=0)                      # and narrower than Eq. 1's band: (calibrated, raw)
   assert w[0] < 0.5 * w[1], w
-  # every reference was fitted once (one extrapolation distance) and reused for every target
-  assert len(cache) == 40
+  # every reference was fitted once (one extrapolation distance) and reused for every target, and
+  # its number of generations per evaluation asked once
+  fits = [k for k in cache if k[0] != "n_samples"]
+  assert len(fits) == 40 and len(cache) == 80
 
 
 def test_reference_residuals_use_the_same_extrapolation_distance():

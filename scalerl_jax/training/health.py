@@ -38,7 +38,7 @@ import numpy as np
 
 from analysis.errors import AnalysisError
 from analysis.forecast import eval_samples, forecast_run, read_references
-from analysis.metrics import on_axis, read_run
+from analysis.metrics import AXIS_UNITS, on_axis, read_run
 from analysis.posterior import MIN_EVALS
 from configs import common
 from scalerl_jax.generation.vllm.parity import parity_stats
@@ -287,7 +287,7 @@ class LiveForecast:
     try:
       rec, post = forecast_run(run, budget, n_samples=eval_samples(self.workdir), n_draws=self.n_draws,
                                references=self.references, ref_cache=self._ref_cache,
-                               unit="h" if self.axis == "compute" else "steps")
+                               unit=AXIS_UNITS[self.axis])
     except AnalysisError as e:   # e.g. no rise above R0 yet: say so, with no numbers
       log.info("live forecast at step %d: %s", step, e)
       return {"step": step, "kind": "forecast", "forecast/identifiable": 0, budget_key: budget,
