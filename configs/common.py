@@ -448,8 +448,16 @@ class Weights(Section):
   # the bytes; a bf16 engine holds bf16 weights anyway, its FP32 LM head casts at compute time)
   # or "float32" (an fp32 generator, e.g. configs/tiny.py, computes with the exact masters).
   wire_dtype: str = "bfloat16"
+  # A generator whose weight update fails (checksum, shape, name, engine load) keeps its version,
+  # waits update_backoff_s (doubling, <= 60 s) and fetches again; after update_retries failed
+  # updates in a row it exits non-zero with one line naming the version, the tensor and the cause.
+  update_retries: int = 5
+  update_backoff_s: float = 1.0
 
   def check(self):
+    if self.update_retries < 0 or not self.update_backoff_s >= 0:
+      raise ConfigError(f"weights.update_retries={self.update_retries} and weights."
+                        f"update_backoff_s={self.update_backoff_s} must be >= 0")
     if self.serve_from not in ("learner", "buffer"):
       raise ConfigError(f"weights.serve_from={self.serve_from!r}; expected 'learner' (each "
                         f"learner process serves its shards) or 'buffer'")

@@ -56,3 +56,23 @@ class SamplingSpec:
   think_end_vocab: tuple[tuple[int, str], ...] = ()
   interruption_tokens: tuple[int, ...] = ()  # injected when the thinking budget is exhausted
   seed: int = 0
+
+
+class WeightUpdateError(IOError):
+  """A weight version that must not be installed: `version`, `name` (the tensor, "" when the whole
+  version is at fault) and `cause`, e.g. a checksum mismatch, a wrong shape or an unknown name."""
+
+  def __init__(self, version: int, name: str, cause: str):
+    self.version, self.name, self.cause = int(version), str(name), str(cause)
+    super().__init__(self.line())
+
+  def line(self) -> str:
+    """One line: version, weight name, cause."""
+    return (f"weight update to version {self.version} failed at "
+            f"{self.name or '(whole version)'}: {self.cause}")
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+  """An exception as "Type: first line of its message" (at most `limit` characters)."""
+  lines = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {lines[0][:limit] if lines else ''}"

@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, PromptSpec, SamplingSpec
+from scalerl_jax.types import (FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, PromptSpec,
+                               SamplingSpec, WeightUpdateError)
 from scalerl_jax.generation.vllm import parity as VP
 from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMWorkerError, vllm_python
 
@@ -306,13 +307,53 @@ def test_inflight_weight_update_switches_tokens_and_versions(gen, ckpts):
 
 
 def test_bad_weight_names_fail_clearly_and_engine_keeps_serving(gen, ckpts):
-  with pytest.raises(VLLMWorkerError, match="unknown HF parameter names"):
+  """An unknown name is refused before any weight is touched: same weights, same version."""
+  v0, digest = gen.version, gen.param_digest()
+  with pytest.raises(WeightUpdateError, match="nonsense.weight: unknown weight name"):
     gen.load_weights({"model.layers.0.self_attn.nonsense.weight": np.zeros((4, 4), np.float32)},
                      gen.version + 1)
+  assert gen.version == v0 and gen.param_digest() == digest
   _push(gen, ckpts["B"])
   (c,), = gen.generate(_prompts(1), 1, SamplingSpec(think_budget_min=5, think_budget_max=5,
                                                      answer_budget=0))
   assert len(c.tokens) == 5 and (c.versions == gen.version).all()
+
+
+def test_chunk_failing_mid_update_keeps_version_and_pauses_until_a_good_update(gen, ckpts):
+  """A wrong shape is refused before any weight is touched (vLLM's layerwise reload would take
+  it silently). An update that breaks after some chunks were loaded: the engine keeps its old
+  version number and stops generating (its weights may be mixed); a request sent meanwhile
+  waits, and after the next good update every one of its tokens carries that update's version;
+  none carries the failed version's number."""
+  v0, digest = gen.version, gen.param_digest()
+  bad = dict(VP.load_hf_arrays(ckpts["A"]))
+  k = "model.layers.1.self_attn.q_proj.weight"
+  good_shape = bad[k].shape
+  bad[k] = np.zeros((good_shape[0] + 3, good_shape[1]), np.float32)
+  with pytest.raises(WeightUpdateError, match=f"version {v0 + 5} failed at {k}: shape"):
+    gen.load_weights(bad, v0 + 5)
+  assert gen.version == v0 and gen.param_digest() == digest
+  bad[k] = np.zeros(good_shape, np.float32)
+
+  def boom(i):
+    if i == 2:
+      raise ConnectionError("chunk 2 lost")
+  gen.on_chunk = boom
+  try:
+    with pytest.raises(WeightUpdateError, match=f"version {v0 + 5} failed.*chunk 2 lost"):
+      gen.load_weights(bad, v0 + 5, chunk_bytes=1 << 16, transport="socket")
+  finally:
+    gen.on_chunk = None
+  assert gen.version == v0 and gen.info()["version"] == v0
+  assert gen.param_digest() != digest            # chunks 0-1 were loaded: mixed weights ...
+  spec = SamplingSpec(think_budget_min=5, think_budget_max=5, answer_budget=0)
+  pend = gen.submit(_prompts(1), 1, spec)
+  time.sleep(3.0)
+  assert not pend.event.is_set()          # ... so nothing is sampled with them
+  _push(gen, ckpts["B"])
+  (c,), = gen.collect(pend, _prompts(1), 1, timeout=300)
+  assert gen.version == v0 + 1 and len(c.tokens) == 5
+  assert (c.versions == v0 + 1).all() and not (c.versions == v0 + 5).any()
 
 
 def test_engine_start_failure_is_reported_with_the_cause(tmp_path):

@@ -284,7 +284,8 @@ class BufferServer:
     r = self._req(request, context)
     n = self._call(context, self.state.heartbeat, r.generator_id,
                    list(r.group_ids) if r.lists_groups else None,
-                   list(r.held_versions) if r.lists_held else None, dict(r.stats) or None)
+                   list(r.held_versions) if r.lists_held else None, dict(r.stats) or None,
+                   int(r.version))
     return pb.HeartbeatResponse(current_version=self.state.version, leases_extended=n,
                                 server_time_unix_s=time.time())
 

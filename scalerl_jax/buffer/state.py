@@ -126,6 +126,7 @@ class BufferState(Durable):
     # them; an evaluation nobody live holds any more is unservable (collect_eval).
     self._holders: dict[str, tuple[frozenset, float]] = {}
     self._gen_stats: dict[str, dict[str, float]] = {}   # generator (incarnation) -> its counters
+    self._gen_versions: dict[str, tuple[int, float]] = {}  # generator -> (version, heartbeat time)
     # No-Positive-Resampling: pass-rate history of delivered groups; retired prompts are skipped
     # when the next epoch's order is drawn (PAPER_NOTES §3). None disables it.
     self.npr = None
@@ -259,8 +260,10 @@ class BufferState(Durable):
 
   def heartbeat(self, generator_id: str, group_ids: Sequence[int] | None = None,
                 held_versions: Sequence[int] | None = None,
-                stats: Mapping[str, float] | None = None) -> int:
-    """Extends the incomplete leases held by `generator_id`; returns how many. `held_versions`
+                stats: Mapping[str, float] | None = None, version: int | None = None) -> int:
+    """Extends the incomplete leases held by `generator_id`; returns how many. `version`: the
+    policy version it samples with (a generator more than max(1, max_lag) versions behind is
+    counted in `generator_stats()["generators_behind"]`). `held_versions`
     (when given): the versions whose weights it holds, recorded as its lease requests' are.
 
     `group_ids` (when given): only those training groups are extended; the generator's other
@@ -284,6 +287,10 @@ class BufferState(Durable):
             merged[k] = merged.get(k, 0.0) + v
       if held is not None:
         self._holders[generator_id] = (frozenset(held), self.clock())
+      if version is not None:
+        self._gen_versions[generator_id] = (int(version), self.clock())
+        if len(self._gen_versions) > 4096:       # incarnations: forget the longest silent
+          self._gen_versions.pop(min(self._gen_versions, key=lambda g: self._gen_versions[g][1]))
       self._expire()
       n = 0
       for gid, g in self._groups.items():
@@ -554,6 +561,13 @@ class BufferState(Durable):
       for st in self._gen_stats.values():
         for k, v in st.items():
           total[k] = total.get(k, 0.0) + v
+      # A gauge, not a sum: live generators (a heartbeat within the lease TTL) whose weights are
+      # more than max(1, max_lag) versions behind (their updates keep failing, or are slow).
+      now, behind = self.clock(), self.version - max(1, self.k)
+      if self._gen_versions:
+        total["generators_behind"] = float(sum(
+            1 for v, t in self._gen_versions.values()
+            if now - t <= self.lease_ttl_s and v < behind))
       return total
 
   def status_fields(self) -> dict:

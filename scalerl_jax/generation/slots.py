@@ -61,8 +61,10 @@ class DecodeStats:
   insert_s: float = 0.0
   idle_s: float = 0.0
   grade_s: float = 0.0
+  weight_failures: int = 0     # weight updates that failed (the generator kept its version)
 
-  HEARTBEAT_KEYS = ("slot_steps", "live_row_steps", "row_steps", "decode_s", "insert_s", "idle_s", "grade_s")
+  HEARTBEAT_KEYS = ("slot_steps", "live_row_steps", "row_steps", "decode_s", "insert_s", "idle_s",
+                    "grade_s", "weight_failures")
 
   def heartbeat_stats(self) -> dict[str, float]:
     """The counters a generator reports in its heartbeats (HeartbeatRequest.stats)."""

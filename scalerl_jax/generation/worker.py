@@ -59,9 +59,13 @@ from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.protocol.wire import tune_malloc
 from scalerl_jax.weights.stream import FetchedWeights, StreamFetcher
+from scalerl_jax.types import WeightUpdateError, one_line
+from scalerl_jax.weights.update import backoff_s, check_like
 
 # Exit status of a worker that stopped because the buffer rewound (its pod / supervisor restarts it).
 RESTART_EXIT = 75
+# Exit status of a worker whose weight updates kept failing (weights.update_retries in a row).
+UPDATE_FAILED_EXIT = 3
 log = logging.getLogger("scalerl.worker")
 
 
@@ -111,6 +115,7 @@ class Worker(EvalLane, ContinuousLoop):
     self.gen = self.engine.make(self.model_cfg, params, version, workdir, self.dataset)
     self._stop = threading.Event()
     self.rewound = False
+    self.fatal = ""       # set when weight updates kept failing: the one line `main` exits with
     # Occupancy, idle and grading seconds of either loop (sent with every heartbeat).
     self.decode_stats = DecodeStats()
     threading.Thread(target=self._watch_weights, daemon=True).start()
@@ -158,23 +163,53 @@ class Worker(EvalLane, ContinuousLoop):
   def _watch_weights(self):
     """Fetches each newly published version and installs it (applied between decode chunks).
     Streamed versions arrive while the learner still publishes them (pipelined through the buffer);
-    a broken fetch resumes from the chunks it lacks."""
-    have = self.gen.version
+    a broken fetch resumes from the chunks it lacks. A version that fails (checksum, shape, name,
+    engine load: types.WeightUpdateError or the engine's error) is never installed: the
+    generator keeps its version, counts the failure (heartbeat stat `weight_failures`), backs off
+    and fetches again; after `weights.update_retries` failures in a row it stops (`main` exits
+    with UPDATE_FAILED_EXIT and `self.fatal`, one line). Transport errors only back off."""
+    have, failures, transport = self.gen.version, 0, 0
+    wcfg = self.config.weights
     while not self._stop.is_set():
       try:
         got = self._fetch(have, wait_timeout_s=30)
-      except (grpc.RpcError, IOError) as e:
+        if got is None:
+          continue
+        self._install(got)
+        have, failures, transport = got.version, 0, 0
+      except WeightUpdateError as err:   # this version is bad: counted, retried, then fatal
         if self._stop.is_set():
           return
+        failures += 1
+        self.decode_stats.weight_failures += 1
+        if failures > wcfg.update_retries:
+          self.fatal = f"{self.id}: {err.line()} ({failures} failures in a row; giving up)"
+          log.error("%s", self.fatal)
+          self.stop()
+          return
+        log.warning("%s: %s (failure %d of %d; keeping version %d)", self.id, err.line(),
+                    failures, wcfg.update_retries + 1, self.gen.version)
+        self._stop.wait(backoff_s(failures, wcfg.update_backoff_s))
+      except (grpc.RpcError, IOError) as e:   # the transport (a broken or short stream): resumes
+        if self._stop.is_set():
+          return
+        transport += 1
         log.warning("%s: weight fetch failed (%s); retrying", self.id, getattr(e, "code", e))
-        time.sleep(1.0)
-        continue
-      if got is None:
-        continue
-      with self._swap_lock:
-        self._remember(got.version, got.params)
+        self._stop.wait(backoff_s(transport, min(wcfg.update_backoff_s, 1.0), cap_s=10.0))
+
+  def _install(self, got: FetchedWeights) -> None:
+    """Checks a fetched version against the newest held one, loads it, then retains it."""
+    with self._held_lock:
+      ref = self._held[max(self._held)] if self._held else None
+    check_like(got.version, ref, got.params)
+    with self._swap_lock:
+      try:
         self.gen.load_params(got.params, got.version, self.model_cfg)   # swapped in between chunks
-      have = got.version
+      except WeightUpdateError:
+        raise
+      except Exception as e:   # noqa: BLE001 -- the engine's own error, as one line
+        raise WeightUpdateError(got.version, getattr(e, "weight_name", ""), one_line(e)) from e
+      self._remember(got.version, got.params)
 
   def _wait_for_version(self, min_version: int):
     while self.gen.version < min_version and not self._stop.is_set():
@@ -363,6 +398,9 @@ def main(argv=None) -> None:
     w.close()
   if w.rewound:
     sys.exit(RESTART_EXIT)
+  if w.fatal:
+    print(w.fatal, file=sys.stderr, flush=True)
+    sys.exit(UPDATE_FAILED_EXIT)
 
 
 if __name__ == "__main__":

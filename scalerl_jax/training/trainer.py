@@ -125,12 +125,14 @@ def generator_metrics(stats) -> dict:
   so far; gen_idle_s / gen_grade_s / gen_decode_s: seconds waiting for leases or weights with
   empty slots, grading, decoding. {} before the first heartbeat with counters arrives."""
   stats = dict(stats)
+  # Weight sync: failed updates (cumulative) and generators behind (a gauge, buffer-side).
+  sync = {f"gen_{k}": stats[k] for k in ("weight_failures", "generators_behind") if k in stats}
   if not stats.get("slot_steps"):
-    return {}
+    return sync
   live = stats.get("live_row_steps", 0.0)
   compute = ({"gen_compute_occupancy": live / stats["row_steps"]} if stats.get("row_steps")
              else {})
-  return {"gen_occupancy": live / stats["slot_steps"], **compute,
+  return {"gen_occupancy": live / stats["slot_steps"], **compute, **sync,
           **{f"gen_{k}": stats.get(k, 0.0) for k in ("idle_s", "grade_s", "decode_s")}}
 
 

@@ -45,6 +45,7 @@ from jax import tree_util as tu
 
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import weight_chunks as ws
+from scalerl_jax.types import WeightUpdateError
 
 log = logging.getLogger("scalerl.weight_stream")
 FORMAT = "scalerl-params-v1"
@@ -268,6 +269,11 @@ class StreamPublisher:
     return self.client._retry(self.missing)  # pylint: disable=protected-access
 
 
+def tensor_name(manifest: dict, t: int) -> str:
+  """Tensor t of a manifest as "a/b/0/c" (its pytree path), for error lines."""
+  return "/".join(str(k) for k in manifest["tensors"][t]["name"])
+
+
 def _nbytes(manifest, i: int) -> int:
   t, _, ext = manifest["chunks"][i]
   return manifest["tensors"][t]["itemsize"] * math.prod(ext)
@@ -338,13 +344,16 @@ class StreamFetcher:
         raise IOError(c.err)
       i = c.head.chunk_index
       if c.head.version != h.version or i >= len(manifest["chunks"]):
-        raise IOError(f"chunk {i} of version {c.head.version} does not fit version {h.version}")
-      if checksum(c.data) != c.head.crc32:
-        raise IOError(f"version {h.version} chunk {i}: checksum mismatch after transfer")
+        raise WeightUpdateError(h.version, "", f"chunk {i} of version {c.head.version} does not "
+                                               f"fit this version's manifest")
       t, s, e = manifest["chunks"][i]
+      if checksum(c.data) != c.head.crc32:
+        raise WeightUpdateError(h.version, tensor_name(manifest, t),
+                                f"chunk {i}: checksum mismatch after transfer")
       dst = dests[t][tuple(slice(a, a + n) for a, n in zip(s, e)) + (Ellipsis,)]   # a view
       if c.data.nbytes != dst.nbytes:
-        raise IOError(f"chunk {i}: {c.data.nbytes} bytes for a box of {dst.nbytes}")
+        raise WeightUpdateError(h.version, tensor_name(manifest, t),
+                                f"chunk {i}: {c.data.nbytes} bytes for a box of {dst.nbytes}")
       dst[...] = np.frombuffer(c.data, dst.dtype).reshape(dst.shape)
       have.add(i)
       self.received_chunks += 1

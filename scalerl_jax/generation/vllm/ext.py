@@ -86,6 +86,14 @@ class ScaleRLWorkerExtension:
         pairs.append((m["name"], t.view(torch.bfloat16) if m["dtype"] == BF16 else t))
     return self._scalerl_load_pairs(pairs)
 
+  def scalerl_unknown_names(self, names: list) -> list:
+    """The HF names among `names` the served model does not accept ([] when it has no known
+    stacking map: then vLLM's own loader validates)."""
+    known = _hf_names(self._scalerl_model())
+    if known is None:
+      return []
+    return [n for n in names if n not in known and "rotary_emb.inv_freq" not in n]
+
   def _scalerl_load_pairs(self, pairs: list) -> dict:
     model = self._scalerl_model()
     known = _hf_names(model)

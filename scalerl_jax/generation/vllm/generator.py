@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from scalerl_jax.generation.generator import Generator
 from scalerl_jax.generation.slots import DecodeStats, drive
 from scalerl_jax.processes import child_env, launcher_argv
 from scalerl_jax.types import Completion, PromptSpec, SamplingSpec
+from scalerl_jax.types import WeightUpdateError, one_line
 
 # JAX stays out of this module's import (the vLLM venv imports it: parity): loaded at first use.
 models = lazy.module("scalerl_jax.models")
@@ -148,6 +149,10 @@ class VLLMGenerator(Generator):
     self._closed = False
     self._dead: str | None = None
     self.last_update_stats: dict | None = None
+    # HF name -> shape of the start checkpoint: an update's tensor of another shape is refused
+    # before any weight is touched (vLLM's layerwise reload does not check shapes).
+    self._hf_shapes = P.checkpoint_shapes(model_dir)
+    self.on_chunk: Callable[[int], None] | None = None   # test hook before each chunk; may raise
     t0 = time.monotonic()
     try:
       self._accept(startup_timeout)
@@ -313,36 +318,32 @@ class VLLMGenerator(Generator):
     MB/s of the transfer."""
     if transport not in ("auto", "shm", "socket"):
       raise ValueError(f"transport={transport!r}; expected 'auto', 'shm' or 'socket'")
+    pairs = list(weights.items() if isinstance(weights, Mapping) else weights)
     with self._update_lock:
       shm = self._shm_slots() if transport != "socket" else None
       if transport == "shm" and shm is None:
         raise VLLMWorkerError("transport='shm' but /dev/shm is not usable here")
+      for n, a in pairs:
+        want = self._hf_shapes.get(n)
+        if want is not None and tuple(np.shape(a)) != want:
+          raise WeightUpdateError(version, n, f"shape {tuple(np.shape(a))}, the model holds "
+                                              f"{want}")
+      header, _ = self._call("weights_check", {"names": [n for n, _ in pairs]}, timeout=600)
+      if header["unknown"]:        # nothing touched yet: the engine keeps its weights and version
+        raise WeightUpdateError(version, header["unknown"][0],
+                                f"unknown weight name: not in the served model "
+                                f"({len(header['unknown'])} unknown)")
       t0 = time.perf_counter()
       self._call("weights_begin", {"version": int(version)})
-      pending, nbytes, names, error = [], 0, 0, None
-      try:
-        for i, chunk in enumerate(P.chunk_weights(weights, chunk_bytes,
-                                                  P.hf_layer_key if shm else None)):
-          dtypes = {n: wire_dtype for n, a in chunk if wire_dtype and a.dtype == np.float32}
-          if shm is not None:
-            if len(pending) >= len(shm.slots):    # that slot's previous chunk must be loaded
-              self._wait(pending[-len(shm.slots)])
-            path, metas = shm.write(i, chunk, dtypes)
-            pending.append(self._send("weights_shm", {"path": path, "shm_arrays": metas}))
-          else:
-            pending.append(self._send("weights_chunk", {}, chunk, dtypes))
-          nbytes += sum(a.nbytes // (2 if n in dtypes else 1) for n, a in chunk)
-          names += len(chunk)
-        for p in pending:
-          self._wait(p)
-      except Exception as e:   # noqa: BLE001 -- re-raised after the engine resumed
-        error = e
-      # Always finish the update and resume generation, even if a chunk failed; tokens from now
-      # on carry the new version (a failed chunk may have left the weights partially updated).
+      nbytes, names, error = self._push_chunks(pairs, chunk_bytes, wire_dtype, shm, version)
+      if error is not None:
+        # A chunk failed: the engine may hold a mix of old and new weights. The worker keeps its
+        # old version number and does not resume generation (nothing is sampled under a version
+        # it does not hold) until an update succeeds.
+        self._call("weights_end", {"version": int(version), "abort": error.line()})
+        raise error
       header, _ = self._call("weights_end", {"version": int(version)})
       self._version = int(header["version"])
-      if error is not None:
-        raise error
       wall = time.perf_counter() - t0
       stats = {k: header[k] for k in ("bytes", "names", "pause_s", "load_s", "paused_total_s",
                                       "prefix_cache_reset")}
@@ -351,6 +352,38 @@ class VLLMGenerator(Generator):
                    mb_per_s=nbytes / 1e6 / wall if wall > 0 else float("inf"))
       self.last_update_stats = stats
       return stats
+
+  def _push_chunks(self, pairs, chunk_bytes: int, wire_dtype: str | None, shm, version: int = -1
+                   ) -> tuple[int, int, WeightUpdateError | None]:
+    """Sends the named arrays in chunks of an open update; returns (wire bytes, names, the first
+    failure as a WeightUpdateError naming a tensor of the failed chunk, or None)."""
+    pending, nbytes, names = [], 0, 0
+    try:
+      for i, chunk in enumerate(P.chunk_weights(pairs, chunk_bytes,
+                                                P.hf_layer_key if shm else None)):
+        if self.on_chunk is not None:
+          self.on_chunk(i)
+        dtypes = {n: wire_dtype for n, a in chunk if wire_dtype and a.dtype == np.float32}
+        if shm is not None:
+          if len(pending) >= len(shm.slots):    # that slot's previous chunk must be loaded
+            self._wait(pending[-len(shm.slots)][1])
+          path, metas = shm.write(i, chunk, dtypes)
+          pending.append((chunk[0][0], self._send("weights_shm", {"path": path,
+                                                                  "shm_arrays": metas})))
+        else:
+          pending.append((chunk[0][0], self._send("weights_chunk", {}, chunk, dtypes)))
+        nbytes += sum(a.nbytes // (2 if n in dtypes else 1) for n, a in chunk)
+        names += len(chunk)
+    except Exception as e:   # noqa: BLE001 -- reported after the sent chunks were answered
+      first: WeightUpdateError | None = WeightUpdateError(version, "", one_line(e))
+    else:
+      first = None
+    for name, p in pending:      # every sent chunk is answered before the update is closed
+      try:
+        self._wait(p)
+      except VLLMWorkerError as e:
+        first = first or WeightUpdateError(version, f"{name} (chunk)", one_line(e))
+    return nbytes, names, first
 
   @property
   def push_dtype(self) -> str | None:

@@ -207,6 +207,21 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
   return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+  """{HF name: shape} of every tensor in an HF safetensors checkpoint directory, read from the
+  files' JSON headers only (no tensor bytes)."""
+  out: dict[str, tuple[int, ...]] = {}
+  for name in sorted(os.listdir(path)) if os.path.isdir(path) else ():
+    if not name.endswith(".safetensors"):
+      continue
+    with open(os.path.join(path, name), "rb") as f:
+      (n,) = struct.unpack("<Q", f.read(8))
+      header = json.loads(f.read(n))
+    out.update({k: tuple(int(d) for d in v["shape"]) for k, v in header.items()
+                if k != "__metadata__"})
+  return out
+
+
 def hf_layer_key(name: str) -> str:
   """The module a HF tensor name belongs to for chunking: "model.layers.7" for layer tensors, else
   the name itself."""

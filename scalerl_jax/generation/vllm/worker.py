@@ -129,6 +129,7 @@ class Worker:
     self.engine: Any = None            # vllm's AsyncLLM (start_engine)
     self._req = 0
     self._update: dict | None = None
+    self.stale = ""      # why generation stays paused after an aborted update ("" = serving)
     self.tasks: set[asyncio.Task] = set()
     self._progress: dict[str, int] = {}   # request id -> tokens so far (cfg["report_progress"])
 
@@ -184,7 +185,8 @@ class Worker:
         self.tasks.add(t)
         t.add_done_callback(self.tasks.discard)
         continue
-      handler = {"weights_begin": self.weights_begin, "weights_chunk": self.weights_chunk,
+      handler = {"weights_check": self.weights_check,
+                 "weights_begin": self.weights_begin, "weights_chunk": self.weights_chunk,
                  "weights_shm": self.weights_shm,
                  "weights_end": self.weights_end, "info": self.info,
                  "set_head_dtype": self.set_head_dtype, "param_digest": self.param_digest,
@@ -225,6 +227,11 @@ class Worker:
 
   async def set_head_dtype(self, header, arrays) -> tuple[dict, tuple]:
     return {"head_dtype": await self.rpc("scalerl_set_head_dtype", header["dtype"])}, ()
+
+  async def weights_check(self, header, arrays) -> tuple[dict, tuple]:
+    """The HF names of an update the served model does not accept (checked before any weight is
+    touched: a rejected update leaves weights, version and generation as they are)."""
+    return {"unknown": await self.rpc("scalerl_unknown_names", list(header["names"]))}, ()
 
   async def weights_begin(self, header, arrays) -> tuple[dict, tuple]:
     if self._update is not None:
@@ -268,11 +275,24 @@ class Worker:
     if self._update is None:
       raise RuntimeError("weights_end without weights_begin")
     upd, self._update = self._update, None
+    if header.get("abort"):
+      # A chunk failed: the weights may be part old, part new. The layerwise reload is closed
+      # (its buffers freed), the version stays, and generation stays paused: nothing is sampled
+      # under a version this engine does not hold, until an update succeeds (or the worker exits).
+      self.stale = str(header["abort"])
+      try:
+        await self.rpc("scalerl_reload_end")
+      except Exception:   # noqa: BLE001 -- the update already failed; its error is the report
+        pass
+      print(f"vllm worker: weight update to version {header['version']} aborted, generation "
+            f"paused at version {self.version}: {self.stale}", file=sys.stderr, flush=True)
+      return {"version": self.version, "stale": self.stale}, ()
     try:
       await self.rpc("scalerl_reload_end")
     except Exception:
-      await self.engine.resume_generation()
+      self.stale = "reload_end failed"
       raise
+    self.stale = ""
     self.version = int(header["version"])
     await self.engine.update_weight_version(str(self.version))
     await self.engine.resume_generation()
