@@ -453,8 +453,17 @@ class Weights(Section):
   # updates in a row it exits non-zero with one line naming the version, the tensor and the cause.
   update_retries: int = 5
   update_backoff_s: float = 1.0
+  # Exact deltas (weights/delta.py) for a bfloat16 wire from learner sources: a generator that
+  # holds the previous version gets only the changed elements (bit-exact, CRC-checked, a counted
+  # full fetch otherwise). Every delta_full_every-th version goes out full. A float32 wire (the
+  # tiny demo's exact masters) always sends full versions.
+  delta: bool = True
+  delta_full_every: int = 20
 
   def check(self):
+    if self.delta_full_every < 1:
+      raise ConfigError(f"weights.delta_full_every={self.delta_full_every} must be >= 1 "
+                        f"(1 = every version full)")
     if self.update_retries < 0 or not self.update_backoff_s >= 0:
       raise ConfigError(f"weights.update_retries={self.update_retries} and weights."
                         f"update_backoff_s={self.update_backoff_s} must be >= 0")

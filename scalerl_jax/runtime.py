@@ -131,6 +131,11 @@ def max_sequence_len(rollout) -> int:
   return int(rollout.max_prompt_len) + max_completion_len(rollout)
 
 
+def delta_on(weights) -> bool:
+  """Whether weight versions go out as exact deltas too (weights.delta, bfloat16 wire only)."""
+  return bool(weights.delta) and wire_dtype(weights) == "bfloat16"
+
+
 def wire_dtype(weights) -> str | None:
   """The dtype float32 params are pushed to generators in (the weights section's `wire_dtype`):
   "bfloat16", or None for float32 (no cast). Every weight push (StreamPublisher, the vLLM load)

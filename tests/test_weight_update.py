@@ -143,8 +143,8 @@ def test_bad_checksum_through_a_learner_source_is_refused_by_name():
     target = next(i for i, p in enumerate(pub.plan) if p[0] == 1)   # a chunk of layers/0/w
     enc = pub.encode
 
-    def poisoned(i):
-      msg = enc(i)
+    def poisoned(i, host=None):
+      msg = enc(i, host)
       if i != target:
         return msg
       m = ws.parse_weight_message(msg)

@@ -62,9 +62,10 @@ class DecodeStats:
   idle_s: float = 0.0
   grade_s: float = 0.0
   weight_failures: int = 0     # weight updates that failed (the generator kept its version)
+  delta_fallbacks: int = 0     # weight deltas that did not check: the version was fetched full
 
   HEARTBEAT_KEYS = ("slot_steps", "live_row_steps", "row_steps", "decode_s", "insert_s", "idle_s",
-                    "grade_s", "weight_failures")
+                    "grade_s", "weight_failures", "delta_fallbacks")
 
   def heartbeat_stats(self) -> dict[str, float]:
     """The counters a generator reports in its heartbeats (HeartbeatRequest.stats)."""

@@ -98,7 +98,7 @@ class Worker(EvalLane, ContinuousLoop):
       os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
       self.reward_log = open(os.path.join(workdir, "logs", f"rewards-{generator_id}.jsonl"), "a")
     self.model_cfg = runtime.model_config(config)
-    self.fetcher = StreamFetcher(self.client)
+    self.fetcher = StreamFetcher(self.client, delta=runtime.delta_on(config.weights))
     got = None
     while got is None:   # the learner publishes version 0 before training starts
       got = self._fetch(-1, 60)
@@ -173,6 +173,9 @@ class Worker(EvalLane, ContinuousLoop):
     while not self._stop.is_set():
       try:
         got = self._fetch(have, wait_timeout_s=30)
+        f = getattr(self, "fetcher", None)
+        if f is not None:    # counted full fetches after a delta that did not check
+          self.decode_stats.delta_fallbacks = f.delta_fallbacks
         if got is None:
           continue
         self._install(got)

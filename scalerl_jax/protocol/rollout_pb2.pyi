@@ -257,20 +257,22 @@ class PublishAck(_message.Message):
     def __init__(self, version: _Optional[int] = ..., total_bytes: _Optional[int] = ..., missing_chunks: _Optional[_Iterable[int]] = ..., visible: _Optional[bool] = ...) -> None: ...
 
 class FetchWeightsRequest(_message.Message):
-    __slots__ = ("have_version", "wait_timeout_s", "chunk_bytes", "streamed", "resume_version", "have_chunks")
+    __slots__ = ("have_version", "wait_timeout_s", "chunk_bytes", "streamed", "resume_version", "have_chunks", "want_delta")
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     STREAMED_FIELD_NUMBER: _ClassVar[int]
     RESUME_VERSION_FIELD_NUMBER: _ClassVar[int]
     HAVE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    WANT_DELTA_FIELD_NUMBER: _ClassVar[int]
     have_version: int
     wait_timeout_s: float
     chunk_bytes: int
     streamed: bool
     resume_version: int
     have_chunks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, have_version: _Optional[int] = ..., wait_timeout_s: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., streamed: _Optional[bool] = ..., resume_version: _Optional[int] = ..., have_chunks: _Optional[_Iterable[int]] = ...) -> None: ...
+    want_delta: bool
+    def __init__(self, have_version: _Optional[int] = ..., wait_timeout_s: _Optional[float] = ..., chunk_bytes: _Optional[int] = ..., streamed: _Optional[bool] = ..., resume_version: _Optional[int] = ..., have_chunks: _Optional[_Iterable[int]] = ..., want_delta: _Optional[bool] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("have_version",)

@@ -153,6 +153,10 @@ class Version:
     self.expected = 0 if self.remote else len(self.sizes) if expected is None else expected
     self.missing = self.expected
     self.dropped = False                        # evicted before completion (fetchers give up)
+    # Exact deltas (weights/delta.py), learner sources only: against `delta_base` (-1: none), the
+    # delta stream's first message and each chunk's delta message (None: served full).
+    self.delta_base, self.delta_raw = -1, b""
+    self.delta_chunks: list[Optional[bytes]] = [None] * len(self.chunks)
 
   def missing_list(self) -> list[int]:
     return [i for i, c in enumerate(self.chunks) if c is None]
@@ -185,11 +189,14 @@ class Version:
     return v
 
 
-def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: float) -> Iterator[Optional[bytes]]:
+def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: float,
+                  delta: bool = False) -> Iterator[Optional[bytes]]:
   """Manifest, then v's chunks in arrival order, waiting (on `cv`) for the rest while it is
   published; ends early (a short stream, which the fetcher resumes) if v is superseded or stalls
-  for stall_s. Shared by the buffer and the learner weight servers (weights/source.py)."""
-  yield v.manifest_raw
+  for stall_s. Shared by the buffer and the learner weight servers (weights/source.py). `delta`:
+  the delta stream (v.delta_raw, then each chunk's delta message, or its full one where it has
+  none: a chunk's full bytes are a valid answer in a delta stream too)."""
+  yield v.delta_raw if delta else v.manifest_raw
   pos = 0
   while pos < v.expected:
     with cv:
@@ -202,4 +209,4 @@ def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: f
     pos += len(ready)
     for i in ready:
       if i not in skip:
-        yield v.chunks[i]
+        yield (v.delta_chunks[i] or v.chunks[i]) if delta else v.chunks[i]

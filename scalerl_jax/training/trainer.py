@@ -50,6 +50,7 @@ from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.tools.describe import count_params
 from scalerl_jax.training.tracking import MetricsLog, NoTracker
+from scalerl_jax.weights.delta import DeltaEncoder
 from scalerl_jax.weights.source import WeightSource
 from scalerl_jax.weights.stream import StreamPublisher
 
@@ -126,7 +127,8 @@ def generator_metrics(stats) -> dict:
   empty slots, grading, decoding. {} before the first heartbeat with counters arrives."""
   stats = dict(stats)
   # Weight sync: failed updates (cumulative) and generators behind (a gauge, buffer-side).
-  sync = {f"gen_{k}": stats[k] for k in ("weight_failures", "generators_behind") if k in stats}
+  sync = {f"gen_{k}": stats[k] for k in ("weight_failures", "delta_fallbacks", "generators_behind")
+          if k in stats}
   if not stats.get("slot_steps"):
     return sync
   live = stats.get("live_row_steps", 0.0)
@@ -177,6 +179,7 @@ class Trainer:
     self.audit_ids = bool(config.audit.trained_ids) and self.main
     self.learner_state_path = learner_state_path
     self.source, self.sources = self._start_weight_source()
+    self._delta: DeltaEncoder | None = None     # weights/delta.py, created at the first publish
     self.start_step = 0
     # Consumption offsets: what the learner trained, as counts and a chained sha256 over the ids.
     self.consumed: dict[str, Any] = dict(step=0, groups=0, rollouts=0, ids_sha256="", recent={})
@@ -237,8 +240,12 @@ class Trainer:
     half the bytes; the learner keeps its fp32 masters)."""
     self.evaluation.before_publish(version)
     t = time.time()
+    w = self.config.weights
+    if self._delta is None and self.source is not None and runtime.delta_on(w):
+      self._delta = DeltaEncoder(int(w.delta_full_every))    # this process's base bits
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
-                    sources=self.sources, wire_dtype=runtime.wire_dtype(self.config.weights)).publish()
+                    sources=self.sources, wire_dtype=runtime.wire_dtype(w),
+                    delta=self._delta).publish()
     return time.time() - t
 
   def eval_params(self) -> Any:

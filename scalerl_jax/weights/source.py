@@ -68,6 +68,8 @@ class WeightSource:
     self.versions: dict[int, ws.Version] = {}
     self.rejected = 0
     self.served_chunks = 0
+    self.served_bytes = 0            # bytes of the chunk messages served (egress, both kinds)
+    self.delta_streams = 0           # fetches answered with a delta stream
     self._server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=max_workers,
                                               thread_name_prefix="weight-source"),
@@ -96,9 +98,12 @@ class WeightSource:
       self.rejected += 1
 
   # ---- staging (the learner) ---------------------------------------------------------------------
-  def begin(self, version: int, manifest_msg: bytes, own: int, max_bytes: int = 1 << 50) -> None:
+  def begin(self, version: int, manifest_msg: bytes, own: int, max_bytes: int = 1 << 50,
+            delta_base: int = -1, delta_msg: bytes = b"") -> None:
     """Starts holding `version` (its manifest message as sent to fetchers, `own` = how many of its
-    chunks this host will add). Versions older than the newest `keep` are dropped."""
+    chunks this host will add). Versions older than the newest `keep` are dropped. `delta_base`
+    >= 0: chunks also come as exact deltas against that version (`delta_msg`: the delta
+    stream's first message, weights/delta.py), served to fetchers that hold it."""
     head = ws.parse_weight_message(manifest_msg)
     if isinstance(head, Malformed):
       raise ValueError(head.err)
@@ -108,20 +113,24 @@ class WeightSource:
     local.pop("sources", None)      # this holder has chunks: not remote here
     v = ws.Version(h.version, h.format, h.sha256, h.total_bytes, manifest_raw=manifest_msg,
                    sizes=sizes, manifest=local, expected=int(own))
+    if delta_base >= 0:
+      v.delta_base, v.delta_raw = int(delta_base), delta_msg
     with self.cv:
       self.versions[int(version)] = v
       for old in sorted(self.versions)[:-self.keep]:
         self.versions.pop(old).dropped = True
       self.cv.notify_all()
 
-  def add(self, version: int, index: int, msg: bytes) -> None:
-    """Adds one encoded chunk message (weight_chunks.encode_chunk) of a begun version."""
+  def add(self, version: int, index: int, msg: bytes, delta_msg: Optional[bytes] = None) -> None:
+    """Adds one encoded chunk message (weight_chunks.encode_chunk) of a begun version, and its
+    delta message when the version has a delta base."""
     with self.cv:
       v = self.versions.get(int(version))
       if v is None:
         return                       # superseded while staging: nobody will ask for it
       if v.chunks[index] is None:
         v.chunks[index] = msg
+        v.delta_chunks[index] = delta_msg
         v.order.append(index)
         v.missing -= 1
       self.cv.notify_all()
@@ -152,10 +161,14 @@ class WeightSource:
                         f"(held: {sorted(self.versions)})")
         self.cv.wait(0.25)
       v = self.versions[want]
+    # An exact delta for a fetcher that holds its base bit for bit (weights/delta.py).
+    delta = bool(request.want_delta) and 0 <= v.delta_base == int(request.have_version)
+    self.delta_streams += delta
     n = 0
     for k, msg in enumerate(ws.stream_chunks(self.cv, v, set(request.have_chunks), context,
-                                             self.stall_s)):
+                                             self.stall_s, delta=delta)):
       self.served_chunks += k > 0          # the manifest message is not a chunk
+      self.served_bytes += len(msg) if k > 0 and msg is not None else 0
       n += k > 0
       yield msg
     log.info("served weights version %d: %d chunks to %s", want, n, context.peer())

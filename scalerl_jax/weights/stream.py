@@ -46,6 +46,8 @@ from jax import tree_util as tu
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.types import WeightUpdateError
+from scalerl_jax.weights import delta as wd
+from scalerl_jax.weights.delta import DeltaEncoder
 
 log = logging.getLogger("scalerl.weight_stream")
 FORMAT = "scalerl-params-v1"
@@ -160,13 +162,15 @@ class StreamPublisher:
   def __init__(self, client, version: int, params, chunk_bytes: int = 8 << 20,
                process_index: Optional[int] = None, wire_dtype: Optional[str] = None,
                checksum: str = "crc32c", source=None, sources: Optional[list[str]] = None,
-               owners: Optional[list[int]] = None):
+               owners: Optional[list[int]] = None, delta: Optional[DeltaEncoder] = None):
     """`wire_dtype="bfloat16"` halves the bytes of float32 params (e.g. fp32 master weights for a
     bf16 generator); the generator then receives bf16 arrays. `source`: this process's
     WeightSource (chunks staged there, the buffer only announces the version); `sources`: every
     learner process's source address in process order (default: just `source.address`);
-    `owners`: the source index of every chunk (default: its owner device's process)."""
-    self.client, self.version, self.source = client, int(version), source
+    `owners`: the source index of every chunk (default: its owner device's process). `delta`
+    (with `source`): this process's weights.delta.DeltaEncoder; the source then also serves each
+    chunk as an exact delta against the version this process published before."""
+    self.client, self.version, self.source, self.delta = client, int(version), source, delta
     self.manifest, self.leaves, self.plan = build_manifest(params, chunk_bytes, wire_dtype)
     self.manifest["checksum"] = checksum
     self._checksum = ws.CHECKSUMS[checksum]
@@ -193,23 +197,29 @@ class StreamPublisher:
     self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
 
   def _host_chunk(self, i: int) -> np.ndarray:
+    """Chunk i on the host at the wire dtype. A device shard's box is cast on the device before
+    the device -> host copy (a bf16 wire moves 2 bytes per parameter across it, not 4); a CPU
+    shard without a cast is a zero-copy view."""
     t, s, e, bstart, dev = self.plan[i]
-    leaf = self.leaves[t]
+    leaf, want = self.leaves[t], self._dtypes[t]
     if dev is not None:
       shard = next(sh for sh in leaf.addressable_shards if sh.device == dev)
       rel = tuple(slice(a - b, a - b + n) for a, b, n in zip(s, bstart, e))
-      if dev.platform == "cpu":
+      if dev.platform == "cpu" and shard.data.dtype == want:
         return np.ascontiguousarray(np.asarray(shard.data)[rel])   # a view unless the box is strided
-      return np.ascontiguousarray(np.asarray(shard.data[rel]))      # device -> host: this chunk only
-    return np.ascontiguousarray(np.asarray(leaf)[tuple(slice(a, a + n) for a, n in zip(s, e))])
+      box = shard.data[rel]
+      if box.dtype != want:
+        box = box.astype(want)                                      # on the device
+      return np.ascontiguousarray(jax.device_get(box))              # this chunk only
+    host = np.asarray(leaf)[tuple(slice(a, a + n) for a, n in zip(s, e))]
+    return np.ascontiguousarray(host if host.dtype == want else host.astype(want))
 
-  def encode(self, i: int) -> bytes:
+  def encode(self, i: int, host: Optional[np.ndarray] = None) -> bytes:
     """Chunk i as one WeightChunk message (its bytes copied once, checksummed once)."""
     if self.on_chunk is not None:
       self.on_chunk(i)
-    host = self._host_chunk(i)
-    if host.dtype != self._dtypes[self.plan[i][0]]:
-      host = host.astype(self._dtypes[self.plan[i][0]])      # wire cast, one chunk at a time
+    if host is None:
+      host = self._host_chunk(i)
     view = host.reshape(-1).view(np.uint8).data       # .data: the array's memoryview, no copy
     msg = ws.encode_chunk(self.version, i, view, self._checksum(view))
     self.peak_chunk_bytes = max(self.peak_chunk_bytes, len(msg) + (
@@ -255,13 +265,27 @@ class StreamPublisher:
     to the buffer (fetchers may start at once), then this process's chunks are staged one by one
     (each is served as soon as it is staged). Returns when all of them are staged."""
     assert self.source is not None       # `publish` takes this path only with a source
-    self.source.begin(self.version, self._first, len(self.own))
+    d = self.delta
+    base = d.base_for(self.version, self.manifest) if d is not None else -1
+    self.source.begin(self.version, self._first, len(self.own), delta_base=base,
+                      delta_msg=d.manifest_message(self.version, base, self.sha256,
+                                                   self.total_bytes) if d and base >= 0 else b"")
     ack = pb.PublishAck(version=self.version, total_bytes=self.total_bytes, visible=True)
     if self.process_index == 0:
       ack = self.client._retry(  # pylint: disable=protected-access
           lambda: self.client.publish_raw(iter([self._first])))
-    for i in self.own:
-      self.source.add(self.version, i, self.encode(i))
+    try:
+      for i in self.own:
+        host = self._host_chunk(i)
+        msg = self.encode(i, host)
+        self.source.add(self.version, i, msg,
+                        d.chunk_message(self.version, i, host, base) if d is not None else None)
+    except BaseException:
+      if d is not None:
+        d.reset()          # its base bits are part old, part new: the next version goes full
+      raise
+    if d is not None:
+      d.finish(self.version, self.manifest)
     return ack
 
   def resume_list(self) -> list[int]:
@@ -282,10 +306,16 @@ def _nbytes(manifest, i: int) -> int:
 class StreamFetcher:
   """Fetches streamed versions into freshly allocated arrays; resumable (see module docstring)."""
 
-  def __init__(self, client):
-    self.client = client
+  def __init__(self, client, delta: bool = True):
+    """`delta`: ask learner sources for exact deltas against the version fetched last (its
+    arrays are kept as the base: the generator holds them anyway)."""
+    self.client, self.delta = client, bool(delta)
     self._peers: dict = {}                  # learner weight source address -> client
     self._partial: Optional[dict] = None    # version, manifest, dests, have (set of chunk ids)
+    self._base: Optional[tuple] = None      # (version, layout key, arrays) of the last fetch
+    self.delta_chunks = 0                   # chunks applied from deltas
+    self.delta_fallbacks = 0                # delta streams that did not check: fetched full
+    self.delta_misses = 0                   # delta asked for, the source had none for the base
     self.received_chunks = self.received_bytes = 0
     self.peak_message_bytes = 0
     self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
@@ -330,11 +360,15 @@ class StreamFetcher:
       raise IOError(f"version {h.version}: stream ended with {len(have)} of "
                     f"{len(manifest['chunks'])} chunks (fetch again to resume)")
     self._partial = None
+    if self.delta:
+      self._base = (h.version, wd.layout_key(manifest), dests)
     names = [t["name"] for t in manifest["tensors"]]
     return FetchedWeights(h.version, unflatten(names, dests))
 
-  def _take(self, stream, h, p) -> None:
-    """Writes every chunk message of `stream` into its box of p's arrays (checksum verified)."""
+  def _take(self, stream, h, p, base: Optional[list] = None) -> None:
+    """Writes every chunk message of `stream` into its box of p's arrays (checksum verified); a
+    delta chunk (`base`: the held version's arrays) is applied exactly (weights/delta.py) or
+    raises DeltaError."""
     manifest, dests, have = p["manifest"], p["dests"], p["have"]
     checksum = ws.checksum_of(manifest)
     for raw in stream:
@@ -347,14 +381,22 @@ class StreamFetcher:
         raise WeightUpdateError(h.version, "", f"chunk {i} of version {c.head.version} does not "
                                                f"fit this version's manifest")
       t, s, e = manifest["chunks"][i]
-      if checksum(c.data) != c.head.crc32:
+      is_delta = c.head.format == wd.DELTA_FORMAT
+      if (ws.CHECKSUMS["crc32c"](c.data) if is_delta else checksum(c.data)) != c.head.crc32:
         raise WeightUpdateError(h.version, tensor_name(manifest, t),
                                 f"chunk {i}: checksum mismatch after transfer")
-      dst = dests[t][tuple(slice(a, a + n) for a, n in zip(s, e)) + (Ellipsis,)]   # a view
-      if c.data.nbytes != dst.nbytes:
+      box = tuple(slice(a, a + n) for a, n in zip(s, e)) + (Ellipsis,)
+      dst = dests[t][box]   # a view
+      if is_delta:
+        if base is None:
+          raise wd.DeltaError(f"chunk {i}: a delta chunk in a full stream")
+        wd.apply(base[t][box], c.data, dst)
+        self.delta_chunks += 1
+      elif c.data.nbytes != dst.nbytes:
         raise WeightUpdateError(h.version, tensor_name(manifest, t),
                                 f"chunk {i}: {c.data.nbytes} bytes for a box of {dst.nbytes}")
-      dst[...] = np.frombuffer(c.data, dst.dtype).reshape(dst.shape)
+      else:
+        dst[...] = np.frombuffer(c.data, dst.dtype).reshape(dst.shape)
       have.add(i)
       self.received_chunks += 1
       self.received_bytes += c.data.nbytes
@@ -375,28 +417,44 @@ class StreamFetcher:
     for i, o in enumerate(manifest["owners"]):
       by_src.setdefault(o, []).append(i)
 
-    def one(o: int) -> None:
+    b = self._base
+    base = b if (self.delta and b is not None and b[0] < h.version
+                 and b[1] == wd.layout_key(manifest)) else None
+
+    def one(o: int, base) -> None:
       got = [i for i in by_src[o] if i in have]
       if len(got) == len(by_src[o]):
         return
-      req = pb.FetchWeightsRequest(have_version=h.version - 1, resume_version=h.version,
-                                   streamed=True, have_chunks=got,
+      req = pb.FetchWeightsRequest(have_version=h.version - 1 if base is None else base[0],
+                                   resume_version=h.version, streamed=True, have_chunks=got,
+                                   want_delta=base is not None,
                                    wait_timeout_s=min(max(wait_timeout_s, 60.0), 600.0))
       stream = self._peer(manifest["sources"][o]).fetch_raw(req, timeout=1200)
       try:
         first = next(stream, None)
         m = None if first is None else ws.parse_weight_message(first)
+        d = None if m is None or isinstance(m, ws.Malformed) else wd.parse_delta_manifest(m)
+        if d is not None and base is not None and d["of"] == h.sha256 and d["base"] == base[0]:
+          self._take(stream, h, p, base[2])
+          return
         if m is None or isinstance(m, ws.Malformed) or m.head.sha256 != h.sha256:
           raise IOError(f"version {h.version}: source {manifest['sources'][o]} sent another "
                         f"manifest")
+        self.delta_misses += base is not None
         self._take(stream, h, p)
+      except wd.DeltaError as e:     # counted; this source's remaining chunks come full
+        self.delta_fallbacks += 1
+        log.warning("version %d: delta from %s did not check (%s); fetching it full",
+                    h.version, manifest["sources"][o], e)
+        stream.cancel()
+        one(o, None)
       finally:
         stream.cancel()
     if len(by_src) == 1:
-      one(next(iter(by_src)))
+      one(next(iter(by_src)), base)
     else:
       with concurrent.futures.ThreadPoolExecutor(min(len(by_src), 16)) as ex:
-        for f in [ex.submit(one, o) for o in by_src]:
+        for f in [ex.submit(one, o, base) for o in by_src]:
           f.result()
     log.info("fetched weights version %d from learner sources %s", h.version,
              {manifest["sources"][o]: len(ids) for o, ids in sorted(by_src.items())})
