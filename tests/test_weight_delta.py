@@ -14,7 +14,7 @@ from scalerl_jax import runtime
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.protocol.client import BufferClient
-from scalerl_jax.types import PromptSpec
+from scalerl_jax.types import PromptSpec, WeightUpdateError
 from scalerl_jax.weights import delta as wd
 from scalerl_jax.weights import stream as st
 from scalerl_jax.weights.source import WeightSource
@@ -151,8 +151,37 @@ def test_fifty_five_versions_stay_bit_identical_through_loss_reorder_restart_and
         assert f.delta_chunks > dchunks, v
         delta_bytes.append(sent)
     assert restarted and f.delta_fallbacks == 1 and f.delta_misses == 0
+    assert f.digests_checked >= 25                        # every version since the restart
     assert src.delta_streams >= 50
     assert max(delta_bytes) < 0.35 * full_bytes, (max(delta_bytes), full_bytes)
+  finally:
+    src.stop()
+    c.close()
+    srv.stop()
+
+
+def test_version_digest_mismatch_is_caught_after_delta_and_full():
+  """A source whose version digest disagrees with the bits the chunks gave: after a delta the
+  fetcher falls back to full (counted); a full fetch then refuses the version by name."""
+  srv = BufferServer([PromptSpec(0, np.array([1, 2], np.int32))], token=TOKEN,
+                     prompts_per_step=1, group_size=1, max_lag=1).start()
+  c = BufferClient(srv.address, TOKEN)
+  src = WeightSource(TOKEN)
+  enc = wd.DeltaEncoder(full_every=100)
+  try:
+    p0 = _masters()
+    StreamPublisher(c, 0, p0, chunk_bytes=4096, source=src, wire_dtype="bfloat16",
+                    delta=enc).publish()
+    f = StreamFetcher(c)
+    assert f.fetch(-1, wait_timeout_s=10).version == 0 and f.digests_checked == 1
+    p1 = _adam_like_step(p0, np.random.default_rng(3))
+    StreamPublisher(c, 1, p1, chunk_bytes=4096, source=src, wire_dtype="bfloat16",
+                    delta=enc).publish()
+    v = src.versions[1]
+    v.trailer = ws.digest_message(1, {**v.crcs, 0: v.crcs[0] ^ 1})
+    with pytest.raises(WeightUpdateError, match="version 1 failed.*version digest"):
+      f.fetch(0, wait_timeout_s=10)
+    assert f.delta_fallbacks == 1 and f.delta_chunks > 0
   finally:
     src.stop()
     c.close()

@@ -183,7 +183,7 @@ def test_source_rejects_bad_requests_and_detects_corruption(buf):
       with pytest.raises(grpc.RpcError) as e:
         list(raw(body, metadata=meta, timeout=10))
       assert e.value.code() == code, (body[:20], e.value.details())
-    assert len(list(raw(req, metadata=md, timeout=10))) == 1 + len(pub.own)
+    assert len(list(raw(req, metadata=md, timeout=10))) == 1 + len(pub.own) + 1   # + digest
     ch.close()
     v = src.versions[7]
     bad = bytearray(v.chunks[2])

@@ -5,6 +5,7 @@ described in buffer/weight_store.py. No JAX.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 import threading
@@ -157,6 +158,8 @@ class Version:
     # delta stream's first message and each chunk's delta message (None: served full).
     self.delta_base, self.delta_raw = -1, b""
     self.delta_chunks: list[Optional[bytes]] = [None] * len(self.chunks)
+    self.crcs: dict[int, int] = {}              # chunk index -> checksum (learner sources)
+    self.trailer = b""                          # digest message, once every chunk is staged
 
   def missing_list(self) -> list[int]:
     return [i for i, c in enumerate(self.chunks) if c is None]
@@ -210,3 +213,23 @@ def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: f
     for i in ready:
       if i not in skip:
         yield (v.delta_chunks[i] or v.chunks[i]) if delta else v.chunks[i]
+  if v.trailer:
+    yield v.trailer
+
+
+DIGEST_FORMAT = "scalerl-version-digest-v1"
+
+
+def version_digest(version: int, crcs: dict[int, int]) -> str:
+  """The digest of one version as one holder serves it: sha256 over (chunk index, checksum of the
+  chunk's bytes) of its chunks in index order (the fetcher recomputes it from the bits it holds)."""
+  h = hashlib.sha256(struct.pack("<q", int(version)))
+  for i in sorted(crcs):
+    h.update(struct.pack("<QI", i, crcs[i] & 0xFFFFFFFF))
+  return h.hexdigest()
+
+
+def digest_message(version: int, crcs: dict[int, int]) -> bytes:
+  """The trailer a learner source ends a version's stream with (format DIGEST_FORMAT)."""
+  return pb.WeightChunk(version=int(version), format=DIGEST_FORMAT,
+                        sha256=version_digest(version, crcs)).SerializeToString()

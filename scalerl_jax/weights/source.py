@@ -133,6 +133,11 @@ class WeightSource:
         v.delta_chunks[index] = delta_msg
         v.order.append(index)
         v.missing -= 1
+        head = ws.parse_weight_message(msg)
+        if not isinstance(head, Malformed):
+          v.crcs[index] = head.head.crc32
+        if v.missing == 0:      # the version digest ends every stream of it from now on
+          v.trailer = ws.digest_message(v.version, v.crcs)
       self.cv.notify_all()
 
   def held(self) -> list[int]:
@@ -167,8 +172,9 @@ class WeightSource:
     n = 0
     for k, msg in enumerate(ws.stream_chunks(self.cv, v, set(request.have_chunks), context,
                                              self.stall_s, delta=delta)):
-      self.served_chunks += k > 0          # the manifest message is not a chunk
-      self.served_bytes += len(msg) if k > 0 and msg is not None else 0
-      n += k > 0
+      chunk = k > 0 and msg is not v.trailer   # the manifest and the digest are not chunks
+      self.served_chunks += chunk
+      self.served_bytes += len(msg) if chunk and msg is not None else 0
+      n += chunk
       yield msg
     log.info("served weights version %d: %d chunks to %s", want, n, context.peer())

@@ -316,6 +316,7 @@ class StreamFetcher:
     self.delta_chunks = 0                   # chunks applied from deltas
     self.delta_fallbacks = 0                # delta streams that did not check: fetched full
     self.delta_misses = 0                   # delta asked for, the source had none for the base
+    self.digests_checked = 0                # version digests (source trailers) that matched
     self.received_chunks = self.received_bytes = 0
     self.peak_message_bytes = 0
     self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
@@ -365,10 +366,27 @@ class StreamFetcher:
     names = [t["name"] for t in manifest["tensors"]]
     return FetchedWeights(h.version, unflatten(names, dests))
 
-  def _take(self, stream, h, p, base: Optional[list] = None) -> None:
+  def _check_digest(self, h, p, digest: str, own: Optional[list], delta: bool) -> None:
+    """A source's version digest (its trailer) against the bits this fetcher now holds of the
+    source's chunks (`own`); a mismatch raises DeltaError after a delta (then fetched full),
+    WeightUpdateError otherwise."""
+    manifest, dests = p["manifest"], p["dests"]
+    checksum = ws.checksum_of(manifest)
+    crcs = {}
+    for i in (own if own is not None else range(len(manifest["chunks"]))):
+      t, s, e = manifest["chunks"][i]
+      box = dests[t][tuple(slice(a, a + n) for a, n in zip(s, e)) + (Ellipsis,)]
+      crcs[i] = checksum(np.ascontiguousarray(box).reshape(-1).view(np.uint8))
+    if ws.version_digest(h.version, crcs) != digest:
+      if delta:
+        raise wd.DeltaError(f"version {h.version}: the version digest does not match")
+      raise WeightUpdateError(h.version, "", "the version digest does not match its chunks")
+    self.digests_checked += 1
+
+  def _take(self, stream, h, p, base: Optional[list] = None, own: Optional[list] = None) -> None:
     """Writes every chunk message of `stream` into its box of p's arrays (checksum verified); a
     delta chunk (`base`: the held version's arrays) is applied exactly (weights/delta.py) or
-    raises DeltaError."""
+    raises DeltaError; a digest trailer is checked over the chunks `own` (this source's)."""
     manifest, dests, have = p["manifest"], p["dests"], p["have"]
     checksum = ws.checksum_of(manifest)
     for raw in stream:
@@ -376,6 +394,9 @@ class StreamFetcher:
       c = ws.parse_weight_message(raw)
       if isinstance(c, ws.Malformed):
         raise IOError(c.err)
+      if c.head.format == ws.DIGEST_FORMAT:
+        self._check_digest(h, p, c.head.sha256, own, base is not None)
+        continue
       i = c.head.chunk_index
       if c.head.version != h.version or i >= len(manifest["chunks"]):
         raise WeightUpdateError(h.version, "", f"chunk {i} of version {c.head.version} does not "
@@ -435,18 +456,19 @@ class StreamFetcher:
         m = None if first is None else ws.parse_weight_message(first)
         d = None if m is None or isinstance(m, ws.Malformed) else wd.parse_delta_manifest(m)
         if d is not None and base is not None and d["of"] == h.sha256 and d["base"] == base[0]:
-          self._take(stream, h, p, base[2])
+          self._take(stream, h, p, base[2], by_src[o])
           return
         if m is None or isinstance(m, ws.Malformed) or m.head.sha256 != h.sha256:
           raise IOError(f"version {h.version}: source {manifest['sources'][o]} sent another "
                         f"manifest")
         self.delta_misses += base is not None
-        self._take(stream, h, p)
+        self._take(stream, h, p, None, by_src[o])
       except wd.DeltaError as e:     # counted; this source's remaining chunks come full
         self.delta_fallbacks += 1
         log.warning("version %d: delta from %s did not check (%s); fetching it full",
                     h.version, manifest["sources"][o], e)
         stream.cancel()
+        have.difference_update(by_src[o])      # none of this source's delta chunks is trusted
         one(o, None)
       finally:
         stream.cancel()
