@@ -34,6 +34,9 @@ and bf16 (cast on our side); MB/s of float32 model bytes. `vllm_MBps` = shm + bf
 fleet engine uses; `vllm_chain_MBps` = learner -> generator process (ours) then -> vLLM, sequential
 (the worker loads a version into vLLM once it is complete).
 Last stdout line: {"ours", "peer", "unit": "MB/s", "ratio", "vllm_MBps", "stages": {...}}.
+
+`--fanout 1,2,4,8 [--delta]`: weight sync at fleet scale instead (bench/weights_sync.py: relay
+fan-out source egress per G, exact deltas on a real learner trajectory, per-stream GB/s vs memcpy).
 """
 from __future__ import annotations
 
@@ -105,7 +108,21 @@ def main(argv=None):
   ap.add_argument("--in-process-buffer", action="store_true",
                   help="run the buffer in this process (default: its own process, as deployed)")
   ap.add_argument("--vllm-eager", action="store_true", default=True)
+  ap.add_argument("--fanout", default="", help="e.g. 1,2,4,8: weight sync at fleet scale "
+                  "(bench/weights_sync.py: relay fan-out, per-stream GB/s vs memcpy)")
+  ap.add_argument("--delta", action="store_true", help="with --fanout: exact deltas on a real "
+                  "learner trajectory, bit identity after every version")
+  ap.add_argument("--steps", type=int, default=52, help="--delta: learner steps (versions)")
+  ap.add_argument("--relay-fanout", type=int, default=2, help="--fanout: the relay tree's fan-out")
+  ap.add_argument("--write-rate", default="", help="--fanout: write the measured per-stream "
+                  "rate and delta fraction here for launch.preflight (launch/weight_rate.json)")
   args = ap.parse_args(argv)
+  if args.fanout or args.delta:
+    from bench import weights_sync
+    if args.repeats < 5:
+      args.repeats = 5
+    print(json.dumps(weights_sync.run(args)))
+    return
 
   import jax
   from scalerl_jax import models

@@ -459,8 +459,17 @@ class Weights(Section):
   # tiny demo's exact masters) always sends full versions.
   delta: bool = True
   delta_full_every: int = 20
+  # Relay fan-out (weights/relay.py): generators pass on the chunks they fetched in a tree of this
+  # fan-out (0 = every generator fetches from the learner sources); relay_port: where each
+  # generator's relay listens (0 = any free port), relay_advertise: the host others dial.
+  relay_fanout: int = 2
+  relay_port: int = 0
+  relay_advertise: str = ""
 
   def check(self):
+    if self.relay_fanout < 0 or not 0 <= self.relay_port <= 65535:
+      raise ConfigError(f"weights.relay_fanout={self.relay_fanout} must be >= 0 and "
+                        f"weights.relay_port={self.relay_port} a TCP port (0 = any free port)")
     if self.delta_full_every < 1:
       raise ConfigError(f"weights.delta_full_every={self.delta_full_every} must be >= 1 "
                         f"(1 = every version full)")

@@ -390,6 +390,8 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
   if gcfg is not None:
     check_generators(r, v, gcfg, gpod, gc)
     check_push(r, gcfg, hosts)
+    if topo is not None and not wrong_layout:
+      check_sync(r, gcfg, hosts, topo.num_devices, topo.peak_flops)
   # pod memory
   check_pod_memory(r, v, cfg, gcfg, lc, platform, hosts, chips, bc)
   # volumes
@@ -440,6 +442,38 @@ def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:
   else:
     r.info(f"vLLM KV cache {kv['capacity'] / sizing.GIB:.1f} GiB ({how}) holds {kv['fits_seqs']} >= "
            f"{seqs} sequences of {kv['max_model_len']} tokens")
+
+
+def check_sync(r: Report, cfg, learner_hosts: int, num_devices: int, peak_flops: float,
+               rates: dict | None = None) -> dict:
+  """Seconds per weight version (sizing.sync_seconds: the measured or given per-stream rate, the
+  NIC cap, relay fan-out, delta fraction) against the learner step at sizing.STEP_MFU of its
+  peak FLOPs: a version that takes longer than a step fails, naming the numbers and the knobs."""
+  rates = rates or sizing.sync_rates()
+  n = sizing.model_numbers(cfg)["params"]
+  model = n * sizing.wire_bytes_per_param(cfg)
+  w = cfg.weights
+  gens = int(cfg.generator.num_workers) // max(1, int(cfg.generator.tensor_parallel or 1))
+  fan = int(w.get("relay_fanout", 0))
+  delta_on = bool(w.get("delta", False)) and sizing.wire_bytes_per_param(cfg) == 2
+  sec = {k: sizing.sync_seconds(model, gens, learner_hosts, fan, d, rates["stream"])
+         for k, d in (("delta", rates["delta"]), ("full", 1.0))}
+  step = sizing.step_seconds(cfg, num_devices, peak_flops) if peak_flops else float("inf")
+  now = sec["delta" if delta_on else "full"]
+  msg = (f"weight sync {now:.1f} s per version ({'delta' if delta_on else 'full'}; with deltas "
+         f"{sec['delta']:.1f} s, full {sec['full']:.1f} s) for {gens} generators, relay fan-out "
+         f"{fan}, {learner_hosts} learner hosts, {model / GB:.1f} GB bf16, stream "
+         f"{rates['stream'] / GB:.2f} GB/s ({rates['label']}), delta fraction {rates['delta']:.3f}, "
+         f"NIC {sizing.PUSH_BANDWIDTH / GB:.1f} GB/s; learner step {step:.1f} s at "
+         f"{sizing.STEP_MFU:.0%} MFU")
+  if now > step:
+    need = now / step * rates["stream"]
+    r.fail(f"{msg}: sync slower than a step (it would pass at a stream rate of "
+           f"{need / GB:.2f} GB/s)", "weights.relay_fanout / weights.delta / learner hosts "
+           "(sources) / generator.num_workers")
+  else:
+    r.info(msg)
+  return dict(sec, step=step, now=now)
 
 
 def check_push(r: Report, cfg, learner_hosts: int) -> None:

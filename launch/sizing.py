@@ -34,15 +34,25 @@ SHM_BYTES = 2 * (64 << 20)          # the /dev/shm weight-chunk slots (VLLMGener
 MEMORY_HEADROOM = 1.15              # requests = estimate x this, rounded up to whole GiB
 PUSH_BANDWIDTH = 12.5e9             # bytes/s: 100 Gbit/s per pod NIC (stated, not measured)
 TARGET_WIRE_BYTES = 2               # bf16 on the wire: the target default
+# Weight sync (launch.preflight check_sync): the software's per-stream rate and the delta fraction
+# come from the file bench.weights --fanout ... --delta --write-rate writes (measured, with its
+# date, commit and machine); without it these stated values are used, labelled "given".
+RATE_FILE = "launch/weight_rate.json"
+GIVEN_STREAM_RATE = 1.2e9           # bytes/s one Python weight stream (docs/SCALE.md, given)
+GIVEN_DELTA_FRACTION = 0.10         # delta bytes / model bf16 bytes per version (the goal, given)
+STEP_MFU = 0.4                      # the learner step time's stated MFU (docs/SCALE.md)
 
 
 @functools.lru_cache(maxsize=None)
 def _preset_numbers(model_items: tuple) -> dict:
   c = ml_collections.ConfigDict({"model": dict(model_items)})
   cfg = runtime.model_config(c)
-  n = count_params(cfg)["params_total"]
+  counts = count_params(cfg)
   kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
-  return dict(params=int(n), kv_bytes_per_token=int(kv), num_kv_heads=int(cfg.num_kv_heads))
+  return dict(params=int(counts["params_total"]), kv_bytes_per_token=int(kv),
+              num_kv_heads=int(cfg.num_kv_heads), params_active=int(counts["params_active"]),
+              attention_flops_per_token_per_position=12 * cfg.num_layers * cfg.num_heads
+              * cfg.head_dim)
 
 
 def model_numbers(config) -> dict:
@@ -74,6 +84,53 @@ def push(config) -> dict:
   b = wire_bytes_per_param(config)
   return dict(bytes_per_param=b, bytes=n * b, seconds=n * b / PUSH_BANDWIDTH,
               bandwidth=PUSH_BANDWIDTH)
+
+
+def sync_rates(path: str = RATE_FILE) -> dict:
+  """{stream: bytes/s, delta: fraction, label} from bench.weights' rate file, else the given
+  values (label "given: ...")."""
+  import json  # local: only the preflight reads the rate file
+  import os  # local: as above
+  full = path if os.path.isabs(path) else os.path.join(
+      os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)
+  try:
+    with open(full) as f:
+      m = json.load(f)
+    return dict(stream=float(m["stream_GBps"]) * 1e9, delta=float(m["delta_fraction"]),
+                label=f"measured {m.get('date', '?')} {m.get('commit', '?')} "
+                      f"{m.get('machine', '?')}")
+  except (OSError, ValueError, KeyError):
+    return dict(stream=GIVEN_STREAM_RATE, delta=GIVEN_DELTA_FRACTION,
+                label="given (no measured rate file)")
+
+
+def sync_seconds(model_bytes: float, generators: int, learner_hosts: int, fanout: int,
+                 delta: float, stream: float, nic: float = PUSH_BANDWIDTH) -> float:
+  """Seconds until every generator holds a version (weights/relay.py, weights/delta.py).
+  Bytes per generator: model_bytes x delta (1 for full versions). A Python weight server sends at
+  most `stream` bytes/s in all (one GIL) and a pod at most `nic`. Without relays (fanout 0) the
+  learner hosts' sources send every generator its copy: G x bytes / (hosts x min(stream, nic)).
+  With relays the sources send one copy (to the root) and each relay passes it to `fanout`
+  children, chunks pipelined down the tree: bytes / min(hosts x min(stream, nic),
+  min(stream, nic) / fanout, stream) plus one 8 MB chunk per tree level."""
+  per_gen = model_bytes * delta
+  serve = min(stream, nic)
+  if fanout < 1 or generators <= 1:
+    return generators * per_gen / (max(1, learner_hosts) * serve)
+  rate = min(max(1, learner_hosts) * serve, serve / fanout, stream)
+  depth = math.ceil(math.log(generators) / math.log(fanout)) if fanout > 1 else generators
+  return per_gen / rate + depth * (8 << 20) / rate
+
+
+def step_seconds(config, num_devices: int, peak_flops: float, mfu: float = STEP_MFU) -> float:
+  """The learner step at `mfu` of the devices' peak: a step's tokens (prompts x generations x
+  the longest sequence) x (6 N_active + 12 L H Dh T) FLOPs (docs/SCALE.md's closed form)."""
+  m = model_numbers(config)
+  t = runtime.max_sequence_len(config.rollout)
+  r = config.rollout
+  rows = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
+  per_token = 6.0 * m["params_active"] + m["attention_flops_per_token_per_position"] * t
+  return rows * t * per_token / (num_devices * peak_flops * mfu)
 
 
 def generator_host_bytes(config) -> dict:

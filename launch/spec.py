@@ -36,6 +36,7 @@ BUFFER_PORT = 50051
 VLLM_PORT = 8000
 COORDINATOR_PORT = 8476
 WEIGHTS_PORT = 50052                 # each learner pod's WeightSource (config.weights.port)
+RELAY_PORT = 50053                   # each generator pod's weight relay (config.weights.relay_port)
 WAL_MOUNT = "/wal"                   # the buffer pod's write-ahead log volume (a PVC: local disk)
 PROMPTS_FILE = "/prompts/prompts.jsonl"
 ALIVE_FILE = "/tmp/scalerl/alive"     # a generator's heartbeat thread touches it (liveness probe)
@@ -298,13 +299,16 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "arch": gp["arch"],
           # Host memory: the weight versions a generator holds + its start-up export (sizing.py).
           "cpu": str(8 * tp), "memory": f"{gen_mem}Gi", "port": VLLM_PORT,
-          "alive_file": ALIVE_FILE,
+          "alive_file": ALIVE_FILE, "relay_port": RELAY_PORT,
           # One vLLM engine per pod; generator id = pod name; run config = the resolved one.
           "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_path}",
                       *cfg_over, f"--buffer={buffer_addr}", "--backend=vllm",
                       "--workdir=/tmp/scalerl", f"--alive_file={ALIVE_FILE}",
+                      # The weight relay (weights/relay.py): same token and TLS, pod IP advertised.
+                      f"--config.weights.relay_port={RELAY_PORT}",
+                      "--config.weights.relay_advertise=$(POD_IP)",
                       *tls_args("generator")],
-          "env": {}, "field_env": {}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+          "env": {}, "field_env": {"POD_IP": FIELD_POD_IP}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
           "service_account": s["service_account"],   # gs:// data / start checkpoint
       },
       "buffer": {

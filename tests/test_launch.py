@@ -13,6 +13,7 @@ import yaml
 
 from launch import spec as spec_lib
 from launch.gke import render
+from scalerl_jax import recipes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S_VERSION = "1.37.0"
@@ -335,6 +336,9 @@ def test_pods_read_exactly_what_their_manifests_give():
         learner_argvs.append([a.replace(spec_lib.RUN_CONFIG_PATH, local_cfg) for a in args])
         learners.append((variant, specs, env, c, pod))
         continue
+      over = []
+      if module in ("scalerl_jax.generation.worker", "scalerl_jax.data.export"):
+        args, over = recipes.split_overrides(args)   # as their main() takes --config.a.b=v
       a = parsers[module].parse_args(args)      # SystemExit (a test error) on an unknown flag
       if module == "scalerl_jax.buffer.server":
         assert args == buffer_flags(config, prompts=spec_lib.PROMPTS_FILE, host="0.0.0.0",
@@ -353,6 +357,10 @@ def test_pods_read_exactly_what_their_manifests_give():
       elif module == "scalerl_jax.generation.worker":
         assert a.run_config == spec_lib.RUN_CONFIG_PATH and a.backend == "vllm" and token_env in env
         assert mounted(config.model.hf_checkpoint, c)
+        w = recipes.apply_overrides(config.copy_and_resolve_references(), over).weights
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert w.relay_port == ports["relay"] == spec_lib.RELAY_PORT      # the relay's port
+        assert w.relay_advertise == POD_IP and w.relay_fanout >= 1
       elif module == "scalerl_jax.data.export":
         assert a.config == spec_lib.RUN_CONFIG_PATH
     assert seen == {"scalerl_jax.main", "scalerl_jax.buffer.server", "scalerl_jax.data.export",

@@ -343,3 +343,23 @@ def test_dockerfile_targets_and_copies():
     for src in srcs:
       assert os.path.exists(os.path.join(preflight.REPO, src)), src
   assert any("requirements.txt" in s for s in copies)
+
+
+def test_weight_sync_slower_than_a_step(tmp_path, baseline):
+  """Scout without relays and deltas: 16 generators each fetch the whole 215.5 GB bf16 model
+  from the 4 learner hosts' sources, longer than a learner step: one line with the numbers and
+  the knobs (the rate is bench.weights' measured file where it exists, else the given one)."""
+  from launch import sizing
+
+  def edit(docs):
+    _edit_run_config(docs, "'relay_fanout': 2", "'relay_fanout': 0")
+    _edit_run_config(docs, "'delta': True", "'delta': False")
+  rep = _plant(tmp_path, "scout-gb200", edit)
+  rates = sizing.sync_rates()
+  want = 16 * 215.5e9 / (4 * min(rates["stream"], 12.5e9))     # G copies from 4 hosts
+  line = _new_line(rep, baseline, "scout-gb200", "sync slower than a step",
+                   "weights.relay_fanout / weights.delta", "relay fan-out 0", "for 16 generators")
+  got = float(line.split("weight sync ")[1].split(" s per version")[0])
+  assert abs(got - want) / want < 0.01, (got, want)
+  step = float(line.split("learner step ")[1].split(" s at")[0])
+  assert got > step > 60, line

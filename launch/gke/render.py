@@ -193,7 +193,8 @@ def generators(specs) -> list[dict[str, Any]]:
               "tolerations": _tolerations(job),
               "containers": [{
                   "name": "vllm", "image": job["image"], "command": job["command"],
-                  "ports": [{"name": "http", "containerPort": job["port"]}],
+                  "ports": [{"name": "http", "containerPort": job["port"]},
+                            {"name": "relay", "containerPort": job["relay_port"]}],
                   "env": _env(job),
                   # The worker's heartbeat thread touches --alive_file every generator.heartbeat_s
                   # once its engine is up (weights fetched from the learner: allowed an hour).

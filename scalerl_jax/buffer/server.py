@@ -285,9 +285,11 @@ class BufferServer:
     n = self._call(context, self.state.heartbeat, r.generator_id,
                    list(r.group_ids) if r.lists_groups else None,
                    list(r.held_versions) if r.lists_held else None, dict(r.stats) or None,
-                   int(r.version))
+                   int(r.version), r.relay_address)
+    parents = (self.state.relay_parents(r.generator_id, int(r.relay_fanout))
+               if r.relay_address and r.relay_fanout else [])
     return pb.HeartbeatResponse(current_version=self.state.version, leases_extended=n,
-                                server_time_unix_s=time.time())
+                                server_time_unix_s=time.time(), relay_parents=parents)
 
 
 def load_prompts(path: str) -> list[PromptSpec]:

@@ -33,6 +33,7 @@ from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
 from scalerl_jax.buffer import wal as walmod
 from scalerl_jax.protocol import wire
+from scalerl_jax.protocol.weight_chunks import tree_parents
 from scalerl_jax.buffer.durability import Durable
 from scalerl_jax.buffer.eval_lane import EvalLane
 from scalerl_jax.buffer.groups import Group, Stored
@@ -127,6 +128,7 @@ class BufferState(Durable):
     self._holders: dict[str, tuple[frozenset, float]] = {}
     self._gen_stats: dict[str, dict[str, float]] = {}   # generator (incarnation) -> its counters
     self._gen_versions: dict[str, tuple[int, float]] = {}  # generator -> (version, heartbeat time)
+    self._relays: dict[str, tuple[str, float]] = {}        # generator -> (relay address, time)
     # No-Positive-Resampling: pass-rate history of delivered groups; retired prompts are skipped
     # when the next epoch's order is drawn (PAPER_NOTES §3). None disables it.
     self.npr = None
@@ -260,7 +262,8 @@ class BufferState(Durable):
 
   def heartbeat(self, generator_id: str, group_ids: Sequence[int] | None = None,
                 held_versions: Sequence[int] | None = None,
-                stats: Mapping[str, float] | None = None, version: int | None = None) -> int:
+                stats: Mapping[str, float] | None = None, version: int | None = None,
+                relay_address: str = "") -> int:
     """Extends the incomplete leases held by `generator_id`; returns how many. `version`: the
     policy version it samples with (a generator more than max(1, max_lag) versions behind is
     counted in `generator_stats()["generators_behind"]`). `held_versions`
@@ -274,6 +277,9 @@ class BufferState(Durable):
     `stats`: the generator's cumulative counters, kept per generator (not in the WAL) and summed
     into every BatchSummary."""
     val.check_id(generator_id, "generator_id", self.limits)
+    if relay_address and (len(relay_address) > 256 or ":" not in relay_address
+                          or not relay_address.isprintable()):
+      raise val.invalid(f"relay_address {relay_address[:64]!r}: a 'host:port' of <= 256 chars")
     listed = None if group_ids is None else {int(x) for x in group_ids}
     held = None if held_versions is None else self._held_set(held_versions)
     checked = val.check_generator_stats(stats) if stats else {}
@@ -287,6 +293,10 @@ class BufferState(Durable):
             merged[k] = merged.get(k, 0.0) + v
       if held is not None:
         self._holders[generator_id] = (frozenset(held), self.clock())
+      if relay_address:
+        self._relays[generator_id] = (relay_address, self.clock())
+        if len(self._relays) > 4096:
+          self._relays.pop(min(self._relays, key=lambda g: self._relays[g][1]))
       if version is not None:
         self._gen_versions[generator_id] = (int(version), self.clock())
         if len(self._gen_versions) > 4096:       # incarnations: forget the longest silent
@@ -552,6 +562,18 @@ class BufferState(Durable):
           delivered_groups=self.delivered_groups, delivered_rollouts=self.delivered_rollouts,
           expired_groups=self.expired_groups, stale_dropped_groups=self.stale_dropped,
           digest=h.hexdigest())
+
+  def relay_parents(self, generator_id: str, fanout: int) -> list[str]:
+    """The relays `generator_id` fetches weights from, nearest ancestor first: the live relays
+    (a heartbeat within the lease TTL) in generator-id order form a tree of `fanout`
+    (weights/relay.py); [] for the root, an unknown generator or fanout 0."""
+    with self.cv:
+      now = self.clock()
+      live = sorted(g for g, (_, t) in self._relays.items() if now - t <= self.lease_ttl_s)
+      if generator_id not in live:
+        return []
+      return tree_parents(live.index(generator_id), fanout,
+                          [self._relays[g][0] for g in live])
 
   def generator_stats(self) -> dict[str, float]:
     """The generators' heartbeat counters summed over every generator (incarnation) that sent

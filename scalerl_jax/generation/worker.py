@@ -58,6 +58,7 @@ from scalerl_jax.protocol.client import assignment_prompt
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.protocol.wire import tune_malloc
+from scalerl_jax.weights.relay import start_relay
 from scalerl_jax.weights.stream import FetchedWeights, StreamFetcher
 from scalerl_jax.types import WeightUpdateError, one_line
 from scalerl_jax.weights.update import backoff_s, check_like
@@ -99,6 +100,7 @@ class Worker(EvalLane, ContinuousLoop):
       self.reward_log = open(os.path.join(workdir, "logs", f"rewards-{generator_id}.jsonl"), "a")
     self.model_cfg = runtime.model_config(config)
     self.fetcher = StreamFetcher(self.client, delta=runtime.delta_on(config.weights))
+    self.relay = self._start_relay(token, address, config)
     got = None
     while got is None:   # the learner publishes version 0 before training starts
       got = self._fetch(-1, 60)
@@ -126,6 +128,21 @@ class Worker(EvalLane, ContinuousLoop):
     if self.heartbeat_s > 0:
       threading.Thread(target=self._heartbeat, daemon=True).start()
 
+  def _start_relay(self, token: str, buffer_address: str, config):
+    """This generator's weight relay (weights/relay.py; weights.relay_fanout 0: none): it serves
+    on what the fetcher receives; the parents come back with every heartbeat."""
+    w = config.weights
+    if w.relay_fanout < 1:
+      return None
+    local = buffer_address.startswith(("127.", "localhost", "[::1]"))
+    relay = start_relay(token, host="127.0.0.1" if local else "0.0.0.0", port=int(w.relay_port),
+                        advertise=w.relay_advertise or None, tls=TLS.from_config(config))
+    self._relay_parents: list[str] = []
+    self.fetcher.relay = relay
+    self.fetcher.parents = lambda: list(self._relay_parents)
+    log.info("%s: weight relay at %s (fan-out %d)", self.id, relay.address, w.relay_fanout)
+    return relay
+
   alive_file = None   # set by main (--alive_file): touched at every heartbeat (a liveness probe)
 
   def touch_alive(self) -> None:
@@ -140,9 +157,14 @@ class Worker(EvalLane, ContinuousLoop):
     while not self._stop.wait(self.heartbeat_s):
       self.touch_alive()
       try:
+        relay = getattr(self, "relay", None)
         r = self.client.heartbeat(self.lease_id, self.gen.version, group_ids=sorted(self._working),
                                   held_versions=self.held_versions(),
-                                  stats=self.decode_stats.heartbeat_stats())
+                                  stats=self.decode_stats.heartbeat_stats(),
+                                  relay_address=relay.address if relay else "",
+                                  relay_fanout=int(self.config.weights.relay_fanout))
+        if relay is not None:
+          self._relay_parents = list(r.relay_parents)
       except grpc.RpcError as e:
         log.warning("%s: heartbeat failed (%s)", self.id, e.code())
         continue
@@ -331,6 +353,8 @@ class Worker(EvalLane, ContinuousLoop):
 
   def close(self) -> None:
     self.stop()
+    if getattr(self, "relay", None) is not None:
+      self.relay.stop()
     self.gen.close()
     self.client.close()
     if self.reward_log is not None:

@@ -177,15 +177,18 @@ class BufferClient:
   def heartbeat(self, generator_id: str, version: int = 0,
                 group_ids: Sequence[int] | None = None,
                 held_versions: Sequence[int] | None = None,
-                stats: Mapping[str, float] | None = None) -> pb.HeartbeatResponse:
+                stats: Mapping[str, float] | None = None, relay_address: str = "",
+                relay_fanout: int = 0) -> pb.HeartbeatResponse:
     """Extends this generator's leases: only `group_ids` (the groups it is working on) when
     given, else every incomplete group leased to it; `held_versions` (when given) tells the
     buffer which versions' weights it holds; `stats`: its cumulative counters (see
-    HeartbeatRequest in rollout.proto)."""
+    HeartbeatRequest in rollout.proto); `relay_address` / `relay_fanout`: its weight relay
+    (the response's `relay_parents` are the relays it fetches from, weights/relay.py)."""
     req = pb.HeartbeatRequest(generator_id=generator_id, version=version,
                               group_ids=list(group_ids or ()), lists_groups=group_ids is not None,
                               held_versions=list(held_versions or ()),
-                              lists_held=held_versions is not None, stats=dict(stats or {}))
+                              lists_held=held_versions is not None, stats=dict(stats or {}),
+                              relay_address=relay_address, relay_fanout=relay_fanout)
     return self._retry(lambda: self._heartbeat(req, metadata=self._md, timeout=30))
 
   def fetch_version(self, have_version: int = -1, wait_timeout_s: float = 0.0) -> Optional[int]:

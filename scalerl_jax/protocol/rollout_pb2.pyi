@@ -354,7 +354,7 @@ class Status(_message.Message):
     def __init__(self, contents: _Optional[_Union[BufferContents, _Mapping]] = ..., mode: _Optional[str] = ..., max_lag: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., group_size: _Optional[int] = ..., admission_capacity: _Optional[int] = ..., lag_total: _Optional[_Union[LagHistogram, _Mapping]] = ..., recent: _Optional[_Iterable[_Union[BatchSummary, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("generator_id", "version", "group_ids", "lists_groups", "held_versions", "lists_held", "stats")
+    __slots__ = ("generator_id", "version", "group_ids", "lists_groups", "held_versions", "lists_held", "stats", "relay_address", "relay_fanout")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -369,6 +369,8 @@ class HeartbeatRequest(_message.Message):
     HELD_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     LISTS_HELD_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FANOUT_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     version: int
     group_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -376,17 +378,21 @@ class HeartbeatRequest(_message.Message):
     held_versions: _containers.RepeatedScalarFieldContainer[int]
     lists_held: bool
     stats: _containers.ScalarMap[str, float]
-    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ..., group_ids: _Optional[_Iterable[int]] = ..., lists_groups: _Optional[bool] = ..., held_versions: _Optional[_Iterable[int]] = ..., lists_held: _Optional[bool] = ..., stats: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    relay_address: str
+    relay_fanout: int
+    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ..., group_ids: _Optional[_Iterable[int]] = ..., lists_groups: _Optional[bool] = ..., held_versions: _Optional[_Iterable[int]] = ..., lists_held: _Optional[bool] = ..., stats: _Optional[_Mapping[str, float]] = ..., relay_address: _Optional[str] = ..., relay_fanout: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("current_version", "leases_extended", "server_time_unix_s")
+    __slots__ = ("current_version", "leases_extended", "server_time_unix_s", "relay_parents")
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASES_EXTENDED_FIELD_NUMBER: _ClassVar[int]
     SERVER_TIME_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    RELAY_PARENTS_FIELD_NUMBER: _ClassVar[int]
     current_version: int
     leases_extended: int
     server_time_unix_s: float
-    def __init__(self, current_version: _Optional[int] = ..., leases_extended: _Optional[int] = ..., server_time_unix_s: _Optional[float] = ...) -> None: ...
+    relay_parents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, current_version: _Optional[int] = ..., leases_extended: _Optional[int] = ..., server_time_unix_s: _Optional[float] = ..., relay_parents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EvalPrompt(_message.Message):
     __slots__ = ("prompt_id", "prompt_tokens", "answer", "task")

@@ -11,7 +11,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Callable, Iterator, Optional, cast
+from typing import Callable, Iterator, Optional, Sequence, cast
 
 import crc32c
 from google.protobuf import message as pb_message
@@ -160,6 +160,7 @@ class Version:
     self.delta_chunks: list[Optional[bytes]] = [None] * len(self.chunks)
     self.crcs: dict[int, int] = {}              # chunk index -> checksum (learner sources)
     self.trailer = b""                          # digest message, once every chunk is staged
+    self.relay = False                          # a generator relaying what it fetched
 
   def missing_list(self) -> list[int]:
     return [i for i, c in enumerate(self.chunks) if c is None]
@@ -213,6 +214,10 @@ def stream_chunks(cv: threading.Condition, v: Version, skip, context, stall_s: f
     for i in ready:
       if i not in skip:
         yield (v.delta_chunks[i] or v.chunks[i]) if delta else v.chunks[i]
+  with cv:                                      # a relay gets the trailer after the chunks
+    t_wait = time.time()
+    while v.relay and not v.trailer and not v.dropped and time.time() - t_wait < min(stall_s, 5.0):
+      cv.wait(0.1)
   if v.trailer:
     yield v.trailer
 
@@ -233,3 +238,17 @@ def digest_message(version: int, crcs: dict[int, int]) -> bytes:
   """The trailer a learner source ends a version's stream with (format DIGEST_FORMAT)."""
   return pb.WeightChunk(version=int(version), format=DIGEST_FORMAT,
                         sha256=version_digest(version, crcs)).SerializeToString()
+
+
+def tree_parents(index: int, fanout: int, addresses: Sequence[str], depth: int = 3) -> list[str]:
+  """The relay addresses generator `index` fetches from, nearest ancestor first (at most `depth`
+  of them; [] for the root or fanout 0). `addresses[j]`: generator j's relay."""
+  out: list[str] = []
+  if fanout < 1:
+    return out
+  j = int(index)
+  while j > 0 and len(out) < depth:
+    j = (j - 1) // fanout
+    if j < len(addresses) and addresses[j]:
+      out.append(addresses[j])
+  return out

@@ -140,6 +140,55 @@ class WeightSource:
           v.trailer = ws.digest_message(v.version, v.crcs)
       self.cv.notify_all()
 
+  # ---- relaying (a generator passes on what it fetched: weights/relay.py) -------------------------
+  def relay_begin(self, version: int, manifest_msg: bytes, delta_base: int = -1,
+                  delta_msg: bytes = b"", max_bytes: int = 1 << 50) -> None:
+    """Starts relaying `version` (idempotent): its full manifest message, and the delta header
+    when the chunks come as deltas against `delta_base` (then only fetchers holding that base
+    are served). Chunks are added as received (`relay_add`), the digest trailer at the end."""
+    with self.cv:
+      if int(version) in self.versions:
+        return
+    head = ws.parse_weight_message(manifest_msg)
+    if isinstance(head, Malformed):
+      raise ValueError(head.err)
+    manifest, sizes = ws.check_manifest(head.head.manifest, max_bytes)
+    local = {k: v for k, v in manifest.items() if k not in ("sources", "owners")}
+    v = ws.Version(head.head.version, head.head.format, head.head.sha256, head.head.total_bytes,
+                   manifest_raw=manifest_msg, sizes=sizes, manifest=local)
+    v.relay = True
+    if delta_base >= 0:
+      v.delta_base, v.delta_raw = int(delta_base), delta_msg
+    with self.cv:
+      if int(version) in self.versions:
+        return
+      self.versions[int(version)] = v
+      for old in sorted(self.versions)[:-self.keep]:
+        self.versions.pop(old).dropped = True
+      self.cv.notify_all()
+
+  def relay_add(self, version: int, index: int, msg: bytes, is_delta: bool) -> None:
+    """One received chunk message of a relayed version (a delta one only into a delta version)."""
+    with self.cv:
+      v = self.versions.get(int(version))
+      if v is None or not v.relay or v.chunks[index] is not None:
+        return
+      if is_delta and v.delta_base < 0:      # a delta into a full version: stop relaying it
+        self.versions.pop(int(version)).dropped = True
+      else:
+        v.chunks[index] = msg
+        v.order.append(index)
+        v.missing -= 1
+      self.cv.notify_all()
+
+  def relay_trailer(self, version: int, msg: bytes) -> None:
+    """The digest trailer received at the end of a relayed version's stream."""
+    with self.cv:
+      v = self.versions.get(int(version))
+      if v is not None and v.relay:
+        v.trailer = msg
+        self.cv.notify_all()
+
   def held(self) -> list[int]:
     """Versions held, oldest first."""
     with self.cv:
@@ -168,6 +217,10 @@ class WeightSource:
       v = self.versions[want]
     # An exact delta for a fetcher that holds its base bit for bit (weights/delta.py).
     delta = bool(request.want_delta) and 0 <= v.delta_base == int(request.have_version)
+    if v.relay and v.delta_base >= 0 and not delta:   # relayed deltas: only for their base
+      self.rejected += 1
+      context.abort(grpc.StatusCode.NOT_FOUND, f"this relay holds version {want} as a delta "
+                                               f"against version {v.delta_base} only")
     self.delta_streams += delta
     n = 0
     for k, msg in enumerate(ws.stream_chunks(self.cv, v, set(request.have_chunks), context,

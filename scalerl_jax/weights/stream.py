@@ -317,6 +317,12 @@ class StreamFetcher:
     self.delta_fallbacks = 0                # delta streams that did not check: fetched full
     self.delta_misses = 0                   # delta asked for, the source had none for the base
     self.digests_checked = 0                # version digests (source trailers) that matched
+    # Relay fan-out (weights/relay.py): `relay` (a WeightSource in this generator) re-serves what
+    # this fetcher receives; `parents()` lists the relays to fetch from before the learner source.
+    self.relay = None
+    self.parents: Callable[[], list[str]] = lambda: []
+    self.relay_wait_s = 5.0                 # how long a relay parent may take to start a version
+    self.relay_failovers = 0                # relay streams that failed (then the next one)
     self.received_chunks = self.received_bytes = 0
     self.peak_message_bytes = 0
     self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
@@ -351,7 +357,7 @@ class StreamFetcher:
       manifest = json.loads(h.manifest)
       dests = [aligned_empty(t["shape"], _np_dtype(t["dtype"])) for t in manifest["tensors"]]
       p = self._partial = dict(version=h.version, sha256=h.sha256, manifest=manifest,
-                               dests=dests, have=set())
+                               dests=dests, have=set(), first=first)
     manifest, dests, have = p["manifest"], p["dests"], p["have"]
     if "sources" in manifest:
       self._from_sources(h, p, wait_timeout_s)
@@ -396,6 +402,8 @@ class StreamFetcher:
         raise IOError(c.err)
       if c.head.format == ws.DIGEST_FORMAT:
         self._check_digest(h, p, c.head.sha256, own, base is not None)
+        if self.relay is not None and len(manifest.get("sources", ())) <= 1:
+          self.relay.relay_trailer(h.version, raw)
         continue
       i = c.head.chunk_index
       if c.head.version != h.version or i >= len(manifest["chunks"]):
@@ -419,11 +427,43 @@ class StreamFetcher:
       else:
         dst[...] = np.frombuffer(c.data, dst.dtype).reshape(dst.shape)
       have.add(i)
+      if self.relay is not None:
+        self.relay.relay_add(h.version, i, raw, is_delta)
       self.received_chunks += 1
       self.received_bytes += c.data.nbytes
       del c, raw
       if self.on_chunk is not None:
         self.on_chunk(i)
+
+  def _stream_from(self, addr: str, relay: bool, o: int, base, h, p, by_src, wait_timeout_s):
+    """One FetchWeights stream of source o's chunks from `addr` (a relay or the learner source)
+    into p's arrays; what arrives is relayed on when this fetcher has a relay."""
+    manifest, have = p["manifest"], p["have"]
+    got = {i for i in by_src[o] if i in have}
+    if relay and len(by_src) > 1:        # a relay holds every source's chunks: only o's
+      got |= set(range(len(manifest["chunks"]))) - set(by_src[o])
+    req = pb.FetchWeightsRequest(
+        have_version=h.version - 1 if base is None else base[0], resume_version=h.version,
+        streamed=True, have_chunks=sorted(got), want_delta=base is not None,
+        wait_timeout_s=self.relay_wait_s if relay else min(max(wait_timeout_s, 60.0), 600.0))
+    stream = self._peer(addr).fetch_raw(req, timeout=1200)
+    try:
+      first = next(stream, None)
+      m = None if first is None else ws.parse_weight_message(first)
+      d = None if m is None or isinstance(m, ws.Malformed) else wd.parse_delta_manifest(m)
+      if d is not None and base is not None and d["of"] == h.sha256 and d["base"] == base[0]:
+        if self.relay is not None:
+          self.relay.relay_begin(h.version, p["first"], base[0], first)
+        self._take(stream, h, p, base[2], by_src[o])
+        return
+      if m is None or isinstance(m, ws.Malformed) or m.head.sha256 != h.sha256:
+        raise IOError(f"version {h.version}: {addr} sent another manifest")
+      self.delta_misses += base is not None
+      if self.relay is not None:
+        self.relay.relay_begin(h.version, p["first"])
+      self._take(stream, h, p, None, by_src[o])
+    finally:
+      stream.cancel()
 
   def _peer(self, address: str):
     if address not in self._peers:
@@ -443,35 +483,27 @@ class StreamFetcher:
                  and b[1] == wd.layout_key(manifest)) else None
 
     def one(o: int, base) -> None:
-      got = [i for i in by_src[o] if i in have]
-      if len(got) == len(by_src[o]):
-        return
-      req = pb.FetchWeightsRequest(have_version=h.version - 1 if base is None else base[0],
-                                   resume_version=h.version, streamed=True, have_chunks=got,
-                                   want_delta=base is not None,
-                                   wait_timeout_s=min(max(wait_timeout_s, 60.0), 600.0))
-      stream = self._peer(manifest["sources"][o]).fetch_raw(req, timeout=1200)
-      try:
-        first = next(stream, None)
-        m = None if first is None else ws.parse_weight_message(first)
-        d = None if m is None or isinstance(m, ws.Malformed) else wd.parse_delta_manifest(m)
-        if d is not None and base is not None and d["of"] == h.sha256 and d["base"] == base[0]:
-          self._take(stream, h, p, base[2], by_src[o])
+      """Source o's chunks: from the relay parents first (a generator that has them), then from
+      the learner source; a relay that fails or lacks them only costs a fallback."""
+      for addr in [*self.parents(), None]:
+        if all(i in have for i in by_src[o]):
           return
-        if m is None or isinstance(m, ws.Malformed) or m.head.sha256 != h.sha256:
-          raise IOError(f"version {h.version}: source {manifest['sources'][o]} sent another "
-                        f"manifest")
-        self.delta_misses += base is not None
-        self._take(stream, h, p, None, by_src[o])
-      except wd.DeltaError as e:     # counted; this source's remaining chunks come full
-        self.delta_fallbacks += 1
-        log.warning("version %d: delta from %s did not check (%s); fetching it full",
-                    h.version, manifest["sources"][o], e)
-        stream.cancel()
-        have.difference_update(by_src[o])      # none of this source's delta chunks is trusted
-        one(o, None)
-      finally:
-        stream.cancel()
+        try:
+          self._stream_from(addr or manifest["sources"][o], addr is not None, o, base, h, p,
+                            by_src, wait_timeout_s)
+        except wd.DeltaError as e:     # counted; this source's chunks come full
+          self.delta_fallbacks += 1
+          log.warning("version %d: delta from %s did not check (%s); fetching it full",
+                      h.version, addr or manifest["sources"][o], e)
+          have.difference_update(by_src[o])    # none of this source's delta chunks is trusted
+          return one(o, None)
+        except (grpc.RpcError, IOError) as e:
+          if addr is None:
+            raise
+          self.relay_failovers += 1
+          log.info("version %d: relay %s failed (%s); next", h.version, addr,
+                   getattr(e, "code", lambda: e)())
+
     if len(by_src) == 1:
       one(next(iter(by_src)), base)
     else:

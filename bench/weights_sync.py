@@ -1,0 +1,254 @@
+"""Weight sync at fleet scale (issue 44): relay fan-out, exact deltas, per-stream rate vs memcpy.
+
+    python -m bench.weights --fanout 1,2,4,8 --delta [--steps 52] [--repeats 5]
+
+One process, loopback gRPC, a learner WeightSource and G generator fetchers (threads), each with
+its relay (weights/relay.py, tree fan-out `--relay-fanout`, default 2).
+
+* fanout: per G, the learner source's egress for one full bf16 version divided by the model's
+  bf16 bytes: ours = with relays (goal <= 1.2 at G = 8), peer = every generator fetching from the
+  source (G by construction, measured too).
+* delta: a real learner (scalerl_jax.learner.Learner, CISPO loss, prompt aggregation, the tiny
+  model of configs/tiny.py's preset) takes `--steps` RL steps with configs/8b.py's optimizer at
+  its post-warm-up rate (AdamW lr 5e-7, b1 0.9, b2 0.999, eps 1e-15, wd 0.01, global-norm clip
+  1.0; warm-up 0 so every step is at 5e-7). The rollout batches are synthetic (random tokens,
+  rewards 0/1 per group, generator log-probs near uniform): the gradient is the real CISPO
+  gradient of the real model, but not of sampled rollouts. Every version is published with a bf16
+  wire and a DeltaEncoder (full refresh beyond --steps) and fetched by one generator fetcher;
+  delta bytes per version / model bf16 bytes per step (median, max); after every version the
+  fetched bits are compared with numpy's (ml_dtypes) bf16 cast of the learner's fp32 params.
+* stream: one full bf16 version from the publisher's host arrays to the generator's host arrays
+  through a WeightSource, GB/s of model bytes, median of --repeats; memcpy GB/s of the same bytes
+  (np.copyto into a fresh buffer), median of --repeats, in the same run.
+
+Last stdout line: {"ours", "peer", "unit": "source bytes / model bf16 bytes at max G", "ratio",
+"source_bytes_per_version_over_model": {G: ...}, "no_relay": {G: ...},
+"delta_bytes_per_version_over_model": median, "delta_max", "stream_GBps", "memcpy_GBps",
+"stream_over_memcpy", "bit_identical", "deltas"}.
+"""
+from __future__ import annotations
+
+import secrets
+import statistics
+import threading
+import time
+
+import numpy as np
+
+
+def _bf16_params(params):
+  import ml_dtypes
+  import jax
+  return jax.tree.map(lambda x: np.asarray(x, np.float32).astype(ml_dtypes.bfloat16), params)
+
+
+def _nbytes(tree) -> int:
+  import jax
+  return sum(int(np.asarray(x).nbytes) for x in jax.tree.leaves(tree))
+
+
+def _serving(token):
+  from scalerl_jax.buffer.server import BufferServer
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.types import PromptSpec
+  from scalerl_jax.weights.source import WeightSource
+  srv = BufferServer([PromptSpec(0, np.array([1, 2], np.int32))], token=token,
+                     prompts_per_step=1, group_size=1, max_lag=1,
+                     max_message_bytes=256 << 20).start()
+  return srv, BufferClient(srv.address, token, max_message_bytes=256 << 20), \
+      WeightSource(token, max_message_bytes=256 << 20)
+
+
+def measure_fanout(params16, gs, relay_fanout: int, chunk_bytes: int) -> tuple[dict, dict]:
+  """{G: source egress / model bytes} with relays (tree of relay_fanout) and without."""
+  from scalerl_jax.protocol.weight_chunks import tree_parents
+  from scalerl_jax.weights.relay import start_relay
+  from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher
+  token = secrets.token_hex(8)
+  model = _nbytes(params16)
+  ours, peer = {}, {}
+  srv, c, src = _serving(token)
+  try:
+    v = 0
+    for relays_on, out in ((True, ours), (False, peer)):
+      for g in gs:
+        relays = [start_relay(token, host="127.0.0.1") for _ in range(g)] if relays_on else []
+        addrs = [r.address for r in relays]
+        fetchers = []
+        for j in range(g):
+          f = StreamFetcher(c, delta=False)
+          if relays_on:
+            f.relay, f.parents = relays[j], (lambda j=j: tree_parents(j, relay_fanout, addrs))
+          fetchers.append(f)
+        got = {}
+        ts = [threading.Thread(target=lambda j=j, f=f: got.update({j: f.fetch(v - 1, 60)}))
+              for j, f in enumerate(fetchers)]
+        for t in ts:
+          t.start()
+        before = src.served_bytes
+        StreamPublisher(c, v, params16, chunk_bytes, source=src).publish()
+        for t in ts:
+          t.join(300)
+        assert all(got[j] is not None and got[j].version == v for j in range(g)), got
+        out[g] = round((src.served_bytes - before) / model, 4)
+        for r in relays:
+          r.stop()
+        v += 1
+  finally:
+    src.stop()
+    c.close()
+    srv.stop()
+  return ours, peer
+
+
+def _learner(steps: int):
+  """The tiny model's learner with configs/8b.py's optimizer at its post-warm-up rate."""
+  import jax
+  import jax.numpy as jnp
+  from bench.learner import make_batch
+  from configs import common
+  from scalerl_jax import models
+  from scalerl_jax.learner import Learner
+  import importlib  # local: configs/8b.py's module name starts with a digit
+  config = importlib.import_module("configs.8b").get_config()
+  config.optim.warmup_steps = 0                     # every step at the post-warm-up lr 5e-7
+  run = common.RunConfig.from_config(config)
+  o = run.optim
+  assert (o.lr, o.b1, o.b2, o.eps, o.weight_decay, o.max_grad_norm) == (
+      5e-7, 0.9, 0.999, 1e-15, 0.01, 1.0), o
+  cfg = models.get_preset("tiny_llama3", dtype="float32", param_dtype="float32")
+  params = jax.jit(models.init_params, static_argnums=0)(cfg, jax.random.PRNGKey(0))
+  learner = Learner.for_run(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
+                            jax.tree.map(jnp.asarray, params), run, with_entropy=False)
+  batches = [learner.device_batch(make_batch(cfg, 16, 128, seed=s)) for s in range(4)]
+
+  def step(k):
+    learner.state, m = learner._step(learner.state, batches[k % len(batches)])
+    return float(m["loss"])
+  return learner, step, cfg
+
+
+def measure_deltas(steps: int, chunk_bytes: int) -> dict:
+  """Delta bytes per version over a real learner trajectory; bit identity after every version."""
+  import jax
+  from scalerl_jax.weights.delta import DeltaEncoder
+  from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher, flatten
+  learner, step, _ = _learner(steps)
+  token = secrets.token_hex(8)
+  srv, c, src = _serving(token)
+  enc = DeltaEncoder(full_every=steps + 1000)       # no full refresh within the run
+  f = StreamFetcher(c)
+  fractions, identical, changed = [], True, []
+  try:
+    prev16 = None
+    for v in range(steps + 1):
+      if v:
+        step(v)
+      host = jax.device_get(learner.state.params)
+      d0 = enc.delta_bytes
+      StreamPublisher(c, v, learner.state.params, chunk_bytes, source=src,
+                      wire_dtype="bfloat16", delta=enc).publish()
+      got = f.fetch(v - 1, wait_timeout_s=60)
+      ref = _bf16_params(host)
+      model = _nbytes(ref)
+      same = all(np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+                 for (_, a), (_, b) in zip(flatten(got.params), flatten(ref)))
+      identical = identical and same and got.version == v
+      if v:
+        fractions.append((enc.delta_bytes - d0) / model)
+        changed.append(sum(int(np.count_nonzero(np.asarray(a).view(np.uint16)
+                                                != np.asarray(b).view(np.uint16)))
+                           for a, b in zip(jax.tree.leaves(prev16), jax.tree.leaves(ref)))
+                       / (model / 2))
+      prev16 = ref
+      print(f"[bench.weights] version {v}: delta {fractions[-1] if v else 0:.4f} of the model, "
+            f"bit-identical {same}", flush=True)
+  finally:
+    src.stop()
+    c.close()
+    srv.stop()
+  return {"delta_bytes_per_version_over_model": round(statistics.median(fractions), 5),
+          "delta_max": round(max(fractions), 5),
+          "changed_elements_median": round(statistics.median(changed), 5),
+          "deltas": len(fractions), "delta_fallbacks": f.delta_fallbacks,
+          "delta_chunks": f.delta_chunks, "bit_identical": bool(identical)}
+
+
+def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
+  """One full version, publisher host arrays -> generator host arrays, vs memcpy of its bytes."""
+  from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher
+  token = secrets.token_hex(8)
+  model = _nbytes(params16)
+  srv, c, src = _serving(token)
+  rates = []
+  try:
+    for v in range(repeats + 1):                  # version 0: an untimed warm-up
+      f = StreamFetcher(c, delta=False)
+      t0 = time.perf_counter()
+      StreamPublisher(c, v, params16, chunk_bytes, source=src).publish()
+      got = f.fetch(v - 1, wait_timeout_s=60)
+      dt = time.perf_counter() - t0
+      assert got.version == v
+      if v:
+        rates.append(model / dt / 1e9)
+  finally:
+    src.stop()
+    c.close()
+    srv.stop()
+  import jax
+  flat = np.concatenate([np.asarray(x).reshape(-1).view(np.uint8)
+                         for x in jax.tree.leaves(params16)])
+  mem = []
+  for _ in range(repeats):
+    dst = np.empty_like(flat)
+    t0 = time.perf_counter()
+    np.copyto(dst, flat)
+    mem.append(flat.nbytes / (time.perf_counter() - t0) / 1e9)
+  s, m = statistics.median(rates), statistics.median(mem)
+  return {"stream_GBps": round(s, 3), "memcpy_GBps": round(m, 3),
+          "stream_over_memcpy": round(s / m, 3), "stream_repeats": rates, "memcpy_repeats": mem}
+
+
+def run(args) -> dict:
+  """The --fanout / --delta measurements (see module docstring); returns the JSON line's dict."""
+  import jax
+  from scalerl_jax import models
+  gs = [int(g) for g in args.fanout.split(",")] if args.fanout else [1]
+  cfg = models.get_preset("tiny_llama3", d_model=args.d_model, num_layers=args.layers,
+                          num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=64,
+                          ffn_dim=args.ffn, vocab_size=args.vocab, dtype="float32")
+  params16 = _bf16_params(jax.jit(models.init_params, static_argnums=0)(
+      cfg, jax.random.PRNGKey(0)))
+  chunk = args.stream_chunk_mb << 20
+  print(f"[bench.weights] model {_nbytes(params16) / 1e6:.1f} MB bf16", flush=True)
+  ours, peer = measure_fanout(params16, gs, args.relay_fanout, chunk)
+  out = {"ours": ours[max(gs)], "peer": peer[max(gs)],
+         "unit": "source bytes per version / model bf16 bytes at the largest G",
+         "ratio": round(peer[max(gs)] / max(ours[max(gs)], 1e-9), 3),
+         "relay_fanout": args.relay_fanout,
+         "source_bytes_per_version_over_model": ours, "no_relay": peer}
+  out.update(measure_stream(params16, args.repeats, chunk))
+  if args.delta:
+    out.update(measure_deltas(args.steps, 1 << 20))
+  if args.write_rate:
+    write_rate(args.write_rate, out)
+  return out
+
+
+def write_rate(path: str, out: dict) -> None:
+  """The rates launch.preflight reads (launch/sizing.py RATE_FILE): per-stream GB/s and the
+  delta fraction, with the date, commit and machine they were measured on."""
+  import json
+  import os
+  import platform
+  import subprocess
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+  rate = {"stream_GBps": out["stream_GBps"], "memcpy_GBps": out["memcpy_GBps"],
+          "delta_fraction": out.get("delta_bytes_per_version_over_model"),
+          "date": time.strftime("%Y-%m-%d"), "commit": commit or "?",
+          "machine": f"{os.cpu_count()}-core {platform.processor() or platform.machine()}, "
+                     f"loopback, shared with concurrent work"}
+  with open(path, "w") as f:
+    json.dump(rate, f, indent=1)
+    f.write("\n")
