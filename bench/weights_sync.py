@@ -8,8 +8,8 @@ its relay (weights/relay.py, tree fan-out `--relay-fanout`, default 2).
 * fanout: per G, the learner source's egress for one full bf16 version divided by the model's
   bf16 bytes: ours = with relays (goal <= 1.2 at G = 8), peer = every generator fetching from the
   source (G by construction, measured too).
-* delta: a real learner (scalerl_jax.learner.Learner, CISPO loss, prompt aggregation, the tiny
-  model of configs/tiny.py's preset) takes `--steps` RL steps with configs/8b.py's optimizer at
+* delta: a real learner (scalerl_jax.learner.Learner, configs/tiny.py's loss settings, the
+  tiny_llama3 preset) takes `--steps` RL steps with configs/8b.py's optimizer at
   its post-warm-up rate (AdamW lr 5e-7, b1 0.9, b2 0.999, eps 1e-15, wd 0.01, global-norm clip
   1.0; warm-up 0 so every step is at 5e-7). The rollout batches are synthetic (random tokens,
   rewards 0/1 per group, generator log-probs near uniform): the gradient is the real CISPO
@@ -110,8 +110,12 @@ def _learner(steps: int):
   from scalerl_jax import models
   from scalerl_jax.learner import Learner
   import importlib  # local: configs/8b.py's module name starts with a digit
-  config = importlib.import_module("configs.8b").get_config()
+  config = importlib.import_module("configs.tiny").get_config()
+  big = importlib.import_module("configs.8b").get_config()
+  for k in ("lr", "b1", "b2", "eps", "weight_decay", "max_grad_norm"):   # the 8B optimizer
+    config.optim[k] = big.optim[k]
   config.optim.warmup_steps = 0                     # every step at the post-warm-up lr 5e-7
+  config.optim.microbatches = 1
   run = common.RunConfig.from_config(config)
   o = run.optim
   assert (o.lr, o.b1, o.b2, o.eps, o.weight_decay, o.max_grad_norm) == (

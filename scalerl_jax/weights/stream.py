@@ -502,7 +502,7 @@ class StreamFetcher:
             raise
           self.relay_failovers += 1
           log.info("version %d: relay %s failed (%s); next", h.version, addr,
-                   getattr(e, "code", lambda: e)())
+                   e.code() if isinstance(e, grpc.RpcError) else e)
 
     if len(by_src) == 1:
       one(next(iter(by_src)), base)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from scalerl_jax import lazy
-from scalerl_jax.generation.vllm.protocol import BF16, read_shm
+from scalerl_jax.generation.vllm.protocol import BF16, read_shm, served_names
 
 # vLLM's layerwise reload, loaded at the first weight update (this module loads into vLLM's workers).
 reload = lazy.module("vllm.model_executor.model_loader.reload")
@@ -86,13 +86,16 @@ class ScaleRLWorkerExtension:
         pairs.append((m["name"], t.view(torch.bfloat16) if m["dtype"] == BF16 else t))
     return self._scalerl_load_pairs(pairs)
 
-  def scalerl_unknown_names(self, names: list) -> list:
-    """The HF names among `names` the served model does not accept ([] when it has no known
-    stacking map: then vLLM's own loader validates)."""
+  def scalerl_check_names(self, names: list) -> dict:
+    """{"map": {pushed: served name}, "unknown": [...]}: how an update's HF names map onto the
+    names this served model accepts (protocol.served_names, from the model vLLM loaded: a
+    multimodal Llama-4 holds the text model under `language_model.`), and the ones it does not
+    accept ({} and [] when it has no known stacking map: then vLLM's own loader validates)."""
     known = _hf_names(self._scalerl_model())
     if known is None:
-      return []
-    return [n for n in names if n not in known and "rotary_emb.inv_freq" not in n]
+      return {"map": {}, "unknown": []}
+    mapping, unknown = served_names([n for n in names if "rotary_emb.inv_freq" not in n], known)
+    return {"map": mapping, "unknown": unknown}
 
   def _scalerl_load_pairs(self, pairs: list) -> dict:
     model = self._scalerl_model()

@@ -153,6 +153,7 @@ class VLLMGenerator(Generator):
     # before any weight is touched (vLLM's layerwise reload does not check shapes).
     self._hf_shapes = P.checkpoint_shapes(model_dir)
     self.on_chunk: Callable[[int], None] | None = None   # test hook before each chunk; may raise
+    self.name_map: dict[str, str] = {}     # the last update's pushed -> served HF names
     t0 = time.monotonic()
     try:
       self._accept(startup_timeout)
@@ -323,16 +324,20 @@ class VLLMGenerator(Generator):
       shm = self._shm_slots() if transport != "socket" else None
       if transport == "shm" and shm is None:
         raise VLLMWorkerError("transport='shm' but /dev/shm is not usable here")
-      for n, a in pairs:
-        want = self._hf_shapes.get(n)
-        if want is not None and tuple(np.shape(a)) != want:
-          raise WeightUpdateError(version, n, f"shape {tuple(np.shape(a))}, the model holds "
-                                              f"{want}")
       header, _ = self._call("weights_check", {"names": [n for n, _ in pairs]}, timeout=600)
       if header["unknown"]:        # nothing touched yet: the engine keeps its weights and version
         raise WeightUpdateError(version, header["unknown"][0],
                                 f"unknown weight name: not in the served model "
                                 f"({len(header['unknown'])} unknown)")
+      # Names as the served model holds them (e.g. `language_model.` + the text model's names
+      # in a multimodal Llama-4), mapped from the model vLLM loaded.
+      self.name_map = dict(header["map"])
+      pairs = [(self.name_map.get(n, n), a) for n, a in pairs]
+      for n, a in pairs:
+        want = self._hf_shapes.get(n)
+        if want is not None and tuple(np.shape(a)) != want:
+          raise WeightUpdateError(version, n, f"shape {tuple(np.shape(a))}, the model holds "
+                                              f"{want}")
       t0 = time.perf_counter()
       self._call("weights_begin", {"version": int(version)})
       nbytes, names, error = self._push_chunks(pairs, chunk_bytes, wire_dtype, shm, version)

@@ -222,6 +222,31 @@ def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
   return out
 
 
+def served_names(pushed: Iterable[str], known: set[str]) -> tuple[dict[str, str], list[str]]:
+  """How pushed HF names map onto the names the served model accepts (`known`, derived from the
+  model vLLM loaded): ({pushed: served} for the names the model holds under a prefix, e.g. a
+  Llama-4 ForConditionalGeneration's `language_model.` in front of the text model's
+  `model.layers...` and `lm_head.weight`; names it accepts as they are are not listed), and the
+  names it does not accept at all. One prefix for the whole update: the one that maps the most
+  names (the shortest among equals), taken from the model's own names, never fixed here."""
+  missing = [n for n in pushed if n not in known]
+  if not missing:
+    return {}, []
+  want = set(missing)
+  counts: dict[str, int] = {}
+  for k in known:
+    parts = k.split(".")
+    for i in range(1, len(parts)):
+      if ".".join(parts[i:]) in want:
+        p = ".".join(parts[:i]) + "."
+        counts[p] = counts.get(p, 0) + 1
+  if not counts:
+    return {}, missing
+  prefix = min(counts, key=lambda p: (-counts[p], len(p)))
+  mapping = {n: prefix + n for n in missing if prefix + n in known}
+  return mapping, [n for n in missing if n not in mapping]
+
+
 def hf_layer_key(name: str) -> str:
   """The module a HF tensor name belongs to for chunking: "model.layers.7" for layer tensors, else
   the name itself."""

@@ -229,9 +229,10 @@ class Worker:
     return {"head_dtype": await self.rpc("scalerl_set_head_dtype", header["dtype"])}, ()
 
   async def weights_check(self, header, arrays) -> tuple[dict, tuple]:
-    """The HF names of an update the served model does not accept (checked before any weight is
-    touched: a rejected update leaves weights, version and generation as they are)."""
-    return {"unknown": await self.rpc("scalerl_unknown_names", list(header["names"]))}, ()
+    """How an update's HF names map onto the served model's ("map") and the ones it does not
+    accept ("unknown"), checked before any weight is touched: a rejected update leaves
+    weights, version and generation as they are."""
+    return dict(await self.rpc("scalerl_check_names", list(header["names"]))), ()
 
   async def weights_begin(self, header, arrays) -> tuple[dict, tuple]:
     if self._update is not None:
