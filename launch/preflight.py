@@ -459,9 +459,11 @@ def check_sync(r: Report, cfg, learner_hosts: int, num_devices: int, peak_flops:
   sec = {k: sizing.sync_seconds(model, gens, learner_hosts, fan, d, rates["stream"])
          for k, d in (("delta", rates["delta"]), ("full", 1.0))}
   step = sizing.step_seconds(cfg, num_devices, peak_flops) if peak_flops else float("inf")
-  now = sec["delta" if delta_on else "full"]
-  msg = (f"weight sync {now:.1f} s per version ({'delta' if delta_on else 'full'}; with deltas "
-         f"{sec['delta']:.1f} s, full {sec['full']:.1f} s) for {gens} generators, relay fan-out "
+  every = max(1, int(w.get("delta_full_every", 1)))
+  # With deltas, every `delta_full_every`-th version goes out full: the mean over that cycle.
+  now = (((every - 1) * sec["delta"] + sec["full"]) / every) if delta_on else sec["full"]
+  msg = (f"weight sync {now:.1f} s per version ({f'delta, full every {every}' if delta_on else 'full'}; "
+         f"a delta {sec['delta']:.1f} s, a full version {sec['full']:.1f} s) for {gens} generators, relay fan-out "
          f"{fan}, {learner_hosts} learner hosts, {model / GB:.1f} GB bf16, stream "
          f"{rates['stream'] / GB:.2f} GB/s ({rates['label']}), delta fraction {rates['delta']:.3f}, "
          f"NIC {sizing.PUSH_BANDWIDTH / GB:.1f} GB/s; learner step {step:.1f} s at "
@@ -469,8 +471,8 @@ def check_sync(r: Report, cfg, learner_hosts: int, num_devices: int, peak_flops:
   if now > step:
     need = now / step * rates["stream"]
     r.fail(f"{msg}: sync slower than a step (it would pass at a stream rate of "
-           f"{need / GB:.2f} GB/s)", "weights.relay_fanout / weights.delta / learner hosts "
-           "(sources) / generator.num_workers")
+           f"{need / GB:.2f} GB/s)", "weights.relay_fanout / weights.delta / "
+           "weights.delta_full_every / learner hosts (sources) / generator.num_workers")
   else:
     r.info(msg)
   return dict(sec, step=step, now=now)
