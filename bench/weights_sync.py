@@ -153,6 +153,7 @@ def measure_deltas(steps: int, chunk_bytes: int) -> dict:
       StreamPublisher(c, v, learner.state.params, chunk_bytes, source=src,
                       wire_dtype="bfloat16", delta=enc).publish()
       got = f.fetch(v - 1, wait_timeout_s=60)
+      assert got is not None, f"version {v} did not arrive"
       ref = _bf16_params(host)
       model = _nbytes(ref)
       same = all(np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
@@ -192,7 +193,7 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
       StreamPublisher(c, v, params16, chunk_bytes, source=src).publish()
       got = f.fetch(v - 1, wait_timeout_s=60)
       dt = time.perf_counter() - t0
-      assert got.version == v
+      assert got is not None and got.version == v
       if v:
         rates.append(model / dt / 1e9)
   finally:

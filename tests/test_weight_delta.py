@@ -60,6 +60,12 @@ def test_encode_apply_is_exact_and_refuses_what_does_not_check():
   bad[wd._HEAD.size + 2] ^= 0xFF
   with pytest.raises(wd.DeltaError):
     wd.apply(base, bytes(bad), out)                    # corrupt compressed bytes
+  big = rng.standard_normal((8, 10)).astype(BF16)      # a strided box (a column shard)
+  dst = np.zeros_like(big)
+  nxt = big.copy()
+  nxt[3, 7] = (big[3, 7].astype(np.float32) * 2).astype(BF16)
+  wd.apply(big[:, 5:], wd.encode(big[:, 5:], nxt[:, 5:]), dst[:, 5:])
+  assert np.array_equal(_bits(dst[:, 5:]), _bits(nxt[:, 5:])) and not dst[:, :5].any()
   f32 = rng.standard_normal(50).astype(np.float32)     # any width: compared as unsigned ints
   g32 = f32.copy()
   g32[7] = np.nextafter(g32[7], np.float32(9))

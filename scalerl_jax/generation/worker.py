@@ -353,8 +353,9 @@ class Worker(EvalLane, ContinuousLoop):
 
   def close(self) -> None:
     self.stop()
-    if getattr(self, "relay", None) is not None:
-      self.relay.stop()
+    relay = getattr(self, "relay", None)
+    if relay is not None:
+      relay.stop()
     self.gen.close()
     self.client.close()
     if self.reward_log is not None:

@@ -61,13 +61,17 @@ def encode(base: np.ndarray, new: np.ndarray) -> bytes:
   gaps = np.diff(idx, prepend=0).astype("<u4")          # first gap = first index
   xor = (b[idx] ^ n[idx]).astype(n.dtype.newbyteorder("<"))
   zi, zv = zlib.compress(gaps.tobytes(), 1), zlib.compress(xor.tobytes(), 1)
-  return b"".join((_HEAD.pack(MAGIC, crc32c.crc32c(n), idx.size, len(zi), len(zv)), zi, zv))
+  return b"".join((_HEAD.pack(MAGIC, crc32c.crc32c(n.data), idx.size, len(zi), len(zv)), zi, zv))
 
 
 def apply(base: np.ndarray, payload, out: np.ndarray) -> None:
   """Writes base XOR delta into `out` (a fresh array of base's layout); DeltaError unless the
   result's CRC-32C is the one the publisher computed."""
-  b, o = as_bits(base), out.reshape(-1).view(_UINT[out.dtype.itemsize])
+  b = as_bits(base)
+  # `out` may be a strided box of a leaf (a shard cut along another dimension): work in a
+  # contiguous buffer then, and copy the result in once it checked.
+  direct = out.flags.c_contiguous
+  o = out.reshape(-1).view(_UINT[out.dtype.itemsize]) if direct else np.empty_like(b)
   view = memoryview(payload)
   if view.nbytes < _HEAD.size:
     raise DeltaError(f"delta payload of {view.nbytes} bytes is shorter than its header")
@@ -86,9 +90,11 @@ def apply(base: np.ndarray, payload, out: np.ndarray) -> None:
     raise DeltaError("delta indices out of range or not increasing")
   o[...] = b
   o[idx] ^= xor
-  if crc32c.crc32c(o) != crc:
+  if crc32c.crc32c(o.data) != crc:
     raise DeltaError("the delta applied to the held base does not give the published bits "
                      "(CRC-32C mismatch)")
+  if not direct:
+    out[...] = o.view(out.dtype).reshape(out.shape)
 
 
 def layout_key(manifest: dict) -> str:

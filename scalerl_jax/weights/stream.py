@@ -319,7 +319,7 @@ class StreamFetcher:
     self.digests_checked = 0                # version digests (source trailers) that matched
     # Relay fan-out (weights/relay.py): `relay` (a WeightSource in this generator) re-serves what
     # this fetcher receives; `parents()` lists the relays to fetch from before the learner source.
-    self.relay = None
+    self.relay: Optional[Any] = None        # a weights.source.WeightSource
     self.parents: Callable[[], list[str]] = lambda: []
     self.relay_wait_s = 5.0                 # how long a relay parent may take to start a version
     self.relay_failovers = 0                # relay streams that failed (then the next one)

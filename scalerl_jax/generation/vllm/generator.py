@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Callable, Iterable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Literal, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -319,7 +319,8 @@ class VLLMGenerator(Generator):
     MB/s of the transfer."""
     if transport not in ("auto", "shm", "socket"):
       raise ValueError(f"transport={transport!r}; expected 'auto', 'shm' or 'socket'")
-    pairs = list(weights.items() if isinstance(weights, Mapping) else weights)
+    pairs = cast(list[tuple[str, np.ndarray]],
+                 list(weights.items()) if isinstance(weights, Mapping) else list(weights))
     with self._update_lock:
       shm = self._shm_slots() if transport != "socket" else None
       if transport == "shm" and shm is None:
