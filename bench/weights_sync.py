@@ -18,8 +18,9 @@ its relay (weights/relay.py, tree fan-out `--relay-fanout`, default 2).
   delta bytes per version / model bf16 bytes per step (median, max); after every version the
   fetched bits are compared with numpy's (ml_dtypes) bf16 cast of the learner's fp32 params.
 * stream: one full bf16 version from the publisher's host arrays to the generator's host arrays
-  through a WeightSource, GB/s of model bytes, median of --repeats; memcpy GB/s of the same bytes
-  (np.copyto into a fresh buffer), median of --repeats, in the same run.
+  (the generator fetcher a process of its own, as deployed) through a WeightSource, GB/s of model
+  bytes from the start of the publish to the fetcher holding it, median of --repeats; memcpy GB/s
+  of the same bytes (np.copyto into a fresh buffer), median of --repeats, in the same run.
 
 Last stdout line: {"ours", "peer", "unit": "source bytes / model bf16 bytes at max G", "ratio",
 "source_bytes_per_version_over_model": {G: ...}, "no_relay": {G: ...},
@@ -179,24 +180,58 @@ def measure_deltas(steps: int, chunk_bytes: int) -> dict:
           "delta_chunks": f.delta_chunks, "bit_identical": bool(identical)}
 
 
+def _fetch_proc(address, token, conn):
+  """The generator side of `measure_stream`, a process of its own: fetches each new version
+  into fresh host arrays and reports (version, wall clock when it holds all of it)."""
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.protocol.wire import tune_malloc
+  from scalerl_jax.weights.stream import StreamFetcher
+  tune_malloc()
+  c = BufferClient(address, token, max_message_bytes=256 << 20)
+  conn.send("ready")
+  have = -1
+  while True:
+    got = StreamFetcher(c, delta=False).fetch(have, wait_timeout_s=120)
+    if got is None:
+      continue
+    have = got.version
+    conn.send((have, time.time()))
+    if conn.poll() and conn.recv() == "stop":
+      return
+
+
 def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
-  """One full version, publisher host arrays -> generator host arrays, vs memcpy of its bytes."""
-  from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher
+  """One full version, publisher host arrays -> generator host arrays (the generator a process
+  of its own, as deployed), vs memcpy of its bytes in this process."""
+  import multiprocessing as mp
+  from scalerl_jax.weights.stream import StreamPublisher
   token = secrets.token_hex(8)
   model = _nbytes(params16)
   srv, c, src = _serving(token)
+  ctx = mp.get_context("spawn")
+  here, there = ctx.Pipe()
+  proc = ctx.Process(target=_fetch_proc, args=(srv.address, token, there), daemon=True)
+  proc.start()
+  if not here.poll(300) or here.recv() != "ready":
+    proc.kill()
+    raise RuntimeError("the fetcher process did not start")
   rates = []
   try:
     for v in range(repeats + 1):                  # version 0: an untimed warm-up
-      f = StreamFetcher(c, delta=False)
-      t0 = time.perf_counter()
+      time.sleep(0.5)                             # the fetcher long-polls before the publish
+      t0 = time.time()
       StreamPublisher(c, v, params16, chunk_bytes, source=src).publish()
-      got = f.fetch(v - 1, wait_timeout_s=60)
-      dt = time.perf_counter() - t0
-      assert got is not None and got.version == v
+      if not here.poll(300):
+        raise TimeoutError(f"the fetcher process did not report version {v} within 300 s")
+      got_v, done = here.recv()
+      assert got_v == v, (got_v, v)
       if v:
-        rates.append(model / dt / 1e9)
+        rates.append(model / (done - t0) / 1e9)
   finally:
+    here.send("stop")
+    proc.join(30)
+    if proc.is_alive():
+      proc.kill()
     src.stop()
     c.close()
     srv.stop()
