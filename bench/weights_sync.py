@@ -275,6 +275,18 @@ def run(args) -> dict:
   return out
 
 
+def _cpu_name() -> str:
+  """The CPU model (Linux /proc/cpuinfo), "" where unknown."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return ""
+
+
 def write_rate(path: str, out: dict) -> None:
   """The rates launch.preflight reads (launch/sizing.py RATE_FILE): per-stream GB/s and the
   delta fraction, with the date, commit and machine they were measured on."""
@@ -287,7 +299,7 @@ def write_rate(path: str, out: dict) -> None:
   rate = {"stream_GBps": out["stream_GBps"], "memcpy_GBps": out["memcpy_GBps"],
           "delta_fraction": out.get("delta_bytes_per_version_over_model"),
           "date": time.strftime("%Y-%m-%d"), "commit": commit or "?",
-          "machine": f"{os.cpu_count()}-core {platform.processor() or platform.machine()}, "
+          "machine": f"{os.cpu_count()}-core {_cpu_name() or platform.machine()}, "
                      f"loopback, shared with concurrent work"}
   with open(path, "w") as f:
     json.dump(rate, f, indent=1)

@@ -49,10 +49,4 @@ LAYOUTS = {
 
 
 def get_config(arg=None):
-  config = common.scale_out_config("llama4_scout_17b_16e", LAYOUTS, arg or DEFAULT_TOPOLOGY)
-  # A full Scout version is 215.5 GB bf16: at the per-stream rate bench.weights measured
-  # (launch/weight_rate.json) one full refresh every 20 versions alone costs more than a learner
-  # step on average (launch.preflight check_sync). Deltas are exact and checked chunk by chunk
-  # and per version (weights/delta.py), so the refresh is only a safety net: every 100th.
-  config.weights.delta_full_every = 100
-  return config
+  return common.scale_out_config("llama4_scout_17b_16e", LAYOUTS, arg or DEFAULT_TOPOLOGY)
