@@ -49,4 +49,10 @@ LAYOUTS = {
 
 
 def get_config(arg=None):
-  return common.scale_out_config("llama4_scout_17b_16e", LAYOUTS, arg or DEFAULT_TOPOLOGY)
+  config = common.scale_out_config("llama4_scout_17b_16e", LAYOUTS, arg or DEFAULT_TOPOLOGY)
+  # A generator pod holds its versions (215.5 GB bf16 each) + the weight relay's copy of one
+  # (weights/relay.py): with two held versions that is 942 GiB, above the a4x node's 800 GiB
+  # share for 4 GPUs (launch.preflight). One held version (versions an evaluation pins are kept
+  # regardless, generation/eval_lane.py) fits.
+  config.generator.eval_hold_versions = 1
+  return config

@@ -464,7 +464,7 @@ def check_sync(r: Report, cfg, learner_hosts: int, num_devices: int, peak_flops:
   now = (((every - 1) * sec["delta"] + sec["full"]) / every) if delta_on else sec["full"]
   msg = (f"weight sync {now:.1f} s per version ({f'delta, full every {every}' if delta_on else 'full'}; "
          f"a delta {sec['delta']:.1f} s, a full version {sec['full']:.1f} s) for {gens} generators, relay fan-out "
-         f"{fan}, {learner_hosts} learner hosts, {model / GB:.1f} GB bf16, stream "
+         f"{fan}, {learner_hosts} learner hosts, {model / GB:.1f} GB on the wire, stream "
          f"{rates['stream'] / GB:.2f} GB/s ({rates['label']}), delta fraction {rates['delta']:.3f}, "
          f"NIC {sizing.PUSH_BANDWIDTH / GB:.1f} GB/s; learner step {step:.1f} s at "
          f"{sizing.STEP_MFU:.0%} MFU")
@@ -507,8 +507,8 @@ def check_pod_memory(r: Report, v: Variant, cfg, gcfg, lc, platform, hosts, chip
     have = _request(gc)
     gplat = next((ACCELERATOR_OF_SELECTOR[x] for x in gpod.get("nodeSelector", {}).values()
                   if x in ACCELERATOR_OF_SELECTOR), None)
-    what = (f"{need['versions']} weight versions {need['steady'] / GIB:.0f} GiB / start-up "
-            f"version + export {need['start'] / GIB:.0f} GiB + vLLM")
+    what = (f"{need['versions']} weight versions + relay copy {need['steady'] / GIB:.0f} GiB / "
+            f"start-up version + export {need['start'] / GIB:.0f} GiB + vLLM")
     ok = have >= need["total"]
     if not ok:
       r.fail(f"generator memory request {have / GIB:.0f} GiB < {need['total'] / GIB:.0f} GiB it "

@@ -8,7 +8,8 @@ Everything here is arithmetic on the resolved run config and the model preset, n
   weight push                    params x the wire bytes per parameter (`wire_bytes_per_param`:
                                  runtime.wire_dtype where it exists, else today's fp32 push)
   generator host memory          the weight versions a generator worker holds in host RAM
-                                 (generator.eval_hold_versions + the one being fetched), or at
+                                 (generator.eval_hold_versions + the one being fetched + the
+                                 relay's copy of one version when weights.relay_fanout > 0), or at
                                  start one version plus its HF export for vLLM (none when vLLM
                                  starts from the start checkpoint), + VLLM_HOST_BYTES
   vLLM KV cache                  gpu_memory_utilization x HBM x TP - bf16 weights -
@@ -140,14 +141,17 @@ def generator_host_bytes(config) -> dict:
   g = config.generator
   versions = int(g.eval_hold_versions) + 1
   wire = wire_bytes_per_param(config)
-  steady = versions * n * wire
+  # + the weight relay's copy (weights/relay.py): the chunk messages of the version it passes on
+  w = config.weights
+  relay = n * wire if int(w.get("relay_fanout", 0)) > 0 else 0
+  steady = versions * n * wire + relay
   # vLLM starts on generator.vllm_model_dir or the start checkpoint (generation.worker
   # vllm_start_dir: a gs:// one is copied to local disk); else on an HF export of version 0
   started_from_disk = g.vllm_model_dir or config.model.hf_checkpoint
   export = 0 if started_from_disk else n * engine_bytes_per_param(config)
   start = n * wire + export
   total = max(steady, start) + VLLM_HOST_BYTES + SHM_BYTES
-  return dict(versions=versions, steady=steady, start=start, total=total)
+  return dict(versions=versions, steady=steady, start=start, total=total, relay=relay)
 
 
 def generator_memory_request_gib(config) -> int:
