@@ -52,6 +52,14 @@ def test_tree_parents():
   assert tree_parents(5, 0, addrs) == []                             # relays off
 
 
+def _stop(relays, src, c, srv):
+  for r in relays:
+    r.stop()
+  src.stop()
+  c.close()
+  srv.stop()
+
+
 def _fleet(c, G, fanout):
   relays = [start_relay(TOKEN, host="127.0.0.1") for _ in range(G)]
   addrs = [r.address for r in relays]
@@ -113,11 +121,7 @@ def test_source_egress_is_one_model_per_version_and_everyone_is_bit_identical():
     assert all(relays[j].served_chunks == 0 for j in (3, 4, 5))         # the leaves did not
     assert sum(f.relay_failovers for f in fetchers) == 0
   finally:
-    for r in relays:
-      r.stop()
-    src.stop()
-    c.close()
-    srv.stop()
+    _stop(relays, src, c, srv)
 
 
 def test_relay_killed_mid_version_does_not_stop_the_others():
@@ -152,11 +156,7 @@ def test_relay_killed_mid_version_does_not_stop_the_others():
       assert all(np.array_equal(a, b) for a, (_, b) in zip(ref, flatten(got.params))), j
     assert fetchers[3].relay_failovers + fetchers[4].relay_failovers >= 1
   finally:
-    for r in relays:
-      r.stop()
-    src.stop()
-    c.close()
-    srv.stop()
+    _stop(relays, src, c, srv)
 
 
 def test_buffer_assigns_the_relay_tree_from_heartbeats():

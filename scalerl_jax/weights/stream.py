@@ -491,6 +491,8 @@ class StreamFetcher:
         try:
           self._stream_from(addr or manifest["sources"][o], addr is not None, o, base, h, p,
                             by_src, wait_timeout_s)
+          if addr is not None and not all(i in have for i in by_src[o]):
+            self.relay_failovers += 1          # a relay stream that ended short (it stopped)
         except wd.DeltaError as e:     # counted; this source's chunks come full
           self.delta_fallbacks += 1
           log.warning("version %d: delta from %s did not check (%s); fetching it full",
