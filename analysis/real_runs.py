@@ -153,6 +153,20 @@ def references_for(name: str) -> tuple[str, ...]:
   return tuple(r for r in CALIBRATION if r != name)
 
 
+#: The SFT base policy each stored run started from (issue #48: what a family must share): the
+#: AMD EPYC base of sessions 19-22, the Xeon base of sessions 23-26 (their checkpoints are gone:
+#: named), and the base of issue #48's allocation runs (the digest ``analysis.family`` computes of
+#: a WORKDIR/base_policy, so a live run from that base pools with them).
+BASES = {"epyc": "epyc-sessions-19-22", "xeon": "xeon-sessions-23-26", "alloc": "sha256:1ba7d48721f0ac7a"}
+
+
+def base_of(name: str) -> str | None:
+  """The base policy of stored real run ``name`` (``BASES``), None for a name not in ``RUNS``."""
+  if name not in RUNS:
+    return None
+  return BASES["alloc" if name in ALLOC else "xeon" if name.startswith("xeon_") else "epyc"]
+
+
 def command(name: str, workdir: str) -> list[str]:
   """The training command of run `name` writing to `workdir`."""
   settings = {**SHARED, **RUNS[name]}
