@@ -85,6 +85,7 @@ def read_alloc_run(run_dir: str) -> AllocRun:
 def run_theta(run: AllocRun) -> np.ndarray:
   """(A, log B, log C_mid) of one run's least-squares Eq. 1 fit on the FLOPs axis."""
   fit = fit_sigmoid(run.x, run.y, run.r0)
+  assert fit.C_mid is not None          # an Eq. 1 fit always has one
   return np.array([fit.A, math.log(fit.B), math.log(fit.C_mid)])
 
 

@@ -36,7 +36,6 @@ from analysis.errors import AnalysisError, ForecastInputError
 from analysis.metrics import CONFIG_FILE, RunData
 from analysis.posterior import MIN_EVALS
 from analysis.scaling import fit_sigmoid
-from scalerl_jax import storage
 
 __all__ = ["FLOORS", "MIN_MEMBERS", "config_of", "MemberFit", "member_fit", "fit_members", "robust_normal",
            "family_prior", "setup_of", "check_family", "NotIdentifiableError"]
@@ -79,6 +78,7 @@ def member_fit(run: RunData) -> MemberFit:
     fit = fit_sigmoid(C, y, run.r0)
   except AnalysisError as e:
     raise NotIdentifiableError(f"family member {run.name}: not identifiable, Eq. 1 does not fit ({e})") from None
+  assert fit.C_mid is not None          # an Eq. 1 fit always has one
   return MemberFit(run.name, float(fit.A), float(fit.B), float(fit.C_mid) / float(C[-1]), float(C[-1]), len(C))
 
 

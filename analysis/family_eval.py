@@ -6,7 +6,7 @@ bands, three ways: alone, ``--reference`` (same-setup runs: the baseline recipe'
   python -m analysis.family_eval [--set alloc|xeon] [--cuts 0.25,0.5] [--json OUT.json]
 
 ``alloc``: the fourteen held-out allocation runs (``real_runs.ALLOC``; family = the alloc runs of the
-other allocations, references = the default allocation's runs). ``xeon``: the 19 other-recipe Xeon
+other allocations, references = the default allocation's runs). ``xeon``: the 18 other-recipe Xeon
 runs (not held out; family = the Xeon runs of the other recipes, references = the twenty Xeon seeds
 of sessions 23-24). Prints one table row per (way, cut) and a JSON line of per-run numbers.
 """
@@ -45,7 +45,7 @@ def design(which: str) -> list[dict]:
     targets = pool
   elif which == "xeon":
     pool = [n for n in real_runs.RUNS if n.startswith("xeon_")]
-    targets = [n for n in pool if not n.startswith(("xeon_scalerl_", "xeon_long450_"))]
+    targets = [n for n in pool if not n.startswith("xeon_scalerl_")]
     refs_of = lambda t: list(real_runs.XEON_REFERENCES)
   else:
     raise ValueError(f"--set {which!r}: expected alloc or xeon")
@@ -71,12 +71,12 @@ def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0) -> list[dict]:
     x_end, y_end = float(t.compute[-1]), float(t.value[-1])
     for cut in cuts:
       for way in WAYS:
-        kw = {"references": [_load(n, runs) for n in d["references"]] if way == "reference" else (),
-              "family": [_load(n, runs) for n in d["family"]] if way == "family" else ()}
+        refs = [_load(n, runs) for n in d["references"]] if way == "reference" else []
+        fam = [_load(n, runs) for n in d["family"]] if way == "family" else []
         rec = {"run": d["target"], "cut": cut, "way": way, "final": y_end}
         try:
           r, _ = forecast_run(t, x_end, until=cut * x_end, n_samples=ns, seed=seed + i, n_draws=8000,
-                              ref_cache=fit_cache, unit="steps", **kw)
+                              ref_cache=fit_cache, unit="steps", references=refs, family=fam)
           lo, hi = (r["lo"], r["hi"]) if way != "alone" else (r["pred_lo"], r["pred_hi"])
           rec.update(pred=r["pred"], lo=lo, hi=hi, err=r["pred"] - y_end, covered=bool(lo <= y_end <= hi),
                      identifiable=r["identifiable"])

@@ -454,7 +454,6 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   if not np.max(y) > r0:
     raise NoImprovementError(f"the pass rate never exceeds R0={r0:.4g} (max {np.max(y):.4g}); there is "
                              "no rise to extrapolate yet - wait for more evaluations")
-  family = prior   # (``prior`` the name of the loop variable below)
   noise = dict(estimate_noise(C, y, r0, n_samples) if noise is None else noise)
   noise["model_error"] = float(model_error)
   noise["inflate"] = float(noise["inflate"]) * model_error ** 2
@@ -465,7 +464,7 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   prior_b = tuple(np.log(B_PRIOR))
   cm = np.exp(np.linspace(prior_c[0], prior_c[1], _COARSE[0]))
   bg = np.exp(np.linspace(prior_b[0], prior_b[1], _COARSE[1]))
-  st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, family, r0)
+  st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, prior, r0)
   box_c, box_b = _box(cm, bg, _cell_logw(st, a_lo, a_hi) + extra)
   lap = _laplace_box(C, y, r0, noise, prior_c, prior_b)
   if lap is not None:
@@ -474,17 +473,17 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   for _ in range(4):    # widen the box while the mass touches an edge that is not the prior's
     cm = np.exp(np.linspace(box_c[0], box_c[1], _FINE[0]))
     bg = np.exp(np.linspace(box_b[0], box_b[1], _FINE[1]))
-    st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, family, r0)
+    st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, prior, r0)
     logw = _cell_logw(st, a_lo, a_hi) + extra
     keep = (logw > logw.max() - _LOGW_SPAN).reshape(len(cm), len(bg))
     grow = False
-    for box, edge_lo, edge_hi, prior in ((box_c, keep[0].any(), keep[-1].any(), prior_c),
-                                         (box_b, keep[:, 0].any(), keep[:, -1].any(), prior_b)):
+    for box, edge_lo, edge_hi, lim in ((box_c, keep[0].any(), keep[-1].any(), prior_c),
+                                       (box_b, keep[:, 0].any(), keep[:, -1].any(), prior_b)):
       width = box[1] - box[0]
-      if edge_lo and box[0] > prior[0] + 1e-9:
-        box[0], grow = max(box[0] - width, prior[0]), True
-      if edge_hi and box[1] < prior[1] - 1e-9:
-        box[1], grow = min(box[1] + width, prior[1]), True
+      if edge_lo and box[0] > lim[0] + 1e-9:
+        box[0], grow = max(box[0] - width, lim[0]), True
+      if edge_hi and box[1] < lim[1] - 1e-9:
+        box[1], grow = min(box[1] + width, lim[1]), True
     if not grow:
       break
   w = np.exp(logw - logw.max())

@@ -143,7 +143,10 @@ def references_for(name: str) -> tuple[str, ...]:
     in session 26 before each batch ran): session 26's first batch -> the twenty Xeon runs of
     sessions 23-24; its second batch -> those and the first batch (forty); one of the twenty ->
     the other nineteen (leave-one-out: they were seen before the rule was chosen, so not a held-out
-    result); an EPYC run -> the calibration half (less itself)."""
+    result); an EPYC run -> the calibration half (less itself); an issue-#48 allocation run -> the
+    default allocation's runs (less itself)."""
+  if name in ALLOC:     # issue #48: the default allocation's runs (same setup), less itself
+    return tuple(r for r in ALLOC if r.startswith("alloc_default_") and r != name)
   if name in SESSION26B:
     return XEON_REFERENCES + SESSION26
   if name in SESSION26:

@@ -40,7 +40,9 @@ def replay(kind: str, dirs: list[str], first: int) -> list[tuple[float, float]]:
     wd = os.path.join(tmp, TARGET)
     os.makedirs(wd)
     shutil.copy(os.path.join(real_runs.OUT, TARGET, "command.txt"), wd)
-    fc = LiveForecast(wd, lambda rec: None, axis="step", n_draws=4000, **{kind: ",".join(dirs)})
+    joined = ",".join(dirs)
+    fc = LiveForecast(wd, lambda rec: None, axis="step", n_draws=4000,
+                      family=joined if kind == "family" else "", references=joined if kind == "references" else "")
     out = []
     for k in range(first, len(lines) + 1):
       with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
