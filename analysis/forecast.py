@@ -30,7 +30,7 @@ import numpy as np
 
 from analysis.compare import A_TOLERANCE, compare_runs
 from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
-from analysis.family import check_family, family_prior, fit_members, setup_of
+from analysis.family import NotIdentifiableError, check_family, family_prior, fit_members, setup_of
 from analysis.metrics import AXES, AXIS_UNITS, METRICS_FILE, RunData, on_axis, read_metrics_lines, read_run
 from analysis.plots import plot_forecast
 from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
@@ -96,6 +96,10 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
     in the record says how.
     """
   C, y = run.window(None, until)
+  if family and len(C) < MIN_EVALS:
+    raise NotIdentifiableError(f"{run.name}: not identifiable, {len(C)} evaluations after step 0; even with a "
+                               f"family a forecast needs {MIN_EVALS} (the family gives the shape, the run's own "
+                               "evaluations its level) - wait for more evaluations")
   _check_request(run, C, budget, target, unit)
   references = [r for r in references if not (r.run_dir and r.run_dir == run.run_dir)]   # never itself
   family = [r for r in family if not (r.run_dir and r.run_dir == run.run_dir)]

@@ -87,6 +87,9 @@ def _run(name, A, B=2.0, m=0.4, T=300.0, every=10, until=None, noise=0.0, seed=0
 def test_member_too_short_is_not_identifiable_with_the_reason():
   with pytest.raises(NotIdentifiableError, match="not identifiable, 3 evaluations"):
     member_fit(_run("short", 0.8, T=30))
+  fam = [_run(f"m{i}", A) for i, A in enumerate([0.75, 0.8, 0.85])]
+  with pytest.raises(NotIdentifiableError, match="t: not identifiable, 3 evaluations after step 0"):
+    forecast_run(_run("t", 0.8, until=30), 300.0, unit="steps", family=fam)
   flat = RunData(name="flat", compute=np.arange(0.0, 100, 10), value=np.full(10, 0.2), step=np.arange(10),
                  r0=0.2)
   with pytest.raises(NotIdentifiableError, match="never rises"):
@@ -220,3 +223,21 @@ def test_allocate_cli_bad_candidate_is_one_line(capsys):
   rc = allocate.main(d + ["--budget", "1e12", "--candidate", "batch=64,rollouts=8"])
   err = capsys.readouterr().err.strip().splitlines()
   assert rc == 2 and len(err) == 1 and "missing think" in err[0]
+
+
+def test_live_forecast_pools_a_family_and_refuses_another_base_at_start(tmp_path):
+  from scalerl_jax.training.health import LiveForecast   # local: the trainer's module, only here
+  wd = tmp_path / "xeon_qwen_dapo_s30"
+  wd.mkdir()
+  shutil.copy(REAL / "xeon_qwen_dapo_s30" / "command.txt", wd)
+  lines = (REAL / "xeon_qwen_dapo_s30" / "metrics.jsonl").read_text().splitlines()
+  (wd / "metrics.jsonl").write_text("\n".join(lines[:17]) + "\n")        # steps 0-160
+  fam = ",".join(str(REAL / n) for n in ("xeon_magistral_s30", "xeon_minimax_s30", "xeon_deepseek_grpo_s30",
+                                         "xeon_lr_2e-5_s32", "xeon_loo_bf16_head_s31"))
+  with pytest.raises(ForecastInputError, match="family member scalerl_s1 differs .* base policy"):
+    LiveForecast(str(wd), lambda r: None, axis="step", family=fam + "," + str(REAL / "scalerl_s1"))
+  got = []
+  fc = LiveForecast(str(wd), got.append, axis="step", n_draws=2000, family=fam)
+  rec = fc.compute(160, 0.04, 300)
+  assert rec is not None and rec["forecast/family_n"] == 5 and rec["forecast/budget_steps"] == 300
+  assert rec["forecast/R_at_budget_lo"] <= rec["forecast/R_at_budget"] <= rec["forecast/R_at_budget_hi"]
