@@ -74,6 +74,10 @@ def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0) -> list[dict]:
         refs = [_load(n, runs) for n in d["references"]] if way == "reference" else []
         fam = [_load(n, runs) for n in d["family"]] if way == "family" else []
         rec = {"run": d["target"], "cut": cut, "way": way, "final": y_end}
+        if way != "alone" and not (refs or fam):
+          rec["error"] = f"no {way} runs"
+          out.append(rec)
+          continue
         try:
           r, _ = forecast_run(t, x_end, until=cut * x_end, n_samples=ns, seed=seed + i, n_draws=8000,
                               ref_cache=fit_cache, unit="steps", references=refs, family=fam)
