@@ -248,6 +248,7 @@ def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.
     forecast of every run (``analysis.reference`` against ``real_runs.references_for``)."""
   root = Path(runs_dir or real_runs.OUT)
   names = sorted(p.name for p in root.iterdir() if (p / "metrics.jsonl").is_file()) if root.is_dir() else []
+  names = [n for n in names if n not in real_runs.ALLOC]   # issue #48's runs: their own study (family_eval)
   if not names:
     raise AnalysisError(f"no real runs in {root}: make them with `python -m analysis.real_runs` "
                         "(~2-3 min per run on 2 cores)")

@@ -1,7 +1,7 @@
 """Forecast runs from what they have measured so far (issue #17).
 
 ``python -m analysis.forecast RUN_DIR [RUN_DIR ...] --budget HOURS [--target R] [--out DIR] [--until HOURS]
-[--axis compute|step] [--reference FINISHED_RUN_DIR ...]``
+[--axis compute|step] [--reference FINISHED_RUN_DIR ...] [--family RUN_DIR ...]``
 
 For each run: the pass rate predicted at ``--budget`` with a 90 % band, the compute needed to reach
 ``--target`` (or "not reachable", with P(A < target)), A, B, C_mid with 90 % intervals, and an
@@ -12,8 +12,10 @@ to that compute (what the run had then). The uncertainty model is ``analysis.pos
 in docs/ANALYSIS.md). ``--axis step`` reads every compute (``--budget``, ``--until``) as training
 steps. ``--reference`` (repeatable): finished runs of the same setup (task, evaluation set, base
 policy); each run's forecast is then corrected by how those runs were forecast from the same
-extrapolation distance, with a split-conformal band (``analysis.reference``). Exit status 2 with a
-one-line ``error: ...`` on bad input.
+extrapolation distance, with a split-conformal band (``analysis.reference``). ``--family``: finished
+runs of other recipes or allocations on the same model, data, evaluation and base policy; the run is
+fitted with their pooled shape and calibrated by their residuals (``analysis.family``). Exit status 2
+with a one-line ``error: ...`` on bad input.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from analysis.compare import A_TOLERANCE, compare_runs
 from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
+from analysis.family import NotIdentifiableError, check_family, family_prior, fit_members, setup_of
 from analysis.metrics import AXES, AXIS_UNITS, METRICS_FILE, RunData, on_axis, read_metrics_lines, read_run
 from analysis.plots import plot_forecast
 from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
@@ -72,7 +75,7 @@ def _check_request(run: RunData, C, budget: float, target: float | None, unit: s
 def forecast_run(run: RunData, budget: float, target: float | None = None, *, until: float | None = None,
                  n_samples: float | None = None, seed: int = 0, n_draws: int = 20000,
                  level: float = LEVEL, references: Sequence[RunData] = (), ref_cache: dict | None = None,
-                 unit: str = "h") -> tuple[dict, Posterior]:
+                 unit: str = "h", family: Sequence[RunData] = ()) -> tuple[dict, Posterior]:
   """Forecast one run (``analysis.metrics.RunData``) at ``budget`` hours; returns (record, posterior).
 
     The record holds ``run``, ``budget``, ``pred``, ``lo``, ``hi`` (the ``level`` band of the pass
@@ -86,12 +89,23 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
     ``pred`` becomes the calibrated median and ``lo``/``hi`` = ``pred_lo``/``pred_hi`` the
     calibrated band (of a measured value at the budget); ``raw`` keeps Eq. 1's numbers and
     ``reference`` the correction (``own_median``: the measurement band's median it shifts,
-    ``shift``, ``n``, the residuals). ``unit``: "h" or "steps".
+    ``shift``, ``n``, the residuals). ``unit``: "h" or "steps". ``family``: finished runs of other
+    recipes on the same setup (``analysis.family``; checked by the caller): the target is fitted
+    with their pooled shape and A as its prior, and calibrated by their residuals (by the
+    references' when ``references`` are given too, their forecasts pooled the same way); ``family``
+    in the record says how.
     """
   C, y = run.window(None, until)
+  if family and len(C) < MIN_EVALS:
+    raise NotIdentifiableError(f"{run.name}: not identifiable, {len(C)} evaluations after step 0; even with a "
+                               f"family a forecast needs {MIN_EVALS} (the family gives the shape, the run's own "
+                               "evaluations its level) - wait for more evaluations")
   _check_request(run, C, budget, target, unit)
+  references = [r for r in references if not (r.run_dir and r.run_dir == run.run_dir)]   # never itself
+  family = [r for r in family if not (r.run_dir and r.run_dir == run.run_dir)]
+  fam = _family_model(family, ref_cache) if family else None
   post = fit_posterior(C, y, run.r0, n_samples=n_samples, seed=seed, n_draws=n_draws,
-                       unstable_at=run.alarms)
+                       unstable_at=run.alarms, prior=family_prior(fam["fits"], budget) if fam else None)
   band = post.band([budget], level)
   mband = post.band([budget], level, measurement=True, seed=seed)
   ident = post.identifiability(level=level)
@@ -113,11 +127,12 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
          "ci": {p: post.interval(p, level) for p in ("A", "B", "C_mid")}, "ci_level": level,
          "map": post.map, "noise": {k: float(v) for k, v in post.noise.items()}, "n_samples": n_samples,
          "unit": unit}
-  references = [r for r in references if not (r.run_dir and r.run_dir == run.run_dir)]   # never itself
-  if references:
-    res = reference_residuals(references, float(budget) / float(C[-1]), level=level, seed=seed,
+  calib = references or family
+  if calib:
+    res = reference_residuals(calib, float(budget) / float(C[-1]), level=level, seed=seed,
                               n_draws=min(n_draws, 8000), cache=ref_cache,
-                              n_samples_of=lambda r: eval_samples(r.run_dir) if r.run_dir else None)
+                              n_samples_of=lambda r: eval_samples(r.run_dir) if r.run_dir else None,
+                              prior_of=fam["prior_of"] if fam else None, prior_key=fam["key"] if fam else None)
     cal = calibrate(float(mband["pred"][0]), float(mband["lo"][0]), float(mband["hi"][0]), res,
                     target_alarm=alarm_before(run, float(C[-1])), level=level)
     rec["raw"] = {k: rec[k] for k in ("pred", "lo", "hi", "pred_lo", "pred_hi")}
@@ -125,6 +140,11 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
                verdict=verdict(ident["identifiable"], cal["hi"] - cal["lo"]))
     rec["reference"] = {**{k: cal[k] for k in ("shift", "n", "n_all", "alarm", "conformal_lo", "conformal_hi")},
                         "own_median": float(mband["pred"][0]), "residuals": res}
+  if fam:
+    pr = family_prior(fam["fits"], budget)
+    rec["family"] = {"n": pr["n"], "members": [f.name for f in fam["fits"]], "not_identifiable": fam["skipped"],
+                     "B": pr["B"], "m": pr["m"], "A": list(pr["A"]), "sd_log_b": pr["log_b"][1],
+                     "sd_log_m": pr["log_cmid"][1], "residuals_from": "references" if references else "family"}
   if target is not None:
     h = post.hours_to(target, level)
     rec["target"] = float(target)
@@ -132,6 +152,15 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
     rec["hours_to_target"] = (None if h["p_unreachable"] >= 0.5 else
                               {"pred": h["pred"], "lo": h["lo"], "hi": _finite_or_none(h["hi"])})
   return rec, post
+
+
+def _family_model(family: Sequence[RunData], cache: dict | None) -> dict:
+  """The family's member fits (cached in ``cache``), the members left out as not identifiable, and
+    the leave-one-out prior each member (or reference) is forecast with at its own end."""
+  fits, skipped = fit_members(family, cache)
+  key = ("family",) + tuple(sorted((f.name, f.n, f.T) for f in fits))
+  return {"fits": fits, "skipped": skipped, "key": key,
+          "prior_of": lambda r: family_prior(fits, float(r.compute[-1]), exclude=r.name)}
 
 
 def _crossings(names, posts, c_from, c_to):
@@ -151,29 +180,38 @@ def _crossings(names, posts, c_from, c_to):
   return out
 
 
-def read_references(ref_dirs, axis: str = "compute") -> list[RunData]:
-  """Finished reference runs (``analysis.reference``) on ``axis``; a clear error for a directory
-    that is missing or holds too few evaluations."""
+def read_references(ref_dirs, axis: str = "compute", what: str = "reference run") -> list[RunData]:
+  """Finished reference runs (``analysis.reference``; ``what``: "family member" for a family) on
+    ``axis``; a clear error for a directory that is missing or holds too few evaluations."""
   refs = []
   for d in ref_dirs:
     try:
       refs.append(on_axis(read_run(storage.path(d)), axis))
     except AnalysisError as e:
-      raise ForecastInputError(f"reference run {d}: {e}") from None
+      raise ForecastInputError(f"{what} {d}: {e}") from None
   return refs
+
+
+def checked_family(run: RunData, family: Sequence[RunData], config=None) -> dict:
+  """``analysis.family.check_family`` of ``run`` against the members: refuses one that differs in
+    model, data, evaluation or base policy, by name (``config``: the run's own, in training)."""
+  target = (run.name, setup_of(run.run_dir or "", run.name, config=config))
+  return check_family(target, [(m.name, setup_of(m.run_dir or "", m.name)) for m in family])
 
 
 def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=None, *,
                   until: float | None = None, n_samples: float | None = None, seed: int = 0,
                   n_draws: int = 20000, tol: float = A_TOLERANCE, names=None, plot: bool = True,
-                  axis: str = "compute", references=()) -> list[dict]:
+                  axis: str = "compute", references=(), family=()) -> list[dict]:
   """Forecast every run; with several, add ``p_best``, ``crossings`` and the shared-A ``comparison``.
 
     Writes ``out_dir/forecast.json`` and ``out_dir/forecast.png`` when ``out_dir`` is given.
     ``n_samples``: generations per evaluation; default: each run's ``val_samples``. ``axis``:
     "compute" (hours) or "step" (``budget`` and ``until`` in training steps). ``references``:
     directories of finished runs of the same setup (``forecast_run``). P(highest) and the crossings
-    stay Eq. 1's: a bias of the setup is shared by its runs.
+    stay Eq. 1's: a bias of the setup is shared by its runs. ``family``: directories of finished
+    runs of other recipes on the same model, data, evaluation and base policy (``forecast_run``;
+    a member that differs is refused by name).
     """
   run_dirs = [storage.path(d) for d in run_dirs]   # local or gs://
   if not run_dirs:
@@ -181,6 +219,7 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
   if axis not in AXES:
     raise ForecastInputError(f"--axis {axis!r}: expected one of {AXES}")
   refs = read_references(references, axis)
+  fam = read_references(family, axis, what="family member")
   unit = AXIS_UNITS[axis]
   runs = []
   for i, d in enumerate(run_dirs):
@@ -196,8 +235,12 @@ def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=
   cache: dict = {}
   for i, run in enumerate(runs):
     ns = n_samples if n_samples is not None else eval_samples(run.run_dir)
+    members = [m for m in fam if not (m.run_dir and m.run_dir == run.run_dir)]
+    chk = checked_family(run, members) if members else {}
     rec, post = forecast_run(run, budget, target, until=until, n_samples=ns, seed=seed + i, n_draws=n_draws,
-                             references=refs, ref_cache=cache, unit=unit)
+                             references=refs, ref_cache=cache, unit=unit, family=members)
+    if chk:
+      rec["family"]["eval_budget_differs"] = chk["eval_budget_differs"]
     recs.append(rec)
     posts.append(post)
   if len(runs) > 1:
@@ -252,6 +295,11 @@ def format_table(recs: list[dict]) -> str:
                    f"{ref['shift']:+.3f}; band {kind}"
                    f"{'; KL alarm in the data: upper edge at the ceiling' if ref['alarm'] else ''}); Eq. 1 alone: "
                    f"{raw['pred']:.3f} [{raw['pred_lo']:.3f}, {raw['pred_hi']:.3f}]")
+    fam = r.get("family")
+    if fam:
+      lines.append(f"  {r['run']}: family of {fam['n']} runs (B ~ {fam['B']:.2f}, bend at {fam['m']:.2f} x the "
+                   f"budget, A ~ {fam['A'][0]:.3f} +- {fam['A'][1]:.3f}); residuals from the {fam['residuals_from']}"
+                   + "".join(f"; {s}" for s in fam["not_identifiable"]))
     if not r["identifiable"]:
       lines.append(f"! {r['run']}: NOT YET IDENTIFIABLE - " + "; ".join(r["reasons"]) +
                    ". The band is wide on purpose: do not read the median as a prediction.")
@@ -305,11 +353,14 @@ def main(argv=None) -> int:
   ap.add_argument("--reference", action="append", default=[], metavar="FINISHED_RUN_DIR",
                   help="a finished run of the same setup (repeat for several): calibrates the forecast "
                        "by how that run was forecast from the same extrapolation distance")
+  ap.add_argument("--family", nargs="+", action="extend", default=[], metavar="RUN_DIR",
+                  help="finished runs of OTHER recipes/allocations on the same model, data, evaluation "
+                       "and base policy: pooled shape (B, bend, drift) and a shrunk A (analysis.family)")
   args = ap.parse_args(argv)
   try:
     recs = forecast_runs(args.run_dirs, args.budget, args.target, args.out, until=args.until,
                          n_samples=args.eval_samples, seed=args.seed, axis=args.axis,
-                         references=args.reference)
+                         references=args.reference, family=args.family)
   except AnalysisError as exc:
     print(f"error: {exc}", file=sys.stderr)
     return 2

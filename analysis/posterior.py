@@ -295,6 +295,29 @@ def _cell_logw(st, a_lo, a_hi):
           + _log_norm_cdf_diff((a_lo - mu) / sd, (a_hi - mu) / sd))
 
 
+def _with_prior(st, cm, bg, prior, r0):
+  """The cell statistics and log weights with a family prior (``analysis.family``): a Gaussian on
+    A (``prior["A"]`` = (mean, sd)) multiplies each cell's Gaussian in ``a = A - R0`` (precisions
+    add), and Gaussians on log C_mid and log B (``prior["log_cmid"]``, ``prior["log_b"]``) add their
+    log densities to the cells (the grid is uniform in both logs, so the uniform prior's
+    density is a constant). ``prior`` None: unchanged, with no extra term."""
+  if not prior:
+    return st, 0.0
+  st = dict(st)
+  if prior.get("A") is not None:
+    mu_a, sd_a = float(prior["A"][0]) - r0, float(prior["A"][1])
+    p = 1.0 / sd_a ** 2
+    st["S2"] = st["S2"] + p
+    st["S1"] = st["S1"] + mu_a * p
+    st["Q"] = st["Q"] + mu_a * mu_a * p
+  extra = np.zeros((len(cm), len(bg)))
+  for key, grid, axis in (("log_cmid", np.log(cm), 0), ("log_b", np.log(bg), 1)):
+    if prior.get(key) is not None:
+      z = (grid - float(prior[key][0])) / float(prior[key][1])
+      extra += np.expand_dims(-0.5 * z * z, 1 - axis)
+  return st, extra.reshape(-1)
+
+
 def _box(cm, bg, logw, pad=1):
   """(lo, hi) in log C_mid and log B of the cells holding mass, padded by ``pad`` cells."""
   keep = (logw > logw.max() - _LOGW_SPAN).reshape(len(cm), len(bg))
@@ -404,7 +427,7 @@ def lfo_excess(C, y, r0: float, *, n_samples: float | None = None, split: float 
 def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: int = 20000,
                   seed: int = 0, value_max: float = 1.0, noise: dict | None = None,
                   r0_noise: bool = True, model_error: float = MODEL_ERROR,
-                  misspec: bool = True, unstable_at=()) -> Posterior:
+                  misspec: bool = True, unstable_at=(), prior: dict | None = None) -> Posterior:
   """Posterior of Eq. 1 for evaluations ``(C, y)`` (C > 0) with ``r0`` the measured step-0 value.
 
     ``n_samples``: generations behind each evaluation (held-out prompts x samples per prompt, e.g.
@@ -416,6 +439,8 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
     gives a band of Eq. 1's uncertainty alone. ``unstable_at``: compute of the run's
     KL(generator || learner) alarms (``RunData.alarms``); one inside the data makes the forecast
     not identifiable (its band's upper edge is the ceiling, ``Posterior.identifiability``).
+    ``prior``: a family's shape and A (``analysis.family.family_prior``: Gaussians on log C_mid,
+    log B and A, each (mean, sd) or None) on top of the uniform priors (``_with_prior``).
     Returns a ``Posterior`` with ``n_draws`` draws (seeded by ``seed``).
     """
   C, y = validate_curve(C, y, min_points=1, what="forecast input")
@@ -439,7 +464,8 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   prior_b = tuple(np.log(B_PRIOR))
   cm = np.exp(np.linspace(prior_c[0], prior_c[1], _COARSE[0]))
   bg = np.exp(np.linspace(prior_b[0], prior_b[1], _COARSE[1]))
-  box_c, box_b = _box(cm, bg, _cell_logw(_cell_stats(C, yp, cm, bg, noise, v0), a_lo, a_hi))
+  st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, prior, r0)
+  box_c, box_b = _box(cm, bg, _cell_logw(st, a_lo, a_hi) + extra)
   lap = _laplace_box(C, y, r0, noise, prior_c, prior_b)
   if lap is not None:
     box_c = [min(box_c[0], lap[0][0]), max(box_c[1], lap[0][1])]
@@ -447,17 +473,17 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   for _ in range(4):    # widen the box while the mass touches an edge that is not the prior's
     cm = np.exp(np.linspace(box_c[0], box_c[1], _FINE[0]))
     bg = np.exp(np.linspace(box_b[0], box_b[1], _FINE[1]))
-    st = _cell_stats(C, yp, cm, bg, noise, v0)
-    logw = _cell_logw(st, a_lo, a_hi)
+    st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, prior, r0)
+    logw = _cell_logw(st, a_lo, a_hi) + extra
     keep = (logw > logw.max() - _LOGW_SPAN).reshape(len(cm), len(bg))
     grow = False
-    for box, edge_lo, edge_hi, prior in ((box_c, keep[0].any(), keep[-1].any(), prior_c),
-                                         (box_b, keep[:, 0].any(), keep[:, -1].any(), prior_b)):
+    for box, edge_lo, edge_hi, lim in ((box_c, keep[0].any(), keep[-1].any(), prior_c),
+                                       (box_b, keep[:, 0].any(), keep[:, -1].any(), prior_b)):
       width = box[1] - box[0]
-      if edge_lo and box[0] > prior[0] + 1e-9:
-        box[0], grow = max(box[0] - width, prior[0]), True
-      if edge_hi and box[1] < prior[1] - 1e-9:
-        box[1], grow = min(box[1] + width, prior[1]), True
+      if edge_lo and box[0] > lim[0] + 1e-9:
+        box[0], grow = max(box[0] - width, lim[0]), True
+      if edge_hi and box[1] < lim[1] - 1e-9:
+        box[1], grow = min(box[1] + width, lim[1]), True
     if not grow:
       break
   w = np.exp(logw - logw.max())

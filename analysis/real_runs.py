@@ -34,7 +34,9 @@ OUT = os.path.join(ROOT, "analysis", "real_runs")
 #: forecast from their first half could pin A (errors 0.08-0.24); 300 steps at 3e-5 bend near
 #: the middle (the demo: 0.19 -> 0.90, R^2 0.997).
 SHARED: dict = {}
-KEEP = ("step", "compute_hours", "val_pass_rate", "val_samples")
+KEEP = ("step", "compute_hours", "val_pass_rate", "val_samples", "train_flops", "gen_flops")
+#: (train_flops/gen_flops: kept since issue #48, for the FLOPs axis of the allocation runs; the
+#: 86 earlier curves were stored without them.)
 
 #: Session 26: twenty more held-out runs on the Xeon base of sessions 23-24, declared (and
 #: committed) before they ran, to test the reference-calibrated forecast (analysis.reference,
@@ -64,6 +66,28 @@ SESSION26B_RUNS: dict[str, dict] = {
     "xeon_lr_2e-5_s42": {"optim.lr": 2e-5, "seed": 42},
     "xeon_lr_4e-5_s42": {"optim.lr": 4e-5, "seed": 42},
 }
+
+#: Issue #48: fourteen held-out allocation runs, declared (and committed) before they ran
+#: (docs/ANALYSIS.md "Family pooling and allocation (issue #48)"). One knob at a time around
+#: tiny.py at an equal training budget of 19,200 rollouts (300 steps x 64 rollouts), so every run
+#: ends near the same FLOPs: batch size (rollouts per step) x1/2 (4 prompts, 600 steps) and x2
+#: (16 prompts, 150 steps); rollouts per prompt 16 and 32 at the default batch of 64 (4 and 2
+#: prompts, 300 steps); generation length (the thinking budget) x1/2 ([12, 16]) and x2 ([48, 64]);
+#: the default twice. Two seeds each (50, 51). The evaluation is tiny.py's (64 prompts x 16
+#: samples), only its spacing follows the run's length (~30 evaluations per run). Made on this
+#: 2-core AMD EPYC box, one new SFT base policy shared by the fourteen.
+ALLOC_SETTINGS: dict[str, dict] = {
+    "default": {},
+    "batch_x0.5": {"rollout.prompts_per_step": 4, "total_steps": 600, "eval.every_steps": 20},
+    "batch_x2": {"rollout.prompts_per_step": 16, "total_steps": 150, "eval.every_steps": 5},
+    "rollouts_16": {"rollout.prompts_per_step": 4, "rollout.generations_per_prompt": 16},
+    "rollouts_32": {"rollout.prompts_per_step": 2, "rollout.generations_per_prompt": 32},
+    "gen_x0.5": {"rollout.think_budget_min": 12, "rollout.think_budget_max": 16},
+    "gen_x2": {"rollout.think_budget_min": 48, "rollout.think_budget_max": 64},
+}
+ALLOC_RUNS: dict[str, dict] = {f"alloc_{k}_s{s}": {**v, "seed": s}
+                               for s in (50, 51) for k, v in ALLOC_SETTINGS.items()}
+ALLOC = tuple(ALLOC_RUNS)
 
 #: name -> config settings of the run.
 RUNS: dict[str, dict] = {
@@ -96,6 +120,7 @@ RUNS: dict[str, dict] = {
     **{f"xeon_scalerl_s{s}": {"seed": s} for s in range(20, 30)},
     **SESSION26_RUNS,
     **SESSION26B_RUNS,
+    **ALLOC_RUNS,
 }
 
 #: Runs the misspecification term is fitted on; every other run is held out (chosen before the
@@ -118,7 +143,10 @@ def references_for(name: str) -> tuple[str, ...]:
     in session 26 before each batch ran): session 26's first batch -> the twenty Xeon runs of
     sessions 23-24; its second batch -> those and the first batch (forty); one of the twenty ->
     the other nineteen (leave-one-out: they were seen before the rule was chosen, so not a held-out
-    result); an EPYC run -> the calibration half (less itself)."""
+    result); an EPYC run -> the calibration half (less itself); an issue-#48 allocation run -> the
+    default allocation's runs (less itself)."""
+  if name in ALLOC:     # issue #48: the default allocation's runs (same setup), less itself
+    return tuple(r for r in ALLOC if r.startswith("alloc_default_") and r != name)
   if name in SESSION26B:
     return XEON_REFERENCES + SESSION26
   if name in SESSION26:
@@ -126,6 +154,20 @@ def references_for(name: str) -> tuple[str, ...]:
   if name in XEON_REFERENCES:
     return tuple(r for r in XEON_REFERENCES if r != name)
   return tuple(r for r in CALIBRATION if r != name)
+
+
+#: The SFT base policy each stored run started from (issue #48: what a family must share): the
+#: AMD EPYC base of sessions 19-22, the Xeon base of sessions 23-26 (their checkpoints are gone:
+#: named), and the base of issue #48's allocation runs (the digest ``analysis.family`` computes of
+#: a WORKDIR/base_policy, so a live run from that base pools with them).
+BASES = {"epyc": "epyc-sessions-19-22", "xeon": "xeon-sessions-23-26", "alloc": "sha256:1ba7d48721f0ac7a"}
+
+
+def base_of(name: str) -> str | None:
+  """The base policy of stored real run ``name`` (``BASES``), None for a name not in ``RUNS``."""
+  if name not in RUNS:
+    return None
+  return BASES["alloc" if name in ALLOC else "xeon" if name.startswith("xeon_") else "epyc"]
 
 
 def command(name: str, workdir: str) -> list[str]:

@@ -43,27 +43,33 @@ def alarm_before(run: RunData, x_last: float) -> bool:
 
 def reference_residuals(refs: Sequence[RunData], ratio: float, *, level: float = LEVEL, seed: int = 0,
                         n_draws: int = 8000, n_samples_of: Callable[[RunData], float | None] | None = None,
-                        cache: dict | None = None) -> list[dict]:
+                        cache: dict | None = None,
+                        prior_of: Callable[[RunData], dict | None] | None = None,
+                        prior_key=None) -> list[dict]:
   """Each finished reference run forecast from its evaluations with ``x <= x_end / ratio`` to its
     last evaluation ``x_end``, as a target at extrapolation distance ``ratio`` is: ``{run, residual
     (final - median), pred, final, x_cut, alarm}``. A reference whose prefix cannot be forecast
     (too few evaluations, no rise yet) is left out. ``n_samples_of(ref)``: generations behind one
     of its evaluations (None: estimated). ``cache``: a dict shared between calls (the fits keyed by
-    the run and its number of evaluations in the prefix; ``n_samples_of`` asked once per run)."""
+    the run and its number of evaluations in the prefix; ``n_samples_of`` asked once per run).
+    ``prior_of(ref)``: the prior each reference is forecast with (a family's, ``analysis.family``;
+    None: the uniform prior, as before); ``prior_key``: a hashable naming that prior in the cache keys
+    (e.g. the family's members), so fits under different priors never mix."""
   if not (math.isfinite(ratio) and ratio >= 1.0):
     raise ForecastInputError(f"extrapolation ratio {ratio}: expected budget / last evaluation >= 1")
   out = []
   for j, ref in enumerate(refs):
     x_end = float(ref.compute[-1])
     m = (ref.compute > 0) & (ref.compute <= x_end / ratio * (1 + 1e-12))
-    key = (ref.name, ref.run_dir, int(m.sum()), float(x_end), level)
+    key = (ref.name, ref.run_dir, int(m.sum()), float(x_end), level, prior_key)
     if cache is not None and key in cache:
       rec = cache[key]
     else:
       rec = None
       try:
         post = fit_posterior(ref.compute[m], ref.value[m], ref.r0, seed=seed + j, n_draws=n_draws,
-                             n_samples=_n_samples(ref, n_samples_of, cache), unstable_at=ref.alarms)
+                             n_samples=_n_samples(ref, n_samples_of, cache), unstable_at=ref.alarms,
+                             prior=prior_of(ref) if prior_of else None)
         pred = float(post.band([x_end], level, measurement=True, seed=seed + j)["pred"][0])
         x_cut = float(ref.compute[m][-1])
         rec = {"run": ref.name, "residual": float(ref.value[-1]) - pred, "pred": pred,

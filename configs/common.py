@@ -599,12 +599,16 @@ class Forecast(Section):
   axis: its x-axis, "compute" (accelerator-hours, as logged) or "step" (training steps: free of
   compilation and evaluation stalls). references: comma-separated directories of finished runs of
   the same setup (task, evaluation set, base policy); when set, the forecast is calibrated by how
-  those runs were forecast from the same extrapolation distance (analysis/reference.py)."""
+  those runs were forecast from the same extrapolation distance (analysis/reference.py). family:
+  comma-separated directories of finished runs of OTHER recipes or allocations on the same model,
+  data, evaluation and base policy (checked at start, a differing one refused by name): the run is
+  fitted with their pooled shape and calibrated by their residuals (analysis/family.py)."""
   PATH: ClassVar[str] = "forecast"
   enabled: bool = True
   n_draws: int = 4000
   axis: str = "compute"
   references: str = ""
+  family: str = ""                 # finished runs of other recipes, same setup: pooled shape (issue #48)
 
   def check(self):
     if self.axis not in AXES:

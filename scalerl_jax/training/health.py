@@ -37,6 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from analysis.errors import AnalysisError
+from analysis.family import check_family, setup_of
 from analysis.forecast import eval_samples, forecast_run, read_references
 from analysis.metrics import AXIS_UNITS, on_axis, read_run
 from analysis.posterior import MIN_EVALS
@@ -232,14 +233,16 @@ class LiveForecast:
   `forecast/budget_hours` (the planned compute: hours so far x total_steps / step; with
   `axis="step"`: `forecast/budget_steps`, total_steps), with `references` (finished runs of the
   same setup) the calibrated value and band plus `forecast/reference_shift` and
-  `forecast/reference_n` (analysis/reference.py), `forecast/refit_s` (the refit's own wall time, on its thread) and `forecast/learner_s` (what
+  `forecast/reference_n` (analysis/reference.py), with `family` (finished runs of other recipes,
+  same setup; analysis/family.py) `forecast/family_n`, `forecast/refit_s` (the refit's own wall time, on its thread) and `forecast/learner_s` (what
   submitting it cost the learner: waiting for the previous refit + starting the thread). A refit still running when the next one is
   submitted makes that one wait (never two at once). When no forecast is possible yet (no rise
   above R0), the record says so in `forecast/verdict` with `forecast/identifiable` 0 and no numbers.
   """
 
   def __init__(self, workdir: str, write, *, n_draws: int = 4000, lock: threading.Lock | None = None,
-               axis: str = "compute", references: str | Sequence[str] = ""):
+               axis: str = "compute", references: str | Sequence[str] = "",
+               family: str | Sequence[str] = "", config=None):
     self.workdir, self.write, self.n_draws, self.axis = workdir, write, n_draws, axis
     self.lock = lock or threading.Lock()
     self._thread = None
@@ -247,6 +250,11 @@ class LiveForecast:
     dirs = [d.strip() for d in references.split(",")] if isinstance(references, str) else list(references)
     # read (and checked) now: a missing reference run is a clear error before training starts
     self.references = read_references([d for d in dirs if d], axis)
+    fam = [d.strip() for d in family.split(",")] if isinstance(family, str) else list(family)
+    self.family = read_references([d for d in fam if d], axis, what="family member")
+    if self.family:   # refused now, by name, when a member differs in model/data/evaluation/base
+      check_family((workdir, setup_of(workdir, config=config)),
+                   [(m.name, setup_of(m.run_dir or "", m.name)) for m in self.family])
     self._ref_cache: dict = {}
 
   def submit(self, step: int, compute_hours: float, total_steps: int) -> float:
@@ -287,7 +295,7 @@ class LiveForecast:
     try:
       rec, post = forecast_run(run, budget, n_samples=eval_samples(self.workdir), n_draws=self.n_draws,
                                references=self.references, ref_cache=self._ref_cache,
-                               unit=AXIS_UNITS[self.axis])
+                               unit=AXIS_UNITS[self.axis], family=self.family)
     except AnalysisError as e:   # e.g. no rise above R0 yet: say so, with no numbers
       log.info("live forecast at step %d: %s", step, e)
       return {"step": step, "kind": "forecast", "forecast/identifiable": 0, budget_key: budget,
@@ -300,6 +308,8 @@ class LiveForecast:
     if "reference" in rec:
       out["forecast/reference_shift"] = rec["reference"]["shift"]
       out["forecast/reference_n"] = rec["reference"]["n"]
+    if "family" in rec:
+      out["forecast/family_n"] = rec["family"]["n"]
     out["forecast/refit_s"] = time.perf_counter() - t0
     return out
 

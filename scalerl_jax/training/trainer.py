@@ -193,7 +193,8 @@ class Trainer:
     self.health = HealthMonitor(config.health)
     fc = config.forecast
     self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
-                                  lock=self.metrics.lock, axis=fc.axis, references=fc.references)
+                                  lock=self.metrics.lock, axis=fc.axis, references=fc.references,
+                                  family=fc.family, config=config)
                      if self.main and fc.enabled else None)
 
   def _restore(self, step: int) -> None:
