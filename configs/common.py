@@ -285,6 +285,8 @@ class RL(Section):
   rc_seq_mask_low: float = 0.0         # sequence band: rows whose geometric-mean ratio
   rc_seq_mask_high: float = 0.0        #   exp(mean log ρ) is outside [low, high] are masked; 0/0 = off
   rc_seq_tis_cap: float = 0.0          # sequence TIS: row weight × min(Π ρ_t, cap); 0 = off
+  routing_replay_auto: bool = True     # MoE: start-up turns routing_replay on where the (local)
+                                       # generators record routes (False: routing_replay as set)
 
   def check(self):
     if self.length_control not in ("interrupt", "penalty"):
@@ -779,12 +781,11 @@ class RunConfig(Section):
       raise ConfigError(f"batch {batch} (prompts x generations) is not divisible by "
                         f"optim.microbatches={self.optim.microbatches}")
     backend = backends.get(self.generator.backend)
-    if self.rl.routing_replay and not backend.records_routes:
-      recording = ", ".join(n for n in backends.names() if backends.get(n).records_routes)
+    if self.rl.routing_replay and not (backend.records_routes or backend.routes_probe):
+      recording = ", ".join(n for n in backends.names()
+                            if backends.get(n).records_routes or backends.get(n).routes_probe)
       raise ConfigError(f"rl.routing_replay=True needs a generator.backend that records routed "
-                        f"experts ({recording}): the {self.generator.backend} generators do not "
-                        f"(vLLM 0.32 returns them only from its Model Runner V2, which needs "
-                        f"Triton; docs/VLLM.md 'Routing replay')")
+                        f"experts ({recording}): the {self.generator.backend} generators do not")
     n, held = self.eval.num_prompts, self.data.heldout_size()
     if n > held:
       raise ConfigError(f"eval.num_prompts={n} is larger than the held-out split ({held} "
