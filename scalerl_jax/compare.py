@@ -39,7 +39,7 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
     c = config.copy_and_resolve_references()
     c.recipe = name
     c = recipes.apply_recipe(c, recipes.locked_keys(sys.argv))
-    recipes.validate(c, storage.join(workdir, name))
+    runtime.resolve_routing_replay(c, recipes.validate(c, storage.join(workdir, name)))
     runs.append((name, c))
   base = storage.join(workdir, sft.BASE_DIR)
   if not storage.exists(storage.join(base, "config.json")):   # one warm start shared by all

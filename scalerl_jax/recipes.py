@@ -231,33 +231,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> R
   check_attention(run.model)
   if workdir is not None:
     check_workdir(workdir)
-    if not run.buffer.external:      # a run starting here, with its generators on this machine
-      run = resolve_routing_replay(config, run)
   return run
 
-
-def resolve_routing_replay(config: ml_collections.ConfigDict, run: RunConfig) -> RunConfig:
-  """R3 at the start of a run whose generators run here: refused (one line) where they cannot
-  record routes; on by default (rl.routing_replay_auto) for an MoE model where they can. Sets
-  `config.rl.routing_replay` in place (the generators read it from config.json). A fleet (launch
-  renders, buffer.external) keeps R3 as configured; its vLLM workers refuse at start where their
-  engine cannot return routes."""
-  rl = run.rl
-  auto = rl.routing_replay_auto and not rl.routing_replay
-  if not (rl.routing_replay or auto):
-    return run
-  if auto:
-    from scalerl_jax import runtime  # local: runtime imports recipes (load_run_config)
-    if not runtime.model_config(run).is_moe:
-      return run
-  ok, why = backends.records_routes(run.generator.backend)
-  if rl.routing_replay and not ok:
-    raise ConfigError(f"rl.routing_replay=True but the {run.generator.backend} generators cannot "
-                      f"record routed experts: {why} (docs/VLLM.md 'Routing replay')")
-  if auto and ok:
-    config.rl.routing_replay = True
-    return RunConfig.from_config(config)
-  return run
 
 
 def check_attention(model, platform: str | None = None) -> None:
