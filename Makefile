@@ -38,6 +38,7 @@ demo: venv
 	$(VPY) -m scalerl_jax.main --config=configs/tiny.py --workdir=$(DEMO_DIR)
 	@echo ""
 	@echo "Demo done. Curve + fit: $(DEMO_DIR)/fit/curves.png and $(DEMO_DIR)/fit/fit.json"
+	@echo "Staleness (lag histogram, kl_k3 per step): $(DEMO_DIR)/fit/lag.png and lag.json"
 	@echo "Metrics: $(DEMO_DIR)/metrics.jsonl; TensorBoard: tensorboard --logdir $(DEMO_DIR)/tb"
 
 # ScaleRL vs another recipe on the same compute axis (table: runs/compare/compare/compare.md).

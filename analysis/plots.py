@@ -27,7 +27,7 @@ def _figure(**kw):
   _agg.FigureCanvasAgg(fig)
   return fig
 
-__all__ = ["plot_curves", "plot_curve_panels", "plot_comparison", "plot_forecast"]
+__all__ = ["plot_curves", "plot_curve_panels", "plot_comparison", "plot_forecast", "plot_lag"]
 
 
 def _label(name, fit):
@@ -181,6 +181,29 @@ def plot_forecast(runs, posts, recs, path, *, budget: float, target: float | Non
                fontsize=9)
   ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=7, loc="lower right")
+  fig.tight_layout()
+  _save(fig, path)
+  return str(path)
+
+
+def plot_lag(s: dict, path) -> str:
+  """The staleness figure of analysis.lag.lag_summary `s`: left, the lag histogram of every
+    trained token; right, mean lag and k3 KL per step. Saves a PNG."""
+  fig = _figure(figsize=(11, 4.2), dpi=110)
+  ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2, 3]})
+  h = np.asarray(s["lag_hist"], np.float64)
+  ax.bar(np.arange(len(h)), h / max(h.sum(), 1.0), color="C0")
+  ax.set_xlabel("lag (learner step − token version)")
+  ax.set_ylabel("fraction of trained tokens")
+  ax.set_title(f"lag histogram (mean {s['mean_lag']:.2f}, max {s['max_lag']})", fontsize=10)
+  bx.plot(s["steps"], s["mean_lag_per_step"], color="C0", label="mean lag")
+  bx.set_xlabel("step")
+  bx.set_ylabel("mean lag")
+  cx = bx.twinx()
+  cx.plot(s["steps"], s["kl_k3_per_step"], color="C3", lw=0.8, label="kl_k3")
+  cx.set_yscale("log")
+  cx.set_ylabel("kl_k3 (generator ‖ learner)", color="C3")
+  bx.set_title(f"per step (max kl_k3 {s['max_kl_k3']:.3g})", fontsize=10)
   fig.tight_layout()
   _save(fig, path)
   return str(path)

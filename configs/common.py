@@ -278,6 +278,15 @@ class RL(Section):
   length_penalty_max: int = 14336
   length_penalty_cache: int = 2048
   routing_replay: bool = False         # MoE (R3): the learner reuses the generator's expert choices
+  # Rollout correction (docs/LEARNER.md "Rollout correction"; ρ = learner-now / generator-then):
+  rc_token_tis_cap: float = 0.0        # token TIS: loss weight × min(ρ_t, cap); 0 = off
+  rc_token_mask_low: float = 0.0       # token band (IcePop): tokens with ρ_t outside [low, high]
+  rc_token_mask_high: float = 0.0      #   are masked; both 0 = off; high may be inf
+  rc_seq_mask_low: float = 0.0         # sequence band: rows whose geometric-mean ratio
+  rc_seq_mask_high: float = 0.0        #   exp(mean log ρ) is outside [low, high] are masked; 0/0 = off
+  rc_seq_tis_cap: float = 0.0          # sequence TIS: row weight × min(Π ρ_t, cap); 0 = off
+  routing_replay_auto: bool = True     # MoE: start-up turns routing_replay on where the (local)
+                                       # generators record routes (False: routing_replay as set)
 
   def check(self):
     if self.length_control not in ("interrupt", "penalty"):
@@ -285,6 +294,7 @@ class RL(Section):
                         "'interrupt' or 'penalty'")
     try:                             # the checks of learner.RLSpec (which the Learner builds)
       rl.check_objective(self.loss, self.aggregation, self.adv_norm)
+      rl.Correction.from_config(self)
     except ValueError as e:
       raise ConfigError(f"rl: {e}") from None
 
@@ -330,12 +340,17 @@ class Rollout(Section):
   max_prompt_len: int = 2048
   interruption_text: str = ("Okay, time is up. Let me stop thinking and formulate a final answer "
                             "now. </think>")
+  max_ahead: int = -1                  # freshness bound: learner batches leased beyond the newest
+                                       # version (pipeline; lag <= it); -1 = off (k alone bounds)
 
   def check(self):
     if self.mode not in ("pipeline", "ppo_off_policy"):
       raise ConfigError(f"rollout.mode={self.mode!r}; expected 'pipeline' or 'ppo_off_policy'")
     if self.max_lag < 0:
       raise ConfigError(f"rollout.max_lag (k) must be >= 0, got {self.max_lag}")
+    if self.max_ahead < -1 or (self.max_ahead >= 0 and self.mode != "pipeline"):
+      raise ConfigError(f"rollout.max_ahead={self.max_ahead}: -1 (off) or >= 0 with "
+                        f"rollout.mode=pipeline (got mode {self.mode!r})")
     if self.prompts_per_step < 1 or self.generations_per_prompt < 1:
       raise ConfigError("rollout.prompts_per_step and rollout.generations_per_prompt must be >= 1")
     if self.batch_size:              # resolved into prompts_per_step
@@ -739,7 +754,8 @@ class RunConfig(Section):
   """The whole run: top-level knobs and one typed section each. Built once per process from the
   (overridden, recipe-applied) ConfigDict by `from_config`; components take their section."""
   seed: int = 0
-  recipe: str = "scalerl"          # scalerl | deepseek_grpo | qwen_dapo | magistral | minimax
+  recipe: str = "scalerl"          # scalerl | deepseek_grpo | qwen_dapo | magistral | minimax,
+                                   # optionally +SWITCH (recipes.SWITCHES), e.g. scalerl+token_band
   recipe_applied: str = ""         # recipe already applied to this config (a resolved run config): not reapplied
   total_steps: int = 1000
   model: Model = _section(Model)
@@ -795,12 +811,11 @@ class RunConfig(Section):
       raise ConfigError(f"batch {batch} (prompts x generations) is not divisible by "
                         f"optim.microbatches={self.optim.microbatches}")
     backend = backends.get(self.generator.backend)
-    if self.rl.routing_replay and not backend.records_routes:
-      recording = ", ".join(n for n in backends.names() if backends.get(n).records_routes)
+    if self.rl.routing_replay and not (backend.records_routes or backend.routes_probe):
+      recording = ", ".join(n for n in backends.names()
+                            if backends.get(n).records_routes or backends.get(n).routes_probe)
       raise ConfigError(f"rl.routing_replay=True needs a generator.backend that records routed "
-                        f"experts ({recording}): the {self.generator.backend} generators do not "
-                        f"(vLLM 0.32 returns them only from its Model Runner V2, which needs "
-                        f"Triton; docs/VLLM.md 'Routing replay')")
+                        f"experts ({recording}): the {self.generator.backend} generators do not")
     n, held = self.eval.num_prompts, self.data.heldout_size()
     if n > held:
       raise ConfigError(f"eval.num_prompts={n} is larger than the held-out split ({held} "

@@ -304,7 +304,8 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
   want = {a.split("=", 1)[0]: a.split("=", 1)[1]
           for a in buffer_flags(cfg, prompts="x", host="x", port=1) if "=" in a}
   have = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in bc["command"] if "=" in a}
-  for flag in ("--prompts-per-step", "--group-size", "--max-lag", "--mode", "--npr-threshold",
+  for flag in ("--prompts-per-step", "--group-size", "--max-lag", "--max-ahead", "--mode",
+               "--npr-threshold",
                "--max-completion-tokens"):
     if want.get(flag) != have.get(flag):
       mine = mine or f"{flag} {want.get(flag)}"

@@ -4,7 +4,8 @@ r"""Runs several recipes on the same config and compares their Eq. 1 fits on one
       --workdir=runs/compare [--config.total_steps=100]
 
 Each recipe runs in WORKDIR/<recipe>/ (all start from the same SFT base policy, trained once in
-WORKDIR/base_policy and copied in). The comparison (analysis.fit_runs: per-run fits, the ±0.02
+WORKDIR/base_policy and copied in). A name may add switches to a recipe, e.g.
+`--recipes=scalerl,scalerl+token_band` (recipes.SWITCHES: rollout correction, freshness, R3). The comparison (analysis.fit_runs: per-run fits, the ±0.02
 shared-A rule, a markdown table and a figure) goes to WORKDIR/compare/; for a task mixture
 (config.data.mixture) each task is compared too (compare-<task>.md / .png, per-task panels in
 curves.png). WORKDIR may be gs://BUCKET/PATH (scalerl_jax/storage.py), like each run's.
@@ -38,7 +39,7 @@ def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
     c = config.copy_and_resolve_references()
     c.recipe = name
     c = recipes.apply_recipe(c, recipes.locked_keys(sys.argv))
-    recipes.validate(c, storage.join(workdir, name))
+    runtime.resolve_routing_replay(c, recipes.validate(c, storage.join(workdir, name)))
     runs.append((name, c))
   base = storage.join(workdir, sft.BASE_DIR)
   if not storage.exists(storage.join(base, "config.json")):   # one warm start shared by all
@@ -70,8 +71,7 @@ def main(argv) -> None:
     if not _WORKDIR.value:
       raise recipes.ConfigError("--workdir is required (the runs and the comparison go there)")
     for name in _RECIPES.value:
-      if name not in recipes.RECIPES:
-        raise recipes.ConfigError(f"unknown recipe {name!r}; choose from {sorted(recipes.RECIPES)}")
+      recipes.recipe_overrides(name)   # ConfigError for an unknown recipe or switch
     compare(_CONFIG.value, _WORKDIR.value, _RECIPES.value)
   except recipes.ConfigError as e:
     sys.exit(f"config error: {e}")

@@ -107,7 +107,7 @@ def main(argv) -> None:
     config = recipes.apply_recipe(_CONFIG.value, locked)
     if "topology" in locked:          # the layout of the chosen hardware target takes effect
       topologies.apply_layout(config)
-    recipes.validate(config, _WORKDIR.value)
+    runtime.resolve_routing_replay(config, recipes.validate(config, _WORKDIR.value))
     spec = distributed.initialize(config)   # multi-host: before any JAX computation
   except (recipes.ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")

@@ -129,6 +129,8 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
            f"--shuffle-seed={config.seed}"]
   if config.rl.no_positive_resampling:
     flags.append(f"--npr-threshold={config.rl.npr_threshold}")
+  if int(getattr(r, "max_ahead", -1)) >= 0:   # the freshness bound (off: rendered flags unchanged)
+    flags.append(f"--max-ahead={r.max_ahead}")
   if config.rl.routing_replay:   # MoE: the generators send routes; validate them
     from scalerl_jax import models, runtime  # local: JAX (the vLLM venv imports this module)
     cfg = runtime.model_config(config)

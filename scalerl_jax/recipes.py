@@ -6,7 +6,8 @@ settings applied. Explicit `--config.x=y` overrides given on the command line wi
 `scalerl` recipe, e.g. `--config.rl.loss=dapo`, `--config.rl.aggregation=sample`,
 `--config.rl.adv_norm=prompt`, `--config.rl.zero_variance_filter=False`,
 `--config.rl.no_positive_resampling=False`, `--config.rl.length_control=penalty`,
-`--config.model.fp32_lm_head=False`, `--config.rollout.mode=ppo_off_policy`.
+`--config.model.fp32_lm_head=False`, `--config.rollout.mode=ppo_off_policy`; rollout correction and
+freshness are named SWITCHES (`--config.recipe=scalerl+token_band`).
 """
 from __future__ import annotations
 
@@ -94,6 +95,38 @@ RECIPES = {
 }
 
 
+# Switches (issue #45): each is ONE named override set that composes with any recipe as
+# `RECIPE+SWITCH[+SWITCH...]`, e.g. `--config.recipe=scalerl+token_band` or
+# `python -m scalerl_jax.compare --recipes=scalerl,scalerl+token_band` (the leave-one-out /
+# add-one-in runs of the fitted-curve comparison). Values are our choice where noted.
+SWITCHES = {
+    "tis": {"rl.rc_token_tis_cap": 2.0},            # token TIS, cap 2 (verl's default threshold)
+    "token_band": {"rl.rc_token_mask_low": 0.5,     # IcePop's band [α, β] = [0.5, 5]
+                   "rl.rc_token_mask_high": 5.0},   # (Ring-1T, arXiv 2510.18855)
+    "seq_band": {"rl.rc_seq_mask_low": 0.9,         # geometric-mean sequence mask: our choice
+                 "rl.rc_seq_mask_high": 1.1},       # (±10 % per-token average ratio)
+    "seq_tis": {"rl.rc_seq_tis_cap": 2.0},          # sequence TIS, cap 2: our choice
+    "fresh": {"rollout.max_ahead": 1},              # freshness bound: 1 batch ahead (lag <= 1)
+    "r3": {"rl.routing_replay": True},              # MoE routing replay on
+    "no_r3": {"rl.routing_replay": False},          # ... and off (MoE configs where it defaults on)
+}
+
+
+def recipe_overrides(name: str) -> dict:
+  """The overrides of `name` = RECIPE or RECIPE+SWITCH+...: the recipe's, then each switch's in
+  order (ConfigError for an unknown part)."""
+  base, *switches = name.split("+")
+  if base not in RECIPES:
+    raise ConfigError(f"unknown recipe {base!r}; choose one of {sorted(RECIPES)} "
+                      f"(optionally +SWITCH, one of {sorted(SWITCHES)})")
+  out = dict(RECIPES[base])
+  for sw in switches:
+    if sw not in SWITCHES:
+      raise ConfigError(f"unknown switch {sw!r} in recipe {name!r}; choose from {sorted(SWITCHES)}")
+    out.update(SWITCHES[sw])
+  return out
+
+
 def locked_keys(argv) -> frozenset[str]:
   """Config keys set explicitly on the command line (`--config.a.b=...`): they win over recipes."""
   return frozenset(a.split("=")[0][len("--config."):] for a in argv if a.startswith("--config."))
@@ -148,12 +181,11 @@ def apply_recipe(config: ml_collections.ConfigDict, locked: frozenset[str] = fro
   A config whose `recipe_applied` names its recipe (a resolved run config: launch/gke's
   run-config ConfigMap) is returned unchanged: applying a recipe twice would undo the overrides
   it was resolved with and scale `rollout.prompts_per_step` again."""
-  if config.recipe not in RECIPES:
-    raise ConfigError(f"unknown recipe {config.recipe!r}; choose one of {sorted(RECIPES)}")
+  overrides = recipe_overrides(config.recipe)
   c = common.lock(ml_collections.ConfigDict(config.to_dict()))
   if config.recipe_applied == config.recipe:
     return c
-  for key, value in RECIPES[config.recipe].items():
+  for key, value in overrides.items():
     if key in locked:
       continue
     section, field = key.split(".")
@@ -200,6 +232,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> R
   if workdir is not None:
     check_workdir(workdir)
   return run
+
 
 
 def check_attention(model, platform: str | None = None) -> None:

@@ -17,6 +17,7 @@ import ml_collections
 from configs import common
 from scalerl_jax import models
 from scalerl_jax import recipes
+from scalerl_jax.generation import backends
 from scalerl_jax import storage
 from scalerl_jax.models import moe
 from scalerl_jax.generation import interruption
@@ -215,3 +216,29 @@ def knob_line(config, role: str) -> str:
     if node is not None:
       out.append(f"{k}={node}")
   return f"run config ({role}): " + " ".join(out)
+
+
+def resolve_routing_replay(config: ml_collections.ConfigDict, run: common.RunConfig
+                           ) -> common.RunConfig:
+  """R3 at the start of a run whose generators run here (main and compare call it after
+  recipes.validate): refused (one line) where they cannot record routes; on by default
+  (rl.routing_replay_auto) for an MoE model where they can. Sets
+  `config.rl.routing_replay` in place (the generators read it from config.json). A fleet (launch
+  renders, buffer.external) keeps R3 as configured; its vLLM workers refuse at start where their
+  engine cannot return routes."""
+  if run.buffer.external:
+    return run
+  rl = run.rl
+  auto = rl.routing_replay_auto and not rl.routing_replay
+  if not (rl.routing_replay or auto):
+    return run
+  if auto and not model_config(run).is_moe:
+    return run
+  ok, why = backends.records_routes(run.generator.backend)
+  if rl.routing_replay and not ok:
+    raise recipes.ConfigError(f"rl.routing_replay=True but the {run.generator.backend} generators "
+                              f"cannot record routed experts: {why} (docs/VLLM.md 'Routing replay')")
+  if auto and ok:
+    config.rl.routing_replay = True
+    return common.RunConfig.from_config(config)
+  return run

@@ -228,3 +228,38 @@ def test_heartbeat_stats_are_summed_into_every_batch_summary():
   assert m == {"gen_occupancy": 1400 / 1600, "gen_idle_s": 2.5, "gen_grade_s": 2.0,
                "gen_decode_s": 0.0}
   assert generator_metrics({}) == {}
+
+
+def _fast_fleet_lags(max_ahead, steps=12, B=2, k=8):
+  """A fleet infinitely faster than the learner (forced, no timing): before every pull the
+  generator leases everything admission allows and completes it at once with the newest version;
+  the learner pulls step s and publishes version s + 1. Returns each step's lag histogram."""
+  st, _ = _state(B=B, G=2, k=k, n=64, max_ahead=max_ahead)
+  out = []
+  for s in range(steps):
+    for a in st.lease("g", 100, 0):
+      _fill(st, a, version=st.version)
+    out.append(list(st.pull(s, 0).summary.lag.counts))
+    st.set_version(s + 1)
+  return out, st
+
+
+def test_freshness_bound_caps_lag_of_a_fast_fleet():
+  """PipelineRL-8 with a fast fleet trains every token at lag 8 once the window is full; with
+  max_ahead = a the same fleet trains at lag a (0: synchronous), max_lag unchanged (deadlines)."""
+  off, st = _fast_fleet_lags(-1)
+  assert st.ahead == 8 and st.capacity() == 2               # one batch per published version
+  assert all(len(h) == 9 and sum(h[:8]) == 0 for h in off[8:]), off   # every token at lag 8
+  for a in (0, 1, 3):
+    lags, st = _fast_fleet_lags(a)
+    assert all(len(h) == a + 1 and sum(h[:a]) == 0 for h in lags[a:]), (a, lags)
+    assert max(len(h) - 1 for h in lags) == a and st.k == 8
+  same, _ = _fast_fleet_lags(8)                              # a >= k: PipelineRL-k exactly
+  assert same == off
+
+
+def test_freshness_bound_refused_outside_pipeline_and_below_minus_one():
+  with pytest.raises(ValueError, match="max_ahead"):
+    _state(k=2, mode="ppo_off_policy", max_ahead=1)
+  with pytest.raises(ValueError, match="max_ahead"):
+    _state(max_ahead=-2)

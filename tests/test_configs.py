@@ -157,12 +157,35 @@ def test_expert_axis_must_divide_experts():
     runtime.model_config(c)
 
 
-def test_routing_replay_on_vllm_is_refused_at_start():
-  """R3 with vLLM generators fails before any process starts (vLLM 0.32 returns routed experts
-  only from its Triton-based Model Runner V2; docs/VLLM.md), not at the first learner step."""
+def _start(c, workdir):
+  """What main does at a run's start: validate, then resolve R3."""
+  return runtime.resolve_routing_replay(c, recipes.validate(c, str(workdir)))
+
+
+def test_routing_replay_on_vllm_is_refused_at_start(monkeypatch, tmp_path):
+  """R3 with vLLM generators that cannot return routes fails before any process starts (vLLM
+  returns routed experts only from its Triton-based Model Runner V2; docs/VLLM.md), not at the
+  first learner step; where they can ($SCALERL_VLLM_RECORDS_ROUTES=1 stands for the engines'
+  answer), R3 is accepted and on by default for the MoE model (rl.routing_replay_auto). Only at a
+  run's start here (a workdir): a fleet render keeps R3 as configured."""
+  monkeypatch.setenv("SCALERL_VLLM_RECORDS_ROUTES", "0")
   c = _get("scout")
   c.rl.routing_replay = True
-  with pytest.raises(recipes.ConfigError, match=r"routing_replay=True needs a generator.backend that records routed experts \(jax\): the vllm"):
-    recipes.validate(c)
+  with pytest.raises(recipes.ConfigError, match=r"routing_replay=True but the vllm generators cannot record routed experts: \$SCALERL_VLLM_RECORDS_ROUTES=0"):
+    _start(c, tmp_path)
+  c = _get("scout")
+  assert not _start(c, tmp_path).rl.routing_replay and not c.rl.routing_replay   # auto: off here
   c.generator.backend = "jax"
-  recipes.validate(c)
+  assert _start(c, tmp_path).rl.routing_replay and c.rl.routing_replay          # auto: on
+  monkeypatch.setenv("SCALERL_VLLM_RECORDS_ROUTES", "1")
+  c = _get("scout")
+  assert _start(c, tmp_path).rl.routing_replay                                   # vLLM that can
+  c = _get("scout")
+  c.rl.routing_replay_auto = False
+  assert not _start(c, tmp_path).rl.routing_replay
+  c = _get("8b")                                                                 # dense: never
+  assert not _start(c, tmp_path).rl.routing_replay
+  monkeypatch.setenv("SCALERL_VLLM_RECORDS_ROUTES", "0")
+  c = _get("scout")
+  c.rl.routing_replay = True
+  assert recipes.validate(c).rl.routing_replay        # a render (no workdir): the fleet decides

@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from bench import head_precision, learner
+from bench import head_precision, learner, vllm_routes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_bench.sh")
@@ -21,20 +21,22 @@ def test_script_syntax():
 
 def _variables(text):
   """HEAD / SLICE values of the dry branch and of the GPU branch."""
-  dry = dict(re.findall(r'^\s+(HEAD|SLICE)="([^"]*)"', text.split("else", 1)[0], re.M))
-  gpu = dict(re.findall(r'^\s+(HEAD|SLICE)="([^"]*)"', text.split("else", 1)[1], re.M))
+  dry = dict(re.findall(r'^\s+(HEAD|SLICE|ROUTES)="([^"]*)"', text.split("else", 1)[0], re.M))
+  gpu = dict(re.findall(r'^\s+(HEAD|SLICE|ROUTES)="([^"]*)"', text.split("else", 1)[1], re.M))
   return dry, gpu
 
 
 def test_every_bench_command_parses():
   text = open(SCRIPT).read()
   runs = re.findall(r"^run \S+ -m (\S+) (.*)$", text, re.M)
-  assert [m for m, _ in runs] == ["bench.head_precision", "bench.learner", "bench.learner"]
+  assert [m for m, _ in runs] == ["bench.head_precision", "bench.learner", "bench.learner",
+                                  "bench.vllm_routes"]
   for env in _variables(text):
-    assert set(env) == {"HEAD", "SLICE"}
+    assert set(env) == {"HEAD", "SLICE", "ROUTES"}
     for module, args in runs:
-      argv = shlex.split(re.sub(r"\$(HEAD|SLICE)", lambda m: env[m.group(1)], args))
-      mod = {"bench.head_precision": head_precision, "bench.learner": learner}[module]
+      argv = shlex.split(re.sub(r"\$(HEAD|SLICE|ROUTES)", lambda m: env[m.group(1)], args))
+      mod = {"bench.head_precision": head_precision, "bench.learner": learner,
+             "bench.vllm_routes": vllm_routes}[module]
       mod._args(argv)                        # SystemExit on an unknown or malformed flag
 
 

@@ -110,3 +110,31 @@ def test_explicit_override_wins_over_magistral_and_minimax():
   assert recipes.apply_recipe(c).rollout.prompts_per_step == round(10 * 80 / 48) == 17
   assert recipes.apply_recipe(c, frozenset({"rollout.prompts_per_step"})
                               ).rollout.prompts_per_step == 10
+
+
+@pytest.mark.parametrize("switch", sorted(recipes.SWITCHES))
+def test_switch_is_one_override_on_any_recipe(switch):
+  """RECIPE+SWITCH: the recipe's settings plus exactly the switch's (declared knobs, a valid run
+  config; the rollout-correction switches build a correction that is on)."""
+  from configs.common import RunConfig
+  from scalerl_jax.learner.batch import RLSpec
+  for name in ("scalerl", "magistral"):
+    c = base_config()
+    c.recipe = f"{name}+{switch}"
+    got = recipes.apply_recipe(c)
+    plain = _resolved(name)
+    changed = {k for k in recipes.SWITCHES[switch] if _get(got, k) != _get(plain, k)}
+    assert {k: _get(got, k) for k in recipes.SWITCHES[switch]} == recipes.SWITCHES[switch]
+    assert changed <= set(recipes.SWITCHES[switch])
+    for key in set(recipes.RECIPES[name]) - set(recipes.SWITCHES[switch]):
+      assert _get(got, key) == _get(plain, key), key
+    run = RunConfig.from_config(got)   # (R3's backend check is at a run's start: test_configs)
+    if switch.endswith(("tis", "band")):
+      assert RLSpec.from_config(run.rl).correction.enabled
+
+
+def test_unknown_switch_is_a_config_error():
+  c = base_config()
+  c.recipe = "scalerl+icepop"
+  with pytest.raises(recipes.ConfigError, match="unknown switch 'icepop'"):
+    recipes.apply_recipe(c)

@@ -60,14 +60,14 @@ class BufferServer:
                wal_dir: Optional[str] = None, wal_fsync: str = "batch",
                wal_fsync_interval_s: float = 1.0, learner_state: Optional[dict] = None,
                wal_archive: bool = False,
-               tls: Optional[TLS] = None):
+               tls: Optional[TLS] = None, max_ahead: int = -1):
     """`tls` (rpc.TLS): serve over TLS (server certificate; client certificates with mutual)."""
     if not token:
       raise ValueError("an auth token is required")
     self.state = BufferState(
         prompts, prompts_per_step=prompts_per_step, group_size=group_size, max_lag=max_lag,
         mode=mode, lease_ttl_s=lease_ttl_s, limits=limits, verifier=verifier,
-        shuffle_seed=shuffle_seed, npr_threshold=npr_threshold)
+        shuffle_seed=shuffle_seed, npr_threshold=npr_threshold, max_ahead=max_ahead)
     self.limits, self.max_weight_bytes = limits, max_weight_bytes
     self.learner_state_path = ""            # set by main: where a learner resume is announced
     self.restart_requested = threading.Event()
@@ -107,7 +107,7 @@ class BufferServer:
     r = rollout
     kw: dict[str, Any] = dict(token=token, prompts_per_step=r.prompts_per_step,
               group_size=r.generations_per_prompt, max_lag=r.max_lag, mode=r.mode,
-              host=host or "127.0.0.1", port=int(port or 0),
+              max_ahead=r.max_ahead, host=host or "127.0.0.1", port=int(port or 0),
               max_message_bytes=buffer.max_message_bytes, tls=TLS.from_section(tls))
     kw.update(overrides)
     return cls(prompts, **kw)
@@ -330,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
   ap.add_argument("--group-size", type=int, default=16)
   ap.add_argument("--max-lag", type=int, default=8)
   ap.add_argument("--mode", choices=MODES, default="pipeline")
+  ap.add_argument("--max-ahead", type=int, default=-1,
+                  help="freshness bound: learner batches generators may fill beyond the newest "
+                       "version (admission only; -1: only --max-lag bounds it)")
   ap.add_argument("--max-message-bytes", type=int, default=64 << 20)
   ap.add_argument("--lease-ttl-s", type=float, default=120.0)
   ap.add_argument("--max-weight-bytes", type=int, default=64 << 30)
@@ -379,7 +382,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     sys.exit(f"error: {e}")
   try:
     srv = BufferServer(load_prompts(a.prompts), token=token, prompts_per_step=a.prompts_per_step,
-                       group_size=a.group_size, max_lag=a.max_lag, mode=a.mode, host=a.host,
+                       group_size=a.group_size, max_lag=a.max_lag, mode=a.mode,
+                       max_ahead=a.max_ahead, host=a.host,
                        port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
                        limits=val.Limits(max_completion_tokens=a.max_completion_tokens,
                                          **_route_limits(a.route_shape)),
@@ -392,7 +396,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     sys.exit(f"error: {e}")
   srv.learner_state_path = a.learner_state or ""
   # the run-config knobs this pod got (as flags: processes.buffer_flags), as the other pods log them
-  print(f"run config (buffer): rollout.max_lag={a.max_lag} rollout.prompts_per_step="
+  print(f"run config (buffer): rollout.max_lag={a.max_lag} rollout.max_ahead={a.max_ahead} "
+        f"rollout.prompts_per_step="
         f"{a.prompts_per_step} rollout.generations_per_prompt={a.group_size} rollout.mode={a.mode} "
         f"rl.npr_threshold={a.npr_threshold}", file=sys.stderr, flush=True)
   out = {"port": srv.port, "address": srv.address}

@@ -14,6 +14,12 @@ Batches are filled earliest-deadline-first and a pull waits until every group du
 complete. Admission keeps the schedule feasible: for every deadline d, #outstanding groups with
 deadline <= d must be <= (d - ns + 1) * B. Deadlines of new leases are never smaller than existing
 ones, so this reduces to: outstanding + new <= (v + k - ns + 1) * B (see docs/ROLLOUT.md).
+
+Freshness bound (`max_ahead` = a >= 0, rollout.max_ahead; AReaL's staleness controller): admission
+uses a = min(a, k) in place of k, outstanding + new <= (v + a - ns + 1) * B, while deadlines stay
+v_lease + k. A fleet faster than the learner then fills at most a batches beyond the newest version
+and its tokens are trained at lag <= a, instead of filling k ahead and training every token at lag
+~k. a = -1 (off) or a >= k: PipelineRL-k unchanged.
 """
 from __future__ import annotations
 
@@ -84,16 +90,21 @@ class BufferState(Durable):
                max_lag: int, mode: str = "pipeline", lease_ttl_s: float = 120.0,
                limits: val.Limits = val.Limits(), verifier: Optional[val.Verifier] = None,
                shuffle_seed: Optional[int] = None, clock: Callable[[], float] = time.time,
-               npr_threshold: Optional[float] = None):
+               npr_threshold: Optional[float] = None, max_ahead: int = -1):
     if mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if prompts_per_step < 1 or group_size < 1 or max_lag < 0:
       raise ValueError("prompts_per_step and group_size must be >= 1 and max_lag >= 0")
     if mode == "ppo_off_policy" and max_lag < 1:
       raise ValueError("ppo_off_policy needs max_lag (k) >= 1: k steps per generated batch")
+    if max_ahead < -1 or (max_ahead >= 0 and mode != "pipeline"):
+      raise ValueError(f"max_ahead={max_ahead}: -1 (off) or >= 0 in pipeline mode only")
     if not prompts:
       raise ValueError("no prompts")
     self.B, self.G, self.k, self.mode = prompts_per_step, group_size, max_lag, mode
+    # The freshness bound (admission only; deadlines keep k): at most this many learner batches
+    # leased ahead of the newest version, so a fast fleet trains on lag <= max_ahead tokens.
+    self.ahead = max_lag if max_ahead < 0 else min(max_ahead, max_lag)
     self.lease_ttl_s, self.limits, self.verifier, self.clock = lease_ttl_s, limits, verifier, clock
     self._prompts = {int(p.prompt_id): p for p in prompts}
     if len(self._prompts) != len(prompts):
@@ -142,7 +153,7 @@ class BufferState(Durable):
     """Groups that may be newly leased now (call with the lock held)."""
     out = len(self._groups)
     if self.mode == "pipeline":
-      return max(0, (self.version + self.k - self.ns + 1) * self.B - out)
+      return max(0, (self.version + self.ahead - self.ns + 1) * self.B - out)
     if self.ns % self.k or self.version != self.ns:
       return 0
     if self._round_start != self.ns:

@@ -30,6 +30,21 @@ class Backend:
   records_routes: bool = False
   local_checkpoint: bool = False
   about: str = ""
+  # "module:function" -> (bool, why not): whether its engines can record routes, asked at start
+  # (recipes.validate) when that depends on the engine installed (vLLM: Model Runner V2).
+  routes_probe: str = ""
+
+
+def records_routes(name: str) -> tuple[bool, str]:
+  """(do backend `name`'s generators record MoE routes, why not): its static answer, else its
+  probe's (imported and run now: may be slow, call at start-up only)."""
+  b = get(name)
+  if b.records_routes:
+    return True, ""
+  if not b.routes_probe:
+    return False, f"the {name} generators do not record routed experts"
+  module, _, fn = b.routes_probe.partition(":")
+  return getattr(importlib.import_module(module), fn)()
 
 
 BACKENDS: Registry[Backend] = Registry("generator backend")
@@ -49,7 +64,8 @@ def engine_class(name: str) -> type:
 
 
 register(Backend("vllm", "scalerl_jax.generation.vllm.engine:VLLMEngine", local_checkpoint=True,
-                 about="vLLM engines (own venv), one request per sample"))
+                 about="vLLM engines (own venv), one request per sample",
+                 routes_probe="scalerl_jax.generation.vllm.generator:routes_capability"))
 register(Backend("jax", "scalerl_jax.generation.jax_engine:JaxEngine", records_routes=True,
                  about="the embedded JAX sampler and its continuous decoder"))
 register(Backend("scripted", "scalerl_jax.generation.fake:ScriptedEngine",

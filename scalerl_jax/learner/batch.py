@@ -3,7 +3,8 @@ weights — all on the FULL batch) and the split into micro-batches.
 
 Batch contract (docs/ARCHITECTURE.md "Rollout batch"): ``tokens int32[B,T]``, ``gen_logprobs
 f32[B,T]``, ``loss_mask bool[B,T]``, ``rewards f32[B]``, ``prompt_ids int32[B]``, optional
-``versions int32[B,T]`` and ``positions int32[B,T]``. Padding rows carry ``prompt_ids < 0``.
+``versions int32[B,T]``, ``positions int32[B,T]`` and ``lags int32[B,T]`` (learner step − token
+version: splits the mismatch and rollout-correction statistics by lag). Padding rows carry ``prompt_ids < 0``.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from scalerl_jax import rl
+from scalerl_jax.rl.correction import Correction
 from scalerl_jax.rl.losses import LossHParams
 
 ROW_KEYS = ("rewards", "prompt_ids")
 TOKEN_KEYS = ("tokens", "gen_logprobs", "loss_mask")
-OPTIONAL_TOKEN_KEYS = ("versions", "positions")
+OPTIONAL_TOKEN_KEYS = ("versions", "positions", "lags")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,7 @@ class RLSpec:
   aggregation: str = "prompt"
   adv_norm: str = "batch"
   zero_variance_filter: bool = True
+  correction: Correction = Correction()   # rollout correction (rl/correction.py), off by default
 
   def __post_init__(self):
     rl.check_objective(self.loss, self.aggregation, self.adv_norm)
@@ -38,7 +41,8 @@ class RLSpec:
   def from_config(cls, rl_cfg) -> "RLSpec":
     return cls(loss=rl_cfg.loss, hp=LossHParams.from_config(rl_cfg),
                aggregation=rl_cfg.aggregation, adv_norm=rl_cfg.adv_norm,
-               zero_variance_filter=bool(rl_cfg.zero_variance_filter))
+               zero_variance_filter=bool(rl_cfg.zero_variance_filter),
+               correction=Correction.from_config(rl_cfg))
 
 
 def validate_batch(batch: Mapping[str, np.ndarray], microbatches: int = 1,

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 SUM_KEYS = ("loss_sum", "tokens", "ratio_sum", "k3_sum", "entropy_sum", "clipped_low", "clipped_high",
             "moe_dropped")
 MAX_KEYS = ("ratio_max",)
+LAG_CLASSES = ("lag0", "lagpos")     # tokens of the learner's current version / of older ones
 
 
 def token_stats(logp, gen_logp, entropy, weights, loss_mask, loss_stats) -> dict[str, jax.Array]:
@@ -33,22 +34,57 @@ def token_stats(logp, gen_logp, entropy, weights, loss_mask, loss_stats) -> dict
   return out
 
 
-def combine(a, b) -> dict[str, jax.Array]:
-  """Merges two stat dicts from disjoint micro-batches."""
-  out = {k: a[k] + b[k] for k in SUM_KEYS}
-  out.update({k: jnp.maximum(a[k], b[k]) for k in MAX_KEYS})
+def lag_stats(logp, gen_logp, weights, loss_mask, lags, flags) -> dict[str, jax.Array]:
+  """Loss-token counts and k3 sums split by lag class (lag = learner step − token version; lag0:
+  engine mismatch alone, lagpos: staleness too), and per rollout-correction flag (bool [B,T],
+  rl.correction STAT_NAMES) its count in each class. Keys ``<name>_<class>``."""
+  logp = jax.lax.stop_gradient(logp)
+  act = (weights > 0) & loss_mask
+  log_ratio = jnp.where(act, logp, 0.0) - jnp.where(act, gen_logp, 0.0)
+  k3 = jnp.exp(log_ratio) - 1.0 - log_ratio
+  out = {}
+  for cls, sel in zip(LAG_CLASSES, (lags == 0, lags != 0)):
+    a = act & sel
+    out[f"lag_tokens_{cls}"] = a.sum().astype(jnp.float32)
+    out[f"k3_sum_{cls}"] = jnp.sum(jnp.where(a, k3, 0.0))
+    for name, f in flags.items():
+      out[f"rc_{name}_{cls}"] = jnp.sum(a & f).astype(jnp.float32)
   return out
 
 
-def zeros() -> dict[str, jax.Array]:
-  return {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS + MAX_KEYS}
+def lag_keys(flag_names) -> tuple[str, ...]:
+  """The keys `lag_stats` returns for correction flags `flag_names`."""
+  return tuple(k for cls in LAG_CLASSES for k in
+               (f"lag_tokens_{cls}", f"k3_sum_{cls}", *(f"rc_{n}_{cls}" for n in flag_names)))
+
+
+def combine(a, b) -> dict[str, jax.Array]:
+  """Merges two stat dicts from disjoint micro-batches (maxima for MAX_KEYS, sums otherwise)."""
+  return {k: jnp.maximum(a[k], b[k]) if k in MAX_KEYS else a[k] + b[k] for k in a}
+
+
+def zeros(keys=SUM_KEYS + MAX_KEYS) -> dict[str, jax.Array]:
+  """Zero stats for `keys` (the scan's initial accumulator)."""
+  return {k: jnp.zeros((), jnp.float32) for k in keys}
 
 
 def finalize(stats) -> dict[str, Any]:
-  """Ratios of the accumulated sums (0 when there are no tokens)."""
+  """Ratios of the accumulated sums (0 when there are no tokens). With lag stats (`lag_stats`):
+  ``kl_k3_<class>`` and each correction flag's fraction ``rc/<name>_frac_<class>`` of that class's
+  loss tokens."""
   n = jnp.maximum(stats["tokens"], 1.0)
-  return dict(tokens=stats["tokens"], entropy=stats["entropy_sum"] / n,
-              is_ratio_mean=stats["ratio_sum"] / n, is_ratio_max=stats["ratio_max"],
-              kl_k3=stats["k3_sum"] / n, clip_frac_low=stats["clipped_low"] / n,
-              clip_frac_high=stats["clipped_high"] / n,
-              moe_dropped=stats["moe_dropped"])   # token-expert copies over all layers, rows
+  out = dict(tokens=stats["tokens"], entropy=stats["entropy_sum"] / n,
+             is_ratio_mean=stats["ratio_sum"] / n, is_ratio_max=stats["ratio_max"],
+             kl_k3=stats["k3_sum"] / n, clip_frac_low=stats["clipped_low"] / n,
+             clip_frac_high=stats["clipped_high"] / n,
+             moe_dropped=stats["moe_dropped"])   # token-expert copies over all layers, rows
+  for cls in LAG_CLASSES:
+    if f"lag_tokens_{cls}" not in stats:
+      continue
+    nc = jnp.maximum(stats[f"lag_tokens_{cls}"], 1.0)
+    out[f"tokens_{cls}"] = stats[f"lag_tokens_{cls}"]
+    out[f"kl_k3_{cls}"] = stats[f"k3_sum_{cls}"] / nc
+    for k in stats:
+      if k.startswith("rc_") and k.endswith("_" + cls):
+        out[f"rc/{k[3:-len(cls) - 1]}_frac_{cls}"] = stats[k] / nc
+  return out

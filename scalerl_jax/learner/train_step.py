@@ -27,6 +27,7 @@ from scalerl_jax.learner.batch import RLSpec, bucket_lengths, prepare, split_mic
 from scalerl_jax.learner.logprobs import chunked_token_logprobs, token_logprobs
 from scalerl_jax.learner.optimizer import ClippedAdamW
 from scalerl_jax.learner.state import LearnerState
+from scalerl_jax.rl.correction import STAT_NAMES
 
 # (params, tokens, positions) -> float32 logits [B,T,V], or (hidden [B,T,D], head kernel [D,V])
 # (models.forward_hidden): then log-probs are computed over sequence chunks (logits_chunk).
@@ -182,6 +183,7 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
   (`batch.length_sorted_order`, the trainer does it) make the cuts effective.
   """
   loss_fn = rl.get_loss(spec.loss)
+  corr = spec.correction
 
   def objective(params, mb) -> tuple[jax.Array, dict[str, jax.Array]]:
     extra = {"routes": mb["routes"]} if "routes" in mb else {}   # MoE routing replay (R3)
@@ -196,8 +198,15 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
     else:
       logp, ent = token_logprobs(out, mb["tokens"], with_entropy, temperature=temperature)
     mask = mb["loss_mask"].astype(bool)
-    out = loss_fn(logp, mb["gen_logprobs"], mb["adv"], mb["weights"], mask, spec.hp)
+    weights, flags = mb["weights"], {}
+    if corr.enabled:        # rollout correction: the loss sees w·scale, D stays Σ w (rl/correction.py)
+      scale, flags = rl.correction_scale(logp, mb["gen_logprobs"], weights, mask, corr)
+      weights = weights * scale
+    out = loss_fn(logp, mb["gen_logprobs"], mb["adv"], weights, mask, spec.hp)
     stats = metrics_lib.token_stats(logp, mb["gen_logprobs"], ent, mb["weights"], mask, out.stats)
+    if "lags" in mb:
+      stats.update(metrics_lib.lag_stats(logp, mb["gen_logprobs"], mb["weights"], mask,
+                                         mb["lags"], flags))
     stats["loss_sum"] = jax.lax.stop_gradient(out.sum)
     if "moe_dropped" in aux:
       stats["moe_dropped"] = jax.lax.stop_gradient(aux["moe_dropped"])
@@ -219,6 +228,8 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
                   adv=prep["adv"], weights=prep["weights"])
     if "routes" in batch:
       inputs["routes"] = jnp.asarray(batch["routes"], jnp.int32)
+    if "lags" in batch:
+      inputs["lags"] = jnp.asarray(batch["lags"], jnp.int32)
     params = state.params
     if microbatches == 1:
       acc, stats = grad_fn(params, inputs)
@@ -244,7 +255,10 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
         g, s = mb_grad(mb)
         return (jax.tree.map(jnp.add, g_acc, g), metrics_lib.combine(s_acc, s)), None
 
-      init = (jax.tree.map(jnp.zeros_like, params), metrics_lib.zeros())
+      keys = metrics_lib.SUM_KEYS + metrics_lib.MAX_KEYS
+      if "lags" in inputs:
+        keys += metrics_lib.lag_keys(STAT_NAMES if corr.enabled else ())
+      init = (jax.tree.map(jnp.zeros_like, params), metrics_lib.zeros(keys))
       (acc, stats), _ = jax.lax.scan(body, init, mbs)
     denom = prep["denominator"]
     safe = jnp.where(denom > 0, denom, 1.0)

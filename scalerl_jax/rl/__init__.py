@@ -1,5 +1,6 @@
 """RL objective library: losses (registry of (sum, denominator) functions), aggregation weights,
-group advantages, zero-variance filtering and No-Positive-Resampling. See docs/LEARNER.md.
+group advantages, zero-variance filtering, rollout correction (TIS / ratio masks) and
+No-Positive-Resampling. See docs/LEARNER.md.
 
 Public names load lazily so jax-free processes (the rollout buffer) can import
 `scalerl_jax.rl.npr` without pulling in jax.
@@ -13,4 +14,6 @@ __getattr__, __all__ = lazy.exports(__name__, {
     "LOSSES": "losses", "LossHParams": "losses", "LossOut": "losses", "get_loss": "losses",
     "register_loss": "losses", "check_objective": "losses", "registered_losses": "losses", "clipped_ratio_loss": "losses",
     "PassRateHistory": "npr",
+    "Correction": "correction", "check_correction": "correction",
+    "correction_scale": "correction",
 })

@@ -25,6 +25,7 @@ from jax._src import distributed as jd
 from analysis.errors import TooFewPointsError
 from analysis.fit import PER_TASK, fit_runs, metric_slug
 from analysis.forecast import forecast_runs
+from analysis.lag import write_lag_summary
 from analysis.metrics import read_run, task_metric_keys
 from configs import common
 from scalerl_jax.training import checkpoint
@@ -252,7 +253,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   result = fit(workdir, progress)
   out = storage.join(workdir, "fit")
   trainer.metrics.log_images({"fit/curves": storage.join(out, "curves.png"),
-                              "fit/forecast": storage.join(out, "forecast.png")},
+                              "fit/forecast": storage.join(out, "forecast.png"),
+                              "fit/lag": storage.join(out, "lag.png")},
                              step=int(run_cfg.total_steps))
   trainer.metrics.finish()
   if multi:
@@ -266,6 +268,10 @@ def fit(workdir: str, progress: bool) -> dict:
   Returns the overall fit, with `per_task` = {task: fit} for a mixture."""
   run = read_run(workdir)
   out = storage.join(workdir, "fit")
+  lag = write_lag_summary(workdir, out)   # the staleness summary: fit/lag.json + lag.png
+  print(f"lag histogram of trained tokens (lag: count): "
+        f"{ {i: c for i, c in enumerate(lag['lag_hist']) if c} } mean {lag['mean_lag']:.2f}; "
+        f"max kl_k3 {lag['max_kl_k3']:.3g} -> {out}/lag.png")
   kw: dict[str, Any] = dict(fit_until=float(run.compute[-1]) / 2, n_boot=200, progress=progress)
   per_task = bool(task_metric_keys(workdir))
   try:
@@ -289,7 +295,8 @@ def fit(workdir: str, progress: bool) -> dict:
     print(f"Eq. 1 fit{tag}: A={r['A']:.3f} B={r['B']:.2f} C_mid={r['C_mid']:.3g} "
           f"R2={r['r2']:.3f}")
   print(f"-> {out}/fit.json, {out}/curves.png")
-  res = dict(results[0])
+  res = dict(results[0], lag_hist=lag["lag_hist"], mean_lag=lag["mean_lag"],
+             max_kl_k3=lag["max_kl_k3"])
   if len(results) > 1:
     res["per_task"] = {metric_slug(r["metric"]): r for r in results[1:]}
   # what the first half would have forecast

@@ -345,6 +345,7 @@ class Trainer:
         keys += ("routes",)
       arrays = {k: full[k] for k in keys}
       versions = full["versions"]
+      arrays["lags"] = (step - versions).astype(np.int32)   # lag-0 / lag>0 statistics
       m = self.learner.microbatches
       if bool(lc.sort_rows) and m > 1 and len(arrays["tokens"]) % m == 0:
         perm = length_sorted_order(arrays["loss_mask"], m)

