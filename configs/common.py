@@ -67,7 +67,8 @@ WIRE_DTYPES = ("bfloat16", "float32")   # weights.wire_dtype values (runtime.wir
 VERIFY_MODES = ("metadata", "full")      # checkpoint.verify values (training/checkpoint.py)
 RESUME_MODES = ("auto", "never")         # resume values (training/job.py)
 # health.abort_on signal names (training/health.py).
-HEALTH_SIGNALS = ("length_cut_frac", "truncated_frac", "kl", "entropy", "skipped", "parity")
+HEALTH_SIGNALS = ("length_cut_frac", "truncated_frac", "kl", "entropy", "skipped", "parity",
+                  "grade_fail")
 # Config parts whose keys are free-form (not declared below): ModelConfig field overrides in
 # `model` (checked against ModelConfig by Model), extra vLLM kwargs, named task sections.
 FREE_FORM = ("model", "generator.vllm_args", "data.tasks")
@@ -388,6 +389,7 @@ class Generator(Section):
   # else a local HF directory (the fleet image's copy of the base model). It must hold the
   # learner's start weights: the start-up parity gate (health.parity_gate) stops the run if not.
   vllm_model_dir: str = ""
+  scripted_hostile_every: int = 0    # scripted backend: every Nth sample boxes a hostile math answer (tests, chaos; 0 = never)
 
   def check(self):
     if self.backend not in backends.names():
@@ -558,6 +560,7 @@ class Health(Section):
   step0_reward_check: bool = True
   step0_min_nonzero_frac: float = 0.002  # stop when at most this fraction is non-zero (1 of 768)
   step0_min_samples: int = 256       # ...of a first batch this big (0 of 64 is noise at a 5 % pass rate)
+  max_grade_fail_frac: float = 0.01  # grades scored 0 by a timeout / out-of-memory / error / guard since the last step
 
   def check(self):
     unknown = [s for s in (a.strip() for a in self.abort_on.split(",")) if s and
@@ -686,6 +689,17 @@ class Rewards(Section):
   code_seccomp: bool = True              # seccomp deny-list in the sandbox (False: warned-off layer)
   code_cgroup: str = "auto"              # auto: per-sandbox memory/pids cgroup where possible | none
   log: bool = True                       # generators write every grade to WORKDIR/logs/rewards-<gen>.jsonl
+  # Grading in worker processes (rewards/isolation.py): rewards registered isolated=True (math).
+  grade_timeout_s: float = 10.0          # hard wall-clock deadline per grade: the worker is killed, reward 0 (grade_timeout)
+  grade_memory_mb: int = 1024            # address space one grade may add to its worker (RLIMIT_AS): grade_oom past it
+  grade_processes: int = 2               # grading worker processes per grading process (forkserver, started on first use)
+  grade_guard: bool = True               # cheap hazard guards before parsing (rewards/math.py::hazard; grade_guard)
+
+  def check(self):
+    if self.grade_timeout_s <= 0 or self.grade_memory_mb < 64 or self.grade_processes < 1:
+      raise ConfigError(f"rewards: grade_timeout_s ({self.grade_timeout_s}) must be > 0, "
+                        f"grade_memory_mb ({self.grade_memory_mb}) >= 64 and grade_processes "
+                        f"({self.grade_processes}) >= 1")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

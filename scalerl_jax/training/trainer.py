@@ -47,6 +47,7 @@ from scalerl_jax.training.health import (HealthMonitor, LiveForecast, NoRewardSi
 from scalerl_jax.training.ledger import ComputeLedger, StepTokens
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
+from scalerl_jax.rewards.isolation import FAULTS as GRADE_FAULTS
 from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.tools.describe import count_params
 from scalerl_jax.training.tracking import MetricsLog, NoTracker
@@ -123,15 +124,21 @@ def generator_metrics(stats) -> dict:
   """The generators' heartbeat counters (BatchSummary.generator_stats, cumulative over the run,
   all generators) as metrics: gen_occupancy = sequences in flight / slots over every decode step
   so far; gen_idle_s / gen_grade_s / gen_decode_s: seconds waiting for leases or weights with
-  empty slots, grading, decoding. {} before the first heartbeat with counters arrives."""
+  empty slots, grading, decoding; gen_graded and gen_grade_{timeout,oom,error,guard}: grades done
+  and those scored 0 by a grading fault (rewards/isolation.py), with gen_grade_fail_frac their
+  fraction. {} before the first heartbeat with counters arrives."""
   stats = dict(stats)
   if not stats.get("slot_steps"):
     return {}
   live = stats.get("live_row_steps", 0.0)
   compute = ({"gen_compute_occupancy": live / stats["row_steps"]} if stats.get("row_steps")
              else {})
+  faults = {f"gen_{k}": stats.get(k, 0.0) for k in GRADE_FAULTS}
+  graded = stats.get("graded", 0.0)
   return {"gen_occupancy": live / stats["slot_steps"], **compute,
-          **{f"gen_{k}": stats.get(k, 0.0) for k in ("idle_s", "grade_s", "decode_s")}}
+          **{f"gen_{k}": stats.get(k, 0.0) for k in ("idle_s", "grade_s", "decode_s")},
+          "gen_graded": graded, **faults,
+          "gen_grade_fail_frac": sum(faults.values()) / graded if graded else 0.0}
 
 
 class Trainer:
@@ -376,6 +383,8 @@ class Trainer:
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
            "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity,
            **generator_metrics(batch.summary.generator_stats), **step0}
+    self._grading = {"step": step + 1, **{k: v for k, v in rec.items()
+                                          if k == "gen_graded" or k.startswith("gen_grade_")}}
     abort = None
     try:
       rec.update(self.health.check(rec))
@@ -519,6 +528,11 @@ class Trainer:
     if abort is not None:
       self.save(abort[0])
       self.metrics.write({"step": abort[0], "kind": "health_abort", "reason": abort[1]})
+    grading = getattr(self, "_grading", None)
+    if self.main and grading and len(grading) > 1:   # the run summary of grading faults (rewards/isolation.py)
+      log.info("grading: %d grades, %d timed out, %d out of memory, %d errors, %d guarded",
+               *(int(grading.get(f"gen_{k}", 0)) for k in ("graded",) + GRADE_FAULTS))
+      self.metrics.write({"kind": "run_summary", **grading})
     self.ckpt.close()
     self.metrics.close()
     if abort is not None:

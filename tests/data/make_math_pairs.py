@@ -3,7 +3,7 @@ at commit 64759ef (before process-isolated grading), graded on the main thread.
 
   PYTHONPATH=. python tests/data/make_math_pairs.py tests/data/math_pairs.jsonl
 """
-import json, sys, itertools
+import json, sys
 from scalerl_jax.rewards import math as m
 C = []
 def add(ans, gold, kind): C.append((ans, gold, kind))
