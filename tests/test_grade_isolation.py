@@ -150,3 +150,89 @@ def test_shipped_pairs_grade_as_before():
   diff = [(p, g) for p, g in zip(pairs, got) if g.reward != p["reward"]]
   assert not diff, diff[:5]
   assert not [g for g in got if g.reason.startswith("grade_")]
+
+
+def test_generator_serving_hostile_answers_keeps_decoding_heartbeating_and_pushing(tmp_path):
+  """A real Worker (scripted backend, generator.continuous, the math reward, guards off so every
+  hostile answer runs into the deadline) against a real buffer: every 5th sample boxes a hostile
+  answer; all groups are pushed, heartbeats never pause past the bound, decoding goes on while
+  grades time out, and the faults reach the heartbeat counters."""
+  import jax   # local: the test's learner side publishes version 0
+  from configs import tiny
+  from scalerl_jax import models, runtime
+  from scalerl_jax.buffer.server import BufferServer
+  from scalerl_jax.data import build_dataset
+  from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
+  from scalerl_jax.generation.worker import Worker
+  from scalerl_jax.protocol.client import BufferClient
+  from scalerl_jax.recipes import apply_overrides
+  from scalerl_jax.training.trainer import generator_metrics
+  from scalerl_jax.weights.stream import StreamPublisher
+  tok = write_llama3_style_tokenizer(str(tmp_path / "tok"), vocab_size=512)
+  rows = [{"problem": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(3, 7) for b in (11, 12)]
+  (tmp_path / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  c = tiny.get_config()
+  apply_overrides(c, [
+      "--config.data.kind=polaris", "--config.data.heldout=2", f"--config.data.path={tmp_path / 'math.jsonl'}",
+      f"--config.data.tokenizer_path={tmp_path / 'tok'}", "--config.data.template=reasoning_instruct",
+      "--config.generator.backend=scripted", "--config.generator.continuous=True",
+      "--config.generator.decode_batch=8", "--config.generator.groups_per_lease=2",
+      "--config.generator.heartbeat_s=0.1", "--config.generator.scripted_hostile_every=5",
+      "--config.rewards.grade_timeout_s=1.0", "--config.rewards.grade_guard=False",
+      "--config.rewards.log=False", "--config.model.vocab_size=512", "--config.model.num_layers=1",
+      "--config.model.d_model=64", "--config.model.num_heads=1", "--config.model.ffn_dim=128",
+      "--config.rollout.max_prompt_len=96", "--config.rollout.think_budget_min=48",
+      "--config.rollout.think_budget_max=64", "--config.rollout.answer_budget=32"])
+  B, G = 2, 4
+  ds = build_dataset(c.data, c.rollout.max_prompt_len)
+  params = jax.device_get(models.init_params(runtime.model_config(c), jax.random.PRNGKey(0)))
+  token = "grade-isolation-test-token"
+  srv = BufferServer(ds.train, token=token, prompts_per_step=B, group_size=G, max_lag=1).start()
+  os.environ[c.buffer.auth_token_env] = token
+  client = BufferClient(srv.address, token, retries=3)
+  StreamPublisher(client, 0, params).publish()
+  worker = Worker(common.RunConfig.from_config(c), srv.address, "gen-0", "scripted", str(tmp_path))
+  assert worker.continuous_ok() == ""
+  beats, hb = [], worker.client.heartbeat
+
+  def heartbeat(*a, **kw):
+    beats.append(time.monotonic())
+    return hb(*a, **kw)
+  worker.client.heartbeat = heartbeat
+  grades, grade = [], worker.rewards
+
+  def rewards_(completion, answer, prompt_id=None, log=None):
+    t, chunks = time.monotonic(), worker.decode_stats.chunks
+    r = grade(completion, answer, prompt_id, log)
+    grades.append((time.monotonic() - t, worker.decode_stats.chunks - chunks, r))
+    return r
+  worker.rewards = rewards_
+  th = threading.Thread(target=worker.run_continuous, daemon=True)
+  th.start()
+  try:
+    rewards_seen = []
+    for step in range(2):
+      batch = client.pull_batch(step, timeout_s=120)
+      assert len(batch.groups) == B and all(len(g.rollouts) == G for g in batch.groups)
+      rewards_seen += [r.rewards[0] for g in batch.groups for r in g.rollouts]
+      StreamPublisher(client, step + 1, params).publish()
+  finally:
+    worker.stop()
+    th.join(60)
+    worker.close()
+    client.close()
+    srv.stop()
+  assert not th.is_alive()
+  gen = worker.gen
+  assert isinstance(gen, fake.ScriptedInstructModel) and gen.hostile >= 3, gen.hostile
+  st = worker.decode_stats
+  assert st.grade_timeout >= 3 and st.graded >= 2 * B * G, st
+  # decoding went on while grades ran into their deadline (other slots kept decoding)
+  slow = [(s, d) for s, d, _ in grades if s >= 0.9]
+  assert len(slow) >= 3 and sum(d for _, d in slow) > 0, slow
+  # right answers still score (even samples are right, reasoning_instruct boxes them)
+  assert 1.0 in rewards_seen
+  gaps = [b - a for a, b in zip(beats, beats[1:])]
+  assert beats and max(gaps) < 0.1 + HEARTBEAT_BOUND_S, max(gaps)
+  m = generator_metrics(st.heartbeat_stats())
+  assert m["gen_grade_timeout"] == st.grade_timeout and 0 < m["gen_grade_fail_frac"] < 1, m

@@ -103,6 +103,11 @@ class GradePool:
       raise RuntimeError(f"a grading worker sent {kind!r} before ready")
     w.ready = True
 
+  def pids(self) -> list[int]:
+    """Process ids of the current workers."""
+    with self._start_lock:
+      return [w.proc.pid for w in self._all]
+
   def wait_ready(self) -> None:
     """Waits until every idle worker has started (a start-up check; raises RuntimeError when one
     cannot start)."""
