@@ -150,7 +150,7 @@ _spawner = None
 _spawner_lock = threading.Lock()
 
 
-def _popen(*args, **kw) -> subprocess.Popen:
+def popen(*args, **kw) -> subprocess.Popen:
   """Popen from a thread that lives as long as this process: PR_SET_PDEATHSIG fires when the
   *thread* that forked the child exits, so a child started from a short-lived thread (e.g. a
   supervisor restart) would otherwise be SIGTERMed as soon as that thread ends."""
@@ -183,7 +183,7 @@ class ProcessGroup:
 
   def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
     log = open(os.path.join(self.logdir, f"{name}.log"), "ab")
-    p = _popen(launcher_argv(argv), stdout=subprocess.PIPE if name == "buffer" else log,
+    p = popen(launcher_argv(argv), stdout=subprocess.PIPE if name == "buffer" else log,
                stderr=log, env=child_env({**os.environ, **(env or {})}), start_new_session=True)
     log.close()   # the child holds its own descriptor
     self.procs[name] = p

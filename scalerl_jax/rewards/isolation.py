@@ -38,6 +38,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
+from scalerl_jax import processes
 from scalerl_jax.rewards import registry
 from scalerl_jax.rewards.registry import Grade
 
@@ -85,9 +86,10 @@ class GradePool:
     """Starts a worker (it warms up in the background; `_ready` waits for it)."""
     ours, theirs = socket.socketpair()
     with self._start_lock, theirs:
-      p = subprocess.Popen([sys.executable, "-m", "scalerl_jax.rewards.grade_worker",
-                            str(theirs.fileno()), str(self.memory_mb)],
-                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+      # from a thread that lives as long as this process (PDEATHSIG follows the forking thread)
+      p = processes.popen([sys.executable, "-m", "scalerl_jax.rewards.grade_worker",
+                           str(theirs.fileno()), str(self.memory_mb)],
+                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
       w = _Worker(p, Connection(ours.detach()))
       self._all.append(w)
       return w
