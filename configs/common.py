@@ -29,6 +29,7 @@ from scalerl_jax import data
 from scalerl_jax.data import mixture
 from scalerl_jax.generation import backends
 from scalerl_jax import rl
+from scalerl_jax.rewards import isolation
 
 
 # THE logical-axis rules table. Model code only names logical axes; this maps them to mesh axes.
@@ -700,6 +701,9 @@ class Rewards(Section):
       raise ConfigError(f"rewards: grade_timeout_s ({self.grade_timeout_s}) must be > 0, "
                         f"grade_memory_mb ({self.grade_memory_mb}) >= 64 and grade_processes "
                         f"({self.grade_processes}) >= 1")
+
+
+isolation.DEFAULTS = Rewards()   # the grading pool's limits where no run config set them
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

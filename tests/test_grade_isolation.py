@@ -14,13 +14,22 @@ import os
 import threading
 import time
 
+import jax
 import pytest
 
-from configs import common
-from scalerl_jax import rewards
+from configs import common, tiny
+from scalerl_jax import models, rewards, runtime
+from scalerl_jax.buffer.server import BufferServer
+from scalerl_jax.data import build_dataset
+from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
 from scalerl_jax.generation import fake
+from scalerl_jax.generation.worker import Worker
+from scalerl_jax.protocol.client import BufferClient
+from scalerl_jax.recipes import apply_overrides
 from scalerl_jax.rewards import isolation
 from scalerl_jax.rewards import math as math_reward
+from scalerl_jax.training.trainer import generator_metrics
+from scalerl_jax.weights.stream import StreamPublisher
 
 pytestmark = pytest.mark.xdist_group("grade_isolation")
 
@@ -157,18 +166,7 @@ def test_generator_serving_hostile_answers_keeps_decoding_heartbeating_and_pushi
   hostile answer runs into the deadline) against a real buffer: every 5th sample boxes a hostile
   answer; all groups are pushed, heartbeats never pause past the bound, decoding goes on while
   grades time out, and the faults reach the heartbeat counters."""
-  import jax   # local: the test's learner side publishes version 0
-  from configs import tiny
-  from scalerl_jax import models, runtime
-  from scalerl_jax.buffer.server import BufferServer
-  from scalerl_jax.data import build_dataset
-  from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
-  from scalerl_jax.generation.worker import Worker
-  from scalerl_jax.protocol.client import BufferClient
-  from scalerl_jax.recipes import apply_overrides
-  from scalerl_jax.training.trainer import generator_metrics
-  from scalerl_jax.weights.stream import StreamPublisher
-  tok = write_llama3_style_tokenizer(str(tmp_path / "tok"), vocab_size=512)
+  write_llama3_style_tokenizer(str(tmp_path / "tok"), vocab_size=512)
   rows = [{"problem": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(3, 7) for b in (11, 12)]
   (tmp_path / "math.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   c = tiny.get_config()

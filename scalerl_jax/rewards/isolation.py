@@ -22,7 +22,7 @@ The caller's thread waits on a pipe (the GIL released), so its other threads (de
 heartbeats, weight fetches) never wait on a grade. `counts()` is the process's tally by reason
 (what the generator reports in its heartbeats: docs/SANDBOX.md "Grading processes").
 The pool is process-wide and starts on first use; `configure(section)` sets its limits
-(`configs.common.Rewards`), `shutdown()` stops its workers.
+(a `configs.common.Rewards` section; unconfigured: its defaults), `shutdown()` stops its workers.
 """
 from __future__ import annotations
 
@@ -36,14 +36,11 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
+from typing import Any
 
-from scalerl_jax import processes
+from scalerl_jax.spawn import popen
 from scalerl_jax.rewards import registry
 from scalerl_jax.rewards.registry import Grade
-
-if TYPE_CHECKING:
-  from configs import common
 
 log = logging.getLogger("scalerl.rewards")
 
@@ -69,7 +66,7 @@ class GradePool:
   """`processes` grading workers (module docstring); `grade()` is thread-safe and blocks only its
   caller, at most `timeout_s` once a worker is free."""
 
-  def __init__(self, section: "common.Rewards"):
+  def __init__(self, section: Any):
     self.timeout_s = float(section.grade_timeout_s)
     self.memory_mb = int(section.grade_memory_mb)
     self.guards = bool(section.grade_guard)
@@ -87,9 +84,9 @@ class GradePool:
     ours, theirs = socket.socketpair()
     with self._start_lock, theirs:
       # from a thread that lives as long as this process (PDEATHSIG follows the forking thread)
-      p = processes.popen([sys.executable, "-m", "scalerl_jax.rewards.grade_worker",
-                           str(theirs.fileno()), str(self.memory_mb)],
-                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+      p = popen([sys.executable, "-m", "scalerl_jax.rewards.grade_worker",
+                 str(theirs.fileno()), str(self.memory_mb)],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
       w = _Worker(p, Connection(ours.detach()))
       self._all.append(w)
       return w
@@ -207,11 +204,14 @@ class GradePool:
 
 
 _pool: GradePool | None = None
-_section: "common.Rewards | None" = None
+_section: Any = None
+# The `configs.common.Rewards()` defaults, set by configs/common.py when it is imported (this
+# package cannot import configs: configs imports it).
+DEFAULTS: Any = None
 _pool_lock = threading.Lock()
 
 
-def configure(section: "common.Rewards") -> None:
+def configure(section: Any) -> None:
   """Sets the limits of this process's pool (restarting it when it runs with others)."""
   global _section
   with _pool_lock:
@@ -225,11 +225,11 @@ def pool() -> GradePool:
   global _pool
   with _pool_lock:
     if _pool is None:
-      if _section is None:
-        from configs import common as cfg   # local: configs imports this package (its defaults)
-        _pool = GradePool(cfg.Rewards())
-      else:
-        _pool = GradePool(_section)
+      section = _section if _section is not None else DEFAULTS
+      if section is None:
+        raise RuntimeError("rewards.isolation.configure(config.rewards) was not called and "
+                           "configs.common (its defaults) is not imported")
+      _pool = GradePool(section)
     return _pool
 
 

@@ -47,6 +47,7 @@ from scalerl_jax.training.health import (HealthMonitor, LiveForecast, NoRewardSi
 from scalerl_jax.training.ledger import ComputeLedger, StepTokens
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
+from scalerl_jax.rewards import isolation
 from scalerl_jax.rewards.isolation import FAULTS as GRADE_FAULTS
 from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.tools.describe import count_params
@@ -193,6 +194,7 @@ class Trainer:
                                local_dir=storage.local_dir(workdir, config.local_dir))
                     if self.main else NoTracker())
     self.health = HealthMonitor(config.health)
+    isolation.configure(config.rewards)   # local evaluation and the step-0 check grade here too
     fc = config.forecast
     self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
                                   lock=self.metrics.lock, axis=fc.axis, references=fc.references)
