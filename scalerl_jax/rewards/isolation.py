@@ -27,6 +27,7 @@ The pool is process-wide and starts on first use; `configure(section)` sets its 
 from __future__ import annotations
 
 import collections
+import importlib
 import dataclasses
 import logging
 import queue
@@ -225,11 +226,9 @@ def pool() -> GradePool:
   global _pool
   with _pool_lock:
     if _pool is None:
-      section = _section if _section is not None else DEFAULTS
-      if section is None:
-        raise RuntimeError("rewards.isolation.configure(config.rewards) was not called and "
-                           "configs.common (its defaults) is not imported")
-      _pool = GradePool(section)
+      if _section is None and DEFAULTS is None:   # configs.common sets DEFAULTS when imported
+        importlib.import_module("configs.common")   # (at first grade: no import-time cycle)
+      _pool = GradePool(_section if _section is not None else DEFAULTS)
     return _pool
 
 
