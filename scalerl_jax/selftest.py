@@ -172,13 +172,19 @@ def run(role: str, config, workdir: str, backend: str = "", budget_s: float = 12
   return f"selftest ok ({role}, {time.monotonic() - t0:.1f} s of {budget_s:g}): " + ", ".join(parts)
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+  """The self-test's flags (besides `--config.KEY=VALUE` overrides)."""
   ap = argparse.ArgumentParser(description="a pod's start-up self-test (scalerl_jax/selftest.py)")
   ap.add_argument("--role", required=True, choices=("generator", "learner", "buffer"))
   ap.add_argument("--run_config", required=True, help="the run's config (a .py config or config.json)")
   ap.add_argument("--workdir", default="", help="default: the run config's directory")
   ap.add_argument("--backend", default="", help="generator backend (default generator.backend)")
   ap.add_argument("--budget_s", type=float, default=120.0)
+  return ap
+
+
+def main(argv=None) -> None:
+  ap = build_parser()
   rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
   a = ap.parse_args(rest)
   try:

@@ -16,6 +16,7 @@ preflight (launch/preflight.py, arithmetic only) of what it wrote; a failure exi
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from typing import Any
@@ -117,6 +118,33 @@ def _tcp_probes(port, startup_s: int):
           {"tcpSocket": {"port": port}, "periodSeconds": 30, "failureThreshold": 4})
 
 
+# Start-up self-test budgets (scalerl_jax/selftest.py): vLLM's import and device query dominate
+# the generator's; the others check storage, the checkpoint's headers and the grader.
+SELFTEST_BUDGET_S = {"learner": 180, "generator": 300, "buffer": 60}
+
+
+def _flag_value(command, flag: str) -> str:
+  return next(a.split("=", 1)[1] for a in command if a.startswith(flag + "="))
+
+
+def _selftest(role: str, container: dict, command, workdir: str, extra=(), mounts=None) -> dict:
+  """The init container that runs the pod's start-up self-test (scalerl_jax/selftest.py) with the
+  main container's image, env, mounts and resources: the pod stops at start with one line naming
+  what is missing (sandbox, grader, vLLM, storage, checkpoint) before it takes work. `command`:
+  the config-reading command whose run config (`--config=` / `--run_config=`) and `--config.*`
+  overrides it takes."""
+  cfg = next((a.split("=", 1)[1] for a in command if a.startswith(("--run_config=", "--config="))))
+  over = [a for a in command if a.startswith("--config.")]
+  c = {"name": "selftest", "image": container["image"],
+       "command": ["python", "-m", "scalerl_jax.selftest", f"--role={role}", f"--run_config={cfg}",
+                   *over, f"--workdir={workdir}", f"--budget_s={SELFTEST_BUDGET_S[role]}", *extra]}
+  for k in ("env", "resources"):
+    if k in container:
+      c[k] = copy.deepcopy(container[k])
+  c["volumeMounts"] = copy.deepcopy(mounts if mounts is not None else container.get("volumeMounts", []))
+  return c
+
+
 def learner_jobset(specs) -> dict[str, Any]:
   job = specs["learner"]
   n = str(job["chips_per_host"])
@@ -149,6 +177,9 @@ def learner_jobset(specs) -> dict[str, Any]:
           "volumes": [_data_volume(specs)] + _run_config_mounts(specs)[1] + _tls_mounts(specs)[1],
       },
   }
+  main = pod["spec"]["containers"][0]
+  pod["spec"]["initContainers"] = [_selftest("learner", main, job["command"],
+                                             _flag_value(job["command"], "--workdir"))]
   return {
       "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
       "metadata": _meta(specs, job["name"], "learner"),
@@ -210,6 +241,9 @@ def generators(specs) -> list[dict[str, Any]]:
           }},
       },
   }
+  pod = deployment["spec"]["template"]["spec"]
+  pod["initContainers"] = [_selftest("generator", pod["containers"][0], job["command"],
+                                     _flag_value(job["command"], "--workdir"), ["--backend=vllm"])]
   service = {   # headless: the learner resolves every generator pod to push weights in flight
       "apiVersion": "v1", "kind": "Service", "metadata": _meta(specs, job["name"], "generator"),
       "spec": {"clusterIP": "None", "selector": sel,
@@ -256,6 +290,11 @@ def buffer(specs) -> list[dict[str, Any]]:
           }},
       },
   }
+  pod = deployment["spec"]["template"]["spec"]
+  export, main = pod["initContainers"][0], pod["containers"][0]
+  pod["initContainers"].insert(0, _selftest(   # the WAL volume takes a write before the replay
+      "buffer", main, job["export_command"], job["wal_mount"],
+      mounts=export["volumeMounts"] + [{"name": "wal", "mountPath": job["wal_mount"]}]))
   # The write-ahead log must outlive the pod (a restarted buffer replays acknowledged rollouts and
   # rewinds from it) and sit on a local disk (fsync'd appends; docs/STORAGE.md): a PVC.
   pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
