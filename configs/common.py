@@ -315,6 +315,8 @@ class Learner(Section):
   pad_multiple: int = 128              # token-axis bucket (tokens); 1 = no bucketing
   max_buckets: int = 8                 # per-micro-batch length buckets (compiled branches)
   sort_rows: bool = True               # length-sort rows into micro-batches (loss unchanged)
+  progress_file: str = ""              # touched at every step and weight publish (scalerl_jax/progress.py); "" = none
+  progress_max_age_s: float = 1800.0   # the learner pod's liveness probe fails past this age of progress_file
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -428,6 +430,8 @@ class Buffer(Section):
   wal_dir: str = ""                  # the buffer's write-ahead log on local disk; "" = LOCAL_DIR/buffer_wal
   wal_fsync: str = "batch"           # batch (fsync per request) | interval | none (buffer/wal.py)
   generator_address: str = ""        # the address generators dial ("" = the buffer's; e.g. a proxy)
+  progress_file: str = ""            # touched at every WAL commit and served lease (--progress-file); "" = none
+  progress_max_age_s: float = 600.0  # the buffer pod's liveness probe fails past this age of progress_file
 
   def check(self):
     if self.external and self.address.endswith(":0"):

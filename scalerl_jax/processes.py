@@ -143,6 +143,8 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
   flags += list(tls)
   if b.lease_ttl_s is not None:
     flags.append(f"--lease-ttl-s={b.lease_ttl_s}")
+  if b.progress_file:
+    flags.append(f"--progress-file={b.progress_file}")
   return flags
 
 

@@ -29,6 +29,7 @@ if _REPO not in sys.path:
 
 from launch import preflight  # noqa: E402
 from launch import spec as spec_lib  # noqa: E402
+from scalerl_jax.progress import probe_command  # noqa: E402
 
 RENDERED_DIR = os.path.join(_REPO, "launch", "gke", "rendered")
 # Committed variants: directory -> (config file, learner platform, generator platform, settings).
@@ -165,9 +166,11 @@ def learner_jobset(specs) -> dict[str, Any]:
                         {"name": "weights", "containerPort": job["weights_port"]}],
               "env": env,
               # The weight source listens once the model is loaded (checkpoint read + first
-              # compile: up to an hour allowed); a learner that stops serving it is restarted.
+              # compile: up to an hour allowed); then liveness from progress: a learner whose
+              # progress file (touched at every step's publish) is older than
+              # learner.progress_max_age_s (stuck in a collective, say) is restarted.
               "startupProbe": _tcp_probes("weights", 3600)[0],
-              "livenessProbe": _tcp_probes("weights", 3600)[1],
+              "livenessProbe": _progress_probe(job),
               "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
                                          job["accelerator_resource"]: n},
                             "limits": {job["accelerator_resource"]: n}},
@@ -201,11 +204,15 @@ ALIVE_MAX_AGE_S = 120
 
 def _alive_probe(job, failures: int):
   """exec probe: the generator's --alive_file was touched within ALIVE_MAX_AGE_S."""
-  check = (f"import os, sys, time; p = {job['alive_file']!r}; "
-           f"sys.exit(0 if os.path.exists(p) and time.time() - os.path.getmtime(p) < "
-           f"{ALIVE_MAX_AGE_S} else 1)")
-  return {"exec": {"command": ["python", "-c", check]}, "periodSeconds": 30,
-          "failureThreshold": failures}
+  return {"exec": {"command": probe_command(job["alive_file"], ALIVE_MAX_AGE_S)},
+          "periodSeconds": 30, "failureThreshold": failures}
+
+
+def _progress_probe(job):
+  """exec liveness probe: the pod's progress file (scalerl_jax/progress.py) was touched within
+  its `progress_max_age_s`; checked every 30 s, failing at the first stale look."""
+  return {"exec": {"command": probe_command(job["progress_file"], job["progress_max_age_s"])},
+          "periodSeconds": 30, "failureThreshold": 1, "timeoutSeconds": 10}
 
 
 def generators(specs) -> list[dict[str, Any]]:
@@ -275,9 +282,11 @@ def buffer(specs) -> list[dict[str, Any]]:
                   "ports": [{"name": "grpc", "containerPort": job["port"]}],
                   "env": _env(job),
                   "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10},
-                  # The gRPC port opens after the WAL replay: allowed 30 minutes.
+                  # The gRPC port opens after the WAL replay: allowed 30 minutes; then liveness
+                  # from progress (WAL commits, served leases; buffer.progress_max_age_s): a
+                  # buffer whose WAL disk is full still answers on its port but stops committing.
                   "startupProbe": _tcp_probes("grpc", 1800)[0],
-                  "livenessProbe": _tcp_probes("grpc", 1800)[1],
+                  "livenessProbe": _progress_probe(job),
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"]},
                                 "limits": {"memory": job["memory"]}},
                   "volumeMounts": [{"name": "prompts", "mountPath": "/prompts", "readOnly": True},

@@ -31,6 +31,7 @@ from scalerl_jax import models
 from scalerl_jax import runtime
 from scalerl_jax import sharding
 from scalerl_jax import storage
+from scalerl_jax.progress import Beacon
 from scalerl_jax.buffer.replay import read_learner_state
 from scalerl_jax.buffer.replay import write_learner_state
 from scalerl_jax.training.checkpoint import RunCheckpointer
@@ -195,6 +196,9 @@ class Trainer:
                     if self.main else NoTracker())
     self.health = HealthMonitor(config.health)
     isolation.configure(config.rewards)   # local evaluation and the step-0 check grade here too
+    # liveness from progress (learner.progress_file): touched at every publish, i.e. every step
+    self.progress = Beacon(config.learner.progress_file)
+    self.progress.tick()
     fc = config.forecast
     self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
                                   lock=self.metrics.lock, axis=fc.axis, references=fc.references)
@@ -246,6 +250,7 @@ class Trainer:
     t = time.time()
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
                     sources=self.sources, wire_dtype=runtime.wire_dtype(self.config.weights)).publish()
+    self.progress.tick()   # a step's update and its publish (collectives included) finished
     return time.time() - t
 
   def eval_params(self) -> Any:
