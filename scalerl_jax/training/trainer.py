@@ -197,8 +197,8 @@ class Trainer:
     self.health = HealthMonitor(config.health)
     isolation.configure(config.rewards)   # local evaluation and the step-0 check grade here too
     # liveness from progress (learner.progress_file): touched at every publish, i.e. every step
-    self.progress = Beacon(config.learner.progress_file)
-    self.progress.tick()
+    self.beacon = Beacon(config.learner.progress_file)
+    self.beacon.tick()
     fc = config.forecast
     self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
                                   lock=self.metrics.lock, axis=fc.axis, references=fc.references)
@@ -250,7 +250,7 @@ class Trainer:
     t = time.time()
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
                     sources=self.sources, wire_dtype=runtime.wire_dtype(self.config.weights)).publish()
-    self.progress.tick()   # a step's update and its publish (collectives included) finished
+    self.beacon.tick()   # a step's update and its publish (collectives included) finished
     return time.time() - t
 
   def eval_params(self) -> Any:
