@@ -234,3 +234,26 @@ def test_generator_serving_hostile_answers_keeps_decoding_heartbeating_and_pushi
   assert beats and max(gaps) < 0.1 + HEARTBEAT_BOUND_S, max(gaps)
   m = generator_metrics(st.heartbeat_stats())
   assert m["gen_grade_timeout"] == st.grade_timeout and 0 < m["gen_grade_fail_frac"] < 1, m
+
+
+def test_fault_counts_reach_metrics_and_the_health_signal():
+  from scalerl_jax.generation.slots import DecodeStats
+  from scalerl_jax.training.health import HealthMonitor
+  st = DecodeStats(slot_steps=10, live_row_steps=5)
+  for reason in ["pass"] * 90 + ["grade_timeout"] * 6 + ["grade_oom", "grade_error"] + ["grade_guard"] * 2:
+    st.count_grade(reason)
+  m = generator_metrics(st.heartbeat_stats())
+  assert (m["gen_graded"], m["gen_grade_timeout"], m["gen_grade_oom"], m["gen_grade_error"],
+          m["gen_grade_guard"]) == (100, 6, 1, 1, 2)
+  assert m["gen_grade_fail_frac"] == pytest.approx(0.10)
+  h = HealthMonitor(dataclasses.replace(common.Health(), max_grade_fail_frac=0.05,
+                                        abort_on="grade_fail", abort_from_step=3))
+  out = h.check({"step": 1, **m})
+  assert out["health/grade_fail"] == pytest.approx(0.10) and out["health/grade_fail_alarm"] == 1
+  # the rate is over the grades since the previous record: 100 more, 1 fault -> 1 %
+  m2 = dict(m, gen_graded=200.0, gen_grade_timeout=7.0)
+  out = h.check({"step": 2, **m2})
+  assert out["health/grade_fail"] == pytest.approx(0.01) and out["health/grade_fail_alarm"] == 0
+  from scalerl_jax.training.health import RunUnhealthy
+  with pytest.raises(RunUnhealthy, match="grade_fail"):
+    h.check({"step": 3, **dict(m2, gen_graded=210.0, gen_grade_timeout=17.0)})
