@@ -135,12 +135,14 @@ def generator_metrics(stats) -> dict:
   live = stats.get("live_row_steps", 0.0)
   compute = ({"gen_compute_occupancy": live / stats["row_steps"]} if stats.get("row_steps")
              else {})
-  faults = {f"gen_{k}": stats.get(k, 0.0) for k in GRADE_FAULTS}
-  graded = stats.get("graded", 0.0)
+  grading = {}
+  if "graded" in stats:   # generators that count their grades (issue 46)
+    faults = {f"gen_{k}": stats.get(k, 0.0) for k in GRADE_FAULTS}
+    graded = stats["graded"]
+    grading = {"gen_graded": graded, **faults,
+               "gen_grade_fail_frac": sum(faults.values()) / graded if graded else 0.0}
   return {"gen_occupancy": live / stats["slot_steps"], **compute,
-          **{f"gen_{k}": stats.get(k, 0.0) for k in ("idle_s", "grade_s", "decode_s")},
-          "gen_graded": graded, **faults,
-          "gen_grade_fail_frac": sum(faults.values()) / graded if graded else 0.0}
+          **{f"gen_{k}": stats.get(k, 0.0) for k in ("idle_s", "grade_s", "decode_s")}, **grading}
 
 
 class Trainer:
