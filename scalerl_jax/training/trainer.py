@@ -541,7 +541,8 @@ class Trainer:
     if self.main and grading and len(grading) > 1:   # the run summary of grading faults (rewards/isolation.py)
       log.info("grading: %d grades, %d timed out, %d out of memory, %d errors, %d guarded",
                *(int(grading.get(f"gen_{k}", 0)) for k in ("graded",) + GRADE_FAULTS))
-      self.metrics.write({"kind": "run_summary", **grading})
+      storage.write_text(storage.join(self.workdir, "run_summary.json"),
+                         json.dumps({"grading": grading}, indent=1))
     self.ckpt.close()
     self.metrics.close()
     if abort is not None:
