@@ -11,7 +11,6 @@ import dataclasses
 import json
 
 import jax
-import numpy as np
 import pytest
 
 from configs import common
@@ -21,6 +20,7 @@ from scalerl_jax.data.hf_tokenizer import END_OF_TURN, HFTokenizer, checkpoint_e
 from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.types import FINISH_LENGTH, FINISH_STOP, SamplingSpec
+from tests.helpers import forcing_weights
 
 
 @pytest.fixture(scope="module")
@@ -63,19 +63,6 @@ def test_every_listed_eos_id_is_a_stop_token_and_the_export_writes_the_list(ckpt
   assert set(want) <= set(ds.stop_tokens), ds.stop_tokens
 
 
-def _forcing(cfg, params, forced):
-  """Our-layout params whose every next token is `forced` (test_sampler.py's construction)."""
-  named = dict(models.hf_named_arrays(cfg, params))
-  for name in named:
-    if name.endswith(("o_proj.weight", "down_proj.weight")):
-      named[name] = np.zeros_like(named[name])
-  named["model.embed_tokens.weight"] = np.ones_like(named["model.embed_tokens.weight"])
-  head = np.zeros_like(named["lm_head.weight"])
-  head[forced] = 100.0
-  named["lm_head.weight"] = head
-  return named
-
-
 def test_the_jax_sampler_stops_at_an_eos_id_outside_end_of_turn(ckpt, tmp_path):
   d, ids = ckpt
   cfg, params = models.load_hf(str(d))
@@ -85,7 +72,8 @@ def test_the_jax_sampler_stops_at_an_eos_id_outside_end_of_turn(ckpt, tmp_path):
                              heldout=0)
   ds = build_dataset(data, max_prompt_len=96)
   sampler = JaxSampler(cfg, params)
-  sampler.load_weights(_forcing(cfg, params, ids["<|eom_id|>"]), 1)
+  sampler.load_weights(forcing_weights(dict(models.hf_named_arrays(cfg, params)),
+                                       ids["<|eom_id|>"]), 1)
   spec = SamplingSpec(stop_tokens=ds.stop_tokens, think_budget_min=0, think_budget_max=0,
                       answer_budget=8, seed=0)
   for c in sampler.generate(ds.train[:1], 2, spec)[0]:
