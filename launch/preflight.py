@@ -50,6 +50,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
+from scalerl_jax.progress import probe_command  # noqa: E402
 from launch import sizing  # noqa: E402
 from launch import spec as spec_lib  # noqa: E402
 from launch.sizing import GIB  # noqa: E402
@@ -406,7 +407,25 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
   # probes
   for who, _pod, c in (("learner", lpod, lc), ("generator", gpod, gc), ("buffer", bpod, bc)):
     check_probe(r, who, c)
+  check_progress_probe(r, "learner", lc, cfg.learner)
+  check_progress_probe(r, "buffer", bc, cfg.buffer)
   return r
+
+
+def check_progress_probe(r: Report, who: str, c, section) -> None:
+  """Liveness from progress: the learner's / buffer's liveness probe checks the age of the
+  progress file its process touches (`section.progress_file`, scalerl_jax/progress.py) against
+  `section.progress_max_age_s`; a port probe passes a process stuck in a collective or on a full
+  WAL disk."""
+  if not c.get("livenessProbe"):
+    return   # check_probe said so
+  want = probe_command(section.progress_file, section.progress_max_age_s) if section.progress_file else None
+  got = c["livenessProbe"].get("exec", {}).get("command")
+  if want is None or got != want:
+    r.fail(f"{who} liveness is not from progress: its probe should be {want or 'an exec probe'} on "
+           f"{who}.progress_file "
+           f"({section.progress_file!r}, max age {section.progress_max_age_s:g} s), got {got}",
+           "launch/gke/render.py _progress_probe")
 
 
 def check_generators(r: Report, v: Variant, gcfg, gpod, gc) -> None:

@@ -560,6 +560,8 @@ class Rehearsal:
       argv += tiny
     elif role == "buffer":
       argv += self._buffer_changes(argv)
+    elif role == "scalerl_jax.selftest":   # the pod's start-up self-test, on this machine's engine
+      argv = [("--backend=jax" if a == "--backend=vllm" else a) for a in argv] + tiny
     return argv, env
 
   def _tpu_coordinator_env(self, p: Pod, c: dict) -> dict:

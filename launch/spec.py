@@ -40,6 +40,7 @@ RELAY_PORT = 50053                   # each generator pod's weight relay (config
 WAL_MOUNT = "/wal"                   # the buffer pod's write-ahead log volume (a PVC: local disk)
 PROMPTS_FILE = "/prompts/prompts.jsonl"
 ALIVE_FILE = "/tmp/scalerl/alive"     # a generator's heartbeat thread touches it (liveness probe)
+PROGRESS_FILE = "/tmp/scalerl/progress"   # a learner's steps / the buffer's WAL commits and leases touch it
 # Downward-API values a pod gets from Kubernetes (renderers turn them into `fieldRef` env vars).
 FIELD_POD_IP = "status.podIP"
 FIELD_COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -164,7 +165,9 @@ def resolve_run_config(config, s: dict, tensor_parallel: int) -> tuple[Any, list
   over = []
   for key, value in (("data.path", s["data"]), ("data.tokenizer_path", s["tokenizer"]),
                      ("model.hf_checkpoint", s["checkpoint"]),
-                     ("generator.tensor_parallel", tensor_parallel)):
+                     ("generator.tensor_parallel", tensor_parallel),
+                     # liveness from progress: each pod's own file (scalerl_jax/progress.py)
+                     ("learner.progress_file", PROGRESS_FILE), ("buffer.progress_file", PROGRESS_FILE)):
     if value not in ("", None):
       over.append(f"--config.{key}={value}")
   for kv in s["config_overrides"] or ():
@@ -287,6 +290,8 @@ def resolve(config, overrides: dict | None = None) -> dict:
                       f"--config.weights.port={WEIGHTS_PORT}",
                       "--config.weights.advertise=$(POD_IP)", *tls_args("learner"),
                       f"--workdir={workdir}"],
+          "progress_file": PROGRESS_FILE,
+          "progress_max_age_s": float(run_cfg.learner.progress_max_age_s),
           "env": learner_env, "field_env": learner_fields,
           "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
           "service_account": s["service_account"],
@@ -324,6 +329,8 @@ def resolve(config, overrides: dict | None = None) -> dict:
                                     learner_state=posixpath.join(workdir, "learner_state.json"),
                                     tls=tls_args("buffer"))],
           "wal_mount": WAL_MOUNT, "wal_storage": s["wal_storage"],
+          "progress_file": PROGRESS_FILE,
+          "progress_max_age_s": float(run_cfg.buffer.progress_max_age_s),
           "env": {}, "field_env": {}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
           "service_account": s["service_account"],
       },

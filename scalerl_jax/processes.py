@@ -15,7 +15,6 @@ anything beyond the limits raises like `check()`.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import signal
@@ -25,6 +24,7 @@ import threading
 import time
 
 from scalerl_jax.generation import interruption
+from scalerl_jax.spawn import popen
 from scalerl_jax.protocol.rpc import TLS
 
 _PR_SET_PDEATHSIG = 1
@@ -145,24 +145,9 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
   flags += list(tls)
   if b.lease_ttl_s is not None:
     flags.append(f"--lease-ttl-s={b.lease_ttl_s}")
+  if b.progress_file:
+    flags.append(f"--progress-file={b.progress_file}")
   return flags
-
-
-_spawner = None
-_spawner_lock = threading.Lock()
-
-
-def _popen(*args, **kw) -> subprocess.Popen:
-  """Popen from a thread that lives as long as this process: PR_SET_PDEATHSIG fires when the
-  *thread* that forked the child exits, so a child started from a short-lived thread (e.g. a
-  supervisor restart) would otherwise be SIGTERMed as soon as that thread ends."""
-  global _spawner
-  if threading.current_thread() is threading.main_thread():
-    return subprocess.Popen(*args, **kw)
-  with _spawner_lock:
-    if _spawner is None:
-      _spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spawner")
-  return _spawner.submit(subprocess.Popen, *args, **kw).result()
 
 
 class ProcessGroup:
@@ -185,7 +170,7 @@ class ProcessGroup:
 
   def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
     log = open(os.path.join(self.logdir, f"{name}.log"), "ab")
-    p = _popen(launcher_argv(argv), stdout=subprocess.PIPE if name == "buffer" else log,
+    p = popen(launcher_argv(argv), stdout=subprocess.PIPE if name == "buffer" else log,
                stderr=log, env=child_env({**os.environ, **(env or {})}), start_new_session=True)
     log.close()   # the child holds its own descriptor
     self.procs[name] = p

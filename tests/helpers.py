@@ -101,3 +101,22 @@ def publish_params(client, version: int, params: Any = None, tag: int = 0, retri
   from scalerl_jax.weights.stream import StreamPublisher    # imports JAX: only when publishing
   return StreamPublisher(client, version, tiny_params(tag) if params is None else params,
                          process_index=0, **kw).publish(retries=retries)
+
+
+def forcing_weights(named: dict, forced: int) -> dict:
+  """HF-named weights (`dict(models.hf_named_arrays(cfg, params))`) changed so that every
+  next-token distribution puts ~all mass on `forced`.
+
+  Zero attention/MLP output projections make the residual stream equal the token embedding; with
+  every embedding the all-ones vector the final hidden state is constant, so a head column aligned
+  with it makes `forced` win by a margin of ~100 * d_model nats regardless of context.
+  """
+  named = dict(named)
+  for name in named:
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+      named[name] = np.zeros_like(named[name])
+  named["model.embed_tokens.weight"] = np.ones_like(named["model.embed_tokens.weight"])
+  head = np.zeros_like(named["lm_head.weight"])
+  head[forced] = 100.0
+  named["lm_head.weight"] = head
+  return named

@@ -305,7 +305,9 @@ def test_pods_read_exactly_what_their_manifests_give():
   from scalerl_jax.data import export
   from scalerl_jax.generation import worker
   from scalerl_jax.processes import buffer_flags
-  parsers = {"scalerl_jax.buffer.server": server.build_parser(),
+  from scalerl_jax import recipes, selftest
+  parsers = {"scalerl_jax.selftest": selftest.build_parser(),
+             "scalerl_jax.buffer.server": server.build_parser(),
              "scalerl_jax.data.export": export.build_parser(),
              "scalerl_jax.generation.worker": worker.build_parser()}
   read = env_names_read_by_code() | READ_BY_LIBRARIES
@@ -332,6 +334,11 @@ def test_pods_read_exactly_what_their_manifests_give():
       if module in ("scalerl_jax.main", "scalerl_jax.generation.worker", "scalerl_jax.data.export"):
         assert mounted(spec_lib.RUN_CONFIG_PATH, c), (variant, c["name"])   # the ConfigMap
         assert mounted(config.data.path, c), (variant, c["name"])           # the data volume
+      if module == "scalerl_jax.selftest":   # every pod's start-up self-test (issue 46)
+        assert c["name"] == "selftest" and mounted(spec_lib.RUN_CONFIG_PATH, c), (variant, c["name"])
+        st = parsers[module].parse_args(recipes.split_overrides(args)[0])
+        assert st.role in ("learner", "generator", "buffer") and st.budget_s > 0
+        continue
       if module == "scalerl_jax.main":
         learner_argvs.append([a.replace(spec_lib.RUN_CONFIG_PATH, local_cfg) for a in args])
         learners.append((variant, specs, env, c, pod))
@@ -364,7 +371,7 @@ def test_pods_read_exactly_what_their_manifests_give():
       elif module == "scalerl_jax.data.export":
         assert a.config == spec_lib.RUN_CONFIG_PATH
     assert seen == {"scalerl_jax.main", "scalerl_jax.buffer.server", "scalerl_jax.data.export",
-                    "scalerl_jax.generation.worker"}
+                    "scalerl_jax.generation.worker", "scalerl_jax.selftest"}
   # The learner commands through main's own absl flags + recipes.validate, in one subprocess.
   proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "launch_procs.py")],
                         input=json.dumps(learner_argvs), capture_output=True, text=True, cwd=REPO,

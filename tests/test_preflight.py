@@ -184,6 +184,17 @@ def test_no_liveness_probe(tmp_path, baseline, component):
   _new_line(rep, baseline, "8b-gb200", f"{component} container", "has no livenessProbe")
 
 
+@pytest.mark.parametrize("component", ["buffer", "learner"])
+def test_a_port_probe_is_not_liveness_from_progress(tmp_path, baseline, component):
+  def edit(docs):   # what the manifests had before issue 46: the port is open, work may be stuck
+    doc = _find(docs, "JobSet") if component == "learner" else _find(docs, "Deployment", component)
+    port = "weights" if component == "learner" else "grpc"
+    _pod(doc)["containers"][0]["livenessProbe"] = {"tcpSocket": {"port": port}, "periodSeconds": 30}
+  rep = _plant(tmp_path, "8b-gb200", edit)
+  _new_line(rep, baseline, "8b-gb200", f"{component} liveness is not from progress",
+            "_progress_probe")
+
+
 def test_generator_memory_for_more_held_versions(tmp_path, baseline):
   rep = _plant(tmp_path, "8b-gb200", lambda docs: _edit_run_config(
       docs, "'eval_hold_versions': 2", "'eval_hold_versions': 6"))
@@ -312,6 +323,9 @@ def test_render_flags_reach_every_pod(tmp_path):
       if d["kind"] in ("JobSet", "Deployment"):
         pod = _pod(d)
         for c in pod.get("initContainers", []) + pod["containers"]:
+          if c["name"] == "selftest":   # the start-up self-test runs in the pod's main image
+            assert c["image"] == pod["containers"][0]["image"] and "scalerl_jax.selftest" in c["command"]
+            continue
           images[c["name"]] = c["image"]
           assert not any(a.startswith("--config.rollout") for a in c["command"])   # from the file
   assert images == {"learner": "reg.example/p/scalerl-jax-learner-gpu:t1",

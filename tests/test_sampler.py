@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from scalerl_jax import models
+from tests.helpers import forcing_weights
 from scalerl_jax.types import FINISH_INTERRUPTED, FINISH_STOP, PromptSpec, SamplingSpec
 from scalerl_jax.generation.sampler import JaxSampler
 
@@ -99,21 +100,8 @@ def test_top_p_logprobs_are_nucleus_renormalised(model):
 
 
 def _forcing_weights(cfg, params, forced):
-  """HF-named weights whose every next-token distribution puts ~all mass on `forced`.
-
-  Zero attention/MLP output projections make the residual stream equal the token embedding; with
-  every embedding the all-ones vector the final hidden state is constant, so a head column aligned
-  with it makes `forced` win by a margin of ~100 * d_model nats regardless of context.
-  """
-  named = dict(models.hf_named_arrays(cfg, params))
-  for name in named:
-    if name.endswith(("o_proj.weight", "down_proj.weight")):
-      named[name] = np.zeros_like(named[name])
-  named["model.embed_tokens.weight"] = np.ones_like(named["model.embed_tokens.weight"])
-  head = np.zeros_like(named["lm_head.weight"])
-  head[forced] = 100.0
-  named["lm_head.weight"] = head
-  return named
+  """HF-named weights whose every next-token distribution puts ~all mass on `forced`."""
+  return forcing_weights(dict(models.hf_named_arrays(cfg, params)), forced)
 
 
 def test_in_flight_update_switches_weights_and_versions(model):

@@ -49,7 +49,7 @@ def _cleanup_fakes():
 def test_default_config_checks_and_uses_the_sandbox():
   c = base_config()
   assert (c.rewards.code_sandbox, c.rewards.code_bwrap, c.rewards.code_python) == (
-      "bwrap", "", "/usr/bin/python3")
+      "bwrap", "", "")
   info = rewards.prepare_code_rewards(c)
   assert info["mode"] == "bwrap" and os.path.isfile(info["bwrap"]) and 0 < info["start_ms"] < 10_000
   g = rewards.grade("code", OK_PROGRAM, OK_TESTS)

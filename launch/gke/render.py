@@ -16,6 +16,7 @@ preflight (launch/preflight.py, arithmetic only) of what it wrote; a failure exi
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from typing import Any
@@ -28,6 +29,7 @@ if _REPO not in sys.path:
 
 from launch import preflight  # noqa: E402
 from launch import spec as spec_lib  # noqa: E402
+from scalerl_jax.progress import probe_command  # noqa: E402
 
 RENDERED_DIR = os.path.join(_REPO, "launch", "gke", "rendered")
 # Committed variants: directory -> (config file, learner platform, generator platform, settings).
@@ -117,6 +119,33 @@ def _tcp_probes(port, startup_s: int):
           {"tcpSocket": {"port": port}, "periodSeconds": 30, "failureThreshold": 4})
 
 
+# Start-up self-test budgets (scalerl_jax/selftest.py): vLLM's import and device query dominate
+# the generator's; the others check storage, the checkpoint's headers and the grader.
+SELFTEST_BUDGET_S = {"learner": 180, "generator": 300, "buffer": 60}
+
+
+def _flag_value(command, flag: str) -> str:
+  return next(a.split("=", 1)[1] for a in command if a.startswith(flag + "="))
+
+
+def _selftest(role: str, container: dict, command, workdir: str, extra=(), mounts=None) -> dict:
+  """The init container that runs the pod's start-up self-test (scalerl_jax/selftest.py) with the
+  main container's image, env, mounts and resources: the pod stops at start with one line naming
+  what is missing (sandbox, grader, vLLM, storage, checkpoint) before it takes work. `command`:
+  the config-reading command whose run config (`--config=` / `--run_config=`) and `--config.*`
+  overrides it takes."""
+  cfg = next((a.split("=", 1)[1] for a in command if a.startswith(("--run_config=", "--config="))))
+  over = [a for a in command if a.startswith("--config.")]
+  c = {"name": "selftest", "image": container["image"],
+       "command": ["python", "-m", "scalerl_jax.selftest", f"--role={role}", f"--run_config={cfg}",
+                   *over, f"--workdir={workdir}", f"--budget_s={SELFTEST_BUDGET_S[role]}", *extra]}
+  for k in ("env", "resources"):
+    if k in container:
+      c[k] = copy.deepcopy(container[k])
+  c["volumeMounts"] = copy.deepcopy(mounts if mounts is not None else container.get("volumeMounts", []))
+  return c
+
+
 def learner_jobset(specs) -> dict[str, Any]:
   job = specs["learner"]
   n = str(job["chips_per_host"])
@@ -137,9 +166,11 @@ def learner_jobset(specs) -> dict[str, Any]:
                         {"name": "weights", "containerPort": job["weights_port"]}],
               "env": env,
               # The weight source listens once the model is loaded (checkpoint read + first
-              # compile: up to an hour allowed); a learner that stops serving it is restarted.
+              # compile: up to an hour allowed); then liveness from progress: a learner whose
+              # progress file (touched at every step's publish) is older than
+              # learner.progress_max_age_s (stuck in a collective, say) is restarted.
               "startupProbe": _tcp_probes("weights", 3600)[0],
-              "livenessProbe": _tcp_probes("weights", 3600)[1],
+              "livenessProbe": _progress_probe(job),
               "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
                                          job["accelerator_resource"]: n},
                             "limits": {job["accelerator_resource"]: n}},
@@ -149,6 +180,9 @@ def learner_jobset(specs) -> dict[str, Any]:
           "volumes": [_data_volume(specs)] + _run_config_mounts(specs)[1] + _tls_mounts(specs)[1],
       },
   }
+  main = pod["spec"]["containers"][0]
+  pod["spec"]["initContainers"] = [_selftest("learner", main, job["command"],
+                                             _flag_value(job["command"], "--workdir"))]
   return {
       "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
       "metadata": _meta(specs, job["name"], "learner"),
@@ -170,11 +204,15 @@ ALIVE_MAX_AGE_S = 120
 
 def _alive_probe(job, failures: int):
   """exec probe: the generator's --alive_file was touched within ALIVE_MAX_AGE_S."""
-  check = (f"import os, sys, time; p = {job['alive_file']!r}; "
-           f"sys.exit(0 if os.path.exists(p) and time.time() - os.path.getmtime(p) < "
-           f"{ALIVE_MAX_AGE_S} else 1)")
-  return {"exec": {"command": ["python", "-c", check]}, "periodSeconds": 30,
-          "failureThreshold": failures}
+  return {"exec": {"command": probe_command(job["alive_file"], ALIVE_MAX_AGE_S)},
+          "periodSeconds": 30, "failureThreshold": failures}
+
+
+def _progress_probe(job):
+  """exec liveness probe: the pod's progress file (scalerl_jax/progress.py) was touched within
+  its `progress_max_age_s`; checked every 30 s, failing at the first stale look."""
+  return {"exec": {"command": probe_command(job["progress_file"], job["progress_max_age_s"])},
+          "periodSeconds": 30, "failureThreshold": 1, "timeoutSeconds": 10}
 
 
 def generators(specs) -> list[dict[str, Any]]:
@@ -211,6 +249,9 @@ def generators(specs) -> list[dict[str, Any]]:
           }},
       },
   }
+  pod = deployment["spec"]["template"]["spec"]
+  pod["initContainers"] = [_selftest("generator", pod["containers"][0], job["command"],
+                                     _flag_value(job["command"], "--workdir"), ["--backend=vllm"])]
   service = {   # headless: the learner resolves every generator pod to push weights in flight
       "apiVersion": "v1", "kind": "Service", "metadata": _meta(specs, job["name"], "generator"),
       "spec": {"clusterIP": "None", "selector": sel,
@@ -242,9 +283,11 @@ def buffer(specs) -> list[dict[str, Any]]:
                   "ports": [{"name": "grpc", "containerPort": job["port"]}],
                   "env": _env(job),
                   "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10},
-                  # The gRPC port opens after the WAL replay: allowed 30 minutes.
+                  # The gRPC port opens after the WAL replay: allowed 30 minutes; then liveness
+                  # from progress (WAL commits, served leases; buffer.progress_max_age_s): a
+                  # buffer whose WAL disk is full still answers on its port but stops committing.
                   "startupProbe": _tcp_probes("grpc", 1800)[0],
-                  "livenessProbe": _tcp_probes("grpc", 1800)[1],
+                  "livenessProbe": _progress_probe(job),
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"]},
                                 "limits": {"memory": job["memory"]}},
                   "volumeMounts": [{"name": "prompts", "mountPath": "/prompts", "readOnly": True},
@@ -257,6 +300,11 @@ def buffer(specs) -> list[dict[str, Any]]:
           }},
       },
   }
+  pod = deployment["spec"]["template"]["spec"]
+  export, main = pod["initContainers"][0], pod["containers"][0]
+  pod["initContainers"].insert(0, _selftest(   # the WAL volume takes a write before the replay
+      "buffer", main, job["export_command"], job["wal_mount"],
+      mounts=export["volumeMounts"] + [{"name": "wal", "mountPath": job["wal_mount"]}]))
   # The write-ahead log must outlive the pod (a restarted buffer replays acknowledged rollouts and
   # rewinds from it) and sit on a local disk (fsync'd appends; docs/STORAGE.md): a PVC.
   pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",

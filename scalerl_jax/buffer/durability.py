@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
+from scalerl_jax.progress import Beacon
 from scalerl_jax.buffer import replay
 from scalerl_jax.buffer import wal as walmod
 from scalerl_jax.buffer.groups import Group
@@ -66,6 +67,8 @@ class Durable:
   _round_leased: int
   _lag_total: list[int]
   _lag_negative: int
+  # Liveness from progress (--progress-file): ticked at every WAL commit and served lease.
+  progress: Beacon = Beacon()
 
   if TYPE_CHECKING:
     def _store(self, g: Group, r: pb.Rollout, raw: bytes, c: val.Checked) -> bool: ...
@@ -82,6 +85,7 @@ class Durable:
       return
     try:
       self.wal.commit()
+      self.progress.tick()
     except OSError as e:
       self.wal.discard()
       log.error("WAL write failed%s: %s", " (best effort: went on)" if best_effort else

@@ -31,6 +31,7 @@ from typing import Any, NoReturn, Optional, Sequence
 import grpc
 import numpy as np
 
+from scalerl_jax.progress import Beacon
 from scalerl_jax.buffer.state import MODES, BufferState
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
@@ -359,6 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "startup to rewind after a learner resume (buffer/replay.py)")
   TLS.add_arguments(ap)
   ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
+  ap.add_argument("--progress-file", default="",
+                  help="touched at every WAL commit and served lease (a liveness probe's beacon)")
   ap.add_argument("--switch-interval-s", type=float, default=0.0,
                   help="sys.setswitchinterval for the server process (0: Python's default 5 ms)")
   return ap
@@ -395,6 +398,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
   except weight_store.UnsupportedWeightsFormat as e:   # a WAL written by the old blob protocol
     sys.exit(f"error: {e}")
   srv.learner_state_path = a.learner_state or ""
+  srv.state.progress = Beacon(a.progress_file)   # liveness from progress (scalerl_jax/progress.py)
+  srv.state.progress.tick()
   # the run-config knobs this pod got (as flags: processes.buffer_flags), as the other pods log them
   print(f"run config (buffer): rollout.max_lag={a.max_lag} rollout.max_ahead={a.max_ahead} "
         f"rollout.prompts_per_step="

@@ -243,6 +243,8 @@ class BufferState(Durable):
         self._groups[g.view.group_id] = g
         if ppo:
           self._round_leased += 1
+      if out:
+        self.progress.tick()   # a served lease (liveness from progress)
       return out
 
   def _expire(self) -> None:

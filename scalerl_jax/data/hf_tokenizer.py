@@ -7,6 +7,7 @@ the tokenizer's chat template plus the template's answer instruction and think p
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Iterable
 
@@ -15,6 +16,24 @@ from scalerl_jax.data import templates
 # End-of-turn tokens a chat model stops at besides its eos token, when the vocabulary has them
 # (Llama-3: <|eot_id|>; a Llama-3-Instruct tokenizer may name <|end_of_text|> as its eos).
 END_OF_TURN = ("<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>")
+
+
+def checkpoint_eos_ids(path: str) -> tuple[int, ...]:
+  """Every `eos_token_id` a checkpoint directory lists, config.json's first, then
+  generation_config.json's (each an int or a list; Llama-3.1: <|end_of_text|>, <|eom_id|>,
+  <|eot_id|>), without repeats; () when neither file names one."""
+  out: list[int] = []
+  for name in ("config.json", "generation_config.json"):
+    f = os.path.join(path, name)
+    if not os.path.exists(f):
+      continue
+    with open(f) as fh:
+      d = json.load(fh)
+    v = d.get("eos_token_id", d.get("text_config", {}).get("eos_token_id"))
+    for i in (v if isinstance(v, (list, tuple)) else [v] if v is not None else []):
+      if int(i) not in out:
+        out.append(int(i))
+  return tuple(out)
 
 
 class HFTokenizer:
@@ -80,9 +99,14 @@ class HFTokenizer:
 
   @property
   def stop_ids(self) -> tuple[int, ...]:
-    """Generation stops at any of these: eos, and the end-of-turn tokens of END_OF_TURN that
-    this vocabulary has as single special tokens (an instruct model ends its turn there)."""
+    """Generation stops at any of these: eos, every eos id the checkpoint's config.json and
+    generation_config.json list in this directory (`checkpoint_eos_ids`; Llama-3.1's
+    <|eom_id|> is one), and the end-of-turn tokens of END_OF_TURN that this vocabulary has as
+    single special tokens (an instruct model ends its turn there)."""
     out = [self.eos_id]
+    for i in checkpoint_eos_ids(self.path):
+      if 0 <= i < len(self.tok) and i not in out:
+        out.append(i)
     special = set(getattr(self.tok, "all_special_tokens", ()) or ())
     special |= {str(t) for t in (getattr(self.tok, "added_tokens_decoder", {}) or {}).values()}
     for t in END_OF_TURN:

@@ -18,8 +18,10 @@ train; prompt_id is the record's 0-based index in the file, so ids are unique an
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import logging
+import posixpath
 from typing import Any, Iterator
 
 import numpy as np
@@ -41,11 +43,38 @@ class MalformedTest(DataError):
   without fn_name); `load_code(skip_malformed=True)` skips the record and counts it."""
 
 
+DATA_EXTENSIONS = (".jsonl", ".json", ".parquet")
+
+
+def data_files(path: str) -> list[str]:
+  """The files a data path names, local or gs://: the file itself; every .jsonl / .json /
+  .parquet file directly in a directory; the files a glob in the last path component matches
+  (`shards/train-*.parquet`, as DeepCoder ships its splits). Sorted; FileNotFoundError when none."""
+  if storage.isfile(path):
+    return [path]
+  base, pattern = posixpath.split(path.rstrip("/"))
+  if storage.isdir(path):
+    names = [n for n in storage.listdir(path) if n.endswith(DATA_EXTENSIONS)]
+    out = sorted(storage.join(path, n) for n in names)
+  elif any(ch in pattern for ch in "*?["):
+    out = sorted(storage.join(base, n) for n in storage.listdir(base) if fnmatch.fnmatch(n, pattern))
+  else:
+    out = []
+  if not out:
+    raise FileNotFoundError(f"data path {path!r} names no data file (a .jsonl / .json / .parquet "
+                            f"file, a directory of them, or a glob such as dir/train-*.parquet)")
+  return out
+
+
 def iter_records(path: str) -> Iterator[tuple[str, dict]]:
-  """Yields (location, record) from a .jsonl / .json (list) / .parquet file, local or gs://
-  (read through scalerl_jax.storage); location is 'file:line'."""
-  if not storage.isfile(path):
-    raise FileNotFoundError(f"data file {path!r} does not exist")
+  """Yields (location, record) from every file `data_files(path)` names (a .jsonl / .json (list)
+  / .parquet file, a directory or a glob of shards, local or gs://, read through
+  scalerl_jax.storage), in file order; location is 'file:line'."""
+  for f in data_files(path):
+    yield from _iter_file(f)
+
+
+def _iter_file(path: str) -> Iterator[tuple[str, dict]]:
   if path.endswith(".parquet"):
     try:
       import pyarrow.parquet as pq  # local: optional, only .parquet files need it

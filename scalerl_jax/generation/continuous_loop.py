@@ -120,6 +120,11 @@ class ContinuousLoop(WorkerFields):
     next_lease = 0.0
     try:
       while not self._stop.is_set() and (not max_groups or done < max_groups):
+        # Groups whose grading finished no longer count against leasing ahead (pruned here, not
+        # only after a decode step: with nothing in flight and more than 4 leases' groups still
+        # grading at the last step, the loop never leased again and evaluations starved).
+        done += sum(f.result() for f in pushes if f.done())
+        pushes = [f for f in pushes if not f.done()]
         # Lease ahead: keep a lease's samples waiting beyond the free slots (fewer leases while
         # more than 4 leases' groups wait for their grades).
         # An empty answer (the staleness window is full) is not asked again for 0.2 s.
@@ -179,8 +184,6 @@ class ContinuousLoop(WorkerFields):
         # samples waiting for a slot: the chunk may end early, as samples end (their slots
         # refilled at once, not idle to the chunk's end); none waiting: whole chunks
         finished(dec.step(refill=insertable()))
-        done += sum(f.result() for f in pushes if f.done())
-        pushes = [f for f in pushes if not f.done()]
     finally:
       pool.shutdown(wait=True)
       done += sum(f.result() for f in pushes if f.done() and not f.exception())

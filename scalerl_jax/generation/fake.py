@@ -19,6 +19,7 @@ import grpc
 import numpy as np
 
 from scalerl_jax.generation.generator import Engine, Generator
+from scalerl_jax.generation.slots import DecodeStats
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol.client import BufferClient, assignment_prompt
 from scalerl_jax.types import FINISH_LENGTH, FINISH_STOP, Completion, PromptSpec, SamplingSpec
@@ -118,15 +119,48 @@ def scripted_reply(prompt_text: str, sample_index: int) -> str:
   return f"The answer is {v}."
 
 
+# Answers whose exact value no machine can compute (rewards/isolation.py must contain them): what
+# `generator.scripted_hostile_every` makes the scripted model box (in turn).
+HOSTILE_ANSWERS = ("2^{2^{40}}", "10^{10^{10}}", "9999999999^{9999999999}", "(10^9)!",
+                   "7^{10^7}")
+
+
 class ScriptedInstructModel(Generator):
   """generator.backend="scripted": `scripted_reply` to each prompt (decoded with `tokenizer`),
   encoded and ended with the first stop token, every token at log-prob SCRIPTED_LOGPROB and
-  stamped with the current version. Weight updates only move the version (no weights)."""
+  stamped with the current version. Weight updates only move the version (no weights).
+  `hostile_every` N > 0: every Nth sample (counted over the process) replaces its boxed answer
+  with one of HOSTILE_ANSWERS."""
 
-  def __init__(self, tokenizer, version: int = 0):
+  def __init__(self, tokenizer, version: int = 0, hostile_every: int = 0):
     self.tokenizer = tokenizer
     self._version = int(version)
     self._pending: int | None = None
+    self.hostile_every = int(hostile_every)
+    self.samples = 0        # samples written so far
+    self.hostile = 0        # of them hostile
+
+  def reply_tokens(self, text: str, sample_index: int, spec: SamplingSpec) -> tuple[list, str]:
+    """The tokens of one scripted sample (stop token included) and its finish reason."""
+    reply = scripted_reply(text, sample_index)
+    self.samples += 1
+    if self.hostile_every and self.samples % self.hostile_every == 0 and "\\boxed{" in reply:
+      reply = reply[:reply.index("\\boxed{")] + "\\boxed{%s}." % HOSTILE_ANSWERS[
+          self.hostile % len(HOSTILE_ANSWERS)]
+      self.hostile += 1
+    toks = list(self.tokenizer.encode(reply)) + list(spec.stop_tokens[:1])
+    budget = int(spec.think_budget_max) + int(spec.answer_budget)
+    if len(toks) > budget:
+      return toks[:budget], FINISH_LENGTH
+    return toks, FINISH_STOP
+
+  def completion(self, prompt: PromptSpec, toks: list, reason) -> Completion:
+    """A Completion of `toks` at the current version."""
+    L = len(toks)
+    return Completion(prompt_id=prompt.prompt_id, tokens=np.asarray(toks, np.int32),
+                      logprobs=np.full(L, SCRIPTED_LOGPROB, np.float32),
+                      versions=np.full(L, self._version, np.int32), policy_mask=np.ones(L, bool),
+                      finish_reason=reason)
 
   @property
   def version(self) -> int:
@@ -145,32 +179,72 @@ class ScriptedInstructModel(Generator):
   def generate(self, prompts: Sequence[PromptSpec], n: int,
                spec: SamplingSpec) -> list[list[Completion]]:
     self.apply_pending()
-    budget = int(spec.think_budget_max) + int(spec.answer_budget)
-    stop = list(spec.stop_tokens[:1])
     out = []
     for p in prompts:
       text = self.tokenizer.decode(p.tokens)
-      group = []
-      for i in range(n):
-        toks = list(self.tokenizer.encode(scripted_reply(text, i))) + stop
-        reason = FINISH_STOP
-        if len(toks) > budget:
-          toks, reason = toks[:budget], FINISH_LENGTH
-        L = len(toks)
-        group.append(Completion(
-            prompt_id=p.prompt_id, tokens=np.asarray(toks, np.int32),
-            logprobs=np.full(L, SCRIPTED_LOGPROB, np.float32),
-            versions=np.full(L, self._version, np.int32), policy_mask=np.ones(L, bool),
-            finish_reason=reason))
-      out.append(group)
+      out.append([self.completion(p, *self.reply_tokens(text, i, spec)) for i in range(n)])
     return out
+
+
+class ScriptedSlots:
+  """The scripted model as a continuous decoder (generation/slots.py interface): each `step`
+  "decodes" one token of every sample in flight (`capacity` slots); a sample ends when its
+  scripted tokens are out. For tests of the continuous loop with text-level answers (no JAX)."""
+
+  def __init__(self, gen: ScriptedInstructModel, capacity: int, spec: SamplingSpec):
+    self.gen, self.capacity, self.spec = gen, int(capacity), spec
+    self.stats = DecodeStats()
+    self._live: list = []          # [request, tokens, reason, steps left]
+
+  @property
+  def free(self) -> int:
+    return self.capacity - len(self._live)
+
+  @property
+  def in_flight(self) -> list:
+    return [r for r, *_ in self._live]
+
+  def insert(self, requests) -> None:
+    """Starts `requests` (at most `free`)."""
+    if len(requests) > self.free:
+      raise ValueError(f"{len(requests)} requests for {self.free} free slots")
+    for r in requests:
+      toks, reason = self.gen.reply_tokens(self.gen.tokenizer.decode(r.prompt.tokens),
+                                           r.sample_index, self.spec)
+      self._live.append([r, toks, reason, len(toks)])
+
+  def step(self, refill: bool = False) -> list:
+    """One decode step of every sample in flight; returns the (request, Completion) that ended."""
+    self.gen.apply_pending()
+    t = time.perf_counter()
+    self.stats.chunks += 1
+    self.stats.slot_steps += self.capacity
+    self.stats.row_steps += len(self._live)
+    self.stats.live_row_steps += len(self._live)
+    done, keep = [], []
+    for e in self._live:
+      e[3] -= 1
+      (done if e[3] <= 0 else keep).append(e)
+    self._live = keep
+    self.stats.decode_s += time.perf_counter() - t
+    return [(r, self.gen.completion(r.prompt, toks, reason)) for r, toks, reason, _ in done]
+
+  def note_idle(self, seconds: float) -> None:
+    """Books `seconds` waited with free slots and nothing to insert."""
+    self.stats.idle_s += float(seconds)
 
 
 class ScriptedEngine(Engine):
   """The "scripted" generator backend (generation/backends.py): a ScriptedInstructModel on the
-  dataset's tokenizer; it needs no weights (`needs_params` False) and has no continuous decoder."""
+  dataset's tokenizer; it needs no weights (`needs_params` False); its continuous decoder is
+  `ScriptedSlots` (one token per step)."""
 
   needs_params = False
 
   def make(self, model_cfg, params, version, workdir, dataset) -> ScriptedInstructModel:
-    return ScriptedInstructModel(dataset.tokenizer, version=version)
+    return ScriptedInstructModel(dataset.tokenizer, version=version,
+                                 hostile_every=self.config.generator.scripted_hostile_every)
+
+  def continuous(self, gen, spec, capacity=None) -> ScriptedSlots:
+    assert isinstance(gen, ScriptedInstructModel), type(gen)
+    return ScriptedSlots(gen, capacity or self.config.generator.decode_batch, spec)

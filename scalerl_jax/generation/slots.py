@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from scalerl_jax.generation.interruption import think_budget
+from scalerl_jax.rewards.isolation import FAULTS
 from scalerl_jax.types import PromptSpec, SamplingSpec
 
 
@@ -46,7 +47,8 @@ class DecodeStats:
   flight / capacity), of `row_steps` (the rows decode steps computed: the JAX decoder decodes a
   bucket of packed slots, `moves` of them moved down to pack them, and in `window_chunks` of its
   chunks attention read a window of its ring; compute occupancy = live_row_steps / row_steps), seconds decoding, inserting and idle (no slot busy and nothing to
-  insert: `note_idle`), and grading (`grade_s`, booked by the generator worker). The
+  insert: `note_idle`), and grading (`grade_s`, booked by the generator worker), with the grades
+  done and their faults by reason (`graded`, `grade_timeout`, ...: `count_grade`). The
   drain-per-lease loop books the same fields."""
   chunks: int = 0
   slot_steps: int = 0
@@ -63,9 +65,22 @@ class DecodeStats:
   grade_s: float = 0.0
   weight_failures: int = 0     # weight updates that failed (the generator kept its version)
   delta_fallbacks: int = 0     # weight deltas that did not check: the version was fetched full
+  # grades done and those scored 0 by a grading fault (rewards/isolation.py FAULTS), by reason
+  graded: int = 0
+  grade_timeout: int = 0
+  grade_oom: int = 0
+  grade_error: int = 0
+  grade_guard: int = 0
 
   HEARTBEAT_KEYS = ("slot_steps", "live_row_steps", "row_steps", "decode_s", "insert_s", "idle_s",
-                    "grade_s", "weight_failures", "delta_fallbacks")
+                    "grade_s", "weight_failures", "delta_fallbacks",
+                    "graded", "grade_timeout", "grade_oom", "grade_error", "grade_guard")
+
+  def count_grade(self, reason: str) -> None:
+    """Books one grade (and its fault, for a grade_* reason). Not thread-safe: callers lock."""
+    self.graded += 1
+    if reason in FAULTS:
+      setattr(self, reason, getattr(self, reason) + 1)
 
   def heartbeat_stats(self) -> dict[str, float]:
     """The counters a generator reports in its heartbeats (HeartbeatRequest.stats)."""

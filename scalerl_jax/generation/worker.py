@@ -94,6 +94,12 @@ class Worker(EvalLane, ContinuousLoop):
     self.dataset = build_dataset(config.data, config.rollout.max_prompt_len)
     if self.dataset.needs_sandbox:   # this process grades model programs: its sandbox must work
       rewards.prepare_code_rewards(config)
+    # Rewards that parse model output (math) grade in worker processes with a deadline; they
+    # start now, before this worker takes work (rewards/isolation.py).
+    rewards.isolation.configure(config.rewards)
+    if any(rewards.registry.isolation_of(r)[0] for r in self.dataset.task_rewards.values()):
+      rewards.isolation.pool()
+    self._count_lock = threading.Lock()
     self.reward_log = None
     if config.rewards.log:
       os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
@@ -249,6 +255,8 @@ class Worker(EvalLane, ContinuousLoop):
     g = self.dataset.grade(completion.tokens, answer, task)
     if g.reason == "sandbox_error":   # raises (this worker exits) when the sandbox broke mid-run
       rewards.sandbox_still_works(g.detail)
+    with self._count_lock:
+      self.decode_stats.count_grade(g.reason)
     r = g.reward
     if log is not None:
       line = {"t": round(time.time(), 3), "gen": self.id, "version": int(self.gen.version),
@@ -358,6 +366,7 @@ class Worker(EvalLane, ContinuousLoop):
       relay.stop()
     self.gen.close()
     self.client.close()
+    rewards.isolation.shutdown()
     if self.reward_log is not None:
       self.reward_log.close()
 

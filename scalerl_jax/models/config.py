@@ -63,6 +63,7 @@ class ModelConfig:
   moe_capacity_factor: float = 0.0       # dispatch: 0 = dropless (ragged_dot); c > 0 = c*avg rows/expert
   bos_token_id: int | None = None
   eos_token_id: int | None = None
+  eos_token_ids: tuple[int, ...] = ()     # every eos id of the checkpoint (config.json + generation_config.json); () = eos_token_id alone
   # Numerics / compilation.
   param_dtype: str = "float32"
   dtype: str = "float32"                 # compute dtype
@@ -211,6 +212,11 @@ def _first(x):
   return x[0] if isinstance(x, (list, tuple)) else x
 
 
+def _all(x) -> tuple[int, ...]:
+  """Every id of an HF `eos_token_id` entry (an int, a list, or None) when it lists several."""
+  return tuple(int(i) for i in x) if isinstance(x, (list, tuple)) and len(x) > 1 else ()
+
+
 def from_hf_config(hf: Any, **overrides: Any) -> ModelConfig:
   """Builds a ModelConfig from a transformers config object or a config.json dict.
 
@@ -234,7 +240,7 @@ def from_hf_config(hf: Any, **overrides: Any) -> ModelConfig:
       norm_eps=d.get("rms_norm_eps", 1e-5), tie_embeddings=bool(d.get("tie_word_embeddings", False)),
       max_position_embeddings=d.get("max_position_embeddings", 8192), rope_theta=float(theta),
       rope_type=rope_type, bos_token_id=_first(d.get("bos_token_id")),
-      eos_token_id=_first(d.get("eos_token_id")))
+      eos_token_id=_first(d.get("eos_token_id")), eos_token_ids=_all(d.get("eos_token_id")))
   if rope_type == "llama3":
     kw.update(rope_factor=float(rope["factor"]), rope_low_freq_factor=float(rope["low_freq_factor"]),
               rope_high_freq_factor=float(rope["high_freq_factor"]),
@@ -271,7 +277,8 @@ def to_hf_config(cfg: ModelConfig) -> Any:
       num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
       head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings,
       max_position_embeddings=cfg.max_position_embeddings, rope_parameters=dict(_rope_dict(cfg)),
-      bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, hidden_act="silu")
+      bos_token_id=cfg.bos_token_id, eos_token_id=list(cfg.eos_token_ids) if cfg.eos_token_ids
+      else cfg.eos_token_id, hidden_act="silu")
   fam = families.get(cfg.family)
   return getattr(transformers, fam.hf_config_class)(**fam.to_hf(cfg), **common)
 

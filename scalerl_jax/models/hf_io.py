@@ -23,6 +23,7 @@ import numpy as np
 
 from scalerl_jax.models import families
 from scalerl_jax.models import safetensors_format as st_format
+from scalerl_jax.data.hf_tokenizer import checkpoint_eos_ids
 from scalerl_jax.models.config import ModelConfig, from_hf_config, to_hf_config
 
 SINGLE_FILE = "model.safetensors"
@@ -285,6 +286,9 @@ def load_hf(path: str, **overrides: Any) -> tuple[ModelConfig, dict]:
     raise FileNotFoundError(f"no config.json in {path}")
   with open(cfg_path) as f:
     cfg = from_hf_config(json.load(f), **overrides)
+  eos = checkpoint_eos_ids(path)   # config.json's and generation_config.json's, in order
+  if len(eos) > 1 and "eos_token_ids" not in overrides:
+    cfg = cfg.replace(eos_token_ids=eos)
   st = SafetensorsDir(path)
   prefix = "language_model." if "language_model.model.embed_tokens.weight" in st else ""
   params = params_from_hf_tensors(cfg, lambda name: st.get(prefix + name))
@@ -300,6 +304,10 @@ def save_hf(cfg: ModelConfig, params: Any, path: str, *, dtype: str | None = Non
   out_dtype = dtype or cfg.param_dtype
   hf_cfg.dtype = out_dtype
   hf_cfg.to_json_file(os.path.join(path, "config.json"))
+  if cfg.eos_token_ids:   # the whole stop list, where vLLM and transformers' generate() read it
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+      json.dump({"bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids)}, f,
+                indent=2)
   np_dt = np.dtype(ml_dtypes.bfloat16) if out_dtype == "bfloat16" else np.dtype(out_dtype)
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0

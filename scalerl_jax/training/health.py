@@ -14,6 +14,7 @@ every step crosses with this step to force the abort at a known step). Threshold
 | kl | KL(generator ‖ learner), k3 estimator per token | > 0.1 | includes PipelineRL staleness (k=8): the tiny demo peaks at 0.056; engine mismatch alone is < 1e-3 with an fp32 head (docs/VLLM.md) |
 | entropy | mean token entropy (nats) | < 0.05 | entropy collapse (PAPER_NOTES sec. 5) |
 | skipped | consecutive skipped learner steps | >= 3 | a non-finite or empty step now and then is tolerated |
+| grade_fail | grades scored 0 by a grading fault (grade_timeout / grade_oom / grade_error / grade_guard, rewards/isolation.py) over the grades done since the previous step (gen_graded deltas) | > 0.01 | a policy that finds answers no grader can evaluate (e.g. `\\boxed{2^{2^{40}}}`) is exploiting the verifier, not solving problems |
 | step0_nonzero_frac | fraction of the first batch's samples with a non-zero reward | <= 0.002 of >= 256 (stops) | 0 of 768: zero-variance groups only, nothing to learn (issue 24) |
 
 Step-0 reward check (`step0_reward_check`, issue 24): a fresh run whose first batch (of at least
@@ -43,6 +44,7 @@ from analysis.metrics import AXIS_UNITS, on_axis, read_run
 from analysis.posterior import MIN_EVALS
 from configs import common
 from scalerl_jax.generation.vllm.parity import parity_stats
+from scalerl_jax.rewards.isolation import FAULTS as GRADE_FAULTS
 
 log = logging.getLogger("scalerl.health")
 
@@ -177,6 +179,7 @@ class HealthMonitor:
       raise ValueError(f"health.abort_on: unknown signal(s) {unknown}; choose from {list(SIGNALS)}")
     self.abort_from_step = int(cfg.abort_from_step or 0)
     self.skipped_run = 0
+    self._graded = (0.0, 0.0)    # (grades, faulted grades) at the previous record
 
   def aborts(self, name: str, step: int) -> bool:
     """Whether a crossing of signal `name` at `step` stops the run (abort_on, abort_from_step)."""
@@ -196,6 +199,13 @@ class HealthMonitor:
     if "skipped" in rec:
       self.skipped_run = self.skipped_run + 1 if rec["skipped"] else 0
       out["skipped"] = float(self.skipped_run)
+    if "gen_graded" in rec:   # cumulative counters: the rate since the previous record
+      graded = float(rec["gen_graded"])
+      faults = sum(float(rec.get(f"gen_{k}", 0.0)) for k in GRADE_FAULTS)
+      d_graded, d_faults = graded - self._graded[0], faults - self._graded[1]
+      self._graded = (graded, faults)
+      if d_graded > 0:
+        out["grade_fail"] = d_faults / d_graded
     return out
 
   def crossed(self, name: str, v: float) -> bool:
@@ -204,7 +214,8 @@ class HealthMonitor:
             "truncated_frac": lambda: v > c.max_truncated_frac,
             "kl": lambda: v > c.max_kl,
             "entropy": lambda: v < c.min_entropy,
-            "skipped": lambda: v >= c.max_consecutive_skipped}[name]()
+            "skipped": lambda: v >= c.max_consecutive_skipped,
+            "grade_fail": lambda: v > c.max_grade_fail_frac}[name]()
 
   def check(self, rec: dict) -> dict:
     """`health/<signal>` values and `health/<signal>_alarm` flags for one train record; warns on

@@ -31,6 +31,7 @@ from scalerl_jax import models
 from scalerl_jax import runtime
 from scalerl_jax import sharding
 from scalerl_jax import storage
+from scalerl_jax.progress import Beacon
 from scalerl_jax.buffer.replay import read_learner_state
 from scalerl_jax.buffer.replay import write_learner_state
 from scalerl_jax.training.checkpoint import RunCheckpointer
@@ -47,6 +48,8 @@ from scalerl_jax.training.health import (HealthMonitor, LiveForecast, NoRewardSi
 from scalerl_jax.training.ledger import ComputeLedger, StepTokens
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
+from scalerl_jax.rewards import isolation
+from scalerl_jax.rewards.isolation import FAULTS as GRADE_FAULTS
 from scalerl_jax.rl import PassRateHistory
 from scalerl_jax.tools.describe import count_params
 from scalerl_jax.training.tracking import MetricsLog, NoTracker
@@ -124,7 +127,9 @@ def generator_metrics(stats) -> dict:
   """The generators' heartbeat counters (BatchSummary.generator_stats, cumulative over the run,
   all generators) as metrics: gen_occupancy = sequences in flight / slots over every decode step
   so far; gen_idle_s / gen_grade_s / gen_decode_s: seconds waiting for leases or weights with
-  empty slots, grading, decoding. {} before the first heartbeat with counters arrives."""
+  empty slots, grading, decoding; gen_graded and gen_grade_{timeout,oom,error,guard}: grades done
+  and those scored 0 by a grading fault (rewards/isolation.py), with gen_grade_fail_frac their
+  fraction. {} before the first heartbeat with counters arrives."""
   stats = dict(stats)
   # Weight sync: failed updates (cumulative) and generators behind (a gauge, buffer-side).
   sync = {f"gen_{k}": stats[k] for k in ("weight_failures", "delta_fallbacks", "generators_behind")
@@ -134,8 +139,14 @@ def generator_metrics(stats) -> dict:
   live = stats.get("live_row_steps", 0.0)
   compute = ({"gen_compute_occupancy": live / stats["row_steps"]} if stats.get("row_steps")
              else {})
+  grading = {}
+  if "graded" in stats:   # generators that count their grades (issue 46)
+    faults = {f"gen_{k}": stats.get(k, 0.0) for k in GRADE_FAULTS}
+    graded = stats["graded"]
+    grading = {"gen_graded": graded, **faults,
+               "gen_grade_fail_frac": sum(faults.values()) / graded if graded else 0.0}
   return {"gen_occupancy": live / stats["slot_steps"], **compute, **sync,
-          **{f"gen_{k}": stats.get(k, 0.0) for k in ("idle_s", "grade_s", "decode_s")}}
+          **{f"gen_{k}": stats.get(k, 0.0) for k in ("idle_s", "grade_s", "decode_s")}, **grading}
 
 
 class Trainer:
@@ -191,6 +202,10 @@ class Trainer:
                                local_dir=storage.local_dir(workdir, config.local_dir))
                     if self.main else NoTracker())
     self.health = HealthMonitor(config.health)
+    isolation.configure(config.rewards)   # local evaluation and the step-0 check grade here too
+    # liveness from progress (learner.progress_file): touched at every publish, i.e. every step
+    self.beacon = Beacon(config.learner.progress_file)
+    self.beacon.tick()
     fc = config.forecast
     self.forecast = (LiveForecast(workdir, self.metrics.write, n_draws=int(fc.n_draws),
                                   lock=self.metrics.lock, axis=fc.axis, references=fc.references,
@@ -247,6 +262,7 @@ class Trainer:
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
                     sources=self.sources, wire_dtype=runtime.wire_dtype(w),
                     delta=self._delta).publish()
+    self.beacon.tick()   # a step's update and its publish (collectives included) finished
     return time.time() - t
 
   def eval_params(self) -> Any:
@@ -387,6 +403,8 @@ class Trainer:
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
            "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity,
            **generator_metrics(batch.summary.generator_stats), **step0}
+    self._grading = {"step": step + 1, **{k: v for k, v in rec.items()
+                                          if k == "gen_graded" or k.startswith("gen_grade_")}}
     abort = None
     try:
       rec.update(self.health.check(rec))
@@ -530,6 +548,12 @@ class Trainer:
     if abort is not None:
       self.save(abort[0])
       self.metrics.write({"step": abort[0], "kind": "health_abort", "reason": abort[1]})
+    grading = getattr(self, "_grading", None)
+    if self.main and grading and len(grading) > 1:   # the run summary of grading faults (rewards/isolation.py)
+      log.info("grading: %d grades, %d timed out, %d out of memory, %d errors, %d guarded",
+               *(int(grading.get(f"gen_{k}", 0)) for k in ("graded",) + GRADE_FAULTS))
+      storage.write_text(storage.join(self.workdir, "run_summary.json"),
+                         json.dumps({"grading": grading}, indent=1))
     self.ckpt.close()
     self.metrics.close()
     if abort is not None:
