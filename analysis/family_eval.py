@@ -8,7 +8,7 @@ bands, three ways: alone, ``--reference`` (same-setup runs: the baseline recipe'
 ``alloc``: the fourteen held-out allocation runs (``real_runs.ALLOC``; family = the alloc runs of the
 other allocations, references = the default allocation's runs). ``xeon``: the 18 other-recipe Xeon
 runs (not held out; family = the Xeon runs of the other recipes, references = the twenty Xeon seeds
-of sessions 23-24). Prints one table row per (way, cut) and a JSON line of per-run numbers.
+of 2026-12-05, `real_runs.references_for`). Prints one table row per (way, cut) and a JSON line of per-run numbers.
 """
 
 from __future__ import annotations

@@ -157,10 +157,10 @@ def references_for(name: str) -> tuple[str, ...]:
 
 
 #: The SFT base policy each stored run started from (issue #48: what a family must share): the
-#: AMD EPYC base of sessions 19-22, the Xeon base of sessions 23-26 (their checkpoints are gone:
+#: AMD EPYC base (runs of 2026-12-04/05), the Intel Xeon base (runs of 2026-12-05) (their checkpoints are gone:
 #: named), and the base of issue #48's allocation runs (the digest ``analysis.family`` computes of
 #: a WORKDIR/base_policy, so a live run from that base pools with them).
-BASES = {"epyc": "epyc-sessions-19-22", "xeon": "xeon-sessions-23-26", "alloc": "sha256:1ba7d48721f0ac7a"}
+BASES = {"epyc": "epyc-base-2026-12-04", "xeon": "xeon-base-2026-12-05", "alloc": "sha256:1ba7d48721f0ac7a"}
 
 
 def base_of(name: str) -> str | None:

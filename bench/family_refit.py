@@ -3,7 +3,7 @@
 ``python -m bench.family_refit`` - a stored real run (``xeon_qwen_dapo_s30``) replayed evaluation by
 evaluation into a scratch workdir; after each one ``LiveForecast.compute`` (the live refit, step
 axis, 4000 draws) with ``forecast.family`` = 20 stored Xeon runs of other recipes (ours) and with the
-same 20 as ``forecast.references`` (the peer: the same-setup path of session 26). Prints every
+same 20 as ``forecast.references`` (the peer: the same-setup path, analysis/reference.py). Prints every
 refit's wall and CPU seconds; the last stdout line is one JSON object (``ratio`` > 1: ours faster).
 """
 
