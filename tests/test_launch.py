@@ -305,7 +305,7 @@ def test_pods_read_exactly_what_their_manifests_give():
   from scalerl_jax.data import export
   from scalerl_jax.generation import worker
   from scalerl_jax.processes import buffer_flags
-  from scalerl_jax import recipes, selftest
+  from scalerl_jax import selftest
   parsers = {"scalerl_jax.selftest": selftest.build_parser(),
              "scalerl_jax.buffer.server": server.build_parser(),
              "scalerl_jax.data.export": export.build_parser(),

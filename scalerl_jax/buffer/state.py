@@ -14,12 +14,8 @@ Batches are filled earliest-deadline-first and a pull waits until every group du
 complete. Admission keeps the schedule feasible: for every deadline d, #outstanding groups with
 deadline <= d must be <= (d - ns + 1) * B. Deadlines of new leases are never smaller than existing
 ones, so this reduces to: outstanding + new <= (v + k - ns + 1) * B (see docs/ROLLOUT.md).
-
-Freshness bound (`max_ahead` = a >= 0, rollout.max_ahead; AReaL's staleness controller): admission
-uses a = min(a, k) in place of k, outstanding + new <= (v + a - ns + 1) * B, while deadlines stay
-v_lease + k. A fleet faster than the learner then fills at most a batches beyond the newest version
-and its tokens are trained at lag <= a, instead of filling k ahead and training every token at lag
-~k. a = -1 (off) or a >= k: PipelineRL-k unchanged.
+Freshness bound (rollout.max_ahead = a): admission uses min(a, k) in place of k, deadlines keep
+v_lease + k (docs/ROLLOUT.md "Freshness bound").
 """
 from __future__ import annotations
 
@@ -39,9 +35,9 @@ from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
 from scalerl_jax.buffer import wal as walmod
 from scalerl_jax.protocol import wire
-from scalerl_jax.protocol.weight_chunks import tree_parents
 from scalerl_jax.buffer.durability import Durable
 from scalerl_jax.buffer.eval_lane import EvalLane
+from scalerl_jax.buffer.fleet import Fleet
 from scalerl_jax.buffer.groups import Group, Stored
 from scalerl_jax.rl.npr import PassRateHistory
 from scalerl_jax.types import PromptSpec
@@ -137,9 +133,7 @@ class BufferState(Durable):
     # generator id -> (versions it holds, when it said so): from leases and heartbeats that list
     # them; an evaluation nobody live holds any more is unservable (collect_eval).
     self._holders: dict[str, tuple[frozenset, float]] = {}
-    self._gen_stats: dict[str, dict[str, float]] = {}   # generator (incarnation) -> its counters
-    self._gen_versions: dict[str, tuple[int, float]] = {}  # generator -> (version, heartbeat time)
-    self._relays: dict[str, tuple[str, float]] = {}        # generator -> (relay address, time)
+    self.fleet = Fleet()   # the generators' heartbeat facts (counters, versions, relays)
     # No-Positive-Resampling: pass-rate history of delivered groups; retired prompts are skipped
     # when the next epoch's order is drawn (PAPER_NOTES §3). None disables it.
     self.npr = None
@@ -297,23 +291,9 @@ class BufferState(Durable):
     held = None if held_versions is None else self._held_set(held_versions)
     checked = val.check_generator_stats(stats) if stats else {}
     with self.cv:
-      if checked:
-        self._gen_stats[generator_id] = checked
-        if len(self._gen_stats) > 256:   # many incarnations: fold the oldest into one entry
-          old = next(k for k in self._gen_stats if k != "(retired)")
-          merged = self._gen_stats.setdefault("(retired)", {})
-          for k, v in self._gen_stats.pop(old).items():
-            merged[k] = merged.get(k, 0.0) + v
+      self.fleet.record(generator_id, checked, version, relay_address, self.clock())
       if held is not None:
         self._holders[generator_id] = (frozenset(held), self.clock())
-      if relay_address:
-        self._relays[generator_id] = (relay_address, self.clock())
-        if len(self._relays) > 4096:
-          self._relays.pop(min(self._relays, key=lambda g: self._relays[g][1]))
-      if version is not None:
-        self._gen_versions[generator_id] = (int(version), self.clock())
-        if len(self._gen_versions) > 4096:       # incarnations: forget the longest silent
-          self._gen_versions.pop(min(self._gen_versions, key=lambda g: self._gen_versions[g][1]))
       self._expire()
       n = 0
       for gid, g in self._groups.items():
@@ -577,33 +557,16 @@ class BufferState(Durable):
           digest=h.hexdigest())
 
   def relay_parents(self, generator_id: str, fanout: int) -> list[str]:
-    """The relays `generator_id` fetches weights from, nearest ancestor first: the live relays
-    (a heartbeat within the lease TTL) in generator-id order form a tree of `fanout`
-    (weights/relay.py); [] for the root, an unknown generator or fanout 0."""
+    """The relays `generator_id` fetches weights from, nearest first (buffer/fleet.py)."""
     with self.cv:
-      now = self.clock()
-      live = sorted(g for g, (_, t) in self._relays.items() if now - t <= self.lease_ttl_s)
-      if generator_id not in live:
-        return []
-      return tree_parents(live.index(generator_id), fanout,
-                          [self._relays[g][0] for g in live])
+      return self.fleet.relay_parents(generator_id, fanout, self.clock(), self.lease_ttl_s)
 
   def generator_stats(self) -> dict[str, float]:
-    """The generators' heartbeat counters summed over every generator (incarnation) that sent
-    them: each is cumulative, so the sum only grows."""
+    """The generators' heartbeat counters summed over every incarnation, and the gauge
+    `generators_behind`: live generators more than max(1, max_lag) versions behind (their
+    updates keep failing, or are slow)."""
     with self.cv:
-      total: dict[str, float] = {}
-      for st in self._gen_stats.values():
-        for k, v in st.items():
-          total[k] = total.get(k, 0.0) + v
-      # A gauge, not a sum: live generators (a heartbeat within the lease TTL) whose weights are
-      # more than max(1, max_lag) versions behind (their updates keep failing, or are slow).
-      now, behind = self.clock(), self.version - max(1, self.k)
-      if self._gen_versions:
-        total["generators_behind"] = float(sum(
-            1 for v, t in self._gen_versions.values()
-            if now - t <= self.lease_ttl_s and v < behind))
-      return total
+      return self.fleet.totals(self.clock(), self.lease_ttl_s, self.version - max(1, self.k))
 
   def status_fields(self) -> dict:
     with self.cv:
