@@ -193,16 +193,17 @@ def _table(cuts: list[dict], prior: float, gain: float, up: float | None = None,
   return out
 
 
-SPLITS = ("held_out_s26b", "held_out_s26", "held_out", "calibration")
-SPLIT_LABELS = {"held_out_s26b": "held-out, session 26 second batch", "held_out_s26": "held-out, session 26",
+SPLITS = ("held_out_2026_12_05b", "held_out_2026_12_05", "held_out", "calibration")
+SPLIT_LABELS = {"held_out_2026_12_05b": "held-out, second batch of 2026-12-05 (commit e1d7548, 2-core Intel Xeon)",
+                "held_out_2026_12_05": "held-out, batch of 2026-12-05 (commit 3495db7, 2-core Intel Xeon)",
                 "held_out": "held-out", "calibration": "calibration"}
 
 
 def _split(name: str) -> str:
-  if name in real_runs.SESSION26B:
-    return "held_out_s26b"
-  if name in real_runs.SESSION26:
-    return "held_out_s26"
+  if name in real_runs.HELDOUT_2026_12_05B:
+    return "held_out_2026_12_05b"
+  if name in real_runs.HELDOUT_2026_12_05:
+    return "held_out_2026_12_05"
   return "calibration" if name in real_runs.CALIBRATION else "held_out"
 
 
@@ -243,7 +244,7 @@ def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.
     and 75 % of its final compute (``axis`` "step": of its steps, ``analysis.metrics.on_axis``).
     ``(MISSPEC_PRIOR, MISSPEC_GAIN)`` is the grid point whose measurement band covers the final
     value of the calibration runs (``real_runs.CALIBRATION``) closest to ``LEVEL`` over the three
-    cuts (ties: the narrower band); the held-out runs (session 26's batch apart) are reported with
+    cuts (ties: the narrower band); the held-out runs (the batches declared in commits 3495db7 and e1d7548 apart) are reported with
     it, with the band without the term beside it. ``references``: also the reference-calibrated
     forecast of every run (``analysis.reference`` against ``real_runs.references_for``)."""
   root = Path(runs_dir or real_runs.OUT)
@@ -300,8 +301,8 @@ def markdown_real(res: dict) -> str:
        f"{u['prior']:g}, {u['gain']:g}, with the upward drift allowance MISSPEC_UP={MISSPEC_UP:g} and the "
        f"ceiling as the upper edge of not-yet-identifiable forecasts. 'Without': Eq. 1's band as before "
        f"issue #29 (no term, no allowance, no ceiling). 'With references': the reference-calibrated "
-       f"forecast (analysis.reference; references: real_runs.references_for - for session 26's batch the "
-       f"twenty Xeon runs of sessions 23-24, declared before it ran).", "",
+       f"forecast (analysis.reference; references: real_runs.references_for - for the held-out batch of 2026-12-05 (commit 3495db7) the "
+       f"twenty Xeon runs s10-s29, declared before it ran).", "",
        "| runs | cut | n | band covers final value (measurement band) | curve band covers | median abs. error "
        "| median width | Eq. 1 band as before: covers | as before: width | with references: covers | "
        "median abs. error | median width | median shift |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

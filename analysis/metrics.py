@@ -256,7 +256,7 @@ def on_axis(run: RunData, axis: str) -> RunData:
   """``run`` with its x-axis replaced: ``compute`` (as logged: ``compute_hours``) or ``step`` (the
     evaluation's training step, its KL alarms moved to the steps they fell at). A tiny run's
     wall-clock compute holds compilation stalls that do not grow with RL (docs/ANALYSIS.md
-    "Session 25: the x-axis"); its steps are also its FLOPs (a fixed, padded batch per step)."""
+    "the x-axis carries start-up and recompilation", 2026-12-05, 2-core Intel Xeon); its steps are also its FLOPs (a fixed, padded batch per step)."""
   if axis not in AXES:
     raise ForecastInputError(f"axis {axis!r}: expected one of {AXES}")
   if axis == "compute":

@@ -56,7 +56,7 @@ _RHOS = np.array([0.0, 0.2, 0.4, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95])
 #: calibration half of the real runs in analysis/real_runs/ (``python -m analysis.calibrate
 #: --only real``; docs/ANALYSIS.md "Misspecification"). Until then both are 0: the band is Eq. 1's
 #: alone, as before (issue #29 is open; the first real runs showed ``kappa_run`` is too noisy on
-#: prefixes still before the curve's bend, see NOTES.md session 14).
+#: prefixes still before the curve's bend, see NOTES.md of 2026-12-04 (2-core AMD EPYC)).
 MISSPEC_PRIOR = 0.0
 MISSPEC_GAIN = 0.0
 LFO_SPLIT = 0.5
@@ -221,7 +221,7 @@ class Posterior:
     bracketed = c_hi <= cmid_factor * c_last
     unstable = self.misspec.get("unstable_at", [])   # alarms inside the data (fit_posterior)
     reasons = []
-    if unstable:   # issue #29, session 23: a stall in an unstable phase reads as the asymptote
+    if unstable:   # issue #29, 2026-12-05, commit 2696fc8, 2-core Intel Xeon: a stall in an unstable phase reads as the asymptote
       reasons.append(f"KL(generator || learner) alarm at {len(unstable)} step(s) inside the data "
                      f"(first at {unstable[0]:.4g} h): an unstable phase; a stall or dip there "
                      "looks like the asymptote, so Eq. 1 cannot bound the final value from above "

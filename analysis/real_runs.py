@@ -29,20 +29,21 @@ from analysis.metrics import KL_ALARM, is_kl_alarm, read_metrics_lines
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "analysis", "real_runs")
 #: Settings every run shares (on top of configs/tiny.py); a run's own settings replace them.
-#: tiny.py as it is: 300 steps at lr 3e-5, an evaluation every 10 steps (31 points). Session 14's
-#: 120-step runs (lr 5e-5, an evaluation every 3 steps) ended before or at their bend, so no
-#: forecast from their first half could pin A (errors 0.08-0.24); 300 steps at 3e-5 bend near
+#: tiny.py as it is: 300 steps at lr 3e-5, an evaluation every 10 steps (31 points). The earlier
+#: 120-step runs (2026-12-04, commit 2a96413, 2-core AMD EPYC; (lr 5e-5, an evaluation every 3 steps) ended before or at their bend, so no
+#: forecast from their first half could pin A errors 0.08-0.24); 300 steps at 3e-5 bend near
 #: the middle (the demo: 0.19 -> 0.90, R^2 0.997).
 SHARED: dict = {}
 KEEP = ("step", "compute_hours", "val_pass_rate", "val_samples", "train_flops", "gen_flops")
 #: (train_flops/gen_flops: kept since issue #48, for the FLOPs axis of the allocation runs; the
 #: 86 earlier curves were stored without them.)
 
-#: Session 26: twenty more held-out runs on the Xeon base of sessions 23-24, declared (and
-#: committed) before they ran, to test the reference-calibrated forecast (analysis.reference,
-#: docs/ANALYSIS.md "Session 26") with those sessions' twenty runs as its references: eight seeds,
+#: Held-out batch declared in commit 3495db7 (2026-12-05, run on a 2-core Intel Xeon): twenty more
+#: held-out runs on the Xeon base of the s10-s29 runs, declared (and committed) before they ran, to
+#: test the reference-calibrated forecast (analysis.reference, docs/ANALYSIS.md "Reference runs")
+#: with those twenty runs as its references: eight seeds,
 #: two longer runs, the four other recipes, four switches and two learning rates.
-SESSION26_RUNS: dict[str, dict] = {
+HELDOUT_2026_12_05_RUNS: dict[str, dict] = {
     **{f"xeon_scalerl_s{s}": {"seed": s} for s in range(30, 38)},
     **{f"xeon_long450_s{s}": {"total_steps": 450, "seed": s} for s in (38, 39)},
     **{f"xeon_{r}_s30": {"recipe": r, "seed": 30} for r in ("qwen_dapo", "deepseek_grpo", "magistral", "minimax")},
@@ -54,11 +55,11 @@ SESSION26_RUNS: dict[str, dict] = {
     "xeon_lr_4e-5_s32": {"optim.lr": 4e-5, "seed": 32},
 }
 
-#: Session 26, second batch: sixteen more held-out runs on the same base, declared (and committed)
+#: Second held-out batch, declared in commit e1d7548 (2026-12-05, 2-core Intel Xeon): sixteen more held-out runs on the same base, declared (and committed)
 #: after the first batch's results and before they ran, to test the same rule with the forty Xeon
 #: runs above as references (the first batch's 50 % bands over-covered, 20 of 20, because each
 #: KL-alarm stratum of twenty references held fewer than the 19 a conformal edge needs).
-SESSION26B_RUNS: dict[str, dict] = {
+HELDOUT_2026_12_05B_RUNS: dict[str, dict] = {
     **{f"xeon_scalerl_s{s}": {"seed": s} for s in range(40, 50)},
     **{f"xeon_{r}_s40": {"recipe": r, "seed": 40} for r in ("qwen_dapo", "magistral")},
     "xeon_loo_aggregation_sample_s41": {"rl.aggregation": "sample", "seed": 41},
@@ -100,56 +101,56 @@ RUNS: dict[str, dict] = {
     "loo_bf16_head": {"model.fp32_lm_head": False},
     "lr_2e-5_s0": {"optim.lr": 2e-5, "seed": 0},
     "lr_4e-5_s0": {"optim.lr": 4e-5, "seed": 0},
-    # session 21: ten more runs, all held out (the calibration half above is unchanged): four
+    # 2026-12-05 (2-core AMD EPYC): ten more runs, all held out (the calibration half above is unchanged): four
     # seeds, a third seed of two recipes, two more switches, and two longer runs
     **{f"scalerl_s{s}": {"seed": s} for s in range(6, 10)},
     **{f"{r}_s2": {"recipe": r, "seed": 2} for r in ("qwen_dapo", "deepseek_grpo")},
     "loo_adv_norm_prompt": {"rl.adv_norm": "prompt", "seed": 3},
     "loo_no_zero_variance_filter": {"rl.zero_variance_filter": False, "seed": 3},
     **{f"long450_s{s}": {"total_steps": 450, "seed": s} for s in (11, 12)},
-    # session 23: ten more held-out seeds of tiny.py as it is, declared before they ran, made on
+    # 2026-12-05 (commit f1193df, 2-core Intel Xeon): ten more held-out seeds of tiny.py as it is, declared before they ran, made on
     # another machine (an Intel Xeon with AVX-512/AMX; the runs above: an AMD EPYC). Its SFT base
     # policy differs (step-0 pass rate 0.229 vs 0.194), so these curves test the bands on a base
     # the calibration half never saw. (The demo on this machine, seed 0, is not among them.)
     **{f"xeon_scalerl_s{s}": {"seed": s} for s in range(10, 20)},
-    # session 24: ten more held-out seeds on the same Xeon, declared (and committed) before they
-    # ran, to test the KL-alarm rule of session 23 (chosen after seeing s10-s19) on runs it was not
+    # 2026-12-05 (commit 60081c1, 2-core Intel Xeon): ten more held-out seeds on the same Xeon, declared (and committed) before they
+    # ran, to test the KL-alarm rule of commit 2696fc8 (chosen after seeing s10-s19) on runs it was not
     # chosen on. Primary: the rule as committed (alarm = kl_k3 > health.max_kl 0.1). Secondary,
     # reported and not applied: the same rule with a 0.03 threshold, read from the workdirs' train
-    # lines (docs/ANALYSIS.md "Session 24 batch").
+    # lines (docs/ANALYSIS.md "The s20-s29 batch").
     **{f"xeon_scalerl_s{s}": {"seed": s} for s in range(20, 30)},
-    **SESSION26_RUNS,
-    **SESSION26B_RUNS,
+    **HELDOUT_2026_12_05_RUNS,
+    **HELDOUT_2026_12_05B_RUNS,
     **ALLOC_RUNS,
 }
 
 #: Runs the misspecification term is fitted on; every other run is held out (chosen before the
 #: runs were made: every other seed, one of each recipe pair, half the switches, one learning
-#: rate). Two 450-step runs were planned too (one in each half) and dropped for time in session
-#: 19: 20 runs took ~80 min on the 2 cores.
+#: rate). Two 450-step runs were planned too (one in each half) and dropped for time on
+#: 2026-12-04: 20 runs took ~80 min on the 2 cores.
 CALIBRATION = ("scalerl_s0", "scalerl_s2", "scalerl_s4", "qwen_dapo_s0", "deepseek_grpo_s0",
                "magistral_s0", "minimax_s0", "loo_loss_dapo", "loo_ppo_off_policy", "lr_2e-5_s0")
 
 
-#: Session 26's batch (held out), and the finished runs each real run is calibrated against by
+#: The two held-out batches declared in commits 3495db7 and e1d7548 (2026-12-05), and the finished runs each real run is calibrated against by
 #: the reference-calibrated forecast (``references_for``).
-SESSION26 = tuple(SESSION26_RUNS)
-SESSION26B = tuple(SESSION26B_RUNS)
+HELDOUT_2026_12_05 = tuple(HELDOUT_2026_12_05_RUNS)
+HELDOUT_2026_12_05B = tuple(HELDOUT_2026_12_05B_RUNS)
 XEON_REFERENCES = tuple(f"xeon_scalerl_s{s}" for s in range(10, 30))
 
 
 def references_for(name: str) -> tuple[str, ...]:
   """The reference runs of real run ``name`` (same task, evaluation set and base policy; declared
-    in session 26 before each batch ran): session 26's first batch -> the twenty Xeon runs of
-    sessions 23-24; its second batch -> those and the first batch (forty); one of the twenty ->
+    in commits 3495db7 and e1d7548 before each batch ran): the first batch of 2026-12-05 -> the
+    twenty Xeon runs s10-s29; the second batch -> those and the first batch (forty); one of the twenty ->
     the other nineteen (leave-one-out: they were seen before the rule was chosen, so not a held-out
     result); an EPYC run -> the calibration half (less itself); an issue-#48 allocation run -> the
     default allocation's runs (less itself)."""
   if name in ALLOC:     # issue #48: the default allocation's runs (same setup), less itself
     return tuple(r for r in ALLOC if r.startswith("alloc_default_") and r != name)
-  if name in SESSION26B:
-    return XEON_REFERENCES + SESSION26
-  if name in SESSION26:
+  if name in HELDOUT_2026_12_05B:
+    return XEON_REFERENCES + HELDOUT_2026_12_05
+  if name in HELDOUT_2026_12_05:
     return XEON_REFERENCES
   if name in XEON_REFERENCES:
     return tuple(r for r in XEON_REFERENCES if r != name)
@@ -178,7 +179,7 @@ def command(name: str, workdir: str) -> list[str]:
 
 
 def eval_lines(metrics_path: str) -> list[dict]:
-  """The evaluation lines of a run's metrics.jsonl, reduced to KEEP, and (since session 23) the
+  """The evaluation lines of a run's metrics.jsonl, reduced to KEEP, and (since 2026-12-05, commit 2696fc8, 2-core Intel Xeon) the
   train lines whose KL(generator || learner) alarm fired, reduced to (step, compute_hours, the
   flag): the forecast reads them (``RunData.alarms``)."""
   out = []

@@ -1,5 +1,5 @@
 """Reference-calibrated forecasts: correct a run's forecast by how finished runs of the same setup
-were forecast (issue #29, session 26; docs/ANALYSIS.md "Reference runs").
+were forecast (issue #29, 2026-12-05, commit 97f7cd7, 2-core Intel Xeon; docs/ANALYSIS.md "Reference runs").
 
 On real runs the forecast from a prefix is precise but biased, and the bias belongs to the setup
 (task, evaluation set, base policy), not to the run: on the step axis the 50 % cut of 30 runs

@@ -13,17 +13,17 @@ WORKDIR/base_policy). head_dim is 64 so vLLM can serve the same model (generator
 in [8, 96] tokens (a 1:12 spread, like the paper's 1k-12k) instead of [24, 32]. The policy's own
 thinking stays ~8 tokens (one per digit), so only the budgets below 8 shorten samples.
 
-`--config=configs/tiny.py:lengths`: the lengths themselves spread 1:12 (session 24): problems of
+`--config=configs/tiny.py:lengths`: the lengths themselves spread 1:12 (2026-12-05, commit 12db277, 2-core Intel Xeon): problems of
 2-24 digits (thinking is one token per digit), written in 24 fixed slots (the unused ones `<unk>`,
 data.synthetic_fixed_width) so that the tiny model learns them, with 4x the SFT steps (1500 + 900:
 ~9 min here; base pass rate ~0.20). Without the fixed slots, or with 600 SFT steps, the tiny model
-stays at chance on them (NOTES.md session 20).
+stays at chance on them (NOTES.md of 2026-12-05 (2-core AMD EPYC)).
 
 The generator batches continuously by default (generator.continuous);
 `--config.generator.continuous=False` runs the drain-per-lease loop on the same workload. With
 `--config.eval.mode=fleet` the generator also runs the evaluations (through
 generator.eval_decode_batch slots when continuous) and the lengths run is generator-bound: the
-continuous generator ends it ~30 % sooner than the drain loop (docs/ROLLOUT.md, session 25).
+continuous generator ends it ~30 % sooner than the drain loop (docs/ROLLOUT.md, 2026-12-05, commit 7878542, 2-core Intel Xeon).
 """
 from configs import common
 

@@ -69,7 +69,7 @@ if "SCALERL_SFT_CACHE_DIR" not in os.environ and _MADE_HERE:
 # units (an xdist_group, or a single test) first, each unit's tests in collection order; then
 # everything else in collection order. xdist's default order (groups by their number of tests,
 # then single tests alphabetically) left the 3-4 min single tests (two-process multihost with its
-# 45-s skew, the 2-device sampler, ...) to the last minutes: fc10 (session 15) idled 6-39 % of
+# 45-s skew, the 2-device sampler, ...) to the last minutes: fc10 (2026-12-04, commit a991211, 2-core AMD EPYC) idled 6-39 % of
 # both cores in its last 8 minutes while the other workers had run out of work. Wall seconds of
 # each unit in fc10, longest first (a unit not listed here runs after these):
 _FIRST = (

@@ -194,7 +194,7 @@ def test_an_evaluation_no_live_generator_holds_is_unservable():
 
 
 def test_learner_drops_an_unservable_evaluation_at_once():
-  """The rehearsal's hang (session 8): every generator restarted after the learner started
+  """The rehearsal's hang (2026-12-02, commit 1ddc97d, 2-core machine): every generator restarted after the learner started
   over and fetched only the newest version; the learner waited in `wait_held` for an evaluation
   of an older version for eval.timeout_s (30 min). Now it is dropped within a lease TTL, as an
   eval_failed line naming the reason, over the real RPCs."""

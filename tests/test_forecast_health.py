@@ -170,7 +170,7 @@ def test_wandb_offline_holds_the_same_scalars_as_metrics_jsonl(tmp_path, monkeyp
 def test_a_refit_that_ends_before_submit_returns_still_records_the_learner_cost(tmp_path, monkeypatch):
   """The race is forced: the refit (made instant) ends while `submit` is held up right after
   starting its thread. Before the fix that record lacked `forecast/learner_s` (a live run under
-  load wrote one: test_forecast_e2e, session 22); the refit now waits for the cost."""
+  load wrote one: test_forecast_e2e, 2026-12-05, commit cd5dca2, 2-core AMD EPYC); the refit now waits for the cost."""
   got = []
   lf = LiveForecast(str(tmp_path), got.append)
   monkeypatch.setattr(lf, "compute", lambda *a: {"step": 40, "kind": "forecast"})

@@ -75,7 +75,7 @@ def test_real_study_reports_every_cut_of_every_run(tmp_path):
   # calibration run has no reference left (itself excluded)
   ref = res["held_out"]["reference"]
   assert sorted(ref) == ["0.25", "0.5", "0.75"] and all(v["median_references"] == 1 for v in ref.values())
-  assert res["calibration"]["reference"] == {} and "held_out_s26" not in res
+  assert res["calibration"]["reference"] == {} and "held_out_2026_12_05" not in res
   md = calibrate.markdown_real(res)
   assert md.count("| held-out |") == 3 and md.count("| calibration |") == 3
   assert md.count("| - | - | - | - |") == 3      # no reference row for the calibration run
@@ -120,7 +120,7 @@ def test_late_upward_drift_beyond_the_asymptote_is_covered_where_the_old_band_mi
 
 
 def test_a_kl_alarm_inside_the_data_makes_the_forecast_not_identifiable():
-  """Session 23: a real run (xeon_scalerl_s14, analysis/real_runs/) stalled and dipped in an unstable
+  """2026-12-05, commit 2696fc8, 2-core Intel Xeon: a real run (xeon_scalerl_s14, analysis/real_runs/) stalled and dipped in an unstable
   phase (KL(generator || learner) alarms at steps 102 and 122; 0.734 at step 90, 0.628 at 110) and
   climbed to 0.897 after. Forecast from its first half, Eq. 1 reads the stall as the asymptote: the
   band misses the final value. With the run's alarms (`health/kl_alarm` lines, RunData.alarms) the
@@ -157,7 +157,7 @@ def test_real_run_curves_keep_the_kl_alarm_lines(tmp_path):
 
 
 def test_the_step_axis_replaces_compute_and_moves_the_alarms_to_their_steps():
-  """`analysis.metrics.on_axis` (the session-25 diagnosis of the compute axis): "step" forecasts on
+  """`analysis.metrics.on_axis` (the diagnosis of the compute axis, 2026-12-05, commit 7b92b4a, 2-core Intel Xeon): "step" forecasts on
   the evaluations' steps, a KL alarm at compute between two evaluations lands between their steps;
   "compute" is the run as read; any other axis is refused with the choices."""
   from analysis.errors import ForecastInputError

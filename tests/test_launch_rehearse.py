@@ -190,7 +190,7 @@ def test_rehearse_local_kill_buffer(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.long      # > 15 min inside the full suite since fleet eval + async saves (session 5)
+@pytest.mark.long      # > 15 min inside the full suite since fleet eval + async saves (2026-12-01, commit db549ee, 2-core machine)
 @pytest.mark.timeout(2400)
 @pytest.mark.xdist_group("rehearse")
 def test_rehearse_gcs_kill_learner_resumes_from_bucket(tmp_path, emulator):

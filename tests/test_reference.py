@@ -1,4 +1,4 @@
-"""Reference-calibrated forecasts (analysis/reference.py, issue #29 session 26): the split-conformal
+"""Reference-calibrated forecasts (analysis/reference.py, issue #29, 2026-12-05, commit 97f7cd7): the split-conformal
 arithmetic of the declared rule, a bias shared by a setup's runs removed by its finished runs (a
 planted late rise that Eq. 1 fitted on a prefix cannot see), the forecast CLI with `--axis step`
 and `--reference` on the stored real runs, and the live forecast with the same knobs."""
@@ -122,7 +122,7 @@ XEON = [f"xeon_scalerl_s{s}" for s in range(10, 30)]
 
 def test_forecast_cli_calibrates_a_stored_real_run_by_its_references(tmp_path, capsys):
   """`python -m analysis.forecast RUN --axis step --budget 300 --until 150 --reference ...`:
-  xeon_scalerl_s28 (analysis/real_runs/) against the other nineteen Xeon runs of sessions 23-24.
+  xeon_scalerl_s28 (analysis/real_runs/) against the other nineteen Xeon runs s10-s29 (2026-12-05, 2-core Intel Xeon).
   The record's median is Eq. 1's plus the median residual of the references with no KL alarm in
   their prefix (as s28's), each forecast from step 150 of its 300; the target passed as its own
   reference is ignored; a missing reference directory is exit status 2 with its name."""

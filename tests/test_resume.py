@@ -42,7 +42,7 @@ def _cmd(wd, steps=N):
 
 # Synchronous checkpoints: step C's checkpoint is committed before step C + 1 trains, so "step M
 # is logged" implies "checkpoint C exists" when the test kills the learner. With the default
-# asynchronous save the kill could land before step C's save was finalized (fc12, session 15: a
+# asynchronous save the kill could land before step C's save was finalized (fc12, 2026-12-04, commit 99ccc55, 2-core AMD EPYC: a
 # loaded box; the run then started over and wrote no resumes.jsonl). Killing mid-save is
 # tests/test_checkpoint_async.py's subject; here the kill must find checkpoint C.
 _SYNC_SAVE = ("--config.checkpoint.async_save=False",)

@@ -163,10 +163,10 @@ def test_wrong_programs_fail_with_reasons(answers):
 def test_a_wall_limit_reached_before_bwrap_started_the_program_is_a_timeout():
   """The wall time counts from the spawn; under heavy load bwrap's start-up alone (~60 ms here)
   outlasted it once and the kill was reported as "sandbox_error: bwrap exited -15 before
-  starting the program" (session 8, an e2e run). It is the limit's status.
+  starting the program" (2026-12-02, commit b835118, 2-core machine, an e2e run). It is the limit's status.
 
   The slow start is forced, not hoped for: a 1 ms limit alone was not always reached before
-  bwrap started the program (session 22: killed at 16 ms, after the start, under load). Here
+  bwrap started the program (2026-12-05, commit cd5dca2, 2-core AMD EPYC: killed at 16 ms, after the start, under load). Here
   bwrap is a script that sleeps 30 s before it runs the real one, and the limit is 0.3 s."""
   real = sandbox.bwrap_path()
   d = tempfile.mkdtemp(prefix="slow_bwrap_", dir="/tmp")

@@ -263,7 +263,7 @@ def generate_with_inflight_update(gen, new_weights, prompts, L):
     polls.append((round(time.perf_counter() - t0, 3), running))
     if len(running) == 2 * len(prompts) and running[0] >= L // 20:
       break
-    # It cannot end before the push. (Session 7: it did once under load, with polls unknown.)
+    # It cannot end before the push. (2026-12-02, commit 98319d2, 2-core machine: it did once under load, with polls unknown.)
     assert t.is_alive() and not errors, (errors, len(polls), polls[:5], polls[-20:])
     assert time.perf_counter() - t0 < 600, polls[-20:]
     time.sleep(0.01)

@@ -183,7 +183,7 @@ def make_split(seed: int = 0, n_train: int = 4096, n_heldout: int = 64,
   `num_terms` is an int or an inclusive (lo, hi) range. `width` > 0 writes every prompt in that
   many digit slots (the unused ones `<unk>`): thinking step i then reads prompt slot i at the same
   offset whatever the problem's length, which a tiny model learns (without it, 2-24 digits stay at
-  chance after 600 SFT steps: NOTES.md session 20).
+  chance after 600 SFT steps: NOTES.md of 2026-12-05 (2-core AMD EPYC)).
   """
   if n_train < 0 or n_heldout < 0:
     raise ValueError(f"n_train={n_train} and n_heldout={n_heldout} must be >= 0")

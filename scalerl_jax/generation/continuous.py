@@ -20,7 +20,7 @@ Layout (one device; the sampler's split KV cache, per-layer keys [B,K,S,H], valu
 * a chunk decodes only a bucket of rows (capacity, /2, /4, /8: `row_buckets`), the busy slots
   packed into it: when they would fit a smaller bucket, the ones above it are moved down
   (`_move`, a copy of their rows). Under PipelineRL-k admission most slots are often empty; the
-  first version decoded all of them (session 18: the tailed tiny run took 266 s vs 195 s drained).
+  first version decoded all of them (2026-12-04, commit 9b375a9, 2-core AMD EPYC: the tailed tiny run took 266 s vs 195 s drained).
 * attention reads a window of the ring while the samples in flight are young: the prompt columns
   and the ring columns of decode steps [first, first + W), `first` the oldest busy sample's start,
   W the smallest of 2, 4, 8 ... chunks (below R) that reaches the chunk's end; gathered once per

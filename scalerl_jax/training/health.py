@@ -273,7 +273,7 @@ class LiveForecast:
     t0 = time.perf_counter()
     self.wait()
     # The refit's record carries this cost, known only once the thread has started: the thread
-    # waits for it (a refit that ended first wrote records without it: session 22, under load).
+    # waits for it (a refit that ended first wrote records without it: 2026-12-05, commit cd5dca2, 2-core AMD EPYC, under load).
     cost: dict = {}
     ready = threading.Event()
     self._thread = threading.Thread(target=self._refit,
