@@ -322,6 +322,21 @@ class BufferState(Durable):
           n += 1
       return n + self.evals.renew(generator_id, self.clock())
 
+  def release(self, generator_id: str, group_ids: Sequence[int] | None = None) -> int:
+    """Re-queues now the incomplete training groups leased to `generator_id` (only `group_ids`
+    when given): a generator leaving on SIGTERM gives its work back instead of holding it for
+    lease_ttl_s. Logged as expiries (WAL EXPIRE; counted in expired_groups). Returns how many."""
+    val.check_id(generator_id, "generator_id", self.limits)
+    listed = None if group_ids is None else {int(x) for x in group_ids}
+    with self.cv:
+      gids = [gid for gid, g in self._groups.items() if g.generator_id == generator_id
+              and not g.complete and (listed is None or gid in listed)]
+      for gid in gids:
+        self._wal_append(walmod.EXPIRE, dict(gid=gid))
+        self._apply_expire(gid)
+      self._wal_commit(best_effort=True)
+      return len(gids)
+
   # ---- ingest ------------------------------------------------------------------------------------
   def add_rollouts(self, items: Sequence[tuple]) -> list[pb.Ack]:
     """Validates and stores (rollout, raw bytes) pairs all-or-nothing; idempotent on rollout_id.
