@@ -292,6 +292,8 @@ def resolve(config, overrides: dict | None = None) -> dict:
                       f"--workdir={workdir}"],
           "progress_file": PROGRESS_FILE,
           "progress_max_age_s": float(run_cfg.learner.progress_max_age_s),
+          # SIGTERM -> SIGKILL window: the learner's final-checkpoint decision uses the same number
+          "termination_grace_s": float(run_cfg.checkpoint.termination_grace_s),
           "env": learner_env, "field_env": learner_fields,
           "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
           "service_account": s["service_account"],

@@ -97,3 +97,47 @@ def test_sigterm_releases_the_leases_at_once_and_exits_zero(tmp_path):
   got = other.lease_response("gen-other", max_groups=len(held), wait_timeout_s=0.0).assignments
   assert {a.prompt_id for a in got} == {p for _, p in held}
   srv.stop()
+
+
+class _Clock:
+  def __init__(self):
+    self.t = 1000.0
+
+  def __call__(self) -> float:
+    return self.t
+
+
+@pytest.mark.parametrize("elapsed_s, written", [(0.0, True), (74.9, True), (75.1, False), (200.0, False)])
+def test_learner_final_checkpoint_only_when_the_grace_period_allows(tmp_path, caplog, elapsed_s, written):
+  """grace 100 s, last save 10 s: needed = 1.5 * 10 + 10 = 25 s. Answered with >= 25 s left
+  (<= 75 s after the SIGTERM) the checkpoint is written; with less, nothing is written and one
+  line names the checkpoint that stands. The clock is a fake: the condition is forced."""
+  from scalerl_jax.training import preemption
+  clock = _Clock()
+  p = preemption.Preemption(100.0, clock=clock)
+  assert not p.requested and p.left_s() == 100.0
+  p.on_sigterm()
+  clock.t += elapsed_s
+  need = preemption.SAFETY * 10.0 + preemption.MARGIN_S
+  assert need == 25.0
+  target = tmp_path / "ckpt-7"
+  with caplog.at_level("WARNING", logger="scalerl.preemption"):
+    saved = p.final_checkpoint(lambda: target.write_text("state"), last_save_s=10.0, last_step=5)
+  assert saved is written and target.exists() is written
+  assert (100.0 - elapsed_s >= need) is written
+  lines = [r.getMessage() for r in caplog.records if "final checkpoint" in r.getMessage()]
+  assert len(lines) == 1
+  if not written:
+    assert lines[0].startswith("SIGTERM: no final checkpoint") and "(step 5) stands" in lines[0]
+
+
+def test_learner_without_a_timed_save_never_starts_a_final_one(tmp_path, caplog):
+  from scalerl_jax.training import preemption
+  p = preemption.Preemption(1e6, clock=_Clock())
+  p.on_sigterm()
+  target = tmp_path / "ckpt"
+  with caplog.at_level("WARNING", logger="scalerl.preemption"):
+    assert not p.final_checkpoint(lambda: target.write_text("x"), last_save_s=None, last_step=None)
+  assert not target.exists()
+  assert any("unknown needed" in r.getMessage() and "(step None) stands" in r.getMessage()
+             for r in caplog.records)

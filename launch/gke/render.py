@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import sys
 from typing import Any
@@ -157,6 +158,8 @@ def learner_jobset(specs) -> dict[str, Any]:
       "metadata": {"labels": _labels(specs, "learner")},
       "spec": {
           "restartPolicy": "Never",
+          # checkpoint.termination_grace_s: a SIGTERM'd learner saves only if this allows
+          "terminationGracePeriodSeconds": int(math.ceil(job["termination_grace_s"])),
           "serviceAccountName": job["service_account"],
           "nodeSelector": node_selector,
           "tolerations": _tolerations(job),
