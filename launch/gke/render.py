@@ -244,10 +244,15 @@ def generators(specs) -> list[dict[str, Any]]:
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
                                              job["accelerator_resource"]: n},
                                 "limits": {job["accelerator_resource"]: n}},
-                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, _data_mount(specs)] +
+                  # The workdir is a pod volume: a container restart keeps its HF export
+                  # (reused by checksum, generation/export_cache.py) and its logs.
+                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, _data_mount(specs),
+                                   {"name": "workdir",
+                                    "mountPath": _flag_value(job["command"], "--workdir")}] +
                                   _run_config_mounts(specs)[0] + _tls_mounts(specs)[0],
               }],
-              "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, _data_volume(specs)] +
+              "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, _data_volume(specs),
+                          {"name": "workdir", "emptyDir": {}}] +
                          _run_config_mounts(specs)[1] + _tls_mounts(specs)[1],
           }},
       },
