@@ -32,7 +32,7 @@ def params_digest(params: Any, extra: str = "") -> str:
       return
     a = np.ascontiguousarray(np.asarray(node))
     h.update(f"{prefix}|{a.dtype.str}|{a.shape}".encode())
-    h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    h.update(a.reshape(-1).view(np.uint8).data)   # bytes view, no copy (bf16 too)
   walk("", params)
   return h.hexdigest()
 

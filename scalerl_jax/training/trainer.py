@@ -14,6 +14,7 @@ booked, NPR history, consumption offsets) and continues at step c.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -521,7 +522,7 @@ class Trainer:
     last_save_s, last_saved = None, self.ckpt.latest_step()
     for s in bar:
       if preempt.requested:      # SIGTERM: a final checkpoint if the grace period allows, exit 0
-        preempt.final_checkpoint(lambda: self.save(s), last_save_s, last_saved)
+        preempt.final_checkpoint(functools.partial(self.save, s), last_save_s, last_saved)
         self.ckpt.close()
         self.metrics.close()
         return self.last_eval
