@@ -306,6 +306,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "arch": gp["arch"],
           # Host memory: the weight versions a generator holds + its start-up export (sizing.py).
           "cpu": str(8 * tp), "memory": f"{gen_mem}Gi", "port": VLLM_PORT,
+          "ephemeral_storage": f"{sizing.generator_disk_bytes(run_cfg)['request_gib']}Gi",
           "alive_file": ALIVE_FILE, "relay_port": RELAY_PORT,
           # One vLLM engine per pod; generator id = pod name; run config = the resolved one.
           "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_path}",

@@ -242,6 +242,8 @@ def generators(specs) -> list[dict[str, Any]]:
                   "startupProbe": _alive_probe(job, 120),
                   "livenessProbe": _alive_probe(job, 4),
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
+                                             # checkpoint copy + HF export + logs (sizing.py)
+                                             "ephemeral-storage": job["ephemeral_storage"],
                                              job["accelerator_resource"]: n},
                                 "limits": {job["accelerator_resource"]: n}},
                   # The workdir is a pod volume: a container restart keeps its HF export
