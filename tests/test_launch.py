@@ -13,6 +13,7 @@ import yaml
 
 from launch import spec as spec_lib
 from launch.gke import render
+from scalerl_jax import recipes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S_VERSION = "1.37.0"
