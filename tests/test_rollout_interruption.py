@@ -1,8 +1,11 @@
 """Unit tests for scalerl_jax.generation.interruption (budgets, injected tokens, length penalty)."""
+import threading
+
 import numpy as np
 import pytest
 
 from scalerl_jax.generation import interruption as it
+from scalerl_jax.generation.slots import DecodeStats
 from scalerl_jax.types import SamplingSpec
 
 
@@ -74,7 +77,8 @@ def test_worker_reward_applies_the_length_penalty_to_correct_completions_only():
   gold = ds.tokenizer.encode(syn.Problem(p.prompt_id, terms).gold_completion_text)
   wrong = list(gold)
   wrong[-2] = ds.tokenizer.encode(str((int(p.answer) + 1) % 10))[0]    # the answer digit
-  me = types.SimpleNamespace(config=run, dataset=ds, id="g", gen=types.SimpleNamespace(version=0))
+  me = types.SimpleNamespace(config=run, dataset=ds, id="g", gen=types.SimpleNamespace(version=0),
+                             _count_lock=threading.Lock(), decode_stats=DecodeStats())
   assert len(gold) == 11                         # 8 digits + </think> + answer + <eos>
   for toks, want in ((gold, 1.0), (wrong, 0.0)):   # 11 <= L_max - L_cache = 12: no penalty
     r = Worker.rewards(me, types.SimpleNamespace(tokens=toks), p.answer, p.prompt_id)

@@ -170,7 +170,7 @@ def test_sampler_merged_newline_think_end(tok, scripted):
 @pytest.mark.parametrize("merged", [False, True])
 def test_vllm_worker_uses_the_same_rule(tok, merged):
   import dataclasses
-  from scalerl_jax.generation.vllm.worker import Worker
+  from scalerl_jax.generation.vllm.worker import DEFAULTS, Worker
   stream = tok.encode(EARLY + "\n</think>" + ("\n\n" if merged else " ") + "The answer is 7 indeed.")
   end = stream.index(tok.think_end_ids[1]) + 2
   prompt = tok.encode("Q")
@@ -182,7 +182,7 @@ def test_vllm_worker_uses_the_same_rule(tok, merged):
             "finish": "length"}
 
   w = Worker.__new__(Worker)
-  w.cfg, w.version = {"max_model_len": 4096}, 0
+  w.cfg, w.version = {**DEFAULTS, "max_model_len": 4096}, 0
   w._run = types.MethodType(run, w)
   inj, spec = _spec(tok, 30, _text_rule(tok))
   header = {"spec": dataclasses.asdict(spec), "n": 1, "prompt_ids": [0]}

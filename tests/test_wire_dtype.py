@@ -40,7 +40,8 @@ def _trainer_push(config, params):
   """Runs the trainer's own publish (Trainer.publish) against a recording client; returns the
   chunks as {(leaf index, start): (dtype name, raw bytes)} and the manifest."""
   client = _RecordingClient()
-  fake = types.SimpleNamespace(config=config, client=client, source=None, sources=None,
+  fake = types.SimpleNamespace(config=config, client=client, source=None, sources=None, _delta=None,
+                               beacon=types.SimpleNamespace(tick=lambda: None),
                                evaluation=types.SimpleNamespace(before_publish=lambda v: None),
                                learner=types.SimpleNamespace(state=types.SimpleNamespace(params=params)))
   Trainer.publish(fake, 1)
@@ -98,6 +99,7 @@ def _fake_vllm(dtype):
   """A VLLMGenerator without its engine process: frames it would send are recorded."""
   gen = VLLMGenerator.__new__(VLLMGenerator)
   gen.dtype, gen._shm, gen._update_lock, gen._version = dtype, False, threading.Lock(), 0
+  gen._hf_shapes, gen.on_chunk = {}, None   # no start checkpoint; no test hook
   gen.frames = []
 
   def send(op, header=None, arrays=(), dtypes=None):
@@ -110,8 +112,9 @@ def _fake_vllm(dtype):
     return {"version": 1, "bytes": 0, "names": 0, "pause_s": 0, "load_s": 0,
             "paused_total_s": 0, "prefix_cache_reset": False}, {}
   gen._send, gen._wait = send, wait
-  gen._call = lambda op, header=None, arrays=(), timeout=None, dtypes=None: wait(send(
-      op, header, arrays, dtypes))
+  gen._call = lambda op, header=None, arrays=(), timeout=None, dtypes=None: (
+      ({"unknown": [], "map": {}}, {}) if op == "weights_check"   # every name known, unmapped
+      else wait(send(op, header, arrays, dtypes)))
   return gen
 
 
