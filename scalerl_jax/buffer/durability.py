@@ -13,7 +13,7 @@ import collections
 import json
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -67,7 +67,6 @@ class Durable:
   _round_leased: int
   _lag_total: list[int]
   _lag_negative: int
-  limits: val.Limits
   # Liveness from progress (--progress-file): ticked at every WAL commit and served lease.
   progress: Beacon = Beacon()
 
@@ -75,21 +74,6 @@ class Durable:
     def _store(self, g: Group, r: pb.Rollout, raw: bytes, c: val.Checked) -> bool: ...
     def _apply_expire(self, gid: int) -> None: ...
     def _deliver(self, step: int, batch: list, how: str) -> Any: ...
-
-  def release(self, generator_id: str, group_ids: Sequence[int] | None = None) -> int:
-    """Re-queues now the incomplete training groups leased to `generator_id` (only `group_ids`
-    when given): a generator leaving on SIGTERM gives its work back instead of holding it for
-    lease_ttl_s. Logged as expiries (WAL EXPIRE; counted in expired_groups). Returns how many."""
-    val.check_id(generator_id, "generator_id", self.limits)
-    listed = None if group_ids is None else {int(x) for x in group_ids}
-    with self.cv:
-      gids = [gid for gid, g in self._groups.items() if g.generator_id == generator_id
-              and not g.complete and (listed is None or gid in listed)]
-      for gid in gids:
-        self._wal_append(walmod.EXPIRE, dict(gid=gid))
-        self._apply_expire(gid)
-      self._wal_commit(best_effort=True)
-      return len(gids)
 
   # ---- logging -----------------------------------------------------------------------------------
   def _wal_append(self, rtype: int, body) -> None:

@@ -3,11 +3,8 @@ delivers them, buffer/durability.py logs and replays them)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
-from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
-from scalerl_jax.protocol import wire
 
 
 @dataclasses.dataclass
@@ -39,20 +36,3 @@ class Group:
     """The newest policy version among the stored tokens (-1 when none is stored)."""
     return max((st.checked.min_version + len(st.checked.version_counts) - 1
                 for st in self.samples.values()), default=-1)
-
-
-def group_item_bytes(g: Group) -> bytes:
-  """Serializes `BatchItem{group: Group}` by splicing the stored rollout bytes (one copy, no
-  re-encoding of the payload)."""
-  parts = [pb.Group(group_id=g.view.group_id, prompt_id=g.view.prompt_id).SerializeToString()]
-  for i in range(g.view.group_size):
-    raw = g.samples[i].raw
-    parts += (b"\x1a", wire.varint(len(raw)), raw)   # Group field 3 (rollouts), wire type 2
-  inner = sum(len(p) for p in parts)
-  return b"".join([b"\x0a", wire.varint(inner)] + parts)  # BatchItem field 1 (group), wire type 2
-
-
-def lag_histogram(counts: Sequence[int], negative: int) -> pb.LagHistogram:
-  """The wire histogram of policy lags (`counts[i]`: rollouts i versions behind)."""
-  nz = [i for i, c in enumerate(counts) if c]
-  return pb.LagHistogram(counts=list(counts), negative=negative, max_lag=nz[-1] if nz else 0)

@@ -38,7 +38,7 @@ from scalerl_jax.protocol import wire
 from scalerl_jax.buffer.durability import Durable
 from scalerl_jax.buffer.eval_lane import EvalLane
 from scalerl_jax.buffer.fleet import Fleet
-from scalerl_jax.buffer.groups import Group, Stored, group_item_bytes, lag_histogram
+from scalerl_jax.buffer.groups import Group, Stored
 from scalerl_jax.rl.npr import PassRateHistory
 from scalerl_jax.types import PromptSpec
 
@@ -58,6 +58,22 @@ class PulledBatch:
 def _check_alive(alive: Callable[[], bool], what: str) -> None:
   if not alive():
     raise val.cancelled(f"{what}: the caller went away or the server is stopping")
+
+
+def _group_item_bytes(g: Group) -> bytes:
+  """Serializes `BatchItem{group: Group}` by splicing the stored rollout bytes (one copy, no
+  re-encoding of the payload)."""
+  parts = [pb.Group(group_id=g.view.group_id, prompt_id=g.view.prompt_id).SerializeToString()]
+  for i in range(g.view.group_size):
+    raw = g.samples[i].raw
+    parts += (b"\x1a", wire.varint(len(raw)), raw)   # Group field 3 (rollouts), wire type 2
+  inner = sum(len(p) for p in parts)
+  return b"".join([b"\x0a", wire.varint(inner)] + parts)  # BatchItem field 1 (group), wire type 2
+
+
+def lag_histogram(counts: Sequence[int], negative: int) -> pb.LagHistogram:
+  nz = [i for i, c in enumerate(counts) if c]
+  return pb.LagHistogram(counts=list(counts), negative=negative, max_lag=nz[-1] if nz else 0)
 
 
 class BufferState(Durable):
@@ -437,7 +453,7 @@ class BufferState(Durable):
             counts.extend([0] * (lag + 1 - len(counts)))
           counts[lag] += int(c.version_counts[off])
         nroll += 1
-      blobs.append(group_item_bytes(g))
+      blobs.append(_group_item_bytes(g))
       nbytes += len(blobs[-1])
     summary = pb.BatchSummary(step=step, num_groups=len(batch), lag=lag_histogram(counts, negative),
                               generator_stats=self.generator_stats())

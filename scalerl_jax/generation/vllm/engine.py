@@ -3,7 +3,7 @@
 per sample, as its continuous decoder. Imported by the JAX-side generator worker only."""
 from __future__ import annotations
 
-import os
+import tempfile
 from typing import Any, cast
 
 import ml_collections
@@ -12,7 +12,6 @@ from scalerl_jax import models
 from scalerl_jax import recipes
 from scalerl_jax import runtime
 from scalerl_jax import storage
-from scalerl_jax.generation.export_cache import cached_export, params_digest
 from scalerl_jax.generation.generator import Engine
 from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
 
@@ -70,10 +69,8 @@ class VLLMEngine(Engine):
     if not model_dir:
       model_dir = vllm_start_dir(config.model, version)
     if not model_dir:   # exported in the engine's dtype (a bf16 engine: half an fp32 export's bytes)
-      # Reused across restarts while the fetched weights are the same (export_cache.py).
-      model_dir = os.path.join(workdir, "vllm_export")
-      cached_export(model_dir, params_digest(params, f"{engine_dtype}|{model_cfg}"),
-                    lambda d: models.save_hf(model_cfg, params, d, dtype=engine_dtype))
+      model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
+      models.save_hf(model_cfg, params, model_dir, dtype=engine_dtype)
     return VLLMGenerator(
         model_dir, dtype=engine_dtype,
         head_dtype="float32" if model_cfg.fp32_lm_head else None,
