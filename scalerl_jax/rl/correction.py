@@ -49,8 +49,11 @@ class Correction:
 
   @classmethod
   def from_config(cls, rl) -> "Correction":
-    """From the rl section's ``rc_*`` fields (configs.common.RL; a ConfigDict works too)."""
-    return cls(**{f.name: float(getattr(rl, "rc_" + f.name, 0.0))
+    """From the rl section's ``rc_*`` fields (configs.common.RL; a ConfigDict works too).
+
+    The section declares every ``rc_*`` default; a section without one is an error here.
+    """
+    return cls(**{f.name: float(getattr(rl, "rc_" + f.name))
                   for f in dataclasses.fields(cls)})
 
   @property
