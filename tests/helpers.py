@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import threading
 import time
 from typing import Any
 
@@ -120,3 +121,27 @@ def forcing_weights(named: dict, forced: int) -> dict:
   head[forced] = 100.0
   named["lm_head.weight"] = head
   return named
+
+
+def drive_continuous(worker, client, server, steps: int, groups: int, group_size: int,
+                     publish, on_batch, timeout_s: float) -> None:
+  """Run `worker.run_continuous` on a thread while the test plays the learner: for each step,
+  pull a batch (`groups` groups of `group_size`), hand it to `on_batch(step, batch)`, then
+  `publish(step + 1)` the next weight version. Stops and closes worker, client and `server`,
+  and asserts the worker's thread ended."""
+  th = threading.Thread(target=worker.run_continuous, daemon=True)
+  th.start()
+  try:
+    for step in range(steps):
+      batch = client.pull_batch(step, timeout_s=timeout_s)
+      assert len(batch.groups) == groups, len(batch.groups)
+      assert all(len(g.rollouts) == group_size for g in batch.groups)
+      on_batch(step, batch)
+      publish(step + 1)
+  finally:
+    worker.stop()
+    th.join(60)
+    worker.close()
+    client.close()
+    server.stop()
+  assert not th.is_alive()

@@ -12,6 +12,7 @@ import time
 
 import jax
 import pytest
+from helpers import drive_continuous
 
 from configs import common, tiny
 from scalerl_jax import models
@@ -73,25 +74,16 @@ def test_continuous_worker_pushes_per_group_and_a_slow_grader_stalls_nothing(tmp
       release.set()
     return push(rollouts)
   worker.client.push = record_push
-  th = threading.Thread(target=worker.run_continuous, daemon=True)
-  th.start()
-  try:
-    summaries = []
-    for step in range(6):
-      batch = client.pull_batch(step, timeout_s=300)
-      assert len(batch.groups) == B and all(len(g.rollouts) == G for g in batch.groups)
-      lags = [step - int(v) for g in batch.groups for r in g.rollouts
-              for v in codec.decode(r.versions, pb.INT32, "versions", 1 << 20)]
-      assert max(lags) <= k, lags                      # PipelineRL-k: never staler than k
-      summaries.append(dict(batch.summary.generator_stats))
-      StreamPublisher(client, step + 1, params).publish()
-  finally:
-    worker.stop()
-    th.join(60)
-    worker.close()
-    client.close()
-    srv.stop()
-  assert not th.is_alive()
+  summaries = []
+
+  def on_batch(step, batch):
+    lags = [step - int(v) for g in batch.groups for r in g.rollouts
+            for v in codec.decode(r.versions, pb.INT32, "versions", 1 << 20)]
+    assert max(lags) <= k, lags                      # PipelineRL-k: never staler than k
+    summaries.append(dict(batch.summary.generator_stats))
+  drive_continuous(worker, client, srv, 6, B, G,
+                   publish=lambda v: StreamPublisher(client, v, params).publish(),
+                   on_batch=on_batch, timeout_s=300)
   # One push per group, each with the group's G samples.
   assert pushed and all(len(gids) == 1 and n == G for _, gids, n in pushed), pushed
   # While the slow group's grader was stuck, decoding went on and other groups were pushed.

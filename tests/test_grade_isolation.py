@@ -16,6 +16,7 @@ import time
 
 import jax
 import pytest
+from helpers import drive_continuous
 
 from configs import common, tiny
 from scalerl_jax import models, rewards, runtime
@@ -208,22 +209,12 @@ def test_generator_serving_hostile_answers_keeps_decoding_heartbeating_and_pushi
     grades.append((time.monotonic() - t, worker.decode_stats.chunks - chunks, r))
     return r
   worker.rewards = rewards_
-  th = threading.Thread(target=worker.run_continuous, daemon=True)
-  th.start()
-  try:
-    rewards_seen = []
-    for step in range(2):
-      batch = client.pull_batch(step, timeout_s=120)
-      assert len(batch.groups) == B and all(len(g.rollouts) == G for g in batch.groups)
-      rewards_seen += [r.rewards[0] for g in batch.groups for r in g.rollouts]
-      StreamPublisher(client, step + 1, params).publish()
-  finally:
-    worker.stop()
-    th.join(60)
-    worker.close()
-    client.close()
-    srv.stop()
-  assert not th.is_alive()
+  rewards_seen = []
+  drive_continuous(
+      worker, client, srv, 2, B, G,
+      publish=lambda v: StreamPublisher(client, v, params).publish(),
+      on_batch=lambda _, b: rewards_seen.extend(r.rewards[0] for g in b.groups for r in g.rollouts),
+      timeout_s=120)
   gen = worker.gen
   assert isinstance(gen, fake.ScriptedInstructModel) and gen.hostile >= 3, gen.hostile
   st = worker.decode_stats
