@@ -104,13 +104,13 @@ def publish_params(client, version: int, params: Any = None, tag: int = 0, retri
                          process_index=0, **kw).publish(retries=retries)
 
 
-def forcing_weights(named: dict, forced: int) -> dict:
+def forcing_weights(named: dict, forced: int, head_value: float = 100.0) -> dict:
   """HF-named weights (`dict(models.hf_named_arrays(cfg, params))`) changed so that every
   next-token distribution puts ~all mass on `forced`.
 
   Zero attention/MLP output projections make the residual stream equal the token embedding; with
   every embedding the all-ones vector the final hidden state is constant, so a head column aligned
-  with it makes `forced` win by a margin of ~100 * d_model nats regardless of context.
+  with it makes `forced` win by a margin of ~`head_value` * d_model nats regardless of context.
   """
   named = dict(named)
   for name in named:
@@ -118,7 +118,7 @@ def forcing_weights(named: dict, forced: int) -> dict:
       named[name] = np.zeros_like(named[name])
   named["model.embed_tokens.weight"] = np.ones_like(named["model.embed_tokens.weight"])
   head = np.zeros_like(named["lm_head.weight"])
-  head[forced] = 100.0
+  head[forced] = head_value
   named["lm_head.weight"] = head
   return named
 

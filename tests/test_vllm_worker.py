@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import forcing_weights
 
 from scalerl_jax.types import (FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, PromptSpec,
                                SamplingSpec, WeightUpdateError)
@@ -65,18 +66,9 @@ def _push(gen, path, **kw):
 
 
 def _forced_weights(path):
-  """Weights under which every next token is FORCED whatever the context (bias-free Llama):
-  o_proj = down_proj = 0 makes the residual stream the token embedding; all embeddings equal a
-  constant vector; lm_head maps it to a logit of ~256 for FORCED and 0 for every other token."""
-  w = dict(VP.load_hf_arrays(path))
-  for k in w:
-    if k.endswith(("o_proj.weight", "down_proj.weight")):
-      w[k] = np.zeros_like(w[k])
-  w["model.embed_tokens.weight"] = np.ones_like(w["model.embed_tokens.weight"])
-  head = np.zeros_like(w["lm_head.weight"])
-  head[FORCED] = 1.0
-  w["lm_head.weight"] = head
-  return w
+  """Weights under which every next token is FORCED whatever the context (bias-free Llama): a
+  logit of ~256 (d_model) for FORCED and 0 for every other token (helpers.forcing_weights)."""
+  return forcing_weights(VP.load_hf_arrays(path), FORCED, head_value=1.0)
 
 
 def _prompts(k, length=8, seed=0):
