@@ -12,7 +12,8 @@ is a linear function of z = log2 of the three knobs (ridge ``RIDGE`` on the slop
 theta is drawn from the prediction's normal (the regression's residual scatter and leverage, plus the
 seeds' scatter), its curve's 90 % band adds one evaluation's binomial noise. A candidate outside the
 family's range on any knob is warned about and its sd widened (``widen``). Candidates are ranked by
-the median at ``--budget``. ``--loo``: leave-one-allocation-out over the family (coverage of each
+the plug-in curve (Eq. 1 at theta's predicted mean) at ``--budget``; until 2026-12-07 (issue #48,
+second round) by the draws' median, which the widening pulls down. ``--loo``: leave-one-allocation-out over the family (coverage of each
 held-out run's final value, pairwise ranking accuracy). Exit status 2 with one ``error:`` line on bad
 input.
 """
@@ -130,8 +131,10 @@ def widen(z, model) -> tuple[float, list[str]]:
 
 
 def predict(model: dict, alloc: dict, budgets, *, level: float = LEVEL, n_draws: int = 4000, seed: int = 0) -> dict:
-  """An allocation's curve at ``budgets`` (FLOPs): median and ``level`` band of one measured
-    evaluation; ``outside``: knobs beyond the family's range (a warning, the band widened)."""
+  """An allocation's curve at ``budgets`` (FLOPs): ``pred``, the plug-in curve (Eq. 1 at theta's
+    predicted mean: what candidates are ranked by, not moved by the widening), the ``level`` band of
+    one measured evaluation from draws of theta (``median``: the draws' median); ``outside``: knobs
+    beyond the family's range (a warning, the band widened)."""
   z = np.log2([float(alloc[k]) for k in KNOBS])
   x = np.concatenate([[1.0], z])
   mean = x @ model["beta"]
@@ -148,7 +151,9 @@ def predict(model: dict, alloc: dict, budgets, *, level: float = LEVEL, n_draws:
     p = np.clip(cur, 0.0, 1.0)
     cur = cur + rng.standard_normal(cur.shape) * np.sqrt(p * (1 - p) / model["n_samples"])
   q = (1 - level) / 2
-  return {"alloc": dict(alloc), "pred": np.median(cur, 0).tolist(), "lo": np.quantile(cur, q, 0).clip(0, 1).tolist(),
+  a0 = float(np.clip(mean[0], r0 + 1e-6, 1.0))
+  plug = sigmoid_curve(C, a0, math.exp(mean[1]), math.exp(mean[2]), r0)
+  return {"alloc": dict(alloc), "pred": np.asarray(plug, float).tolist(), "median": np.median(cur, 0).tolist(), "lo": np.quantile(cur, q, 0).clip(0, 1).tolist(),
           "hi": np.quantile(cur, 1 - q, 0).clip(0, 1).tolist(), "A": float(mean[0]), "B": float(np.exp(mean[1])),
           "C_mid": float(np.exp(mean[2])), "outside": outside, "sd_factor": factor}
 

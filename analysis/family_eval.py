@@ -3,7 +3,7 @@ allocation"): each target cut at a fraction of its steps and forecast to its end
 bands, three ways: alone, ``--reference`` (same-setup runs: the baseline recipe's) and ``--family``
 (the runs of the *other* recipes on the same base).
 
-  python -m analysis.family_eval [--set alloc|xeon] [--cuts 0.25,0.5] [--json OUT.json]
+  python -m analysis.family_eval [--set alloc|xeon] [--cuts 0.25,0.5] [--ways alone,reference,family] [--json OUT.json]
 
 ``alloc``: the fourteen held-out allocation runs (``real_runs.ALLOC``; family = the alloc runs of the
 other allocations, references = the default allocation's runs). ``xeon``: the 18 other-recipe Xeon
@@ -59,8 +59,8 @@ def _load(name: str, cache: dict):
   return cache[name]
 
 
-def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0) -> list[dict]:
-  """Per (target, cut, way): forecast median, band, the measured final, error, covered."""
+def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0, ways=WAYS) -> list[dict]:
+  """Per (target, cut, way of ``ways``): forecast median, band, the measured final, error, covered."""
   runs: dict = {}
   fit_cache: dict = {}
   out = []
@@ -70,7 +70,7 @@ def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0) -> list[dict]:
     ns = eval_samples(t.run_dir)
     x_end, y_end = float(t.compute[-1]), float(t.value[-1])
     for cut in cuts:
-      for way in WAYS:
+      for way in ways:
         refs = [_load(n, runs) for n in d["references"]] if way == "reference" else []
         fam = [_load(n, runs) for n in d["family"]] if way == "family" else []
         rec = {"run": d["target"], "cut": cut, "way": way, "final": y_end}
@@ -83,7 +83,8 @@ def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0) -> list[dict]:
                               ref_cache=fit_cache, unit="steps", references=refs, family=fam)
           lo, hi = (r["lo"], r["hi"]) if way != "alone" else (r["pred_lo"], r["pred_hi"])
           rec.update(pred=r["pred"], lo=lo, hi=hi, err=r["pred"] - y_end, covered=bool(lo <= y_end <= hi),
-                     identifiable=r["identifiable"])
+                     identifiable=r["identifiable"], alarm=r.get("reference", {}).get("alarm"),
+                     parametric=r.get("reference", {}).get("parametric"))
         except AnalysisError as e:
           rec["error"] = str(e)
         out.append(rec)
@@ -113,9 +114,14 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
   ap.add_argument("--set", default="alloc", choices=("alloc", "xeon"))
   ap.add_argument("--cuts", default="0.25,0.5")
+  ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset of " + ",".join(WAYS))
   ap.add_argument("--json", default="", help="also write every per-run record to this file")
   a = ap.parse_args(argv)
-  recs = evaluate(a.set, tuple(float(c) for c in a.cuts.split(",")))
+  ways = tuple(w for w in a.ways.split(",") if w)
+  if not ways or any(w not in WAYS for w in ways):
+    print(f"error: --ways {a.ways!r}: expected a comma-separated subset of {','.join(WAYS)}", file=sys.stderr)
+    return 2
+  recs = evaluate(a.set, tuple(float(c) for c in a.cuts.split(",")), ways=ways)
   print("| way | cut | n | covers final | median abs. error | median width | worst abs. error |")
   print("|---|---|---|---|---|---|---|")
   for r in summarize(recs):

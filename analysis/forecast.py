@@ -134,11 +134,12 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
                               n_samples_of=lambda r: eval_samples(r.run_dir) if r.run_dir else None,
                               prior_of=fam["prior_of"] if fam else None, prior_key=fam["key"] if fam else None)
     cal = calibrate(float(mband["pred"][0]), float(mband["lo"][0]), float(mband["hi"][0]), res,
-                    target_alarm=alarm_before(run, float(C[-1])), level=level)
+                    target_alarm=alarm_before(run, float(C[-1])), level=level, small=bool(fam) and not references)
     rec["raw"] = {k: rec[k] for k in ("pred", "lo", "hi", "pred_lo", "pred_hi")}
     rec.update(pred=cal["pred"], lo=cal["lo"], hi=cal["hi"], pred_lo=cal["lo"], pred_hi=cal["hi"],
                verdict=verdict(ident["identifiable"], cal["hi"] - cal["lo"]))
-    rec["reference"] = {**{k: cal[k] for k in ("shift", "n", "n_all", "alarm", "conformal_lo", "conformal_hi")},
+    rec["reference"] = {**{k: cal[k] for k in ("shift", "n", "n_all", "alarm", "conformal_lo", "conformal_hi",
+                                               "parametric")},
                         "own_median": float(mband["pred"][0]), "residuals": res}
   if fam:
     pr = family_prior(fam["fits"], budget)

@@ -241,3 +241,51 @@ def test_live_forecast_pools_a_family_and_refuses_another_base_at_start(tmp_path
   rec = fc.compute(160, 0.04, 300)
   assert rec is not None and rec["forecast/family_n"] == 5 and rec["forecast/budget_steps"] == 300
   assert rec["forecast/R_at_budget_lo"] <= rec["forecast/R_at_budget"] <= rec["forecast/R_at_budget_hi"]
+
+
+def _fres(values, alarm=False):
+  return [{"run": f"m{i}", "residual": float(v), "alarm": alarm} for i, v in enumerate(values)]
+
+
+def test_small_family_band_is_the_t_prediction_interval():
+  """A family's residuals too few for a conformal edge (n < 19 at 90 %): the band is the normal-theory
+  prediction interval pred + shift +- t_{0.95, n-1} s sqrt(1 + 1/n); t_{0.95, 9} = 1.833113 (tables)."""
+  from analysis.reference import calibrate
+  r = np.array([-0.03, -0.02, -0.01, 0.0, 0.005, 0.01, 0.02, 0.03, 0.04, 0.06])
+  s = float(np.sqrt(np.sum((r - r.mean()) ** 2) / 9))
+  half = 1.833113 * s * np.sqrt(1.1)
+  cal = calibrate(0.80, 0.70, 0.90, _fres(r), target_alarm=False, small=True)
+  shift = float(np.median(r))
+  assert cal["parametric"] and not cal["conformal_lo"] and not cal["conformal_hi"]
+  assert (cal["pred"], cal["lo"], cal["hi"]) == pytest.approx((0.8 + shift, 0.8 + shift - half, 0.8 + shift + half),
+                                                             abs=1e-6)
+  # the same residuals for a same-setup reference (small=False): the old fallback (own band + shift)
+  old = calibrate(0.80, 0.70, 0.90, _fres(r), target_alarm=False)
+  assert not old["parametric"] and (old["lo"], old["hi"]) == pytest.approx((0.70 + shift, 0.90 + shift))
+
+
+def test_small_family_alarm_stratum_and_ceiling():
+  """With a family: the alarm stratum needs 3 residuals (else all are used); the lower edge is the t
+  edge of the stratum; an alarmed target's upper edge stays the ceiling."""
+  from analysis.reference import calibrate
+  mixed = _fres([0.0, 0.01, -0.01, 0.02, -0.02]) + _fres([0.05, 0.08, 0.11], alarm=True)
+  cal = calibrate(0.6, 0.5, 0.7, mixed, target_alarm=True, small=True)
+  r = np.array([0.05, 0.08, 0.11])
+  half = 2.919986 * float(np.std(r, ddof=1)) * np.sqrt(4 / 3)          # t_{0.95, 2} = 2.919986
+  assert cal["n"] == 3 and cal["shift"] == pytest.approx(0.08)
+  assert cal["lo"] == pytest.approx(0.68 - half, abs=1e-6) and cal["hi"] == 1.0 and cal["parametric"]
+  two = _fres([0.0, 0.01, -0.01, 0.02, -0.02]) + _fres([0.05, 0.08], alarm=True)
+  cal = calibrate(0.6, 0.5, 0.7, two, target_alarm=True, small=True)   # stratum of 2 < 3: all, ceiling
+  assert cal["n"] == 7 and cal["hi"] == 1.0
+  assert calibrate(0.6, 0.5, 0.7, mixed, target_alarm=True)["hi"] == 1.0   # references: ceiling as before
+
+
+def test_allocation_point_forecast_is_the_plug_in_curve():
+  """pred = Eq. 1 at theta's predicted mean (numpy), unmoved by the widening; the band from the draws."""
+  m = allocate.fit_model(_one_at_a_time())
+  for alloc in ({"batch": 64, "rollouts": 16, "think": 28}, {"batch": 512, "rollouts": 16, "think": 28}):
+    p = allocate.predict(m, alloc, [0.5, 3.0])
+    th = np.concatenate([[1.0], np.log2([alloc[k] for k in allocate.KNOBS])]) @ m["beta"]
+    want = m["r0"] + (th[0] - m["r0"]) / (1 + np.exp(np.exp(th[1]) * (th[2] - np.log([0.5, 3.0]))))
+    np.testing.assert_allclose(p["pred"], want, rtol=1e-12)
+    assert len(p["median"]) == 2
