@@ -48,7 +48,7 @@ def _start_emulator(log_dir: str):
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   p.add_argument("--mb", type=int, default=256, help="MiB in all, split over --files files")
   p.add_argument("--files", type=int, default=2)
   p.add_argument("--workers", type=int, default=8)

@@ -100,27 +100,36 @@ def problems(dest: str, verify: bool = True, workers: int = 8) -> list[str]:
   return bad
 
 
-def fetch_file(src: str, dest: str, workers: int, piece_bytes: int) -> int:
+def fetch_file(src: str, dest: str, workers: int, piece_bytes: int) -> tuple[int, str]:
   """Copies one object (or local file) `src` to local `dest` with up to `workers` concurrent
-  ranged reads of `piece_bytes` each, written in place; returns the byte count."""
+  ranged reads of `piece_bytes` each, written in place; the MD5 is computed on the way, in file
+  order, while later pieces are still arriving (at most 2 x workers pieces in memory). Returns
+  (byte count, hex MD5)."""
+  h = hashlib.md5()
   with storage.RangedFile(src) as rf:
     size = int(rf.size)
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
       os.ftruncate(fd, size)
 
-      def one(offset: int) -> int:
+      def one(offset: int) -> bytes:
         data = rf.read(offset, min(piece_bytes, size - offset))
         if len(data) != min(piece_bytes, size - offset):
           raise OSError(f"{src}: short read at {offset} ({len(data)} bytes)")
         os.pwrite(fd, data, offset)
-        return len(data)
+        return data
+      offsets = list(range(0, size, piece_bytes))
+      window = 2 * max(1, workers)
       with cf.ThreadPoolExecutor(max(1, workers)) as ex:
-        got = sum(ex.map(one, range(0, size, piece_bytes)))
+        pending = {k: ex.submit(one, o) for k, o in enumerate(offsets[:window])}
+        for k in range(len(offsets)):
+          h.update(pending.pop(k).result())    # in file order; hashlib releases the GIL
+          if k + window < len(offsets):
+            pending[k + window] = ex.submit(one, offsets[k + window])
       os.fsync(fd)
     finally:
       os.close(fd)
-  return got
+  return size, h.hexdigest()
 
 
 def _source_md5(meta: dict) -> str:
@@ -140,8 +149,7 @@ def _fetch_dir(src: str, tmp: str, workers: int, piece_bytes: int) -> dict:
     s, d = storage.join(src, *rel.split("/")), os.path.join(tmp, *rel.split("/"))
     os.makedirs(os.path.dirname(d), exist_ok=True)
     meta = storage.stat(s)
-    n = fetch_file(s, d, workers, piece_bytes)
-    md5 = file_md5(d)
+    n, md5 = fetch_file(s, d, workers, piece_bytes)
     want = _source_md5(meta)
     if n != int(meta["size"]) or (want and md5 != want):
       raise OSError(f"{s}: fetched {n} bytes, MD5 {md5}; the object has {meta['size']} bytes, "
