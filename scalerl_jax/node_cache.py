@@ -8,6 +8,7 @@ once per node and lets every other pod on the node reuse it:
   the rendered manifests, `generator.ckpt_cache_dir`); the copy lives at ROOT/gs/BUCKET/PATH.
 * An exclusive `flock` on ROOT/gs/BUCKET/PATH.lock lets one process fetch while the others wait;
   the kernel drops the lock when its holder dies, so a killed fetcher never blocks the node.
+  Checking an existing copy takes the lock shared, so the node's pods check side by side.
 * The fetch goes to a sibling `.partial-PID-…` directory; its manifest (`MANIFEST`: every file's
   size and MD5, checked against the object's GCS md5Hash when GCS has one) is written last, then
   the directory is renamed into place in one `rename`. A copy without a manifest is never trusted;
@@ -51,18 +52,20 @@ def cache_path(src: str, root: str) -> str:
 
 
 @contextlib.contextmanager
-def node_lock(path: str) -> Iterator[None]:
-  """An exclusive lock on `path` shared by every process of the node (flock: released by the
-  kernel when the holder exits or dies). Logs once when it has to wait for another holder."""
+def node_lock(path: str, shared: bool = False) -> Iterator[None]:
+  """A lock on `path` for every process of the node (flock: released by the kernel when the
+  holder exits or dies): exclusive (a fetch), or `shared` (checks of a copy, run side by side).
+  Logs once when it has to wait for another holder."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
   try:
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      fcntl.flock(fd, mode | fcntl.LOCK_NB)
     except BlockingIOError:
       log.info("node cache: waiting for another process's fetch (%s)", path)
       t0 = time.monotonic()
-      fcntl.flock(fd, fcntl.LOCK_EX)
+      fcntl.flock(fd, mode)
       log.info("node cache: lock free after %.1f s", time.monotonic() - t0)
     yield
   finally:
@@ -165,7 +168,11 @@ def node_copy(src: str, root: str, workers: int, piece_bytes: int, verify: bool 
   if not storage.is_remote(src):
     return str(src)
   dest = cache_path(src, root)
-  with node_lock(dest + ".lock"):
+  with node_lock(dest + ".lock", shared=True):    # the common case: pods check a copy side by side
+    if os.path.isdir(dest) and not problems(dest, verify, workers):
+      log.info("node cache: reusing %s for %s", dest, src)
+      return dest
+  with node_lock(dest + ".lock"):                  # one fetcher; re-checked: one may just have run
     parent, name = os.path.dirname(dest), os.path.basename(dest)
     for stale in os.listdir(parent):    # a dead fetcher's leftovers: we hold the lock
       if stale.startswith(name + ".partial-") or stale.startswith(name + ".bad-"):

@@ -65,9 +65,10 @@ def test_to_hf_inverts_every_source_bit_for_bit(scan):
 
 
 def _run(tmp_path, mesh, processes):
-  """This file's worker as `processes` processes of one job (4 CPU devices in all) -> outputs."""
+  """This file's worker as `processes` processes of one job (4 CPU devices in all) on the meshes
+  `mesh` (comma-separated) -> (the export root, each process's {mesh: stats})."""
   port = free_port()
-  out = str(tmp_path / "final_policy")
+  out = str(tmp_path / "exports")
   env = dict(os.environ, XLA_FLAGS=xla_flags(4 // processes), JAX_PLATFORMS="cpu",
              PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   if processes > 1:
@@ -100,7 +101,8 @@ def _check_bits(out):
 @pytest.mark.xdist_group("hf_export")
 def test_one_process_sharded_params_export_equals_save_hf(tmp_path):
   from scalerl_jax.models import hf_io
-  out, (o,) = _run(tmp_path, "split", 1)
+  root, res = _run(tmp_path, "split", 1)
+  out, o = os.path.join(root, "split"), res[0]["split"]
   assert o["files"] == [hf_io.SINGLE_FILE] and o["gathered"] == 0
   assert o["written"] == o["total"] and o["peak"] < o["total"] / 4
   _check_bits(out)
@@ -113,39 +115,46 @@ def test_one_process_sharded_params_export_equals_save_hf(tmp_path):
   assert not os.path.exists(os.path.join(out, hf_io.INDEX_FILE))
 
 
-def _worker(mesh_name, out):
+def _worker(mesh_names, out_root):
+  """Exports the same params on each mesh of `mesh_names` (comma-separated) to OUT_ROOT/MESH;
+  process 0 saves the gathered params beside it (the reference). Last line: {mesh: stats}."""
   from scalerl_jax import distributed
   distributed.initialize()
   import jax
   from configs.common import DEFAULT_RULES
   from scalerl_jax import sharding
-  from scalerl_jax.models import hf_export
+  from scalerl_jax.models import hf_export, hf_io
   cfg = _cfg(True)
-  mesh = sharding.make_mesh(MESHES[mesh_name])
-  params, _ = sharding.sharded_init(cfg, jax.random.PRNGKey(7), mesh, DEFAULT_RULES)
-  st = hf_export.save_hf_sharded(cfg, params, out)
-  full = distributed.gather_to_host(params)        # the reference only (the test's, not the export's)
-  if jax.process_index() == 0:
-    flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(full)[0]}
-    np.savez(out + ".ref.npz", **flat)
-    if jax.process_count() == 1:     # the gathering writer, for comparison
-      from scalerl_jax.models import hf_io
-      hf_io.save_hf(cfg, full, out + ".save_hf")
-  leaves = jax.tree.leaves(full)
-  parts = hf_export.plan(cfg, leaves)
-  biggest = max(int(np.prod(p.hf_shape)) for p in parts) * 4
-  print(json.dumps(dict(process=jax.process_index(), written=st.written_bytes,
-                        local=st.local_bytes, gathered=st.gathered_bytes, peak=st.peak_bytes,
-                        tensors=st.tensors, files=st.files, biggest=biggest,
-                        total=sum(int(a.nbytes) for a in leaves))), flush=True)
+  res = {}
+  for name in mesh_names.split(","):
+    out = os.path.join(out_root, name)
+    mesh = sharding.make_mesh(MESHES[name])
+    params, _ = sharding.sharded_init(cfg, jax.random.PRNGKey(7), mesh, DEFAULT_RULES)
+    st = hf_export.save_hf_sharded(cfg, params, out)
+    full = distributed.gather_to_host(params)     # the reference only (the test's, not the export's)
+    if jax.process_index() == 0:
+      flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(full)[0]}
+      np.savez(out + ".ref.npz", **flat)
+      if jax.process_count() == 1:     # the gathering writer, for comparison
+        hf_io.save_hf(cfg, full, out + ".save_hf")
+    leaves = jax.tree.leaves(full)
+    biggest = max(int(np.prod(p.hf_shape)) for p in hf_export.plan(cfg, leaves)) * 4
+    res[name] = dict(process=jax.process_index(), written=st.written_bytes, local=st.local_bytes,
+                     gathered=st.gathered_bytes, peak=st.peak_bytes, tensors=st.tensors,
+                     files=st.files, biggest=biggest, total=sum(int(a.nbytes) for a in leaves))
+  print(json.dumps(res), flush=True)
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("hf_export")
-@pytest.mark.parametrize("mesh", ["split", "local"])
-def test_two_processes_each_write_their_share_bit_identical(tmp_path, mesh):
+def test_two_processes_each_write_their_share_bit_identical(tmp_path):
+  root, res = _run(tmp_path, "split,local", 2)
+  for mesh in ("split", "local"):
+    _check_share(os.path.join(root, mesh), mesh, [r[mesh] for r in res])
+
+
+def _check_share(out, mesh, outs):
   from scalerl_jax.models import hf_io
-  out, outs = _run(tmp_path, mesh, 2)
   total = outs[0]["total"]
   # each process wrote its own file; together every byte once, about half each
   assert [o["files"] for o in outs] == [["model-00001-of-00002.safetensors"],
