@@ -6,8 +6,10 @@ A real GCS emulator (gcp-storage-emulator, in memory, on 127.0.0.1) holds a chec
 directory (`--files` files of `--mb` MiB random bytes in all + a config.json). Each round copies
 it to local disk both ways, in turn: ours = `node_cache.node_copy` (each file by `--workers`
 concurrent ranged reads of `--piece_mb`, then its MD5 and the manifest), peer = `storage.copy_tree`
-(what a generator pod did before: one stream per file, gcsfs's buffered reads). Reported: the
-median MB/s of each; the last line is the JSON line (ratio = ours / peer throughput). The emulator
+(what a generator pod did before: one stream per file, gcsfs's buffered reads), and
+`ours_1worker` = node_copy with one worker (the same ranged reads, MD5 and fsync, one at a time:
+`parallel_vs_1worker` isolates the concurrency). Reported: the median MB/s of each; the last line
+is the JSON line (ratio = ours / peer throughput). The emulator
 is one Python process on this machine: on real GCS the gain of concurrent ranged GETs is larger
 (each GET stream is limited far below a node's NIC), so this is the floor, not the forecast.
 """
@@ -71,20 +73,23 @@ def main(argv=None) -> dict:
                           rng.integers(0, 256, per, dtype=np.uint8).tobytes())
     storage.write_text(storage.join(src, "config.json"), "{}")
     total = a.files * per + 2
-    secs: dict[str, list[float]] = {"ours": [], "peer": []}
+    secs: dict[str, list[float]] = {"ours": [], "peer": [], "ours_1worker": []}
     for r in range(a.rounds):
-      for side in ("peer", "ours") if r % 2 else ("ours", "peer"):
+      for side in ("peer", "ours_1worker", "ours") if r % 2 else ("ours", "ours_1worker", "peer"):
         dest = os.path.join(tmp, side)
         shutil.rmtree(dest, ignore_errors=True)
         t0 = time.perf_counter()
-        if side == "ours":
-          node_cache.node_copy(src, dest, workers=a.workers, piece_bytes=a.piece_mb << 20)
+        if side.startswith("ours"):
+          node_cache.node_copy(src, dest, workers=a.workers if side == "ours" else 1,
+                               piece_bytes=a.piece_mb << 20)
         else:
           storage.copy_tree(src, dest, last=("config.json",))
         secs[side].append(time.perf_counter() - t0)
         print(f"round {r} {side}: {secs[side][-1]:.2f} s", flush=True)
     rate = {k: total / 1e6 / statistics.median(v) for k, v in secs.items()}
     return last_line(round(rate["ours"], 1), round(rate["peer"], 1), "MB/s", bytes=total,
+                     ours_1worker=round(rate["ours_1worker"], 1),
+                     parallel_vs_1worker=round(rate["ours"] / rate["ours_1worker"], 3),
                      files=a.files, workers=a.workers, piece_mb=a.piece_mb, rounds=a.rounds,
                      seconds={k: [round(x, 2) for x in v] for k, v in secs.items()},
                      ours_includes="MD5 of every file + manifest")
