@@ -408,6 +408,13 @@ class Generator(Section):
   # learner's start weights: the start-up parity gate (health.parity_gate) stops the run if not.
   vllm_model_dir: str = ""
   scripted_hostile_every: int = 0    # scripted backend: every Nth sample boxes a hostile math answer (tests, chaos; 0 = never)
+  # A gs:// model.hf_checkpoint is copied once per node for vLLM (scalerl_jax/node_cache.py): into
+  # this node-local directory shared by the node's generator pods (the manifests' hostPath), under
+  # a lock, by parallel ranged reads; "" = TMPDIR/scalerl-ckpt (one copy per container).
+  ckpt_cache_dir: str = ""
+  ckpt_fetch_workers: int = 16       # concurrent ranged reads per file of that copy
+  ckpt_fetch_piece_mb: int = 64      # MiB per ranged read (memory: workers x piece)
+  ckpt_cache_verify: bool = True     # re-hash the node copy (MD5s in its manifest) before reusing it
 
   def check(self):
     if self.backend not in backends.names():
@@ -429,6 +436,9 @@ class Generator(Section):
     if self.eval_decode_batch < 0:
       raise ConfigError(f"generator.eval_decode_batch must be >= 0 (0 = a static batch per "
                         f"evaluation lease), got {self.eval_decode_batch}")
+    if self.ckpt_fetch_workers < 1 or self.ckpt_fetch_piece_mb < 1:
+      raise ConfigError(f"generator.ckpt_fetch_workers={self.ckpt_fetch_workers} and "
+                        f"generator.ckpt_fetch_piece_mb={self.ckpt_fetch_piece_mb} must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -69,7 +69,8 @@ GB = 1e9
 # The learner layout's keys (apply_layout) shape only the learner's step.
 WIRING = ("buffer.address", "buffer.external", "weights.", "tls.", "distributed.",
           "generator.tensor_parallel", "layout", "topology", "mesh.", "optim.microbatches",
-          "model.remat", "model.scan_layers")
+          "model.remat", "model.scan_layers",
+          "generator.ckpt_cache_dir")     # the generator pods' node-cache mount (node_cache.py)
 XLA_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 # A pod's node-selector value -> its launch target (from the one accelerator table).
 ACCELERATOR_OF_SELECTOR = {v: name for name, p in spec_lib.PLATFORMS.items()

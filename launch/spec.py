@@ -41,6 +41,10 @@ WAL_MOUNT = "/wal"                   # the buffer pod's write-ahead log volume (
 PROMPTS_FILE = "/prompts/prompts.jsonl"
 ALIVE_FILE = "/tmp/scalerl/alive"     # a generator's heartbeat thread touches it (liveness probe)
 PROGRESS_FILE = "/tmp/scalerl/progress"   # a learner's steps / the buffer's WAL commits and leases touch it
+# The node's start-checkpoint copy (scalerl_jax/node_cache.py): a hostPath shared by the node's
+# generator pods, mounted at generator.ckpt_cache_dir.
+CKPT_CACHE_HOST_PATH = "/var/lib/scalerl/ckpt-cache"
+CKPT_CACHE_MOUNT = "/scalerl-ckpt-cache"
 # Downward-API values a pod gets from Kubernetes (renderers turn them into `fieldRef` env vars).
 FIELD_POD_IP = "status.podIP"
 FIELD_COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -305,6 +309,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
           # Host memory: the weight versions a generator holds + its start-up export (sizing.py).
           "cpu": str(8 * tp), "memory": f"{gen_mem}Gi", "port": VLLM_PORT,
           "alive_file": ALIVE_FILE, "relay_port": RELAY_PORT,
+          "ckpt_cache_mount": CKPT_CACHE_MOUNT, "ckpt_cache_host_path": CKPT_CACHE_HOST_PATH,
           # One vLLM engine per pod; generator id = pod name; run config = the resolved one.
           "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_path}",
                       *cfg_over, f"--buffer={buffer_addr}", "--backend=vllm",
@@ -312,6 +317,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
                       # The weight relay (weights/relay.py): same token and TLS, pod IP advertised.
                       f"--config.weights.relay_port={RELAY_PORT}",
                       "--config.weights.relay_advertise=$(POD_IP)",
+                      f"--config.generator.ckpt_cache_dir={CKPT_CACHE_MOUNT}",
                       *tls_args("generator")],
           "env": {}, "field_env": {"POD_IP": FIELD_POD_IP}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
           "service_account": s["service_account"],   # gs:// data / start checkpoint

@@ -289,21 +289,6 @@ def local_copy(src) -> Iterator[str]:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cached_local_copy(src, root: str | None = None) -> str:
-  """A local directory holding directory `src`'s files: `src` itself when local, else a copy under
-  ROOT (default TMPDIR/scalerl-ckpt)/BUCKET/PATH made once per machine (config.json copied last
-  marks it complete; a later call reuses it). For consumers that need a local path (a vLLM engine
-  started on a gs:// checkpoint)."""
-  if not is_remote(src):
-    return str(src)
-  scheme, rest = _strip(src).split("://", 1)
-  dest = os.path.join(root or os.path.join(tempfile.gettempdir(), "scalerl-ckpt"), scheme,
-                      *rest.strip("/").split("/"))
-  if not os.path.isfile(os.path.join(dest, "config.json")):
-    copy_tree(src, dest, last=("config.json",))
-  return dest
-
-
 def local_dir(workdir, configured: str = "") -> str:
   """Where a run keeps what must be on a local disk (WAL, child logs, TensorBoard staging, the
   files its child processes read): `configured` if set, the workdir when local, else

@@ -240,3 +240,23 @@ def test_compare_on_gs_run_dirs(emulator, tmp_path):
       tmp_path / "compare" / "compare.md").read()
   assert storage.exists(f"gs://{BUCKET}/cmp/compare/fit.json")
   assert not os.path.exists(os.path.join(ROOT, "gs:"))
+
+
+def test_final_policy_export_to_gs_is_bit_identical(emulator):
+  """models/hf_export.py into a gs:// workdir: each process's file staged and uploaded, then
+  config.json last; loads back bit for bit (one process, numpy params: one file, no index)."""
+  import jax
+  import numpy as np
+  from scalerl_jax import models
+  from scalerl_jax.models import hf_export, hf_io
+  cfg = models.get_preset("tiny_llama4", num_layers=4, vocab_size=96, d_model=64, head_dim=16,
+                          ffn_dim=96, expert_ffn_dim=32)
+  params = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(1)))
+  path = f"gs://{BUCKET}/export/final_policy"
+  st = hf_export.save_hf_sharded(cfg, params, path)
+  assert storage.walk_files(path) == ["config.json", hf_io.SINGLE_FILE]
+  assert st.written_bytes == sum(a.nbytes for a in jax.tree.leaves(params))
+  with storage.local_copy(path) as d:
+    _, got = hf_io.load_hf(d)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params)):
+    assert a.dtype == b.dtype and np.array_equal(a.view(np.uint32), b.view(np.uint32))

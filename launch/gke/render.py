@@ -250,6 +250,12 @@ def generators(specs) -> list[dict[str, Any]]:
       },
   }
   pod = deployment["spec"]["template"]["spec"]
+  # One start-checkpoint copy per node (scalerl_jax/node_cache.py): a hostPath every generator pod
+  # of the node mounts at generator.ckpt_cache_dir; one pod fetches under a lock, the others reuse.
+  pod["containers"][0]["volumeMounts"].append({"name": "ckpt-cache",
+                                               "mountPath": job["ckpt_cache_mount"]})
+  pod["volumes"].append({"name": "ckpt-cache", "hostPath": {"path": job["ckpt_cache_host_path"],
+                                                            "type": "DirectoryOrCreate"}})
   pod["initContainers"] = [_selftest("generator", pod["containers"][0], job["command"],
                                      _flag_value(job["command"], "--workdir"), ["--backend=vllm"])]
   service = {   # headless: the learner resolves every generator pod to push weights in flight

@@ -295,10 +295,9 @@ def load_hf(path: str, **overrides: Any) -> tuple[ModelConfig, dict]:
   return cfg, params
 
 
-def save_hf(cfg: ModelConfig, params: Any, path: str, *, dtype: str | None = None,
-            max_shard_bytes: int | None = None) -> None:
-  """Writes config.json + safetensors (sharded with an index when max_shard_bytes is set)."""
-  os.makedirs(path, exist_ok=True)
+def write_config(cfg: ModelConfig, path: str, dtype: str | None = None) -> np.dtype:
+  """Writes config.json (+ generation_config.json with the whole eos list) for tensors in `dtype`
+  (default cfg.param_dtype) into directory `path`; returns that dtype as numpy's."""
   hf_cfg = to_hf_config(cfg)
   hf_cfg.architectures = [families.get(cfg.family).hf_architecture]
   out_dtype = dtype or cfg.param_dtype
@@ -308,7 +307,14 @@ def save_hf(cfg: ModelConfig, params: Any, path: str, *, dtype: str | None = Non
     with open(os.path.join(path, "generation_config.json"), "w") as f:
       json.dump({"bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids)}, f,
                 indent=2)
-  np_dt = np.dtype(ml_dtypes.bfloat16) if out_dtype == "bfloat16" else np.dtype(out_dtype)
+  return np.dtype(ml_dtypes.bfloat16) if out_dtype == "bfloat16" else np.dtype(out_dtype)
+
+
+def save_hf(cfg: ModelConfig, params: Any, path: str, *, dtype: str | None = None,
+            max_shard_bytes: int | None = None) -> None:
+  """Writes config.json + safetensors (sharded with an index when max_shard_bytes is set)."""
+  os.makedirs(path, exist_ok=True)
+  np_dt = write_config(cfg, path, dtype)
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
   for name, arr in hf_named_arrays(cfg, params):

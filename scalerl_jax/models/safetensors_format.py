@@ -6,7 +6,8 @@ then the raw little-endian tensor data.
 
 * `parse_header(read)` reads and validates a header through `read(offset, n) -> bytes` (a local
   file, a ranged gs:// reader, or in-memory bytes) -> {name: TensorInfo} with absolute offsets.
-* `write_file(path, tensors)` writes a file `transformers` loads.
+* `write_file(path, tensors)` writes a file `transformers` loads; `header_bytes(specs)` is its
+  header, for writers that stream the tensors one at a time (models/hf_export.py).
 * `read_box(reader, info, shape, box)` reads one rectangular slice of a tensor (viewed row-major as
   `shape`) by byte ranges: only the runs the slice covers (gaps up to `max_gap` bytes are read
   through to save requests), in pieces of at most `piece_bytes`.
@@ -78,24 +79,30 @@ def parse_header(read: Callable[[int, int], bytes | memoryview], size: int | Non
   return out, meta
 
 
-def write_file(path: str, tensors: Mapping[str, np.ndarray]) -> None:
-  """Writes a safetensors file (header padded to 8 bytes, tensors in the given order)."""
-  header, offset, arrays = {}, 0, []
-  for name, arr in tensors.items():
-    arr = np.ascontiguousarray(arr)
-    if arr.dtype not in NAMES:
-      raise ValueError(f"cannot write {name!r} of dtype {arr.dtype}")
-    header[name] = {"dtype": NAMES[arr.dtype], "shape": list(arr.shape),
-                    "data_offsets": [offset, offset + arr.nbytes]}
-    offset += arr.nbytes
-    arrays.append(arr)
+def header_bytes(specs) -> bytes:
+  """The 8-byte length + JSON header (padded to 8 bytes) of a file holding `specs`
+  [(name, numpy dtype, shape), ...] in that order, data back to back."""
+  header, offset = {}, 0
+  for name, dtype, shape in specs:
+    dtype = np.dtype(dtype)
+    if dtype not in NAMES:
+      raise ValueError(f"cannot write {name!r} of dtype {dtype}")
+    n = math.prod(shape) * dtype.itemsize
+    header[name] = {"dtype": NAMES[dtype], "shape": [int(d) for d in shape],
+                    "data_offsets": [offset, offset + n]}
+    offset += n
   header["__metadata__"] = {"format": "pt"}
   hb = json.dumps(header, separators=(",", ":")).encode()
   hb += b" " * (-len(hb) % 8)
+  return struct.pack("<Q", len(hb)) + hb
+
+
+def write_file(path: str, tensors: Mapping[str, np.ndarray]) -> None:
+  """Writes a safetensors file (header padded to 8 bytes, tensors in the given order)."""
+  arrays = {name: np.ascontiguousarray(arr) for name, arr in tensors.items()}
   with open(path, "wb") as f:
-    f.write(struct.pack("<Q", len(hb)))
-    f.write(hb)
-    for arr in arrays:
+    f.write(header_bytes([(n, a.dtype, a.shape) for n, a in arrays.items()]))
+    for arr in arrays.values():
       f.write(arr.tobytes())
 
 

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from configs import common
 from scalerl_jax import distributed
 from scalerl_jax import models
+from scalerl_jax.models import hf_export
 from scalerl_jax import runtime
 from scalerl_jax import sharding
 from scalerl_jax import storage
@@ -486,12 +487,13 @@ class Trainer:
   def export_policy(self) -> str:
     """Writes the current policy as an HF checkpoint (config.json + safetensors in the params'
     dtype, so it equals the last checkpoint's params bit for bit) to WORKDIR/final_policy.
-    Every process calls it (a collective gather when multi-host); process 0 writes."""
-    params = self.eval_params()
+    Every process calls it and writes the tensors it owns from its own shards (no full gather:
+    models/hf_export.py); process 0 writes config.json and the index."""
     path = storage.join(self.workdir, "final_policy")
-    if self.main:
-      with storage.staged_dir(path) as local:    # gs://: written locally, then uploaded
-        models.save_hf(self.model_cfg, jax.tree.map(np.asarray, params), local)
+    st = hf_export.save_hf_sharded(self.model_cfg, self.learner.state.params, path)
+    log.info("final policy: process %d wrote %d tensors (%.3g GB) to %s; received %.3g GB, "
+             "peak %.3g GB held", jax.process_index(), st.tensors, st.written_bytes / 1e9,
+             path, st.gathered_bytes / 1e9, st.peak_bytes / 1e9)
     return path
 
   def _write_r0(self, rec: dict) -> None:

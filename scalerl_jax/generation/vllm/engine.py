@@ -3,30 +3,34 @@
 per sample, as its continuous decoder. Imported by the JAX-side generator worker only."""
 from __future__ import annotations
 
+import os
 import tempfile
 from typing import Any, cast
 
 import ml_collections
 
 from scalerl_jax import models
+from scalerl_jax import node_cache
 from scalerl_jax import recipes
 from scalerl_jax import runtime
-from scalerl_jax import storage
 from scalerl_jax.generation.generator import Engine
 from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
 
 
-def vllm_start_dir(model, version: int) -> str:
+def vllm_start_dir(model, generator, version: int) -> str:
   """The directory a vLLM engine starts on without `generator.vllm_model_dir`: the run's start
   checkpoint (`model.hf_checkpoint`) when the generator starts at version 0 (which is that
-  checkpoint), so nothing is exported; a gs:// checkpoint is copied to this machine once
-  (storage.cached_local_copy: vLLM loads from a local path). "" = export the fetched weights
-  (no start checkpoint, or a later version). The parity gate checks the engine either way.
-  `model`: the model section."""
+  checkpoint), so nothing is exported; a gs:// checkpoint is copied once per node into
+  `generator.ckpt_cache_dir` (node_cache.node_copy: a lock, parallel ranged reads, a manifest;
+  vLLM loads from a local path). "" = export the fetched weights (no start checkpoint, or a later
+  version). The parity gate checks the engine either way. `model`, `generator`: the sections."""
   ckpt = str(model.hf_checkpoint or "")
   if not ckpt or int(version) != 0:
     return ""
-  return storage.cached_local_copy(ckpt)
+  root = str(generator.ckpt_cache_dir) or os.path.join(tempfile.gettempdir(), "scalerl-ckpt")
+  return node_cache.node_copy(ckpt, root, workers=int(generator.ckpt_fetch_workers),
+                              piece_bytes=int(generator.ckpt_fetch_piece_mb) << 20,
+                              verify=bool(generator.ckpt_cache_verify))
 
 
 def vllm_args(g) -> dict:
@@ -67,7 +71,7 @@ class VLLMEngine(Engine):
       raise SystemExit(f"error: {e}") from None
     engine_dtype = "float32" if model_cfg.dtype == "float32" else "bfloat16"
     if not model_dir:
-      model_dir = vllm_start_dir(config.model, version)
+      model_dir = vllm_start_dir(config.model, config.generator, version)
     if not model_dir:   # exported in the engine's dtype (a bf16 engine: half an fp32 export's bytes)
       model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
       models.save_hf(model_cfg, params, model_dir, dtype=engine_dtype)
