@@ -151,38 +151,57 @@ def test_multimodal_push_then_greedy_tokens_equal_the_jax_forward(ckpt, monkeypa
   assert _greedy_checked(cfg, new, prompts, groups) >= 60
 
 
-@pytest.mark.vllm
-@pytest.mark.xdist_group("vllm")
-def test_fp32_head_override_reaches_the_multimodal_text_model(ckpt, tmp_path):
-  """vLLM builds a multimodal model's language model (and its LM head) under `text_config`: a
-  top-level `head_dtype` override leaves a bfloat16 engine's head in bfloat16 there; ours
-  (`worker.head_dtype_overrides`) reaches it. Checked on vLLM's own configs (no engine)."""
+@pytest.fixture(scope="module")
+def vllm_class_probe(ckpt, tmp_path_factory):
+  """tests/vllm_multimodal_probe.py's JSON: vLLM's Llama4ForConditionalGeneration built on CPU from
+  the checkpoint (images on: vision tower included), not served, against the text weights our push
+  sends (`models.hf_named_arrays` of other weights), plus vLLM's head-dtype configs."""
   import subprocess
   from test_vllm_worker import require_vllm
-  from scalerl_jax.generation.vllm import worker as W
   from scalerl_jax.generation.vllm.generator import REPO_ROOT, vllm_python
   require_vllm()
+  cfg = tiny_llama4_cfg()
+  npz = str(tmp_path_factory.mktemp("probe") / "pushed.npz")
+  np.savez(npz, **dict(models.hf_named_arrays(cfg, tiny_llama4_params(cfg, 1))))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), SHIM]))
+  r = subprocess.run([str(vllm_python()), os.path.join(os.path.dirname(SHIM),
+                                                      "vllm_multimodal_probe.py"), ckpt, npz],
+                     capture_output=True, text=True, env=env, timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_push_names_land_on_vllm_multimodal_class_unserved(vllm_class_probe):
+  """Every name the push sends maps (through the worker extension's `scalerl_check_names`, from
+  the built model's own parameters) to `language_model.` + name, though the vision tower's
+  `vision_model.model.layers...` parameters end in the same text-model names; vLLM's own loader
+  takes every mapped tensor (it asserts shapes), fills every `language_model.*` parameter with the
+  pushed values and leaves the vision tower and projector alone; a planted wrong prefix maps
+  nothing (our client then raises "unknown weight name", checked served in the e2e test)."""
+  out = vllm_class_probe
+  assert out["model_class"] == "Llama4ForConditionalGeneration"
+  assert out["tops"] == ["language_model", "multi_modal_projector", "vision_model"]
+  assert out["vision_layer_params"] > 0
+  assert out["unknown"] == [] and out["mapped_all"] and out["prefixes"] == ["language_model."]
+  assert out["loaded_all_text"] and out["others"] > 0 and out["others_changed"] == []
+  assert out["values"] == {"embed": True, "lm_head": True, "o_proj": True}
+  assert out["wrong_prefix_unknown"] == len(list(models.hf_named_arrays(
+      tiny_llama4_cfg(), tiny_llama4_params(tiny_llama4_cfg(), 1))))
+
+
+@pytest.mark.vllm
+@pytest.mark.xdist_group("vllm")
+def test_fp32_head_override_reaches_the_multimodal_text_model(vllm_class_probe, tmp_path):
+  """vLLM builds a multimodal model's language model (and its LM head) under `text_config`: a
+  top-level `head_dtype` override leaves a bfloat16 engine's head in bfloat16 there; ours
+  (`worker.head_dtype_overrides`) reaches it. Checked on vLLM's own configs (no engine); a
+  text-only checkpoint keeps the plain override."""
+  from scalerl_jax.generation.vllm import worker as W
   text_only = tmp_path / "text"
   text_only.mkdir()
   (text_only / "config.json").write_text(json.dumps({"hidden_size": 8}))
   assert W.head_dtype_overrides(str(text_only), "float32") == {"head_dtype": "float32"}
-  script = (
-      "import json, sys\n"
-      "from vllm.config import ModelConfig, VllmConfig\n"
-      "from scalerl_jax.generation.vllm.worker import head_dtype_overrides\n"
-      "out = {}\n"
-      "for k, ov in (('top', {'head_dtype': 'float32'}),\n"
-      "              ('ours', head_dtype_overrides(sys.argv[1], 'float32'))):\n"
-      "  mc = ModelConfig(model=sys.argv[1], dtype='bfloat16', hf_overrides=ov,\n"
-      "                   limit_mm_per_prompt={'image': 0})\n"
-      "  text = VllmConfig(model_config=mc).with_hf_config(mc.hf_config.text_config,\n"
-      "                                                    ['LlamaForCausalLM'])\n"
-      "  out[k] = [str(mc.head_dtype), str(text.model_config.head_dtype)]\n"
-      "print(json.dumps(out))\n")
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), SHIM]))
-  r = subprocess.run([str(vllm_python()), "-c", script, ckpt], capture_output=True, text=True,
-                     env=env, timeout=600)
-  assert r.returncode == 0, r.stderr[-2000:]
-  out = json.loads(r.stdout.strip().splitlines()[-1])
-  assert out == {"top": ["torch.float32", "torch.bfloat16"],
-                 "ours": ["torch.float32", "torch.float32"]}, out
+  assert vllm_class_probe["head"] == {"top": ["torch.float32", "torch.bfloat16"],
+                                      "ours": ["torch.float32", "torch.float32"]}

@@ -202,7 +202,7 @@ def _add_fused_expert_names(names: set, pname: str, param) -> bool:
   return False
 
 
-def _text_model(model):
+def _text_model(model) -> Any:
   """The module that holds the LM head and the text config: a multimodal model's language model
   (vLLM's `get_language_model()`, e.g. Llama-4 ForConditionalGeneration's `language_model`), else
   the model itself."""
