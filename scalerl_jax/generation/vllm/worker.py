@@ -69,6 +69,19 @@ DEFAULTS = {
 
 
 # ----------------------------------------------------------------------------- pure helpers
+def head_dtype_overrides(model_dir: str, head_dtype: str) -> dict:
+  """`hf_overrides` that set the LM-head dtype. vLLM builds a multimodal model's language model,
+  LogitsProcessor included, under the checkpoint's `text_config`, so the override goes there too:
+  with the top-level key alone, vLLM 0.32's Llama4ForConditionalGeneration in bfloat16 kept a
+  bfloat16 head (its text model's `model_config.head_dtype`, observed 2026-12-07)."""
+  try:
+    with open(os.path.join(model_dir, "config.json")) as f:
+      nested = isinstance(json.load(f).get("text_config"), dict)
+  except (OSError, ValueError, AttributeError):
+    nested = False
+  return {"head_dtype": head_dtype, **({"text_config": {"head_dtype": head_dtype}} if nested else {})}
+
+
 def checkpoint_generation_overrides(model_dir: str) -> dict:
   """Engine generation-config overrides that make vLLM run the checkpoint's own architecture.
 
@@ -191,7 +204,7 @@ class Worker:
               worker_extension_cls=EXT_CLS, disable_log_stats=True)
     kw.update(kv_cache_args(cfg, _on_gpu()))
     if cfg["head_dtype"]:
-      kw["hf_overrides"] = {"head_dtype": cfg["head_dtype"]}
+      kw["hf_overrides"] = head_dtype_overrides(cfg["model"], cfg["head_dtype"])
     if cfg["max_num_batched_tokens"]:
       kw["max_num_batched_tokens"] = cfg["max_num_batched_tokens"]
     gen_over = checkpoint_generation_overrides(cfg["model"])
