@@ -9,7 +9,6 @@ on BufferState's fields under its lock (`cv`).
 """
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import threading
@@ -290,7 +289,7 @@ class Durable:
     """SEEN: rollout ids already accepted (idempotent pushes)."""
     self._seen.update(ids)
 
-  def restore_queue(self, order: list, rng_state, append: bool, returned: list = ()) -> None:
+  def restore_queue(self, order: list, rng_state, append: bool, returned: Sequence[int] = ()) -> None:
     """QUEUE (replace; `returned`: its front's group ids) / EPOCH (append): the prompt
     sampler's queue and rng."""
     if append:

@@ -161,6 +161,7 @@ class Trainer:
   and runs on process 0, which alone writes metrics, the checkpoint manifest and the learner-state
   file. Orbax saves and restores the sharded state collectively.
   """
+  preempted = False    # `run` stopped on SIGTERM (training/preemption.py): the run is not finished
 
   def __init__(self, config: common.RunConfig, workdir, dataset, model_cfg, params, client, *,
                token: str,
@@ -523,6 +524,7 @@ class Trainer:
     for s in bar:
       if preempt.requested:      # SIGTERM: a final checkpoint if the grace period allows, exit 0
         preempt.final_checkpoint(functools.partial(self.save, s), last_save_s, last_saved)
+        self.preempted = True
         self.ckpt.close()
         self.metrics.close()
         return self.last_eval
