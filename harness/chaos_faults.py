@@ -9,7 +9,8 @@ for the module-size cap). Opt-in: name them in `--kinds` (docs/RELIABILITY.md "C
                   in effect from the first step to the last, under every other fault; its planned
                   moment records the grade timeouts counted so far.
   sigterm         SIGTERM with grace, to a generator (it gives its leases back at once and exits
-                  0; the supervisor restarts it) or to the learner (a final checkpoint when
+                  0; the supervisor restarts it) or, every other time once a checkpoint
+                  exists, to the learner (a final checkpoint when
                   `checkpoint.termination_grace_s` = GRACE_S allows it, then it exits; the harness
                   runs the same command again). A process still alive GRACE_S after its SIGTERM is
                   SIGKILLed, as the kubelet would, and the invariant fails.
@@ -93,7 +94,9 @@ def ready(chaos, kind: str):
   if kind == "hostile_answer":
     return True
   gens = sorted(chaos._gens())
-  if chaos.rng.random() < 0.5 and chaos.valid_checkpoints():
+  done = [f.get("target") for f in chaos.faults if f["kind"] == "sigterm"]
+  # The learner, once it has a checkpoint, whenever it has had fewer SIGTERMs than generators.
+  if chaos.valid_checkpoints() and done.count("learner") < done.count("generator"):
     return "learner"
   return gens[chaos.rng.randrange(len(gens))] if gens else None
 

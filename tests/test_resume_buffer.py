@@ -41,7 +41,9 @@ def _ids(batch):
   return [r.rollout_id for g in batch.groups for r in g.rollouts]
 
 
-def test_buffer_rewinds_to_the_learner_checkpoint_once(tmp_path):
+def _three_steps(tmp_path):
+  """A buffer with a WAL; steps 0, 1, 2 delivered, checkpoint 2 durable after step 1. Returns
+  (server, client, rng, learner-state path, server kwargs, acked, batches by step)."""
   d, ls = str(tmp_path / "wal"), str(tmp_path / "learner_state.json")
   write_learner_state(ls, 0, 0, None)
   kw = dict(token=TOKEN, prompts_per_step=2, group_size=2, max_lag=1, wal_dir=d, lease_ttl_s=60,
@@ -49,15 +51,19 @@ def test_buffer_rewinds_to_the_learner_checkpoint_once(tmp_path):
   srv = BufferServer(_prompts(), learner_state=read_learner_state(ls), **kw).start()
   c = BufferClient(srv.address, TOKEN)
   rng = np.random.default_rng(0)
-  acked, trained, batches = [], [], {}
+  acked, batches = [], {}
   for s in range(3):                                   # steps 0, 1, 2 delivered
     publish_params(c, s)
     acked += _lease_push(c, rng, s, n_groups=2)
     batches[s] = c.pull_batch(s, timeout_s=5)
-    if s < 2:
-      trained += _ids(batches[s])
     if s == 1:
       write_learner_state(ls, 2, 0, None)            # checkpoint 2 is durable (steps 0, 1 trained)
+  return srv, c, rng, ls, kw, acked, batches
+
+
+def test_buffer_rewinds_to_the_learner_checkpoint_once(tmp_path):
+  srv, c, rng, ls, kw, acked, batches = _three_steps(tmp_path)
+  trained = _ids(batches[0]) + _ids(batches[1])
   publish_params(c, 3)
   partial = _lease_push(c, rng, 3, samples=1)        # incomplete, version 3
   future = _lease_push(c, rng, 3)                    # complete, but version 3 > checkpoint 2
@@ -130,19 +136,7 @@ def _lease_order_after_rewind(tmp_path, release: bool) -> tuple[list, list]:
   learner resumes (a WAL compaction in between). Returns (the three groups' prompts in lease
   order, the prompts leased first after the rewind)."""
   tmp_path.mkdir()
-  d, ls = str(tmp_path / "wal"), str(tmp_path / "learner_state.json")
-  write_learner_state(ls, 0, 0, None)
-  kw = dict(token=TOKEN, prompts_per_step=2, group_size=2, max_lag=1, wal_dir=d, lease_ttl_s=60,
-            shuffle_seed=7)
-  srv = BufferServer(_prompts(), learner_state=read_learner_state(ls), **kw).start()
-  c = BufferClient(srv.address, TOKEN)
-  rng = np.random.default_rng(0)
-  for s in range(3):
-    publish_params(c, s)
-    _lease_push(c, rng, s, n_groups=2)
-    c.pull_batch(s, timeout_s=5)
-    if s == 1:
-      write_learner_state(ls, 2, 0, None)
+  srv, c, rng, ls, kw, _, _ = _three_steps(tmp_path)
   publish_params(c, 3)
   leased = c.lease("g0", max_groups=3)
   assert len(leased) == 3
