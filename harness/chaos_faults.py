@@ -95,9 +95,9 @@ def ready(chaos, kind: str):
     return True
   gens = sorted(chaos._gens())
   done = [f.get("target") for f in chaos.faults if f["kind"] == "sigterm"]
-  # The learner, once it has a checkpoint, whenever it has had fewer SIGTERMs than generators.
-  if chaos.valid_checkpoints() and done.count("learner") < done.count("generator"):
-    return "learner"
+  # Every other SIGTERM is the learner's, once it has a checkpoint to resume from (waited for).
+  if done.count("learner") < done.count("generator"):
+    return "learner" if chaos.valid_checkpoints() else None
   return gens[chaos.rng.randrange(len(gens))] if gens else None
 
 
