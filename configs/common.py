@@ -574,10 +574,13 @@ class Checkpoint(Section):
   keep: int = 3
   async_save: bool = True        # the learner keeps stepping while orbax writes; manifest after
   verify: str = "metadata"       # resume check: commit marker + object checksums | "full" re-read
+  termination_grace_s: float = 120.0   # learner pod's terminationGracePeriodSeconds; a SIGTERM'd learner saves only if this allows
 
   def check(self):
     if self.verify not in VERIFY_MODES:
       raise ConfigError(f"checkpoint.verify must be one of {VERIFY_MODES}, got {self.verify!r}")
+    if not self.termination_grace_s > 0:
+      raise ConfigError(f"checkpoint.termination_grace_s must be > 0, got {self.termination_grace_s}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

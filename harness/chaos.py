@@ -18,6 +18,7 @@ whichever comes first: a fast machine still gets every fault), injects (docs/REL
                      freed once the learner exits (then the same command again) or after 20 s
   corrupt_checkpoint 16 bytes flipped in the newest finished checkpoint, then kill -9 of the
                      learner: the rerun must fall back to the previous checkpoint
+  hostile_answer, sigterm (opt-in, by --kinds): harness/chaos_faults.py
 
 `--pairs` of the faults are overlapping pairs: the second fault of a pair is injected while the
 first is still in effect (its window: until the killed process is back, the stopped one continued,
@@ -43,6 +44,7 @@ import sys
 import threading
 import time
 
+from harness import chaos_faults
 from harness.procs import alive, argv, descendants, free_port, proc_stat, wait_until
 from scalerl_jax.tools import audit as auditmod
 
@@ -51,7 +53,7 @@ KINDS = ("kill_generator", "kill_buffer", "kill_learner", "stop_generator", "dro
 # A pair's first fault is the one that lasts (its window is open when the second lands); faults
 # that end the learner's process tree go second.
 _ORDER = {"stop_generator": 0, "disk_full": 1, "kill_buffer": 2, "kill_generator": 3,
-          "drop_connection": 4, "kill_learner": 5, "corrupt_checkpoint": 6}
+          "drop_connection": 4, "kill_learner": 5, "corrupt_checkpoint": 6, **chaos_faults.ORDER}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -163,9 +165,10 @@ class Chaos:
     self.a = a
     self.rng = random.Random(a.seed)
     self.kinds = tuple(a.kinds.split(",")) if a.kinds else KINDS
-    unknown = set(self.kinds) - set(KINDS)
+    unknown = set(self.kinds) - set(KINDS + chaos_faults.KINDS)
     if unknown:
-      raise SystemExit(f"error: unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+      raise SystemExit(f"error: unknown fault kinds {sorted(unknown)}; known: "
+                       f"{', '.join(KINDS + chaos_faults.KINDS)}")
     self.dir = os.path.abspath(a.workdir)
     self.run_dir = os.path.join(self.dir, "run")
     os.makedirs(self.run_dir, exist_ok=True)
@@ -190,7 +193,8 @@ class Chaos:
                 "--config.checkpoint.keep=3", "--config.resume=auto",
                 "--config.sft.clean_steps=20", "--config.sft.steps=10",
                 "--config.eval.every_steps=100000", "--config.eval.samples_per_prompt=1",
-                "--config.data.heldout=8", "--config.forecast.enabled=False"] + overrides
+                "--config.data.heldout=8", "--config.forecast.enabled=False",
+                *chaos_faults.run_overrides(self.kinds, self.dir, self.run_dir)] + overrides
     # A persistent XLA compilation cache (outside the tmpfs): a rerun loads the learner's and the
     # samplers' executables instead of compiling them again (~50 s each on a busy 2-core box).
     self.env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -293,6 +297,8 @@ class Chaos:
 
   def ready(self, kind: str):
     """The fault's target, once it exists (None: not yet)."""
+    if kind in chaos_faults.KINDS:
+      return chaos_faults.ready(self, kind)
     if self.learner is None or self.learner.poll() is not None or not self.stepping():
       return None
     ck = self.valid_checkpoints()
@@ -316,6 +322,8 @@ class Chaos:
     """Injects one fault; returns its record with a `window_end` callable."""
     now = time.time()
     f = dict(kind=kind, t=round(now - self.t0, 1), step=self.step(), learner_run=self.runs)
+    if kind in chaos_faults.KINDS:
+      return chaos_faults.inject(self, kind, target, f)
     if kind == "kill_generator":
       os.kill(target, signal.SIGKILL)
       f["pid"] = target
@@ -580,13 +588,16 @@ class Chaos:
     res["details"]["no_process_left_running"] = (
         f"{len(self.seen_pids)} processes started, alive now: {left}")
     inv["run_reaches_total_steps"] = inv["run_reaches_total_steps"] and ok_end and self.finished
+    more, why = chaos_faults.invariants(self)
+    inv.update(more)
+    res["details"].update(why)
     by, overlapping = {}, 0
     for f in self.faults:
       by[f["kind"]] = by.get(f["kind"], 0) + 1
       overlapping += bool(f.get("overlapping"))
     concurrent = overlaps(self.faults)
     self.log("faults injected:")
-    for k in KINDS:
+    for k in KINDS + tuple(k for k in chaos_faults.KINDS if k in self.kinds):
       self.log(f"  {k:20s} {by.get(k, 0)}  (skipped {self.skipped.get(k, 0)})")
     self.log(f"  overlapping pairs    {overlapping} planned; {len(concurrent)} pairs of faults in "
              f"effect at once in all")

@@ -397,6 +397,8 @@ def check_variant(d: str, aot: bool = False, update_cache: bool = False) -> Repo
       check_sync(r, gcfg, hosts, topo.num_devices, topo.peak_flops)
   # pod memory
   check_pod_memory(r, v, cfg, gcfg, lc, platform, hosts, chips, bc)
+  if gcfg is not None:
+    check_generator_disk(r, gcfg, _pod_spec(v.gen_dep)["containers"][0])
   # volumes
   check_volumes(r, cfg, lpod, lc, "learner", _flag(lc["command"], "--workdir", ""),
                 report_unset=True)
@@ -517,6 +519,21 @@ def check_push(r: Report, cfg, learner_hosts: int) -> None:
 def _request(c) -> int:
   q = c.get("resources", {}).get("requests", {}).get("memory")
   return sizing.parse_quantity(q) if q else 0
+
+
+def check_generator_disk(r: Report, gcfg, gc) -> None:
+  """The generator pod's ephemeral-storage request vs its checkpoint copy + HF export + logs
+  (sizing.generator_disk_bytes). Node disk is not in scalerl_jax/topologies.py: sized only."""
+  need = sizing.generator_disk_bytes(gcfg)
+  q = gc.get("resources", {}).get("requests", {}).get("ephemeral-storage")
+  have = sizing.parse_quantity(q) if q else 0
+  msg = (f"generator ephemeral-storage request {have / GIB:.0f} GiB (checkpoint copy "
+         f"{need['copy'] / GIB:.0f} GiB + HF export {need['export'] / GIB:.0f} GiB + logs "
+         f"{need['logs'] / GIB:.0f} GiB = {need['total'] / GIB:.0f} GiB); node disk unknown")
+  if have < need["total"]:
+    r.fail(f"{msg}: below what the pod writes", "launch.gke.render (re-render)")
+  else:
+    r.info(msg)
 
 
 def check_pod_memory(r: Report, v: Variant, cfg, gcfg, lc, platform, hosts, chips, bc) -> None:

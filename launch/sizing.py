@@ -33,6 +33,8 @@ VLLM_HOST_BYTES = 16 * GIB          # vLLM engine + torch + tokenizer-less worke
 VLLM_WORKSPACE_BYTES = 4 * GIB      # per GPU: vLLM's profiled activation peak + CUDA graphs (stated)
 SHM_BYTES = 2 * (64 << 20)          # the /dev/shm weight-chunk slots (VLLMGenerator, medium Memory)
 MEMORY_HEADROOM = 1.15              # requests = estimate x this, rounded up to whole GiB
+LOG_BYTES = 2 * GIB                 # a generator pod's logs on its workdir volume (stated)
+DISK_MARGIN = 1.2                   # ephemeral-storage request = disk estimate x this, whole GiB
 PUSH_BANDWIDTH = 12.5e9             # bytes/s: 100 Gbit/s per pod NIC (stated, not measured)
 TARGET_WIRE_BYTES = 2               # bf16 on the wire: the target default
 # Weight sync (launch.preflight check_sync): the software's per-stream rate and the delta fraction
@@ -157,6 +159,20 @@ def generator_host_bytes(config) -> dict:
 def generator_memory_request_gib(config) -> int:
   """The generator pod's memory request (GiB): the estimate x MEMORY_HEADROOM, rounded up."""
   return int(math.ceil(generator_host_bytes(config)["total"] * MEMORY_HEADROOM / GIB))
+
+
+def generator_disk_bytes(config) -> dict:
+  """Local disk of one generator pod: the start checkpoint's copy (a gs:// model.hf_checkpoint is
+  copied to local disk, generation.worker vllm_start_dir) + the HF export of version 0 (none when
+  vLLM starts from a checkpoint) + LOG_BYTES; `request_gib` = total x DISK_MARGIN, rounded up."""
+  n = model_numbers(config)["params"]
+  g, ckpt = config.generator, str(config.model.hf_checkpoint or "")
+  engine = n * engine_bytes_per_param(config)
+  copy_b = engine if ckpt.startswith("gs://") and not g.vllm_model_dir else 0
+  export = 0 if (g.vllm_model_dir or ckpt) else engine
+  total = copy_b + export + LOG_BYTES
+  return dict(copy=copy_b, export=export, logs=LOG_BYTES, total=total,
+              request_gib=int(math.ceil(total * DISK_MARGIN / GIB)))
 
 
 def kv_cache(config, hbm_bytes: int, tensor_parallel: int) -> dict:

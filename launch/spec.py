@@ -296,6 +296,8 @@ def resolve(config, overrides: dict | None = None) -> dict:
                       f"--workdir={workdir}"],
           "progress_file": PROGRESS_FILE,
           "progress_max_age_s": float(run_cfg.learner.progress_max_age_s),
+          # SIGTERM -> SIGKILL window: the learner's final-checkpoint decision uses the same number
+          "termination_grace_s": float(run_cfg.checkpoint.termination_grace_s),
           "env": learner_env, "field_env": learner_fields,
           "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
           "service_account": s["service_account"],
@@ -308,6 +310,7 @@ def resolve(config, overrides: dict | None = None) -> dict:
           "arch": gp["arch"],
           # Host memory: the weight versions a generator holds + its start-up export (sizing.py).
           "cpu": str(8 * tp), "memory": f"{gen_mem}Gi", "port": VLLM_PORT,
+          "ephemeral_storage": f"{sizing.generator_disk_bytes(run_cfg)['request_gib']}Gi",
           "alive_file": ALIVE_FILE, "relay_port": RELAY_PORT,
           "ckpt_cache_mount": CKPT_CACHE_MOUNT, "ckpt_cache_host_path": CKPT_CACHE_HOST_PATH,
           # One vLLM engine per pod; generator id = pod name; run config = the resolved one.

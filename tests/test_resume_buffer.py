@@ -41,7 +41,9 @@ def _ids(batch):
   return [r.rollout_id for g in batch.groups for r in g.rollouts]
 
 
-def test_buffer_rewinds_to_the_learner_checkpoint_once(tmp_path):
+def _three_steps(tmp_path):
+  """A buffer with a WAL; steps 0, 1, 2 delivered, checkpoint 2 durable after step 1. Returns
+  (server, client, rng, learner-state path, server kwargs, acked, batches by step)."""
   d, ls = str(tmp_path / "wal"), str(tmp_path / "learner_state.json")
   write_learner_state(ls, 0, 0, None)
   kw = dict(token=TOKEN, prompts_per_step=2, group_size=2, max_lag=1, wal_dir=d, lease_ttl_s=60,
@@ -49,15 +51,19 @@ def test_buffer_rewinds_to_the_learner_checkpoint_once(tmp_path):
   srv = BufferServer(_prompts(), learner_state=read_learner_state(ls), **kw).start()
   c = BufferClient(srv.address, TOKEN)
   rng = np.random.default_rng(0)
-  acked, trained, batches = [], [], {}
+  acked, batches = [], {}
   for s in range(3):                                   # steps 0, 1, 2 delivered
     publish_params(c, s)
     acked += _lease_push(c, rng, s, n_groups=2)
     batches[s] = c.pull_batch(s, timeout_s=5)
-    if s < 2:
-      trained += _ids(batches[s])
     if s == 1:
       write_learner_state(ls, 2, 0, None)            # checkpoint 2 is durable (steps 0, 1 trained)
+  return srv, c, rng, ls, kw, acked, batches
+
+
+def test_buffer_rewinds_to_the_learner_checkpoint_once(tmp_path):
+  srv, c, rng, ls, kw, acked, batches = _three_steps(tmp_path)
+  trained = _ids(batches[0]) + _ids(batches[1])
   publish_params(c, 3)
   partial = _lease_push(c, rng, 3, samples=1)        # incomplete, version 3
   future = _lease_push(c, rng, 3)                    # complete, but version 3 > checkpoint 2
@@ -121,3 +127,56 @@ def test_fresh_buffer_adopts_the_checkpoint_position(tmp_path):
     c.close()
   finally:
     srv.stop()
+
+
+def _lease_order_after_rewind(tmp_path, release: bool) -> tuple[list, list]:
+  """Steps 0..2 delivered, checkpoint 2; then one lease of three version-3 groups: the first and
+  last incomplete, the middle one complete (a lost version after the rewind). With `release` the
+  generator gives its incomplete groups back (SIGTERM) and the buffer restarts once before the
+  learner resumes (a WAL compaction in between). Returns (the three groups' prompts in lease
+  order, the prompts leased first after the rewind)."""
+  tmp_path.mkdir()
+  srv, c, rng, ls, kw, _, _ = _three_steps(tmp_path)
+  publish_params(c, 3)
+  leased = c.lease("g0", max_groups=3)
+  assert len(leased) == 3
+  for a, n in zip(leased, (1, 2, 0)):              # pushed samples: incomplete, complete, none
+    p = assignment_prompt(a)
+    c.push([codec.completion_to_rollout(random_completion(rng, a.prompt_id, 5, 3),
+                                        group_id=a.group_id, sample_index=i,
+                                        prompt_tokens=p.tokens, generator_id="g0")
+            for i in range(n)])
+  if release:
+    assert c.release("g0") == 2
+  port = srv.port
+  srv._server.stop(0).wait()
+  c.close()
+  if release:                                      # a buffer-only restart: compacts the WAL
+    srv = BufferServer(_prompts(), port=port, learner_state=read_learner_state(ls), **kw).start()
+    srv._server.stop(0).wait()
+  write_learner_state(ls, 2, 0, dict(id="resume-1", step=2, npr=None))
+  srv = BufferServer(_prompts(), port=port, learner_state=read_learner_state(ls), **kw).start()
+  try:
+    c = BufferClient(srv.address, TOKEN)
+    publish_params(c, 2)
+    c.pull_batch(2, timeout_s=5)
+    publish_params(c, 3, tag=1)
+    nxt = [a.prompt_id for a in c.lease("g1", max_groups=3)]
+    c.close()
+  finally:
+    srv.stop()
+  return [a.prompt_id for a in leased], nxt
+
+
+def test_groups_released_before_a_rewind_come_back_in_lease_order(tmp_path):
+  """A generator's SIGTERM release (buffer/durability.py `release`) puts its prompts back at the
+  queue front; a learner rewind later returns the rest. The next lease gets all of them in the
+  order they were first leased, exactly as after the rewind alone: a resumed run leases what the
+  uninterrupted one did (tests/test_resume.py), whether or not a generator was told to stop first
+  (the learner's death sends it SIGTERM). Before groups.PromptQueue the release reversed its
+  groups (one appendleft each) and the rewind put the complete group in front of them."""
+  order, alone = _lease_order_after_rewind(tmp_path / "alone", release=False)
+  order2, released = _lease_order_after_rewind(tmp_path / "released", release=True)
+  assert order == order2 and len(set(order)) == 3
+  assert alone == order
+  assert released == order

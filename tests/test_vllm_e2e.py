@@ -86,8 +86,15 @@ def test_main_with_vllm_backend_and_kill9_of_its_generator(tmp_path):
   train = [l for l in _metrics(tmp_path) if l["kind"] == "train"]
   assert [l["step"] for l in train] == list(range(1, steps + 1))
   assert all(l["max_lag"] <= k for l in train)
-  # vLLM served the initial weights from a checkpoint it was started on ...
-  assert any(d.startswith("vllm_init_") for d in os.listdir(tmp_path))
+  # vLLM served the initial weights from an HF export of the fetched ones, one per generator in
+  # the workdir (generation/export_cache.py: the marker is written last, so it is complete) ...
+  export = tmp_path / "vllm_export-gen-0"
+  assert (export / "scalerl_export.json").is_file() and (export / "config.json").is_file()
+  assert not (tmp_path / "vllm_export-gen-0.writing").exists()
+  # ... both engines (the first and the restarted one) wrote their own output to the workdir's
+  # log, the second appended to the first (a restart keeps it) ...
+  engine_log = (tmp_path / "logs" / "vllm-gen-0.log").read_text()
+  assert engine_log.count("--- vLLM engine start") == 2, engine_log[-3000:]
   # ... and its float32 engine + FP32 head sampled with the learner's own log-probs at T = 0.7:
   # the first, on-policy step has IS ratios of 1 and a ~0 KL estimate (a bf16 head would show
   # ~1e-4; a learner at T = 1 shows a mean ratio 1.0022 and KL 9e-3, docs/LEARNER.md).

@@ -10,6 +10,8 @@ the same (token, position), so a test can tell which request produced a thinking
 """
 from __future__ import annotations
 
+import os
+import sys
 import types
 
 import numpy as np
@@ -32,6 +34,9 @@ class StubEngine:
     self.vocab, self.avoid = int(a["vocab"]), set(a.get("avoid", ()))
     self.moe = set(cfg["route_layers"] or ())
     self.version = "0"
+    # One line on each stream: tests/test_vllm_logs.py finds the engine's own output in its log.
+    print(f"stub engine up: pid {os.getpid()} (stdout)", flush=True)
+    print(f"stub engine up: pid {os.getpid()} (stderr)", file=sys.stderr, flush=True)
 
   async def collective_rpc(self, method, args=()):
     return [{"stub": True, "method": method}]

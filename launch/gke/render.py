@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import sys
 from typing import Any
@@ -157,6 +158,8 @@ def learner_jobset(specs) -> dict[str, Any]:
       "metadata": {"labels": _labels(specs, "learner")},
       "spec": {
           "restartPolicy": "Never",
+          # checkpoint.termination_grace_s: a SIGTERM'd learner saves only if this allows
+          "terminationGracePeriodSeconds": int(math.ceil(job["termination_grace_s"])),
           "serviceAccountName": job["service_account"],
           "nodeSelector": node_selector,
           "tolerations": _tolerations(job),
@@ -239,12 +242,19 @@ def generators(specs) -> list[dict[str, Any]]:
                   "startupProbe": _alive_probe(job, 120),
                   "livenessProbe": _alive_probe(job, 4),
                   "resources": {"requests": {"cpu": job["cpu"], "memory": job["memory"],
+                                             # checkpoint copy + HF export + logs (sizing.py)
+                                             "ephemeral-storage": job["ephemeral_storage"],
                                              job["accelerator_resource"]: n},
                                 "limits": {job["accelerator_resource"]: n}},
-                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, _data_mount(specs)] +
+                  # The workdir is a pod volume: a container restart keeps its HF export
+                  # (reused by checksum, generation/export_cache.py) and its logs.
+                  "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, _data_mount(specs),
+                                   {"name": "workdir",
+                                    "mountPath": _flag_value(job["command"], "--workdir")}] +
                                   _run_config_mounts(specs)[0] + _tls_mounts(specs)[0],
               }],
-              "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, _data_volume(specs)] +
+              "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, _data_volume(specs),
+                          {"name": "workdir", "emptyDir": {}}] +
                          _run_config_mounts(specs)[1] + _tls_mounts(specs)[1],
           }},
       },

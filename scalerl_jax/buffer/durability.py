@@ -9,18 +9,17 @@ on BufferState's fields under its lock (`cv`).
 """
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from scalerl_jax.progress import Beacon
 from scalerl_jax.buffer import replay
 from scalerl_jax.buffer import wal as walmod
-from scalerl_jax.buffer.groups import Group
+from scalerl_jax.buffer.groups import Group, PromptQueue
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
 from scalerl_jax.rl.npr import PassRateHistory
@@ -54,7 +53,7 @@ class Durable:
   stale_dropped: int
   _prompts: dict[int, PromptSpec]
   _rng: Optional[np.random.Generator]
-  _queue: collections.deque
+  _queue: PromptQueue
   _groups: dict[int, Group]
   _seen: dict[str, int]
   _kept: dict[int, list]
@@ -67,6 +66,7 @@ class Durable:
   _round_leased: int
   _lag_total: list[int]
   _lag_negative: int
+  limits: val.Limits
   # Liveness from progress (--progress-file): ticked at every WAL commit and served lease.
   progress: Beacon = Beacon()
 
@@ -74,6 +74,26 @@ class Durable:
     def _store(self, g: Group, r: pb.Rollout, raw: bytes, c: val.Checked) -> bool: ...
     def _apply_expire(self, gid: int) -> None: ...
     def _deliver(self, step: int, batch: list, how: str) -> Any: ...
+
+  def release(self, generator_id: str, group_ids: Sequence[int] | None = None) -> int:
+    """Re-queues now the incomplete training groups leased to `generator_id` (only `group_ids`
+    when given): a generator leaving on SIGTERM gives its work back instead of holding it for
+    lease_ttl_s. Logged as expiries (WAL EXPIRE; counted in expired_groups). Returns how many."""
+    val.check_id(generator_id, "generator_id", self.limits)
+    listed = None if group_ids is None else {int(x) for x in group_ids}
+    with self.cv:
+      gids = [gid for gid, g in self._groups.items() if g.generator_id == generator_id
+              and not g.complete and (listed is None or gid in listed)]
+      self._expire_groups(gids)
+      return len(gids)
+
+  def _expire_groups(self, gids: Sequence[int]) -> None:
+    """Cancels the leases of `gids` (logged: WAL EXPIRE); their prompts go back to the queue
+    front in lease order (groups.PromptQueue)."""
+    for gid in gids:
+      self._wal_append(walmod.EXPIRE, dict(gid=gid))
+      self._apply_expire(gid)
+    self._wal_commit(best_effort=True)
 
   # ---- logging -----------------------------------------------------------------------------------
   def _wal_append(self, rtype: int, body) -> None:
@@ -130,7 +150,8 @@ class Durable:
       yield enc(walmod.VERSION, self.weights_meta)
     if self.npr is not None:
       yield enc(walmod.NPR_STATE, self.npr.to_dict())
-    yield enc(walmod.QUEUE, dict(queue=[int(p) for p in self._queue], rng=self._rng_state()))
+    yield enc(walmod.QUEUE, dict(queue=[int(p) for p in self._queue], rng=self._rng_state(),
+                                 returned=[int(g) for g in self._queue.returned]))
     last_step = self._last_batch.step if self._last_batch is not None else None
     kept = {s: gs for s, gs in self._kept.items() if s != last_step}
     live = (set(self._groups) | {g.view.group_id for g in self._last_groups}
@@ -268,11 +289,13 @@ class Durable:
     """SEEN: rollout ids already accepted (idempotent pushes)."""
     self._seen.update(ids)
 
-  def restore_queue(self, order: list, rng_state, append: bool) -> None:
-    """QUEUE (replace) / EPOCH (append): the prompt sampler's queue and rng."""
-    if not append:
-      self._queue.clear()
-    self._queue.extend(order)
+  def restore_queue(self, order: list, rng_state, append: bool, returned: Sequence[int] = ()) -> None:
+    """QUEUE (replace; `returned`: its front's group ids) / EPOCH (append): the prompt
+    sampler's queue and rng."""
+    if append:
+      self._queue.extend(order)
+    else:
+      self._queue.restore(order, returned)
     self._set_rng_state(rng_state)
 
   # ---- learner resume ----------------------------------------------------------------------------
@@ -335,8 +358,8 @@ class Durable:
       rep["requeued_rollouts"] += len(g.samples)
     self._completed_seq = len(keep)
     rep["requeued_groups"] = len(keep)
-    back.sort(key=lambda g: g.view.group_id)     # lease order
-    self._queue.extendleft(reversed([g.view.prompt_id for g in back]))
+    # Back at the front in lease order, with any prompts a release or expiry returned there.
+    self._queue.put_back((g.view.group_id, g.view.prompt_id) for g in back)
     rep["returned_prompts"] = len(back)
     self.ns, self.version = c, c
     self._last_batch, self._last_groups = None, []

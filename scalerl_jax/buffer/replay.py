@@ -84,7 +84,8 @@ HANDLERS = {
     walmod.NPR: lambda state, d, body: state.restore_npr(d["pid"], d["rewards"]),
     walmod.NPR_STATE: lambda state, d, body: state.restore_npr_state(d),
     walmod.SEEN: lambda state, d, body: state.restore_seen(d["ids"]),
-    walmod.QUEUE: lambda state, d, body: state.restore_queue(d["queue"], d["rng"], append=False),
+    walmod.QUEUE: lambda state, d, body: state.restore_queue(d["queue"], d["rng"], append=False,
+                                                             returned=d.get("returned", ())),
     walmod.EPOCH: lambda state, d, body: state.restore_queue(d["order"], d["rng"], append=True),
     walmod.DROP: lambda state, d, body: None,     # audit trail only: the rewind already dropped them
 }

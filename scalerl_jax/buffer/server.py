@@ -283,6 +283,11 @@ class BufferServer:
 
   def _heartbeat(self, request, context):
     r = self._req(request, context)
+    if r.release:    # the generator is leaving: its groups go back to the queue now
+      n = self._call(context, self.state.release, r.generator_id,
+                     list(r.group_ids) if r.lists_groups else None)
+      return pb.HeartbeatResponse(current_version=self.state.version, leases_extended=n,
+                                  server_time_unix_s=time.time())
     n = self._call(context, self.state.heartbeat, r.generator_id,
                    list(r.group_ids) if r.lists_groups else None,
                    list(r.held_versions) if r.lists_held else None, dict(r.stats) or None,

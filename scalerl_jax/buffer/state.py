@@ -38,7 +38,7 @@ from scalerl_jax.protocol import wire
 from scalerl_jax.buffer.durability import Durable
 from scalerl_jax.buffer.eval_lane import EvalLane
 from scalerl_jax.buffer.fleet import Fleet
-from scalerl_jax.buffer.groups import Group, Stored
+from scalerl_jax.buffer.groups import Group, PromptQueue, Stored, group_item_bytes, lag_histogram
 from scalerl_jax.rl.npr import PassRateHistory
 from scalerl_jax.types import PromptSpec
 
@@ -58,22 +58,6 @@ class PulledBatch:
 def _check_alive(alive: Callable[[], bool], what: str) -> None:
   if not alive():
     raise val.cancelled(f"{what}: the caller went away or the server is stopping")
-
-
-def _group_item_bytes(g: Group) -> bytes:
-  """Serializes `BatchItem{group: Group}` by splicing the stored rollout bytes (one copy, no
-  re-encoding of the payload)."""
-  parts = [pb.Group(group_id=g.view.group_id, prompt_id=g.view.prompt_id).SerializeToString()]
-  for i in range(g.view.group_size):
-    raw = g.samples[i].raw
-    parts += (b"\x1a", wire.varint(len(raw)), raw)   # Group field 3 (rollouts), wire type 2
-  inner = sum(len(p) for p in parts)
-  return b"".join([b"\x0a", wire.varint(inner)] + parts)  # BatchItem field 1 (group), wire type 2
-
-
-def lag_histogram(counts: Sequence[int], negative: int) -> pb.LagHistogram:
-  nz = [i for i, c in enumerate(counts) if c]
-  return pb.LagHistogram(counts=list(counts), negative=negative, max_lag=nz[-1] if nz else 0)
 
 
 class BufferState(Durable):
@@ -107,7 +91,7 @@ class BufferState(Durable):
       raise ValueError("duplicate prompt ids")
     self._order = list(self._prompts)
     self._rng = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
-    self._queue: collections.deque = collections.deque()
+    self._queue = PromptQueue()
     self.cv = threading.Condition()
     self.version = 0
     self.ns = 0
@@ -209,6 +193,7 @@ class BufferState(Durable):
       now = self.clock()
       ppo = self.mode == "ppo_off_policy"
       round_start = self.ns if ppo and self._round_start != self.ns else self._round_start
+      returned = list(self._queue.returned)     # restored with the prompts if not durable
       for _ in range(min(cap, max_groups)):
         p = self._next_prompt()
         gid = self._next_group_id
@@ -230,6 +215,7 @@ class BufferState(Durable):
       except val.RejectError:
         for g in reversed(new):                 # not durable: not leased
           self._queue.appendleft(g.view.prompt_id)
+        self._queue.returned = collections.deque(returned[:len(self._queue)])
         raise
       if ppo and self._round_start != round_start:
         self._round_start, self._round_leased = round_start, 0
@@ -244,17 +230,14 @@ class BufferState(Durable):
   def _expire(self) -> None:
     """Cancels incomplete groups whose lease ran out; their prompts go back to the queue front."""
     now = self.clock()
-    for gid in [g for g, x in self._groups.items() if not x.complete and x.expires_at < now]:
-      self._wal_append(walmod.EXPIRE, dict(gid=gid))
-      self._apply_expire(gid)
-    self._wal_commit(best_effort=True)
+    self._expire_groups([g for g, x in self._groups.items() if not x.complete and x.expires_at < now])
     self.evals.expire(now)
 
   def _apply_expire(self, gid: int) -> None:
     g = self._groups.pop(gid)
     for s in g.samples.values():               # partial samples are discarded, never delivered
       self._seen.pop(s.rollout_id, None)
-    self._queue.appendleft(g.view.prompt_id)
+    self._queue.put_back([(gid, g.view.prompt_id)])   # at the front, in lease order
     self.expired_groups += 1
     if self.mode == "ppo_off_policy" and self._round_start == self.ns:
       self._round_leased -= 1
@@ -453,7 +436,7 @@ class BufferState(Durable):
             counts.extend([0] * (lag + 1 - len(counts)))
           counts[lag] += int(c.version_counts[off])
         nroll += 1
-      blobs.append(_group_item_bytes(g))
+      blobs.append(group_item_bytes(g))
       nbytes += len(blobs[-1])
     summary = pb.BatchSummary(step=step, num_groups=len(batch), lag=lag_histogram(counts, negative),
                               generator_stats=self.generator_stats())

@@ -43,7 +43,8 @@ STALE = 8         # {"gid"}: complete group dropped because its deadline passed 
 SEEN = 9          # {"ids": {rollout_id: gid}}: ids of delivered rollouts (idempotency), snapshot only
 NPR_STATE = 10    # PassRateHistory.to_dict(), snapshot only
 LAST_BATCH = 11   # {"step", "gids"}: snapshot only; the groups are re-sent on a retried pull
-QUEUE = 12        # {"queue": [pid...], "rng": bit_generator state | null}: snapshot only (sampler)
+QUEUE = 12        # {"queue": [pid...], "rng": bit_generator state | null, "returned": [gid...] (the
+                  # front entries' groups: PromptQueue)}: snapshot only (sampler)
 EPOCH = 13        # {"order": [pid...], "rng": state}: the prompt queue was refilled (a new epoch)
 KEPT = 14         # {"step", "gids"}: snapshot only; delivered groups kept for a learner rewind
 DROP = 15         # {"reason", "gids"}: groups a learner rewind dropped (audit trail; no replay effect)

@@ -38,6 +38,7 @@ class ContinuousLoop(WorkerFields):
   backend: str
   decode_stats: DecodeStats
   _stop: threading.Event
+  terminated: bool
   _working: frozenset
 
   if TYPE_CHECKING:
@@ -129,7 +130,8 @@ class ContinuousLoop(WorkerFields):
         # more than 4 leases' groups wait for their grades).
         # An empty answer (the staleness window is full) is not asked again for 0.2 s.
         if (queued() < dec.free + n_lease * int(self.config.rollout.generations_per_prompt)
-            and len(pushes) <= 4 * n_lease and time.monotonic() >= next_lease):
+            and len(pushes) <= 4 * n_lease and time.monotonic() >= next_lease
+            and not self._stop.is_set()):    # SIGTERM gave the leases back: take no more
           busy = bool(dec.in_flight) or bool(waiting)
           t = time.perf_counter()
           try:
@@ -185,6 +187,6 @@ class ContinuousLoop(WorkerFields):
         # refilled at once, not idle to the chunk's end); none waiting: whole chunks
         finished(dec.step(refill=insertable()))
     finally:
-      pool.shutdown(wait=True)
+      pool.shutdown(wait=not self.terminated)   # SIGTERM: no waiting on grades given back
       done += sum(f.result() for f in pushes if f.done() and not f.exception())
     return done

@@ -68,6 +68,7 @@ class Engine:
 
   separate_eval = False
   needs_params = True      # False: `make` gets params=None (no weights are converted)
+  generator_id = "gen"     # the worker's id (Worker sets it): names this engine's workdir files
 
   def __init__(self, config: Any):
     self.config = config

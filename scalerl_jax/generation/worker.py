@@ -80,11 +80,14 @@ class Worker(EvalLane, ContinuousLoop):
     self.config, self.id = config, generator_id
     # The backend's engine (generation/backends.py); main builds it first (prepare_process).
     self.engine = engine or backends.engine_class(backend)(config)
+    self.engine.generator_id = generator_id
     # Leases and heartbeats use a per-process identity: a restarted worker must not keep its dead
     # predecessor's half-done groups alive with its heartbeats (they expire and are re-leased).
     # A push that fails abandons its groups: the id then changes too (`_abandon`), so heartbeats
     # stop extending them and the buffer re-leases them after the TTL instead of stalling the learner.
     self._incarnation = 0
+    self.terminated = False    # SIGTERM: leases given back (`terminate`), grades not waited for
+    self._released: list = []  # the lease ids `terminate` gave back
     self.lease_id = f"{generator_id}@{os.getpid()}"
     token = os.environ.get(config.buffer.auth_token_env, "")
     if not token:
@@ -359,6 +362,25 @@ class Worker(EvalLane, ContinuousLoop):
   def stop(self) -> None:
     self._stop.set()
 
+  def terminate(self, timeout_s: float = 3.0) -> int:
+    """SIGTERM (preemption, scale-down): stops taking work, then gives every incomplete group of
+    this incarnation back to the buffer at once (not after lease_ttl_s) and takes a fresh lease
+    id (a heartbeat already on its way extends nothing). Returns how many groups went back.
+    `main` calls it again once the loop has stopped: a lease that was on its way when the signal
+    came is given back then."""
+    self.stop()
+    self.terminated = True
+    self._released.append(self.lease_id)   # again each call: a lease on its way may land late
+    self._abandon()
+    try:
+      n = sum(self.client.release(i, timeout_s=timeout_s) for i in self._released)
+    except grpc.RpcError as e:
+      log.warning("%s: SIGTERM: releasing the leases failed (%s); they return after the lease "
+                  "TTL", self.id, e.code())
+      return 0
+    log.info("%s: SIGTERM: released %d group(s) to the buffer; exiting", self.id, n)
+    return n
+
   def close(self) -> None:
     self.stop()
     relay = getattr(self, "relay", None)
@@ -420,8 +442,9 @@ def main(argv=None) -> None:
   def on_term(*_) -> None:
     # SIGTERM also comes from PDEATHSIG when the learner died: a client call may be retrying a
     # dead buffer for its whole retry budget, so exit for sure after a short grace period.
-    w.stop()
+    # Leases first: the buffer re-queues this worker's groups now (preemption loses no TTL).
     threading.Timer(5.0, os._exit, (0,)).start()
+    w.terminate()
   signal.signal(signal.SIGTERM, on_term)
   try:
     why = w.continuous_ok()
@@ -432,6 +455,8 @@ def main(argv=None) -> None:
     else:
       w.run_continuous()
   finally:
+    if w.terminated:     # leases taken while the signal was handled go back too
+      w.terminate()
     w.close()
   if w.rewound:
     sys.exit(RESTART_EXIT)

@@ -191,6 +191,15 @@ class BufferClient:
                               relay_address=relay_address, relay_fanout=relay_fanout)
     return self._retry(lambda: self._heartbeat(req, metadata=self._md, timeout=30))
 
+  def release(self, generator_id: str, group_ids: Sequence[int] | None = None,
+              timeout_s: float = 5.0) -> int:
+    """Gives this generator's incomplete training groups (only `group_ids` when given) back to
+    the buffer now (a generator leaving on SIGTERM); one try, no retries (the pod's grace period
+    is short). Returns how many groups went back."""
+    req = pb.HeartbeatRequest(generator_id=generator_id, group_ids=list(group_ids or ()),
+                              lists_groups=group_ids is not None, release=True)
+    return int(self._heartbeat(req, metadata=self._md, timeout=timeout_s).leases_extended)
+
   def fetch_version(self, have_version: int = -1, wait_timeout_s: float = 0.0) -> Optional[int]:
     """The newest weight version above `have_version` once fully fetched (its chunks read and
     dropped), or None when none arrived within `wait_timeout_s`: for generators without weights

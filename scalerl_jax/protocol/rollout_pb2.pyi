@@ -354,7 +354,7 @@ class Status(_message.Message):
     def __init__(self, contents: _Optional[_Union[BufferContents, _Mapping]] = ..., mode: _Optional[str] = ..., max_lag: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., group_size: _Optional[int] = ..., admission_capacity: _Optional[int] = ..., lag_total: _Optional[_Union[LagHistogram, _Mapping]] = ..., recent: _Optional[_Iterable[_Union[BatchSummary, _Mapping]]] = ..., rejected: _Optional[_Mapping[str, int]] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("generator_id", "version", "group_ids", "lists_groups", "held_versions", "lists_held", "stats", "relay_address", "relay_fanout")
+    __slots__ = ("generator_id", "version", "group_ids", "lists_groups", "held_versions", "lists_held", "stats", "relay_address", "relay_fanout", "release")
     class StatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +371,7 @@ class HeartbeatRequest(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     RELAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RELAY_FANOUT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     generator_id: str
     version: int
     group_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -380,7 +381,8 @@ class HeartbeatRequest(_message.Message):
     stats: _containers.ScalarMap[str, float]
     relay_address: str
     relay_fanout: int
-    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ..., group_ids: _Optional[_Iterable[int]] = ..., lists_groups: _Optional[bool] = ..., held_versions: _Optional[_Iterable[int]] = ..., lists_held: _Optional[bool] = ..., stats: _Optional[_Mapping[str, float]] = ..., relay_address: _Optional[str] = ..., relay_fanout: _Optional[int] = ...) -> None: ...
+    release: bool
+    def __init__(self, generator_id: _Optional[str] = ..., version: _Optional[int] = ..., group_ids: _Optional[_Iterable[int]] = ..., lists_groups: _Optional[bool] = ..., held_versions: _Optional[_Iterable[int]] = ..., lists_held: _Optional[bool] = ..., stats: _Optional[_Mapping[str, float]] = ..., relay_address: _Optional[str] = ..., relay_fanout: _Optional[int] = ..., release: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("current_version", "leases_extended", "server_time_unix_s", "relay_parents")

@@ -249,6 +249,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
         storage.copy_tree(procs.logdir, storage.join(workdir, "logs"))
       except Exception as e:  # noqa: BLE001 - never hide the run's own error behind this one
         log.warning("could not upload %s to %s/logs: %s", procs.logdir, workdir, e)
+  if trainer.preempted:     # SIGTERM: no fit of a cut-off run; the same command resumes it
+    logging.warning("SIGTERM: the run stopped before step %d; the same command resumes it",
+                    int(run_cfg.total_steps))
+    return {}
   logging.info("final held-out pass rate %.3f (%s)", last["val_pass_rate"], sft_info)
   result = fit(workdir, progress)
   out = storage.join(workdir, "fit")

@@ -14,6 +14,7 @@ booked, NPR history, consumption offsets) and continues at step c.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -47,6 +48,7 @@ from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.training.health import (HealthMonitor, LiveForecast, NoRewardSignal, RunUnhealthy,
                                          parity_check, step0_reward_check)
 from scalerl_jax.training.ledger import ComputeLedger, StepTokens
+from scalerl_jax.training.preemption import Preemption
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.rewards import isolation
@@ -160,6 +162,7 @@ class Trainer:
   and runs on process 0, which alone writes metrics, the checkpoint manifest and the learner-state
   file. Orbax saves and restores the sharded state collectively.
   """
+  preempted = False    # `run` stopped on SIGTERM (training/preemption.py): the run is not finished
 
   def __init__(self, config: common.RunConfig, workdir, dataset, model_cfg, params, client, *,
                token: str,
@@ -518,7 +521,15 @@ class Trainer:
     total = int(self.config.total_steps)
     bar = tqdm(range(start, total), desc="RL", disable=not self.progress, dynamic_ncols=True,
                initial=start, total=total)
+    preempt = Preemption(float(self.config.checkpoint.termination_grace_s)).install()
+    last_save_s, last_saved = None, self.ckpt.latest_step()
     for s in bar:
+      if preempt.requested:      # SIGTERM: a final checkpoint if the grace period allows, exit 0
+        preempt.final_checkpoint(functools.partial(self.save, s), last_save_s, last_saved)
+        self.preempted = True
+        self.ckpt.close()
+        self.metrics.close()
+        return self.last_eval
       try:
         self.ckpt.check()          # a failed background checkpoint save stops the run here
         rec = self.train_step(s)
@@ -533,7 +544,9 @@ class Trainer:
         bar.set_postfix(pass_rate=f"{self.last_eval['val_pass_rate']:.3f}",
                         lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
       if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
-        self.save(s + 1)
+        t0 = time.monotonic()
+        self.save(s + 1)           # its duration bounds a SIGTERM'd final save (preemption.py)
+        last_save_s, last_saved = time.monotonic() - t0, s + 1
     self._finish()
     return self.last_eval
 

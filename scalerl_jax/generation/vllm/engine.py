@@ -13,6 +13,7 @@ from scalerl_jax import models
 from scalerl_jax import node_cache
 from scalerl_jax import recipes
 from scalerl_jax import runtime
+from scalerl_jax.generation.export_cache import cached_export, params_digest
 from scalerl_jax.generation.generator import Engine
 from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
 
@@ -48,6 +49,13 @@ def vllm_args(g) -> dict:
   return extra
 
 
+def engine_log_path(workdir: str, generator_id: str) -> str:
+  """WORKDIR/logs/vllm-GENERATOR_ID.log: where a generator's vLLM engine writes its stdout and
+  stderr (created here; a restarted engine appends)."""
+  os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
+  return os.path.join(workdir, "logs", f"vllm-{generator_id}.log")
+
+
 def route_layers(config, model_cfg) -> list[int] | None:
   """With rl.routing_replay: the model's MoE layers (the engine layers whose routed experts the
   worker keeps, in order: the routes' layer axis, models.moe_layer_index); else None."""
@@ -73,14 +81,21 @@ class VLLMEngine(Engine):
     if not model_dir:
       model_dir = vllm_start_dir(config.model, config.generator, version)
     if not model_dir:   # exported in the engine's dtype (a bf16 engine: half an fp32 export's bytes)
-      model_dir = tempfile.mkdtemp(prefix="vllm_init_", dir=workdir)
-      models.save_hf(model_cfg, params, model_dir, dtype=engine_dtype)
+      # Reused across restarts while the fetched weights are the same (export_cache.py); one
+      # per generator (the generators of a local run share its workdir).
+      model_dir = os.path.join(workdir, f"vllm_export-{self.generator_id}")
+      cached_export(model_dir, params_digest(params, f"{engine_dtype}|{model_cfg}"),
+                    lambda d: models.save_hf(model_cfg, params, d, dtype=engine_dtype))
+    kw = vllm_args(config.generator)
+    # The engine's own stdout/stderr, appended across restarts in the kept workdir (generator
+    # pods mount it as a volume that a container restart keeps; docs/RELIABILITY.md).
+    kw.setdefault("log_path", engine_log_path(workdir, self.generator_id))
     return VLLMGenerator(
         model_dir, dtype=engine_dtype,
         head_dtype="float32" if model_cfg.fp32_lm_head else None,
         max_model_len=runtime.vllm_max_model_len(config.rollout),
         initial_version=version, seed=int(config.seed), route_layers=route_layers(config, model_cfg),
-        **vllm_args(config.generator))
+        **kw)
 
   def continuous(self, gen, spec, capacity=None) -> VLLMSlots:
     # `gen` is the VLLMGenerator this engine's `generator` built (Engine's contract).

@@ -171,6 +171,9 @@ class VLLMGenerator(Generator):
     self._listener.bind(sock_path)
     self._listener.listen(1)
     self._log = open(self.log_path, "ab")
+    self._log.write(f"--- vLLM engine start {time.strftime('%Y-%m-%dT%H:%M:%S')} by pid "
+                    f"{os.getpid()}: {model_dir} (version {initial_version})\n".encode())
+    self._log.flush()   # before the engine's own lines (a log kept across restarts)
     # Through the exec launcher: dies with this process (PDEATHSIG, then its reaper's SIGKILL of
     # the engine's process group after SCALERL_CHILD_GRACE_S), even inside a long engine step.
     # Its own process group (killpg), but this process's session: a new session is a new
