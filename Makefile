@@ -33,9 +33,10 @@ test-fast: venv
 
 DEMO_DIR ?= runs/demo
 
-# The tiny ScaleRL run end to end on CPU (SFT warm start, RL with PipelineRL-8, Eq. 1 fit).
+# The tiny ScaleRL run end to end on CPU (SFT warm start, RL with PipelineRL-8 and the freshness
+# bound rollout.max_ahead=1: configs/tiny.py:demo, docs/ROLLOUT.md "Demo stability"; Eq. 1 fit).
 demo: venv
-	$(VPY) -m scalerl_jax.main --config=configs/tiny.py --workdir=$(DEMO_DIR)
+	$(VPY) -m scalerl_jax.main --config=configs/tiny.py:demo --workdir=$(DEMO_DIR)
 	@echo ""
 	@echo "Demo done. Curve + fit: $(DEMO_DIR)/fit/curves.png and $(DEMO_DIR)/fit/fit.json"
 	@echo "Staleness (lag histogram, kl_k3 per step): $(DEMO_DIR)/fit/lag.png and lag.json"

@@ -192,7 +192,14 @@ def plot_lag(s: dict, path) -> str:
   fig = _figure(figsize=(11, 4.2), dpi=110)
   ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2, 3]})
   h = np.asarray(s["lag_hist"], np.float64)
-  ax.bar(np.arange(len(h)), h / max(h.sum(), 1.0), color="C0")
+  lags, frac = np.arange(len(h)), h / max(h.sum(), 1.0)
+  ax.bar(lags, frac, color="C0")
+  for i, f in zip(lags, frac):   # the fraction on each bar of >= 0.5 % (the docs tables' cut)
+    if f >= 0.005:
+      ax.text(i, f, f"{f:.2f}", ha="center", va="bottom", fontsize=8)
+  ax.set_xticks(lags[::max(1, -(-len(h) // 16))])    # integer lags, at most 16 ticks
+  ax.set_xlim(-0.6, max(len(h), 2) - 0.4)
+  ax.set_ylim(0, 1.08)
   ax.set_xlabel("lag (learner step − token version)")
   ax.set_ylabel("fraction of trained tokens")
   ax.set_title(f"lag histogram (mean {s['mean_lag']:.2f}, max {s['max_lag']})", fontsize=10)

@@ -19,6 +19,13 @@ data.synthetic_fixed_width) so that the tiny model learns them, with 4x the SFT 
 ~9 min here; base pass rate ~0.20). Without the fixed slots, or with 600 SFT steps, the tiny model
 stays at chance on them (NOTES.md of 2026-12-05 (2-core AMD EPYC)).
 
+`--config=configs/tiny.py:demo` (what `make demo` runs): the defaults plus the freshness bound
+`rollout.max_ahead=1` (recipes.SWITCHES["fresh"]): the generator fills at most one batch ahead, so
+tokens train at lag 1 instead of 8 (issue #45: kl_k3 1-2 orders of magnitude lower and no mid-run
+collapse over 5 seeds; docs/ROLLOUT.md "Demo stability"). A preset rather than the default because
+~30 end-to-end tests build their admission schedules (resume, chaos, multi-host) on the plain
+config's PipelineRL-8 (max_ahead=-1), which stays `--config=configs/tiny.py`.
+
 The generator batches continuously by default (generator.continuous);
 `--config.generator.continuous=False` runs the drain-per-lease loop on the same workload. With
 `--config.eval.mode=fleet` the generator also runs the evaluations (through
@@ -29,8 +36,8 @@ from configs import common
 
 
 def get_config(arg=None):
-  if arg not in (None, "", "tailed", "lengths"):
-    raise ValueError(f"configs/tiny.py takes no argument, 'tailed' or 'lengths', got {arg!r}")
+  if arg not in (None, "", "tailed", "lengths", "demo"):
+    raise ValueError(f"configs/tiny.py takes no argument, 'tailed', 'lengths' or 'demo', got {arg!r}")
   c = common.base_config()
   c.total_steps = 300
   c.model.preset = "tiny_llama3"
@@ -88,4 +95,6 @@ def get_config(arg=None):
     c.rollout.think_budget_max = 32
     c.sft.steps = 1500
     c.sft.clean_steps = 900
+  if arg == "demo":   # `make demo` (issue #45): = recipes.SWITCHES["fresh"] (tests/test_recipes.py)
+    c.rollout.max_ahead = 1
   return c

@@ -43,7 +43,8 @@ def test_base_config_round_trips_through_the_sections():
   assert common.Task.from_config(task) == common.Task(kind="deepcoder", heldout=5)
 
 
-@pytest.mark.parametrize("name,arg", [("tiny", None), ("tiny", "tailed"), ("tiny", "lengths"), ("8b", None),
+@pytest.mark.parametrize("name,arg", [("tiny", None), ("tiny", "tailed"), ("tiny", "lengths"), ("tiny", "demo"),
+                                      ("8b", None),
                                       ("scout", None), ("8b_math_code", None),
                                       ("tiny_multitask", None)])
 def test_shipped_configs_build_typed_and_frozen(name, arg):

@@ -2,10 +2,18 @@
 description of it (/work/shared/PAPER_NOTES.md §4 "Recipes compared", switches defined in §3; the
 sources of values the paper does not give are cited in scalerl_jax/recipes.py). The expected
 values are written out here from the paper, not read from recipes.RECIPES."""
+import pathlib
+import re
+
 import pytest
 
+from configs import tiny
 from configs.common import base_config
 from scalerl_jax import recipes
+
+# The configuration issue #45's demo-stability table ships as `make demo` (docs/ROLLOUT.md "Demo
+# stability": (b) = the freshness bound, (c) = the bound + the token band).
+DEMO_SWITCHES = ("fresh",)
 
 # Shared by every recipe compared (PAPER_NOTES §4): 16 generations, AdamW lr 5e-7 after 100
 # warm-up steps, eps 1e-15, weight decay 0.01, 12,288 thinking + 2,048 answer tokens.
@@ -138,3 +146,33 @@ def test_unknown_switch_is_a_config_error():
   c.recipe = "scalerl+icepop"
   with pytest.raises(recipes.ConfigError, match="unknown switch 'icepop'"):
     recipes.apply_recipe(c)
+
+
+def _flat(c) -> dict:
+  out = {}
+  for key, value in c.to_dict().items():
+    if isinstance(value, dict):
+      out.update({f"{key}.{k}": v for k, v in value.items()})
+    else:
+      out[key] = value
+  return out
+
+
+def test_make_demo_runs_the_shipped_stability_configuration():
+  """`make demo` runs configs/tiny.py:demo, which resolves (recipe applied and validated, as main
+  does) to configs/tiny.py plus exactly DEMO_SWITCHES' settings: the freshness bound (and band)
+  on, PipelineRL-8 kept; the plain config, the end-to-end tests' base, keeps max_ahead off."""
+  make = (pathlib.Path(__file__).resolve().parents[1] / "Makefile").read_text()
+  rule = re.search(r"^demo:.*\n((?:\t.*\n)+)", make, re.M)
+  assert rule and "scalerl_jax.main --config=configs/tiny.py:demo " in rule.group(1)
+  want = {k: v for sw in DEMO_SWITCHES for k, v in recipes.SWITCHES[sw].items()}
+  plain = recipes.apply_recipe(tiny.get_config())
+  demo = recipes.apply_recipe(tiny.get_config("demo"))
+  p, d = _flat(plain), _flat(demo)
+  assert sorted(k for k in d if d[k] != p[k]) == sorted(want)
+  run, base = recipes.validate(demo), recipes.validate(plain)
+  assert {k: getattr(getattr(run, k.split(".")[0]), k.split(".")[1]) for k in want} == want
+  assert (run.rollout.max_ahead, run.rollout.max_lag, run.rollout.mode) == (1, 8, "pipeline")
+  assert base.rollout.max_ahead == -1
+  with pytest.raises(ValueError, match="'demo'"):
+    tiny.get_config("dmeo")
