@@ -529,7 +529,8 @@ def check_generator_disk(r: Report, gcfg, gc) -> None:
   have = sizing.parse_quantity(q) if q else 0
   msg = (f"generator ephemeral-storage request {have / GIB:.0f} GiB (checkpoint copy "
          f"{need['copy'] / GIB:.0f} GiB + HF export {need['export'] / GIB:.0f} GiB + logs "
-         f"{need['logs'] / GIB:.0f} GiB = {need['total'] / GIB:.0f} GiB); node disk unknown")
+         f"{need['logs'] / GIB:.0f} GiB = {need['total'] / GIB:.0f} GiB); node cache copy "
+         f"{need['node_copy'] / GIB:.0f} GiB once per node (node disk not in topologies.py)")
   if have < need["total"]:
     r.fail(f"{msg}: below what the pod writes", "launch.gke.render (re-render)")
   else:

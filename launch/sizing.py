@@ -163,15 +163,21 @@ def generator_memory_request_gib(config) -> int:
 
 def generator_disk_bytes(config) -> dict:
   """Local disk of one generator pod: the start checkpoint's copy (a gs:// model.hf_checkpoint is
-  copied to local disk, generation.worker vllm_start_dir) + the HF export of version 0 (none when
-  vLLM starts from a checkpoint) + LOG_BYTES; `request_gib` = total x DISK_MARGIN, rounded up."""
+  copied to local disk, vllm/engine.py vllm_start_dir) + the HF export of version 0 (none when
+  vLLM starts from a checkpoint) + LOG_BYTES; `request_gib` = total x DISK_MARGIN, rounded up.
+
+  With `generator.ckpt_cache_dir` (a hostPath the node's generator pods share, node_cache.py) the
+  copy is on the node's disk, once per node, outside the pod's ephemeral storage: it is reported
+  as `node_copy` and not requested by the pod."""
   n = model_numbers(config)["params"]
   g, ckpt = config.generator, str(config.model.hf_checkpoint or "")
   engine = n * engine_bytes_per_param(config)
-  copy_b = engine if ckpt.startswith("gs://") and not g.vllm_model_dir else 0
+  fetched = engine if ckpt.startswith("gs://") and not g.vllm_model_dir else 0
+  node_copy = fetched if g.ckpt_cache_dir else 0
+  copy_b = fetched - node_copy
   export = 0 if (g.vllm_model_dir or ckpt) else engine
   total = copy_b + export + LOG_BYTES
-  return dict(copy=copy_b, export=export, logs=LOG_BYTES, total=total,
+  return dict(copy=copy_b, node_copy=node_copy, export=export, logs=LOG_BYTES, total=total,
               request_gib=int(math.ceil(total * DISK_MARGIN / GIB)))
 
 

@@ -34,8 +34,19 @@ def test_generator_disk_is_copy_plus_export_plus_logs(ckpt, dtype, copy, export)
   c.model.hf_checkpoint = ckpt
   d = sizing.generator_disk_bytes(c)
   assert (d["copy"], d["export"], d["logs"]) == (copy * n, export * n, 2 * GIB)
+  assert d["node_copy"] == 0
   assert d["total"] == (copy + export) * n + 2 * GIB
   assert d["request_gib"] == math.ceil(((copy + export) * n + 2 * GIB) * 1.2 / GIB)
+
+
+def test_a_node_cache_moves_the_copy_out_of_the_pod_request():
+  c = tiny.get_config()
+  n = _params(c)
+  c.model.dtype = "bfloat16"
+  c.model.hf_checkpoint, c.generator.ckpt_cache_dir = "gs://bucket/ckpt", "/var/cache/ckpt"
+  d = sizing.generator_disk_bytes(c)
+  assert (d["copy"], d["node_copy"], d["export"]) == (0, 2 * n, 0)    # bf16: 2 bytes a param
+  assert d["total"] == 2 * GIB and d["request_gib"] == math.ceil(2 * 1.2)
 
 
 def test_preflight_fails_a_request_below_what_the_pod_writes():
