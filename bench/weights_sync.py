@@ -313,10 +313,20 @@ def write_rate(path: str, out: dict) -> None:
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
   rate = {"stream_GBps": out["stream_GBps"], "memcpy_GBps": out["memcpy_GBps"],
+          "stream_GBps_grpc": out.get("stream_GBps_grpc"),
           "delta_fraction": out.get("delta_bytes_per_version_over_model"),
           "date": time.strftime("%Y-%m-%d"), "commit": commit or "?",
           "machine": f"{os.cpu_count()}-core {_cpu_name() or platform.machine()}, "
                      f"loopback, shared with concurrent work"}
+  if rate["delta_fraction"] is None:   # no --delta: keep the last measured fraction, say whence
+    try:
+      with open(path) as f:
+        old = json.load(f)
+      rate["delta_fraction"] = old["delta_fraction"]
+      rate["delta_from"] = old.get("delta_from") or f"{old.get('date')} commit {old.get('commit')}"
+    except (OSError, ValueError, KeyError) as e:
+      raise SystemExit(f"--write-rate without --delta needs {path} with a measured "
+                       f"delta_fraction ({e})") from None
   with open(path, "w") as f:
     json.dump(rate, f, indent=1)
     f.write("\n")
