@@ -205,19 +205,23 @@ def _fetch_proc(address, token, conn):
       return
 
 
-def _memcpy_GBps(flat: np.ndarray) -> float:
-  """np.copyto of `flat` into a fresh buffer (its pages faulted in, as the fetcher's are), GB/s."""
-  dst = np.empty_like(flat)
-  t0 = time.perf_counter()
-  np.copyto(dst, flat)
-  return flat.nbytes / (time.perf_counter() - t0) / 1e9
+def _memcpy_GBps(flat: np.ndarray, dst: np.ndarray) -> tuple[float, float]:
+  """np.copyto of `flat` (GB/s) into `dst`, a buffer already written once (the machine's copy
+  rate: the ratio's denominator), and into a fresh buffer (its pages faulted in on the way, as
+  the fetcher's fresh arrays are)."""
+  out = []
+  for d in (dst, np.empty_like(flat)):
+    t0 = time.perf_counter()
+    np.copyto(d, flat)
+    out.append(flat.nbytes / (time.perf_counter() - t0) / 1e9)
+  return out[0], out[1]
 
 
 def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   """One full version, publisher host arrays -> generator host arrays (the generator a process
   of its own, as deployed), over the bulk channel and over gRPC (alternate versions, `repeats`
   each), and memcpy of the same bytes in this process after every version (so load changes hit
-  all three alike). Medians."""
+  all three alike; into a buffer written before, and into a fresh one). Medians."""
   import multiprocessing as mp
   import jax
   from scalerl_jax.weights.stream import StreamPublisher
@@ -234,7 +238,8 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
     proc.kill()
     raise RuntimeError("the fetcher process did not start")
   rates: dict = {"bulk": [], "grpc": []}
-  mem, bulk_streams = [], 0
+  mem, fresh, bulk_streams = [], [], 0
+  warm = flat.copy()
   try:
     for v in range(2 * repeats + 2):              # versions 0, 1: untimed warm-ups
       time.sleep(0.5)                             # the fetcher long-polls before the publish
@@ -246,7 +251,9 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
       assert got_v == v, (got_v, v)
       if v > 1:
         rates["bulk" if v % 2 else "grpc"].append(model / (done - t0) / 1e9)
-        mem.append(_memcpy_GBps(flat))
+        m, f = _memcpy_GBps(flat, warm)
+        mem.append(m)
+        fresh.append(f)
   finally:
     here.send("stop")
     proc.join(30)
@@ -260,6 +267,7 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   return {"stream_GBps": round(s, 3), "memcpy_GBps": round(m, 3),
           "stream_over_memcpy": round(s / m, 3), "stream_GBps_grpc": round(g, 3),
           "grpc_over_memcpy": round(g / m, 3),
+          "memcpy_fresh_GBps": round(statistics.median(fresh), 3),
           "stream_repeats": [round(x, 3) for x in rates["bulk"]],
           "grpc_repeats": [round(x, 3) for x in rates["grpc"]],
           "memcpy_repeats": [round(x, 3) for x in mem]}
