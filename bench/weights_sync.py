@@ -18,14 +18,18 @@ its relay (weights/relay.py, tree fan-out `--relay-fanout`, default 2).
   delta bytes per version / model bf16 bytes per step (median, max); after every version the
   fetched bits are compared with numpy's (ml_dtypes) bf16 cast of the learner's fp32 params.
 * stream: one full bf16 version from the publisher's host arrays to the generator's host arrays
-  (the generator fetcher a process of its own, as deployed) through a WeightSource, GB/s of model
-  bytes from the start of the publish to the fetcher holding it, median of --repeats; memcpy GB/s
-  of the same bytes (np.copyto into a fresh buffer), median of --repeats, in the same run.
+  (the generator fetcher a process of its own with one StreamFetcher, as deployed) through a
+  WeightSource, GB/s of model bytes from the start of the publish to the fetcher holding it:
+  over the bulk channel (weights/bulk.py, `stream_GBps`) and over gRPC (`stream_GBps_grpc`) on
+  alternate versions, --repeats each, medians; memcpy GB/s of the same bytes after every version
+  (np.copyto into a buffer written before: `memcpy_GBps`, the ratio's denominator; into a fresh
+  buffer: `memcpy_fresh_GBps`), in the same run.
 
 Last stdout line: {"ours", "peer", "unit": "source bytes / model bf16 bytes at max G", "ratio",
 "source_bytes_per_version_over_model": {G: ...}, "no_relay": {G: ...},
 "delta_bytes_per_version_over_model": median, "delta_max", "stream_GBps", "memcpy_GBps",
-"stream_over_memcpy", "bit_identical", "deltas"}.
+"stream_over_memcpy", "stream_GBps_grpc", "grpc_over_memcpy", "memcpy_fresh_GBps",
+"bit_identical", "deltas"}. `--write-rate F` without `--delta` keeps F's delta fraction.
 """
 from __future__ import annotations
 
