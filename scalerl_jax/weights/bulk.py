@@ -79,10 +79,14 @@ def _client_context(tls: TLS) -> ssl.SSLContext:
 
 
 def _recv_exact(sock, view: memoryview, what: str) -> None:
-  """Fills `view` from the socket (recv_into, no intermediate buffer); BulkError if it ends."""
+  """Fills `view` from the socket (recv_into, no intermediate buffer; a plain blocking socket
+  waits in the kernel for all of it, MSG_WAITALL: one wake-up per chunk instead of one per
+  socket buffer); BulkError if it ends."""
   got, n = 0, len(view)
+  flags = socket.MSG_WAITALL if not isinstance(sock, ssl.SSLSocket) and \
+      sock.gettimeout() is None else 0
   while got < n:
-    k = sock.recv_into(view[got:], n - got)
+    k = sock.recv_into(view[got:], n - got, flags)
     if not k:
       raise BulkError("DATA_LOSS", f"the stream ended inside {what} ({got} of {n} bytes)")
     got += k
@@ -236,6 +240,9 @@ def connect(address: str, token: str, request: pb.FetchWeightsRequest, *,
   host = host.strip("[]")
   raw = socket.create_connection((host, int(port)), timeout=timeout)
   _tune(raw)
+  raw.settimeout(None)          # blocking (MSG_WAITALL), the stall limit in the kernel instead:
+  raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                 struct.pack("ll", int(timeout), int(timeout % 1 * 1e6)))
   sock = raw
   if tls is not None and tls.enabled:
     sock = _client_context(tls).wrap_socket(raw, server_hostname=tls.server_name or host)
