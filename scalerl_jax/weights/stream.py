@@ -476,7 +476,8 @@ class StreamFetcher:
       m = first if first is None or isinstance(first, ws.WeightMsg) else \
           ws.parse_weight_message(first)
       d = None if m is None or isinstance(m, ws.Malformed) else wd.parse_delta_manifest(m)
-      if d is not None and base is not None and d["of"] == h.sha256 and d["base"] == base[0]:
+      if (d is not None and isinstance(m, ws.WeightMsg) and base is not None
+          and d["of"] == h.sha256 and d["base"] == base[0]):
         if self.relay is not None:
           self.relay.relay_begin(h.version, p["first"], base[0], m.raw)
         self._take(stream, h, p, base[2], by_src[o])
