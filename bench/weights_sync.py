@@ -18,14 +18,18 @@ its relay (weights/relay.py, tree fan-out `--relay-fanout`, default 2).
   delta bytes per version / model bf16 bytes per step (median, max); after every version the
   fetched bits are compared with numpy's (ml_dtypes) bf16 cast of the learner's fp32 params.
 * stream: one full bf16 version from the publisher's host arrays to the generator's host arrays
-  (the generator fetcher a process of its own, as deployed) through a WeightSource, GB/s of model
-  bytes from the start of the publish to the fetcher holding it, median of --repeats; memcpy GB/s
-  of the same bytes (np.copyto into a fresh buffer), median of --repeats, in the same run.
+  (the generator fetcher a process of its own with one StreamFetcher, as deployed) through a
+  WeightSource, GB/s of model bytes from the start of the publish to the fetcher holding it:
+  over the bulk channel (weights/bulk.py, `stream_GBps`) and over gRPC (`stream_GBps_grpc`) on
+  alternate versions, --repeats each, medians; memcpy GB/s of the same bytes after every version
+  (np.copyto into a buffer written before: `memcpy_GBps`, the ratio's denominator; into a fresh
+  buffer: `memcpy_fresh_GBps`), in the same run.
 
 Last stdout line: {"ours", "peer", "unit": "source bytes / model bf16 bytes at max G", "ratio",
 "source_bytes_per_version_over_model": {G: ...}, "no_relay": {G: ...},
 "delta_bytes_per_version_over_model": median, "delta_max", "stream_GBps", "memcpy_GBps",
-"stream_over_memcpy", "bit_identical", "deltas"}.
+"stream_over_memcpy", "stream_GBps_grpc", "grpc_over_memcpy", "memcpy_fresh_GBps",
+"bit_identical", "deltas"}. `--write-rate F` without `--delta` keeps F's delta fraction.
 """
 from __future__ import annotations
 
@@ -181,32 +185,54 @@ def measure_deltas(steps: int, chunk_bytes: int) -> dict:
 
 
 def _fetch_proc(address, token, conn):
-  """The generator side of `measure_stream`, a process of its own: fetches each new version
-  into fresh host arrays and reports (version, wall clock when it holds all of it)."""
+  """The generator side of `measure_stream`, a process of its own with one StreamFetcher (as a
+  generator has): fetches each new version into fresh host arrays, over the source's bulk
+  channel (weights/bulk.py) for odd versions and its gRPC FetchWeights for even ones, and
+  reports (version, wall clock when it holds all of it, streams fetched over bulk)."""
   from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.protocol.wire import tune_malloc
   from scalerl_jax.weights.stream import StreamFetcher
   tune_malloc()
   c = BufferClient(address, token, max_message_bytes=256 << 20)
+  f = StreamFetcher(c, delta=False)
   conn.send("ready")
   have = -1
   while True:
-    got = StreamFetcher(c, delta=False).fetch(have, wait_timeout_s=120)
+    f.bulk = (have + 1) % 2 == 1
+    got = f.fetch(have, wait_timeout_s=120)
     if got is None:
       continue
     have = got.version
-    conn.send((have, time.time()))
+    conn.send((have, time.time(), f.bulk_streams))
+    del got
     if conn.poll() and conn.recv() == "stop":
       return
 
 
+def _memcpy_GBps(flat: np.ndarray, dst: np.ndarray) -> tuple[float, float]:
+  """np.copyto of `flat` (GB/s) into `dst`, a buffer already written once (the machine's copy
+  rate: the ratio's denominator), and into a fresh buffer (its pages faulted in on the way, as
+  the fetcher's fresh arrays are)."""
+  out = []
+  for d in (dst, np.empty_like(flat)):
+    t0 = time.perf_counter()
+    np.copyto(d, flat)
+    out.append(flat.nbytes / (time.perf_counter() - t0) / 1e9)
+  return out[0], out[1]
+
+
 def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   """One full version, publisher host arrays -> generator host arrays (the generator a process
-  of its own, as deployed), vs memcpy of its bytes in this process."""
+  of its own, as deployed), over the bulk channel and over gRPC (alternate versions, `repeats`
+  each), and memcpy of the same bytes in this process after every version (so load changes hit
+  all three alike; into a buffer written before, and into a fresh one). Medians."""
   import multiprocessing as mp
+  import jax
   from scalerl_jax.weights.stream import StreamPublisher
   token = secrets.token_hex(8)
   model = _nbytes(params16)
+  flat = np.concatenate([np.asarray(x).reshape(-1).view(np.uint8)
+                         for x in jax.tree.leaves(params16)])
   srv, c, src = _serving(token)
   ctx = mp.get_context("spawn")
   here, there = ctx.Pipe()
@@ -215,18 +241,23 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   if not here.poll(300) or here.recv() != "ready":
     proc.kill()
     raise RuntimeError("the fetcher process did not start")
-  rates = []
+  rates: dict = {"bulk": [], "grpc": []}
+  mem, fresh, bulk_streams = [], [], 0
+  warm = flat.copy()
   try:
-    for v in range(repeats + 1):                  # version 0: an untimed warm-up
+    for v in range(2 * repeats + 2):              # versions 0, 1: untimed warm-ups
       time.sleep(0.5)                             # the fetcher long-polls before the publish
       t0 = time.time()
       StreamPublisher(c, v, params16, chunk_bytes, source=src).publish()
       if not here.poll(300):
         raise TimeoutError(f"the fetcher process did not report version {v} within 300 s")
-      got_v, done = here.recv()
+      got_v, done, bulk_streams = here.recv()
       assert got_v == v, (got_v, v)
-      if v:
-        rates.append(model / (done - t0) / 1e9)
+      if v > 1:
+        rates["bulk" if v % 2 else "grpc"].append(model / (done - t0) / 1e9)
+        m, f = _memcpy_GBps(flat, warm)
+        mem.append(m)
+        fresh.append(f)
   finally:
     here.send("stop")
     proc.join(30)
@@ -235,18 +266,15 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
     src.stop()
     c.close()
     srv.stop()
-  import jax
-  flat = np.concatenate([np.asarray(x).reshape(-1).view(np.uint8)
-                         for x in jax.tree.leaves(params16)])
-  mem = []
-  for _ in range(repeats):
-    dst = np.empty_like(flat)
-    t0 = time.perf_counter()
-    np.copyto(dst, flat)
-    mem.append(flat.nbytes / (time.perf_counter() - t0) / 1e9)
-  s, m = statistics.median(rates), statistics.median(mem)
+  assert bulk_streams == repeats + 1, f"{bulk_streams} bulk streams (fell back to gRPC?)"
+  s, g, m = (statistics.median(x) for x in (rates["bulk"], rates["grpc"], mem))
   return {"stream_GBps": round(s, 3), "memcpy_GBps": round(m, 3),
-          "stream_over_memcpy": round(s / m, 3), "stream_repeats": rates, "memcpy_repeats": mem}
+          "stream_over_memcpy": round(s / m, 3), "stream_GBps_grpc": round(g, 3),
+          "grpc_over_memcpy": round(g / m, 3),
+          "memcpy_fresh_GBps": round(statistics.median(fresh), 3),
+          "stream_repeats": [round(x, 3) for x in rates["bulk"]],
+          "grpc_repeats": [round(x, 3) for x in rates["grpc"]],
+          "memcpy_repeats": [round(x, 3) for x in mem]}
 
 
 def run(args) -> dict:
@@ -297,10 +325,20 @@ def write_rate(path: str, out: dict) -> None:
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
   rate = {"stream_GBps": out["stream_GBps"], "memcpy_GBps": out["memcpy_GBps"],
+          "stream_GBps_grpc": out.get("stream_GBps_grpc"),
           "delta_fraction": out.get("delta_bytes_per_version_over_model"),
           "date": time.strftime("%Y-%m-%d"), "commit": commit or "?",
           "machine": f"{os.cpu_count()}-core {_cpu_name() or platform.machine()}, "
                      f"loopback, shared with concurrent work"}
+  if rate["delta_fraction"] is None:   # no --delta: keep the last measured fraction, say whence
+    try:
+      with open(path) as f:
+        old = json.load(f)
+      rate["delta_fraction"] = old["delta_fraction"]
+      rate["delta_from"] = old.get("delta_from") or f"{old.get('date')} commit {old.get('commit')}"
+    except (OSError, ValueError, KeyError) as e:
+      raise SystemExit(f"--write-rate without --delta needs {path} with a measured "
+                       f"delta_fraction ({e})") from None
   with open(path, "w") as f:
     json.dump(rate, f, indent=1)
     f.write("\n")

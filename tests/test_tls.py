@@ -20,9 +20,11 @@ import pytest
 
 from helpers import free_port
 from scalerl_jax.buffer.server import BufferServer
+from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.protocol.rpc import TLS
 from scalerl_jax.types import PromptSpec
+from scalerl_jax.weights import bulk as wb
 from scalerl_jax.weights.source import WeightSource
 from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher
 import tls_certs
@@ -103,6 +105,36 @@ def test_learner_weight_source_over_tls(certs):
     assert version == 0 and all(np.array_equal(got[k], params[k]) for k in params)
     assert src.served_chunks > 1
     assert _code(src.address, None) == UNAVAILABLE                  # the source refuses plaintext
+  finally:
+    src.stop()
+    srv.stop(0)
+
+
+def test_bulk_weight_channel_over_tls_refuses_plaintext(certs):
+  """The bulk weight channel (weights/bulk.py) of a TLS source is TLS too: the fetch goes over it
+  (exact), a plaintext bulk client is refused (no chunk served), a TLS client with a wrong token
+  gets UNAUTHENTICATED."""
+  tls = TLS(cert=certs["cert"], key=certs["key"], ca=certs["ca"])
+  srv = _server(tls)
+  src = WeightSource(TOKEN, tls=tls)
+  try:
+    params = {"w": np.arange(4096, dtype=np.float32).reshape(64, 64)}
+    c = BufferClient(srv.address, TOKEN, tls=TLS(ca=certs["ca"]))
+    StreamPublisher(c, 0, params, chunk_bytes=4096, process_index=0, source=src).publish()
+    f = StreamFetcher(c)
+    version, got = f.fetch(-1, 10)
+    assert version == 0 and np.array_equal(got["w"], params["w"]) and f.bulk_streams == 1
+    served = src.served_chunks
+    req = pb.FetchWeightsRequest(resume_version=0, streamed=True, wait_timeout_s=1)
+    plain = wb.connect(src.bulk_address, TOKEN, req)            # no TLS: the handshake fails
+    with pytest.raises(OSError):
+      list(wb.messages(plain, lambda h, n: None, 1 << 20))
+    plain.close()
+    bad = wb.connect(src.bulk_address, "wrong", req, tls=TLS(ca=certs["ca"]))
+    with pytest.raises(wb.BulkError, match="UNAUTHENTICATED"):
+      list(wb.messages(bad, lambda h, n: None, 1 << 20))
+    bad.close()
+    assert src.served_chunks == served
   finally:
     src.stop()
     srv.stop(0)

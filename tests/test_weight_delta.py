@@ -157,6 +157,7 @@ def test_fifty_five_versions_stay_bit_identical_through_loss_reorder_restart_and
         assert f.delta_chunks > dchunks, v
         delta_bytes.append(sent)
     assert restarted and f.delta_fallbacks == 1 and f.delta_misses == 0
+    assert f.bulk_streams >= 25 and f.bulk_fallbacks == 0          # over the bulk channel
     assert f.digests_checked >= 25                        # every version since the restart
     assert src.delta_streams >= 50
     assert max(delta_bytes) < 0.35 * full_bytes, (max(delta_bytes), full_bytes)

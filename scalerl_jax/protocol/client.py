@@ -88,6 +88,7 @@ class BufferClient:
     self._submit_eval = self._ch.unary_unary(m("SubmitEval"), ser, pb.EvalAck.FromString)
     self._push_eval = self._ch.unary_unary(m("PushEvalResults"), ser, pb.EvalPushResponse.FromString)
     self._collect_eval = self._ch.unary_unary(m("CollectEval"), ser, pb.EvalResult.FromString)
+    self._bulk_address = self._ch.unary_unary(m("WeightBulkAddress"), ser, _ident)
 
   def close(self) -> None:
     self._ch.close()
@@ -231,6 +232,26 @@ class BufferClient:
   def fetch_raw(self, request: pb.FetchWeightsRequest, timeout: float) -> Iterator[bytes]:
     """FetchWeights without parsing (serialized WeightChunks; weights.stream.StreamFetcher)."""
     return self._fetch_raw(request, metadata=self._md, timeout=timeout)
+
+  def bulk_address(self, timeout: float = 10.0) -> str:
+    """The bulk weight channel ("host:port", weights/bulk.py) of the weight source this client
+    talks to; "" when it has none (UNIMPLEMENTED: the buffer, an older source)."""
+    try:
+      return bytes(self._bulk_address(b"", metadata=self._md, timeout=timeout)).decode()
+    except grpc.RpcError as e:
+      if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+        return ""
+      raise
+
+  @property
+  def token(self) -> str:
+    """The bearer token this client authenticates with (the bulk channel sends it too)."""
+    return self._token
+
+  @property
+  def max_message_bytes(self) -> int:
+    """The largest message this client accepts (the bulk channel's frame limit too)."""
+    return self._max_message_bytes
 
   def publish_raw(self, messages: Iterator[bytes], timeout: float = 600) -> pb.PublishAck:
     """PublishWeights from serialized WeightChunks (no retry; weights.stream.StreamPublisher)."""

@@ -37,11 +37,12 @@ _DATA_TAG = (6 << 3) | 2
 
 
 class WeightMsg:
-  """A parsed WeightChunk: `head` (every field but data), `data` (memoryview), `raw` (the bytes)."""
-  __slots__ = ("head", "data", "raw")
+  """A parsed WeightChunk: `head` (every field but data), `data` (memoryview), `raw` (the bytes);
+  `placed`: `data` is already the receiver's destination (weights/bulk.py read it in place)."""
+  __slots__ = ("head", "data", "raw", "placed")
 
-  def __init__(self, head, data, raw):
-    self.head, self.data, self.raw = head, data, raw
+  def __init__(self, head, data, raw, placed: bool = False):
+    self.head, self.data, self.raw, self.placed = head, data, raw, placed
 
 
 def parse_weight_message(raw: bytes) -> WeightMsg | Malformed:

@@ -36,6 +36,7 @@ from scalerl_jax.protocol.rpc import SERVICE, TLS, AuthInterceptor, add_port, ch
 from scalerl_jax.protocol import validation as val
 from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.protocol.wire import Malformed, abort, parser, serialize
+from scalerl_jax.weights.bulk import BulkServer
 
 log = logging.getLogger("scalerl.weight_source")
 
@@ -56,10 +57,13 @@ class WeightSource:
 
   def __init__(self, token: str, *, host: str = "127.0.0.1", port: int = 0,
                advertise: Optional[str] = None, keep: int = 2, max_message_bytes: int = 64 << 20,
-               stall_s: float = 60.0, max_workers: int = 64, tls: Optional[TLS] = None):
+               stall_s: float = 60.0, max_workers: int = 64, tls: Optional[TLS] = None,
+               bulk: bool = True, bulk_port: int = 0):
     """`advertise`: the host part generators dial (default: `host`, or this host's address for a
     wildcard bind). `keep`: versions held (the newest, plus older ones still being fetched).
-    `tls` (rpc.TLS): serve over TLS, like the buffer (`TLS.from_config(config)`)."""
+    `tls` (rpc.TLS): serve over TLS, like the buffer (`TLS.from_config(config)`). `bulk`: also
+    serve the chunks over the bulk channel (weights/bulk.py, same token and TLS) on `bulk_port`
+    (0: any free port), announced by the `WeightBulkAddress` call."""
     if not token:
       raise ValueError("an auth token is required")
     self.keep, self.stall_s = max(1, int(keep)), float(stall_s)
@@ -77,12 +81,22 @@ class WeightSource:
         options=channel_options(max_message_bytes), maximum_concurrent_rpcs=max_workers)
     self._server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {
         "FetchWeights": grpc.unary_stream_rpc_method_handler(
-            self._fetch, parser(pb.FetchWeightsRequest), serialize)})])
+            self._fetch, parser(pb.FetchWeightsRequest), serialize),
+        "WeightBulkAddress": grpc.unary_unary_rpc_method_handler(
+            lambda request, context: self.bulk_address.encode(), None, serialize)})])
     bind = f"[{host}]" if ":" in host and not host.startswith("[") else host
     self.port = add_port(self._server, f"{bind}:{port}", tls)
     if not self.port:
       raise OSError(f"weight source: cannot bind {host}:{port}")
-    self.address = f"{advertise or advertised_host(host)}:{self.port}"
+    shown = advertise or advertised_host(host)
+    self.address = f"{shown}:{self.port}"
+    self._bulk: Optional[BulkServer] = None
+    self.bulk_address = ""          # "host:port" of the bulk channel ("" = gRPC only)
+    if bulk:
+      self._bulk = BulkServer(self._fetch, token, self._count_reject, host=host,
+                              port=int(bulk_port), tls=tls,
+                              parse=parser(pb.FetchWeightsRequest))
+      self.bulk_address = f"{shown}:{self._bulk.port}"
     self._server.start()
 
   def stop(self, grace: float = 0.0) -> None:
@@ -91,6 +105,8 @@ class WeightSource:
       for v in self.versions.values():
         v.dropped = True
       self.cv.notify_all()
+    if self._bulk is not None:
+      self._bulk.stop()
     self._server.stop(grace)
 
   def _count_reject(self, code: grpc.StatusCode) -> None:

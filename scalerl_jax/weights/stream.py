@@ -46,6 +46,7 @@ from jax import tree_util as tu
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.types import WeightUpdateError
+from scalerl_jax.weights import bulk as wb
 from scalerl_jax.weights import delta as wd
 from scalerl_jax.weights.delta import DeltaEncoder
 
@@ -303,6 +304,23 @@ def _nbytes(manifest, i: int) -> int:
   return manifest["tensors"][t]["itemsize"] * math.prod(ext)
 
 
+def _placer(p: dict) -> Callable[[Any, int], Optional[memoryview]]:
+  """For weights/bulk.py: where a full chunk of p's version may be read in place (its box in
+  p's arrays, when contiguous, of the announced size, and not held yet), else None."""
+  manifest, dests, have = p["manifest"], p["dests"], p["have"]
+
+  def place(head, nbytes: int) -> Optional[memoryview]:
+    i = head.chunk_index
+    if head.format or head.version != p["version"] or i >= len(manifest["chunks"]) or i in have:
+      return None
+    t, s, e = manifest["chunks"][i]
+    dst = dests[t][tuple(slice(a, a + n) for a, n in zip(s, e)) + (Ellipsis,)]
+    if not dst.flags.c_contiguous or dst.nbytes != nbytes:
+      return None
+    return memoryview(dst.reshape(-1).view(np.uint8))
+  return place
+
+
 class StreamFetcher:
   """Fetches streamed versions into freshly allocated arrays; resumable (see module docstring)."""
 
@@ -325,6 +343,11 @@ class StreamFetcher:
     self.relay_failovers = 0                # relay streams that failed (then the next one)
     self.received_chunks = self.received_bytes = 0
     self.peak_message_bytes = 0
+    # The bulk channel (weights/bulk.py) to sources/relays that have one; gRPC otherwise.
+    self.bulk = True
+    self._bulk_of: dict[str, str] = {}      # source/relay address -> its bulk address ("": none)
+    self.bulk_streams = 0                   # streams fetched over a bulk channel
+    self.bulk_fallbacks = 0                 # bulk channels that did not connect (gRPC instead)
     self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
 
   def fetch(self, have_version: int = -1, wait_timeout_s: float = 0.0) -> Optional[FetchedWeights]:
@@ -395,15 +418,15 @@ class StreamFetcher:
     raises DeltaError; a digest trailer is checked over the chunks `own` (this source's)."""
     manifest, dests, have = p["manifest"], p["dests"], p["have"]
     checksum = ws.checksum_of(manifest)
-    for raw in stream:
-      self.peak_message_bytes = max(self.peak_message_bytes, len(raw))
-      c = ws.parse_weight_message(raw)
+    for raw in stream:       # serialized messages (gRPC) or parsed ones (weights/bulk.py)
+      c = raw if isinstance(raw, ws.WeightMsg) else ws.parse_weight_message(raw)
       if isinstance(c, ws.Malformed):
         raise IOError(c.err)
+      self.peak_message_bytes = max(self.peak_message_bytes, len(c.raw) or c.data.nbytes)
       if c.head.format == ws.DIGEST_FORMAT:
         self._check_digest(h, p, c.head.sha256, own, base is not None)
         if self.relay is not None and len(manifest.get("sources", ())) <= 1:
-          self.relay.relay_trailer(h.version, raw)
+          self.relay.relay_trailer(h.version, c.raw)
         continue
       i = c.head.chunk_index
       if c.head.version != h.version or i >= len(manifest["chunks"]):
@@ -424,11 +447,12 @@ class StreamFetcher:
       elif c.data.nbytes != dst.nbytes:
         raise WeightUpdateError(h.version, tensor_name(manifest, t),
                                 f"chunk {i}: {c.data.nbytes} bytes for a box of {dst.nbytes}")
-      else:
+      elif not c.placed:      # (a bulk chunk was read straight into its box)
         dst[...] = np.frombuffer(c.data, dst.dtype).reshape(dst.shape)
       have.add(i)
       if self.relay is not None:
-        self.relay.relay_add(h.version, i, raw, is_delta)
+        self.relay.relay_add(h.version, i, c.raw or ws.with_data(c.head.SerializeToString(),
+                                                                 c.data), is_delta)
       self.received_chunks += 1
       self.received_bytes += c.data.nbytes
       del c, raw
@@ -446,14 +470,16 @@ class StreamFetcher:
         have_version=h.version - 1 if base is None else base[0], resume_version=h.version,
         streamed=True, have_chunks=sorted(got), want_delta=base is not None,
         wait_timeout_s=self.relay_wait_s if relay else min(max(wait_timeout_s, 60.0), 600.0))
-    stream = self._peer(addr).fetch_raw(req, timeout=1200)
+    stream, close = self._open(addr, req, p)
     try:
       first = next(stream, None)
-      m = None if first is None else ws.parse_weight_message(first)
+      m = first if first is None or isinstance(first, ws.WeightMsg) else \
+          ws.parse_weight_message(first)
       d = None if m is None or isinstance(m, ws.Malformed) else wd.parse_delta_manifest(m)
-      if d is not None and base is not None and d["of"] == h.sha256 and d["base"] == base[0]:
+      if (d is not None and isinstance(m, ws.WeightMsg) and base is not None
+          and d["of"] == h.sha256 and d["base"] == base[0]):
         if self.relay is not None:
-          self.relay.relay_begin(h.version, p["first"], base[0], first)
+          self.relay.relay_begin(h.version, p["first"], base[0], m.raw)
         self._take(stream, h, p, base[2], by_src[o])
         return
       if m is None or isinstance(m, ws.Malformed) or m.head.sha256 != h.sha256:
@@ -463,7 +489,32 @@ class StreamFetcher:
         self.relay.relay_begin(h.version, p["first"])
       self._take(stream, h, p, None, by_src[o])
     finally:
-      stream.cancel()
+      close()
+
+  def _open(self, addr: str, req, p) -> tuple[Iterator, Callable[[], None]]:
+    """(message stream, close) of one fetch from `addr`: over its bulk channel when it has one
+    (weights/bulk.py: chunks read straight into p's boxes), else over gRPC. A bulk channel that
+    does not connect is a counted fallback to gRPC (`bulk_fallbacks`)."""
+    peer = self._peer(addr)
+    if self.bulk:
+      if addr not in self._bulk_of:
+        try:
+          self._bulk_of[addr] = peer.bulk_address()
+        except grpc.RpcError:
+          pass                           # asked again next time; gRPC now
+      bulk_addr = self._bulk_of.get(addr, "")
+      if bulk_addr:
+        try:
+          sock = wb.connect(bulk_addr, peer.token, req, tls=peer.tls, timeout=req.wait_timeout_s + 60)
+        except OSError as e:
+          self.bulk_fallbacks += 1
+          self._bulk_of.pop(addr, None)
+          log.warning("bulk weight channel %s of %s: %s; using gRPC", bulk_addr, addr, e)
+        else:
+          self.bulk_streams += 1
+          return wb.messages(sock, _placer(p), peer.max_message_bytes), sock.close
+    stream = peer.fetch_raw(req, timeout=1200)
+    return stream, stream.cancel
 
   def _peer(self, address: str):
     if address not in self._peers:

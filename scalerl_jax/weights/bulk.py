@@ -1,0 +1,286 @@
+"""The bulk weight channel: a weight source's chunks over a plain TCP stream, outside gRPC's
+per-message path (issue 44, "at the limit of the machine").
+
+Why: a FetchWeights stream through gRPC copies each 8 MB chunk about four times in user space
+(gRPC's send slices, its receive slices, the Python `bytes` it hands over, the fetcher's copy into
+its box) and runs every message through the Python iterator protocol on both ends (profile in
+docs/SCALE.md). Here the sender writes each staged chunk message's bytes straight from the held
+message (`socket.sendall` of a memoryview) and the receiver reads them straight into the
+generator's destination array (`recv_into` the chunk's box): one copy into the socket, one out.
+
+Same security as the gRPC channel: the bearer token is the first thing a client sends (compared in
+constant time; a wrong or missing token gets one UNAUTHENTICATED line and the connection closed,
+counted in the source's `rejected`), and with `tls` enabled both ends wrap the socket in the run's
+TLS (`rpc.TLS`: the same certificate, CA, mutual and server_name settings as every gRPC channel).
+Nothing is trusted more than on gRPC: every chunk keeps its CRC-32C (checked by the fetcher after
+`recv_into`, before the chunk counts), deltas their result CRC, versions their digest trailer.
+
+Wire (little-endian):
+  client -> server: MAGIC, u16 token length, token, u32 request length, FetchWeightsRequest
+  server -> client: frames of <kind u8, head_len u32, data_len u64>, head, data
+    MSG   (0): head = one whole serialized WeightChunk (manifest, delta manifest, digest trailer)
+    CHUNK (1): head = a WeightChunk without its data field, data = the chunk's bytes
+    ERR   (2): head = "<grpc status name>: <message>" (the gRPC path's abort), then close
+    END   (3): the stream ended (a short stream is resumed by the fetcher, as on gRPC)
+A frame larger than the client's `max_bytes` or a stream that ends inside a frame is a clear
+`BulkError` (an IOError: the fetcher's transport handling resumes or falls back). Discovery: a
+WeightSource with a bulk listener answers the unary gRPC method `WeightBulkAddress` (token-checked
+like every call) with "host:port"; a fetcher that gets none (an older source, the buffer) uses gRPC.
+No JAX.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import ssl
+import struct
+import threading
+from typing import Callable, Iterator, Optional
+
+from scalerl_jax import hosts
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import weight_chunks as ws
+from scalerl_jax.protocol.rpc import TLS
+from scalerl_jax.protocol.wire import Malformed
+
+log = logging.getLogger("scalerl.weight_bulk")
+MAGIC = b"SCALERL-BULK-1\n"
+MSG, CHUNK, ERR, END = 0, 1, 2, 3
+FRAME = struct.Struct("<BIQ")
+MAX_HELLO = 1 << 20                  # token + request bytes a server reads before auth
+
+
+class BulkError(IOError):
+  """A bulk stream that failed: `code` is the gRPC status name the gRPC path would have raised
+  ("NOT_FOUND", "UNAUTHENTICATED", "DATA_LOSS" for a malformed or truncated stream, ...)."""
+
+  def __init__(self, code: str, message: str):
+    super().__init__(f"bulk weight stream: {code}: {message}")
+    self.code_name = code
+
+
+def _server_context(tls: TLS) -> ssl.SSLContext:
+  tls.check(server=True)
+  ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+  ctx.load_cert_chain(tls.cert, tls.key)
+  if tls.mutual:
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.load_verify_locations(tls.ca)
+  return ctx
+
+
+def _client_context(tls: TLS) -> ssl.SSLContext:
+  tls.check()
+  ctx = ssl.create_default_context(cafile=tls.ca or None)
+  if tls.mutual and tls.cert:
+    ctx.load_cert_chain(tls.cert, tls.key)
+  return ctx
+
+
+def _recv_exact(sock, view: memoryview, what: str) -> None:
+  """Fills `view` from the socket (recv_into, no intermediate buffer; a plain blocking socket
+  waits in the kernel for all of it, MSG_WAITALL: one wake-up per chunk instead of one per
+  socket buffer); BulkError if it ends."""
+  got, n = 0, len(view)
+  flags = socket.MSG_WAITALL if not isinstance(sock, ssl.SSLSocket) and \
+      sock.gettimeout() is None else 0
+  while got < n:
+    k = sock.recv_into(view[got:], n - got, flags)
+    if not k:
+      raise BulkError("DATA_LOSS", f"the stream ended inside {what} ({got} of {n} bytes)")
+    got += k
+
+
+def _tune(sock: socket.socket) -> None:
+  """No Nagle delay on the small frame headers; socket buffers stay auto-tuned (a fixed
+  SO_RCVBUF would cap them at net.core.rmem_max)."""
+  sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _Context:
+  """What WeightSource._fetch needs of a gRPC ServicerContext, for a bulk connection."""
+
+  def __init__(self, peer: str):
+    self._peer, self.closed = peer, False
+
+  def is_active(self) -> bool:
+    return not self.closed
+
+  def peer(self) -> str:
+    return self._peer
+
+  def abort(self, code, message: str):
+    raise BulkError(code.name, message)
+
+
+class BulkServer:
+  """The bulk listener of one WeightSource (see the module docstring): `serve(request, context)`
+  is the source's FetchWeights generator (messages as staged); `token` its bearer token,
+  `on_reject` counts refused connections."""
+
+  def __init__(self, serve: Callable, token: str, on_reject: Callable, *, host: str, port: int = 0,
+               tls: Optional[TLS] = None, parse: Callable = pb.FetchWeightsRequest.FromString):
+    self._serve, self._expected, self._on_reject = serve, token.encode(), on_reject
+    self._parse = parse             # the source's strict request parser (Malformed on bad bytes)
+    self._ssl = _server_context(tls) if tls is not None and tls.enabled else None
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    self._sock = socket.socket(family, socket.SOCK_STREAM)
+    self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    self._sock.bind((host.strip("[]"), int(port)))
+    self._sock.listen(64)
+    self.port = self._sock.getsockname()[1]
+    self._stopped = threading.Event()
+    self._conns: set = set()
+    self._lock = threading.Lock()
+    threading.Thread(target=self._accept, daemon=True, name="weight-bulk-accept").start()
+
+  def stop(self) -> None:
+    """Closes the listener and every open connection (their fetchers resume elsewhere)."""
+    self._stopped.set()
+    try:
+      self._sock.close()
+    except OSError:
+      pass
+    with self._lock:
+      conns = list(self._conns)
+    for c in conns:
+      try:
+        c.shutdown(socket.SHUT_RDWR)
+      except OSError:
+        pass
+
+  def _accept(self) -> None:
+    while not self._stopped.is_set():
+      try:
+        conn, addr = self._sock.accept()
+      except OSError:
+        return
+      threading.Thread(target=self._handle, args=(conn, addr), daemon=True,
+                       name="weight-bulk").start()
+
+  def _hello(self, conn):
+    """Reads and checks the client's hello: the token first (nothing else is parsed before it
+    matches), then its FetchWeightsRequest."""
+    head = bytearray(len(MAGIC) + 2)
+    _recv_exact(conn, memoryview(head), "the hello")
+    if bytes(head[:len(MAGIC)]) != MAGIC:
+      raise BulkError("UNAUTHENTICATED", "not a scalerl bulk weight client")
+    (n,) = struct.unpack_from("<H", head, len(MAGIC))
+    token = bytearray(n)
+    _recv_exact(conn, memoryview(token), "the token")
+    if not hmac.compare_digest(bytes(token), self._expected):
+      raise BulkError("UNAUTHENTICATED", "missing or wrong bearer token")
+    size = bytearray(4)
+    _recv_exact(conn, memoryview(size), "the request size")
+    (n,) = struct.unpack("<I", size)
+    if n > MAX_HELLO:
+      raise BulkError("INVALID_ARGUMENT", f"a request of {n} bytes > {MAX_HELLO}")
+    raw = bytearray(n)
+    _recv_exact(conn, memoryview(raw), "the request")
+    return self._parse(bytes(raw))
+
+  def _handle(self, raw_conn, addr) -> None:
+    conn, ctx = raw_conn, _Context(f"bulk:{addr[0]}:{addr[1]}")
+    with self._lock:
+      self._conns.add(raw_conn)
+    try:
+      _tune(raw_conn)
+      if self._ssl is not None:
+        conn = self._ssl.wrap_socket(raw_conn, server_side=True)
+      try:
+        req = self._hello(conn)
+      except BulkError as e:
+        if e.code_name == "UNAUTHENTICATED":
+          self._on_reject(e.code_name)
+        _send_error(conn, e)
+        return
+      try:
+        for msg in self._serve(req, ctx):
+          _send_message(conn, msg)
+        conn.sendall(FRAME.pack(END, 0, 0))
+      except BulkError as e:       # the source's abort (NOT_FOUND, INVALID_ARGUMENT, ...)
+        _send_error(conn, e)
+    except (OSError, ssl.SSLError) as e:
+      log.info("bulk weight connection from %s ended: %s", addr, e)
+    finally:
+      ctx.closed = True
+      with self._lock:
+        self._conns.discard(raw_conn)
+      try:
+        conn.close()
+      except OSError:
+        pass
+
+
+def _send_error(conn, e: BulkError) -> None:
+  text = f"{e.code_name}: {e}".encode()[:4096]
+  try:
+    conn.sendall(FRAME.pack(ERR, len(text), 0) + text)
+  except OSError:
+    pass
+
+
+def _send_message(conn, msg: bytes) -> None:
+  """One staged message: a chunk as its header + its bytes (sent from the message itself, no
+  copy), anything else whole."""
+  c = ws.parse_weight_message(msg)
+  if isinstance(c, Malformed) or not len(c.data):
+    conn.sendall(FRAME.pack(MSG, len(msg), 0) + msg)
+    return
+  head = c.head.SerializeToString()
+  conn.sendall(FRAME.pack(CHUNK, len(head), len(c.data)) + head)
+  conn.sendall(c.data)
+
+
+def connect(address: str, token: str, request: pb.FetchWeightsRequest, *,
+            tls: Optional[TLS] = None, timeout: float = 60.0):
+  """An authenticated bulk connection to `address` ("host:port") with `request` sent."""
+  host, _, port = hosts.resolve(address).rpartition(":")
+  host = host.strip("[]")
+  raw = socket.create_connection((host, int(port)), timeout=timeout)
+  _tune(raw)
+  raw.settimeout(None)          # blocking (MSG_WAITALL), the stall limit in the kernel instead:
+  raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                 struct.pack("ll", int(timeout), int(timeout % 1 * 1e6)))
+  sock = raw
+  if tls is not None and tls.enabled:
+    sock = _client_context(tls).wrap_socket(raw, server_hostname=tls.server_name or host)
+  body = request.SerializeToString()
+  t = token.encode()
+  sock.sendall(MAGIC + struct.pack("<H", len(t)) + t + struct.pack("<I", len(body)) + body)
+  return sock
+
+
+def messages(sock, place: Callable[[pb.WeightChunk, int], Optional[memoryview]],
+             max_bytes: int) -> Iterator[ws.WeightMsg]:
+  """The frames of a bulk stream as parsed WeightMsgs. A chunk's bytes are read straight into
+  `place(head, nbytes)` (a writable memoryview of exactly nbytes: the fetcher's box; then the
+  WeightMsg is marked `placed`) or, when it returns None, into a fresh buffer. Ends at END;
+  BulkError on ERR, an oversize frame or a stream that ends inside a frame."""
+  hdr = bytearray(FRAME.size)
+  while True:
+    _recv_exact(sock, memoryview(hdr), "a frame header")
+    kind, hn, dn = FRAME.unpack(hdr)
+    if kind == END:
+      return
+    if kind not in (MSG, CHUNK, ERR) or hn > max_bytes or dn > max_bytes:
+      raise BulkError("DATA_LOSS", f"bad frame (kind {kind}, {hn} + {dn} bytes; at most "
+                                   f"{max_bytes} each)")
+    head = bytearray(hn)
+    _recv_exact(sock, memoryview(head), "a frame head")
+    if kind == ERR:
+      code, _, text = bytes(head).decode(errors="replace").partition(": ")
+      raise BulkError(code or "UNKNOWN", text)
+    m = ws.parse_weight_message(bytes(head))
+    if isinstance(m, Malformed):
+      raise BulkError("DATA_LOSS", m.err)
+    if kind == MSG:
+      yield m
+      continue
+    dst = place(m.head, dn)
+    placed = dst is not None and len(dst) == dn
+    buf = dst if placed else memoryview(bytearray(dn))
+    assert buf is not None
+    _recv_exact(sock, buf, f"chunk {m.head.chunk_index}")
+    yield ws.WeightMsg(m.head, buf, b"", placed)
