@@ -56,7 +56,7 @@ from launch import spec as spec_lib  # noqa: E402
 from launch.sizing import GIB  # noqa: E402
 from scalerl_jax import recipes, runtime, topologies  # noqa: E402
 from scalerl_jax.data import mixture  # noqa: E402
-from scalerl_jax.generation import worker  # noqa: E402
+from scalerl_jax.generation import worker_cli  # noqa: E402
 from scalerl_jax.generation.vllm import engine  # noqa: E402
 from scalerl_jax.generation.vllm.generator import VLLMGenerator  # noqa: E402
 from scalerl_jax.processes import buffer_flags  # noqa: E402
@@ -209,7 +209,7 @@ def learner_config(v: Variant, pod, c) -> tuple[ml_collections.ConfigDict, str]:
 def generator_config(v: Variant, pod, c) -> tuple[ml_collections.ConfigDict, str]:
   """The config generation.worker.main builds (load_run_config + its --tensor_parallel)."""
   rest, over = recipes.split_overrides(c["command"][3:])
-  a = worker.build_parser().parse_args(rest)
+  a = worker_cli.build_parser().parse_args(rest)
   path, _, arg = a.run_config.partition(":")
   base, src = v.load(pod, c, a.run_config)
   recipes.apply_overrides(base, over)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -35,38 +36,43 @@ def _resolve(module: str, is_pkg: bool, node: ast.ImportFrom) -> str:
   return ".".join(base + ([node.module] if node.module else []))
 
 
+def module_imports(name: str, tree: ast.AST, is_pkg: bool, mods) -> tuple[set[str], list[str]]:
+  """(project modules `name`'s source imports, its imports of another module's private names)."""
+  out, aliases, private = set(), {}, []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name in mods:
+          out.add(a.name)
+          aliases[a.asname or a.name] = a.name
+    elif isinstance(node, ast.ImportFrom):
+      src = _resolve(name, is_pkg, node)
+      for a in node.names:
+        full = f"{src}.{a.name}"
+        if full in mods:                       # a submodule
+          out.add(full)
+          aliases[a.asname or a.name] = full
+        elif src in mods:                      # an attribute of a project module
+          out.add(src)
+          if a.name.startswith("_") and not a.name.startswith("__"):
+            private.append(f"{name}: from {src} import {a.name}")
+  for node in ast.walk(tree):                  # mod._private through an imported module
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id in aliases and node.attr.startswith("_")
+        and not node.attr.startswith("__")):
+      private.append(f"{name}: {aliases[node.value.id]}.{node.attr}")
+  out.discard(name)
+  return out, private
+
+
 def import_graph():
   """(edges: module -> set of project modules it imports, private: list of offending imports)."""
   mods = _modules()
   edges, private = {}, []
   for name, path in mods.items():
     tree = ast.parse(path.read_text(), str(path))
-    is_pkg = path.name == "__init__.py"
-    out, aliases = set(), {}
-    for node in ast.walk(tree):
-      if isinstance(node, ast.Import):
-        for a in node.names:
-          if a.name in mods:
-            out.add(a.name)
-            aliases[a.asname or a.name] = a.name
-      elif isinstance(node, ast.ImportFrom):
-        src = _resolve(name, is_pkg, node)
-        for a in node.names:
-          full = f"{src}.{a.name}"
-          if full in mods:                       # a submodule
-            out.add(full)
-            aliases[a.asname or a.name] = full
-          elif src in mods:                      # an attribute of a project module
-            out.add(src)
-            if a.name.startswith("_") and not a.name.startswith("__"):
-              private.append(f"{name}: from {src} import {a.name}")
-    for node in ast.walk(tree):                  # mod._private through an imported module
-      if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-          and node.value.id in aliases and node.attr.startswith("_")
-          and not node.attr.startswith("__")):
-        private.append(f"{name}: {aliases[node.value.id]}.{node.attr}")
-    out.discard(name)
-    edges[name] = out
+    edges[name], bad = module_imports(name, tree, path.name == "__init__.py", mods)
+    private += bad
   return edges, private
 
 
@@ -113,6 +119,101 @@ def test_no_import_cycle():
   edges, _ = import_graph()
   assert len(edges) > 100          # the whole project was read
   assert cycles(edges) == []
+
+
+# --- Layers (docs/ARCHITECTURE.md "Layers: the import drawing"): read from the doc itself, so the
+# drawing and the check cannot disagree.
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+# Room rules from the process map: (importer prefix, imported prefix, the only targets allowed).
+ROOM_RULES = (("scalerl_jax.training", "scalerl_jax.generation",
+               ("scalerl_jax.generation.sampler", "scalerl_jax.generation.backends",
+                "scalerl_jax.generation.interruption")),)
+ENTRY_MODULES = ("scalerl_jax.main", "scalerl_jax.generation.worker",
+                 "scalerl_jax.generation.vllm.worker", "scalerl_jax.buffer.server")
+ENTRY_IMPORTERS = ("bench", "harness")      # (and the entry module's own package __init__)
+
+
+def layers_from_doc(text: str) -> dict[str, int]:
+  """{module prefix: layer number} from the ```layers block of `text` (`N name : prefix ...`)."""
+  block = re.search(r"```layers\n(.*?)```", text, re.S)
+  assert block, "docs/ARCHITECTURE.md has no ```layers block"
+  out = {}
+  for line in block.group(1).splitlines():
+    num, _, rest = line.partition(" ")
+    for prefix in rest.partition(":")[2].split():
+      assert prefix not in out, f"{prefix} is in two layers"
+      out[prefix] = int(num)
+  return out
+
+
+def layer_of(module: str, layers: dict[str, int]) -> int | None:
+  """The layer of the longest prefix of `module` (whole dotted parts) in `layers`; None if none."""
+  parts = module.split(".")
+  for n in range(len(parts), 0, -1):
+    if ".".join(parts[:n]) in layers:
+      return layers[".".join(parts[:n])]
+  return None
+
+
+def upward_imports(edges, layers) -> list[str]:
+  """Every import from a lower layer into a higher one, as "a (L) -> b (L)"."""
+  bad = []
+  for m, deps in sorted(edges.items()):
+    lm = layer_of(m, layers)
+    for d in sorted(deps):
+      ld = layer_of(d, layers)
+      if lm is not None and ld is not None and ld > lm:
+        bad.append(f"{m} ({lm}) -> {d} ({ld})")
+  return bad
+
+
+def room_violations(edges) -> list[str]:
+  """Imports that break ROOM_RULES or reach a process's entry module (ENTRY_MODULES)."""
+  bad = []
+  for m, deps in sorted(edges.items()):
+    for d in sorted(deps):
+      for src, dst, allowed in ROOM_RULES:
+        if (m + ".").startswith(src + ".") and (d + ".").startswith(dst + ".") and d not in allowed:
+          bad.append(f"{m} -> {d} (room rule: {src} reaches {dst} only for {allowed})")
+      if (d in ENTRY_MODULES and m.split(".")[0] not in ENTRY_IMPORTERS
+          and not d.startswith(m + ".")):
+        bad.append(f"{m} -> {d} (an entry module)")
+  return bad
+
+
+def test_every_module_has_a_layer():
+  edges, _ = import_graph()
+  layers = layers_from_doc(ARCHITECTURE.read_text())
+  assert len(set(layers.values())) >= 6
+  assert [m for m in sorted(edges) if layer_of(m, layers) is None] == []
+
+
+def test_no_import_runs_back_up_the_layers():
+  edges, _ = import_graph()
+  layers = layers_from_doc(ARCHITECTURE.read_text())
+  assert upward_imports(edges, layers) == []
+  assert room_violations(edges) == []
+
+
+def test_the_layer_check_fails_on_planted_upward_imports():
+  """A planted source in the RL library importing the trainer, one in the learner importing the
+  vLLM parity module and one in launch/ importing the worker: each is named."""
+  edges, _ = import_graph()
+  mods = _modules()
+  layers = layers_from_doc(ARCHITECTURE.read_text())
+  planted = {"scalerl_jax.rl.planted": "from scalerl_jax.training import trainer\n",
+             "scalerl_jax.training.planted": "from scalerl_jax.generation.vllm import parity\n",
+             "launch.planted": "from scalerl_jax.generation.worker import build_parser\n"}
+  for name, src in planted.items():
+    edges[name], _ = module_imports(name, ast.parse(src), False, mods)
+  assert upward_imports(edges, layers) == [
+      "scalerl_jax.rl.planted (1) -> scalerl_jax.training.trainer (5)"]
+  assert room_violations(edges) == [
+      "launch.planted -> scalerl_jax.generation.worker (an entry module)",
+      "scalerl_jax.training.planted -> scalerl_jax.generation.vllm.parity (room rule: "
+      f"scalerl_jax.training reaches scalerl_jax.generation only for {ROOM_RULES[0][2]})"]
+  assert layer_of("scalerl_jax.generation.backends", layers) == 1        # longest prefix wins
+  assert layer_of("scalerl_jax.generation.worker", layers) == 4
 
 
 def test_the_runtime_package_never_imports_the_harness_or_the_benches():

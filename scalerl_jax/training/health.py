@@ -43,7 +43,7 @@ from analysis.forecast import eval_samples, forecast_run, read_references
 from analysis.metrics import AXIS_UNITS, on_axis, read_run
 from analysis.posterior import MIN_EVALS
 from configs import common
-from scalerl_jax.generation.vllm.parity import parity_stats
+from scalerl_jax.rl.mismatch import parity_stats
 from scalerl_jax.rewards.isolation import FAULTS as GRADE_FAULTS
 
 log = logging.getLogger("scalerl.health")
