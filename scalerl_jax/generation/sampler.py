@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from configs import common
 from scalerl_jax import models
 from scalerl_jax.models import hf_io
 from scalerl_jax.generation.generator import Generator
@@ -316,7 +317,8 @@ def _start_rows(params, tokens, mask, budget, rng, version, *, cfg, cap, L, kv_d
 class JaxSampler(Generator):
   """Batched jitted sampler on the JAX model; see the module docstring."""
 
-  def __init__(self, cfg: models.ModelConfig, params, version: int = 0, chunk_steps: int = 16,
+  def __init__(self, cfg: models.ModelConfig, params, version: int = 0,
+               chunk_steps: int = common.Generator.chunk_steps,
                end_think_token: int | None = None, kv_dtype: str = "float32",
                devices: int | str | Sequence | None = None, record_routes: bool = False):
     """`kv_dtype`: KV-cache storage ("float32" default: log-probs equal the learner's forward to

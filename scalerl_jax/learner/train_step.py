@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from configs import common
 from scalerl_jax import rl
 from scalerl_jax.learner import metrics as metrics_lib
 from scalerl_jax.learner.batch import RLSpec, bucket_lengths, prepare, split_microbatches
@@ -137,8 +138,9 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom) ->
   return treedef.unflatten(new_p), new_opt, grad_norm, update_norm, ok, finite
 
 
-def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: float = 1.0,
-                    head_precision: str = "fp32") -> Callable[..., jax.Array]:
+def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = common.Model.logits_chunk,
+                    temperature: float = 1.0,
+                    head_precision: str = common.Model.head_precision) -> Callable[..., jax.Array]:
   """``(params, tokens, routes=None) -> logp float32 [B,T]`` (0 at t=0): the learner's own
   log-probs (log_softmax(logits / T)) as its step computes them. With an ``apply_fn`` returning
   (hidden, head kernel) they are computed over sequence chunks of ``logits_chunk`` positions, so
@@ -160,11 +162,12 @@ def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: fl
 
 
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
-                    microbatches: int = 1, *, lr_schedule: optax.Schedule | None = None,
+                    microbatches: int = common.Optim.microbatches, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
-                    mesh=None, logits_chunk: int = 1024, temperature: float = 1.0,
-                    pad_multiple: int = 0, max_buckets: int = 8,
-                    head_precision: str = "fp32") -> Callable:
+                    mesh=None, logits_chunk: int = common.Model.logits_chunk,
+                    temperature: float = 1.0, pad_multiple: int = 0,
+                    max_buckets: int = common.Learner.max_buckets,
+                    head_precision: str = common.Model.head_precision) -> Callable:
   """Builds the un-jitted step function ``(state, batch) -> (state, metrics)``.
 
   When ``apply_fn`` returns (hidden, head kernel), log-probs and entropies are computed over
