@@ -451,8 +451,7 @@ class JaxSampler(Generator):
     state = _start(self._params, self.cfg, tokens, mask, budget.astype(np.int32),
                    jax.random.PRNGKey(spec.seed), np.int32(self._version),
                    cap, L, self.kv_dtype, grow, PHASE_ANSWER if not n_int else PHASE_THINK,
-                   self._mesh,
-                   self.record_routes)
+                   self._mesh, self.record_routes)
     interrupt = np.asarray(list(spec.interruption_tokens) or [0], np.int32)
     stop = np.asarray(list(spec.stop_tokens) or [-1], np.int32)
     # Without interruption tokens there is no thinking phase: the whole completion is the answer.
