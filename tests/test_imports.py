@@ -6,6 +6,7 @@ packages (and the vLLM worker's modules) importable with JAX blocked."""
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import pathlib
 import re
@@ -67,7 +68,14 @@ def module_imports(name: str, tree: ast.AST, is_pkg: bool, mods) -> tuple[set[st
 
 
 def import_graph():
-  """(edges: module -> set of project modules it imports, private: list of offending imports)."""
+  """(edges: module -> set of project modules it imports, private: list of offending imports);
+  read once per test process, a fresh copy each call (a test may plant edges in it)."""
+  edges, private = _import_graph()
+  return {k: set(v) for k, v in edges.items()}, list(private)
+
+
+@functools.lru_cache(maxsize=1)
+def _import_graph():
   mods = _modules()
   edges, private = {}, []
   for name, path in mods.items():
