@@ -22,7 +22,8 @@ GENERIC = {
 # Restated defaults not removed yet, each with why. The test fails when one is fixed (remove it
 # here) and on any new one.
 KNOWN = {
-    # the buffer does not import the config layer (configs/common.py costs it 0.7 s per start;
+    # the buffer does not import the config layer (importing configs/common.py after the buffer's
+    # modules took 0.68 s: 2026-12-07, commit ad5a22d, 2-core AMD EPYC shared with concurrent work;
     # #47's config rewrite gives it the resolved run file), and buffer/state.py is edited concurrently
     "scalerl_jax/buffer/server.py::BufferServer.__init__(mode)",
     "scalerl_jax/buffer/server.py::BufferServer.__init__(lease_ttl_s)",
@@ -45,7 +46,7 @@ KNOWN = {
     # the WAL a test's hand-started buffer writes, for the record ("" = none): not the knob
     "scalerl_jax/processes.py::ProcessGroup.start_buffer_argv(wal_dir)",
     # analysis/ CLIs default --axis like forecast.axis; reading the section means importing
-    # configs/common.py into every analysis command (0.7 s): with #47's config rewrite
+    # configs/common.py into every analysis command: with #47's config rewrite
     "analysis/calibrate.py::real_study(axis)",
     "analysis/forecast.py::read_references(axis)",
     "analysis/forecast.py::forecast_runs(axis)",
