@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from scalerl_jax import storage
+from scalerl_jax.types import FORECAST_AXES
 
 from analysis.errors import (
   ForecastInputError,
@@ -247,7 +248,7 @@ def task_metric_keys(run_dir: str | os.PathLike) -> list[str]:
   return keys
 
 
-AXES = ("compute", "step")
+AXES = FORECAST_AXES   # declared below the config layer (scalerl_jax/types.py)
 #: the unit of each axis in messages and tables
 AXIS_UNITS = {"compute": "h", "step": "steps"}
 

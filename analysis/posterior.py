@@ -424,6 +424,39 @@ def lfo_excess(C, y, r0: float, *, n_samples: float | None = None, split: float 
   return out
 
 
+def _posterior_grid(C, y, yp, r0: float, noise: dict, v0: float, prior, a_lo: float, a_hi: float):
+  """fit_posterior's grid over (C_mid, B): a coarse pass over the prior box, then a fine one on
+  the box holding the mass (and the Laplace box), widened while the mass touches an edge that is
+  not the prior's. Returns (C_mid grid, B grid, per-cell stats, per-cell log weight)."""
+  prior_c = (np.log(C[0] / 10.0), np.log(1000.0 * C[-1]))
+  prior_b = tuple(np.log(B_PRIOR))
+  cm = np.exp(np.linspace(prior_c[0], prior_c[1], _COARSE[0]))
+  bg = np.exp(np.linspace(prior_b[0], prior_b[1], _COARSE[1]))
+  st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, prior, r0)
+  box_c, box_b = _box(cm, bg, _cell_logw(st, a_lo, a_hi) + extra)
+  lap = _laplace_box(C, y, r0, noise, prior_c, prior_b)
+  if lap is not None:
+    box_c = [min(box_c[0], lap[0][0]), max(box_c[1], lap[0][1])]
+    box_b = [min(box_b[0], lap[1][0]), max(box_b[1], lap[1][1])]
+  for _ in range(4):    # widen the box while the mass touches an edge that is not the prior's
+    cm = np.exp(np.linspace(box_c[0], box_c[1], _FINE[0]))
+    bg = np.exp(np.linspace(box_b[0], box_b[1], _FINE[1]))
+    st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, prior, r0)
+    logw = _cell_logw(st, a_lo, a_hi) + extra
+    keep = (logw > logw.max() - _LOGW_SPAN).reshape(len(cm), len(bg))
+    grow = False
+    for box, edge_lo, edge_hi, lim in ((box_c, keep[0].any(), keep[-1].any(), prior_c),
+                                       (box_b, keep[:, 0].any(), keep[:, -1].any(), prior_b)):
+      width = box[1] - box[0]
+      if edge_lo and box[0] > lim[0] + 1e-9:
+        box[0], grow = max(box[0] - width, lim[0]), True
+      if edge_hi and box[1] < lim[1] - 1e-9:
+        box[1], grow = min(box[1] + width, lim[1]), True
+    if not grow:
+      break
+  return cm, bg, st, logw
+
+
 def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: int = 20000,
                   seed: int = 0, value_max: float = 1.0, noise: dict | None = None,
                   r0_noise: bool = True, model_error: float = MODEL_ERROR,
@@ -460,32 +493,7 @@ def fit_posterior(C, y, r0: float, *, n_samples: float | None = None, n_draws: i
   v0 = float(noise.get("v0", 0.0)) * model_error ** 2 if r0_noise else 0.0
   yp = y - r0
   a_lo, a_hi = 1e-6, value_max - r0
-  prior_c = (np.log(C[0] / 10.0), np.log(1000.0 * C[-1]))
-  prior_b = tuple(np.log(B_PRIOR))
-  cm = np.exp(np.linspace(prior_c[0], prior_c[1], _COARSE[0]))
-  bg = np.exp(np.linspace(prior_b[0], prior_b[1], _COARSE[1]))
-  st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, prior, r0)
-  box_c, box_b = _box(cm, bg, _cell_logw(st, a_lo, a_hi) + extra)
-  lap = _laplace_box(C, y, r0, noise, prior_c, prior_b)
-  if lap is not None:
-    box_c = [min(box_c[0], lap[0][0]), max(box_c[1], lap[0][1])]
-    box_b = [min(box_b[0], lap[1][0]), max(box_b[1], lap[1][1])]
-  for _ in range(4):    # widen the box while the mass touches an edge that is not the prior's
-    cm = np.exp(np.linspace(box_c[0], box_c[1], _FINE[0]))
-    bg = np.exp(np.linspace(box_b[0], box_b[1], _FINE[1]))
-    st, extra = _with_prior(_cell_stats(C, yp, cm, bg, noise, v0), cm, bg, prior, r0)
-    logw = _cell_logw(st, a_lo, a_hi) + extra
-    keep = (logw > logw.max() - _LOGW_SPAN).reshape(len(cm), len(bg))
-    grow = False
-    for box, edge_lo, edge_hi, lim in ((box_c, keep[0].any(), keep[-1].any(), prior_c),
-                                       (box_b, keep[:, 0].any(), keep[:, -1].any(), prior_b)):
-      width = box[1] - box[0]
-      if edge_lo and box[0] > lim[0] + 1e-9:
-        box[0], grow = max(box[0] - width, lim[0]), True
-      if edge_hi and box[1] < lim[1] - 1e-9:
-        box[1], grow = min(box[1] + width, lim[1]), True
-    if not grow:
-      break
+  cm, bg, st, logw = _posterior_grid(C, y, yp, r0, noise, v0, prior, a_lo, a_hi)
   w = np.exp(logw - logw.max())
   w /= w.sum()
   rng = np.random.default_rng(seed)

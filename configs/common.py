@@ -24,12 +24,12 @@ from typing import Any, ClassVar, Mapping
 
 import ml_collections
 
-from analysis.metrics import AXES
 from scalerl_jax import data
 from scalerl_jax.data import mixture
 from scalerl_jax.generation import backends
 from scalerl_jax import rl
 from scalerl_jax.rewards import isolation
+from scalerl_jax.types import FORECAST_AXES
 
 
 # THE logical-axis rules table. Model code only names logical axes; this maps them to mesh axes.
@@ -647,8 +647,8 @@ class Forecast(Section):
   family: str = ""                 # finished runs of other recipes, same setup: pooled shape (issue #48)
 
   def check(self):
-    if self.axis not in AXES:
-      raise ConfigError(f"forecast.axis: {self.axis!r} is not one of {list(AXES)}")
+    if self.axis not in FORECAST_AXES:
+      raise ConfigError(f"forecast.axis: {self.axis!r} is not one of {list(FORECAST_AXES)}")
     if self.n_draws < 100:
       raise ConfigError(f"forecast.n_draws must be >= 100, got {self.n_draws}")
 

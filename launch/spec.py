@@ -205,6 +205,124 @@ def run_config_text(config, header: str = "") -> str:
           "  return ml_collections.ConfigDict(CONFIG)\n")
 
 
+def _tls_spec(buffer_addr: str) -> dict:
+  """The TLS Secret, its mount and each role's TLS arguments (`--tls` renders)."""
+  paths = {k: f"{TLS_MOUNT}/{f}" for k, f in TLS_FILES.items()}
+  server_name = buffer_addr.rpartition(":")[0]
+  return {"secret": TLS_SECRET_NAME, "mount": TLS_MOUNT, "files": dict(TLS_FILES),
+          "server_name": server_name,
+          "learner_args": [f"--config.tls.{k}={v}" for k, v in paths.items()] +
+                          [f"--config.tls.server_name={server_name}"],
+          "generator_args": [f"--tls_{k}={v}" for k, v in paths.items()] +
+                            [f"--tls_server_name={server_name}"],
+          "buffer_args": [f"--tls-{k}={v}" for k, v in paths.items()]}
+
+
+def _learner_distribution(lp: dict, name: str, hosts: int, layout: str, run_cfg):
+  """(learner arguments, env, downward-API env) for jax.distributed on the learner's platform: a
+  TPU slice auto-detects its hosts; GPU hosts get the coordinator (pod 0), count and index."""
+  learner_env, learner_fields = {}, {"POD_IP": FIELD_POD_IP}
+  if lp["kind"] == "tpu":     # jax.distributed.initialize() auto-detects the slice's hosts
+    dist_args = ["--config.distributed.auto=True"]
+  else:                       # GPU hosts: explicit coordinator (pod 0), count, index (scalerl_jax/distributed.py)
+    dist_args = []
+    learner_env.update({"SCALERL_COORDINATOR": f"{name}-learner-learner-0-0.{name}-learner:"
+                                                f"{COORDINATOR_PORT}",
+                        "SCALERL_NUM_PROCESSES": str(hosts)})
+    learner_fields["SCALERL_PROCESS_ID"] = FIELD_COMPLETION_INDEX
+    # The memory plans (tools/plan.py, topologies.usable_bytes) assume this share of HBM.
+    if layout:
+      frac = topologies.get_topology(str(run_cfg.topology)).usable_fraction
+      learner_env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{frac:g}"
+  return dist_args, learner_env, learner_fields
+
+
+def _learner_job(s: dict, lp: dict, run_cfg, chips: int, hosts: int, topology, args: list[str],
+                 tls_args: list[str], learner_env: dict, learner_fields: dict,
+                 token_env: str) -> dict:
+  """The learner JobSet's spec: one `scalerl_jax.main` per host."""
+  name, workdir = s["name"], s["workdir"]
+  learner_role = "learner-tpu" if lp["kind"] == "tpu" else "learner-gpu"
+  return {
+      "name": f"{name}-learner", "platform": s["learner_platform"],
+      "image": image(s, learner_role), "accelerator_resource": lp["resource"],
+      "chips": chips, "hosts": hosts, "chips_per_host": lp["chips_per_host"],
+      "tpu_topology": topology, "node_selector": dict(lp["node_selector"]),
+      "machine_type": lp["machine_type"], "arch": lp["arch"], "cpu": lp["cpu"], "memory": lp["memory"],
+      "coordinator_port": COORDINATOR_PORT, "weights_port": WEIGHTS_PORT,
+      # Every learner pod serves its own weight shards to the fleet (weights/source.py):
+      # it listens on all interfaces and advertises its pod IP ($(POD_IP): Kubernetes expands
+      # it from the env var the downward API sets).
+      "command": ["python", "-m", "scalerl_jax.main", *args,
+                  "--config.buffer.external=True", "--config.weights.host=0.0.0.0",
+                  f"--config.weights.port={WEIGHTS_PORT}",
+                  "--config.weights.advertise=$(POD_IP)", *tls_args,
+                  f"--workdir={workdir}"],
+      "progress_file": PROGRESS_FILE,
+      "progress_max_age_s": float(run_cfg.learner.progress_max_age_s),
+      # SIGTERM -> SIGKILL window: the learner's final-checkpoint decision uses the same number
+      "termination_grace_s": float(run_cfg.checkpoint.termination_grace_s),
+      "env": learner_env, "field_env": learner_fields,
+      "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+      "service_account": s["service_account"],
+  }
+
+
+def _generator_job(s: dict, gp: dict, run_cfg, gen_gpus: int, tp: int, cfg_path: str,
+                   cfg_over: list[str], buffer_addr: str, tls_args: list[str],
+                   token_env: str) -> dict:
+  """The generator Deployment's spec: one vLLM engine per pod of `tp` GPUs."""
+  name = s["name"]
+  gen_mem = sizing.generator_memory_request_gib(run_cfg)
+  return {
+      "name": f"{name}-vllm", "platform": s["generator_platform"], "image": image(s, "vllm"),
+      "accelerator_resource": gp["resource"], "gpus": gen_gpus, "tensor_parallel": tp,
+      "replicas": gen_gpus // tp, "gpus_per_replica": tp,
+      "node_selector": dict(gp["node_selector"]), "machine_type": gp["machine_type"],
+      "arch": gp["arch"],
+      # Host memory: the weight versions a generator holds + its start-up export (sizing.py).
+      "cpu": str(8 * tp), "memory": f"{gen_mem}Gi", "port": VLLM_PORT,
+      "ephemeral_storage": f"{sizing.generator_disk_bytes(run_cfg)['request_gib']}Gi",
+      "alive_file": ALIVE_FILE, "relay_port": RELAY_PORT,
+      "ckpt_cache_mount": CKPT_CACHE_MOUNT, "ckpt_cache_host_path": CKPT_CACHE_HOST_PATH,
+      # One vLLM engine per pod; generator id = pod name; run config = the resolved one.
+      "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_path}",
+                  *cfg_over, f"--buffer={buffer_addr}", "--backend=vllm",
+                  "--workdir=/tmp/scalerl", f"--alive_file={ALIVE_FILE}",
+                  # The weight relay (weights/relay.py): same token and TLS, pod IP advertised.
+                  f"--config.weights.relay_port={RELAY_PORT}",
+                  "--config.weights.relay_advertise=$(POD_IP)",
+                  f"--config.generator.ckpt_cache_dir={CKPT_CACHE_MOUNT}",
+                  *tls_args],
+      "env": {}, "field_env": {"POD_IP": FIELD_POD_IP}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+      "service_account": s["service_account"],   # gs:// data / start checkpoint
+  }
+
+
+def _buffer_job(s: dict, run_cfg, cfg_path: str, cfg_over: list[str], buffer_addr: str,
+                tls_args: list[str], token_env: str) -> dict:
+  """The buffer Deployment's spec: the prompt export (init container) and the buffer server."""
+  name, workdir = s["name"], s["workdir"]
+  return {
+      "name": f"{name}-buffer", "image": image(s, "buffer"), "port": BUFFER_PORT,
+      "address": buffer_addr, "cpu": "8", "memory": "32Gi", "prompts_file": PROMPTS_FILE,
+      "export_command": ["python", "-m", "scalerl_jax.data.export", f"--config={cfg_path}",
+                         *cfg_over, f"--out={PROMPTS_FILE}"],
+      # The same flags main passes when it starts the buffer itself (processes.buffer_flags):
+      # NPR threshold, WAL on the pod's volume, the learner-state file in the workdir.
+      "command": ["python", "-m", "scalerl_jax.buffer.server",
+                  *buffer_flags(run_cfg, prompts=PROMPTS_FILE, host="0.0.0.0", port=BUFFER_PORT,
+                                wal_dir=WAL_MOUNT,
+                                learner_state=posixpath.join(workdir, "learner_state.json"),
+                                tls=tls_args)],
+      "wal_mount": WAL_MOUNT, "wal_storage": s["wal_storage"],
+      "progress_file": PROGRESS_FILE,
+      "progress_max_age_s": float(run_cfg.buffer.progress_max_age_s),
+      "env": {}, "field_env": {}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
+      "service_account": s["service_account"],
+  }
+
+
 def resolve(config, overrides: dict | None = None) -> dict:
   """The three job specs (plain JSON-able dicts) for `config` (+ launch overrides), and the one
   resolved run config they all read (`run_config`)."""
@@ -238,34 +356,9 @@ def resolve(config, overrides: dict | None = None) -> dict:
   learner_cfg = f"{cfg_path}:{layout}" if layout else cfg_path
   token_env = config.buffer.auth_token_env
   common_args = [f"--config={learner_cfg}", *cfg_over, f"--config.buffer.address={buffer_addr}"]
-  tls = None
-  if s["tls"]:
-    paths = {k: f"{TLS_MOUNT}/{f}" for k, f in TLS_FILES.items()}
-    server_name = buffer_addr.rpartition(":")[0]
-    tls = {"secret": TLS_SECRET_NAME, "mount": TLS_MOUNT, "files": dict(TLS_FILES),
-           "server_name": server_name,
-           "learner_args": [f"--config.tls.{k}={v}" for k, v in paths.items()] +
-                           [f"--config.tls.server_name={server_name}"],
-           "generator_args": [f"--tls_{k}={v}" for k, v in paths.items()] +
-                             [f"--tls_server_name={server_name}"],
-           "buffer_args": [f"--tls-{k}={v}" for k, v in paths.items()]}
+  tls = _tls_spec(buffer_addr) if s["tls"] else None
   tls_args = lambda role: list(tls[f"{role}_args"]) if tls else []
-  workdir = s["workdir"]
-  learner_env, learner_fields = {}, {"POD_IP": FIELD_POD_IP}
-  if lp["kind"] == "tpu":     # jax.distributed.initialize() auto-detects the slice's hosts
-    dist_args = ["--config.distributed.auto=True"]
-  else:                       # GPU hosts: explicit coordinator (pod 0), count, index (scalerl_jax/distributed.py)
-    dist_args = []
-    learner_env.update({"SCALERL_COORDINATOR": f"{name}-learner-learner-0-0.{name}-learner:"
-                                                f"{COORDINATOR_PORT}",
-                        "SCALERL_NUM_PROCESSES": str(hosts)})
-    learner_fields["SCALERL_PROCESS_ID"] = FIELD_COMPLETION_INDEX
-    # The memory plans (tools/plan.py, topologies.usable_bytes) assume this share of HBM.
-    if layout:
-      frac = topologies.get_topology(str(run_cfg.topology)).usable_fraction
-      learner_env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{frac:g}"
-  learner_role = "learner-tpu" if lp["kind"] == "tpu" else "learner-gpu"
-  gen_mem = sizing.generator_memory_request_gib(run_cfg)
+  dist_args, learner_env, learner_fields = _learner_distribution(lp, name, hosts, layout, run_cfg)
   return {
       "name": name,
       "namespace": s["namespace"],
@@ -279,70 +372,13 @@ def resolve(config, overrides: dict | None = None) -> dict:
                      "text": run_config_text(run_cfg, f"GENERATED by launch.spec.resolve from "
                                                       f"{cfg_file} (learner {s['learner_platform']} "
                                                       f"layout {layout}): the resolved run config.")},
-      "learner": {
-          "name": f"{name}-learner", "platform": s["learner_platform"],
-          "image": image(s, learner_role), "accelerator_resource": lp["resource"],
-          "chips": chips, "hosts": hosts, "chips_per_host": lp["chips_per_host"],
-          "tpu_topology": topology, "node_selector": dict(lp["node_selector"]),
-          "machine_type": lp["machine_type"], "arch": lp["arch"], "cpu": lp["cpu"], "memory": lp["memory"],
-          "coordinator_port": COORDINATOR_PORT, "weights_port": WEIGHTS_PORT,
-          # Every learner pod serves its own weight shards to the fleet (weights/source.py):
-          # it listens on all interfaces and advertises its pod IP ($(POD_IP): Kubernetes expands
-          # it from the env var the downward API sets).
-          "command": ["python", "-m", "scalerl_jax.main", *common_args, *dist_args,
-                      "--config.buffer.external=True", "--config.weights.host=0.0.0.0",
-                      f"--config.weights.port={WEIGHTS_PORT}",
-                      "--config.weights.advertise=$(POD_IP)", *tls_args("learner"),
-                      f"--workdir={workdir}"],
-          "progress_file": PROGRESS_FILE,
-          "progress_max_age_s": float(run_cfg.learner.progress_max_age_s),
-          # SIGTERM -> SIGKILL window: the learner's final-checkpoint decision uses the same number
-          "termination_grace_s": float(run_cfg.checkpoint.termination_grace_s),
-          "env": learner_env, "field_env": learner_fields,
-          "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
-          "service_account": s["service_account"],
-      },
-      "generators": {
-          "name": f"{name}-vllm", "platform": s["generator_platform"], "image": image(s, "vllm"),
-          "accelerator_resource": gp["resource"], "gpus": gen_gpus, "tensor_parallel": tp,
-          "replicas": gen_gpus // tp, "gpus_per_replica": tp,
-          "node_selector": dict(gp["node_selector"]), "machine_type": gp["machine_type"],
-          "arch": gp["arch"],
-          # Host memory: the weight versions a generator holds + its start-up export (sizing.py).
-          "cpu": str(8 * tp), "memory": f"{gen_mem}Gi", "port": VLLM_PORT,
-          "ephemeral_storage": f"{sizing.generator_disk_bytes(run_cfg)['request_gib']}Gi",
-          "alive_file": ALIVE_FILE, "relay_port": RELAY_PORT,
-          "ckpt_cache_mount": CKPT_CACHE_MOUNT, "ckpt_cache_host_path": CKPT_CACHE_HOST_PATH,
-          # One vLLM engine per pod; generator id = pod name; run config = the resolved one.
-          "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_path}",
-                      *cfg_over, f"--buffer={buffer_addr}", "--backend=vllm",
-                      "--workdir=/tmp/scalerl", f"--alive_file={ALIVE_FILE}",
-                      # The weight relay (weights/relay.py): same token and TLS, pod IP advertised.
-                      f"--config.weights.relay_port={RELAY_PORT}",
-                      "--config.weights.relay_advertise=$(POD_IP)",
-                      f"--config.generator.ckpt_cache_dir={CKPT_CACHE_MOUNT}",
-                      *tls_args("generator")],
-          "env": {}, "field_env": {"POD_IP": FIELD_POD_IP}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
-          "service_account": s["service_account"],   # gs:// data / start checkpoint
-      },
-      "buffer": {
-          "name": f"{name}-buffer", "image": image(s, "buffer"), "port": BUFFER_PORT,
-          "address": buffer_addr, "cpu": "8", "memory": "32Gi", "prompts_file": PROMPTS_FILE,
-          "export_command": ["python", "-m", "scalerl_jax.data.export", f"--config={cfg_path}",
-                             *cfg_over, f"--out={PROMPTS_FILE}"],
-          # The same flags main passes when it starts the buffer itself (processes.buffer_flags):
-          # NPR threshold, WAL on the pod's volume, the learner-state file in the workdir.
-          "command": ["python", "-m", "scalerl_jax.buffer.server",
-                      *buffer_flags(run_cfg, prompts=PROMPTS_FILE, host="0.0.0.0", port=BUFFER_PORT,
-                                    wal_dir=WAL_MOUNT,
-                                    learner_state=posixpath.join(workdir, "learner_state.json"),
-                                    tls=tls_args("buffer"))],
-          "wal_mount": WAL_MOUNT, "wal_storage": s["wal_storage"],
-          "progress_file": PROGRESS_FILE,
-          "progress_max_age_s": float(run_cfg.buffer.progress_max_age_s),
-          "env": {}, "field_env": {}, "secret_env": {token_env: [SECRET_NAME, SECRET_KEY]},
-          "service_account": s["service_account"],
-      },
+      "learner": _learner_job(s, lp, run_cfg, chips, hosts, topology,
+                              [*common_args, *dist_args], tls_args("learner"), learner_env,
+                              learner_fields, token_env),
+      "generators": _generator_job(s, gp, run_cfg, gen_gpus, tp, cfg_path, cfg_over, buffer_addr,
+                                   tls_args("generator"), token_env),
+      "buffer": _buffer_job(s, run_cfg, cfg_path, cfg_over, buffer_addr, tls_args("buffer"),
+                            token_env),
       "secret": {"name": SECRET_NAME, "key": SECRET_KEY, "env": token_env},
       "tls": tls,
       "data_pvc": s["data_pvc"],

@@ -76,3 +76,9 @@ def one_line(e: BaseException, limit: int = 300) -> str:
   """An exception as "Type: first line of its message" (at most `limit` characters)."""
   lines = str(e).strip().splitlines()
   return f"{type(e).__name__}: {lines[0][:limit] if lines else ''}"
+
+
+# The x-axes a scaling curve is fitted on (`forecast.axis`, analysis/metrics.py): compute as
+# logged (`compute_hours`) or the learner step. Here, below the config layer and analysis/, so
+# that configs/common.py checks the knob without importing analysis/ (docs/ARCHITECTURE.md "Layers").
+FORECAST_AXES = ("compute", "step")

@@ -132,51 +132,11 @@ class ContinuousLoop(WorkerFields):
         if (queued() < dec.free + n_lease * int(self.config.rollout.generations_per_prompt)
             and len(pushes) <= 4 * n_lease and time.monotonic() >= next_lease
             and not self._stop.is_set()):    # SIGTERM gave the leases back: take no more
-          busy = bool(dec.in_flight) or bool(waiting)
-          t = time.perf_counter()
-          try:
-            resp = self.client.lease_response(self.lease_id, max_groups=n_lease,
-                                              wait_timeout_s=0.0 if busy else 2.0,
-                                              held_versions=self.held_versions(),
-                                              max_eval_groups=n_eval)
-          except grpc.RpcError as e:
-            log.warning("%s: lease failed (%s)", self.id, e.code())
-            resp = None
-            if not busy:
-              time.sleep(1.0)
-          if not busy:   # every slot free, waiting for work
-            dec.note_idle(time.perf_counter() - t)
-          if resp is not None:
-            self._set_pins(resp.eval_versions)
-            assignments = list(resp.assignments)
-            if not assignments:
-              next_lease = time.monotonic() + 0.2
-            if assignments and assignments[0].eval_id:
-              if not self.engine.separate_eval:   # the engine switches versions: finish first
-                while dec.in_flight:
-                  finished(dec.step())
-              self.eval_groups += self.serve_eval(assignments)
-            elif assignments:
-              with self._grade_lock:
-                self._working = self._working | {a.group_id for a in assignments}
-              for a in assignments:
-                p = assignment_prompt(a)
-                seed = runtime.generation_seed(self.config.seed, a.min_version, [a.prompt_id])
-                spec = dataclasses.replace(spec0, seed=seed)
-                waiting.append((a, p, requests_for([p], int(a.group_size), spec, tag=a.group_id)))
+          nxt = self._lease_ahead(dec, waiting, finished, spec0, n_lease, n_eval)
+          next_lease = next_lease if nxt is None else nxt
         # Fill free slots with samples whose minimum version this sampler has reached.
         self.gen.apply_pending()
-        batch = []
-        while len(batch) < dec.free and insertable():
-          a, p, reqs = waiting[0]
-          take = reqs[:dec.free - len(batch)]
-          if a.group_id not in open_groups:
-            open_groups[a.group_id] = [a, p, time.time(), {}]
-          batch += take
-          if len(take) == len(reqs):
-            waiting.popleft()
-          else:
-            waiting[0] = (a, p, reqs[len(take):])
+        batch = self._fill(dec, waiting, open_groups, insertable)
         dec.insert(batch)
         if not dec.in_flight:
           t = time.perf_counter()
@@ -190,3 +150,59 @@ class ContinuousLoop(WorkerFields):
       pool.shutdown(wait=not self.terminated)   # SIGTERM: no waiting on grades given back
       done += sum(f.result() for f in pushes if f.done() and not f.exception())
     return done
+
+  def _lease_ahead(self, dec, waiting, finished, spec0, n_lease: int, n_eval: int) -> float | None:
+    """One lease call of the continuous loop: training groups join `waiting` (their samples'
+    requests, each group seeded by (run seed, minimum version, prompt)), evaluation groups are
+    served now (`finished` takes the samples an engine that switches versions ends first).
+    Returns when to ask again after an empty answer (the staleness window is full), else None."""
+    nxt = None
+    busy = bool(dec.in_flight) or bool(waiting)
+    t = time.perf_counter()
+    try:
+      resp = self.client.lease_response(self.lease_id, max_groups=n_lease,
+                                        wait_timeout_s=0.0 if busy else 2.0,
+                                        held_versions=self.held_versions(),
+                                        max_eval_groups=n_eval)
+    except grpc.RpcError as e:
+      log.warning("%s: lease failed (%s)", self.id, e.code())
+      resp = None
+      if not busy:
+        time.sleep(1.0)
+    if not busy:   # every slot free, waiting for work
+      dec.note_idle(time.perf_counter() - t)
+    if resp is not None:
+      self._set_pins(resp.eval_versions)
+      assignments = list(resp.assignments)
+      if not assignments:
+        nxt = time.monotonic() + 0.2
+      if assignments and assignments[0].eval_id:
+        if not self.engine.separate_eval:   # the engine switches versions: finish first
+          while dec.in_flight:
+            finished(dec.step())
+        self.eval_groups += self.serve_eval(assignments)
+      elif assignments:
+        with self._grade_lock:
+          self._working = self._working | {a.group_id for a in assignments}
+        for a in assignments:
+          p = assignment_prompt(a)
+          seed = runtime.generation_seed(self.config.seed, a.min_version, [a.prompt_id])
+          spec = dataclasses.replace(spec0, seed=seed)
+          waiting.append((a, p, requests_for([p], int(a.group_size), spec, tag=a.group_id)))
+    return nxt
+
+  def _fill(self, dec, waiting, open_groups, insertable) -> list:
+    """The samples that enter the decoder's free slots now: those whose minimum version this
+    sampler holds, in lease order (a group's first sample opens its entry in `open_groups`)."""
+    batch = []
+    while len(batch) < dec.free and insertable():
+      a, p, reqs = waiting[0]
+      take = reqs[:dec.free - len(batch)]
+      if a.group_id not in open_groups:
+        open_groups[a.group_id] = [a, p, time.time(), {}]
+      batch += take
+      if len(take) == len(reqs):
+        waiting.popleft()
+      else:
+        waiting[0] = (a, p, reqs[len(take):])
+    return batch

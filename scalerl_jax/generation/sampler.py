@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from configs import common
 from scalerl_jax import models
 from scalerl_jax.models import hf_io
 from scalerl_jax.generation.generator import Generator
@@ -316,7 +317,8 @@ def _start_rows(params, tokens, mask, budget, rng, version, *, cfg, cap, L, kv_d
 class JaxSampler(Generator):
   """Batched jitted sampler on the JAX model; see the module docstring."""
 
-  def __init__(self, cfg: models.ModelConfig, params, version: int = 0, chunk_steps: int = 16,
+  def __init__(self, cfg: models.ModelConfig, params, version: int = 0,
+               chunk_steps: int = common.Generator.chunk_steps,
                end_think_token: int | None = None, kv_dtype: str = "float32",
                devices: int | str | Sequence | None = None, record_routes: bool = False):
     """`kv_dtype`: KV-cache storage ("float32" default: log-probs equal the learner's forward to
@@ -449,8 +451,7 @@ class JaxSampler(Generator):
     state = _start(self._params, self.cfg, tokens, mask, budget.astype(np.int32),
                    jax.random.PRNGKey(spec.seed), np.int32(self._version),
                    cap, L, self.kv_dtype, grow, PHASE_ANSWER if not n_int else PHASE_THINK,
-                   self._mesh,
-                   self.record_routes)
+                   self._mesh, self.record_routes)
     interrupt = np.asarray(list(spec.interruption_tokens) or [0], np.int32)
     stop = np.asarray(list(spec.stop_tokens) or [-1], np.int32)
     # Without interruption tokens there is no thinking phase: the whole completion is the answer.

@@ -29,7 +29,6 @@ is ridden out. A restarted worker starts by fetching the newest published weight
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import logging
@@ -53,6 +52,7 @@ from scalerl_jax.generation.continuous_loop import ContinuousLoop
 from scalerl_jax.generation.eval_lane import EvalLane
 from scalerl_jax.generation.generator import Engine
 from scalerl_jax.generation.slots import DecodeStats
+from scalerl_jax.generation.worker_cli import build_parser
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol.client import assignment_prompt
 from scalerl_jax.protocol.client import BufferClient
@@ -391,27 +391,6 @@ class Worker(EvalLane, ContinuousLoop):
     rewards.isolation.shutdown()
     if self.reward_log is not None:
       self.reward_log.close()
-
-
-def build_parser() -> argparse.ArgumentParser:
-  """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
-  ap = argparse.ArgumentParser(description="scalerl_jax generator worker")
-  ap.add_argument("--run_config", required=True)
-  ap.add_argument("--buffer", required=True)
-  ap.add_argument("--generator_id", default=None,
-                  help="default: $HOSTNAME, else the host name (the pod name)")
-  ap.add_argument("--backend", choices=backends.names(), default=None)
-  ap.add_argument("--workdir", default=None)
-  ap.add_argument("--tensor_parallel", type=int, default=0,
-                  help="vLLM engine tensor-parallel size (overrides config.generator.tensor_parallel)")
-  ap.add_argument("--tls_cert", default=None, help="PEM certificate (overrides config.tls.cert)")
-  ap.add_argument("--tls_key", default=None, help="PEM key (overrides config.tls.key)")
-  ap.add_argument("--tls_ca", default=None,
-                  help="PEM CA the buffer's certificate is verified with (overrides config.tls.ca)")
-  ap.add_argument("--tls_server_name", default=None, help="overrides config.tls.server_name")
-  ap.add_argument("--alive_file", default=None,
-                  help="touched at start and every generator.heartbeat_s (liveness probe)")
-  return ap
 
 
 def main(argv=None) -> None:

@@ -45,7 +45,7 @@ class RLSpec:
                correction=Correction.from_config(rl_cfg))
 
 
-def validate_batch(batch: Mapping[str, np.ndarray], microbatches: int = 1,
+def validate_batch(batch: Mapping[str, np.ndarray], microbatches: int,
                    vocab_size: int | None = None, route_shape: tuple[int, int, int] | None = None
                    ) -> None:
   """Raises ValueError with a clear message for any contract violation (host-side, numpy).

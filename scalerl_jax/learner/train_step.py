@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from configs import common
 from scalerl_jax import rl
 from scalerl_jax.learner import metrics as metrics_lib
 from scalerl_jax.learner.batch import RLSpec, bucket_lengths, prepare, split_microbatches
@@ -137,8 +138,9 @@ def sliced_update(optimizer, acc, denom_safe, params, opt_state, loss, denom) ->
   return treedef.unflatten(new_p), new_opt, grad_norm, update_norm, ok, finite
 
 
-def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: float = 1.0,
-                    head_precision: str = "fp32") -> Callable[..., jax.Array]:
+def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = common.Model.logits_chunk,
+                    temperature: float = 1.0,
+                    head_precision: str = common.Model.head_precision) -> Callable[..., jax.Array]:
   """``(params, tokens, routes=None) -> logp float32 [B,T]`` (0 at t=0): the learner's own
   log-probs (log_softmax(logits / T)) as its step computes them. With an ``apply_fn`` returning
   (hidden, head kernel) they are computed over sequence chunks of ``logits_chunk`` positions, so
@@ -159,12 +161,87 @@ def make_logprob_fn(apply_fn: ApplyFn, logits_chunk: int = 1024, temperature: fl
   return fn
 
 
+def _constrain(mesh, batch_partition) -> Callable[[Any], Any]:
+  """Constrains each micro-batch's rows to the batch mesh axes (identity without a mesh)."""
+  def constrain(tree) -> Any:
+    if mesh is None or batch_partition is None:
+      return tree
+    sharding = NamedSharding(mesh, P(None, *batch_partition))
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
+  return constrain
+
+
+def _step_inputs(batch: Mapping[str, jax.Array], prep) -> dict[str, jax.Array]:
+  """The objective's inputs of a whole batch (tokens, positions, gen log-probs, mask, advantages,
+  weights; routes and lags when the batch has them)."""
+  inputs = dict(tokens=jnp.asarray(batch["tokens"], jnp.int32), positions=_positions(batch),
+                gen_logprobs=jnp.asarray(batch["gen_logprobs"], jnp.float32),
+                loss_mask=jnp.asarray(batch["loss_mask"], bool),
+                adv=prep["adv"], weights=prep["weights"])
+  if "routes" in batch:
+    inputs["routes"] = jnp.asarray(batch["routes"], jnp.int32)
+  if "lags" in batch:
+    inputs["lags"] = jnp.asarray(batch["lags"], jnp.int32)
+  return inputs
+
+
+def _accumulate(grad_fn, params, inputs, microbatches: int, pad_multiple: int, max_buckets: int,
+                constrain, correction_on: bool) -> tuple[Any, dict[str, jax.Array]]:
+  """Σ of the micro-batches' gradients and combined stats: one `lax.scan` whose carry is the one
+  accumulator; with `pad_multiple` > 0 each micro-batch runs in its length bucket
+  (make_train_step's docstring)."""
+  mbs = constrain(split_microbatches(inputs, microbatches))
+
+  T = inputs["tokens"].shape[1]
+  buckets = bucket_lengths(T, pad_multiple, max_buckets) if pad_multiple > 0 else (T,)
+
+  def cut(mb, L) -> dict[str, jax.Array]:          # the token axis of every [rows, T, ...] input cut to L
+    return {k: (v[:, :L] if v.ndim >= 2 else v) for k, v in mb.items()}
+
+  def mb_grad(mb) -> Any:
+    if len(buckets) == 1:
+      return grad_fn(params, mb)
+    pos = jnp.arange(T, dtype=jnp.int32)
+    need = jnp.max(jnp.where(mb["loss_mask"], pos[None] + 1, 0))
+    k = jnp.minimum(jnp.searchsorted(jnp.asarray(buckets, jnp.int32), need), len(buckets) - 1)
+    return jax.lax.switch(k, [lambda m, L=L: grad_fn(params, cut(m, L)) for L in buckets], mb)
+
+  def body(carry, mb) -> tuple[tuple[Any, dict[str, jax.Array]], None]:   # the scan carry IS the one accumulator (updated in place)
+    g_acc, s_acc = carry
+    g, s = mb_grad(mb)
+    return (jax.tree.map(jnp.add, g_acc, g), metrics_lib.combine(s_acc, s)), None
+
+  keys = metrics_lib.SUM_KEYS + metrics_lib.MAX_KEYS
+  if "lags" in inputs:
+    keys += metrics_lib.lag_keys(STAT_NAMES if correction_on else ())
+  init = (jax.tree.map(jnp.zeros_like, params), metrics_lib.zeros(keys))
+  (acc, stats), _ = jax.lax.scan(body, init, mbs)
+  return acc, stats
+
+
+def _step_metrics(stats, prep, inputs, batch, loss, grad_norm, update_norm, ok, finite
+                  ) -> dict[str, Any]:
+  """The step's metrics: the finalized token stats, loss, norms, denominator, kept / dropped
+  counts, tokens, and whether (and why) the update was skipped."""
+  denom = prep["denominator"]
+  m = metrics_lib.finalize(stats)
+  m.update(loss=loss, grad_norm=grad_norm, update_norm=update_norm, denominator=denom,
+           effective_samples=prep["kept_rows"], dropped_groups=prep["dropped_groups"],
+           effective_prompts=prep["kept_groups"],
+           total_tokens=jnp.sum(inputs["loss_mask"] & (batch["prompt_ids"] >= 0)[:, None]
+                                ).astype(jnp.float32),
+           skipped=(~ok).astype(jnp.float32),
+           skip_reason=jnp.where(denom > 0, jnp.where(finite, 0.0, SKIP_NONFINITE), SKIP_EMPTY))
+  return m
+
+
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
-                    microbatches: int = 1, *, lr_schedule: optax.Schedule | None = None,
+                    microbatches: int = common.Optim.microbatches, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
-                    mesh=None, logits_chunk: int = 1024, temperature: float = 1.0,
-                    pad_multiple: int = 0, max_buckets: int = 8,
-                    head_precision: str = "fp32") -> Callable:
+                    mesh=None, logits_chunk: int = common.Model.logits_chunk,
+                    temperature: float = 1.0, pad_multiple: int = 0,
+                    max_buckets: int = common.Learner.max_buckets,
+                    head_precision: str = common.Model.head_precision) -> Callable:
   """Builds the un-jitted step function ``(state, batch) -> (state, metrics)``.
 
   When ``apply_fn`` returns (hidden, head kernel), log-probs and entropies are computed over
@@ -214,52 +291,14 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
 
   grad_fn = jax.grad(objective, has_aux=True)
 
-  def constrain(tree) -> Any:
-    if mesh is None or batch_partition is None:
-      return tree
-    sharding = NamedSharding(mesh, P(None, *batch_partition))
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), tree)
-
   def train_step(state: LearnerState, batch: Mapping[str, jax.Array]) -> tuple[LearnerState, dict[str, jax.Array]]:
     prep = prepare(batch, spec)
-    inputs = dict(tokens=jnp.asarray(batch["tokens"], jnp.int32), positions=_positions(batch),
-                  gen_logprobs=jnp.asarray(batch["gen_logprobs"], jnp.float32),
-                  loss_mask=jnp.asarray(batch["loss_mask"], bool),
-                  adv=prep["adv"], weights=prep["weights"])
-    if "routes" in batch:
-      inputs["routes"] = jnp.asarray(batch["routes"], jnp.int32)
-    if "lags" in batch:
-      inputs["lags"] = jnp.asarray(batch["lags"], jnp.int32)
-    params = state.params
+    inputs, params = _step_inputs(batch, prep), state.params
     if microbatches == 1:
       acc, stats = grad_fn(params, inputs)
     else:
-      mbs = constrain(split_microbatches(inputs, microbatches))
-
-      T = inputs["tokens"].shape[1]
-      buckets = bucket_lengths(T, pad_multiple, max_buckets) if pad_multiple > 0 else (T,)
-
-      def cut(mb, L) -> dict[str, jax.Array]:          # the token axis of every [rows, T, ...] input cut to L
-        return {k: (v[:, :L] if v.ndim >= 2 else v) for k, v in mb.items()}
-
-      def mb_grad(mb) -> Any:
-        if len(buckets) == 1:
-          return grad_fn(params, mb)
-        pos = jnp.arange(T, dtype=jnp.int32)
-        need = jnp.max(jnp.where(mb["loss_mask"], pos[None] + 1, 0))
-        k = jnp.minimum(jnp.searchsorted(jnp.asarray(buckets, jnp.int32), need), len(buckets) - 1)
-        return jax.lax.switch(k, [lambda m, L=L: grad_fn(params, cut(m, L)) for L in buckets], mb)
-
-      def body(carry, mb) -> tuple[tuple[Any, dict[str, jax.Array]], None]:   # the scan carry IS the one accumulator (updated in place)
-        g_acc, s_acc = carry
-        g, s = mb_grad(mb)
-        return (jax.tree.map(jnp.add, g_acc, g), metrics_lib.combine(s_acc, s)), None
-
-      keys = metrics_lib.SUM_KEYS + metrics_lib.MAX_KEYS
-      if "lags" in inputs:
-        keys += metrics_lib.lag_keys(STAT_NAMES if corr.enabled else ())
-      init = (jax.tree.map(jnp.zeros_like, params), metrics_lib.zeros(keys))
-      (acc, stats), _ = jax.lax.scan(body, init, mbs)
+      acc, stats = _accumulate(grad_fn, params, inputs, microbatches, pad_multiple, max_buckets,
+                               _constrain(mesh, batch_partition), corr.enabled)
     denom = prep["denominator"]
     safe = jnp.where(denom > 0, denom, 1.0)
     loss = stats["loss_sum"] / safe
@@ -268,14 +307,7 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
         optimizer, acc, safe, params, state.opt_state, loss, denom)
     new_state = LearnerState(params=new_params, opt_state=new_opt,
                              step=state.step + ok.astype(jnp.int32))
-    m = metrics_lib.finalize(stats)
-    m.update(loss=loss, grad_norm=grad_norm, update_norm=update_norm, denominator=denom,
-             effective_samples=prep["kept_rows"], dropped_groups=prep["dropped_groups"],
-             effective_prompts=prep["kept_groups"],
-             total_tokens=jnp.sum(inputs["loss_mask"] & (batch["prompt_ids"] >= 0)[:, None]
-                                  ).astype(jnp.float32),
-             skipped=(~ok).astype(jnp.float32),
-             skip_reason=jnp.where(denom > 0, jnp.where(finite, 0.0, SKIP_NONFINITE), SKIP_EMPTY))
+    m = _step_metrics(stats, prep, inputs, batch, loss, grad_norm, update_norm, ok, finite)
     if spec.loss == "cispo":
       m["truncated_frac"] = m["clip_frac_high"]
     if lr_schedule is not None:

@@ -221,7 +221,7 @@ class RunCheckpointer:
     """The checkpointer of a run's checkpoint section (keep, async_save)."""
     return cls(workdir, keep=checkpoint.keep, async_save=checkpoint.async_save)
 
-  def __init__(self, workdir: str, keep: int = 3, async_save: bool = False):
+  def __init__(self, workdir: str, keep: int = common.Checkpoint.keep, async_save: bool = False):
     self.directory = storage.join(storage.abspath(workdir), "checkpoints")
     handlers = None
     if storage.is_remote(workdir) and storage.configure_emulator():

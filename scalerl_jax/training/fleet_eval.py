@@ -106,7 +106,7 @@ class FleetEvaluator:
 
   def __init__(self, client, heldout: Sequence, *, num_prompts: int, samples_per_prompt: int,
                seed: int, temperature: float, top_p: float, hold_versions: int = 2,
-               timeout_s: float = 1800.0, task_names: Sequence[str] = (),
+               timeout_s: float, task_names: Sequence[str] = (),
                watchdog: Optional[Callable[[], None]] = None):
     self.client = client
     self.prompts = eval_prompts(heldout, num_prompts, seed)

@@ -43,7 +43,7 @@ from analysis.forecast import eval_samples, forecast_run, read_references
 from analysis.metrics import AXIS_UNITS, on_axis, read_run
 from analysis.posterior import MIN_EVALS
 from configs import common
-from scalerl_jax.generation.vllm.parity import parity_stats
+from scalerl_jax.rl.mismatch import parity_stats
 from scalerl_jax.rewards.isolation import FAULTS as GRADE_FAULTS
 
 log = logging.getLogger("scalerl.health")
@@ -251,9 +251,10 @@ class LiveForecast:
   above R0), the record says so in `forecast/verdict` with `forecast/identifiable` 0 and no numbers.
   """
 
-  def __init__(self, workdir: str, write, *, n_draws: int = 4000, lock: threading.Lock | None = None,
-               axis: str = "compute", references: str | Sequence[str] = "",
-               family: str | Sequence[str] = "", config=None):
+  def __init__(self, workdir: str, write, *, n_draws: int = common.Forecast.n_draws,
+               lock: threading.Lock | None = None, axis: str = common.Forecast.axis,
+               references: str | Sequence[str] = common.Forecast.references,
+               family: str | Sequence[str] = common.Forecast.family, config=None):
     self.workdir, self.write, self.n_draws, self.axis = workdir, write, n_draws, axis
     self.lock = lock or threading.Lock()
     self._thread = None

@@ -177,6 +177,17 @@ def _run_follower(run_cfg: common.RunConfig, workdir: str) -> dict:
   return {}
 
 
+def write_run_config(config, workdir: str, local: str) -> str:
+  """Writes WORKDIR/config.json (the run config with the command line in `_meta`) and, for a
+  remote workdir, its local copy; returns the path the generator processes read."""
+  config_text = json.dumps({**config.to_dict(), "_meta": {"argv": sys.argv}}, indent=1, default=str)
+  storage.write_text(storage.join(workdir, "config.json"), config_text)
+  config_path = os.path.join(local, "config.json")   # the copy the generator processes read
+  if config_path != storage.join(workdir, "config.json"):
+    storage.write_text(config_path, config_text)
+  return config_path
+
+
 def run(config, workdir: str, progress: bool = True) -> dict:
   """Runs the job described by `config` in `workdir`; returns the final fit summary.
 
@@ -200,11 +211,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   if dataset.needs_sandbox:   # no run without a working sandbox (docs/SANDBOX.md)
     rewards.prepare_code_rewards(run_cfg)
   model_cfg = runtime.model_config(run_cfg)
-  config_text = json.dumps({**config.to_dict(), "_meta": {"argv": sys.argv}}, indent=1, default=str)
-  storage.write_text(storage.join(workdir, "config.json"), config_text)
-  config_path = os.path.join(local, "config.json")   # the copy the generator processes read
-  if config_path != storage.join(workdir, "config.json"):
-    storage.write_text(config_path, config_text)
+  config_path = write_run_config(config, workdir, local)
   params, sft_info = warm_start(run_cfg, model_cfg, dataset, workdir, progress=progress)
   prompts_path = os.path.join(local, "train_prompts.jsonl")
   write_prompts(dataset.train, prompts_path)   # the buffer serves only the train split

@@ -26,10 +26,11 @@ from safetensors.numpy import load_file
 
 from scalerl_jax import lazy
 from scalerl_jax.generation.vllm.generator import VLLMGenerator
+from scalerl_jax.rl.mismatch import parity_stats  # the statistics live in the RL library (the learner's gate reads them too)
 from scalerl_jax.types import PromptSpec, SamplingSpec
 
 # Deferred to first use: torch / transformers only on the HF reference path (the learner imports
-# parity_stats), JAX only on the JAX reference path (the vLLM venv has none).
+# parity_stats from rl/mismatch.py), JAX only on the JAX reference path (the vLLM venv has none).
 torch = lazy.module("torch")
 transformers = lazy.module("transformers")
 jax = lazy.module("jax")
@@ -114,23 +115,6 @@ def reference_logprobs(model_dir: str | os.PathLike, prompts: Sequence[np.ndarra
     pos = np.arange(len(p) - 1, len(s) - 1)
     out.append(lp[i, pos, s[len(p):]].astype(np.float32))
   return out
-
-
-def parity_stats(gen_lp: Sequence[np.ndarray], ref_lp: Sequence[np.ndarray],
-                 mask: Sequence[np.ndarray] | None = None) -> dict:
-  """|Δ log-prob| mean/max/p99 and KL(π_gen||π_ref) estimates k1, k3 over all policy tokens."""
-  g = np.concatenate([np.asarray(x, np.float64) for x in gen_lp])
-  r = np.concatenate([np.asarray(x, np.float64) for x in ref_lp])
-  if mask is not None:
-    m = np.concatenate([np.asarray(x, bool) for x in mask])
-    g, r = g[m], r[m]
-  d = g - r
-  log_ratio = r - g                     # log(π_ref / π_gen) on samples from π_gen
-  return {"tokens": int(d.size), "mean_abs": float(np.abs(d).mean()),
-          "max_abs": float(np.abs(d).max()), "p99_abs": float(np.quantile(np.abs(d), 0.99)),
-          "mean": float(d.mean()), "kl_k1": float(d.mean()),
-          "kl_k3": float(np.mean(np.expm1(log_ratio) - log_ratio)),
-          "is_ratio_max": float(np.exp(log_ratio).max()), "is_ratio_min": float(np.exp(log_ratio).min())}
 
 
 def run_gate(gen, model_dir, spec, prompts, n: int, backend: str = "auto") -> dict:
