@@ -136,7 +136,7 @@ def test_tiny_moe_config_resolves(tmp_path):
   for name, replay in (("scalerl", True), ("scalerl+no_r3", False)):
     c = tiny_moe.get_config()
     c.recipe = name
-    c = recipes.apply_recipe(c, set())
+    c = recipes.apply_recipe(c, frozenset())
     run = runtime.resolve_routing_replay(c, recipes.validate(c, str(tmp_path / name)))
     cfg = runtime.model_config(run)
     assert cfg.is_moe and models.num_moe_layers(cfg) == cfg.num_layers == 4
