@@ -289,6 +289,8 @@ class RL(Section):
   rc_seq_tis_cap: float = 0.0          # sequence TIS: row weight × min(Π ρ_t, cap); 0 = off
   routing_replay_auto: bool = True     # MoE: start-up turns routing_replay on where the (local)
                                        # generators record routes (False: routing_replay as set)
+  record_routes: bool = False          # MoE: generators record routes also without replay (R3
+                                       # off), for the learner metric router_disagree
 
   def check(self):
     if self.length_control not in ("interrupt", "penalty"):
@@ -846,10 +848,11 @@ class RunConfig(Section):
       raise ConfigError(f"batch {batch} (prompts x generations) is not divisible by "
                         f"optim.microbatches={self.optim.microbatches}")
     backend = backends.get(self.generator.backend)
-    if self.rl.routing_replay and not (backend.records_routes or backend.routes_probe):
+    if ((self.rl.routing_replay or self.rl.record_routes)
+        and not (backend.records_routes or backend.routes_probe)):
       recording = ", ".join(n for n in backends.names()
                             if backends.get(n).records_routes or backends.get(n).routes_probe)
-      raise ConfigError(f"rl.routing_replay=True needs a generator.backend that records routed "
+      raise ConfigError(f"rl.routing_replay / rl.record_routes need a generator.backend that records routed "
                         f"experts ({recording}): the {self.generator.backend} generators do not")
     n, held = self.eval.num_prompts, self.data.heldout_size()
     if n > held:

@@ -131,7 +131,7 @@ def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | N
     flags.append(f"--npr-threshold={config.rl.npr_threshold}")
   if int(getattr(r, "max_ahead", -1)) >= 0:   # the freshness bound (off: rendered flags unchanged)
     flags.append(f"--max-ahead={r.max_ahead}")
-  if config.rl.routing_replay:   # MoE: the generators send routes; validate them
+  if config.rl.routing_replay or config.rl.record_routes:   # MoE: generators send routes; validate
     from scalerl_jax import models, runtime  # local: JAX (the vLLM venv imports this module)
     cfg = runtime.model_config(config)
     flags.append(f"--route-shape={models.num_moe_layers(cfg)},{cfg.num_experts_per_tok},"

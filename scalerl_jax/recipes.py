@@ -108,7 +108,8 @@ SWITCHES = {
     "seq_tis": {"rl.rc_seq_tis_cap": 2.0},          # sequence TIS, cap 2: our choice
     "fresh": {"rollout.max_ahead": 1},              # freshness bound: 1 batch ahead (lag <= 1)
     "r3": {"rl.routing_replay": True},              # MoE routing replay on
-    "no_r3": {"rl.routing_replay": False},          # ... and off (MoE configs where it defaults on)
+    "no_r3": {"rl.routing_replay": False,           # ... and off (MoE configs where it defaults
+              "rl.routing_replay_auto": False},     # on: the auto switch would turn it back on)
 }
 
 

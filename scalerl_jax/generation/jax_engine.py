@@ -30,8 +30,8 @@ def cpu_decode_devices(generator: common.Generator, pinned) -> int:
 
 
 class JaxEngine(Engine):
-  """JaxSampler generators (`generator.jax_devices`, `generator.chunk_steps`, routing replay when
-  `rl.routing_replay`); an evaluation samples in a second sampler on the pinned params (the
+  """JaxSampler generators (`generator.jax_devices`, `generator.chunk_steps`, route recording when
+  `rl.routing_replay` or `rl.record_routes`); an evaluation samples in a second sampler on the pinned params (the
   jitted decode functions are module-level: no recompile)."""
 
   separate_eval = True
@@ -49,7 +49,8 @@ class JaxEngine(Engine):
                       devices=self.n_dev if self.n_dev > 1 else None, record_routes=record_routes)
 
   def make(self, model_cfg, params, version, workdir, dataset) -> JaxSampler:
-    return self._sampler(model_cfg, params, version, self.config.rl.routing_replay)
+    rl = self.config.rl            # routes for replay (R3) or only for router_disagree
+    return self._sampler(model_cfg, params, version, rl.routing_replay or rl.record_routes)
 
   def eval_generator(self, model_cfg, params, version) -> JaxSampler:
     return self._sampler(model_cfg, params, version)

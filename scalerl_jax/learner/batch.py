@@ -51,7 +51,8 @@ def validate_batch(batch: Mapping[str, np.ndarray], microbatches: int,
   """Raises ValueError with a clear message for any contract violation (host-side, numpy).
 
   `route_shape` = (R MoE layers, K experts per token, E experts): the optional `routes` (MoE
-  routing replay) must be integer [B,T,R,K] in [0, E); without it, `routes` are refused."""
+  routing replay) and `gen_routes` (recorded, only compared: router_disagree) must be integer
+  [B,T,R,K] in [0, E); without it, both are refused."""
   missing = [k for k in TOKEN_KEYS + ROW_KEYS if k not in batch]
   if missing:
     raise ValueError(f"rollout batch lacks keys {missing}; has {sorted(batch)}")
@@ -67,16 +68,18 @@ def validate_batch(batch: Mapping[str, np.ndarray], microbatches: int,
   for k in ROW_KEYS:
     if np.shape(batch[k]) != (b,):
       raise ValueError(f"{k} has shape {np.shape(batch[k])}, expected ({b},)")
-  if "routes" in batch:
-    routes = np.asarray(batch["routes"])
+  for key in ("routes", "gen_routes"):   # replayed (R3) / only compared (router_disagree)
+    if key not in batch:
+      continue
+    routes = np.asarray(batch[key])
     if route_shape is None:
-      raise ValueError("batch has routes but the learner was given no route_shape (R, K, E)")
+      raise ValueError(f"batch has {key} but the learner was given no route_shape (R, K, E)")
     r, k, e = route_shape
     if routes.shape != (b, t, r, k) or not np.issubdtype(routes.dtype, np.integer):
-      raise ValueError(f"routes must be integer [B,T,R,K] = {(b, t, r, k)}; got "
+      raise ValueError(f"{key} must be integer [B,T,R,K] = {(b, t, r, k)}; got "
                        f"{routes.dtype} {routes.shape}")
     if routes.size and (routes.min() < 0 or routes.max() >= e):
-      raise ValueError(f"routes outside [0, {e}): min {routes.min()} max {routes.max()}")
+      raise ValueError(f"{key} outside [0, {e}): min {routes.min()} max {routes.max()}")
   if microbatches < 1 or b % microbatches:
     raise ValueError(f"batch size {b} is not divisible by microbatches={microbatches}")
   if vocab_size is not None and (tokens.min() < 0 or tokens.max() >= vocab_size):

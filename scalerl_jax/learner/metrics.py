@@ -52,6 +52,30 @@ def lag_stats(logp, gen_logp, weights, loss_mask, lags, flags) -> dict[str, jax.
   return out
 
 
+ROUTER_KEYS = ("router_pairs", "router_disagree_sum")
+
+
+def router_stats(own_routes, gen_routes, weights, loss_mask) -> dict[str, jax.Array]:
+  """Router agreement with the generator (docs/LEARNER.md "Router agreement"): over the
+  (position, MoE layer) pairs the loss reads, how many top-k expert SETS differ between the
+  learner's own router (`own_routes` int [B,T,R,K]) and the generator's recorded routes
+  (`gen_routes`, same shape; order within K ignored).
+
+  The loss reads position t-1's routes for loss token t (its logits come from position t-1's
+  forward), so a position counts when the NEXT token is an effective loss token
+  ((weights > 0) & loss_mask, as token_stats): the last prompt position counts, the last sampled
+  token (no forward, no recorded route) does not. Keys ROUTER_KEYS: pairs counted, pairs whose
+  sets differ."""
+  act = (weights > 0) & loss_mask                                     # [B,T]
+  reads = jnp.concatenate([act[:, 1:], jnp.zeros_like(act[:, :1])], axis=1)
+  own = jnp.sort(jnp.asarray(own_routes, jnp.int32), axis=-1)
+  gen = jnp.sort(jnp.asarray(gen_routes, jnp.int32), axis=-1)
+  differ = jnp.any(own != gen, axis=-1)                               # [B,T,R]
+  sel = jnp.broadcast_to(reads[..., None], differ.shape)
+  return dict(router_pairs=sel.sum().astype(jnp.float32),
+              router_disagree_sum=jnp.sum(sel & differ).astype(jnp.float32))
+
+
 def lag_keys(flag_names) -> tuple[str, ...]:
   """The keys `lag_stats` returns for correction flags `flag_names`."""
   return tuple(k for cls in LAG_CLASSES for k in
@@ -69,7 +93,8 @@ def zeros(keys=SUM_KEYS + MAX_KEYS) -> dict[str, jax.Array]:
 
 
 def finalize(stats) -> dict[str, Any]:
-  """Ratios of the accumulated sums (0 when there are no tokens). With lag stats (`lag_stats`):
+  """Ratios of the accumulated sums (0 when there are no tokens). With router stats
+  (`router_stats`): ``router_disagree`` and ``router_pairs``. With lag stats (`lag_stats`):
   ``kl_k3_<class>`` and each correction flag's fraction ``rc/<name>_frac_<class>`` of that class's
   loss tokens."""
   n = jnp.maximum(stats["tokens"], 1.0)
@@ -78,6 +103,9 @@ def finalize(stats) -> dict[str, Any]:
              kl_k3=stats["k3_sum"] / n, clip_frac_low=stats["clipped_low"] / n,
              clip_frac_high=stats["clipped_high"] / n,
              moe_dropped=stats["moe_dropped"])   # token-expert copies over all layers, rows
+  if "router_pairs" in stats:       # router_stats: fraction of read (token, MoE layer) pairs
+    out["router_pairs"] = stats["router_pairs"]
+    out["router_disagree"] = stats["router_disagree_sum"] / jnp.maximum(stats["router_pairs"], 1.0)
   for cls in LAG_CLASSES:
     if f"lag_tokens_{cls}" not in stats:
       continue

@@ -44,6 +44,16 @@ def _positions(batch):
   return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None], (b, t))
 
 
+# Batch keys of recorded MoE routes int [B,T,R,K]: "routes" are replayed (R3) and compared;
+# "gen_routes" (R3 off, rl.record_routes) are only compared (the router_disagree metric).
+ROUTE_KEYS = ("routes", "gen_routes")
+
+
+def _recorded_routes(batch) -> jax.Array | None:
+  """The generator's recorded routes of `batch` (replayed or not), or None."""
+  return next((batch[k] for k in ROUTE_KEYS if k in batch), None)
+
+
 MAX_SLICES = 64   # a leaf whose axis 0 has <= this many entries (the scanned layers) is sliced
 
 
@@ -178,8 +188,9 @@ def _step_inputs(batch: Mapping[str, jax.Array], prep) -> dict[str, jax.Array]:
                 gen_logprobs=jnp.asarray(batch["gen_logprobs"], jnp.float32),
                 loss_mask=jnp.asarray(batch["loss_mask"], bool),
                 adv=prep["adv"], weights=prep["weights"])
-  if "routes" in batch:
-    inputs["routes"] = jnp.asarray(batch["routes"], jnp.int32)
+  for k in ROUTE_KEYS:
+    if k in batch:
+      inputs[k] = jnp.asarray(batch[k], jnp.int32)
   if "lags" in batch:
     inputs["lags"] = jnp.asarray(batch["lags"], jnp.int32)
   return inputs
@@ -214,6 +225,8 @@ def _accumulate(grad_fn, params, inputs, microbatches: int, pad_multiple: int, m
   keys = metrics_lib.SUM_KEYS + metrics_lib.MAX_KEYS
   if "lags" in inputs:
     keys += metrics_lib.lag_keys(STAT_NAMES if correction_on else ())
+  if _recorded_routes(inputs) is not None:
+    keys += metrics_lib.ROUTER_KEYS
   init = (jax.tree.map(jnp.zeros_like, params), metrics_lib.zeros(keys))
   (acc, stats), _ = jax.lax.scan(body, init, mbs)
   return acc, stats
@@ -287,6 +300,10 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
     stats["loss_sum"] = jax.lax.stop_gradient(out.sum)
     if "moe_dropped" in aux:
       stats["moe_dropped"] = jax.lax.stop_gradient(aux["moe_dropped"])
+    recorded = _recorded_routes(mb)
+    if recorded is not None:     # router agreement with the generator (metrics.router_stats)
+      own = aux.get("own_routes", recorded)   # an apply_fn without aux: nothing to compare
+      stats.update(metrics_lib.router_stats(own, recorded, mb["weights"], mask))
     return out.sum, stats
 
   grad_fn = jax.grad(objective, has_aux=True)

@@ -297,7 +297,8 @@ class MoE(nn.Module):
   moe_impl='dense': all experts on all tokens (exact as HF; the reference). 'dispatch' (default):
   expert-parallel dispatch at active FLOPs (moe.dispatch_experts). `routes` int [B,T,K] replays
   given expert choices (routing replay); the chosen experts are sown as
-  intermediates['routes'] ([B,T,K]) and dropped copies (capacity mode) as
+  intermediates['routes'] ([B,T,K]), the router's own top-k as intermediates['own_routes'] (=
+  'routes' without replay) and dropped copies (capacity mode) as
   intermediates['moe_dropped'] when the 'intermediates' collection is mutable.
   """
   cfg: ModelConfig
@@ -307,8 +308,9 @@ class MoE(nn.Module):
     cfg = self.cfg
     D, E, F = cfg.d_model, cfg.num_experts, cfg.expert_ffn_dim
     wr = param(self, "router", (D, E), ("embed", None))
-    top_idx, gates = moe.route(x, wr, cfg.num_experts_per_tok, routes)
+    top_idx, gates, own = moe.route(x, wr, cfg.num_experts_per_tok, routes)
     self.sow("intermediates", "routes", top_idx)
+    self.sow("intermediates", "own_routes", own)   # the router's own top-k (router_disagree)
     wg = param(self, "gate", (E, D, F), ("expert", "expert_embed", "expert_mlp"))
     wu = param(self, "up", (E, D, F), ("expert", "expert_embed", "expert_mlp"))
     wd = param(self, "down", (E, F, D), ("expert", "expert_mlp", "expert_embed"))

@@ -35,20 +35,23 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 
-def route(x: jax.Array, wr: jax.Array, k: int, routes: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """Router: (top_idx int32 [B,T,K], gates [B,T,K] in x.dtype).
+def route(x: jax.Array, wr: jax.Array, k: int, routes: jax.Array | None = None
+          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Router: (top_idx int32 [B,T,K], gates [B,T,K] in x.dtype, own int32 [B,T,K]).
 
   routes [B,T,K] (routing replay) replaces the top-k choice; the gates are still the sigmoid of
-  the router's own logits at those experts, so gradients reach the router as usual.
+  the router's own logits at those experts, so gradients reach the router as usual. `own` is the
+  router's own top-k (= top_idx without replay): the learner's router_disagree metric.
   """
   logits = jnp.einsum("BTD,DE->BTE", x, wr)
+  top_vals, own = jax.lax.top_k(logits, k)
   if routes is None:
-    top_vals, top_idx = jax.lax.top_k(logits, k)
+    top_idx = own
   else:
     top_idx = routes.astype(jnp.int32)
     top_vals = jnp.take_along_axis(logits, top_idx, axis=-1)
   gates = jax.nn.sigmoid(top_vals.astype(jnp.float32)).astype(x.dtype)
-  return top_idx.astype(jnp.int32), gates
+  return top_idx.astype(jnp.int32), gates, own.astype(jnp.int32)
 
 
 def dense_experts(x, top_idx, gates, wg, wu, wd, constrain=lambda a, _: a) -> jax.Array:

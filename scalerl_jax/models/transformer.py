@@ -187,16 +187,17 @@ def check_routes_shape(cfg: ModelConfig, shape, tokens_shape) -> None:
                      f"per token); got {tuple(shape)}")
 
 
-def collect_routes(cfg: ModelConfig, intermediates) -> jax.Array:
-  """The sown expert choices of an apply(..., mutable=['intermediates']) -> int32 [B,T,R,K]."""
+def collect_routes(cfg: ModelConfig, intermediates, key: str = "routes") -> jax.Array:
+  """The sown expert choices of an apply(..., mutable=['intermediates']) -> int32 [B,T,R,K]
+  (`key` 'own_routes': the routers' own top-k, which differ from 'routes' under replay)."""
   if cfg.scan_layers:
     p = cfg.scan_period
     blocks = intermediates["blocks"]
-    per = [blocks[f"layer_{j}"]["moe"]["routes"][0] for j in range(p) if cfg.layer_is_moe(j)]
+    per = [blocks[f"layer_{j}"]["moe"][key][0] for j in range(p) if cfg.layer_is_moe(j)]
     r = jnp.stack(per, axis=1)                                   # [n, R_block, B, T, K]
     r = r.reshape(-1, *r.shape[2:])                              # [R, B, T, K] in layer order
   else:
-    r = jnp.stack([intermediates[f"layers_{i}"]["moe"]["routes"][0]
+    r = jnp.stack([intermediates[f"layers_{i}"]["moe"][key][0]
                    for i in range(cfg.num_layers) if cfg.layer_is_moe(i)])
   return jnp.moveaxis(r, 0, 2).astype(jnp.int32)
 
@@ -215,11 +216,15 @@ def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False) -> Par
   return variables["params"] if boxed else nn.unbox(variables["params"])
 
 
-def _aux(inter) -> dict:
-  """{'moe_dropped': float32 total} from an apply's mutable 'intermediates'."""
+def _aux(inter, cfg: ModelConfig) -> dict:
+  """{'moe_dropped': float32 total} from an apply's mutable 'intermediates'; for an MoE model
+  also 'own_routes' int32 [B,T,R,K], each MoE layer's router's own top-k (router_disagree)."""
   dropped = [jnp.sum(v) for p, v in jax.tree_util.tree_flatten_with_path(inter)[0]
              if "moe_dropped" in jax.tree_util.keystr(p)]
-  return dict(moe_dropped=sum(dropped, jnp.zeros((), jnp.float32)).astype(jnp.float32))
+  out = dict(moe_dropped=sum(dropped, jnp.zeros((), jnp.float32)).astype(jnp.float32))
+  if cfg.is_moe:
+    out["own_routes"] = collect_routes(cfg, inter["intermediates"], "own_routes")
+  return out
 
 
 def _forward_inputs(tokens, positions, mask):
@@ -253,13 +258,14 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array, positions: jax.
   cumsum(mask) - 1 (so left and right padding both work); routes int [B,T,R,K]: replay these
   expert choices (MoE only). Not jitted: wrap in jax.jit with cfg static (e.g.
   `jax.jit(forward, static_argnums=1)`). `return_aux`: returns (logits, aux) with
-  aux['moe_dropped'] = float32 token-expert copies dropped by capacity-mode MoE layers (all layers).
+  aux['moe_dropped'] = float32 token-expert copies dropped by capacity-mode MoE layers (all layers)
+  and, for an MoE model, aux['own_routes'] int32 [B,T,R,K] (each router's own top-k).
   """
   tokens, positions = _forward_inputs(tokens, positions, mask)
   if return_aux:
     (logits, _), inter = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
                                                 routes=routes, mutable=["intermediates"])
-    return logits, _aux(inter)
+    return logits, _aux(inter, cfg)
   logits, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
                                      routes=routes)
   return logits
@@ -271,13 +277,13 @@ def forward_hidden(params: Params, cfg: ModelConfig, tokens: jax.Array,
   """`forward` without the LM head: (hidden [B,T,D], kernel [D,V]), both in the head dtype
   (float32 with fp32_lm_head); logits = hidden @ kernel. For the learner's sequence-chunked
   log-probs (learner/logprobs.py), so [B,T,V] logits never exist whole. routes, return_aux: as
-  `forward` (with return_aux: (hidden, kernel, aux))."""
+  `forward` (with return_aux: (hidden, kernel, aux); aux['own_routes'] for an MoE model)."""
   tokens, positions = _forward_inputs(tokens, positions, mask)
   if return_aux:
     (out, _), inter = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
                                              hidden_only=True, routes=routes,
                                              mutable=["intermediates"])
-    return (*out, _aux(inter))
+    return (*out, _aux(inter, cfg))
   out, _ = Transformer(cfg).apply({"params": params}, tokens, positions, positions,
                                   hidden_only=True, routes=routes)
   return out

@@ -92,7 +92,7 @@ def pad_time(arrays: dict, multiple: int, max_len: int) -> dict:
   if T2 == T:
     return arrays
   out = dict(arrays)
-  for k in ("tokens", "gen_logprobs", "loss_mask", "versions", "routes"):
+  for k in ("tokens", "gen_logprobs", "loss_mask", "versions", "routes", "gen_routes"):
     if k in arrays:
       out[k] = np.pad(arrays[k], ((0, 0), (0, T2 - T)) + ((0, 0),) * (arrays[k].ndim - 2))
   return out
@@ -107,11 +107,14 @@ def make_learner(config: common.RunConfig, model_cfg, params) -> Learner:
     raise ValueError("rl.routing_replay=True needs an MoE model")
   # (hidden, head kernel): the learner computes log-probs over sequence chunks (logits_chunk);
   # capacity-mode MoE adds aux {'moe_dropped'} (dropped token-expert copies, a metric).
-  aux = model_cfg.is_moe and model_cfg.moe_impl == "dispatch" and model_cfg.moe_capacity_factor > 0
+  # MoE with recorded routes: aux {'own_routes'} (the router_disagree metric).
+  recorded = config.rl.routing_replay or config.rl.record_routes
+  aux = model_cfg.is_moe and (recorded or (model_cfg.moe_impl == "dispatch"
+                                           and model_cfg.moe_capacity_factor > 0))
   apply_fn = lambda p, tokens, positions, routes=None: models.forward_hidden(
       p, model_cfg, tokens, positions, routes=routes, return_aux=aux)
   route_shape = None
-  if config.rl.routing_replay:
+  if recorded and model_cfg.is_moe:
     route_shape = (models.num_moe_layers(model_cfg), model_cfg.num_experts_per_tok,
                    model_cfg.num_experts)
   if jax.device_count() == 1:
@@ -363,6 +366,9 @@ class Trainer:
           raise ValueError("rl.routing_replay=True but the batch's rollouts carry no routes "
                            "(generator without record_routes?)")
         keys += ("routes",)
+      elif self.config.rl.record_routes and "routes" in full:   # compared, not replayed
+        full["gen_routes"] = full["routes"]
+        keys += ("gen_routes",)
       arrays = {k: full[k] for k in keys}
       versions = full["versions"]
       arrays["lags"] = (step - versions).astype(np.int32)   # lag-0 / lag>0 statistics

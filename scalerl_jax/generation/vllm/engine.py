@@ -57,9 +57,10 @@ def engine_log_path(workdir: str, generator_id: str) -> str:
 
 
 def route_layers(config, model_cfg) -> list[int] | None:
-  """With rl.routing_replay: the model's MoE layers (the engine layers whose routed experts the
-  worker keeps, in order: the routes' layer axis, models.moe_layer_index); else None."""
-  if not config.rl.routing_replay:
+  """With rl.routing_replay or rl.record_routes: the model's MoE layers (the engine layers whose
+  routed experts the worker keeps, in order: the routes' layer axis, models.moe_layer_index);
+  else None."""
+  if not (config.rl.routing_replay or config.rl.record_routes):
     return None
   return [i for i in range(model_cfg.num_layers) if model_cfg.layer_is_moe(i)]
 
