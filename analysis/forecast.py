@@ -147,12 +147,17 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
                      "B": pr["B"], "m": pr["m"], "A": list(pr["A"]), "sd_log_b": pr["log_b"][1],
                      "sd_log_m": pr["log_cmid"][1], "residuals_from": "references" if references else "family"}
   if target is not None:
-    h = post.hours_to(target, level)
-    rec["target"] = float(target)
-    rec["p_A_below_target"] = h["p_unreachable"]
-    rec["hours_to_target"] = (None if h["p_unreachable"] >= 0.5 else
-                              {"pred": h["pred"], "lo": h["lo"], "hi": _finite_or_none(h["hi"])})
+    rec.update(_target_record(post, float(target), level))
   return rec, post
+
+
+def _target_record(post: Posterior, target: float, level: float) -> dict:
+  """``target``, ``p_A_below_target`` and ``hours_to_target`` ({pred, lo, hi}; None when the
+  target is more likely unreachable than not; hi None when the band reaches "never")."""
+  h = post.hours_to(target, level)
+  return {"target": target, "p_A_below_target": h["p_unreachable"],
+          "hours_to_target": (None if h["p_unreachable"] >= 0.5 else
+                              {"pred": h["pred"], "lo": h["lo"], "hi": _finite_or_none(h["hi"])})}
 
 
 def _family_model(family: Sequence[RunData], cache: dict | None) -> dict:

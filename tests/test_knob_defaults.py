@@ -22,6 +22,9 @@ GENERIC = {
 # Restated defaults not removed yet, each with why. The test fails when one is fixed (remove it
 # here) and on any new one.
 KNOWN = {
+    # the sampler's own switch (JaxEngine passes rl.routing_replay or rl.record_routes); 38
+    # constructions in tests and benches sample without routes
+    "scalerl_jax/generation/sampler.py::JaxSampler.__init__(record_routes)",
     # the buffer does not import the config layer (importing configs/common.py after the buffer's
     # modules took 0.68 s: 2026-12-07, commit ad5a22d, 2-core AMD EPYC shared with concurrent work;
     # #47's config rewrite gives it the resolved run file), and buffer/state.py is edited concurrently

@@ -43,7 +43,7 @@ class JaxEngine(Engine):
   def prepare_process(self, pinned) -> None:
     self.n_dev = cpu_decode_devices(self.config.generator, pinned)
 
-  def _sampler(self, model_cfg, params, version: int, record_routes: bool = False) -> JaxSampler:
+  def _sampler(self, model_cfg, params, version: int, record_routes: bool) -> JaxSampler:
     return JaxSampler(model_cfg, params, version=version,
                       chunk_steps=self.config.generator.chunk_steps,
                       devices=self.n_dev if self.n_dev > 1 else None, record_routes=record_routes)
@@ -53,7 +53,7 @@ class JaxEngine(Engine):
     return self._sampler(model_cfg, params, version, rl.routing_replay or rl.record_routes)
 
   def eval_generator(self, model_cfg, params, version) -> JaxSampler:
-    return self._sampler(model_cfg, params, version)
+    return self._sampler(model_cfg, params, version, False)   # evaluation: no routes
 
   def continuous(self, gen, spec, capacity=None) -> ContinuousDecoder:
     # `gen` is a JaxSampler this engine built (`make` or `eval_generator`; Engine's contract).

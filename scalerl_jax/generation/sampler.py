@@ -274,7 +274,7 @@ def _grow_cache(cache, size: int):
 
 @functools.partial(jax.jit, static_argnums=(1, 7, 8, 9, 10, 11, 12, 13))
 def _start(params, cfg, tokens, mask, budget, rng, version, cap, L, kv_dtype, split,
-           phase, mesh=None, record_routes=False):
+           phase, mesh, record_routes):
   """Empty `cap`-slot cache (split per layer if `split`), prompt prefill and the decode state;
   with a `mesh`, each device builds its slice of the rows (see _decode_chunk). `record_routes`:
   the state also holds the prompt's and the completion's chosen experts (routing replay)."""
@@ -290,7 +290,7 @@ def _start(params, cfg, tokens, mask, budget, rng, version, cap, L, kv_dtype, sp
 
 
 def _start_rows(params, tokens, mask, budget, rng, version, *, cfg, cap, L, kv_dtype,
-                split, phase, record_routes=False):
+                split, phase, record_routes):
   B = tokens.shape[0]
   cache = models.init_cache(cfg, B, cap, dtype=kv_dtype)
   if split:

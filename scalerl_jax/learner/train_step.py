@@ -248,6 +248,19 @@ def _step_metrics(stats, prep, inputs, batch, loss, grad_norm, update_norm, ok, 
   return m
 
 
+def _moe_stats(aux: dict, mb: Mapping[str, jax.Array], mask: jax.Array) -> dict[str, jax.Array]:
+  """The forward's MoE facts: tokens dropped by expert capacity, and router agreement with the
+  generator's recorded routes (metrics.router_stats; an apply_fn without aux compares nothing)."""
+  stats = {}
+  if "moe_dropped" in aux:
+    stats["moe_dropped"] = jax.lax.stop_gradient(aux["moe_dropped"])
+  recorded = _recorded_routes(mb)
+  if recorded is not None:
+    own = aux.get("own_routes", recorded)
+    stats.update(metrics_lib.router_stats(own, recorded, mb["weights"], mask))
+  return stats
+
+
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
                     microbatches: int = common.Optim.microbatches, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
@@ -298,12 +311,7 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
       stats.update(metrics_lib.lag_stats(logp, mb["gen_logprobs"], mb["weights"], mask,
                                          mb["lags"], flags))
     stats["loss_sum"] = jax.lax.stop_gradient(out.sum)
-    if "moe_dropped" in aux:
-      stats["moe_dropped"] = jax.lax.stop_gradient(aux["moe_dropped"])
-    recorded = _recorded_routes(mb)
-    if recorded is not None:     # router agreement with the generator (metrics.router_stats)
-      own = aux.get("own_routes", recorded)   # an apply_fn without aux: nothing to compare
-      stats.update(metrics_lib.router_stats(own, recorded, mb["weights"], mask))
+    stats.update(_moe_stats(aux, mb, mask))
     return out.sum, stats
 
   grad_fn = jax.grad(objective, has_aux=True)

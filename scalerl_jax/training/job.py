@@ -261,12 +261,17 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     int(run_cfg.total_steps))
     return {}
   logging.info("final held-out pass rate %.3f (%s)", last["val_pass_rate"], sft_info)
+  return _fit_and_log(trainer, workdir, int(run_cfg.total_steps), progress, multi)
+
+
+def _fit_and_log(trainer, workdir: str, total_steps: int, progress: bool, multi: bool) -> dict:
+  """The finished run's fit (`fit`), its plots logged to the tracker; the other learner processes
+  are told the fit is done. Returns the fit."""
   result = fit(workdir, progress)
   out = storage.join(workdir, "fit")
   trainer.metrics.log_images({"fit/curves": storage.join(out, "curves.png"),
                               "fit/forecast": storage.join(out, "forecast.png"),
-                              "fit/lag": storage.join(out, "lag.png")},
-                             step=int(run_cfg.total_steps))
+                              "fit/lag": storage.join(out, "lag.png")}, step=total_steps)
   trainer.metrics.finish()
   if multi:
     _share({"done": True}, "scalerl/fit_done")
