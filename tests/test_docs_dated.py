@@ -2,15 +2,16 @@
 measured number by its date, commit and machine, never by the working session it was made in.
 
 The checker greps for "session" followed by a number (case-insensitive; also across a line
-break, as a wrapped comment or paragraph has it). NOTES.md is left out for now: the lead rewrites
-it as a dated changelog. No JAX: this runs in well under a second.
+break, as a wrapped comment or paragraph has it). NOTES.md, the dated changelog, is scanned too:
+its older entries are labelled by date and order in the day. No JAX: this runs in well under a
+second.
 """
 import os
 import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: What is scanned, relative to the repository root: top-level files and whole folders.
-FILES = ("README.md", "Makefile", "pyproject.toml", "requirements.txt", "requirements-nodeps.txt")
+FILES = ("README.md", "NOTES.md", "Makefile", "pyproject.toml", "requirements.txt", "requirements-nodeps.txt")
 FOLDERS = ("docs", "scalerl_jax", "analysis", "launch", "harness", "bench", "configs", "tests",
            "scripts", "docker", "typings")
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".ruff_cache"}
@@ -58,11 +59,12 @@ def test_checker_finds_planted_mentions(tmp_path):
   (tmp_path / "docs" / "X.md").write_text(f"clean line\nMeasured in {word} 26: 1.4x.\n")
   (tmp_path / "analysis").mkdir()
   (tmp_path / "analysis" / "m.py").write_text(f"x = 1\n# dropped for time in {word.lower()}\n# 19: ok\n")
-  (tmp_path / "NOTES.md").write_text(f"## {word} 26\n")               # not scanned (yet)
+  (tmp_path / "NOTES.md").write_text(f"## {word} 26\n")
   (tmp_path / "README.md").write_text(f"{word.lower()}s 23-24 ran on a Xeon\n")
   (tmp_path / "tests" / ".venv").mkdir(parents=True)                  # not scanned
   (tmp_path / "tests" / ".venv" / "lib.py").write_text(f"# {word} 3\n")
   (tmp_path / "docs" / "ok.md").write_text(f"a new {word.lower()} keyring; start_new_{word.lower()}=True\n")
   found = undated_mentions(str(tmp_path))
-  assert [f.split(": ")[0] for f in found] == ["README.md:1", "docs/X.md:2", "analysis/m.py:2"]
-  assert found[1].endswith(f"Measured in {word} 26: 1.4x.")
+  assert [f.split(": ")[0] for f in found] == ["README.md:1", "NOTES.md:1", "docs/X.md:2",
+                                               "analysis/m.py:2"]
+  assert found[2].endswith(f"Measured in {word} 26: 1.4x.")
