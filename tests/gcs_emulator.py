@@ -35,3 +35,26 @@ def running_emulator(log_dir, timeout_s: float = 60.0):
     finally:
       proc.terminate()
       proc.wait(10)
+
+
+@contextlib.contextmanager
+def emulator_in_this_process(log_dir, bucket: str):
+  """`running_emulator` with this process pointed at it: the one standard variable
+  `STORAGE_EMULATOR_HOST` set (storage.configure_emulator derives the rest) and `bucket` made;
+  the variables it touched are restored afterwards. Yields the endpoint."""
+  from scalerl_jax import storage   # local: the plain emulator needs no project import
+  import fsspec
+  keys = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+  with running_emulator(log_dir) as url:
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    storage.configure_emulator()
+    fsspec.filesystem("gs").mkdir(bucket)
+    try:
+      yield url
+    finally:
+      for k, v in saved.items():
+        if v is None:
+          os.environ.pop(k, None)
+        else:
+          os.environ[k] = v

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from gcs_emulator import free_port, running_emulator
+from gcs_emulator import free_port, emulator_in_this_process
 
 from scalerl_jax import recipes
 from scalerl_jax import storage
@@ -27,19 +27,8 @@ N, EVERY = 5, 2    # RL steps; checkpoint every EVERY steps; the learner is kill
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
   """gcp-storage-emulator on 127.0.0.1 (in memory) with one bucket; the standard variable set."""
-  with running_emulator(tmp_path_factory.mktemp("emulator")) as url:
-    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                                            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    storage.configure_emulator()      # what the code does with the one standard variable
-    import fsspec
-    fsspec.filesystem("gs").mkdir(BUCKET)
+  with emulator_in_this_process(tmp_path_factory.mktemp("emulator"), BUCKET) as url:
     yield url
-    for k, v in saved.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
 
 
 def _cmd(workdir):

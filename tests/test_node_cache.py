@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # also run as a script
-from gcs_emulator import running_emulator  # noqa: E402
+from gcs_emulator import emulator_in_this_process  # noqa: E402
 
 from scalerl_jax import node_cache, storage  # noqa: E402
 
@@ -53,19 +53,8 @@ def _worker(src, root, delay_s):
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-  with running_emulator(tmp_path_factory.mktemp("emulator")) as url:
-    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                                            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    storage.configure_emulator()
-    import fsspec
-    fsspec.filesystem("gs").mkdir(BUCKET)
+  with emulator_in_this_process(tmp_path_factory.mktemp("emulator"), BUCKET) as url:
     yield url
-    for k, v in saved.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
 
 
 @pytest.fixture

@@ -198,6 +198,7 @@ class Trainer:
     self.learner_state_path = learner_state_path
     self.source, self.sources = self._start_weight_source()
     self._delta: DeltaEncoder | None = None     # weights/delta.py, created at the first publish
+    self.delta_frac: float | None = None        # the last version's delta / full bytes (bf16 wire)
     self.start_step = 0
     # Consumption offsets: what the learner trained, as counts and a chained sha256 over the ids.
     self.consumed: dict[str, Any] = dict(step=0, groups=0, rollouts=0, ids_sha256="", recent={})
@@ -266,9 +267,13 @@ class Trainer:
     w = self.config.weights
     if self._delta is None and self.source is not None and runtime.delta_on(w):
       self._delta = DeltaEncoder(int(w.delta_full_every))    # this process's base bits
+    d0 = (self._delta.delta_bytes, self._delta.full_bytes) if self._delta else (0, 0)
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
                     sources=self.sources, wire_dtype=runtime.wire_dtype(w),
                     delta=self._delta).publish()
+    if self._delta is not None:   # this version's delta bytes / its full bytes (1.0: sent full)
+      sent, full = self._delta.delta_bytes - d0[0], self._delta.full_bytes - d0[1]
+      self.delta_frac = sent / full if sent and full else 1.0
     self.beacon.tick()   # a step's update and its publish (collectives included) finished
     return time.time() - t
 
@@ -411,6 +416,7 @@ class Trainer:
            "mean_reward": float(arrays["rewards"].mean()), **self._task_rewards(batch),
            "wait_s": t_wait, "train_s": t_train,
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
+           **({"weights_delta_frac": self.delta_frac} if self.delta_frac is not None else {}),
            "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity,
            **generator_metrics(batch.summary.generator_stats), **step0}
     self._grading = {"step": step + 1, **{k: v for k, v in rec.items()
