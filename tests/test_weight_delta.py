@@ -228,3 +228,40 @@ def test_bf16_wire_casts_on_device_two_bytes_per_param_cross_device_get(monkeypa
   assert sum(s for _, s, _ in crossed) == n and sum(b for _, _, b in crossed) == 2 * n
   assert json.loads(pub._first and pub.manifest and json.dumps(pub.manifest))["tensors"][0][
       "dtype"] == "bfloat16"
+
+
+def test_trainer_logs_each_versions_delta_fraction():
+  """Trainer.publish keeps `delta_frac` (logged as weights_delta_frac): a version's delta bytes
+  over its full bf16 bytes, 1.0 for a version sent full (the first, every delta_full_every-th)."""
+  import types
+  from scalerl_jax.training.trainer import Trainer
+  srv = BufferServer([PromptSpec(0, np.array([1, 2], np.int32))], token=TOKEN,
+                     prompts_per_step=1, group_size=1, max_lag=1).start()
+  c = BufferClient(srv.address, TOKEN)
+  src = WeightSource(TOKEN, keep=3)
+  config = common.base_config()
+  config.weights.delta_full_every = 3
+  rng = np.random.default_rng(2)
+  params = _masters()
+  fake = types.SimpleNamespace(
+      config=config, client=c, source=src, sources=None, _delta=None, delta_frac=None,
+      beacon=types.SimpleNamespace(tick=lambda: None),
+      evaluation=types.SimpleNamespace(before_publish=lambda v: None),
+      learner=types.SimpleNamespace(state=types.SimpleNamespace(params=params)))
+  try:
+    fracs, sent = [], []
+    for v in range(5):
+      if v:
+        fake.learner.state.params = _adam_like_step(fake.learner.state.params, rng)
+      d0 = fake._delta.delta_bytes if fake._delta else 0
+      Trainer.publish(fake, v)
+      fracs.append(fake.delta_frac)
+      sent.append(fake._delta.delta_bytes - d0)
+  finally:
+    c.close()
+    srv.stop()
+    src.stop()
+  model = 2 * sum(x.size for _, x in flatten(params))             # bf16 bytes of a version
+  assert fracs[0] == 1.0 and fracs[3] == 1.0 and sent[0] == sent[3] == 0   # full: first, 3 % 3
+  for v in (1, 2, 4):
+    assert 0 < sent[v] < 0.2 * model and fracs[v] == pytest.approx(sent[v] / model), (v, fracs)
