@@ -24,7 +24,7 @@ def read_logs(r, p: Pod) -> str:
 def learner_processes(r) -> dict:
   """Per learner pod: the jax.distributed process index and count it reported."""
   out = {}
-  for p in r._learners():   # pylint: disable=protected-access
+  for p in r.learners():
     text = read_logs(r, p)
     m = re.findall(r"jax\.distributed: process (\d+) of (\d+)", text)
     out[p.name] = {"process": int(m[-1][0]), "of": int(m[-1][1])} if m else None
