@@ -3,6 +3,7 @@ line naming what is missing: a missing sandbox interpreter, a missing bwrap, an 
 workdir, an unreadable checkpoint; it passes on a root laid out like the image (interpreter under
 /usr/local with its own stdlib and libpython, no /usr/bin/python3 in the sandbox); and a static
 check holds docker/Dockerfile to what the self-test needs."""
+import dataclasses
 import os
 import re
 import shutil
@@ -82,6 +83,7 @@ def test_the_sandbox_runs_an_image_layout_interpreter(image_root, monkeypatch):
   assert facts.prefix.endswith("/usr/local") and facts.libpython.endswith(".so.1.0"), facts
   assert facts.exe == "/usr/local/bin/python3"
   # "" = the image's own interpreter: the base interpreter of the process when reachable
+  saved = sandbox.settings()
   monkeypatch.setattr(sys, "_base_executable", image_root)
   assert sandbox_setup.default_python() == image_root
   s = sandbox.configure(python="")
@@ -95,7 +97,11 @@ def test_the_sandbox_runs_an_image_layout_interpreter(image_root, monkeypatch):
     # (without its stdlib and libpython bound, the binary alone ran here only because this
     # machine's /usr/lib has a libpython3.11 and stdlib of the same version: the image has none)
   finally:
-    sandbox.configure()
+    # the settings before, exactly: a bare configure() here would still see the patched
+    # _base_executable and leave this process's later sandboxes on the image root, which the
+    # fixture deletes (every later code grade in this worker: runtime_error)
+    sandbox.configure(**dataclasses.asdict(saved))
+  assert sandbox.settings() == saved
 
 
 def test_the_dockerfile_gives_the_selftest_what_it_needs():
