@@ -47,10 +47,10 @@ def emulator_in_this_process(log_dir, bucket: str):
   keys = ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
   with running_emulator(log_dir) as url:
     saved = {k: os.environ.get(k) for k in keys}
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    storage.configure_emulator()
-    fsspec.filesystem("gs").mkdir(bucket)
     try:
+      os.environ["STORAGE_EMULATOR_HOST"] = url
+      storage.configure_emulator()
+      fsspec.filesystem("gs").mkdir(bucket)
       yield url
     finally:
       for k, v in saved.items():

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gcs_emulator import running_emulator  # noqa: E402
+from gcs_emulator import emulator_in_this_process  # noqa: E402
 from helpers import finish, free_port, start, xla_flags  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,38 +219,25 @@ def test_two_processes_load_their_slices_of_a_llama31_checkpoint(llama31_ckpt, t
 def test_same_from_a_gcs_copy_and_data_from_gcs(llama31_ckpt, tmp_path):
   from scalerl_jax import storage
   from scalerl_jax.data import loaders
-  with running_emulator(str(tmp_path)) as url:
-    saved = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
-                                            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    try:
-      storage.configure_emulator()
-      import fsspec
-      fsspec.filesystem("gs").mkdir(BUCKET)
-      remote = f"gs://{BUCKET}/ckpt/llama31"
-      storage.copy_tree(llama31_ckpt, remote, last=("config.json",))
-      # data files on gs:// (jsonl and parquet) load through storage
-      recs = [{"problem": f"p{i}", "answer": str(i)} for i in range(3)]
-      storage.write_text(f"gs://{BUCKET}/data/m.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
-      import pyarrow as pa
-      import pyarrow.parquet as pq
-      pq.write_table(pa.Table.from_pylist(recs), str(tmp_path / "m.parquet"))
-      storage.copy_tree(str(tmp_path), f"gs://{BUCKET}/data2")   # includes m.parquet
-      for p in (f"gs://{BUCKET}/data/m.jsonl", f"gs://{BUCKET}/data2/m.parquet"):
-        assert [(r.problem, r.answer) for r in loaders.load_math(p)] == \
-            [(r["problem"], r["answer"]) for r in recs]
-      tmpdir = tmp_path / "tmpdir"
-      tmpdir.mkdir()
-      env = {k: v for k, v in os.environ.items()
-             if k in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-      outs = _run_two(remote, llama31_ckpt, tmp_path, STORAGE_EMULATOR_HOST=url,
-                      TMPDIR=str(tmpdir), **env)
-    finally:
-      for k, v in saved.items():
-        if v is None:
-          os.environ.pop(k, None)
-        else:
-          os.environ[k] = v
+  with emulator_in_this_process(str(tmp_path), BUCKET) as url:
+    remote = f"gs://{BUCKET}/ckpt/llama31"
+    storage.copy_tree(llama31_ckpt, remote, last=("config.json",))
+    # data files on gs:// (jsonl and parquet) load through storage
+    recs = [{"problem": f"p{i}", "answer": str(i)} for i in range(3)]
+    storage.write_text(f"gs://{BUCKET}/data/m.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.Table.from_pylist(recs), str(tmp_path / "m.parquet"))
+    storage.copy_tree(str(tmp_path), f"gs://{BUCKET}/data2")   # includes m.parquet
+    for p in (f"gs://{BUCKET}/data/m.jsonl", f"gs://{BUCKET}/data2/m.parquet"):
+      assert [(r.problem, r.answer) for r in loaders.load_math(p)] == \
+          [(r["problem"], r["answer"]) for r in recs]
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k in ("TENSORSTORE_GCS_HTTP_URL", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    outs = _run_two(remote, llama31_ckpt, tmp_path, STORAGE_EMULATOR_HOST=url,
+                    TMPDIR=str(tmpdir), **env)
   total = _ckpt_bytes(llama31_ckpt)
   _check(outs, total)
   for o in outs:   # ranged reads: never more than one copy's bytes, nothing written locally
