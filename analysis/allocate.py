@@ -31,17 +31,13 @@ from typing import Sequence
 import numpy as np
 
 from analysis.errors import AnalysisError, ForecastInputError
-from analysis.family import check_family, config_of, setup_of
+from analysis.family import KNOBS, RIDGE, allocation_of, check_family, config_of, ridge, setup_of
 from analysis.metrics import read_metrics_lines, validate_curve
 from analysis.posterior import LEVEL
 from analysis.scaling import fit_sigmoid, sigmoid_curve
 
 __all__ = ["KNOBS", "RIDGE", "AllocRun", "read_alloc_run", "run_theta", "fit_model", "predict", "widen", "leave_one_out", "main"]
 
-#: the knobs of an allocation, in the order of z
-KNOBS = ("batch", "rollouts", "think")
-#: ridge penalty on the slopes (z in log2 units): a knob the family never varies keeps slope 0
-RIDGE = 0.1
 
 
 class AllocRun:
@@ -54,15 +50,6 @@ class AllocRun:
   @property
   def z(self) -> np.ndarray:
     return np.log2([self.alloc[k] for k in KNOBS])
-
-
-def allocation_of(config) -> dict:
-  """(batch size, rollouts per prompt, thinking budget) of a run config: rollouts per step, per
-    prompt, and the middle of ``[think_budget_min, think_budget_max]``."""
-  r = config.rollout
-  return {"batch": int(r.prompts_per_step) * int(r.generations_per_prompt),
-          "rollouts": int(r.generations_per_prompt),
-          "think": 0.5 * (int(r.think_budget_min) + int(r.think_budget_max))}
 
 
 def read_alloc_run(run_dir: str) -> AllocRun:
@@ -103,15 +90,9 @@ def fit_model(runs: Sequence[AllocRun]) -> dict:
   within = [t - np.mean(v, axis=0) for v in groups.values() if len(v) > 1 for t in v]
   dof_w = sum(len(v) - 1 for v in groups.values())
   seed_var = (np.sum(np.square(within), axis=0) / dof_w) if dof_w else np.zeros(3)
-  X = np.hstack([np.ones((len(Z), 1)), Z])
-  P = np.diag([0.0] + [RIDGE] * len(KNOBS))
-  G = np.linalg.inv(X.T @ X + P)
-  beta = G @ X.T @ T
-  resid = T - X @ beta
-  dof = max(len(Z) - np.linalg.matrix_rank(X), 1)
-  res_var = np.sum(resid ** 2, axis=0) / dof
-  return {"beta": beta, "G": G, "res_var": res_var, "seed_var": seed_var, "z_lo": Z.min(0), "z_hi": Z.max(0),
-          "r0": float(np.mean([r.r0 for r in runs])), "n_alloc": len(Z), "dof": dof,
+  reg = ridge(Z, T, RIDGE)
+  return {"beta": reg["beta"], "G": reg["G"], "res_var": reg["res_var"], "seed_var": seed_var, "z_lo": Z.min(0), "z_hi": Z.max(0),
+          "r0": float(np.mean([r.r0 for r in runs])), "n_alloc": len(Z), "dof": reg["dof"],
           "n_samples": next((r.n_samples for r in runs if r.n_samples), None)}
 
 

@@ -37,14 +37,18 @@ from analysis.metrics import CONFIG_FILE, RunData
 from analysis.posterior import MIN_EVALS
 from analysis.scaling import fit_sigmoid
 
-__all__ = ["FLOORS", "MIN_MEMBERS", "config_of", "MemberFit", "member_fit", "fit_members", "robust_normal",
-           "family_prior", "setup_of", "check_family", "NotIdentifiableError"]
+__all__ = ["FLOORS", "MIN_MEMBERS", "RIDGE", "config_of", "MemberFit", "member_fit", "fit_members", "robust_normal",
+           "family_prior", "setup_of", "check_family", "NotIdentifiableError", "allocation_of", "knobs_of", "ridge"]
 
 #: Floors of the family's spreads (sd of log B, of log m, of A): a family of identical shapes still
 #: leaves the target some room (declared with the model).
 FLOORS = {"log_b": 0.1, "log_m": 0.1, "A": 0.02}
 #: Fewest fitted members a family prior is built from.
 MIN_MEMBERS = 3
+#: the knobs of an allocation (z = their log2), in order: rollouts per step, per prompt, thinking budget
+KNOBS = ("batch", "rollouts", "think")
+#: ridge penalty on the slopes of a regression on z (log2 units): a knob the family never varies keeps slope 0
+RIDGE = 0.1
 #: Where the B prior of ``analysis.posterior`` ends; a member fit at its edge has no B to pool.
 _MAD_TO_SD = 1.4826
 
@@ -62,6 +66,7 @@ class MemberFit:
   m: float
   T: float
   n: int
+  z: tuple | None = None     # log2 of its allocation's knobs (``KNOBS``); None when its config is unknown
 
 
 def member_fit(run: RunData) -> MemberFit:
@@ -92,7 +97,7 @@ def fit_members(runs: Sequence[RunData], cache: dict | None = None) -> tuple[lis
       got = cache[key]
     else:
       try:
-        got = member_fit(r)
+        got = dataclasses.replace(member_fit(r), z=knobs_of(r.run_dir or ""))
       except NotIdentifiableError as e:
         got = str(e)
       if cache is not None:
@@ -108,19 +113,77 @@ def robust_normal(x, floor: float) -> tuple[float, float]:
   return med, max(_MAD_TO_SD * float(np.median(np.abs(x - med))), floor)
 
 
-def family_prior(fits: Sequence[MemberFit], budget: float, *, exclude: str | None = None) -> dict:
+def family_prior(fits: Sequence[MemberFit], budget: float, *, exclude: str | None = None,
+                 z=None, exclude_z=None) -> dict:
   """The family's prior for a run forecast at ``budget`` (same axis as the members' T): Gaussians
     (mean, sd) on log C_mid (= log m + log budget), log B and A, for ``fit_posterior(prior=...)``;
-    ``exclude``: a member left out (a member forecast by the family less itself)."""
-  use = [f for f in fits if f.name != exclude]
+    ``exclude``: a member left out (a member forecast by the family less itself); ``exclude_z``: the
+    members of that allocation left out too.
+
+    ``z``: the target's knobs (``knobs_of``). When the members' and the target's allocations are
+    known and not all equal (issue #48, third round, declared before its held-out test): the slopes
+    of log m, log B and A on z come from a ridge regression over the members (``ridge``); each
+    member's (log m, log B, A) is moved along them to the target's knobs, and the moved values are
+    pooled as before (median, 1.4826 x MAD, floored), their variance plus the slopes' own (the
+    regression's ``res_var * (x G x - 1/n)`` at the target): the target's shape is predicted from its
+    own knobs. Otherwise (all alike, or a knob unknown) the pooled prior exactly as before."""
+  use = [f for f in fits if f.name != exclude and (exclude_z is None or f.z != tuple(exclude_z))]
   if len(use) < MIN_MEMBERS:
     raise ForecastInputError(f"a family needs at least {MIN_MEMBERS} members whose whole curve can be "
                              f"fitted, got {len(use)}; add finished runs of other recipes on the same setup")
-  mu_m, sd_m = robust_normal(np.log([f.m for f in use]), FLOORS["log_m"])
-  mu_b, sd_b = robust_normal(np.log([f.B for f in use]), FLOORS["log_b"])
-  mu_a, sd_a = robust_normal([f.A for f in use], FLOORS["A"])
+  theta = np.column_stack([np.log([f.m for f in use]), np.log([f.B for f in use]), [f.A for f in use]])
+  extra = np.zeros(3)
+  zs = [f.z for f in use]
+  how = "pooled"
+  if z is not None and all(q is not None for q in zs) and len({tuple(q) for q in zs} | {tuple(z)}) > 1:
+    Z, zt = np.array(zs, float), np.asarray(z, float)
+    reg = ridge(Z, theta)
+    theta = theta + (zt[None, :] - Z) @ reg["beta"][1:]
+    x = np.concatenate([[1.0], zt])
+    extra = reg["res_var"] * max(float(x @ reg["G"] @ x) - 1.0 / len(use), 0.0)
+    how = "knobs"
+  (mu_m, sd_m), (mu_b, sd_b), (mu_a, sd_a) = (
+    (mu, math.sqrt(sd * sd + float(e))) for (mu, sd), e in
+    zip((robust_normal(theta[:, k], FLOORS[f]) for k, f in enumerate(("log_m", "log_b", "A"))), extra))
   return {"log_cmid": (mu_m + math.log(float(budget)), sd_m), "log_b": (mu_b, sd_b), "A": (mu_a, sd_a),
-          "n": len(use), "m": math.exp(mu_m), "B": math.exp(mu_b)}
+          "n": len(use), "m": math.exp(mu_m), "B": math.exp(mu_b), "shape": how}
+
+
+def ridge(Z, T, lam: float = RIDGE) -> dict:
+  """Ridge regression of each column of ``T`` (rows: runs or allocations) on [1, ``Z``] (penalty
+    ``lam`` on the slopes, none on the intercept): {beta, G = (X'X + P)^-1, res_var (residual
+    variance per column, dof = rows - rank X, at least 1), dof}. The prediction variance at x is
+    ``res_var * (1 + x G x)``."""
+  Z = np.atleast_2d(np.asarray(Z, float))
+  T = np.asarray(T, float)
+  X = np.hstack([np.ones((len(Z), 1)), Z])
+  P = np.diag([0.0] + [float(lam)] * Z.shape[1])
+  G = np.linalg.inv(X.T @ X + P)
+  beta = G @ X.T @ T
+  dof = max(len(Z) - np.linalg.matrix_rank(X), 1)
+  return {"beta": beta, "G": G, "res_var": np.sum((T - X @ beta) ** 2, axis=0) / dof, "dof": dof}
+
+
+def allocation_of(config) -> dict:
+  """(batch size, rollouts per prompt, thinking budget) of a run config: rollouts per step, per
+    prompt, and the middle of ``[think_budget_min, think_budget_max]``."""
+  r = config.rollout
+  return {"batch": int(r.prompts_per_step) * int(r.generations_per_prompt),
+          "rollouts": int(r.generations_per_prompt),
+          "think": 0.5 * (int(r.think_budget_min) + int(r.think_budget_max))}
+
+
+def knobs_of(run_dir: str, config=None) -> tuple | None:
+  """log2 of the run's allocation knobs (``KNOBS``, from ``config`` or its stored config); None when
+    its config is unknown or does not load."""
+  try:
+    c = config if config is not None else (config_of(run_dir) if run_dir else None)
+    if c is None:
+      return None
+    a = allocation_of(c)
+    return tuple(float(math.log2(a[k])) for k in KNOBS)
+  except Exception:   # a config that no longer loads: the pooled prior, as for an unknown one
+    return None
 
 
 # --- what a family must share -------------------------------------------------------------------

@@ -30,7 +30,7 @@ import numpy as np
 
 from analysis.compare import A_TOLERANCE, compare_runs
 from analysis.errors import AnalysisError, ForecastInputError, TooFewPointsError
-from analysis.family import NotIdentifiableError, check_family, family_prior, fit_members, setup_of
+from analysis.family import NotIdentifiableError, check_family, family_prior, fit_members, knobs_of, setup_of
 from analysis.metrics import AXES, AXIS_UNITS, METRICS_FILE, RunData, on_axis, read_metrics_lines, read_run
 from analysis.plots import plot_forecast
 from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
@@ -103,9 +103,9 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
   _check_request(run, C, budget, target, unit)
   references = [r for r in references if not (r.run_dir and r.run_dir == run.run_dir)]   # never itself
   family = [r for r in family if not (r.run_dir and r.run_dir == run.run_dir)]
-  fam = _family_model(family, ref_cache) if family else None
+  fam = _family_model(family, ref_cache, run) if family else None
   post = fit_posterior(C, y, run.r0, n_samples=n_samples, seed=seed, n_draws=n_draws,
-                       unstable_at=run.alarms, prior=family_prior(fam["fits"], budget) if fam else None)
+                       unstable_at=run.alarms, prior=family_prior(fam["fits"], budget, z=fam["z"]) if fam else None)
   band = post.band([budget], level)
   mband = post.band([budget], level, measurement=True, seed=seed)
   ident = post.identifiability(level=level)
@@ -142,8 +142,8 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
                                                "parametric")},
                         "own_median": float(mband["pred"][0]), "residuals": res}
   if fam:
-    pr = family_prior(fam["fits"], budget)
-    rec["family"] = {"n": pr["n"], "members": [f.name for f in fam["fits"]], "not_identifiable": fam["skipped"],
+    pr = family_prior(fam["fits"], budget, z=fam["z"])
+    rec["family"] = {"n": pr["n"], "shape": pr["shape"], "members": [f.name for f in fam["fits"]], "not_identifiable": fam["skipped"],
                      "B": pr["B"], "m": pr["m"], "A": list(pr["A"]), "sd_log_b": pr["log_b"][1],
                      "sd_log_m": pr["log_cmid"][1], "residuals_from": "references" if references else "family"}
   if target is not None:
@@ -160,13 +160,31 @@ def _target_record(post: Posterior, target: float, level: float) -> dict:
                               {"pred": h["pred"], "lo": h["lo"], "hi": _finite_or_none(h["hi"])})}
 
 
-def _family_model(family: Sequence[RunData], cache: dict | None) -> dict:
-  """The family's member fits (cached in ``cache``), the members left out as not identifiable, and
-    the leave-one-out prior each member (or reference) is forecast with at its own end."""
+def _family_model(family: Sequence[RunData], cache: dict | None, target: RunData) -> dict:
+  """The family's member fits (cached in ``cache``), the members left out as not identifiable, the
+    target's knobs (``analysis.family.knobs_of``) and the leave-one-out prior each member (or
+    reference) is forecast with at its own end. Only when the target's allocation is none of the
+    members' (an allocation never run in the family) is the shape predicted from the knobs, and each
+    member is then forecast with its own allocation left out too, as the target is (issue #48, third
+    round); otherwise the pooled prior as before."""
   fits, skipped = fit_members(family, cache)
-  key = ("family",) + tuple(sorted((f.name, f.n, f.T) for f in fits))
-  return {"fits": fits, "skipped": skipped, "key": key,
-          "prior_of": lambda r: family_prior(fits, float(r.compute[-1]), exclude=r.name)}
+  memo = cache if cache is not None else {}
+
+  def knobs(r: RunData):
+    if ("knobs", r.run_dir) not in memo:
+      memo[("knobs", r.run_dir)] = knobs_of(r.run_dir or "")
+    return memo[("knobs", r.run_dir)]
+  z = knobs(target)
+  unseen = z is not None and all(f.z is not None and f.z != z for f in fits)
+  key = ("family",) + tuple(sorted((f.name, f.n, f.T, f.z) for f in fits)) + (z, unseen)
+  zs = {f.name: f.z for f in fits}
+
+  def prior_of(r: RunData) -> dict:
+    if not unseen:      # the target's allocation is in the family: pooled as before
+      return family_prior(fits, float(r.compute[-1]), exclude=r.name)
+    own = zs[r.name] if r.name in zs else knobs(r)
+    return family_prior(fits, float(r.compute[-1]), exclude=r.name, z=own, exclude_z=own)
+  return {"fits": fits, "skipped": skipped, "key": key, "z": z if unseen else None, "prior_of": prior_of}
 
 
 def _crossings(names, posts, c_from, c_to):
