@@ -3,12 +3,14 @@ allocation"): each target cut at a fraction of its steps and forecast to its end
 bands, three ways: alone, ``--reference`` (same-setup runs: the baseline recipe's) and ``--family``
 (the runs of the *other* recipes on the same base).
 
-  python -m analysis.family_eval [--set alloc|xeon] [--cuts 0.25,0.5] [--ways alone,reference,family] [--json OUT.json]
+  python -m analysis.family_eval [--set alloc|xeon|xeon-seeds] [--cuts 0.25,0.5] [--ways alone,reference,family] [--json OUT.json]
 
 ``alloc``: the fourteen held-out allocation runs (``real_runs.ALLOC``; family = the alloc runs of the
 other allocations, references = the default allocation's runs). ``xeon``: the 18 other-recipe Xeon
 runs (not held out; family = the Xeon runs of the other recipes, references = the twenty Xeon seeds
-of 2026-12-05, `real_runs.references_for`). Prints one table row per (way, cut) and a JSON line of per-run numbers.
+of 2026-12-05, `real_runs.references_for`). ``xeon-seeds``: the 38 Xeon seeds of the baseline recipe
+(not held out; family = the Xeon runs of the other recipes, 16 runs: a small family with many KL
+alarms, where the third round's alarm rule was chosen). Prints one table row per (way, cut) and a JSON line of per-run numbers.
 """
 
 from __future__ import annotations
@@ -47,8 +49,12 @@ def design(which: str) -> list[dict]:
     pool = [n for n in real_runs.RUNS if n.startswith("xeon_")]
     targets = [n for n in pool if not n.startswith("xeon_scalerl_")]
     refs_of = lambda t: list(real_runs.XEON_REFERENCES)
+  elif which == "xeon-seeds":
+    pool = [n for n in real_runs.RUNS if n.startswith("xeon_")]
+    targets = [n for n in pool if n.startswith("xeon_scalerl_")]
+    refs_of = lambda t: list(real_runs.references_for(t))
   else:
-    raise ValueError(f"--set {which!r}: expected alloc or xeon")
+    raise ValueError(f"--set {which!r}: expected alloc, xeon or xeon-seeds")
   return [{"target": t, "references": refs_of(t),
            "family": [n for n in pool if _recipe(n) != _recipe(t)]} for t in targets]
 
@@ -84,7 +90,8 @@ def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0, ways=WAYS) -> list[dic
           lo, hi = (r["lo"], r["hi"]) if way != "alone" else (r["pred_lo"], r["pred_hi"])
           rec.update(pred=r["pred"], lo=lo, hi=hi, err=r["pred"] - y_end, covered=bool(lo <= y_end <= hi),
                      identifiable=r["identifiable"], alarm=r.get("reference", {}).get("alarm"),
-                     parametric=r.get("reference", {}).get("parametric"))
+                     parametric=r.get("reference", {}).get("parametric"),
+                     recovered=r.get("reference", {}).get("recovered"))
         except AnalysisError as e:
           rec["error"] = str(e)
         out.append(rec)
@@ -112,7 +119,7 @@ def summarize(recs: list[dict]) -> list[dict]:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-  ap.add_argument("--set", default="alloc", choices=("alloc", "xeon"))
+  ap.add_argument("--set", default="alloc", choices=("alloc", "xeon", "xeon-seeds"))
   ap.add_argument("--cuts", default="0.25,0.5")
   ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset of " + ",".join(WAYS))
   ap.add_argument("--json", default="", help="also write every per-run record to this file")

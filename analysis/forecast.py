@@ -34,7 +34,7 @@ from analysis.family import NotIdentifiableError, check_family, family_prior, fi
 from analysis.metrics import AXES, AXIS_UNITS, METRICS_FILE, RunData, on_axis, read_metrics_lines, read_run
 from analysis.plots import plot_forecast
 from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
-from analysis.reference import alarm_before, calibrate, reference_residuals
+from analysis.reference import alarm_before, calibrate, recovered_from_alarm, reference_residuals
 from scalerl_jax import storage
 
 __all__ = ["forecast_run", "forecast_runs", "read_references", "format_table", "eval_samples", "main"]
@@ -133,13 +133,15 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
                               n_draws=min(n_draws, 8000), cache=ref_cache,
                               n_samples_of=lambda r: eval_samples(r.run_dir) if r.run_dir else None,
                               prior_of=fam["prior_of"] if fam else None, prior_key=fam["key"] if fam else None)
+    small = bool(fam) and not references
     cal = calibrate(float(mband["pred"][0]), float(mband["lo"][0]), float(mband["hi"][0]), res,
-                    target_alarm=alarm_before(run, float(C[-1])), level=level, small=bool(fam) and not references)
+                    target_alarm=alarm_before(run, float(C[-1])), level=level, small=small,
+                    recovered=small and recovered_from_alarm(run, float(C[-1])))
     rec["raw"] = {k: rec[k] for k in ("pred", "lo", "hi", "pred_lo", "pred_hi")}
     rec.update(pred=cal["pred"], lo=cal["lo"], hi=cal["hi"], pred_lo=cal["lo"], pred_hi=cal["hi"],
                verdict=verdict(ident["identifiable"], cal["hi"] - cal["lo"]))
     rec["reference"] = {**{k: cal[k] for k in ("shift", "n", "n_all", "alarm", "conformal_lo", "conformal_hi",
-                                               "parametric")},
+                                               "parametric", "recovered")},
                         "own_median": float(mband["pred"][0]), "residuals": res}
   if fam:
     pr = family_prior(fam["fits"], budget, z=fam["z"])
@@ -317,7 +319,8 @@ def format_table(recs: list[dict]) -> str:
               f"Eq. 1's shifted: a split-conformal band needs {need} references")
       lines.append(f"  {r['run']}: calibrated by {ref['n']} of {ref['n_all']} reference runs (median residual "
                    f"{ref['shift']:+.3f}; band {kind}"
-                   f"{'; KL alarm in the data: upper edge at the ceiling' if ref['alarm'] else ''}); Eq. 1 alone: "
+                   f"{'; KL alarm in the data: upper edge at the ceiling' if ref['alarm'] and not ref.get('recovered') else ''}"
+                   f"{'; KL alarm in the data, recovered from: band of the alarm stratum' if ref.get('recovered') else ''}); Eq. 1 alone: "
                    f"{raw['pred']:.3f} [{raw['pred_lo']:.3f}, {raw['pred_hi']:.3f}]")
     fam = r.get("family")
     if fam:

@@ -33,16 +33,37 @@ from analysis.errors import AnalysisError, ForecastInputError
 from analysis.metrics import RunData
 from analysis.posterior import LEVEL, fit_posterior
 
-__all__ = ["reference_residuals", "calibrate", "parametric_edges", "alarm_before", "SMALL_MIN"]
+__all__ = ["reference_residuals", "calibrate", "parametric_edges", "alarm_before", "recovered_from_alarm", "SMALL_MIN",
+           "RECOVERY_EVALS"]
 
 #: fewest residuals a family's alarm stratum or parametric band is built from (``calibrate(small=True)``)
 SMALL_MIN = 3
+#: evaluations averaged on each side of ``recovered_from_alarm``'s comparison
+RECOVERY_EVALS = 3
 
 
 def alarm_before(run: RunData, x_last: float) -> bool:
   """Whether a KL(generator || learner) alarm of ``run`` falls inside its prefix (0, x_last]."""
   a = np.asarray(run.alarms, float)
   return bool(np.any((a > 0) & (a <= x_last)))
+
+
+def recovered_from_alarm(run: RunData, x_last: float, k: int = RECOVERY_EVALS) -> bool:
+  """Whether ``run``'s prefix (0, x_last] holds a KL alarm and has come back from it: the mean of its
+    last ``k`` evaluations is at or above the mean of the ``k`` evaluations up to (and at) its first
+    alarm, so any dip the unstable phase caused is over (issue #48, third round; declared in
+    docs/ANALYSIS.md before its held-out test). False without an alarm, or with no evaluation
+    before the first alarm."""
+  a = np.asarray(run.alarms, float)
+  a = a[(a > 0) & (a <= x_last)]
+  if not len(a):
+    return False
+  m = (run.compute > 0) & (run.compute <= x_last)
+  C, y = run.compute[m], run.value[m]
+  before = y[C <= a.min()]
+  if not len(before):
+    return False
+  return bool(np.mean(y[-k:]) >= np.mean(before[-k:]))
 
 
 def reference_residuals(refs: Sequence[RunData], ratio: float, *, level: float = LEVEL, seed: int = 0,
@@ -101,7 +122,7 @@ def _n_samples(ref: RunData, n_samples_of, cache: dict | None) -> float | None:
 
 
 def calibrate(pred: float, lo: float, hi: float, residuals: Sequence[dict], *, target_alarm: bool,
-              level: float = LEVEL, value_max: float = 1.0, small: bool = False) -> dict:
+              level: float = LEVEL, value_max: float = 1.0, small: bool = False, recovered: bool = False) -> dict:
   """The reference-calibrated forecast from the target's own measurement-band median ``pred`` and
     edges ``lo``/``hi`` and the references' ``residuals`` (``reference_residuals``): ``{pred, lo,
     hi, shift (the median residual), n (residuals used), n_all, alarm, conformal_lo,
@@ -112,7 +133,9 @@ def calibrate(pred: float, lo: float, hi: float, residuals: Sequence[dict], *, t
     residuals are too few for (``k`` outside 1..n) is the parametric prediction edge ``pred + shift
     +- t(level, n-1) * sd * sqrt(1 + 1/n)`` (``parametric_edges``) instead of the target's own band.
     A KL alarm in the target's prefix makes the upper edge the ceiling either way (dropping that for
-    a matched stratum was tried on the Xeon family and lost coverage, 89 % -> 83 %: docs/ANALYSIS.md)."""
+    a matched stratum was tried on the Xeon family and lost coverage, 89 % -> 83 %: docs/ANALYSIS.md),
+    except, with ``small``, for a prefix that has ``recovered`` from its alarm
+    (``recovered_from_alarm``; issue #48, third round): its band is its alarm stratum's."""
   if not residuals:
     raise ForecastInputError("no reference run could be forecast at this extrapolation distance; "
                              "give finished runs of the same setup with enough evaluations")
@@ -128,12 +151,13 @@ def calibrate(pred: float, lo: float, hi: float, residuals: Sequence[dict], *, t
   p_lo, p_hi = parametric_edges(pred + shift, r, level) if par else (lo + shift, hi + shift)
   new_lo = pred + r[k_lo - 1] if k_lo >= 1 else p_lo
   new_hi = pred + r[k_hi - 1] if k_hi <= n else p_hi
-  if target_alarm:
+  if target_alarm and not (small and recovered):
     new_hi = value_max
   return {"pred": float(np.clip(pred + shift, 0.0, value_max)),
           "lo": float(np.clip(new_lo, 0.0, value_max)), "hi": float(np.clip(new_hi, 0.0, value_max)),
           "shift": shift, "n": n, "n_all": len(residuals), "alarm": bool(target_alarm),
-          "conformal_lo": k_lo >= 1, "conformal_hi": k_hi <= n, "parametric": bool(par)}
+          "conformal_lo": k_lo >= 1, "conformal_hi": k_hi <= n, "parametric": bool(par),
+          "recovered": bool(target_alarm and small and recovered)}
 
 
 def parametric_edges(centre: float, residuals, level: float = LEVEL) -> tuple[float, float]:
