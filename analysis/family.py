@@ -87,17 +87,21 @@ def member_fit(run: RunData) -> MemberFit:
   return MemberFit(run.name, float(fit.A), float(fit.B), float(fit.C_mid) / float(C[-1]), float(C[-1]), len(C))
 
 
-def fit_members(runs: Sequence[RunData], cache: dict | None = None) -> tuple[list[MemberFit], list[str]]:
+def fit_members(runs: Sequence[RunData], cache: dict | None = None,
+                knobs: bool = False) -> tuple[list[MemberFit], list[str]]:
   """Each member's ``member_fit`` (cached by name, run_dir and length) and the reasons of those left
-    out (not identifiable)."""
+    out (not identifiable); ``knobs``: with each member's allocation knobs (``knobs_of``, read from
+    its config) in ``MemberFit.z``."""
   fits, skipped = [], []
   for r in runs:
-    key = ("member", r.name, r.run_dir, len(r.compute), float(r.compute[-1]))
+    key = ("member", r.name, r.run_dir, len(r.compute), float(r.compute[-1]), knobs)
     if cache is not None and key in cache:
       got = cache[key]
     else:
       try:
-        got = dataclasses.replace(member_fit(r), z=knobs_of(r.run_dir or ""))
+        got = member_fit(r)
+        if knobs:
+          got = dataclasses.replace(got, z=knobs_of(r.run_dir or ""))
       except NotIdentifiableError as e:
         got = str(e)
       if cache is not None:
@@ -121,7 +125,8 @@ def family_prior(fits: Sequence[MemberFit], budget: float, *, exclude: str | Non
     members of that allocation left out too.
 
     ``z``: the target's knobs (``knobs_of``). When the members' and the target's allocations are
-    known and not all equal (issue #48, third round, declared before its held-out test): the slopes
+    known and not all equal (issue #48, third round, declared before its held-out test, where it did
+    worse than the pooled prior: opt-in, ``forecast_run(knobs=True)``): the slopes
     of log m, log B and A on z come from a ridge regression over the members (``ridge``); each
     member's (log m, log B, A) is moved along them to the target's knobs, and the moved values are
     pooled as before (median, 1.4826 x MAD, floored), their variance plus the slopes' own (the

@@ -3,7 +3,8 @@ allocation"): each target cut at a fraction of its steps and forecast to its end
 bands, three ways: alone, ``--reference`` (same-setup runs: the baseline recipe's) and ``--family``
 (the runs of the *other* recipes on the same base).
 
-  python -m analysis.family_eval [--set alloc|xeon|xeon-seeds] [--cuts 0.25,0.5] [--ways alone,reference,family] [--json OUT.json]
+  python -m analysis.family_eval [--set alloc|xeon|xeon-seeds] [--cuts 0.25,0.5] [--ways alone,reference,family]
+         [--knobs] [--recovery] [--json OUT.json]
 
 ``alloc``: the fourteen held-out allocation runs (``real_runs.ALLOC``; family = the alloc runs of the
 other allocations, references = the default allocation's runs). ``xeon``: the 18 other-recipe Xeon
@@ -65,8 +66,10 @@ def _load(name: str, cache: dict):
   return cache[name]
 
 
-def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0, ways=WAYS) -> list[dict]:
-  """Per (target, cut, way of ``ways``): forecast median, band, the measured final, error, covered."""
+def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0, ways=WAYS, knobs: bool = False,
+             recovery: bool = False) -> list[dict]:
+  """Per (target, cut, way of ``ways``): forecast median, band, the measured final, error, covered;
+    ``knobs``/``recovery``: the third round's opt-in rules (``analysis.forecast.forecast_run``)."""
   runs: dict = {}
   fit_cache: dict = {}
   out = []
@@ -86,7 +89,8 @@ def evaluate(which: str, cuts=(0.25, 0.5), seed: int = 0, ways=WAYS) -> list[dic
           continue
         try:
           r, _ = forecast_run(t, x_end, until=cut * x_end, n_samples=ns, seed=seed + i, n_draws=8000,
-                              ref_cache=fit_cache, unit="steps", references=refs, family=fam)
+                              ref_cache=fit_cache, unit="steps", references=refs, family=fam,
+                              knobs=knobs, recovery=recovery)
           lo, hi = (r["lo"], r["hi"]) if way != "alone" else (r["pred_lo"], r["pred_hi"])
           rec.update(pred=r["pred"], lo=lo, hi=hi, err=r["pred"] - y_end, covered=bool(lo <= y_end <= hi),
                      identifiable=r["identifiable"], alarm=r.get("reference", {}).get("alarm"),
@@ -122,13 +126,15 @@ def main(argv=None) -> int:
   ap.add_argument("--set", default="alloc", choices=("alloc", "xeon", "xeon-seeds"))
   ap.add_argument("--cuts", default="0.25,0.5")
   ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated subset of " + ",".join(WAYS))
+  ap.add_argument("--knobs", action="store_true", help="family shape from the allocation knobs (third round, opt-in)")
+  ap.add_argument("--recovery", action="store_true", help="no ceiling after a recovered KL alarm (third round, opt-in)")
   ap.add_argument("--json", default="", help="also write every per-run record to this file")
   a = ap.parse_args(argv)
   ways = tuple(w for w in a.ways.split(",") if w)
   if not ways or any(w not in WAYS for w in ways):
     print(f"error: --ways {a.ways!r}: expected a comma-separated subset of {','.join(WAYS)}", file=sys.stderr)
     return 2
-  recs = evaluate(a.set, tuple(float(c) for c in a.cuts.split(",")), ways=ways)
+  recs = evaluate(a.set, tuple(float(c) for c in a.cuts.split(",")), ways=ways, knobs=a.knobs, recovery=a.recovery)
   print("| way | cut | n | covers final | median abs. error | median width | worst abs. error |")
   print("|---|---|---|---|---|---|---|")
   for r in summarize(recs):

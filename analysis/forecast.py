@@ -75,7 +75,8 @@ def _check_request(run: RunData, C, budget: float, target: float | None, unit: s
 def forecast_run(run: RunData, budget: float, target: float | None = None, *, until: float | None = None,
                  n_samples: float | None = None, seed: int = 0, n_draws: int = 20000,
                  level: float = LEVEL, references: Sequence[RunData] = (), ref_cache: dict | None = None,
-                 unit: str = "h", family: Sequence[RunData] = ()) -> tuple[dict, Posterior]:
+                 unit: str = "h", family: Sequence[RunData] = (), knobs: bool = False,
+                 recovery: bool = False) -> tuple[dict, Posterior]:
   """Forecast one run (``analysis.metrics.RunData``) at ``budget`` hours; returns (record, posterior).
 
     The record holds ``run``, ``budget``, ``pred``, ``lo``, ``hi`` (the ``level`` band of the pass
@@ -93,7 +94,10 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
     recipes on the same setup (``analysis.family``; checked by the caller): the target is fitted
     with their pooled shape and A as its prior, and calibrated by their residuals (by the
     references' when ``references`` are given too, their forecasts pooled the same way); ``family``
-    in the record says how.
+    in the record says how. ``knobs`` / ``recovery``: the third round's two rules of issue #48
+    (the shape predicted from the allocation knobs for an allocation the family never ran; no ceiling
+    for a prefix recovered from its KL alarm), opt-in: on the held-out allocation runs they did worse
+    than without (docs/ANALYSIS.md).
     """
   C, y = run.window(None, until)
   if family and len(C) < MIN_EVALS:
@@ -103,7 +107,7 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
   _check_request(run, C, budget, target, unit)
   references = [r for r in references if not (r.run_dir and r.run_dir == run.run_dir)]   # never itself
   family = [r for r in family if not (r.run_dir and r.run_dir == run.run_dir)]
-  fam = _family_model(family, ref_cache, run) if family else None
+  fam = _family_model(family, ref_cache, run, knobs) if family else None
   post = fit_posterior(C, y, run.r0, n_samples=n_samples, seed=seed, n_draws=n_draws,
                        unstable_at=run.alarms, prior=family_prior(fam["fits"], budget, z=fam["z"]) if fam else None)
   band = post.band([budget], level)
@@ -136,7 +140,7 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
     small = bool(fam) and not references
     cal = calibrate(float(mband["pred"][0]), float(mband["lo"][0]), float(mband["hi"][0]), res,
                     target_alarm=alarm_before(run, float(C[-1])), level=level, small=small,
-                    recovered=small and recovered_from_alarm(run, float(C[-1])))
+                    recovered=small and recovery and recovered_from_alarm(run, float(C[-1])))
     rec["raw"] = {k: rec[k] for k in ("pred", "lo", "hi", "pred_lo", "pred_hi")}
     rec.update(pred=cal["pred"], lo=cal["lo"], hi=cal["hi"], pred_lo=cal["lo"], pred_hi=cal["hi"],
                verdict=verdict(ident["identifiable"], cal["hi"] - cal["lo"]))
@@ -162,21 +166,21 @@ def _target_record(post: Posterior, target: float, level: float) -> dict:
                               {"pred": h["pred"], "lo": h["lo"], "hi": _finite_or_none(h["hi"])})}
 
 
-def _family_model(family: Sequence[RunData], cache: dict | None, target: RunData) -> dict:
+def _family_model(family: Sequence[RunData], cache: dict | None, target: RunData, knobs: bool = False) -> dict:
   """The family's member fits (cached in ``cache``), the members left out as not identifiable, the
     target's knobs (``analysis.family.knobs_of``) and the leave-one-out prior each member (or
-    reference) is forecast with at its own end. Only when the target's allocation is none of the
+    reference) is forecast with at its own end. Only with ``knobs`` and when the target's allocation is none of the
     members' (an allocation never run in the family) is the shape predicted from the knobs, and each
     member is then forecast with its own allocation left out too, as the target is (issue #48, third
     round); otherwise the pooled prior as before."""
-  fits, skipped = fit_members(family, cache)
+  fits, skipped = fit_members(family, cache, knobs=knobs)
   memo = cache if cache is not None else {}
 
-  def knobs(r: RunData):
+  def knobs_of_run(r: RunData):
     if ("knobs", r.run_dir) not in memo:
       memo[("knobs", r.run_dir)] = knobs_of(r.run_dir or "")
     return memo[("knobs", r.run_dir)]
-  z = knobs(target)
+  z = knobs_of_run(target) if knobs else None
   unseen = z is not None and all(f.z is not None and f.z != z for f in fits)
   key = ("family",) + tuple(sorted((f.name, f.n, f.T, f.z) for f in fits)) + (z, unseen)
   zs = {f.name: f.z for f in fits}
@@ -184,7 +188,7 @@ def _family_model(family: Sequence[RunData], cache: dict | None, target: RunData
   def prior_of(r: RunData) -> dict:
     if not unseen:      # the target's allocation is in the family: pooled as before
       return family_prior(fits, float(r.compute[-1]), exclude=r.name)
-    own = zs[r.name] if r.name in zs else knobs(r)
+    own = zs[r.name] if r.name in zs else knobs_of_run(r)
     return family_prior(fits, float(r.compute[-1]), exclude=r.name, z=own, exclude_z=own)
   return {"fits": fits, "skipped": skipped, "key": key, "z": z if unseen else None, "prior_of": prior_of}
 
