@@ -289,3 +289,77 @@ def test_allocation_point_forecast_is_the_plug_in_curve():
     want = m["r0"] + (th[0] - m["r0"]) / (1 + np.exp(np.exp(th[1]) * (th[2] - np.log([0.5, 3.0]))))
     np.testing.assert_allclose(p["pred"], want, rtol=1e-12)
     assert len(p["median"]) == 2
+
+
+def test_knob_prior_moves_the_members_along_the_ridge_slopes():
+  """family_prior(z=...) (issue #48, third round): slopes of (log m, log B, A) on z from the ridge
+  solution (numpy lstsq on the augmented system), each member moved to the target's knobs, then
+  median / 1.4826 MAD (floored) plus the slopes' variance res_var (x G x - 1/n); all knobs alike: the
+  pooled prior exactly."""
+  rng = np.random.default_rng(3)
+  Z = np.array([[5, 3, 4.8], [5, 3, 4.8], [6, 3, 4.8], [6, 3, 4.8], [6, 4, 4.8], [6, 5, 4.8], [6, 3, 3.8], [6, 3, 5.8]])
+  theta = np.column_stack([-1.0 + 0.4 * (Z[:, 0] - 6), 0.6 - 0.1 * (Z[:, 1] - 3), 0.9 + 0.02 * (Z[:, 2] - 4.8)])
+  theta += rng.normal(0, [0.15, 0.12, 0.03], theta.shape)
+  fits = [MemberFit(f"r{i}", A=t[2], B=float(np.exp(t[1])), m=float(np.exp(t[0])), T=300.0, n=30, z=tuple(z))
+          for i, (t, z) in enumerate(zip(theta, Z))]
+  zt = np.array([7.0, 3.0, 4.8])
+  p = family_prior(fits, 150.0, z=tuple(zt))
+  X = np.hstack([np.ones((8, 1)), Z])
+  aug = np.vstack([X, np.sqrt(0.1) * np.hstack([np.zeros((3, 1)), np.eye(3)])])
+  beta = np.linalg.lstsq(aug, np.vstack([theta, np.zeros((3, 3))]), rcond=None)[0]
+  res_var = np.sum((theta - X @ beta) ** 2, axis=0) / (8 - 4)
+  x = np.concatenate([[1.0], zt])
+  lev = x @ np.linalg.solve(X.T @ X + np.diag([0, 0.1, 0.1, 0.1]), x)
+  moved = theta + (zt - Z) @ beta[1:]
+  for k, (key, floor) in enumerate((("log_cmid", 0.1), ("log_b", 0.1), ("A", 0.02))):
+    med = np.median(moved[:, k])
+    sd = np.hypot(max(1.4826 * np.median(np.abs(moved[:, k] - med)), floor), np.sqrt(res_var[k] * (lev - 1 / 8)))
+    want_mean = med + (np.log(150.0) if key == "log_cmid" else 0.0)
+    assert p[key] == pytest.approx((want_mean, sd), rel=1e-10), key
+  assert p["shape"] == "knobs"
+  alike = [MemberFit(f.name, f.A, f.B, f.m, f.T, f.n, z=(6.0, 3.0, 4.8)) for f in fits]
+  pooled = family_prior(alike, 150.0)
+  assert family_prior(alike, 150.0, z=(6.0, 3.0, 4.8)) == pooled and pooled["shape"] == "pooled"
+  # leaving the member's allocation out too (its residual's prior, as the target's allocation is unseen)
+  assert family_prior(fits, 150.0, exclude="r0", z=tuple(Z[0]), exclude_z=tuple(Z[0]))["n"] == 6
+
+
+def test_recovered_alarm_rule_and_its_band():
+  """recovered_from_alarm: the mean of the last 3 evaluations >= the mean of the 3 up to the first
+  alarm (numpy); with a family (small) a recovered target gets its alarm stratum's t band, not the
+  ceiling; references keep the ceiling."""
+  from analysis.reference import calibrate, recovered_from_alarm
+  C = np.arange(0.0, 160.0, 10.0)
+  y = np.array([0.2, 0.4, 0.5, 0.6, 0.65, 0.7, 0.72, 0.6, 0.55, 0.62, 0.7, 0.74, 0.75, 0.76, 0.77, 0.78])
+  run = RunData("t", C, y, np.arange(16), 0.2, alarms=np.array([60.0, 71.0]))
+  before, last = y[[4, 5, 6]].mean(), y[-3:].mean()           # evaluations at 40, 50, 60 (the alarm's)
+  assert last >= before and recovered_from_alarm(run, 150.0)
+  assert recovered_from_alarm(run, 100.0) == (y[8:11].mean() >= before)   # 80, 90, 100: still in the dip
+  assert not recovered_from_alarm(run, 100.0)
+  assert y[9:12].mean() < before and not recovered_from_alarm(run, 110.0)   # 0.687 < 0.69: not yet
+  assert not recovered_from_alarm(RunData("q", C, y, np.arange(16), 0.2), 150.0)    # no alarm
+  mixed = _fres([0.0, 0.01, -0.01, 0.02, -0.02]) + _fres([0.05, 0.08, 0.11], alarm=True)
+  r = np.array([0.05, 0.08, 0.11])
+  half = 2.919986 * float(np.std(r, ddof=1)) * np.sqrt(4 / 3)          # t_{0.95, 2} = 2.919986
+  cal = calibrate(0.6, 0.5, 0.7, mixed, target_alarm=True, small=True, recovered=True)
+  assert (cal["lo"], cal["hi"]) == pytest.approx((0.68 - half, 0.68 + half), abs=1e-6) and cal["recovered"]
+  assert calibrate(0.6, 0.5, 0.7, mixed, target_alarm=True, recovered=True)["hi"] == 1.0
+
+
+def test_knob_prior_is_opt_in_and_only_for_an_allocation_the_family_never_ran():
+  """forecast_run(knobs=True) on stored allocation runs: a batch x2 target with a family of batch 32
+  and 64 runs (three allocations) gets the knob prior (bend later than the family's, as its knobs say); with a batch x2
+  member in the family, or without ``knobs``, the pooled prior."""
+  from analysis.metrics import on_axis, read_run
+  runs = {n: on_axis(read_run(REAL / n), "step") for n in ("alloc_batch_x2_s50", "alloc_batch_x2_s51",
+          "alloc_default_s50", "alloc_default_s51", "alloc_batch_x0.5_s50", "alloc_batch_x0.5_s51",
+          "alloc_rollouts_16_s50", "alloc_rollouts_16_s51")}
+  t = runs.pop("alloc_batch_x2_s50")
+  sib = runs.pop("alloc_batch_x2_s51")
+  kw = dict(until=75.0, n_draws=2000, unit="steps")
+  unseen, _ = forecast_run(t, 150.0, family=list(runs.values()), knobs=True, **kw)
+  pooled, _ = forecast_run(t, 150.0, family=list(runs.values()), **kw)
+  seen, _ = forecast_run(t, 150.0, family=list(runs.values()) + [sib], knobs=True, **kw)
+  assert unseen["family"]["shape"] == "knobs" and pooled["family"]["shape"] == "pooled"
+  assert seen["family"]["shape"] == "pooled"
+  assert unseen["family"]["m"] > 1.3 * pooled["family"]["m"]
