@@ -94,10 +94,8 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
     recipes on the same setup (``analysis.family``; checked by the caller): the target is fitted
     with their pooled shape and A as its prior, and calibrated by their residuals (by the
     references' when ``references`` are given too, their forecasts pooled the same way); ``family``
-    in the record says how. ``knobs`` / ``recovery``: the third round's two rules of issue #48
-    (the shape predicted from the allocation knobs for an allocation the family never ran; no ceiling
-    for a prefix recovered from its KL alarm), opt-in: on the held-out allocation runs they did worse
-    than without (docs/ANALYSIS.md).
+    in the record says how. ``knobs``/``recovery``: issue #48's third-round rules, opt-in (they did
+    worse on the held-out allocation runs): ``_family_model``, ``analysis.reference.recovered_from_alarm``.
     """
   C, y = run.window(None, until)
   if family and len(C) < MIN_EVALS:
@@ -131,16 +129,14 @@ def forecast_run(run: RunData, budget: float, target: float | None = None, *, un
          "ci": {p: post.interval(p, level) for p in ("A", "B", "C_mid")}, "ci_level": level,
          "map": post.map, "noise": {k: float(v) for k, v in post.noise.items()}, "n_samples": n_samples,
          "unit": unit}
-  calib = references or family
-  if calib:
-    res = reference_residuals(calib, float(budget) / float(C[-1]), level=level, seed=seed,
+  if references or family:
+    res = reference_residuals(references or family, float(budget) / float(C[-1]), level=level, seed=seed,
                               n_draws=min(n_draws, 8000), cache=ref_cache,
                               n_samples_of=lambda r: eval_samples(r.run_dir) if r.run_dir else None,
                               prior_of=fam["prior_of"] if fam else None, prior_key=fam["key"] if fam else None)
-    small = bool(fam) and not references
-    cal = calibrate(float(mband["pred"][0]), float(mband["lo"][0]), float(mband["hi"][0]), res,
-                    target_alarm=alarm_before(run, float(C[-1])), level=level, small=small,
-                    recovered=small and recovery and recovered_from_alarm(run, float(C[-1])))
+    small, x_last = bool(fam) and not references, float(C[-1])
+    cal = calibrate(float(mband["pred"][0]), float(mband["lo"][0]), float(mband["hi"][0]), res, level=level, small=small,
+                    target_alarm=alarm_before(run, x_last), recovered=small and recovery and recovered_from_alarm(run, x_last))
     rec["raw"] = {k: rec[k] for k in ("pred", "lo", "hi", "pred_lo", "pred_hi")}
     rec.update(pred=cal["pred"], lo=cal["lo"], hi=cal["hi"], pred_lo=cal["lo"], pred_hi=cal["hi"],
                verdict=verdict(ident["identifiable"], cal["hi"] - cal["lo"]))
@@ -324,7 +320,7 @@ def format_table(recs: list[dict]) -> str:
       lines.append(f"  {r['run']}: calibrated by {ref['n']} of {ref['n_all']} reference runs (median residual "
                    f"{ref['shift']:+.3f}; band {kind}"
                    f"{'; KL alarm in the data: upper edge at the ceiling' if ref['alarm'] and not ref.get('recovered') else ''}"
-                   f"{'; KL alarm in the data, recovered from: band of the alarm stratum' if ref.get('recovered') else ''}); Eq. 1 alone: "
+                   f"{'; KL alarm, recovered from: alarm stratum band' if ref.get('recovered') else ''}); Eq. 1 alone: "
                    f"{raw['pred']:.3f} [{raw['pred_lo']:.3f}, {raw['pred_hi']:.3f}]")
     fam = r.get("family")
     if fam:
