@@ -16,6 +16,10 @@ curves, not their bias or asymptote. The model (declared before its held-out run
    reference's do (``analysis.reference.calibrate``). With same-setup references too, the
    references' residuals (their forecasts pooled by the same family) are used instead.
 
+Opt-in since the third round (declared, then worse on the held-out allocation runs; docs/ANALYSIS.md):
+``family_prior(z=...)`` predicts the target's shape from its allocation knobs (``knobs_of``, slopes by
+``ridge``) for an allocation the family never ran.
+
 ``setup_of`` / ``check_family``: what a family must share (model, data, evaluation, base policy);
 a member that differs is refused by name.
 """
@@ -37,7 +41,7 @@ from analysis.metrics import CONFIG_FILE, RunData
 from analysis.posterior import MIN_EVALS
 from analysis.scaling import fit_sigmoid
 
-__all__ = ["FLOORS", "MIN_MEMBERS", "RIDGE", "config_of", "MemberFit", "member_fit", "fit_members", "robust_normal",
+__all__ = ["FLOORS", "MIN_MEMBERS", "KNOBS", "RIDGE", "config_of", "MemberFit", "member_fit", "fit_members", "robust_normal",
            "family_prior", "setup_of", "check_family", "NotIdentifiableError", "allocation_of", "knobs_of", "ridge"]
 
 #: Floors of the family's spreads (sd of log B, of log m, of A): a family of identical shapes still
@@ -140,8 +144,9 @@ def family_prior(fits: Sequence[MemberFit], budget: float, *, exclude: str | Non
   extra = np.zeros(3)
   zs = [f.z for f in use]
   how = "pooled"
-  if z is not None and all(q is not None for q in zs) and len({tuple(q) for q in zs} | {tuple(z)}) > 1:
-    Z, zt = np.array(zs, float), np.asarray(z, float)
+  known = [tuple(q) for q in zs if q is not None]
+  if z is not None and len(known) == len(zs) and len(set(known) | {tuple(z)}) > 1:
+    Z, zt = np.array(known, float), np.asarray(z, float)
     reg = ridge(Z, theta)
     theta = theta + (zt[None, :] - Z) @ reg["beta"][1:]
     x = np.concatenate([[1.0], zt])
