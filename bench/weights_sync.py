@@ -221,6 +221,34 @@ def _memcpy_GBps(flat: np.ndarray, dst: np.ndarray) -> tuple[float, float]:
   return out[0], out[1]
 
 
+def _tcp_ceiling_GBps(flat: np.ndarray, dst: np.ndarray, chunk_bytes: int) -> float:
+  """What the kernel allows for the same bytes: a bare loopback TCP pair (a fresh connection, as
+  each fetch has, default auto-tuned socket buffers, TCP_NODELAY), a sender thread `sendall`s
+  `flat` as one memoryview and this thread `recv_into`s chunk_bytes slices of `dst` (reused,
+  written before), GB/s from the first byte sent to the last one received."""
+  import socket
+  srv = socket.create_server(("127.0.0.1", 0))
+  tx = socket.create_connection(srv.getsockname())
+  rx, _ = srv.accept()
+  srv.close()
+  for s in (tx, rx):
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  out, n, got = memoryview(dst.reshape(-1).view(np.uint8)), flat.nbytes, 0
+  sender = threading.Thread(target=tx.sendall, args=(memoryview(flat),), daemon=True)
+  t0 = time.perf_counter()
+  sender.start()
+  while got < n:
+    k = rx.recv_into(out[got:got + chunk_bytes], min(chunk_bytes, n - got), socket.MSG_WAITALL)
+    if not k:
+      raise ConnectionError("the reference TCP pair closed early")
+    got += k
+  dt = time.perf_counter() - t0
+  sender.join()
+  tx.close()
+  rx.close()
+  return n / dt / 1e9
+
+
 def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   """One full version, publisher host arrays -> generator host arrays (the generator a process
   of its own, as deployed), over the bulk channel and over gRPC (alternate versions, `repeats`
@@ -242,7 +270,7 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
     proc.kill()
     raise RuntimeError("the fetcher process did not start")
   rates: dict = {"bulk": [], "grpc": []}
-  mem, fresh, bulk_streams = [], [], 0
+  mem, fresh, tcp, bulk_streams = [], [], [], 0
   warm = flat.copy()
   try:
     for v in range(2 * repeats + 2):              # versions 0, 1: untimed warm-ups
@@ -258,6 +286,7 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
         m, f = _memcpy_GBps(flat, warm)
         mem.append(m)
         fresh.append(f)
+        tcp.append(_tcp_ceiling_GBps(flat, warm, chunk_bytes))
   finally:
     here.send("stop")
     proc.join(30)
@@ -267,14 +296,17 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
     c.close()
     srv.stop()
   assert bulk_streams == repeats + 1, f"{bulk_streams} bulk streams (fell back to gRPC?)"
-  s, g, m = (statistics.median(x) for x in (rates["bulk"], rates["grpc"], mem))
+  s, g, m, k = (statistics.median(x) for x in (rates["bulk"], rates["grpc"], mem, tcp))
   return {"stream_GBps": round(s, 3), "memcpy_GBps": round(m, 3),
-          "stream_over_memcpy": round(s / m, 3), "stream_GBps_grpc": round(g, 3),
+          "stream_over_memcpy": round(s / m, 3), "tcp_ceiling_GBps": round(k, 3),
+          "tcp_ceiling_over_memcpy": round(k / m, 3), "stream_over_tcp_ceiling": round(s / k, 3),
+          "stream_GBps_grpc": round(g, 3),
           "grpc_over_memcpy": round(g / m, 3),
           "memcpy_fresh_GBps": round(statistics.median(fresh), 3),
           "stream_repeats": [round(x, 3) for x in rates["bulk"]],
           "grpc_repeats": [round(x, 3) for x in rates["grpc"]],
-          "memcpy_repeats": [round(x, 3) for x in mem]}
+          "memcpy_repeats": [round(x, 3) for x in mem],
+          "tcp_ceiling_repeats": [round(x, 3) for x in tcp]}
 
 
 def run(args) -> dict:

@@ -250,7 +250,7 @@ class Trainer:
     local = not self.multi and not self.config.buffer.external
     host = w.host or ("127.0.0.1" if local else "0.0.0.0")
     src = WeightSource(self.token, host=host, port=int(w.port), advertise=w.advertise or None,
-                       tls=TLS.from_config(self.config))
+                       tls=TLS.from_config(self.config), bulk_port=int(w.bulk_port))
     log.info("weight source serving this process's shards at %s", src.address)
     if not self.multi:
       return src, [src.address]
