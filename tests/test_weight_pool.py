@@ -60,6 +60,26 @@ def test_a_free_set_is_reused_a_held_or_pinned_one_never():
     pool.pin([np.zeros(3)])
 
 
+def test_arrays_jax_adopted_without_a_copy_are_not_reused_while_the_jax_array_lives():
+  """On CPU `jax.device_put` aliases the aligned arrays (the sampler's params are the fetched
+  memory) and references their owning buffer, not the array object: the pool must see that."""
+  import jax   # local: only this test needs JAX's CPU client
+  pool = ArrayPool()
+  a = pool.take(SPECS[:1])
+  a[0][...] = 1.5
+  x = jax.device_put(a[0], jax.devices("cpu")[0])
+  assert x.unsafe_buffer_pointer() == a[0].ctypes.data         # adopted, not copied
+  first = _ptrs(a)
+  del a
+  b = pool.take(SPECS[:1])
+  assert set(_ptrs(b)).isdisjoint(first) and pool.reused == 0   # the jax array still reads it
+  b[0][...] = -2.0
+  assert float(x[0, 0]) == 1.5
+  del b, x
+  pool.take(SPECS[:1])                                          # now free: reused
+  assert pool.reused == 1
+
+
 def test_spare_sets_are_bounded_and_layouts_do_not_mix():
   pool = ArrayPool(spare=1)
   sets = [pool.take(SPECS) for _ in range(3)]                 # 3 held at once: 3 allocated
