@@ -7,11 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from scalerl_jax.buffer.server import BufferServer
-from scalerl_jax.protocol.client import BufferClient
-from scalerl_jax.types import PromptSpec
+from helpers import weight_serving
 from scalerl_jax.weights.pool import ArrayPool
-from scalerl_jax.weights.source import WeightSource
 from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher, flatten
 
 TOKEN = "pool-test-token"
@@ -94,14 +91,8 @@ def test_spare_sets_are_bounded_and_layouts_do_not_mix():
 
 @pytest.fixture
 def serving():
-  srv = BufferServer([PromptSpec(0, np.array([1, 2], np.int32))], token=TOKEN,
-                     prompts_per_step=1, group_size=1, max_lag=1).start()
-  c = BufferClient(srv.address, TOKEN)
-  src = WeightSource(TOKEN, keep=2)
-  yield c, src
-  src.stop()
-  c.close()
-  srv.stop()
+  with weight_serving(TOKEN, keep=2) as cs:
+    yield cs
 
 
 def _params(seed):

@@ -538,12 +538,13 @@ class StreamFetcher:
     base = b if (self.delta and b is not None and b[0] < h.version
                  and b[1] == wd.layout_key(manifest)) else None
 
-    def one(o: int, base) -> None:
+    def attempt(o: int, base) -> bool:
       """Source o's chunks: from the relay parents first (a generator that has them), then from
-      the learner source; a relay that fails or lacks them only costs a fallback."""
+      the learner source; a relay that fails or lacks them only costs a fallback. False: a delta
+      did not check (counted; this source's chunks are to be fetched again, full)."""
       for addr in [*self.parents(), None]:
         if all(i in have for i in by_src[o]):
-          return
+          return True
         try:
           self._stream_from(addr or manifest["sources"][o], addr is not None, o, base, h, p,
                             by_src, wait_timeout_s)
@@ -554,22 +555,26 @@ class StreamFetcher:
           log.warning("version %d: delta from %s did not check (%s); fetching it full",
                       h.version, addr or manifest["sources"][o], e)
           have.difference_update(by_src[o])    # none of this source's delta chunks is trusted
-          return one(o, None)
+          return False
         except (grpc.RpcError, IOError) as e:
           if addr is None:
             raise
           self.relay_failovers += 1
           log.info("version %d: relay %s failed (%s); next", h.version, addr,
                    e.code() if isinstance(e, grpc.RpcError) else e)
+      return True
 
-    try:
-      if len(by_src) == 1:
-        one(next(iter(by_src)), base)
-      else:
-        with concurrent.futures.ThreadPoolExecutor(min(len(by_src), 16)) as ex:
-          for f in [ex.submit(one, o, base) for o in by_src]:
-            f.result()
-    finally:        # `one` refers to itself: without this the cycle keeps p's arrays until a gc
-      del one       # pass, and the pool (weights/pool.py) could not reuse them for the next one
+    def one(o: int, base) -> None:
+      # (a loop, not a recursive closure: a closure that refers to itself is a reference cycle,
+      # which kept p's arrays alive until a gc pass, so weights/pool.py could not reuse them)
+      while not attempt(o, base):
+        base = None
+
+    if len(by_src) == 1:
+      one(next(iter(by_src)), base)
+    else:
+      with concurrent.futures.ThreadPoolExecutor(min(len(by_src), 16)) as ex:
+        for f in [ex.submit(one, o, base) for o in by_src]:
+          f.result()
     log.info("fetched weights version %d from learner sources %s", h.version,
              {manifest["sources"][o]: len(ids) for o, ids in sorted(by_src.items())})
