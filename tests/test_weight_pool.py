@@ -82,11 +82,14 @@ def test_spare_sets_are_bounded_and_layouts_do_not_mix():
   sets = [pool.take(SPECS) for _ in range(3)]                 # 3 held at once: 3 allocated
   assert pool.allocated == 3 and pool.tracked() == 3
   del sets
+  again = pool.take(SPECS)                                    # one reused, the 2 other free dropped
+  assert pool.reused == 1 and pool.tracked() == 1
   other = pool.take([((5, 5), np.float32)])                   # another layout: fresh arrays
-  assert pool.allocated == 4 and other[0].shape == (5, 5)
-  assert pool.tracked() == 2                                  # 1 spare kept, 2 free ones dropped
-  again = pool.take(SPECS)
-  assert pool.reused == 1 and again[0].shape == (64, 48)
+  assert pool.allocated == 4 and other[0].shape == (5, 5) and pool.tracked() == 2
+  del again
+  third = pool.take([((5, 5), np.float32)])                   # `other` held: fresh; the free set
+  assert pool.allocated == 5 and pool.tracked() == 2          # of the old layout is dropped
+  assert third[0].ctypes.data != other[0].ctypes.data
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ counts them: a set of arrays is reused only when the pool's own references are t
 code path) and no explicit `pin` holds it. A set anybody still references is never written; a
 caller that never releases anything only costs fresh arrays, as before.
 
-Memory: the pool keeps at most `spare` unreferenced sets (the one the next version is read into);
+Memory: the pool keeps at most `spare` unreferenced sets of the layout being fetched (the one the
+next version is read into; free sets of another layout are dropped);
 every other set it tracks is alive only because somebody else holds it. No JAX.
 """
 from __future__ import annotations
@@ -84,8 +85,11 @@ class ArrayPool:
     key = tuple((tuple(int(d) for d in shape), np.dtype(dt).str) for shape, dt in specs)
     with self._lock:
       free = [s for s in self._sets if not s.pins and not _extra_refs(s, *_BASE)]
-      hit = next((s for s in free if s.key == key), None)
-      drop = [s for s in free if s is not hit][max(0, self.spare - (hit is not None)):]
+      same = [s for s in free if s.key == key]
+      hit = same[0] if same else None
+      # Kept unreferenced: at most `spare` sets of this layout, the one handed out included; free
+      # sets of another layout (a resharded model) are dropped.
+      drop = [s for s in free if s.key != key] + same[max(1, self.spare):]
       self._sets = [s for s in self._sets if all(s is not d for d in drop)]
       if hit is not None:
         self.reused += 1
