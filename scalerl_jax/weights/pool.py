@@ -17,8 +17,8 @@ code path) and no explicit `pin` holds it. A set anybody still references is nev
 caller that never releases anything only costs fresh arrays, as before.
 
 Memory: the pool keeps at most `spare` unreferenced sets of the layout being fetched (the one the
-next version is read into; free sets of another layout are dropped);
-every other set it tracks is alive only because somebody else holds it. No JAX.
+next version is read into; free sets of another layout are dropped); every other set it tracks is
+alive only because somebody else holds it. No JAX.
 """
 from __future__ import annotations
 
