@@ -27,9 +27,9 @@ on CPU `jax.device_put` adopts them without a copy; the arrays of a version that
 more, the generator, the evaluation lane or the fetcher's delta base, are reused, so the pages are
 already mapped) and writes every chunk's bytes straight into its box as the chunk arrives: the
 generator holds the new model once plus one chunk in flight per source. A version's digest
-trailer is checked from the CRCs each chunk was verified with on arrival (no second pass). A fetch that breaks keeps
-what it got; the next `fetch` resumes the same version with `have_chunks` (the server skips them),
-unless a newer version was published meanwhile.
+trailer is checked from the CRCs each chunk was verified with on arrival (no second pass). A fetch
+that breaks keeps what it got; the next `fetch` resumes the same version with `have_chunks` (the
+server skips them), unless a newer version was published meanwhile.
 """
 from __future__ import annotations
 
