@@ -116,6 +116,8 @@ def main(argv=None):
   ap.add_argument("--relay-fanout", type=int, default=2, help="--fanout: the relay tree's fan-out")
   ap.add_argument("--write-rate", default="", help="--fanout: write the measured per-stream "
                   "rate and delta fraction here for launch.preflight (launch/weight_rate.json)")
+  ap.add_argument("--rate-note", default="shared with concurrent work", help="--write-rate: "
+                  "how loaded the machine was (e.g. 'quiet box'), written into the rate file")
   args = ap.parse_args(argv)
   if args.fanout or args.delta:
     from bench import weights_sync

@@ -23,13 +23,18 @@ its relay (weights/relay.py, tree fan-out `--relay-fanout`, default 2).
   over the bulk channel (weights/bulk.py, `stream_GBps`) and over gRPC (`stream_GBps_grpc`) on
   alternate versions, --repeats each, medians; memcpy GB/s of the same bytes after every version
   (np.copyto into a buffer written before: `memcpy_GBps`, the ratio's denominator; into a fresh
-  buffer: `memcpy_fresh_GBps`), in the same run.
+  buffer: `memcpy_fresh_GBps`), and what the kernel allows for them (`tcp_ceiling_GBps`: a bare
+  loopback sendall / recv_into pair into a reused buffer, 8 MB receives; `_2streams`: two such
+  pairs in parallel), in the same run. The fetcher reads each version into reused arrays
+  (weights/pool.py; `fetch_arrays_reused`).
 
 Last stdout line: {"ours", "peer", "unit": "source bytes / model bf16 bytes at max G", "ratio",
 "source_bytes_per_version_over_model": {G: ...}, "no_relay": {G: ...},
 "delta_bytes_per_version_over_model": median, "delta_max", "stream_GBps", "memcpy_GBps",
-"stream_over_memcpy", "stream_GBps_grpc", "grpc_over_memcpy", "memcpy_fresh_GBps",
-"bit_identical", "deltas"}. `--write-rate F` without `--delta` keeps F's delta fraction.
+"stream_over_memcpy", "tcp_ceiling_GBps", "tcp_ceiling_over_memcpy", "stream_over_tcp_ceiling",
+"tcp_ceiling_2streams_GBps", "stream_GBps_grpc", "grpc_over_memcpy", "memcpy_fresh_GBps",
+"bit_identical", "deltas"}. `--write-rate F` without `--delta` keeps F's delta fraction;
+`--rate-note` says how loaded the machine was (written into F's "machine").
 """
 from __future__ import annotations
 
@@ -186,9 +191,10 @@ def measure_deltas(steps: int, chunk_bytes: int) -> dict:
 
 def _fetch_proc(address, token, conn):
   """The generator side of `measure_stream`, a process of its own with one StreamFetcher (as a
-  generator has): fetches each new version into fresh host arrays, over the source's bulk
+  generator has): fetches each new version into host arrays (its ArrayPool), over the source's bulk
   channel (weights/bulk.py) for odd versions and its gRPC FetchWeights for even ones, and
-  reports (version, wall clock when it holds all of it, streams fetched over bulk)."""
+  reports (version, wall clock when it holds all of it, streams fetched over bulk, versions read
+  into reused arrays: it drops each version before the next, so from the second one on all are)."""
   from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.protocol.wire import tune_malloc
   from scalerl_jax.weights.stream import StreamFetcher
@@ -203,7 +209,7 @@ def _fetch_proc(address, token, conn):
     if got is None:
       continue
     have = got.version
-    conn.send((have, time.time(), f.bulk_streams))
+    conn.send((have, time.time(), f.bulk_streams, f.pool.reused))
     del got
     if conn.poll() and conn.recv() == "stop":
       return
@@ -221,6 +227,52 @@ def _memcpy_GBps(flat: np.ndarray, dst: np.ndarray) -> tuple[float, float]:
   return out[0], out[1]
 
 
+def _recv_all(rx, out: memoryview, chunk_bytes: int) -> None:
+  """Fills `out` from `rx` in chunk_bytes recv_into calls (blocking, MSG_WAITALL)."""
+  import socket
+  got, n = 0, len(out)
+  while got < n:
+    k = rx.recv_into(out[got:got + chunk_bytes], min(chunk_bytes, n - got), socket.MSG_WAITALL)
+    if not k:
+      raise ConnectionError("the reference TCP pair closed early")
+    got += k
+
+
+def _tcp_ceiling_GBps(flat: np.ndarray, dst: np.ndarray, chunk_bytes: int,
+                      streams: int = 1) -> float:
+  """What the kernel allows for the same bytes: bare loopback TCP pairs (fresh connections, as
+  each fetch has, default auto-tuned socket buffers, TCP_NODELAY); per pair a sender thread
+  `sendall`s its share of `flat` as one memoryview and a receiver thread `recv_into`s
+  chunk_bytes slices of its share of `dst` (reused, written before); GB/s from the first byte
+  sent to the last one received. `streams` > 1: that many pairs in parallel."""
+  import socket
+  pairs = []
+  for _ in range(streams):
+    srv = socket.create_server(("127.0.0.1", 0))
+    tx = socket.create_connection(srv.getsockname())
+    rx, _ = srv.accept()
+    srv.close()
+    for s in (tx, rx):
+      s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    pairs.append((tx, rx))
+  src, out, n = memoryview(flat), memoryview(dst.reshape(-1).view(np.uint8)), flat.nbytes
+  cuts = [n * k // streams for k in range(streams + 1)]
+  threads = [threading.Thread(target=tx.sendall, args=(src[a:b],), daemon=True)
+             for (tx, _), a, b in zip(pairs, cuts, cuts[1:])] + [
+      threading.Thread(target=_recv_all, args=(rx, out[a:b], chunk_bytes), daemon=True)
+      for (_, rx), a, b in zip(pairs, cuts, cuts[1:])]
+  t0 = time.perf_counter()
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  dt = time.perf_counter() - t0
+  for tx, rx in pairs:
+    tx.close()
+    rx.close()
+  return n / dt / 1e9
+
+
 def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   """One full version, publisher host arrays -> generator host arrays (the generator a process
   of its own, as deployed), over the bulk channel and over gRPC (alternate versions, `repeats`
@@ -228,7 +280,9 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   all three alike; into a buffer written before, and into a fresh one). Medians."""
   import multiprocessing as mp
   import jax
+  from scalerl_jax.protocol.wire import tune_malloc
   from scalerl_jax.weights.stream import StreamPublisher
+  tune_malloc()                  # as the learner process does when it serves weights (trainer.py)
   token = secrets.token_hex(8)
   model = _nbytes(params16)
   flat = np.concatenate([np.asarray(x).reshape(-1).view(np.uint8)
@@ -242,7 +296,7 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
     proc.kill()
     raise RuntimeError("the fetcher process did not start")
   rates: dict = {"bulk": [], "grpc": []}
-  mem, fresh, bulk_streams = [], [], 0
+  mem, fresh, tcp, tcp2, bulk_streams, reused = [], [], [], [], 0, 0
   warm = flat.copy()
   try:
     for v in range(2 * repeats + 2):              # versions 0, 1: untimed warm-ups
@@ -251,13 +305,15 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
       StreamPublisher(c, v, params16, chunk_bytes, source=src).publish()
       if not here.poll(300):
         raise TimeoutError(f"the fetcher process did not report version {v} within 300 s")
-      got_v, done, bulk_streams = here.recv()
+      got_v, done, bulk_streams, reused = here.recv()
       assert got_v == v, (got_v, v)
       if v > 1:
         rates["bulk" if v % 2 else "grpc"].append(model / (done - t0) / 1e9)
         m, f = _memcpy_GBps(flat, warm)
         mem.append(m)
         fresh.append(f)
+        tcp.append(_tcp_ceiling_GBps(flat, warm, chunk_bytes))
+        tcp2.append(_tcp_ceiling_GBps(flat, warm, chunk_bytes, streams=2))
   finally:
     here.send("stop")
     proc.join(30)
@@ -267,14 +323,19 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
     c.close()
     srv.stop()
   assert bulk_streams == repeats + 1, f"{bulk_streams} bulk streams (fell back to gRPC?)"
-  s, g, m = (statistics.median(x) for x in (rates["bulk"], rates["grpc"], mem))
+  s, g, m, k = (statistics.median(x) for x in (rates["bulk"], rates["grpc"], mem, tcp))
   return {"stream_GBps": round(s, 3), "memcpy_GBps": round(m, 3),
-          "stream_over_memcpy": round(s / m, 3), "stream_GBps_grpc": round(g, 3),
+          "stream_over_memcpy": round(s / m, 3), "tcp_ceiling_GBps": round(k, 3),
+          "tcp_ceiling_over_memcpy": round(k / m, 3), "stream_over_tcp_ceiling": round(s / k, 3),
+          "tcp_ceiling_2streams_GBps": round(statistics.median(tcp2), 3),
+          "stream_GBps_grpc": round(g, 3),
           "grpc_over_memcpy": round(g / m, 3),
           "memcpy_fresh_GBps": round(statistics.median(fresh), 3),
+          "fetch_arrays_reused": f"{reused} of {2 * repeats + 2} versions",
           "stream_repeats": [round(x, 3) for x in rates["bulk"]],
           "grpc_repeats": [round(x, 3) for x in rates["grpc"]],
-          "memcpy_repeats": [round(x, 3) for x in mem]}
+          "memcpy_repeats": [round(x, 3) for x in mem],
+          "tcp_ceiling_repeats": [round(x, 3) for x in tcp]}
 
 
 def run(args) -> dict:
@@ -299,7 +360,7 @@ def run(args) -> dict:
   if args.delta:
     out.update(measure_deltas(args.steps, 1 << 20))
   if args.write_rate:
-    write_rate(args.write_rate, out)
+    write_rate(args.write_rate, out, args.rate_note)
   return out
 
 
@@ -315,7 +376,7 @@ def _cpu_name() -> str:
   return ""
 
 
-def write_rate(path: str, out: dict) -> None:
+def write_rate(path: str, out: dict, note: str = "shared with concurrent work") -> None:
   """The rates launch.preflight reads (launch/sizing.py RATE_FILE): per-stream GB/s and the
   delta fraction, with the date, commit and machine they were measured on."""
   import json
@@ -325,11 +386,12 @@ def write_rate(path: str, out: dict) -> None:
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
   rate = {"stream_GBps": out["stream_GBps"], "memcpy_GBps": out["memcpy_GBps"],
+          "tcp_ceiling_GBps": out.get("tcp_ceiling_GBps"),
           "stream_GBps_grpc": out.get("stream_GBps_grpc"),
           "delta_fraction": out.get("delta_bytes_per_version_over_model"),
           "date": time.strftime("%Y-%m-%d"), "commit": commit or "?",
           "machine": f"{os.cpu_count()}-core {_cpu_name() or platform.machine()}, "
-                     f"loopback, shared with concurrent work"}
+                     f"loopback, {note}"}
   if rate["delta_fraction"] is None:   # no --delta: keep the last measured fraction, say whence
     try:
       with open(path) as f:

@@ -499,6 +499,11 @@ class Weights(Section):
   relay_fanout: int = 2
   relay_port: int = 0
   relay_advertise: str = ""
+  # The bulk weight channel (weights/bulk.py: chunks over plain TCP, same token and TLS) of the
+  # learner's weight source (bulk_port) and of each generator's relay (relay_bulk_port); 0 = any
+  # free port (found with the WeightBulkAddress call); launch/ pins both (in the manifests).
+  bulk_port: int = 0
+  relay_bulk_port: int = 0
 
   def check(self):
     if self.relay_fanout < 0 or not 0 <= self.relay_port <= 65535:
@@ -517,6 +522,9 @@ class Weights(Section):
       raise ConfigError(f"weights.wire_dtype={self.wire_dtype!r}; expected one of {WIRE_DTYPES}")
     if not 0 <= self.port <= 65535:
       raise ConfigError(f"weights.port={self.port} is not a TCP port (0 = any free port)")
+    for k in ("bulk_port", "relay_bulk_port"):
+      if not 0 <= getattr(self, k) <= 65535:
+        raise ConfigError(f"weights.{k}={getattr(self, k)} is not a TCP port (0 = any free port)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -37,6 +37,8 @@ VLLM_PORT = 8000
 COORDINATOR_PORT = 8476
 WEIGHTS_PORT = 50052                 # each learner pod's WeightSource (config.weights.port)
 RELAY_PORT = 50053                   # each generator pod's weight relay (config.weights.relay_port)
+WEIGHTS_BULK_PORT = 50054            # the learner WeightSource's bulk channel (config.weights.bulk_port)
+RELAY_BULK_PORT = 50055              # the relay's bulk channel (config.weights.relay_bulk_port)
 WAL_MOUNT = "/wal"                   # the buffer pod's write-ahead log volume (a PVC: local disk)
 PROMPTS_FILE = "/prompts/prompts.jsonl"
 ALIVE_FILE = "/tmp/scalerl/alive"     # a generator's heartbeat thread touches it (liveness probe)
@@ -250,12 +252,14 @@ def _learner_job(s: dict, lp: dict, run_cfg, chips: int, hosts: int, topology, a
       "tpu_topology": topology, "node_selector": dict(lp["node_selector"]),
       "machine_type": lp["machine_type"], "arch": lp["arch"], "cpu": lp["cpu"], "memory": lp["memory"],
       "coordinator_port": COORDINATOR_PORT, "weights_port": WEIGHTS_PORT,
+      "weights_bulk_port": WEIGHTS_BULK_PORT,
       # Every learner pod serves its own weight shards to the fleet (weights/source.py):
       # it listens on all interfaces and advertises its pod IP ($(POD_IP): Kubernetes expands
       # it from the env var the downward API sets).
       "command": ["python", "-m", "scalerl_jax.main", *args,
                   "--config.buffer.external=True", "--config.weights.host=0.0.0.0",
                   f"--config.weights.port={WEIGHTS_PORT}",
+                  f"--config.weights.bulk_port={WEIGHTS_BULK_PORT}",
                   "--config.weights.advertise=$(POD_IP)", *tls_args,
                   f"--workdir={workdir}"],
       "progress_file": PROGRESS_FILE,
@@ -283,7 +287,7 @@ def _generator_job(s: dict, gp: dict, run_cfg, gen_gpus: int, tp: int, cfg_path:
       # Host memory: the weight versions a generator holds + its start-up export (sizing.py).
       "cpu": str(8 * tp), "memory": f"{gen_mem}Gi", "port": VLLM_PORT,
       "ephemeral_storage": f"{sizing.generator_disk_bytes(run_cfg)['request_gib']}Gi",
-      "alive_file": ALIVE_FILE, "relay_port": RELAY_PORT,
+      "alive_file": ALIVE_FILE, "relay_port": RELAY_PORT, "relay_bulk_port": RELAY_BULK_PORT,
       "ckpt_cache_mount": CKPT_CACHE_MOUNT, "ckpt_cache_host_path": CKPT_CACHE_HOST_PATH,
       # One vLLM engine per pod; generator id = pod name; run config = the resolved one.
       "command": ["python", "-m", "scalerl_jax.generation.worker", f"--run_config={cfg_path}",
@@ -291,6 +295,7 @@ def _generator_job(s: dict, gp: dict, run_cfg, gen_gpus: int, tp: int, cfg_path:
                   "--workdir=/tmp/scalerl", f"--alive_file={ALIVE_FILE}",
                   # The weight relay (weights/relay.py): same token and TLS, pod IP advertised.
                   f"--config.weights.relay_port={RELAY_PORT}",
+                  f"--config.weights.relay_bulk_port={RELAY_BULK_PORT}",
                   "--config.weights.relay_advertise=$(POD_IP)",
                   f"--config.generator.ckpt_cache_dir={CKPT_CACHE_MOUNT}",
                   *tls_args],

@@ -1,5 +1,5 @@
 """Shared test helpers: child processes whose output goes to files, XLA flags for test scripts,
-tiny streamed weight versions (`tiny_params`, `publish_params`), the float32 tiny Llama-4 the vLLM
+tiny streamed weight versions (`tiny_params`, `publish_params`, `weight_serving`), the float32 tiny Llama-4 the vLLM
 tests serve (`tiny_llama4_cfg`, `tiny_llama4_params`), and (re-exported from
 `harness.procs`) process trees, free ports and `wait_until`.
 
@@ -13,6 +13,7 @@ against one deadline.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -93,6 +94,26 @@ def tiny_params(tag: int = 0) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(tag)
   return {"w": rng.standard_normal((4, 8 + tag)).astype(np.float32),
           "b": np.full((3,), tag, np.int32)}
+
+
+@contextlib.contextmanager
+def weight_serving(token: str, keep: int):
+  """(BufferClient, learner WeightSource) on loopback, with a buffer that announces versions;
+  stopped on exit (the weight tests' setup)."""
+  from scalerl_jax.buffer.server import BufferServer  # local: only the weight tests serve
+  from scalerl_jax.protocol.client import BufferClient  # local: as above
+  from scalerl_jax.types import PromptSpec  # local: as above
+  from scalerl_jax.weights.source import WeightSource  # local: as above
+  srv = BufferServer([PromptSpec(0, np.array([1, 2], np.int32))], token=token,
+                     prompts_per_step=1, group_size=1, max_lag=1).start()
+  c = BufferClient(srv.address, token)
+  src = WeightSource(token, keep=keep)
+  try:
+    yield c, src
+  finally:
+    src.stop()
+    c.close()
+    srv.stop()
 
 
 def publish_params(client, version: int, params: Any = None, tag: int = 0, retries: int = 5,

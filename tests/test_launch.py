@@ -367,6 +367,7 @@ def test_pods_read_exactly_what_their_manifests_give():
         w = recipes.apply_overrides(config.copy_and_resolve_references(), over).weights
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert w.relay_port == ports["relay"] == spec_lib.RELAY_PORT      # the relay's port
+        assert w.relay_bulk_port == ports["relay-bulk"] == spec_lib.RELAY_BULK_PORT   # its bulk channel
         assert w.relay_advertise == POD_IP and w.relay_fanout >= 1
       elif module == "scalerl_jax.data.export":
         assert a.config == spec_lib.RUN_CONFIG_PATH
@@ -394,6 +395,7 @@ def test_pods_read_exactly_what_their_manifests_give():
     assert (w["serve_from"], w["host"], w["advertise"]) == ("learner", "0.0.0.0", POD_IP)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["weights"] == w["port"] == spec_lib.WEIGHTS_PORT
+    assert ports["weights-bulk"] == w["bulk_port"] == spec_lib.WEIGHTS_BULK_PORT   # the bulk channel
     assert cfg["buffer"]["external"] and cfg["buffer"]["address"] == specs["buffer"]["address"]
     assert cfg["workdir"] == "gs://BUCKET/scalerl/run"
     assert pod["serviceAccountName"] == "scalerl"

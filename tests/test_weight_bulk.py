@@ -13,13 +13,11 @@ import struct
 import numpy as np
 import pytest
 
-from scalerl_jax.buffer.server import BufferServer
+from helpers import weight_serving
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import weight_chunks as ws
-from scalerl_jax.protocol.client import BufferClient
-from scalerl_jax.types import PromptSpec, WeightUpdateError
+from scalerl_jax.types import WeightUpdateError
 from scalerl_jax.weights import bulk as wb
-from scalerl_jax.weights.source import WeightSource
 from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher, flatten
 
 TOKEN = "bulk-test-token"
@@ -27,14 +25,8 @@ TOKEN = "bulk-test-token"
 
 @pytest.fixture
 def serving():
-  srv = BufferServer([PromptSpec(0, np.array([1, 2], np.int32))], token=TOKEN,
-                     prompts_per_step=1, group_size=1, max_lag=1).start()
-  c = BufferClient(srv.address, TOKEN)
-  src = WeightSource(TOKEN, keep=3)
-  yield c, src
-  src.stop()
-  c.close()
-  srv.stop()
+  with weight_serving(TOKEN, keep=3) as cs:
+    yield cs
 
 
 def _params(seed):

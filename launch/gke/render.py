@@ -166,7 +166,8 @@ def learner_jobset(specs) -> dict[str, Any]:
           "containers": [{
               "name": "learner", "image": job["image"], "command": job["command"],
               "ports": [{"name": "coordinator", "containerPort": job["coordinator_port"]},
-                        {"name": "weights", "containerPort": job["weights_port"]}],
+                        {"name": "weights", "containerPort": job["weights_port"]},
+                        {"name": "weights-bulk", "containerPort": job["weights_bulk_port"]}],
               "env": env,
               # The weight source listens once the model is loaded (checkpoint read + first
               # compile: up to an hour allowed); then liveness from progress: a learner whose
@@ -235,7 +236,8 @@ def generators(specs) -> list[dict[str, Any]]:
               "containers": [{
                   "name": "vllm", "image": job["image"], "command": job["command"],
                   "ports": [{"name": "http", "containerPort": job["port"]},
-                            {"name": "relay", "containerPort": job["relay_port"]}],
+                            {"name": "relay", "containerPort": job["relay_port"]},
+                            {"name": "relay-bulk", "containerPort": job["relay_bulk_port"]}],
                   "env": _env(job),
                   # The worker's heartbeat thread touches --alive_file every generator.heartbeat_s
                   # once its engine is up (weights fetched from the learner: allowed an hour).

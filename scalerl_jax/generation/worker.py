@@ -145,7 +145,8 @@ class Worker(EvalLane, ContinuousLoop):
       return None
     local = buffer_address.startswith(("127.", "localhost", "[::1]"))
     relay = start_relay(token, host="127.0.0.1" if local else "0.0.0.0", port=int(w.relay_port),
-                        advertise=w.relay_advertise or None, tls=TLS.from_config(config))
+                        advertise=w.relay_advertise or None, tls=TLS.from_config(config),
+                        bulk_port=int(w.relay_bulk_port))
     self._relay_parents: list[str] = []
     self.fetcher.relay = relay
     self.fetcher.parents = lambda: list(self._relay_parents)

@@ -51,6 +51,7 @@ from scalerl_jax.training.ledger import ComputeLedger, StepTokens
 from scalerl_jax.training.preemption import Preemption
 from scalerl_jax.protocol.client import batch_to_arrays
 from scalerl_jax.protocol.rpc import TLS
+from scalerl_jax.protocol.wire import tune_malloc
 from scalerl_jax.rewards import isolation
 from scalerl_jax.rewards.isolation import FAULTS as GRADE_FAULTS
 from scalerl_jax.rl import PassRateHistory
@@ -249,8 +250,9 @@ class Trainer:
     # Reachable from other hosts unless this is one process with its own local buffer and fleet.
     local = not self.multi and not self.config.buffer.external
     host = w.host or ("127.0.0.1" if local else "0.0.0.0")
+    tune_malloc()    # staged multi-MB chunk copies reuse heap memory, not fresh mmaps (SCALE.md)
     src = WeightSource(self.token, host=host, port=int(w.port), advertise=w.advertise or None,
-                       tls=TLS.from_config(self.config))
+                       tls=TLS.from_config(self.config), bulk_port=int(w.bulk_port))
     log.info("weight source serving this process's shards at %s", src.address)
     if not self.multi:
       return src, [src.address]

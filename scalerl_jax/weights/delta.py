@@ -64,9 +64,9 @@ def encode(base: np.ndarray, new: np.ndarray) -> bytes:
   return b"".join((_HEAD.pack(MAGIC, crc32c.crc32c(n.data), idx.size, len(zi), len(zv)), zi, zv))
 
 
-def apply(base: np.ndarray, payload, out: np.ndarray) -> None:
-  """Writes base XOR delta into `out` (a fresh array of base's layout); DeltaError unless the
-  result's CRC-32C is the one the publisher computed."""
+def apply(base: np.ndarray, payload, out: np.ndarray) -> int:
+  """Writes base XOR delta into `out` (an array of base's layout, not base); DeltaError unless
+  the result's CRC-32C is the one the publisher computed. Returns that CRC-32C."""
   b = as_bits(base)
   # `out` may be a strided box of a leaf (a shard cut along another dimension): work in a
   # contiguous buffer then, and copy the result in once it checked.
@@ -95,6 +95,7 @@ def apply(base: np.ndarray, payload, out: np.ndarray) -> None:
                      "(CRC-32C mismatch)")
   if not direct:
     out[...] = o.view(out.dtype).reshape(out.shape)
+  return crc
 
 
 def layout_key(manifest: dict) -> str:

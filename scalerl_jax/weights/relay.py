@@ -24,12 +24,15 @@ from __future__ import annotations
 
 from typing import Optional
 
+from configs import common
 from scalerl_jax.weights.source import WeightSource
 
 
 def start_relay(token: str, *, host: str = "0.0.0.0", port: int = 0,
-                advertise: Optional[str] = None, tls=None) -> WeightSource:
+                advertise: Optional[str] = None, tls=None,
+                bulk_port: int = common.Weights.relay_bulk_port) -> WeightSource:
   """A generator's relay server: a WeightSource holding one version (the newest being relayed);
-  a version older than what its children ask for is not kept (they go up the tree)."""
+  a version older than what its children ask for is not kept (they go up the tree). Its bulk
+  channel listens on `bulk_port` (`weights.relay_bulk_port`)."""
   return WeightSource(token, host=host, port=port, advertise=advertise, keep=1, tls=tls,
-                      stall_s=10.0)
+                      stall_s=10.0, bulk_port=bulk_port)

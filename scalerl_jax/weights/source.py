@@ -31,6 +31,7 @@ from typing import Optional
 
 import grpc
 
+from configs import common
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol.rpc import SERVICE, TLS, AuthInterceptor, add_port, channel_options
 from scalerl_jax.protocol import validation as val
@@ -58,12 +59,13 @@ class WeightSource:
   def __init__(self, token: str, *, host: str = "127.0.0.1", port: int = 0,
                advertise: Optional[str] = None, keep: int = 2, max_message_bytes: int = 64 << 20,
                stall_s: float = 60.0, max_workers: int = 64, tls: Optional[TLS] = None,
-               bulk: bool = True, bulk_port: int = 0):
+               bulk: bool = True, bulk_port: int = common.Weights.bulk_port):
     """`advertise`: the host part generators dial (default: `host`, or this host's address for a
     wildcard bind). `keep`: versions held (the newest, plus older ones still being fetched).
     `tls` (rpc.TLS): serve over TLS, like the buffer (`TLS.from_config(config)`). `bulk`: also
     serve the chunks over the bulk channel (weights/bulk.py, same token and TLS) on `bulk_port`
-    (0: any free port), announced by the `WeightBulkAddress` call."""
+    (`weights.bulk_port` / `weights.relay_bulk_port`; 0: any free port), announced by the
+    `WeightBulkAddress` call."""
     if not token:
       raise ValueError("an auth token is required")
     self.keep, self.stall_s = max(1, int(keep)), float(stall_s)

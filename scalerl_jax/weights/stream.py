@@ -22,11 +22,14 @@ publishers). With `source=` (a weights.source.WeightSource in each learner proce
 staged on the learner hosts and the buffer only gets the manifest with "sources"/"owners" (a remote
 version): generators fetch each host's chunks from that host, one hop instead of two.
 
-The fetcher allocates each leaf once (64-byte aligned, so on CPU `jax.device_put` adopts it
-without a copy) and writes every chunk's bytes straight into its box as the chunk arrives: the
-generator holds the new model once plus one chunk in flight per source. A fetch that breaks keeps
-what it got; the next `fetch` resumes the same version with `have_chunks` (the server skips them),
-unless a newer version was published meanwhile.
+The fetcher takes each version's arrays from its `ArrayPool` (weights/pool.py: 64-byte aligned, so
+on CPU `jax.device_put` adopts them without a copy; the arrays of a version that nothing holds any
+more, the generator, the evaluation lane or the fetcher's delta base, are reused, so the pages are
+already mapped) and writes every chunk's bytes straight into its box as the chunk arrives: the
+generator holds the new model once plus one chunk in flight per source. A version's digest
+trailer is checked from the CRCs each chunk was verified with on arrival (no second pass). A fetch
+that breaks keeps what it got; the next `fetch` resumes the same version with `have_chunks` (the
+server skips them), unless a newer version was published meanwhile.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ from scalerl_jax.types import WeightUpdateError
 from scalerl_jax.weights import bulk as wb
 from scalerl_jax.weights import delta as wd
 from scalerl_jax.weights.delta import DeltaEncoder
+from scalerl_jax.weights.pool import ArrayPool
 
 log = logging.getLogger("scalerl.weight_stream")
 FORMAT = "scalerl-params-v1"
@@ -61,15 +65,6 @@ class FetchedWeights(NamedTuple):
   manifest lists the leaves), assembled in place by `StreamFetcher`."""
   version: int
   params: Any
-
-
-def aligned_empty(shape, dtype, align: int = 64) -> np.ndarray:
-  """np.empty with a 64-byte aligned data pointer (XLA:CPU then aliases it instead of copying)."""
-  dtype = np.dtype(dtype)
-  n = int(math.prod(shape)) * dtype.itemsize
-  raw = np.empty(n + align, np.uint8)
-  off = (-raw.ctypes.data) % align
-  return raw[off:off + n].view(dtype).reshape(shape)
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -322,7 +317,8 @@ def _placer(p: dict) -> Callable[[Any, int], Optional[memoryview]]:
 
 
 class StreamFetcher:
-  """Fetches streamed versions into freshly allocated arrays; resumable (see module docstring)."""
+  """Fetches streamed versions into host arrays (reused from versions nobody holds any more,
+  weights/pool.py); resumable (see module docstring)."""
 
   def __init__(self, client, delta: bool = True):
     """`delta`: ask learner sources for exact deltas against the version fetched last (its
@@ -331,6 +327,8 @@ class StreamFetcher:
     self._peers: dict = {}                  # learner weight source address -> client
     self._partial: Optional[dict] = None    # version, manifest, dests, have (set of chunk ids)
     self._base: Optional[tuple] = None      # (version, layout key, arrays) of the last fetch
+    # Versions are read into reused arrays once nothing holds them (weights/pool.py).
+    self.pool = ArrayPool()
     self.delta_chunks = 0                   # chunks applied from deltas
     self.delta_fallbacks = 0                # delta streams that did not check: fetched full
     self.delta_misses = 0                   # delta asked for, the source had none for the base
@@ -378,9 +376,9 @@ class StreamFetcher:
       raise IOError(f"version {h.version}: manifest sha256 mismatch")
     if p is None or p["version"] != h.version or p["sha256"] != h.sha256:
       manifest = json.loads(h.manifest)
-      dests = [aligned_empty(t["shape"], _np_dtype(t["dtype"])) for t in manifest["tensors"]]
+      dests = self.pool.take([(t["shape"], _np_dtype(t["dtype"])) for t in manifest["tensors"]])
       p = self._partial = dict(version=h.version, sha256=h.sha256, manifest=manifest,
-                               dests=dests, have=set(), first=first)
+                               dests=dests, have=set(), first=first, crcs={})
     manifest, dests, have = p["manifest"], p["dests"], p["have"]
     if "sources" in manifest:
       self._from_sources(h, p, wait_timeout_s)
@@ -399,10 +397,13 @@ class StreamFetcher:
     """A source's version digest (its trailer) against the bits this fetcher now holds of the
     source's chunks (`own`); a mismatch raises DeltaError after a delta (then fetched full),
     WeightUpdateError otherwise."""
-    manifest, dests = p["manifest"], p["dests"]
+    manifest, dests, held = p["manifest"], p["dests"], p["crcs"]
     checksum = ws.checksum_of(manifest)
     crcs = {}
     for i in (own if own is not None else range(len(manifest["chunks"]))):
+      if i in held:          # checked when it arrived, into its box (no second pass over it)
+        crcs[i] = held[i]
+        continue
       t, s, e = manifest["chunks"][i]
       box = dests[t][tuple(slice(a, a + n) for a, n in zip(s, e)) + (Ellipsis,)]
       crcs[i] = checksum(np.ascontiguousarray(box).reshape(-1).view(np.uint8))
@@ -442,13 +443,17 @@ class StreamFetcher:
       if is_delta:
         if base is None:
           raise wd.DeltaError(f"chunk {i}: a delta chunk in a full stream")
-        wd.apply(base[t][box], c.data, dst)
+        crc = wd.apply(base[t][box], c.data, dst)    # the result's CRC-32C, checked
+        if manifest.get("checksum", "crc32") == "crc32c":
+          p["crcs"][i] = crc
         self.delta_chunks += 1
       elif c.data.nbytes != dst.nbytes:
         raise WeightUpdateError(h.version, tensor_name(manifest, t),
                                 f"chunk {i}: {c.data.nbytes} bytes for a box of {dst.nbytes}")
       elif not c.placed:      # (a bulk chunk was read straight into its box)
         dst[...] = np.frombuffer(c.data, dst.dtype).reshape(dst.shape)
+      if not is_delta:
+        p["crcs"][i] = c.head.crc32
       have.add(i)
       if self.relay is not None:
         self.relay.relay_add(h.version, i, c.raw or ws.with_data(c.head.SerializeToString(),
@@ -533,12 +538,13 @@ class StreamFetcher:
     base = b if (self.delta and b is not None and b[0] < h.version
                  and b[1] == wd.layout_key(manifest)) else None
 
-    def one(o: int, base) -> None:
+    def attempt(o: int, base) -> bool:
       """Source o's chunks: from the relay parents first (a generator that has them), then from
-      the learner source; a relay that fails or lacks them only costs a fallback."""
+      the learner source; a relay that fails or lacks them only costs a fallback. False: a delta
+      did not check (counted; this source's chunks are to be fetched again, full)."""
       for addr in [*self.parents(), None]:
         if all(i in have for i in by_src[o]):
-          return
+          return True
         try:
           self._stream_from(addr or manifest["sources"][o], addr is not None, o, base, h, p,
                             by_src, wait_timeout_s)
@@ -549,13 +555,20 @@ class StreamFetcher:
           log.warning("version %d: delta from %s did not check (%s); fetching it full",
                       h.version, addr or manifest["sources"][o], e)
           have.difference_update(by_src[o])    # none of this source's delta chunks is trusted
-          return one(o, None)
+          return False
         except (grpc.RpcError, IOError) as e:
           if addr is None:
             raise
           self.relay_failovers += 1
           log.info("version %d: relay %s failed (%s); next", h.version, addr,
                    e.code() if isinstance(e, grpc.RpcError) else e)
+      return True
+
+    def one(o: int, base) -> None:
+      # (a loop, not a recursive closure: a closure that refers to itself is a reference cycle,
+      # which kept p's arrays alive until a gc pass, so weights/pool.py could not reuse them)
+      while not attempt(o, base):
+        base = None
 
     if len(by_src) == 1:
       one(next(iter(by_src)), base)
