@@ -57,3 +57,17 @@ def test_the_fixture_exercises_every_switch_it_claims():
   assert v["moe_cispo_r3_m2/m/router_disagree"] >= 0 and "moe_cispo_r3_m2/m/router_pairs" in v
   assert v["moe_dapo_recorded_band/m/router_disagree"] > 0
   assert v["dense_cispo_adamw_m2/sha_state"].dtype.kind == "U"
+
+
+def test_the_step_names_no_loss_aggregation_norm_or_switch():
+  """make_train_step composes registered pieces: no registered name is a string in its module."""
+  import ast
+  from scalerl_jax import rl
+  from scalerl_jax.rl import correction
+  src = open(os.path.join(os.path.dirname(HERE), "scalerl_jax", "learner", "train_step.py")).read()
+  strings = {n.value for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Constant)
+             and isinstance(n.value, str)}
+  names = set(rl.registered_losses()) | set(rl.AGGREGATIONS) | set(rl.ADV_NORMS) | set(
+      correction.SWITCHES)
+  assert len(names) >= 14          # "prompt" is an aggregation and a normalisation
+  assert strings & names == set()
