@@ -288,7 +288,7 @@ def _lag_stats(logp, mb: Mapping[str, jax.Array], mask, flags) -> dict[str, jax.
   return metrics_lib.lag_stats(logp, mb["gen_logprobs"], mb["weights"], mask, mb["lags"], flags)
 
 
-def _lr_metric(lr_schedule: optax.Schedule | None, step) -> dict[str, jax.Array]:
+def _lr_metric(lr_schedule: optax.Schedule | None, step) -> dict[str, Any]:
   """{"lr": the schedule's rate at `step`}, or {} without a schedule."""
   return {} if lr_schedule is None else {"lr": lr_schedule(step)}
 
