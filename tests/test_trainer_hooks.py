@@ -81,3 +81,26 @@ def test_an_evaluation_sees_a_context_not_the_trainer():
   src = inspect.getsource(evaluation)
   assert "Trainer" not in src.replace("the trainer", "")
   assert "EvalContext(" in inspect.getsource(trainer.Trainer._eval_context)
+
+
+def test_end_of_run_hooks_get_the_abort_and_run_once_in_order():
+  h, calls = hooks.Hooks(), []
+  h.add_finish("summary", lambda abort: calls.append(("summary", abort)))
+  h.add_finish("npr", lambda abort: calls.append(("npr", abort)))
+  h.add("step", lambda v: calls.append(("step", v.step)))
+  h.run(hooks.StepView(1, 1, {}))
+  h.run_finish((1, "health.abort_on: kl"))
+  assert calls == [("step", 1), ("summary", (1, "health.abort_on: kl")),
+                   ("npr", (1, "health.abort_on: kl"))]
+  assert h.names() == ("step", "summary", "npr")
+
+
+def test_the_progress_bar_ticks_once_a_step_with_the_newest_pass_rate():
+  last = {"val_pass_rate": 0.25}
+  bar = hooks.Progress(3, 10, lambda: last)
+  bar(hooks.StepView(4, 10, {"max_lag": 2, "mean_reward": 0.5}))
+  last["val_pass_rate"] = 0.5
+  bar(hooks.StepView(5, 10, {"max_lag": 1, "mean_reward": 0.75}))
+  assert bar.bar is not None and bar.bar.n == 5
+  assert bar.bar.postfix == "lag=1, pass_rate=0.500, reward=0.75"     # tqdm sorts the keys
+  bar.close()

@@ -10,8 +10,12 @@
     health          the step's health fields; an abort is raised after tracking (`HealthHook`)
     tracking        writes the step's record (metrics.jsonl, TensorBoard, W&B) (process 0)
     evaluation      every eval.every_steps and at the end (all processes: a local one gathers)
-    progress        the progress bar                                     (process 0)
+    progress        the progress bar (`Progress`)                        (process 0)
     checkpoint      every checkpoint.every_steps and at the end (`CheckpointHook`; collective)
+  at the end         (`fn(abort)`: (step, reason) of a health abort, or None)
+    grading_summary run_summary.json: the run's grading faults           (process 0)
+    npr_history     npr_history.json of a finished run                   (process 0)
+    progress_close  closes the bar                                       (process 0)
 
 A hook sees a narrow view of the step, not the Trainer, and owns its state. Which hooks a process
 registers is where process 0 and the others differ (`Trainer._register_hooks`). The forecast is
@@ -24,6 +28,7 @@ import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from tqdm import tqdm
 
 from configs import common
 from scalerl_jax.training.health import HealthMonitor, RunUnhealthy, parity_check
@@ -79,6 +84,7 @@ class Hooks:
   def __init__(self):
     self.after: list[_Entry] = []
     self.before: list[_Entry] = []
+    self.finish: list[_Entry] = []
 
   def add(self, name: str, fn: Callable[[StepView], None], every: int = 1) -> None:
     """Registers an after-step hook `fn(view)` running every `every` steps and at the end."""
@@ -91,9 +97,19 @@ class Hooks:
     parity gate's depends on the first step of a resumed run)."""
     self.before.append(_Entry(name, fn, 1))
 
+  def add_finish(self, name: str, fn: Callable[[tuple[int, str] | None], None]) -> None:
+    """Registers `fn(abort)`, run once as the run ends (`abort`: (step, reason) of a health
+    abort, or None for a finished run)."""
+    self.finish.append(_Entry(name, fn, 1))
+
   def names(self) -> tuple[str, ...]:
-    """The registered hooks' names, before-step ones first."""
-    return tuple(e.name for e in self.before + self.after)
+    """The registered hooks' names: before-step, after-step, then end-of-run ones."""
+    return tuple(e.name for e in self.before + self.after + self.finish)
+
+  def run_finish(self, abort: tuple[int, str] | None) -> None:
+    """Runs the end-of-run hooks."""
+    for e in self.finish:
+      e.fn(abort)
 
   def run_before(self, view: BeforeView) -> HookOut:
     """Runs the before-step hooks; their metrics merged, `rescored` if any re-scored."""
@@ -163,6 +179,30 @@ class HealthHook:
     abort, self.pending = self.pending, None
     if abort is not None:
       raise abort
+
+
+class Progress:
+  """The progress bar (process 0): one tick per step, with the newest evaluation's pass rate
+  (`last_eval()`), the step's largest lag and mean reward; the bar starts at the first step."""
+
+  def __init__(self, start: int, total: int, last_eval: Callable[[], dict | None]):
+    self.start, self.total, self.last_eval = start, total, last_eval
+    self.bar: tqdm | None = None
+
+  def __call__(self, view: StepView) -> None:
+    if self.bar is None:
+      self.bar = tqdm(desc="RL", dynamic_ncols=True, initial=self.start, total=self.total)
+    self.bar.update(1)
+    last = self.last_eval()
+    assert last is not None     # R0 (or the restored checkpoint's record) set it
+    self.bar.set_postfix(pass_rate=f"{last['val_pass_rate']:.3f}", lag=view.record["max_lag"],
+                         reward=f"{view.record['mean_reward']:.2f}")
+
+  def close(self, abort: tuple[int, str] | None = None) -> None:
+    """Closes the bar (an end-of-run hook)."""
+    del abort
+    if self.bar is not None:
+      self.bar.close()
 
 
 class CheckpointHook:

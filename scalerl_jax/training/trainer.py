@@ -24,7 +24,6 @@ from typing import Any
 import grpc
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from configs import common
 from scalerl_jax import distributed
@@ -41,7 +40,7 @@ from scalerl_jax.data import stats_metrics
 from scalerl_jax.generation import backends
 from scalerl_jax.training.evaluation import EVALUATIONS, EvalContext
 from scalerl_jax.training.hooks import (BeforeView, CheckpointHook, HealthHook, HookOut, Hooks,
-                                        ParityGate, StepView)
+                                        ParityGate, Progress, StepView)
 from scalerl_jax.training.fleet_eval import eval_prompts
 from scalerl_jax.learner import Learner
 from scalerl_jax.learner.batch import length_sorted_order
@@ -162,7 +161,7 @@ class Trainer:
   """Owns the Learner, the buffer client (learner side), the ledger and the logs.
 
   Multi-host (several JAX processes): every process builds a Trainer and runs the same loop.
-  Process 0 (`self.main`) pulls each batch from the buffer and hands it to the others
+  Process 0 pulls each batch from the buffer and hands it to the others
   (`distributed.broadcast_from_main`); each process feeds its own rows to the sharded step; every
   process streams its own parameter shards to the buffer (no gather); evaluation gathers the params
   and runs on process 0, which alone writes metrics, the checkpoint manifest and the learner-state
@@ -177,7 +176,7 @@ class Trainer:
                learner_state_path: str | None = None, watchdog=None):
     self.config, self.workdir, self.dataset, self.model_cfg = config, workdir, dataset, model_cfg
     self.main, self.multi = jax.process_index() == 0, jax.process_count() > 1
-    self.client, self.progress = client, progress and self.main
+    self.client = client
     self.token = token       # the buffer's bearer token, also required by this process's weight source
     self.learner = make_learner(config, model_cfg, params)
     n_active = _params_active(model_cfg)
@@ -222,10 +221,9 @@ class Trainer:
                      if self.main and fc.enabled else None)
     self.evaluation = EVALUATIONS[config.eval.mode](self._eval_context(), config.eval,
                                                     config.generator.eval_hold_versions)
-    self.bar: tqdm | None = None            # the progress bar `run` drives (process 0)
     self.hooks = Hooks()
     self.checkpoints = CheckpointHook(self.save, self.ckpt.latest_step())
-    self._register_hooks()
+    self._register_hooks(progress)
 
   def _eval_context(self) -> EvalContext:
     """The run as the evaluation sees it (evaluation.EvalContext)."""
@@ -234,10 +232,11 @@ class Trainer:
                        prompts=self.eval_set, client=self.client, watchdog=self.watchdog,
                        record=self.record_eval, log=self.log_eval)
 
-  def _register_hooks(self) -> None:
+  def _register_hooks(self, progress: bool) -> None:
     """The hooks of this process (training/hooks.py): every process runs the step-0 check, the
     parity gate (both collective), evaluation and checkpoints; process 0 also collects fleet
-    evaluations, checks health, tracks metrics and draws the progress bar."""
+    evaluations, checks health, tracks metrics, draws the progress bar (`progress`) and writes
+    the end-of-run summaries."""
     c, h = self.config, self.hooks
     h.add_before("step0_check", self._step0_check)
     if backends.parity_gate_on(c.health.parity_gate, c.generator.backend):
@@ -250,17 +249,14 @@ class Trainer:
       h.add("tracking", lambda v: self.metrics.write(v.record))
       h.add("health_abort", health.raise_pending)
     h.add("evaluation", lambda v: self.evaluation.run(v.step), every=int(c.eval.every_steps))
-    if self.main:
-      h.add("progress", self._progress)
+    bar = Progress(self.start_step, int(c.total_steps), lambda: self.last_eval)
+    if self.main and progress:
+      h.add("progress", bar)
     h.add("checkpoint", self.checkpoints, every=int(c.checkpoint.every_steps))
-
-  def _progress(self, view: StepView) -> None:
-    """The progress bar's pass rate, lag and reward (process 0)."""
-    if self.bar is None:
-      return
-    assert self.last_eval is not None   # R0 (or the restored checkpoint's record) set it
-    self.bar.set_postfix(pass_rate=f"{self.last_eval['val_pass_rate']:.3f}",
-                         lag=view.record["max_lag"], reward=f"{view.record['mean_reward']:.2f}")
+    if self.main:
+      h.add_finish("grading_summary", self._grading_summary)
+      h.add_finish("npr_history", self._npr_history)
+      h.add_finish("progress_close", bar.close)
 
   def _restore(self, step: int) -> None:
     """Loads checkpoint `step`: learner state, ledger (the wall time since the save is booked:
@@ -536,11 +532,9 @@ class Trainer:
     if start == 0:
       self.evaluation.run(0)           # R0
     total = int(self.config.total_steps)
-    self.bar = bar = tqdm(range(start, total), desc="RL", disable=not self.progress,
-                          dynamic_ncols=True, initial=start, total=total)
     preempt = Preemption(float(self.config.checkpoint.termination_grace_s)).install()
     ckpt = self.checkpoints
-    for s in bar:
+    for s in range(start, total):
       if preempt.requested:      # SIGTERM: a final checkpoint if the grace period allows, exit 0
         preempt.final_checkpoint(functools.partial(self.save, s), ckpt.last_save_s,
                                  ckpt.last_saved)
@@ -571,19 +565,27 @@ class Trainer:
     if abort is not None:
       self.save(abort[0])
       self.metrics.write({"step": abort[0], "kind": "health_abort", "reason": abort[1]})
-    grading = getattr(self, "_grading", None)
-    if self.main and grading and len(grading) > 1:   # the run summary of grading faults (rewards/isolation.py)
-      log.info("grading: %d grades, %d timed out, %d out of memory, %d errors, %d guarded",
-               *(int(grading.get(f"gen_{k}", 0)) for k in ("graded",) + GRADE_FAULTS))
-      storage.write_text(storage.join(self.workdir, "run_summary.json"),
-                         json.dumps({"grading": grading}, indent=1))
+    self.hooks.run_finish(abort)
     self.ckpt.close()
     self.metrics.close()
     if abort is not None:
       self.metrics.finish()
     if self.source is not None:
       self.source.stop()
-    if abort is None and self.main:
+
+  def _grading_summary(self, abort: tuple[int, str] | None) -> None:
+    """The run summary of grading faults (rewards/isolation.py): logged and run_summary.json."""
+    del abort
+    grading = getattr(self, "_grading", None)
+    if grading and len(grading) > 1:
+      log.info("grading: %d grades, %d timed out, %d out of memory, %d errors, %d guarded",
+               *(int(grading.get(f"gen_{k}", 0)) for k in ("graded",) + GRADE_FAULTS))
+      storage.write_text(storage.join(self.workdir, "run_summary.json"),
+                         json.dumps({"grading": grading}, indent=1))
+
+  def _npr_history(self, abort: tuple[int, str] | None) -> None:
+    """A finished run's No-Positive-Resampling history (npr_history.json)."""
+    if abort is None:
       storage.write_text(storage.join(self.workdir, "npr_history.json"),
                          json.dumps(self.npr.to_dict()))
 
