@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from launch.gke import render
 from launch.spec import COORDINATOR_PORT
 from scalerl_jax import xla_env
 from scalerl_jax.processes import buffer_flags
@@ -190,6 +191,16 @@ def plan_pods(docs, generators: int, subnet: str,
             "max_restarts": int(js["spec"].get("failurePolicy", {}).get("maxRestarts", 0)),
             "hostnames": hostnames, "tpu_auto": tpu_auto}
   return pods, jobset
+
+
+def plan_from_specs(specs: dict, generators: int = 2) -> dict[str, Any]:
+  """The `rehearse` launch backend's plan (launch/backends.py): the pods the GKE manifests of
+  `specs` would run here ({"pods": [{name, component, ip}], "jobset": ...}), generators capped
+  at `generators`."""
+  docs = [d for ds in render.manifests(specs).values() for d in ds]
+  pods, info = plan_pods(docs, generators, "127.0.10")
+  return {"pods": [{"name": p.name, "component": component_of(p), "ip": p.ip} for p in pods],
+          "jobset": info.get("jobset")}
 
 
 def hosts_table(docs, pods: list[Pod], jobset: dict) -> dict[str, str]:

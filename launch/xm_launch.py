@@ -75,14 +75,21 @@ def build_jobs(specs: dict, token: str = "") -> dict:
     raise ValueError(f"a {learner['hosts']}-host GPU learner needs each pod's index "
                      "(SCALERL_PROCESS_ID), which xm_local's Kubernetes executor cannot set; "
                      "use the GKE manifests (python -m launch.gke.render) or a TPU slice")
+  return {name: dict(job, requirements=requirements[name])
+          for name, job in job_args(specs, token).items()}
+
+
+def job_args(specs: dict, token: str = "") -> dict:
+  """{job name: dict(image, args, env_vars)}: the three jobs without their xm requirements (no
+  xmanager import; the `xmanager` launch backend's plan, launch/backends.py)."""
   jobs = {}
-  for name, s in (("learner", learner), ("generators", gens), ("buffer", buf)):
+  for name in ("learner", "generators", "buffer"):
+    s = specs[name]
     # Downward-API values ($(POD_IP)) exist only in the GKE manifests: without the flag the learner
     # advertises its host name's address (weights/source.py), which is the pod IP on Kubernetes.
     args = [a for a in s["command"][1:] if not any(f"$({v})" in a for v in s["field_env"])]
     jobs[name] = dict(image=s["image"], args=args,
-                      env_vars=dict(s["env"], **({specs["secret"]["env"]: token} if token else {})),
-                      requirements=requirements[name])
+                      env_vars=dict(s["env"], **({specs["secret"]["env"]: token} if token else {})))
   return jobs
 
 

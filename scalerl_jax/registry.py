@@ -1,5 +1,6 @@
-"""One registry helper for everything chosen by name in a config (losses, rewards, generator
-backends, model families).
+"""One registry helper for everything chosen by name in a config (losses, aggregations, advantage
+normalisations, rollout-correction switches, rewards, generator backends, model families, launch
+backends).
 
   LOSSES = Registry("loss")
   @LOSSES.register("cispo")
@@ -8,7 +9,7 @@ backends, model families).
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -42,3 +43,14 @@ class Registry(Generic[T]):
 
   def __contains__(self, name: str) -> bool:
     return name in self._items
+
+  def __iter__(self) -> Iterator[str]:
+    """Names in registration order (the order composed pieces are applied in)."""
+    return iter(tuple(self._items))
+
+  def items(self) -> tuple[tuple[str, T], ...]:
+    """(name, object) pairs in registration order."""
+    return tuple(self._items.items())
+
+  def __repr__(self) -> str:
+    return repr(tuple(self._items))

@@ -22,6 +22,7 @@ The rendered manifests run it before every pod's command (launch/gke/render.py).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -33,6 +34,7 @@ import uuid
 from scalerl_jax import recipes, rewards, runtime, storage
 from scalerl_jax.data import REWARD_FOR_KIND
 from scalerl_jax.data.mixture import parse_mixture
+from scalerl_jax.generation import backends
 from scalerl_jax.generation.vllm.generator import vllm_python
 from scalerl_jax.rewards import isolation, registry
 
@@ -140,10 +142,18 @@ def plan(role: str, config, workdir: str, backend: str) -> list[tuple[str, objec
       out.append(("grader", lambda: check_grader(config)))
     if config.model.hf_checkpoint:
       out.append(("checkpoint", lambda: check_checkpoint(config.model.hf_checkpoint)))
-  if role == "generator" and (backend or config.generator.backend) == "vllm":
-    py = str(vllm_python())
-    out.append(("vllm", lambda: check_vllm(config, py)))
+  if role == "generator":   # the backend's own engine check (its registry entry names it)
+    entry = backends.get(backend or config.generator.backend)
+    if entry.selftest:
+      module, _, fn = entry.selftest.partition(":")
+      check = getattr(importlib.import_module(module), fn)
+      out.append((entry.name, lambda: check(config)))
   return out
+
+
+def check_vllm_backend(config) -> str:
+  """The vLLM backend's self-test (its registry entry names it): check_vllm with the vLLM venv."""
+  return check_vllm(config, str(vllm_python()))
 
 
 def run(role: str, config, workdir: str, backend: str = "", budget_s: float = 120.0) -> str:

@@ -21,7 +21,7 @@ def np_adv(rewards, pids, norm, eps=1e-6):
   return adv
 
 
-@pytest.mark.parametrize("norm", rl.ADV_NORMS)
+@pytest.mark.parametrize("norm", tuple(rl.ADV_NORMS))
 def test_group_advantages(norm):
   rng = np.random.default_rng(0)
   pids = rng.permutation(np.repeat(np.arange(10, 16), 8))

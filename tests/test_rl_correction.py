@@ -44,7 +44,7 @@ def ref_scale(logp, gen, w, mask, c: Correction):
   """float64 loops: (scale [B,T], {flag: bool [B,T]}) of the module docstring's formulas."""
   b, t = logp.shape
   scale = np.zeros((b, t))
-  flags = {k: np.zeros((b, t), bool) for k in rl.correction.STAT_NAMES}
+  flags = {k: np.zeros((b, t), bool) for k in rl.correction.stat_names()}
   for i in range(b):
     toks = [tt for tt in range(t) if mask[i, tt] and w[i, tt] > 0]
     if not toks:

@@ -33,6 +33,12 @@ class Backend:
   # "module:function" -> (bool, why not): whether its engines can record routes, asked at start
   # (recipes.validate) when that depends on the engine installed (vLLM: Model Runner V2).
   routes_probe: str = ""
+  # The health.parity_gate value that turns the learner's log-prob parity gate on for this
+  # backend (besides "always"): an engine whose numerics differ from the learner's names itself.
+  parity_gate: str = ""
+  # "module:function(config, workdir) -> None": the pod self-test's check of this backend's
+  # engine (scalerl_jax/selftest.py), raising with one line when it cannot start; "" = none.
+  selftest: str = ""
 
 
 def records_routes(name: str) -> tuple[bool, str]:
@@ -57,6 +63,12 @@ def register(backend: Backend) -> Backend:
   return BACKENDS.register(backend.name)(backend)
 
 
+def parity_gate_on(mode: str, name: str) -> bool:
+  """Whether the learner's parity gate runs: health.parity_gate `mode` is "always", or the mode
+  backend `name` registered as its own (e.g. the vLLM entry's)."""
+  return mode == "always" or (mode not in ("", "off") and get(name).parity_gate == mode)
+
+
 def engine_class(name: str) -> type:
   """The engine class of backend `name` (its module is imported now)."""
   module, _, cls = get(name).engine.partition(":")
@@ -65,7 +77,8 @@ def engine_class(name: str) -> type:
 
 register(Backend("vllm", "scalerl_jax.generation.vllm.engine:VLLMEngine", local_checkpoint=True,
                  about="vLLM engines (own venv), one request per sample",
-                 routes_probe="scalerl_jax.generation.vllm.generator:routes_capability"))
+                 routes_probe="scalerl_jax.generation.vllm.generator:routes_capability",
+                 parity_gate="vllm", selftest="scalerl_jax.selftest:check_vllm_backend"))
 register(Backend("jax", "scalerl_jax.generation.jax_engine:JaxEngine", records_routes=True,
                  about="the embedded JAX sampler and its continuous decoder"))
 register(Backend("scripted", "scalerl_jax.generation.fake:ScriptedEngine",

@@ -37,7 +37,7 @@ def token_stats(logp, gen_logp, entropy, weights, loss_mask, loss_stats) -> dict
 def lag_stats(logp, gen_logp, weights, loss_mask, lags, flags) -> dict[str, jax.Array]:
   """Loss-token counts and k3 sums split by lag class (lag = learner step − token version; lag0:
   engine mismatch alone, lagpos: staleness too), and per rollout-correction flag (bool [B,T],
-  rl.correction STAT_NAMES) its count in each class. Keys ``<name>_<class>``."""
+  rl.correction.stat_names()) its count in each class. Keys ``<name>_<class>``."""
   logp = jax.lax.stop_gradient(logp)
   act = (weights > 0) & loss_mask
   log_ratio = jnp.where(act, logp, 0.0) - jnp.where(act, gen_logp, 0.0)

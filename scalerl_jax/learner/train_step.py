@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 import jax
@@ -28,7 +29,7 @@ from scalerl_jax.learner.batch import RLSpec, bucket_lengths, prepare, split_mic
 from scalerl_jax.learner.logprobs import chunked_token_logprobs, token_logprobs
 from scalerl_jax.learner.optimizer import ClippedAdamW
 from scalerl_jax.learner.state import LearnerState
-from scalerl_jax.rl.correction import STAT_NAMES
+from scalerl_jax.rl.correction import stat_names
 
 # (params, tokens, positions) -> float32 logits [B,T,V], or (hidden [B,T,D], head kernel [D,V])
 # (models.forward_hidden): then log-probs are computed over sequence chunks (logits_chunk).
@@ -196,8 +197,8 @@ def _step_inputs(batch: Mapping[str, jax.Array], prep) -> dict[str, jax.Array]:
   return inputs
 
 
-def _accumulate(grad_fn, params, inputs, microbatches: int, pad_multiple: int, max_buckets: int,
-                constrain, correction_on: bool) -> tuple[Any, dict[str, jax.Array]]:
+def _accumulate(grad_fn, params, inputs, *, microbatches: int, pad_multiple: int,
+                max_buckets: int, constrain, correction_on: bool) -> tuple[Any, dict[str, jax.Array]]:
   """Σ of the micro-batches' gradients and combined stats: one `lax.scan` whose carry is the one
   accumulator; with `pad_multiple` > 0 each micro-batch runs in its length bucket
   (make_train_step's docstring)."""
@@ -224,7 +225,7 @@ def _accumulate(grad_fn, params, inputs, microbatches: int, pad_multiple: int, m
 
   keys = metrics_lib.SUM_KEYS + metrics_lib.MAX_KEYS
   if "lags" in inputs:
-    keys += metrics_lib.lag_keys(STAT_NAMES if correction_on else ())
+    keys += metrics_lib.lag_keys(stat_names() if correction_on else ())
   if _recorded_routes(inputs) is not None:
     keys += metrics_lib.ROUTER_KEYS
   init = (jax.tree.map(jnp.zeros_like, params), metrics_lib.zeros(keys))
@@ -261,6 +262,37 @@ def _moe_stats(aux: dict, mb: Mapping[str, jax.Array], mask: jax.Array) -> dict[
   return stats
 
 
+def _forward(apply_fn: ApplyFn, params, mb, *, logits_chunk: int, with_entropy: bool,
+             temperature: float, head_precision: str) -> tuple[jax.Array, Any, dict]:
+  """(learner log-probs [B,T], entropies or None, the forward's aux dict) of a micro-batch: the
+  model's float32 logits, or (hidden, head kernel) over sequence chunks; recorded routes
+  replayed when the batch has `routes` (R3)."""
+  extra = {"routes": mb["routes"]} if "routes" in mb else {}   # MoE routing replay (R3)
+  out = apply_fn(params, mb["tokens"], mb["positions"], **extra)
+  aux = {}
+  if isinstance(out, tuple) and isinstance(out[-1], dict):   # (..., aux), e.g. aux['moe_dropped']
+    out, aux = (out[0] if len(out) == 2 else out[:-1]), out[-1]
+  if isinstance(out, tuple):             # (hidden, kernel): forward_hidden
+    hidden, kernel = out
+    logp, ent = chunked_token_logprobs(hidden, kernel, mb["tokens"], logits_chunk, with_entropy,
+                                       temperature=temperature, precision=head_precision)
+  else:
+    logp, ent = token_logprobs(out, mb["tokens"], with_entropy, temperature=temperature)
+  return logp, ent, aux
+
+
+def _lag_stats(logp, mb: Mapping[str, jax.Array], mask, flags) -> dict[str, jax.Array]:
+  """Mismatch and correction statistics split by lag class, when the batch carries lags."""
+  if "lags" not in mb:
+    return {}
+  return metrics_lib.lag_stats(logp, mb["gen_logprobs"], mb["weights"], mask, mb["lags"], flags)
+
+
+def _lr_metric(lr_schedule: optax.Schedule | None, step) -> dict[str, Any]:
+  """{"lr": the schedule's rate at `step`}, or {} without a schedule."""
+  return {} if lr_schedule is None else {"lr": lr_schedule(step)}
+
+
 def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, spec: RLSpec,
                     microbatches: int = common.Optim.microbatches, *, lr_schedule: optax.Schedule | None = None,
                     with_entropy: bool = True, batch_partition: P | None = None,
@@ -269,6 +301,13 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
                     max_buckets: int = common.Learner.max_buckets,
                     head_precision: str = common.Model.head_precision) -> Callable:
   """Builds the un-jitted step function ``(state, batch) -> (state, metrics)``.
+
+  A composition of registered pieces, each looked up by the name ``spec`` holds: the loss
+  (`rl.losses.LOSSES`, with its own metric aliases), the aggregation (`rl.aggregation.AGGREGATIONS`)
+  and advantage normalisation (`rl.advantages.ADV_NORMS`) in `prepare`, the rollout-correction
+  switches the spec turns on (`rl.correction.SWITCHES`). The step names none of them; the only
+  choices made here are how the micro-batches are accumulated (one, or a scan) and which update
+  the optimizer takes (the sliced in-place AdamW, or any optax transformation).
 
   When ``apply_fn`` returns (hidden, head kernel), log-probs and entropies are computed over
   sequence chunks of ``logits_chunk`` positions (learner/logprobs.chunked_token_logprobs).
@@ -286,57 +325,44 @@ def make_train_step(apply_fn: ApplyFn, optimizer: optax.GradientTransformation, 
   (`batch.length_sorted_order`, the trainer does it) make the cuts effective.
   """
   loss_fn = rl.get_loss(spec.loss)
-  corr = spec.correction
+  forward = functools.partial(_forward, apply_fn, logits_chunk=logits_chunk,
+                              with_entropy=with_entropy, temperature=temperature,
+                              head_precision=head_precision)
 
   def objective(params, mb) -> tuple[jax.Array, dict[str, jax.Array]]:
-    extra = {"routes": mb["routes"]} if "routes" in mb else {}   # MoE routing replay (R3)
-    out = apply_fn(params, mb["tokens"], mb["positions"], **extra)
-    aux = {}
-    if isinstance(out, tuple) and isinstance(out[-1], dict):   # (..., aux), e.g. aux['moe_dropped']
-      out, aux = (out[0] if len(out) == 2 else out[:-1]), out[-1]
-    if isinstance(out, tuple):             # (hidden, kernel): forward_hidden
-      hidden, kernel = out
-      logp, ent = chunked_token_logprobs(hidden, kernel, mb["tokens"], logits_chunk, with_entropy,
-                                         temperature=temperature, precision=head_precision)
-    else:
-      logp, ent = token_logprobs(out, mb["tokens"], with_entropy, temperature=temperature)
+    logp, ent, aux = forward(params, mb)
     mask = mb["loss_mask"].astype(bool)
-    weights, flags = mb["weights"], {}
-    if corr.enabled:        # rollout correction: the loss sees w·scale, D stays Σ w (rl/correction.py)
-      scale, flags = rl.correction_scale(logp, mb["gen_logprobs"], weights, mask, corr)
-      weights = weights * scale
+    # rollout correction: the loss sees w·scale, D stays Σ w (rl/correction.py)
+    weights, flags = rl.corrected_weights(logp, mb["gen_logprobs"], mb["weights"], mask,
+                                          spec.correction)
     out = loss_fn(logp, mb["gen_logprobs"], mb["adv"], weights, mask, spec.hp)
     stats = metrics_lib.token_stats(logp, mb["gen_logprobs"], ent, mb["weights"], mask, out.stats)
-    if "lags" in mb:
-      stats.update(metrics_lib.lag_stats(logp, mb["gen_logprobs"], mb["weights"], mask,
-                                         mb["lags"], flags))
+    stats.update(_lag_stats(logp, mb, mask, flags))
     stats["loss_sum"] = jax.lax.stop_gradient(out.sum)
     stats.update(_moe_stats(aux, mb, mask))
     return out.sum, stats
 
   grad_fn = jax.grad(objective, has_aux=True)
+  accumulate = (grad_fn if microbatches == 1 else functools.partial(
+      _accumulate, grad_fn, microbatches=microbatches, pad_multiple=pad_multiple,
+      max_buckets=max_buckets, constrain=_constrain(mesh, batch_partition),
+      correction_on=spec.correction.enabled))
+  update = sliced_update if isinstance(optimizer, ClippedAdamW) else tree_update
 
   def train_step(state: LearnerState, batch: Mapping[str, jax.Array]) -> tuple[LearnerState, dict[str, jax.Array]]:
     prep = prepare(batch, spec)
-    inputs, params = _step_inputs(batch, prep), state.params
-    if microbatches == 1:
-      acc, stats = grad_fn(params, inputs)
-    else:
-      acc, stats = _accumulate(grad_fn, params, inputs, microbatches, pad_multiple, max_buckets,
-                               _constrain(mesh, batch_partition), corr.enabled)
+    inputs = _step_inputs(batch, prep)
+    acc, stats = accumulate(state.params, inputs)
     denom = prep["denominator"]
     safe = jnp.where(denom > 0, denom, 1.0)
     loss = stats["loss_sum"] / safe
-    update = sliced_update if isinstance(optimizer, ClippedAdamW) else tree_update
     new_params, new_opt, grad_norm, update_norm, ok, finite = update(
-        optimizer, acc, safe, params, state.opt_state, loss, denom)
+        optimizer, acc, safe, state.params, state.opt_state, loss, denom)
     new_state = LearnerState(params=new_params, opt_state=new_opt,
                              step=state.step + ok.astype(jnp.int32))
     m = _step_metrics(stats, prep, inputs, batch, loss, grad_norm, update_norm, ok, finite)
-    if spec.loss == "cispo":
-      m["truncated_frac"] = m["clip_frac_high"]
-    if lr_schedule is not None:
-      m["lr"] = lr_schedule(state.step)
+    m.update(rl.loss_metrics(spec.loss, m))
+    m.update(_lr_metric(lr_schedule, state.step))
     return new_state, m
 
   return train_step

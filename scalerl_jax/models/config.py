@@ -222,9 +222,7 @@ def from_hf_config(hf: Any, **overrides: Any) -> ModelConfig:
 
   Accepts LlamaConfig / Llama4TextConfig, or a Llama4Config (its text_config is used).
   """
-  d = dict(hf) if isinstance(hf, Mapping) else hf.to_dict()
-  if "text_config" in d and d.get("model_type") == "llama4":
-    d = dict(d["text_config"])
+  d = families.decoder_config(dict(hf) if isinstance(hf, Mapping) else hf.to_dict())
   fam = families.of_hf_model_type(d.get("model_type", "llama"))
   family = fam.name
   rope = d.get("rope_parameters") or d.get("rope_scaling") or {}

@@ -12,8 +12,9 @@ __getattr__, __all__ = lazy.exports(__name__, {
     "AGGREGATIONS": "aggregation", "token_weights": "aggregation",
     "zero_variance_keep": "filtering",
     "LOSSES": "losses", "LossHParams": "losses", "LossOut": "losses", "get_loss": "losses",
-    "register_loss": "losses", "check_objective": "losses", "registered_losses": "losses", "clipped_ratio_loss": "losses",
+    "register_loss": "losses", "loss_metrics": "losses", "check_objective": "losses", "registered_losses": "losses", "clipped_ratio_loss": "losses",
     "PassRateHistory": "npr",
     "Correction": "correction", "check_correction": "correction",
-    "correction_scale": "correction",
+    "correction_scale": "correction", "corrected_weights": "correction",
+    "register_aggregation": "aggregation", "register_adv_norm": "advantages",
 })

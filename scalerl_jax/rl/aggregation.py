@@ -19,9 +19,17 @@ loss exactly. The weights must be computed on the full batch because ``|y_i|`` a
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import jax.numpy as jnp
 
-AGGREGATIONS = ("prompt", "sample", "token")
+from scalerl_jax.registry import Registry
+
+# mode -> fn(maskf float32 [B,T] (loss tokens of kept rows), prompt_ids [B], keep bool [B]) ->
+# weights float32 [B,T]. Select with rl.aggregation; a new mode is one `@register_aggregation`.
+AggregationFn = Callable[..., jnp.ndarray]
+AGGREGATIONS: Registry[AggregationFn] = Registry("aggregation")
+register_aggregation = AGGREGATIONS.register
 
 
 def same_group(prompt_ids, row_valid) -> jnp.ndarray:
@@ -31,6 +39,28 @@ def same_group(prompt_ids, row_valid) -> jnp.ndarray:
   return (ids[:, None] == ids[None, :]) & valid[:, None] & valid[None, :]
 
 
+@register_aggregation("prompt")
+def prompt_weights(maskf, prompt_ids, keep) -> jnp.ndarray:
+  """ScaleRL: w = 1 / Σ_{g in group} |y_g| (denominator = number of prompts)."""
+  row_tokens = maskf.sum(axis=1)                                   # |y_i|
+  group_tokens = same_group(prompt_ids, keep).astype(jnp.float32) @ row_tokens  # sum_g |y_g|
+  return maskf * (1.0 / jnp.maximum(group_tokens, 1.0))[:, None]
+
+
+@register_aggregation("sample")
+def sample_weights(maskf, prompt_ids, keep) -> jnp.ndarray:
+  """GRPO: w = 1 / |y_i| (denominator = number of completions)."""
+  del prompt_ids, keep
+  return maskf * (1.0 / jnp.maximum(maskf.sum(axis=1), 1.0))[:, None]
+
+
+@register_aggregation("token")
+def token_weights_token(maskf, prompt_ids, keep) -> jnp.ndarray:
+  """DAPO: w = 1 (denominator = number of loss tokens)."""
+  del prompt_ids, keep
+  return maskf
+
+
 def token_weights(loss_mask, prompt_ids, row_keep, mode: str) -> jnp.ndarray:
   """Per-token aggregation weights ``float32 [B, T]`` (zero outside ``loss_mask`` / kept rows).
 
@@ -38,21 +68,11 @@ def token_weights(loss_mask, prompt_ids, row_keep, mode: str) -> jnp.ndarray:
     loss_mask: bool [B, T], true only for policy-generated completion tokens.
     prompt_ids: int [B], group id of each row (padding rows may carry any id; they are not kept).
     row_keep: bool [B], rows that enter the loss (valid and not filtered out).
-    mode: one of ``AGGREGATIONS``.
+    mode: a registered name of ``AGGREGATIONS``.
   Returns:
     float32 [B, T] weights; ``weights.sum()`` is the loss denominator.
   """
-  if mode not in AGGREGATIONS:
-    raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATIONS}")
+  fn = AGGREGATIONS.get(mode)
   keep = jnp.asarray(row_keep, bool)
   mask = jnp.asarray(loss_mask, bool) & keep[:, None]
-  maskf = mask.astype(jnp.float32)
-  if mode == "token":
-    return maskf
-  row_tokens = maskf.sum(axis=1)                                   # |y_i|
-  if mode == "sample":
-    per_row = 1.0 / jnp.maximum(row_tokens, 1.0)
-  else:  # prompt
-    group_tokens = same_group(prompt_ids, keep).astype(jnp.float32) @ row_tokens  # sum_g |y_g|
-    per_row = 1.0 / jnp.maximum(group_tokens, 1.0)
-  return maskf * per_row[:, None]
+  return fn(mask.astype(jnp.float32), prompt_ids, keep)

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-# (switch name, the flag it sets): the statistics each switch reports (counts of loss tokens).
-STAT_NAMES = ("token_tis_truncated", "token_masked", "seq_masked", "seq_tis_truncated")
+from scalerl_jax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,8 @@ class Correction:
 
   @property
   def enabled(self) -> bool:
-    return bool(self.token_tis_cap or self.token_band or self.seq_band or self.seq_tis_cap)
+    """Some registered switch is on."""
+    return any(switch.on(self) for _, switch in SWITCHES.items())
 
 
 def check_correction(c: Correction) -> None:
@@ -84,33 +85,93 @@ def check_correction(c: Correction) -> None:
                        f"0 <= low < high (both 0 = off; high may be inf)")
 
 
+class Ratios(NamedTuple):
+  """What every switch reads, computed once per micro-batch (stop-gradient log-probs)."""
+  act: jax.Array         # bool [B,T]: loss tokens (weights > 0 and loss_mask)
+  ratio: jax.Array       # ρ_t, exactly 1 outside `act`
+  row_sum: jax.Array     # [B]: Σ_{t∈A_i} log ρ_t
+  n_tok: jax.Array       # [B]: max(|A_i|, 1)
+
+
+class Switch(NamedTuple):
+  """One rollout-correction switch: `on(c)` says whether the Correction `c` turns it on;
+  `apply(scale, r, c) -> (scale, flag)` multiplies / masks the running scale and returns the loss
+  tokens it truncated or masked (bool [B,T]). Registered as the name of its statistic."""
+  on: Callable[[Any], bool]
+  apply: Callable[[jax.Array, Ratios, Any], tuple[jax.Array, jax.Array]]
+
+
+# statistic name -> Switch, applied in registration order (the order below is the product's).
+SWITCHES: Registry[Switch] = Registry("rollout-correction switch")
+
+
+def register_switch(name: str, on: Callable[[Any], bool]) -> Callable:
+  """Decorator: registers `apply` as the switch `name`, on when `on(correction)`."""
+  def deco(apply) -> Callable:
+    SWITCHES.register(name)(Switch(on, apply))
+    return apply
+  return deco
+
+
+@register_switch("token_tis_truncated", lambda c: bool(c.token_tis_cap))
+def token_tis(scale, r: Ratios, c):
+  """Token TIS: scale · min(ρ_t, C_tok)."""
+  return scale * jnp.minimum(r.ratio, c.token_tis_cap), r.act & (r.ratio > c.token_tis_cap)
+
+
+@register_switch("token_masked", lambda c: c.token_band)
+def token_band(scale, r: Ratios, c):
+  """IcePop's token band: 0 outside [lo_tok, hi_tok]."""
+  keep = (r.ratio >= c.token_mask_low) & (r.ratio <= c.token_mask_high)
+  return jnp.where(keep, scale, 0.0), r.act & ~keep
+
+
+@register_switch("seq_masked", lambda c: c.seq_band)
+def seq_band(scale, r: Ratios, c):
+  """Sequence band on the geometric-mean ratio of the row's loss tokens."""
+  geo = jnp.exp(r.row_sum / r.n_tok)
+  keep = (geo >= c.seq_mask_low) & (geo <= c.seq_mask_high)
+  return jnp.where(keep[:, None], scale, 0.0), r.act & ~keep[:, None]
+
+
+@register_switch("seq_tis_truncated", lambda c: bool(c.seq_tis_cap))
+def seq_tis(scale, r: Ratios, c):
+  """Sequence TIS: scale · min(Π ρ_t, C_seq), in log space (no overflow)."""
+  log_cap = math.log(c.seq_tis_cap)
+  return (scale * jnp.exp(jnp.minimum(r.row_sum, log_cap))[:, None],
+          r.act & (r.row_sum > log_cap)[:, None])
+
+
+def stat_names() -> tuple[str, ...]:
+  """The registered switches' statistic names, in order (metrics `rc/<name>_frac_<lag class>`)."""
+  return tuple(SWITCHES)
+
+
 def correction_scale(logp, gen_logp, weights, loss_mask, c: Correction
                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(scale float32 [B,T] (stop-gradient, 0 outside the loss tokens), flags: bool [B,T] per
-  ``STAT_NAMES`` entry, true on the loss tokens that switch truncated or masked)."""
+  registered switch (`stat_names()`), true on the loss tokens that switch truncated or masked).
+  The switches `c` turns on compose in registration order."""
   act = (jnp.asarray(weights) > 0) & jnp.asarray(loss_mask, bool)
   logp = jax.lax.stop_gradient(logp)
   log_ratio = jnp.where(act, logp, 0.0) - jnp.where(act, gen_logp, 0.0)
-  ratio = jnp.exp(log_ratio)
+  r = Ratios(act, jnp.exp(log_ratio), log_ratio.sum(axis=1),
+             jnp.maximum(act.sum(axis=1).astype(jnp.float32), 1.0))
   scale = jnp.ones_like(log_ratio)
   none = jnp.zeros_like(act)
-  flags = {k: none for k in STAT_NAMES}
-  if c.token_tis_cap:
-    scale = scale * jnp.minimum(ratio, c.token_tis_cap)
-    flags["token_tis_truncated"] = act & (ratio > c.token_tis_cap)
-  if c.token_band:
-    keep = (ratio >= c.token_mask_low) & (ratio <= c.token_mask_high)
-    scale = jnp.where(keep, scale, 0.0)
-    flags["token_masked"] = act & ~keep
-  row_sum = log_ratio.sum(axis=1)                                       # Σ_{t∈A_i} log ρ_t
-  if c.seq_band:
-    n_tok = jnp.maximum(act.sum(axis=1).astype(jnp.float32), 1.0)
-    geo = jnp.exp(row_sum / n_tok)
-    keep = (geo >= c.seq_mask_low) & (geo <= c.seq_mask_high)
-    scale = jnp.where(keep[:, None], scale, 0.0)
-    flags["seq_masked"] = act & ~keep[:, None]
-  if c.seq_tis_cap:
-    log_cap = math.log(c.seq_tis_cap)
-    scale = scale * jnp.exp(jnp.minimum(row_sum, log_cap))[:, None]     # min(Π ρ, C) w/o overflow
-    flags["seq_tis_truncated"] = act & (row_sum > log_cap)[:, None]
+  flags = {}
+  for name, switch in SWITCHES.items():
+    flags[name] = none
+    if switch.on(c):
+      scale, flags[name] = switch.apply(scale, r, c)
   return jax.lax.stop_gradient(jnp.where(act, scale, 0.0)), flags
+
+
+def corrected_weights(logp, gen_logp, weights, loss_mask, c: Correction
+                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The loss's weights after rollout correction, w·scale (the denominator stays Σ w), and the
+  switches' flags; with every switch off, `weights` unchanged and no flags (no statistics)."""
+  if not c.enabled:
+    return weights, {}
+  scale, flags = correction_scale(logp, gen_logp, weights, loss_mask, c)
+  return weights * scale, flags

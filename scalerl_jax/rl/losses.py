@@ -57,7 +57,20 @@ class LossHParams:
 
 LossFn = Callable[..., LossOut]
 LOSSES: Registry[LossFn] = Registry("loss")
-register_loss = LOSSES.register     # decorator: adds a loss function under a name
+# loss name -> {metric it adds: the step metric it copies} (e.g. CISPO's `truncated_frac`).
+_METRIC_ALIASES: dict[str, dict[str, str]] = {}
+
+
+def register_loss(name: str, metric_aliases: dict[str, str] | None = None) -> Callable[[LossFn], LossFn]:
+  """Decorator: adds a loss function under `name`; `metric_aliases` {new metric: step metric}
+  names the step metrics the loss reports under its own words as well."""
+  _METRIC_ALIASES[name] = dict(metric_aliases or {})
+  return LOSSES.register(name)
+
+
+def loss_metrics(name: str, metrics: dict) -> dict:
+  """The loss `name`'s own metrics, copied from the step's `metrics` (its aliases)."""
+  return {new: metrics[old] for new, old in _METRIC_ALIASES.get(name, {}).items()}
 
 
 def get_loss(name: str) -> LossFn:
@@ -111,7 +124,7 @@ def _clipped_surrogate(ratio, a, eps_low, eps_high):
 
 # ----------------------------------------------------------------------------- losses
 
-@register_loss("cispo")
+@register_loss("cispo", metric_aliases={"truncated_frac": "clip_frac_high"})
 def cispo(logp, gen_logp, adv, weights, loss_mask, hp: LossHParams) -> LossOut:
   """CISPO: term = −sg(min(ρ, ε_max))·Â·log π; upper truncation only, gradient via log π only."""
   act = _active(weights, loss_mask)

@@ -9,11 +9,14 @@ Step 0 is R0, the base policy at compute 0: the same call, after which the compu
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 from configs import common
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.rewards import sandbox_still_works
 from scalerl_jax.training.fleet_eval import FleetEvaluator, peak_rss_mb, summarize
+from scalerl_jax.training.ledger import ComputeLedger
+from scalerl_jax.types import SamplingSpec
 
 
 def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
@@ -43,13 +46,34 @@ def evaluate(model_cfg, params, dataset, spec, samples: int, prompts=None,
                    dataset.tasks if dataset.is_mixture else ())
 
 
-class Evaluation:
-  """What the trainer calls (`trainer`: the Trainer, for its ledger, params and logs; `section`:
-  the eval section; `hold_versions`: generator.eval_hold_versions, the versions a generator keeps
-  for pinned evaluations)."""
+@dataclasses.dataclass(frozen=True)
+class EvalContext:
+  """What an evaluation sees of the run (the trainer builds it; an evaluation never holds the
+  trainer): whether this is process 0, the compute ledger, the params to evaluate (a callable: a
+  collective gather when multi-host), the model, data set, sampling spec and held-out prompts, the
+  buffer client and the child-process watchdog (fleet), and where results go: `record(step,
+  fields)` (R0 and a local evaluation: the ledger's evaluation span is closed there) and
+  `log(record)` (a fleet evaluation's complete record)."""
+  main: bool
+  ledger: ComputeLedger
+  params: Callable[[], Any]
+  model_cfg: Any
+  dataset: Any
+  spec: SamplingSpec
+  prompts: list
+  client: Any
+  watchdog: Callable[[], None] | None
+  record: Callable[[int, dict], None]
+  log: Callable[[dict], None]
 
-  def __init__(self, trainer, section: common.Eval, hold_versions: int):
-    self.t, self.section, self.hold_versions = trainer, section, hold_versions
+
+class Evaluation:
+  """What the trainer calls (`ctx`: the run as an evaluation sees it; `section`: the eval
+  section; `hold_versions`: generator.eval_hold_versions, the versions a generator keeps for
+  pinned evaluations)."""
+
+  def __init__(self, ctx: EvalContext, section: common.Eval, hold_versions: int):
+    self.t, self.section, self.hold_versions = ctx, section, hold_versions
 
   def run(self, step: int) -> None:
     """Evaluates version `step` (0: R0, the base policy; the compute axis starts after it)."""
@@ -67,27 +91,27 @@ class LocalEvaluation(Evaluation):
 
   def run(self, step: int) -> None:
     t = self.t
-    params = t.eval_params()          # every process: a collective when multi-host
+    params = t.params()               # every process: a collective when multi-host
     if not t.main:
       return
     t.ledger.begin_eval()
-    out = evaluate(t.model_cfg, params, t.dataset, t.eval_spec,
-                   self.section.samples_per_prompt, prompts=t.eval_set)
-    t.record_eval(step, {**out, "eval_mode": "local", "learner_peak_rss_mb": peak_rss_mb()})
+    out = evaluate(t.model_cfg, params, t.dataset, t.spec,
+                   self.section.samples_per_prompt, prompts=t.prompts)
+    t.record(step, {**out, "eval_mode": "local", "learner_peak_rss_mb": peak_rss_mb()})
 
 
 class FleetEvaluation(Evaluation):
   """Through the buffer's evaluation lane: process 0 submits and collects (nothing collective)."""
 
-  def __init__(self, trainer, section: common.Eval, hold_versions: int):
-    super().__init__(trainer, section, hold_versions)
-    t = trainer
+  def __init__(self, ctx: EvalContext, section: common.Eval, hold_versions: int):
+    super().__init__(ctx, section, hold_versions)
+    t = ctx
     self.fleet = None
     if t.main:
       self.fleet = FleetEvaluator(
-          t.client, t.eval_set, num_prompts=0,
-          samples_per_prompt=section.samples_per_prompt, seed=int(t.eval_spec.seed),
-          temperature=t.eval_spec.temperature, top_p=t.eval_spec.top_p,
+          t.client, t.prompts, num_prompts=0,
+          samples_per_prompt=section.samples_per_prompt, seed=int(t.spec.seed),
+          temperature=t.spec.temperature, top_p=t.spec.top_p,
           hold_versions=hold_versions, timeout_s=section.timeout_s,
           task_names=t.dataset.tasks if t.dataset.is_mixture else (), watchdog=t.watchdog)
 
@@ -102,7 +126,7 @@ class FleetEvaluation(Evaluation):
       if res is None:
         raise RuntimeError(f"the base policy's fleet evaluation did not complete within "
                            f"eval.timeout_s={self.fleet.timeout_s} s")
-      t.record_eval(0, self.fleet.record(e, res))
+      t.record(0, self.fleet.record(e, res))
       return
     self.fleet.submit(step, version=step, snapshot=t.ledger.snapshot())
     self.collect()
@@ -121,7 +145,7 @@ class FleetEvaluation(Evaluation):
     for e, res in done:
       if res is not None:
         t.ledger.add_eval_gen(sum(g.device_seconds for g in res.results))
-      t.log_eval(self.fleet.record(e, res))
+      t.log(self.fleet.record(e, res))
 
   def before_publish(self, version: int) -> None:
     t = self.t

@@ -24,7 +24,6 @@ from typing import Any
 import grpc
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from configs import common
 from scalerl_jax import distributed
@@ -38,7 +37,10 @@ from scalerl_jax.buffer.replay import read_learner_state
 from scalerl_jax.buffer.replay import write_learner_state
 from scalerl_jax.training.checkpoint import RunCheckpointer
 from scalerl_jax.data import stats_metrics
-from scalerl_jax.training.evaluation import EVALUATIONS
+from scalerl_jax.generation import backends
+from scalerl_jax.training.evaluation import EVALUATIONS, EvalContext
+from scalerl_jax.training.hooks import (BeforeView, CheckpointHook, HealthHook, HookOut, Hooks,
+                                        ParityGate, Progress, StepView)
 from scalerl_jax.training.fleet_eval import eval_prompts
 from scalerl_jax.learner import Learner
 from scalerl_jax.learner.batch import length_sorted_order
@@ -46,7 +48,7 @@ from scalerl_jax.learner.logprobs import token_logprobs
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.training.health import (HealthMonitor, LiveForecast, NoRewardSignal, RunUnhealthy,
-                                         parity_check, step0_reward_check)
+                                         step0_reward_check)
 from scalerl_jax.training.ledger import ComputeLedger, StepTokens
 from scalerl_jax.training.preemption import Preemption
 from scalerl_jax.protocol.client import batch_to_arrays
@@ -160,7 +162,7 @@ class Trainer:
   """Owns the Learner, the buffer client (learner side), the ledger and the logs.
 
   Multi-host (several JAX processes): every process builds a Trainer and runs the same loop.
-  Process 0 (`self.main`) pulls each batch from the buffer and hands it to the others
+  Process 0 pulls each batch from the buffer and hands it to the others
   (`distributed.broadcast_from_main`); each process feeds its own rows to the sharded step; every
   process streams its own parameter shards to the buffer (no gather); evaluation gathers the params
   and runs on process 0, which alone writes metrics, the checkpoint manifest and the learner-state
@@ -175,7 +177,7 @@ class Trainer:
                learner_state_path: str | None = None, watchdog=None):
     self.config, self.workdir, self.dataset, self.model_cfg = config, workdir, dataset, model_cfg
     self.main, self.multi = jax.process_index() == 0, jax.process_count() > 1
-    self.client, self.progress = client, progress and self.main
+    self.client = client
     self.token = token       # the buffer's bearer token, also required by this process's weight source
     self.learner = make_learner(config, model_cfg, params)
     n_active = _params_active(model_cfg)
@@ -192,8 +194,6 @@ class Trainer:
     self.eval_set = eval_prompts(dataset.heldout, int(config.eval.num_prompts), int(config.seed))
     # A callable raising when a child process died (job.py: ProcessGroup.check), or None.
     self.watchdog = watchdog
-    self.evaluation = EVALUATIONS[config.eval.mode](self, config.eval,
-                                                    config.generator.eval_hold_versions)
     self.ckpt = RunCheckpointer.for_section(workdir, config.checkpoint)
     self.audit_ids = bool(config.audit.trained_ids) and self.main
     self.learner_state_path = learner_state_path
@@ -220,6 +220,44 @@ class Trainer:
                                   lock=self.metrics.lock, axis=fc.axis, references=fc.references,
                                   family=fc.family, config=config)
                      if self.main and fc.enabled else None)
+    self.evaluation = EVALUATIONS[config.eval.mode](self._eval_context(), config.eval,
+                                                    config.generator.eval_hold_versions)
+    self.hooks = Hooks()
+    self.checkpoints = CheckpointHook(self.save, self.ckpt.latest_step())
+    self._register_hooks(progress)
+
+  def _eval_context(self) -> EvalContext:
+    """The run as the evaluation sees it (evaluation.EvalContext)."""
+    return EvalContext(main=self.main, ledger=self.ledger, params=self.eval_params,
+                       model_cfg=self.model_cfg, dataset=self.dataset, spec=self.eval_spec,
+                       prompts=self.eval_set, client=self.client, watchdog=self.watchdog,
+                       record=self.record_eval, log=self.log_eval)
+
+  def _register_hooks(self, progress: bool) -> None:
+    """The hooks of this process (training/hooks.py): every process runs the step-0 check, the
+    parity gate (both collective), evaluation and checkpoints; process 0 also collects fleet
+    evaluations, checks health, tracks metrics, draws the progress bar (`progress`) and writes
+    the end-of-run summaries."""
+    c, h = self.config, self.hooks
+    h.add_before("step0_check", self._step0_check)
+    if backends.parity_gate_on(c.health.parity_gate, c.generator.backend):
+      h.add_before("parity", ParityGate(c.health, self.health, self.learner.token_logprobs,
+                                        bool(c.rl.routing_replay), self.main))
+    if self.main:
+      health = HealthHook(self.health)
+      h.add("fleet_collect", lambda v: self.evaluation.collect())
+      h.add("health", health.check)
+      h.add("tracking", lambda v: self.metrics.write(v.record))
+      h.add("health_abort", health.raise_pending)
+    h.add("evaluation", lambda v: self.evaluation.run(v.step), every=int(c.eval.every_steps))
+    bar = Progress(self.start_step, int(c.total_steps), lambda: self.last_eval)
+    if self.main and progress:
+      h.add("progress", bar)
+    h.add("checkpoint", self.checkpoints, every=int(c.checkpoint.every_steps))
+    if self.main:
+      h.add_finish("grading_summary", self._grading_summary)
+      h.add_finish("npr_history", self._npr_history)
+      h.add_finish("progress_close", bar.close)
 
   def _restore(self, step: int) -> None:
     """Loads checkpoint `step`: learner state, ledger (the wall time since the save is booked:
@@ -332,32 +370,6 @@ class Trainer:
       storage.append_text(storage.join(self.workdir, "trained_ids.jsonl"),
                           json.dumps({"step": step + 1, "ids": ids}) + "\n")
 
-  def _parity_on(self) -> bool:
-    mode = self.config.health.parity_gate
-    return mode == "always" or (mode == "vllm" and self.config.generator.backend == "vllm")
-
-  def _parity(self, step: int, arrays: dict, versions) -> dict:
-    """The log-prob parity gate: at this process's first step (before any update) the whole batch,
-    later every `health.parity_every` steps the tokens generated by the current version. Every
-    process calls it (multi-host: the learner's sharded, sequence-chunked log-probs are a
-    collective; `arrays` is the broadcast batch); process 0 (`versions`: the rows' token
-    versions, in `arrays`' row order) compares and reports."""
-    first = step == self.start_step
-    every = int(self.config.health.parity_every)
-    if not self._parity_on() or not (first or (every and step % every == 0)):
-      return {}
-    self._rescored = True                 # the compute ledger books this forward pass
-    routes = arrays.get("routes") if self.config.rl.routing_replay else None
-    lp = self.learner.token_logprobs(arrays["tokens"], routes)
-    if not self.main:
-      return {}
-    mask = arrays["loss_mask"].astype(bool) & (versions == step)
-    out = parity_check(lp, arrays["gen_logprobs"], mask, self.config.health, version=step,
-                       startup=first)
-    if out.get("health/parity_alarm") and self.health.aborts("parity", step + 1):
-      raise RunUnhealthy(f"health.abort_on: parity re-score failed at step {step}", step, out)
-    return out
-
   def train_step(self, step: int) -> dict:
     t0 = time.time()
     batch = arrays = versions = None
@@ -388,21 +400,19 @@ class Trainer:
       arrays = distributed.broadcast_from_main(arrays)
     assert arrays is not None             # process 0 pulled it; the others got it by broadcast
     t_wait = time.time() - t0
-    step0 = self._step0_check(step, arrays["rewards"], batch)
-    self._rescored = False
-    parity = self._parity(step, arrays, versions if self.main else None)
+    before = self.hooks.run_before(BeforeView(step, step == self.start_step, arrays,
+                                              versions if self.main else None, batch))
     t1 = time.time()
     rows = self.learner.local_rows(arrays["tokens"].shape[0])
     m = self.learner.step({k: v[rows] for k, v in arrays.items()})
     t_train = time.time() - t1
     if self.main:   # process 0 books the global batch (its ledger is the one logged and saved)
       self.ledger.add_step(StepTokens.from_arrays(full, loss=int(m["tokens"]),
-                                                  rescored=self._rescored))
+                                                  rescored=before.rescored))
     t_pub = self.publish(step + 1)
     if not self.main:
       return {"step": step + 1, "kind": "train", **m}
     assert batch is not None              # process 0 pulled it
-    self.evaluation.collect()
     lag = list(batch.summary.lag.counts)
     dump_every = int(self.config.debug_dump_every)
     if dump_every and step % dump_every == 0:   # for tests and debugging: the exact batch trained
@@ -419,28 +429,19 @@ class Trainer:
            "wait_s": t_wait, "train_s": t_train,
            "publish_s": t_pub, "npr_retired": self.npr.num_retired,
            **({"weights_delta_frac": self.delta_frac} if self.delta_frac is not None else {}),
-           "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(), **parity,
-           **generator_metrics(batch.summary.generator_stats), **step0}
+           "policy_tokens": int(arrays["loss_mask"].sum()), "time": time.time(),
+           **generator_metrics(batch.summary.generator_stats), **before.metrics}
     self._grading = {"step": step + 1, **{k: v for k, v in rec.items()
                                           if k == "gen_graded" or k.startswith("gen_grade_")}}
-    abort = None
-    try:
-      rec.update(self.health.check(rec))
-    except RunUnhealthy as e:
-      rec.update(e.metrics)
-      abort = e
-    self.metrics.write(rec)
-    if abort is not None:
-      raise abort
     return rec
 
-  def _step0_check(self, step: int, rewards, batch) -> dict:
+  def _step0_check(self, view: BeforeView) -> HookOut:
     """The step-0 reward check (health.step0_reward_check) on a fresh run's first batch, before
     any update: every process decides from the broadcast rewards; process 0 also reads the
     completions to say why. Raises health.NoRewardSignal (after a `health_abort` metrics line)."""
-    h = self.config.health
+    h, step, batch = self.config.health, view.step, view.batch
     if step != 0:
-      return {}
+      return HookOut()
     samples = None
     if batch is not None:
       tok, samples = self.dataset.tokenizer, []
@@ -451,7 +452,8 @@ class Trainer:
           samples.append((tok.decode(c.tokens), c.finish_reason, task))
     templates = {t: self.dataset.template(t) for t in self.dataset.tasks}
     try:
-      return step0_reward_check(rewards, h, samples, templates, self.dataset.task_rewards)
+      return HookOut(step0_reward_check(view.arrays["rewards"], h, samples, templates,
+                                        self.dataset.task_rewards))
     except NoRewardSignal as e:
       log.error("%s", e)
       self.metrics.write({"step": 0, "kind": "health_abort", "reason": str(e)})
@@ -531,36 +533,24 @@ class Trainer:
     self.publish(start)
     if start == 0:
       self.evaluation.run(0)           # R0
-    every = int(self.config.eval.every_steps)
     total = int(self.config.total_steps)
-    bar = tqdm(range(start, total), desc="RL", disable=not self.progress, dynamic_ncols=True,
-               initial=start, total=total)
     preempt = Preemption(float(self.config.checkpoint.termination_grace_s)).install()
-    last_save_s, last_saved = None, self.ckpt.latest_step()
-    for s in bar:
+    ckpt = self.checkpoints
+    for s in range(start, total):
       if preempt.requested:      # SIGTERM: a final checkpoint if the grace period allows, exit 0
-        preempt.final_checkpoint(functools.partial(self.save, s), last_save_s, last_saved)
+        preempt.final_checkpoint(functools.partial(self.save, s), ckpt.last_save_s,
+                                 ckpt.last_saved)
         self.preempted = True
         self.ckpt.close()
         self.metrics.close()
         return self.last_eval
       try:
         self.ckpt.check()          # a failed background checkpoint save stops the run here
-        rec = self.train_step(s)
+        self.hooks.run(StepView(s + 1, total, self.train_step(s)))
       except RunUnhealthy as e:   # stop cleanly: a loadable checkpoint, the reason, then non-zero exit
         log.error("stopping the run: %s", e.reason)
         self._finish(abort=(s + 1, e.reason))
         raise
-      if (s + 1) % every == 0 or s + 1 == total:
-        self.evaluation.run(s + 1)
-      if self.main:
-        assert self.last_eval is not None   # R0 (or the restored checkpoint's record) set it
-        bar.set_postfix(pass_rate=f"{self.last_eval['val_pass_rate']:.3f}",
-                        lag=rec["max_lag"], reward=f"{rec['mean_reward']:.2f}")
-      if (s + 1) % int(self.config.checkpoint.every_steps) == 0 or s + 1 == total:
-        t0 = time.monotonic()
-        self.save(s + 1)           # its duration bounds a SIGTERM'd final save (preemption.py)
-        last_save_s, last_saved = time.monotonic() - t0, s + 1
     self._finish()
     return self.last_eval
 
@@ -577,19 +567,27 @@ class Trainer:
     if abort is not None:
       self.save(abort[0])
       self.metrics.write({"step": abort[0], "kind": "health_abort", "reason": abort[1]})
-    grading = getattr(self, "_grading", None)
-    if self.main and grading and len(grading) > 1:   # the run summary of grading faults (rewards/isolation.py)
-      log.info("grading: %d grades, %d timed out, %d out of memory, %d errors, %d guarded",
-               *(int(grading.get(f"gen_{k}", 0)) for k in ("graded",) + GRADE_FAULTS))
-      storage.write_text(storage.join(self.workdir, "run_summary.json"),
-                         json.dumps({"grading": grading}, indent=1))
+    self.hooks.run_finish(abort)
     self.ckpt.close()
     self.metrics.close()
     if abort is not None:
       self.metrics.finish()
     if self.source is not None:
       self.source.stop()
-    if abort is None and self.main:
+
+  def _grading_summary(self, abort: tuple[int, str] | None) -> None:
+    """The run summary of grading faults (rewards/isolation.py): logged and run_summary.json."""
+    del abort
+    grading = getattr(self, "_grading", None)
+    if grading and len(grading) > 1:
+      log.info("grading: %d grades, %d timed out, %d out of memory, %d errors, %d guarded",
+               *(int(grading.get(f"gen_{k}", 0)) for k in ("graded",) + GRADE_FAULTS))
+      storage.write_text(storage.join(self.workdir, "run_summary.json"),
+                         json.dumps({"grading": grading}, indent=1))
+
+  def _npr_history(self, abort: tuple[int, str] | None) -> None:
+    """A finished run's No-Positive-Resampling history (npr_history.json)."""
+    if abort is None:
       storage.write_text(storage.join(self.workdir, "npr_history.json"),
                          json.dumps(self.npr.to_dict()))
 

@@ -9,6 +9,7 @@ testing.py never name a family.
 from __future__ import annotations
 
 from scalerl_jax.models.families import llama3, llama4  # noqa: F401 (each registers its family)
-from scalerl_jax.models.families.base import Family, get, names, of_hf_model_type, register
+from scalerl_jax.models.families.base import (Family, decoder_config, get, names, of_hf_model_type,
+                                              register)
 
-__all__ = ["Family", "get", "names", "of_hf_model_type", "register"]
+__all__ = ["Family", "decoder_config", "get", "names", "of_hf_model_type", "register"]

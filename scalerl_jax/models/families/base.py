@@ -30,6 +30,9 @@ class Family:
   to_hf: Callable[[Any], dict]
   moe: bool = False
   nope_chunked: bool = False
+  # config.json `model_type`s of a wrapper whose `text_config` is this family's decoder config
+  # (Llama4Config, a multimodal wrapper, holds a Llama4TextConfig).
+  hf_wrapper_types: tuple[str, ...] = ()
 
   @property
   def hf_architecture(self) -> str:
@@ -47,6 +50,15 @@ def register(family: Family) -> Family:
   if family.rope_layout not in ("half", "pairs"):
     raise ValueError(f"family {family.name}: rope_layout must be 'half' or 'pairs'")
   return FAMILIES.register(family.name)(family)
+
+
+def decoder_config(d: Mapping[str, Any]) -> dict:
+  """The decoder's config.json dict: a registered wrapper's `text_config` (a family's
+  `hf_wrapper_types`), else `d` itself."""
+  wrappers = {t for n in FAMILIES.names() for t in FAMILIES.get(n).hf_wrapper_types}
+  if "text_config" in d and d.get("model_type") in wrappers:
+    return dict(d["text_config"])
+  return dict(d)
 
 
 def of_hf_model_type(model_type: str) -> Family:

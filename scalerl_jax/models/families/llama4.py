@@ -36,4 +36,5 @@ def _to_hf(cfg) -> dict:
 LLAMA4 = register(Family(
     name="llama4", hf_model_types=("llama4_text", "llama4"), hf_config_class="Llama4TextConfig",
     hf_model_class="Llama4ForCausalLM", ff_prefix="feed_forward.", rope_layout="pairs",
-    default_rope_theta=500000.0, from_hf=_from_hf, to_hf=_to_hf, moe=True, nope_chunked=True))
+    default_rope_theta=500000.0, from_hf=_from_hf, to_hf=_to_hf, moe=True, nope_chunked=True,
+    hf_wrapper_types=("llama4",)))
