@@ -25,7 +25,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def test_train_step_outputs_are_bit_identical_to_the_fixture():
   env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE),
-             XLA_FLAGS="--xla_backend_optimization_level=0")
+             # AVX2 codegen on every CPU: the fixture was written on an AVX-512 AMD EPYC and
+             # checks bit-identical with and without this cap there (2026-12-07, commit 9790229),
+             # so a CI machine with another ISA (AVX-512/AMX Xeon) compiles the same code.
+             XLA_FLAGS="--xla_backend_optimization_level=0 --xla_cpu_max_isa=AVX2")
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
   proc = subprocess.run([sys.executable, os.path.join(HERE, "train_step_lock_procs.py"), "--check"],
                         env=env, capture_output=True, text=True, timeout=900)
