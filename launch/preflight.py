@@ -50,6 +50,7 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 from launch import spec as spec_lib  # noqa: E402
+from scalerl_jax import config as run_config  # noqa: E402
 from scalerl_jax import recipes, runtime, topologies  # noqa: E402
 from scalerl_jax.generation import worker_cli  # noqa: E402
 from scalerl_jax.processes import buffer_flags  # noqa: E402
@@ -169,35 +170,38 @@ def _validate(cfg) -> None:
 def learner_config(v: Variant, pod, c) -> tuple[ml_collections.ConfigDict, str]:
   """The config scalerl_jax.main builds from this container's command (main.main's steps)."""
   cfg, src = v.load(pod, c, _config_arg(c))
-  over = _overrides(c["command"])
-  recipes.apply_overrides(cfg, over)
-  locked = recipes.locked_keys(over)
-  cfg = recipes.apply_recipe(cfg, locked)
-  if "topology" in locked:
-    topologies.apply_layout(cfg)
+  cfg = run_config.resolve_config(cfg, _overrides(c["command"]))
   _validate(cfg)
   return cfg, src
 
 
 def generator_config(v: Variant, pod, c) -> tuple[ml_collections.ConfigDict, str]:
-  """The config generation.worker.main builds (load_run_config + its --tensor_parallel)."""
-  rest, over = recipes.split_overrides(c["command"][3:])
+  """The config generation.worker.main builds (the resolver + its --tensor_parallel)."""
+  rest, over = run_config.split_overrides(c["command"][3:])
   a = worker_cli.build_parser().parse_args(rest)
-  path, _, arg = a.run_config.partition(":")
   base, src = v.load(pod, c, a.run_config)
-  recipes.apply_overrides(base, over)
-  cfg = recipes.apply_recipe(base, recipes.locked_keys(over))
+  cfg = run_config.resolve_config(base, over)
   _validate(cfg)
   if a.tensor_parallel:
     cfg.generator.tensor_parallel = a.tensor_parallel
   return cfg, src
 
 
+def buffer_config(v: Variant, pod, c) -> tuple[Any, str]:
+  """The config scalerl_jax.buffer.server builds (the resolver: its --run-config + overrides)."""
+  rest, over = run_config.split_overrides(c["command"][3:])
+  path = next((a.split("=", 1)[1] for a in rest if a.startswith("--run-config=")), None)
+  if path is None:
+    raise ValueError("the buffer command has no --run-config (every knob comes from it)")
+  base, src = v.load(pod, c, path)
+  return run_config.resolve_config(base, over), src
+
+
 def export_config(v: Variant, pod, c) -> tuple[Any, str]:
-  """The config scalerl_jax.data.export builds (its config file + overrides, no recipe)."""
+  """The config scalerl_jax.data.export builds (the resolver: its config file + overrides)."""
   path = _config_arg(c)
   cfg, src = v.load(pod, c, path.partition(":")[0])
-  recipes.apply_overrides(cfg, _overrides(c["command"]))
+  cfg = run_config.resolve_config(cfg, _overrides(c["command"]))
   return cfg, src
 
 
@@ -294,6 +298,12 @@ def check_one_config(r: Report, v: Variant, cfg, gpod, gc, bpod, bc):
     r.fail(f"the generators' run config does not load: {' '.join(str(e).split())}",
            "generator --run_config")
     gcfg = None
+  try:
+    bcfg, bsrc = buffer_config(v, bpod, bc)
+    others.append(("buffer", bcfg, bsrc, ("rollout.", "rl.", "buffer.", "audit.", "seed")))
+  except (ValueError, OSError, KeyError) as e:
+    r.fail(f"the buffer's run config does not load: {' '.join(str(e).split())}",
+           "buffer --run-config")
   for ic in bpod.get("initContainers", []):
     if "scalerl_jax.data.export" in ic["command"]:
       try:
@@ -309,16 +319,12 @@ def check_one_config(r: Report, v: Variant, cfg, gpod, gc, bpod, bc):
     if diff:
       mine = mine or f"{diff[0]}={diff[1]!r}"
       theirs.append(f"{who} {diff[0]}={diff[2]!r}")
-  want = {a.split("=", 1)[0]: a.split("=", 1)[1]
-          for a in buffer_flags(cfg, prompts="x", host="x", port=1) if "=" in a}
-  have = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in bc["command"] if "=" in a}
-  for flag in ("--prompts-per-step", "--group-size", "--max-lag", "--max-ahead", "--mode",
-               "--npr-threshold",
-               "--max-completion-tokens"):
-    if want.get(flag) != have.get(flag):
-      mine = mine or f"{flag} {want.get(flag)}"
-      theirs.append(f"buffer {flag}={have.get(flag)}")
-      break
+  want = [a for a in buffer_flags(cfg, run_file="x", prompts="x", host="x", port=1)
+          if a.startswith("--route-shape=")]
+  have = [a for a in bc["command"] if a.startswith("--route-shape=")]
+  if want != have:                   # the one derived flag (the buffer runs without JAX)
+    mine = mine or f"route shape {want}"
+    theirs.append(f"buffer {have}")
   if theirs:
     r.fail(f"the learner's {mine.replace(chr(39), '')} reaches no other pod: "
            f"{', '.join(t.replace(chr(39), '') for t in theirs)}",

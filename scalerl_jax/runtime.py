@@ -1,20 +1,19 @@
 """Glue from a run config to the objects every process builds the same way.
 
 One place for: the ModelConfig of a run (`model_config`), the sampling settings generators use
-(`sampling_spec`), and loading a run config written by `main` (`load_run_config`).
+(`sampling_spec`); a run config is loaded by the resolver (`scalerl_jax.config.resolve`).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import sys
 
 import ml_collections
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax import recipes
 from scalerl_jax.generation import backends
@@ -167,36 +166,6 @@ def vllm_max_model_len(rollout) -> int:
   return max_sequence_len(rollout) + 16
 
 
-def load_run_config(path: str, overrides=()) -> ml_collections.ConfigDict:
-  """Reads the config.json `main` writes into the workdir, or a config file `configs/X.py[:ARG]`
-  (its `get_config(ARG)` with the recipe applied, as `main` does) — what a fleet pod started
-  before the learner has (launch/). `overrides`: `--config.a.b=value` strings, applied before the
-  recipe (they win over it, as on main's command line)."""
-  file, _, arg = path.partition(":")
-  if file.endswith(".py"):
-    spec = importlib.util.spec_from_file_location("scalerl_run_config", file)
-    assert spec is not None and spec.loader is not None    # a .py file: the source loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    config = mod.get_config(arg) if arg else mod.get_config()
-    recipes.apply_overrides(config, overrides)
-    config = recipes.apply_recipe(config, recipes.locked_keys(overrides))
-    recipes.validate(config)
-    return config
-  with open(path) as f:
-    d = json.load(f)
-  d.pop("_meta", None)
-  return recipes.apply_overrides(common.lock(ml_collections.ConfigDict(_tuplify(d))), overrides)
-
-
-def _tuplify(x):
-  if isinstance(x, dict):
-    return {k: _tuplify(v) for k, v in x.items()}
-  if isinstance(x, list):
-    return tuple(_tuplify(v) for v in x)
-  return x
-
-
 # The knobs each pod logs at start (`knob_line`): one resolved run config reaches every pod iff
 # these read the same in every pod's log (launch.rehearse --real-shape checks it).
 KEY_KNOBS = ("rollout.max_lag", "rollout.prompts_per_step", "rollout.generations_per_prompt",
@@ -205,7 +174,10 @@ KEY_KNOBS = ("rollout.max_lag", "rollout.prompts_per_step", "rollout.generations
 
 
 def knob_line(config, role: str) -> str:
-  """One line `run config (ROLE): k=v ...` of KEY_KNOBS (those the config has), for pod logs."""
+  """One line `run config (ROLE): k=v ...` of KEY_KNOBS (those the config has), for pod logs.
+  `config`: a ConfigDict or the typed RunConfig (read as its to_dict: the same keys)."""
+  if isinstance(config, common.Section):
+    config = config.to_dict()
   out = []
   for k in KEY_KNOBS:
     node = config

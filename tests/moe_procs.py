@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 def parity():
   import json
   import jax, jax.numpy as jnp, numpy as np
-  from configs.common import DEFAULT_RULES
+  from scalerl_jax.config import DEFAULT_RULES
   from scalerl_jax import models, sharding, topologies
   from scalerl_jax.models import moe
   assert jax.device_count() == 8

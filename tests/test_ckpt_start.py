@@ -109,7 +109,7 @@ def _worker(ckpt, ref_dir, out_path):
   from scalerl_jax import distributed
   distributed.initialize()
   import jax
-  from configs.common import base_config
+  from scalerl_jax.config import base_config
   from scalerl_jax import runtime, sharding
   from scalerl_jax.training import sft
   config = base_config()
@@ -317,7 +317,7 @@ def test_vllm_generators_start_on_the_start_checkpoint(tmp_path):
   """Without generator.vllm_model_dir, a vLLM generator at version 0 starts on model.hf_checkpoint
   (a gs:// one through one copy per node: tests/test_node_cache.py); later versions and runs
   without a checkpoint export the fetched weights ("")."""
-  from configs.common import base_config
+  from scalerl_jax.config import base_config
   from scalerl_jax.generation.vllm.engine import vllm_start_dir
   c = base_config()
   assert vllm_start_dir(c.model, c.generator, 0) == ""

@@ -7,7 +7,7 @@ import sys
 import torch
 import transformers
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax.tools import describe
 

@@ -52,7 +52,7 @@ def _base_policy(path):
   import jax
   from scalerl_jax import models, runtime
   from configs import tiny
-  from scalerl_jax.recipes import apply_overrides
+  from scalerl_jax.config import apply_overrides
   c = tiny.get_config()
   apply_overrides(c, [o for o in OVERRIDES if o.startswith("--config.model.")])
   cfg = runtime.model_config(c)

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from scalerl_jax import config as run_config
 from scalerl_jax.data import synthetic
 from scalerl_jax.protocol import rollout_pb2 as pb
 
@@ -107,7 +108,7 @@ def test_ledger_counts_every_processed_token(run_dir):
   (docs/COMPUTE.md "What the FLOPs count"); the loss-token FLOPs are the smaller useful part."""
   from scalerl_jax import runtime
   from scalerl_jax.tools.describe import count_params
-  config = runtime.load_run_config(os.path.join(run_dir, "config.json"))
+  config = run_config.resolve_config(os.path.join(run_dir, "config.json"))
   n = float(count_params(runtime.model_config(config))["params_active"])
   lines = _lines(run_dir)
   train = {l["step"]: l for l in lines if l["kind"] == "train"}
@@ -155,7 +156,7 @@ def test_checkpoint_restores_final_params(run_dir):
   from scalerl_jax import models, runtime
   from scalerl_jax.training.checkpoint import RunCheckpointer
   from scalerl_jax.learner import LearnerState, make_optimizer
-  config = runtime.load_run_config(os.path.join(run_dir, "config.json"))
+  config = run_config.resolve_config(os.path.join(run_dir, "config.json"))
   cfg = runtime.model_config(config)
   params = models.init_params(cfg, jax.random.PRNGKey(1))
   abstract = jax.eval_shape(lambda p: LearnerState.create(p, make_optimizer(config.optim)), params)

@@ -15,7 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from configs import common, tiny
+from configs import tiny
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax import runtime
 from scalerl_jax.buffer.server import BufferServer

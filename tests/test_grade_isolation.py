@@ -18,7 +18,8 @@ import jax
 import pytest
 from helpers import drive_continuous
 
-from configs import common, tiny
+from configs import tiny
+from scalerl_jax import config as common
 from scalerl_jax import models, rewards, runtime
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.data import build_dataset
@@ -26,7 +27,7 @@ from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
 from scalerl_jax.generation import fake
 from scalerl_jax.generation.worker import Worker
 from scalerl_jax.protocol.client import BufferClient
-from scalerl_jax.recipes import apply_overrides
+from scalerl_jax.config import apply_overrides
 from scalerl_jax.rewards import isolation
 from scalerl_jax.rewards import math as math_reward
 from scalerl_jax.training.trainer import generator_metrics

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import runtime
 from scalerl_jax.learner import LearnerState, RLSpec, make_train_step
 from scalerl_jax.learner.batch import (bucket_lengths, length_sorted_order,

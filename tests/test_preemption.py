@@ -20,7 +20,7 @@ from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.data import build_dataset
 from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
 from scalerl_jax.protocol.client import BufferClient
-from scalerl_jax.recipes import apply_overrides
+from scalerl_jax.config import apply_overrides
 from scalerl_jax.weights.stream import StreamPublisher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

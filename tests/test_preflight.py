@@ -12,6 +12,7 @@ import yaml
 from launch import preflight
 from launch import spec as spec_lib
 from launch.gke import render
+from scalerl_jax import config as run_config
 
 pytestmark = pytest.mark.xdist_group("preflight")
 RENDERED = render.RENDERED_DIR
@@ -109,7 +110,7 @@ def test_override_on_the_learner_only(tmp_path, baseline):
     c["command"].append("--config.rollout.max_lag=4")
   rep = _plant(tmp_path, "8b-gb200", edit)
   _new_line(rep, baseline, "8b-gb200", "the learner's rollout.max_lag=4 reaches no other pod: "
-            "generators rollout.max_lag=8, buffer --max-lag=8", "--override")
+            "generators rollout.max_lag=8, buffer rollout.max_lag=8", "--override")
 
 
 def test_fp32_weight_push(tmp_path, baseline):
@@ -288,7 +289,6 @@ def test_vllm_engine_args_size_the_kv_cache_from_gpu_memory():
 def test_resolved_config_is_not_re_recipied():
   """The run config carries its recipe applied once: main / the generator applying it again
   would undo the render's overrides (and scale prompts_per_step twice)."""
-  from scalerl_jax import recipes
   c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
   c.recipe = "qwen_dapo"        # 80 x 16 prompts, prompt-level aggregation
   s = render.variant_settings("configs/8b.py", "gpu-gb200", "gpu-gb200",
@@ -296,7 +296,7 @@ def test_resolved_config_is_not_re_recipied():
                                "layout": "gb200_16", "train_chips": 16})
   run_cfg, _ = spec_lib.resolve_run_config(c, dict(spec_lib.LAUNCH_DEFAULTS, **s), 1)
   assert run_cfg.rollout.prompts_per_step == 80 and run_cfg.rl.aggregation == "sample"
-  again = recipes.apply_recipe(run_cfg)
+  again = run_config.apply_recipe(run_cfg)
   assert again.rollout.prompts_per_step == 80 and again.rl.aggregation == "sample"
 
 
@@ -333,7 +333,7 @@ def test_render_flags_reach_every_pod(tmp_path):
                     "export-prompts": "reg.example/p/scalerl-jax-buffer:t1",
                     "buffer": "reg.example/p/scalerl-jax-buffer:t1"}
   b = _pod(_find(docs, "Deployment", "buffer"))["containers"][0]
-  assert "--max-lag=4" in b["command"]
+  assert f"--run-config={spec_lib.RUN_CONFIG_PATH}" in b["command"]   # max_lag 4: the file's
   assert "--learner-state=gs://my-bucket/run7/learner_state.json" in b["command"]
   rep = preflight.check_variant(str(out))
   assert not [l for l in rep.failures if "max_lag" in l or "on no volume" in l or "KV" in l]

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as run_config
+from scalerl_jax import config as common
 from configs import tiny_moe
 from scalerl_jax import models
 from scalerl_jax import recipes
@@ -136,7 +137,7 @@ def test_tiny_moe_config_resolves(tmp_path):
   for name, replay in (("scalerl", True), ("scalerl+no_r3", False)):
     c = tiny_moe.get_config()
     c.recipe = name
-    c = recipes.apply_recipe(c, frozenset())
+    c = run_config.apply_recipe(c, frozenset())
     run = runtime.resolve_routing_replay(c, recipes.validate(c, str(tmp_path / name)))
     cfg = runtime.model_config(run)
     assert cfg.is_moe and models.num_moe_layers(cfg) == cfg.num_layers == 4

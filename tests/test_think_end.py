@@ -89,7 +89,7 @@ def test_single_token_think_end_unchanged(tmp_path):
 
 
 def test_sampling_spec_uses_text_mode_for_hf_tokenizers(tok):
-  from configs.common import base_config
+  from scalerl_jax.config import base_config
   from scalerl_jax import runtime
   ds = types.SimpleNamespace(tokenizer=tok, stop_tokens=(tok.eos_id,),
                              think_end_tokens=tok.think_end_ids,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from configs.common import RunConfig
+from scalerl_jax.config import RunConfig
 from scalerl_jax import models, runtime
 from scalerl_jax.generation.vllm.engine import VLLMEngine
 from test_vllm_worker import require_vllm

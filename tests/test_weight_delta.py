@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import runtime
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol import weight_chunks as ws

@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import runtime
 from scalerl_jax.generation.vllm import protocol as P
 from scalerl_jax.generation.vllm.generator import VLLMGenerator

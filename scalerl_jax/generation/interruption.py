@@ -17,16 +17,10 @@ from typing import Sequence
 import numpy as np
 
 
-# Completion tokens reserved for the injected interruption text (its tokenization under any of the
-# supported tokenizers is shorter): the generators' bound is think_budget_max + this + answer_budget.
-INTERRUPTION_ALLOWANCE = 64
-
-
-def max_completion_len(rollout) -> int:
-  """Longest completion a generator can produce under `config.rollout` (interruption included):
-  the one formula the learner's padding (runtime), the buffer's `--max-completion-tokens`
-  (processes) and the KV budgets share."""
-  return int(rollout.think_budget_max + INTERRUPTION_ALLOWANCE + rollout.answer_budget)
+# The completion-length bound (think_budget_max + the injected text's allowance + answer_budget)
+# is a pure function of the rollout section: the config layer's, re-exported here.
+from scalerl_jax.config import INTERRUPTION_ALLOWANCE as INTERRUPTION_ALLOWANCE
+from scalerl_jax.config import max_completion_len as max_completion_len
 
 
 def think_budget(seed: int, prompt_id: int, sample: int, lo: int, hi: int) -> int:

@@ -41,8 +41,7 @@ import time
 
 import grpc
 
-from configs import common
-from scalerl_jax import recipes
+from scalerl_jax import config as common
 from scalerl_jax import rewards
 from scalerl_jax import runtime
 from scalerl_jax.data import build_dataset
@@ -395,23 +394,25 @@ class Worker(EvalLane, ContinuousLoop):
 
 def main(argv=None) -> None:
   ap = build_parser()
-  rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
+  rest, overrides = common.split_overrides(sys.argv[1:] if argv is None else argv)
   a = ap.parse_args(rest)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
   tune_malloc()    # multi-MB weight chunks / rollout buffers reuse heap memory, not fresh mmaps
-  config = runtime.load_run_config(a.run_config, overrides)   # --config.a.b=v: as main takes them
   for name in ("cert", "key", "ca", "server_name"):   # a fleet pod's mounted certificates
     if getattr(a, f"tls_{name}") is not None:
-      config.tls[name] = getattr(a, f"tls_{name}")
+      overrides.append(f"--config.tls.{name}={getattr(a, f'tls_{name}')}")
+  if a.tensor_parallel:
+    overrides.append(f"--config.generator.tensor_parallel={a.tensor_parallel}")
+  try:                                   # the run file main wrote (or a preset), as main resolves it
+    run = common.resolve(a.run_config, overrides)
+  except common.ConfigError as e:
+    sys.exit(f"config error: {e}")
   # The pod name: Kubernetes sets $HOSTNAME in every container (launch.rehearse does too).
   a.generator_id = a.generator_id or os.environ.get("HOSTNAME") or socket.gethostname()
-  if a.tensor_parallel:
-    config.generator.tensor_parallel = a.tensor_parallel
-  print(runtime.knob_line(config, "generator"), file=sys.stderr, flush=True)
+  print(runtime.knob_line(run, "generator"), file=sys.stderr, flush=True)
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
-  pinned = runtime.pin_to_device_cpus(config, "generator", index)
-  backend = a.backend or config.generator.backend
-  run = common.RunConfig.from_config(config)   # the typed run config, built once
+  pinned = runtime.pin_to_device_cpus(run, "generator", index)
+  backend = a.backend or run.generator.backend
   engine = backends.engine_class(backend)(run)
   engine.prepare_process(pinned)     # before JAX starts (e.g. the XLA:CPU device count)
   w = Worker(run, a.buffer, a.generator_id, backend,

@@ -27,7 +27,7 @@ from analysis.fit import PER_TASK, fit_runs, metric_slug
 from analysis.forecast import forecast_runs
 from analysis.lag import write_lag_summary
 from analysis.metrics import read_run, task_metric_keys
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.training import checkpoint
 from scalerl_jax import rewards
 from scalerl_jax import runtime
@@ -226,7 +226,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     "--learner-state pointing at that file so it rewinds", ls_path)
     else:
       address = procs.start_buffer(
-          prompts_path, run_cfg, learner_state=ls_path,
+          prompts_path, run_cfg, config_path, learner_state=ls_path,
           wal_dir=run_cfg.buffer.wal_dir or os.path.join(local, "buffer_wal"))
     client = BufferClient(address, token, tls=TLS.from_config(run_cfg))
     if multi:   # the other learner processes join: buffer address, token, resume step

@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import distributed
 from scalerl_jax import models
 from scalerl_jax.models import hf_export
