@@ -15,9 +15,10 @@ import shutil
 import tempfile
 
 
+from scalerl_jax.models import sections as model_sections
 from scalerl_jax.training import job as run_main
 from scalerl_jax import config as run_config
-from scalerl_jax import recipes, runtime
+from scalerl_jax import recipes
 from scalerl_jax.training import sft
 from scalerl_jax.data import build_dataset
 
@@ -43,7 +44,7 @@ def main():
       f"--config.total_steps={a.steps}", f"--config.eval.every_steps={10 ** 6}",
       "--config.eval.samples_per_prompt=1", "--config.data.heldout=16",
       f"--config.checkpoint.every_steps={10 ** 6}", "--config.sft.steps=50"])
-  sft.warm_start(base, runtime.model_config(base), build_dataset(base.data, 32), root)
+  sft.warm_start(base, model_sections.model_config(base), build_dataset(base.data, 32), root)
   results = {}
   for name, k in (("pipeline", a.k), ("sync", 0)):
     c = run_config.resolve_config(base, [f"--config.rollout.max_lag={k}"])

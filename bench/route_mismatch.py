@@ -47,7 +47,7 @@ def _trained(a):
   """(cfg, params, prompts, spec) of `--base` on `--config`'s task (held-out prompts)."""
   import jax  # local: JAX after argument parsing
   import jax.numpy as jnp  # local: JAX after argument parsing
-  from scalerl_jax import runtime
+  from scalerl_jax.generation import interruption
   from scalerl_jax import models
   from scalerl_jax.data import build_dataset
   name = os.path.splitext(os.path.basename(a.config))[0]        # configs/tiny_moe.py -> tiny_moe
@@ -60,7 +60,7 @@ def _trained(a):
                           params)
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   prompts = list(dataset.heldout)[:a.prompts]
-  return cfg, params, prompts, runtime.sampling_spec(config, dataset, a.seed)
+  return cfg, params, prompts, interruption.sampling_spec(config, dataset, a.seed)
 
 
 def main(argv=None) -> int:

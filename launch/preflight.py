@@ -13,7 +13,7 @@ reads (the `run-config` ConfigMap, or a config file + its command's overrides), 
   batch split   the batch splits evenly over the learner processes (topologies.process_row_spans,
                 the rule distributed.MultiHostLearner applies), micro-batches over batch shards
   memory plan   the layout's memory plan was made at the learner's real pad length
-                (runtime.train_seq_len, the tools.plan default) and fits: launch/plan_cache.json,
+                (run_config.train_seq_len, the tools.plan default) and fits: launch/plan_cache.json,
                 or --aot: tools.plan compiled now (~10-20 s for 8B, minutes for Scout)
   XLA memory    GPU learner pods set XLA_PYTHON_CLIENT_MEM_FRACTION to the plan's usable fraction
   vLLM KV       each engine's KV cache (the engine args the generator worker really passes:
@@ -51,7 +51,7 @@ if REPO not in sys.path:
 
 from launch import spec as spec_lib  # noqa: E402
 from scalerl_jax import config as run_config  # noqa: E402
-from scalerl_jax import recipes, runtime, topologies  # noqa: E402
+from scalerl_jax import recipes, topologies  # noqa: E402
 from scalerl_jax.generation import worker_cli  # noqa: E402
 from scalerl_jax.processes import buffer_flags  # noqa: E402
 from scalerl_jax.tools.plan import default_seq_len  # noqa: E402
@@ -371,7 +371,7 @@ def check_layout(r: Report, cfg, layout: str, platform, hosts: int, chips: int):
 def check_memory_plan(r: Report, cfg, topo, layout: str, aot: bool, update_cache: bool) -> bool:
   """The layout's memory plan at the learner's real pad length fits (`topo`: None for no layout or
   a wrong one: nothing to check). False when the AOT plan did not compile (the variant stops)."""
-  pad, longest = runtime.train_seq_len(cfg), runtime.max_sequence_len(cfg.rollout)
+  pad, longest = run_config.train_seq_len(cfg), run_config.max_sequence_len(cfg.rollout)
   assert default_seq_len(cfg) == pad        # the plan tool's default is the pad length
   if topo is not None:     # (a wrong layout's plan says nothing)
     plan = None
@@ -389,7 +389,7 @@ def check_memory_plan(r: Report, cfg, topo, layout: str, aot: bool, update_cache
     if plan is None:
       others = sorted(p["seq_len"] for p in cached_plans(cfg))
       r.fail(f"no memory plan of layout {layout} at >= the learner's pad length {pad} (longest "
-             f"sequence {longest} tokens, runtime.train_seq_len); plans at {others}",
+             f"sequence {longest} tokens, run_config.train_seq_len); plans at {others}",
              "rollout.max_prompt_len / think_budget_max / answer_budget / learner.pad_multiple, "
              "or python -m launch.preflight --aot --update-cache")
     else:

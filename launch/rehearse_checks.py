@@ -33,7 +33,7 @@ def learner_processes(r) -> dict:
 
 def logged_knobs(r) -> dict:
   """Per pod and role: the run-config knobs its process logged at its last start
-  (`run config (ROLE): k=v ...`, runtime.knob_line), and the learner's devices."""
+  (`run config (ROLE): k=v ...`, config.knob_line), and the learner's devices."""
   out = {}
   for p in r.pods:
     text = read_logs(r, p)

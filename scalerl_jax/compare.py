@@ -16,11 +16,11 @@ import sys
 from absl import app
 from absl import flags
 
+from scalerl_jax.models import sections as model_sections
 from analysis.fit import fit_runs
 from scalerl_jax.training import job as run_main
 from scalerl_jax import config as run_config
 from scalerl_jax import recipes
-from scalerl_jax import runtime
 from scalerl_jax.training import sft
 from scalerl_jax import storage
 from scalerl_jax.data import build_dataset
@@ -41,12 +41,12 @@ def compare(preset, workdir: str, names, progress: bool = True, overrides=()) ->
   runs = []
   for name in names:
     c = run_config.resolve_config(preset, [*overrides, f"--config.recipe={name}"])
-    runtime.resolve_routing_replay(c, recipes.validate(c, storage.join(workdir, name)))
+    recipes.resolve_routing_replay(c, recipes.validate(c, storage.join(workdir, name)))
     runs.append((name, c))
   base = storage.join(workdir, sft.BASE_DIR)
   if not storage.exists(storage.join(base, "config.json")):   # one warm start shared by all
     dataset = build_dataset(config.data, config.rollout.max_prompt_len)
-    sft.warm_start(config, runtime.model_config(config), dataset, workdir, progress=progress)
+    sft.warm_start(config, model_sections.model_config(config), dataset, workdir, progress=progress)
   dirs = []
   for name, c in runs:
     d = storage.join(workdir, name)

@@ -21,7 +21,7 @@ import jax
 from absl import app, flags
 
 from scalerl_jax import config as run_config
-from scalerl_jax import distributed, recipes, runtime, topologies
+from scalerl_jax import distributed, recipes, topologies
 from scalerl_jax.training import job
 from scalerl_jax.training.health import NoRewardSignal, ParityError, RunUnhealthy
 
@@ -73,11 +73,11 @@ def main(argv) -> None:
   except (run_config.ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
   try:
-    runtime.resolve_routing_replay(config, recipes.validate(config, _WORKDIR.value))
+    recipes.resolve_routing_replay(config, recipes.validate(config, _WORKDIR.value))
     spec = distributed.initialize(config)   # multi-host: before any JAX computation
   except (recipes.ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
-  print(runtime.knob_line(config, "learner"), file=sys.stderr, flush=True)
+  print(run_config.knob_line(config, "learner"), file=sys.stderr, flush=True)
   print(f"learner devices: {jax.local_device_count()} local of {jax.device_count()} in "
         f"{jax.process_count()} processes", file=sys.stderr, flush=True)
   if config.recipe_applied:   # a resolved run config (launch.gke.render): its preflight

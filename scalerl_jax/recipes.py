@@ -19,6 +19,7 @@ from scalerl_jax.config import recipe_overrides as recipe_overrides
 from scalerl_jax import rl, storage
 from scalerl_jax.generation import backends
 from scalerl_jax.models import attention
+from scalerl_jax.models import sections as model_sections
 from scalerl_jax.models.config import ModelConfig
 from scalerl_jax.protocol.rpc import TLS
 
@@ -133,3 +134,29 @@ def check_workdir(workdir: str) -> None:
     raise ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}; checkpoints, "
                       "metrics and the buffer WAL go there: fix it and rerun the same command "
                       "(a run with a checkpoint there resumes from it)") from None
+
+
+def resolve_routing_replay(config, run: RunConfig
+                           ) -> RunConfig:
+  """R3 at the start of a run whose generators run here (main and compare call it after
+  recipes.validate): refused (one line) where they cannot record routes; on by default
+  (rl.routing_replay_auto) for an MoE model where they can. Sets
+  `config.rl.routing_replay` in place (the generators read it from config.json). A fleet (launch
+  renders, buffer.external) keeps R3 as configured; its vLLM workers refuse at start where their
+  engine cannot return routes."""
+  if run.buffer.external:
+    return run
+  rl = run.rl
+  auto = rl.routing_replay_auto and not rl.routing_replay
+  if not (rl.routing_replay or auto):
+    return run
+  if auto and not model_sections.model_config(run).is_moe:
+    return run
+  ok, why = backends.records_routes(run.generator.backend)
+  if rl.routing_replay and not ok:
+    raise ConfigError(f"rl.routing_replay=True but the {run.generator.backend} generators "
+                              f"cannot record routed experts: {why} (docs/VLLM.md 'Routing replay')")
+  if auto and ok:
+    config.rl.routing_replay = True
+    return RunConfig.from_config(config)
+  return run

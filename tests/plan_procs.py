@@ -7,7 +7,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 import importlib, json, time
 import jax
-from scalerl_jax import runtime, sharding
+from scalerl_jax.models import sections as model_sections
+from scalerl_jax import sharding
 from scalerl_jax.tools import plan
 from scalerl_jax.config import DEFAULT_RULES
 assert jax.device_count() == 8
@@ -20,7 +21,7 @@ for name, shape in cases.items():
   config.mesh.rules = DEFAULT_RULES      # THE production table (scalerl_jax/config/)
   config.mesh.shape = shape
   config.optim.microbatches = 2
-  cfg = runtime.model_config(config)
+  cfg = model_sections.model_config(config)
   mesh = sharding.make_mesh(shape)
   t0 = time.perf_counter()
   compiled, info = plan.compile_learner(config, cfg, mesh, batch_rows=8, seq_len=64)

@@ -110,12 +110,13 @@ def _worker(ckpt, ref_dir, out_path):
   distributed.initialize()
   import jax
   from scalerl_jax.config import base_config
-  from scalerl_jax import runtime, sharding
+  from scalerl_jax import sharding
+  from scalerl_jax.models import sections as model_sections
   from scalerl_jax.training import sft
   config = base_config()
   config.model.hf_checkpoint = ckpt
   config.mesh.shape = MESH
-  cfg = runtime.model_config(config)              # architecture from CKPT/config.json (gs:// too)
+  cfg = model_sections.model_config(config)              # architecture from CKPT/config.json (gs:// too)
   assert jax.device_count() == 8 and jax.local_device_count() == 4, jax.devices()
   # warm-up outside the measurement: the runtime's first allocations, tracing the shardings
   mesh = sharding.make_mesh(config.mesh.shape)

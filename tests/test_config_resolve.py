@@ -30,7 +30,7 @@ TYPED_FROM_RESOLVED = {
     "scalerl_jax/training/job.py",
     # validate(config): the machine checks of a resolved ConfigDict; resolve_routing_replay
     # writes rl.routing_replay back into it and retypes it
-    "scalerl_jax/recipes.py", "scalerl_jax/runtime.py",
+    "scalerl_jax/recipes.py",
 }
 
 

@@ -188,7 +188,6 @@ def test_manifests_match_configs(variant):
   assert b["ports"][0]["containerPort"] == bsvc["spec"]["ports"][0]["port"] == spec_lib.BUFFER_PORT
   assert f"--port={spec_lib.BUFFER_PORT}" in b["command"]
   assert bsvc["spec"]["selector"] == bdep["spec"]["template"]["metadata"]["labels"]
-  r = config.rollout
   assert f"--run-config={spec_lib.RUN_CONFIG_PATH}" in b["command"]   # the one run config
   host = f"{name}-buffer.default.svc.cluster.local:{spec_lib.BUFFER_PORT}"
   assert f"--config.buffer.address={host}" in c["command"] and "--config.buffer.external=True" in c["command"]

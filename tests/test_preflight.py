@@ -1,6 +1,6 @@
 """launch/preflight.py: each launch fault planted (one at a time) in a rendered variant is caught
 with ONE line naming the variant, the number and the knob; the arithmetic it relies on
-(runtime.train_seq_len = trainer.pad_time's width, topologies.process_row_spans, the vLLM KV-cache engine
+(run_config.train_seq_len = trainer.pad_time's width, topologies.process_row_spans, the vLLM KV-cache engine
 args) checked against the code; the render flags reach every pod."""
 import os
 import shutil
@@ -228,19 +228,18 @@ def test_main_config_files_with_no_data_and_default_layout(tmp_path, baseline):
 
 # ---- the arithmetic, against the code --------------------------------------------------------------
 def test_train_seq_len_is_what_pad_time_pads_a_longest_batch_to():
-  """runtime.train_seq_len (the plan tool's default length, the preflight's check) is the width
+  """run_config.train_seq_len (the plan tool's default length, the preflight's check) is the width
   trainer.pad_time gives a batch holding a longest sequence."""
-  from scalerl_jax import runtime
   from scalerl_jax.tools.plan import default_seq_len
   from scalerl_jax.training.trainer import pad_time
   c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
-  longest = runtime.max_sequence_len(c.rollout)
+  longest = run_config.max_sequence_len(c.rollout)
   assert longest == 2048 + 12288 + 64 + 2048 == 16448
   got = pad_time({"tokens": np.zeros((1, longest), np.int32)}, int(c.learner.pad_multiple),
                  longest)["tokens"].shape[1]
-  assert got == runtime.train_seq_len(c) == default_seq_len(c) == 16448
+  assert got == run_config.train_seq_len(c) == default_seq_len(c) == 16448
   c.learner.pad_multiple = 1000
-  assert runtime.train_seq_len(c) == 16448                 # clamped to the longest sequence
+  assert run_config.train_seq_len(c) == 16448                 # clamped to the longest sequence
 
 
 def test_process_row_spans():

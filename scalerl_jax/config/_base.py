@@ -52,7 +52,7 @@ class PresetError(ConfigError):
   value not of the knob's type): a bad command line (main exits with status 2)."""
 
 
-WIRE_DTYPES = ("bfloat16", "float32")   # weights.wire_dtype values (runtime.wire_dtype)
+WIRE_DTYPES = ("bfloat16", "float32")   # weights.wire_dtype values (config.wire_dtype)
 VERIFY_MODES = ("metadata", "full")      # checkpoint.verify values (training/checkpoint.py)
 RESUME_MODES = ("auto", "never")         # resume values (training/job.py)
 # health.abort_on signal names (training/health.py).

@@ -119,7 +119,7 @@ class Optim(Section):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Learner(Section):
   """Learner padding (docs/SCALE.md "Padding"): a batch's token axis is padded to a multiple of
-  pad_multiple (runtime.padded_length, never above prompt + think + injected + answer); with
+  pad_multiple (config.padded_length, never above prompt + think + injected + answer); with
   optim.microbatches > 1 the rows are length-sorted into micro-batches and each micro-batch is cut
   to the smallest of at most max_buckets lengths covering it (one compiled branch each)."""
   PATH: ClassVar[str] = "learner"

@@ -13,7 +13,6 @@ import os
 import sys
 
 from scalerl_jax import config as run_config
-from scalerl_jax import runtime
 from scalerl_jax.data import build_dataset
 
 
@@ -46,7 +45,7 @@ def main(argv=None) -> None:
     config = run_config.resolve_config(a.config, overrides)   # as main resolves it
   except run_config.ConfigError as e:
     sys.exit(f"config error: {e}")
-  print(runtime.knob_line(config, "export"), file=sys.stderr, flush=True)
+  print(run_config.knob_line(config, "export"), file=sys.stderr, flush=True)
   ds = build_dataset(config.data, config.rollout.max_prompt_len)
   n = write_prompts(ds.train if a.split == "train" else ds.heldout, a.out)
   print(json.dumps({"out": a.out, "split": a.split, "prompts": n, "kind": ds.kind}))

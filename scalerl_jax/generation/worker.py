@@ -41,9 +41,10 @@ import time
 
 import grpc
 
+from scalerl_jax import processes
+from scalerl_jax.models import sections as model_sections
 from scalerl_jax import config as common
 from scalerl_jax import rewards
-from scalerl_jax import runtime
 from scalerl_jax.data import build_dataset
 from scalerl_jax.generation import backends
 from scalerl_jax.generation import interruption
@@ -106,8 +107,8 @@ class Worker(EvalLane, ContinuousLoop):
     if config.rewards.log:
       os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
       self.reward_log = open(os.path.join(workdir, "logs", f"rewards-{generator_id}.jsonl"), "a")
-    self.model_cfg = runtime.model_config(config)
-    self.fetcher = StreamFetcher(self.client, delta=runtime.delta_on(config.weights))
+    self.model_cfg = model_sections.model_config(config)
+    self.fetcher = StreamFetcher(self.client, delta=common.delta_on(config.weights))
     self.relay = self._start_relay(token, address, config)
     got = None
     while got is None:   # the learner publishes version 0 before training starts
@@ -305,7 +306,7 @@ class Worker(EvalLane, ContinuousLoop):
       self._wait_for_version(max(a.min_version for a in assignments))
       prompts = [assignment_prompt(a) for a in assignments]
       # Seeded per (version, prompts): a resumed run regenerates the same rollouts (RELIABILITY.md).
-      spec = runtime.sampling_spec(self.config, self.dataset, seed=runtime.generation_seed(
+      spec = interruption.sampling_spec(self.config, self.dataset, seed=common.generation_seed(
           self.config.seed, max(a.min_version for a in assignments),
           [a.prompt_id for a in assignments]))
       t0 = time.time()
@@ -409,9 +410,9 @@ def main(argv=None) -> None:
     sys.exit(f"config error: {e}")
   # The pod name: Kubernetes sets $HOSTNAME in every container (launch.rehearse does too).
   a.generator_id = a.generator_id or os.environ.get("HOSTNAME") or socket.gethostname()
-  print(runtime.knob_line(run, "generator"), file=sys.stderr, flush=True)
+  print(common.knob_line(run, "generator"), file=sys.stderr, flush=True)
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
-  pinned = runtime.pin_to_device_cpus(run, "generator", index)
+  pinned = processes.pin_to_device_cpus(run, "generator", index)
   backend = a.backend or run.generator.backend
   engine = backends.engine_class(backend)(run)
   engine.prepare_process(pinned)     # before JAX starts (e.g. the XLA:CPU device count)
