@@ -136,26 +136,30 @@ def check_workdir(workdir: str) -> None:
                       "(a run with a checkpoint there resumes from it)") from None
 
 
-def resolve_routing_replay(config, run: RunConfig
-                           ) -> RunConfig:
+def resolve_routing_replay(config, run: RunConfig) -> RunConfig:
   """R3 at the start of a run whose generators run here (main and compare call it after
   recipes.validate): refused (one line) where they cannot record routes; on by default
   (rl.routing_replay_auto) for an MoE model where they can. Sets
   `config.rl.routing_replay` in place (the generators read it from config.json). A fleet (launch
   renders, buffer.external) keeps R3 as configured; its vLLM workers refuse at start where their
-  engine cannot return routes."""
+  engine cannot return routes. R3 set on a dense model is refused too (nothing to replay)."""
   if run.buffer.external:
     return run
   rl = run.rl
   auto = rl.routing_replay_auto and not rl.routing_replay
   if not (rl.routing_replay or auto):
     return run
-  if auto and not model_sections.model_config(run).is_moe:
+  moe = model_sections.model_config(run).is_moe
+  if rl.routing_replay and not moe:
+    raise ConfigError(f"rl.routing_replay=True on a dense model (model.preset="
+                      f"{run.model.preset!r} has no routed experts): routing replay needs an MoE "
+                      f"model; allowed here: False")
+  if auto and not moe:
     return run
   ok, why = backends.records_routes(run.generator.backend)
   if rl.routing_replay and not ok:
     raise ConfigError(f"rl.routing_replay=True but the {run.generator.backend} generators "
-                              f"cannot record routed experts: {why} (docs/VLLM.md 'Routing replay')")
+                      f"cannot record routed experts: {why} (docs/VLLM.md 'Routing replay')")
   if auto and ok:
     config.rl.routing_replay = True
     return RunConfig.from_config(config)

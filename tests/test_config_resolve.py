@@ -110,6 +110,18 @@ def test_bad_input_is_one_line_naming_knob_value_and_set(override, line):
   assert "\n" not in msg and line in msg, msg
 
 
+def test_routing_replay_on_a_dense_model_is_refused_at_start(tmp_path):
+  """Contradictory settings across sections: R3 on a dense model (tiny: no routed experts) is one
+  line at start (main and compare: recipes.resolve_routing_replay), naming the knob and the set."""
+  from scalerl_jax import recipes
+  c = config.resolve_config(str(ROOT / "configs" / "tiny.py"), ["--config.rl.routing_replay=True"])
+  with pytest.raises(config.ConfigError) as e:
+    recipes.resolve_routing_replay(c, recipes.validate(c, str(tmp_path / "w")))
+  assert str(e.value) == ("rl.routing_replay=True on a dense model (model.preset='tiny_llama3' "
+                          "has no routed experts): routing replay needs an MoE model; allowed "
+                          "here: False")
+
+
 def test_a_saved_run_file_resolves_to_the_same_config(tmp_path):
   c = config.resolve_config(str(ROOT / "configs" / "tiny.py"), ["--config.recipe=qwen_dapo"])
   path = tmp_path / "config.json"
@@ -134,3 +146,30 @@ def test_config_layer_imports_without_jax_and_ml_collections():
                      env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.startswith("120.0 ") and "_dicts" not in r.stdout and "_resolve" not in r.stdout
+
+
+def test_every_process_given_a_bad_run_file_stops_with_the_same_line(tmp_path):
+  """main, the buffer, a generator worker and the prompt export each resolve the run file with the
+  same checks: a value outside its set is the same one line in each, before any work."""
+  run = config.resolve_config(str(ROOT / "configs" / "tiny.py")).to_dict()
+  run["rollout"]["mode"] = "sync"
+  bad = tmp_path / "config.json"
+  bad.write_text(json.dumps({**run, "_meta": {"argv": []}}))
+  line = "config error: rollout.mode='sync'; expected 'pipeline' or 'ppo_off_policy'"
+  prompts = tmp_path / "prompts.jsonl"
+  prompts.write_text(json.dumps({"prompt_id": 0, "tokens": [1, 2], "answer": "x"}) + "\n")
+  commands = {
+      "main": ["scalerl_jax.main", f"--config={bad}", f"--workdir={tmp_path / 'w'}"],
+      "buffer": ["scalerl_jax.buffer.server", f"--run-config={bad}", f"--prompts={prompts}"],
+      "generator": ["scalerl_jax.generation.worker", f"--run_config={bad}", "--buffer=127.0.0.1:1"],
+      "export": ["scalerl_jax.data.export", f"--config={bad}", f"--out={tmp_path / 'p.jsonl'}"],
+  }
+  env = {**os.environ, "PYTHONPATH": str(ROOT), "SCALERL_BUFFER_TOKEN": "t"}
+  procs = {k: subprocess.Popen([sys.executable, "-m", *argv], cwd=ROOT, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+           for k, argv in commands.items()}
+  for who, p in procs.items():
+    _, err = p.communicate(timeout=180)
+    lines = [l for l in err.splitlines() if l.startswith("config error")]
+    assert p.returncode == 1 and lines == [line], (who, err[-2000:])
+  assert not (tmp_path / "w").exists() and not (tmp_path / "p.jsonl").exists()
