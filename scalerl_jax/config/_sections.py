@@ -257,7 +257,7 @@ class Buffer(Section):
   wal_dir: str = ""                  # the buffer's write-ahead log on local disk; "" = LOCAL_DIR/buffer_wal
   wal_fsync: str = "batch"           # batch (fsync per request) | interval | none (buffer/wal.py)
   generator_address: str = ""        # the address generators dial ("" = the buffer's; e.g. a proxy)
-  progress_file: str = ""            # touched at every WAL commit and served lease (--progress-file); "" = none
+  progress_file: str = ""            # touched at every WAL commit and served lease (the buffer's liveness beacon); "" = none
   progress_max_age_s: float = 600.0  # the buffer pod's liveness probe fails past this age of progress_file
 
   def check(self):
