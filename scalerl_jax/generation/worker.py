@@ -404,6 +404,8 @@ def main(argv=None) -> None:
       overrides.append(f"--config.tls.{name}={getattr(a, f'tls_{name}')}")
   if a.tensor_parallel:
     overrides.append(f"--config.generator.tensor_parallel={a.tensor_parallel}")
+  if a.backend:                          # the pod's engine: checked with the rest of the run config
+    overrides.append(f"--config.generator.backend={a.backend}")
   try:                                   # the run file main wrote (or a preset), as main resolves it
     run = common.resolve(a.run_config, overrides)
   except common.ConfigError as e:
@@ -413,7 +415,7 @@ def main(argv=None) -> None:
   print(common.knob_line(run, "generator"), file=sys.stderr, flush=True)
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
   pinned = processes.pin_to_device_cpus(run, "generator", index)
-  backend = a.backend or run.generator.backend
+  backend = run.generator.backend
   engine = backends.engine_class(backend)(run)
   engine.prepare_process(pinned)     # before JAX starts (e.g. the XLA:CPU device count)
   w = Worker(run, a.buffer, a.generator_id, backend,
