@@ -26,24 +26,19 @@ KNOWN = {
     # the sampler's own switch (JaxEngine passes rl.routing_replay or rl.record_routes); 38
     # constructions in tests and benches sample without routes
     "scalerl_jax/generation/sampler.py::JaxSampler.__init__(record_routes)",
-    # libraries below the config layer (docs/ARCHITECTURE.md "Layers"): "" = no system prompt;
-    # the client's budget is passed by every process from generator.retry_budget_s (62 call sites)
+    # libraries (now above the config layer, docs/ARCHITECTURE.md "Layers", so they may default to
+    # the declaration): "" = no system prompt in the tokenizer / template helpers, which tests and
+    # the HF loaders call without a task section; the client's budget is passed by every process
+    # from generator.retry_budget_s (62 call sites): not changed in this pass
     "scalerl_jax/data/hf_tokenizer.py::HFTokenizer.__init__(system_prompt)",
     "scalerl_jax/data/templates.py::Template.render(system_prompt)",
     "scalerl_jax/data/templates.py::render(system_prompt)",
     "scalerl_jax/protocol/client.py::BufferClient.__init__(retry_budget_s)",
-    # files edited concurrently (generation/vllm/, weights/, analysis/allocate.py): after the merge
+    # files edited concurrently (generation/vllm/, weights/): after the merge
     "scalerl_jax/generation/vllm/generator.py::VLLMGenerator.__init__(gpu_memory_utilization)",
     "scalerl_jax/weights/stream.py::StreamFetcher.__init__(delta)",
-    "analysis/allocate.py::predict(n_draws)",
     # the WAL a test's hand-started buffer writes, for the record ("" = none): not the knob
     "scalerl_jax/processes.py::ProcessGroup.start_buffer_argv(wal_dir)",
-    # analysis/ CLIs default --axis like forecast.axis; reading the section means importing
-    # configs/common.py into every analysis command: with #47's config rewrite
-    "analysis/calibrate.py::real_study(axis)",
-    "analysis/forecast.py::read_references(axis)",
-    "analysis/forecast.py::forecast_runs(axis)",
-    "analysis/plots.py::plot_forecast(axis)",
 }
 
 
