@@ -37,7 +37,7 @@ def compare(preset, workdir: str, names, progress: bool = True, overrides=()) ->
   (`--config.a.b=value`) under `workdir`; returns analysis.fit_runs' list."""
   recipes.check_workdir(workdir)
   overrides = [o for o in overrides if not o.startswith("--config.recipe=")]
-  config = run_config.resolve_config(preset, overrides)
+  config = run_config.resolve(preset, overrides)     # the typed base (the shared warm start)
   runs = []
   for name in names:
     c = run_config.resolve_config(preset, [*overrides, f"--config.recipe={name}"])
