@@ -8,6 +8,9 @@ base_policy/ (the SFT warm start, reused when present) and fit/{fit.json,curves.
 WORKDIR may be gs://BUCKET/PATH (docs/STORAGE.md; $STORAGE_EMULATOR_HOST for an emulator).
 Rerunning the same command resumes from the newest valid checkpoint (`--config.resume=never`
 starts over; docs/RELIABILITY.md).
+`--config` is a preset file or a saved run file (e.g. an earlier run's WORKDIR/config.json), resolved
+with the `--config.a.b=value` overrides by the one resolver every process of a run uses
+(`scalerl_jax.config.resolve`; docs/ARCHITECTURE.md "One resolver").
 
 Scale-out configs pick a learner layout per topology (`--config=configs/8b.py:tpu_v5p_64`, or
 `--config.topology=NAME`, which re-applies that layout). Multi-host: one process per host, all
