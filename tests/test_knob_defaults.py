@@ -23,17 +23,6 @@ GENERIC = {
 # Restated defaults not removed yet, each with why. The test fails when one is fixed (remove it
 # here) and on any new one.
 KNOWN = {
-    # the sampler's own switch (JaxEngine passes rl.routing_replay or rl.record_routes); 38
-    # constructions in tests and benches sample without routes
-    "scalerl_jax/generation/sampler.py::JaxSampler.__init__(record_routes)",
-    # libraries (now above the config layer, docs/ARCHITECTURE.md "Layers", so they may default to
-    # the declaration): "" = no system prompt in the tokenizer / template helpers, which tests and
-    # the HF loaders call without a task section; the client's budget is passed by every process
-    # from generator.retry_budget_s (62 call sites): not changed in this pass
-    "scalerl_jax/data/hf_tokenizer.py::HFTokenizer.__init__(system_prompt)",
-    "scalerl_jax/data/templates.py::Template.render(system_prompt)",
-    "scalerl_jax/data/templates.py::render(system_prompt)",
-    "scalerl_jax/protocol/client.py::BufferClient.__init__(retry_budget_s)",
     # files edited concurrently (generation/vllm/, weights/): after the merge
     "scalerl_jax/generation/vllm/generator.py::VLLMGenerator.__init__(gpu_memory_utilization)",
     "scalerl_jax/weights/stream.py::StreamFetcher.__init__(delta)",
