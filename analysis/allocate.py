@@ -35,6 +35,7 @@ from analysis.family import KNOBS, RIDGE, allocation_of, check_family, config_of
 from analysis.metrics import read_metrics_lines, validate_curve
 from analysis.posterior import LEVEL
 from analysis.scaling import fit_sigmoid, sigmoid_curve
+from scalerl_jax.config import Forecast
 
 __all__ = ["KNOBS", "RIDGE", "AllocRun", "read_alloc_run", "run_theta", "fit_model", "predict", "widen", "leave_one_out", "main"]
 
@@ -111,7 +112,7 @@ def widen(z, model) -> tuple[float, list[str]]:
   return (2.0 * (1.0 + dist) if out else 1.0), out
 
 
-def predict(model: dict, alloc: dict, budgets, *, level: float = LEVEL, n_draws: int = 4000, seed: int = 0) -> dict:
+def predict(model: dict, alloc: dict, budgets, *, level: float = LEVEL, n_draws: int = Forecast.n_draws, seed: int = 0) -> dict:
   """An allocation's curve at ``budgets`` (FLOPs): ``pred``, the plug-in curve (Eq. 1 at theta's
     predicted mean: what candidates are ranked by, not moved by the widening), the ``level`` band of
     one measured evaluation from draws of theta (``median``: the draws' median); ``outside``: knobs

@@ -22,6 +22,7 @@ from analysis.errors import AnalysisError, NoImprovementError
 from analysis.forecast import eval_samples
 from analysis.metrics import AXES, on_axis, read_run
 from analysis.posterior import LEVEL, MISSPEC_GAIN, MISSPEC_PRIOR, MISSPEC_UP, fit_posterior, lfo_excess
+from scalerl_jax.config import Forecast
 from analysis.reference import alarm_before, calibrate, reference_residuals
 from analysis.simulation import NoiseSpec, heldout_offsets, simulate_run
 from analysis.synthetic import TABLE1
@@ -239,7 +240,7 @@ def _reference_table(cuts: list[dict], runs: dict, cache: dict, seed: int, level
 
 
 def real_study(runs_dir=None, seed: int = 0, priors=(0.0, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04),
-               gains=(0.0, 0.5, 1.0, 1.5, 2.0), axis: str = "compute", references: bool = True) -> dict:
+               gains=(0.0, 0.5, 1.0, 1.5, 2.0), axis: str = Forecast.axis, references: bool = True) -> dict:
   """The misspecification term on real runs (analysis/real_runs/): every run forecast from 25, 50
     and 75 % of its final compute (``axis`` "step": of its steps, ``analysis.metrics.on_axis``).
     ``(MISSPEC_PRIOR, MISSPEC_GAIN)`` is the grid point whose measurement band covers the final

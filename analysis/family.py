@@ -229,10 +229,10 @@ def _base_id(run_dir: str, name: str) -> str | None:
 def config_of(run_dir: str):
   """The run's config: WORKDIR/config.json, or a stored real run's command.txt (config file +
     overrides, loaded as ``scalerl_jax.main`` does); None when neither is there."""
-  from scalerl_jax import runtime   # local: loading a config imports the trainer's config modules
+  from scalerl_jax import config   # local: loading a run config loads its libraries' checks
   cfg = os.path.join(run_dir, CONFIG_FILE)
   if os.path.isfile(cfg):
-    return runtime.load_run_config(cfg)
+    return config.resolve_config(cfg)
   cmd = os.path.join(run_dir, "command.txt")
   if os.path.isfile(cmd):
     args = shlex.split(open(cmd).read())
@@ -240,7 +240,7 @@ def config_of(run_dir: str):
     if spec is None:
       return None
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return runtime.load_run_config(os.path.join(root, spec), [a for a in args if a.startswith("--config.")])
+    return config.resolve_config(os.path.join(root, spec), config.split_overrides(args)[1])
   return None
 
 

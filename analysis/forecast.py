@@ -36,6 +36,7 @@ from analysis.plots import plot_forecast
 from analysis.posterior import LEVEL, MIN_EVALS, WIDE_BAND, Posterior, fit_posterior, verdict
 from analysis.reference import alarm_before, calibrate, recovered_from_alarm, reference_residuals
 from scalerl_jax import storage
+from scalerl_jax.config import Forecast
 
 __all__ = ["forecast_run", "forecast_runs", "read_references", "format_table", "eval_samples", "main"]
 
@@ -206,7 +207,7 @@ def _crossings(names, posts, c_from, c_to):
   return out
 
 
-def read_references(ref_dirs, axis: str = "compute", what: str = "reference run") -> list[RunData]:
+def read_references(ref_dirs, axis: str = Forecast.axis, what: str = "reference run") -> list[RunData]:
   """Finished reference runs (``analysis.reference``; ``what``: "family member" for a family) on
     ``axis``; a clear error for a directory that is missing or holds too few evaluations."""
   refs = []
@@ -228,7 +229,7 @@ def checked_family(run: RunData, family: Sequence[RunData], config=None) -> dict
 def forecast_runs(run_dirs, budget: float, target: float | None = None, out_dir=None, *,
                   until: float | None = None, n_samples: float | None = None, seed: int = 0,
                   n_draws: int = 20000, tol: float = A_TOLERANCE, names=None, plot: bool = True,
-                  axis: str = "compute", references=(), family=()) -> list[dict]:
+                  axis: str = Forecast.axis, references=(), family=()) -> list[dict]:
   """Forecast every run; with several, add ``p_best``, ``crossings`` and the shared-A ``comparison``.
 
     Writes ``out_dir/forecast.json`` and ``out_dir/forecast.png`` when ``out_dir`` is given.

@@ -10,6 +10,7 @@ import numpy as np
 
 from analysis.metrics import AXIS_UNITS
 from scalerl_jax import lazy, storage
+from scalerl_jax.config import Forecast
 
 # matplotlib costs ~0.6 CPU-s to import; the training process imports this module but plots once.
 _agg = lazy.module("matplotlib.backends.backend_agg")
@@ -138,7 +139,7 @@ def plot_comparison(runs, fits, cmp: dict, path, ci: dict | None = None) -> str:
 
 
 def plot_forecast(runs, posts, recs, path, *, budget: float, target: float | None = None,
-                  until: float | None = None, level: float = 0.9, axis: str = "compute") -> str:
+                  until: float | None = None, level: float = 0.9, axis: str = Forecast.axis) -> str:
   """Forecast figure: data (filled: used; hollow: after ``until``), posterior median curve and
     ``level`` band up to past the budget, the budget line and the target line; a run calibrated by
     reference runs (``rec["reference"]``) gets its calibrated value and band as a marker at the

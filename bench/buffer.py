@@ -40,6 +40,7 @@ import time
 import numpy as np
 
 from bench.common import cpu_of, cpu_seconds, free_port
+from harness.procs import buffer_knobs
 
 TOKEN = "bench-token"
 
@@ -116,9 +117,9 @@ def _bench_ours(n_rollouts, producers, tokens, prompt_len, G=16, B=4, k=4, extra
       f.write(json.dumps({"prompt_id": i, "tokens": list(range(prompt_len)), "answer": "x"}) + "\n")
   env = dict(os.environ, SCALERL_BENCH_TOKEN=TOKEN)
   srv = subprocess.Popen(
-      [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--token-env",
-       "SCALERL_BENCH_TOKEN", "--prompts", ppath, "--prompts-per-step", str(B), "--group-size",
-       str(G), "--max-lag", str(k), "--max-completion-tokens", str(tokens)] + extra_args,
+      [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--prompts", ppath,
+       *buffer_knobs(B, G, k, max_completion_tokens=tokens,
+                     buffer__auth_token_env="SCALERL_BENCH_TOKEN")] + extra_args,
       stdout=subprocess.PIPE, env=env, text=True)
   try:
     port = json.loads(srv.stdout.readline())["port"]

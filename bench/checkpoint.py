@@ -83,7 +83,7 @@ def main(argv=None):
   a = _args(argv)
   import jax
   import jax.numpy as jnp
-  from configs import common, tiny
+  from scalerl_jax import config as common
   from scalerl_jax import models
   from scalerl_jax.learner import Learner
   from bench.learner import make_batch
@@ -91,8 +91,8 @@ def main(argv=None):
                           num_heads=max(a.d_model // 64, 1), num_kv_heads=max(a.d_model // 128, 1),
                           head_dim=64, ffn_dim=3 * a.d_model, vocab_size=a.vocab,
                           dtype="float32", param_dtype="float32", scan_layers=False, remat="none")
-  config = tiny.get_config()
-  config.optim.lr, config.optim.warmup_steps, config.optim.microbatches = 1e-6, 1, 1
+  run = common.resolve("configs/tiny.py", ["--config.optim.lr=1e-6", "--config.optim.warmup_steps=1",
+                                           "--config.optim.microbatches=1"])
   params = models.init_params(cfg, jax.random.PRNGKey(0))
   n = sum(int(x.size) for x in jax.tree.leaves(params))
   batch = make_batch(cfg, a.batch, a.seq)
@@ -100,7 +100,7 @@ def main(argv=None):
   learners = {}
   for mode in ("sync", "async"):
     learner = Learner.for_run(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
-                              jax.tree.map(jnp.array, params), common.RunConfig.from_config(config),
+                              jax.tree.map(jnp.array, params), run,
                               with_entropy=False)
     dev = learner.device_batch(batch)
     for _ in range(2):                                  # compile + warm up

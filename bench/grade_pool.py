@@ -19,7 +19,7 @@ import time
 from concurrent import futures
 
 from bench.common import cpu_of, last_line
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.rewards import isolation, registry
 
 PAIRS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data",

@@ -113,15 +113,13 @@ def flops_per_token(cfg, t: int) -> float:
   return 6.0 * n + 6.0 * layers * t * h * dh
 
 
-def ours(cfg, params, batch, config):
+def ours(cfg, params, batch, run):
   """Returns (step() -> loss, sync(), XLA's FLOPs of one compiled step or NaN off CPU) for the
   jitted JAX learner."""
   import jax
   import jax.numpy as jnp
-  from configs import common
   from scalerl_jax import models
   from scalerl_jax.learner import Learner
-  run = common.RunConfig.from_config(config)
   learner = Learner.for_run(lambda p, tok, pos: models.forward_hidden(p, cfg, tok, pos),
                             jax.tree.map(jnp.asarray, params), run, with_entropy=False)
   dev_batch = learner.device_batch(batch)
@@ -238,15 +236,15 @@ def main(argv=None):
     os.sched_setaffinity(0, affinity)
   import jax
   import torch
-  from configs import tiny
+  from scalerl_jax import config as common
   from scalerl_jax.models import testing
   torch.set_num_threads(args.threads)
   backend = jax.default_backend()
   cfg = model_config(args.preset, args.width_div, backend, args.attention, args.head_precision,
                      args.remat, args.q_block)
-  config = tiny.get_config()
-  config.optim.lr, config.optim.warmup_steps, config.optim.microbatches = 5e-7, 100, 1
-  config.model.head_precision = cfg.head_precision      # the learner's chunked head reads it
+  config = common.resolve("configs/tiny.py", [   # the learner's chunked head reads head_precision
+      "--config.optim.lr=5e-7", "--config.optim.warmup_steps=100", "--config.optim.microbatches=1",
+      f"--config.model.head_precision={cfg.head_precision}"])
   batch = make_batch(cfg, args.batch, args.seq)
   hf_model = testing.random_hf_model(dataclasses.replace(cfg, dtype="float32"), seed=0)
   params = testing.params_from_torch(cfg, hf_model)

@@ -3,7 +3,7 @@
     python -m bench.padding WORKDIR/batches [--pad_multiple 16] [--max_len 136] [--microbatches 8]
 
 Before (the old trainer): every row padded to the next power-of-two multiple of 32 of the batch's
-longest row. After: `runtime.padded_length` (a multiple of pad_multiple, clamped to max_len); with
+longest row. After: `run_config.padded_length` (a multiple of pad_multiple, clamped to max_len); with
 M > 1 micro-batches also the length-sorted rows and each micro-batch cut to its own bucket
 (`learner.batch.microbatch_token_slots`, as the learner step chooses them).
 """
@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from scalerl_jax import runtime
+from scalerl_jax import config as run_config
 from scalerl_jax.learner.batch import bucket_lengths, length_sorted_order, microbatch_token_slots
 
 
@@ -43,7 +43,7 @@ def main():
     B, T = len(lengths), int(lengths.max())
     real += int(lengths.sum())
     old += B * _old_len(T)
-    Tn = runtime.padded_length(T, a.pad_multiple, a.max_len)
+    Tn = run_config.padded_length(T, a.pad_multiple, a.max_len)
     new += B * Tn
     m = a.microbatches
     perm = length_sorted_order(mask[:, :Tn] if mask.shape[1] >= Tn else mask, m)

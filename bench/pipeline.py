@@ -14,9 +14,11 @@ import os
 import shutil
 import tempfile
 
-from configs import tiny
+
+from scalerl_jax.models import sections as model_sections
 from scalerl_jax.training import job as run_main
-from scalerl_jax import recipes, runtime
+from scalerl_jax import config as run_config
+from scalerl_jax import recipes
 from scalerl_jax.training import sft
 from scalerl_jax.data import build_dataset
 
@@ -38,18 +40,14 @@ def main():
   ap.add_argument("--workdir", default=None)
   a = ap.parse_args()
   root = a.workdir or tempfile.mkdtemp(prefix="bench_pipeline_")
-  base = tiny.get_config()
-  base.total_steps = a.steps
-  base.eval.every_steps = 10 ** 6
-  base.eval.samples_per_prompt = 1
-  base.data.heldout = 16
-  base.checkpoint.every_steps = 10 ** 6
-  base.sft.steps = 50
-  sft.warm_start(base, runtime.model_config(base), build_dataset(base.data, 32), root)
+  base = run_config.resolve_config("configs/tiny.py", [
+      f"--config.total_steps={a.steps}", f"--config.eval.every_steps={10 ** 6}",
+      "--config.eval.samples_per_prompt=1", "--config.data.heldout=16",
+      f"--config.checkpoint.every_steps={10 ** 6}", "--config.sft.steps=50"])
+  sft.warm_start(base, model_sections.model_config(base), build_dataset(base.data, 32), root)
   results = {}
   for name, k in (("pipeline", a.k), ("sync", 0)):
-    c = recipes.apply_recipe(base)
-    c.rollout.max_lag = k
+    c = run_config.resolve_config(base, [f"--config.rollout.max_lag={k}"])
     d = os.path.join(root, name)
     recipes.validate(c, d)
     shutil.copytree(os.path.join(root, sft.BASE_DIR), os.path.join(d, sft.BASE_DIR))

@@ -20,13 +20,13 @@ better).
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
 import numpy as np
 
 from bench.common import last_line
+from scalerl_jax import config as run_config
 
 
 def _args(argv=None):
@@ -47,19 +47,20 @@ def _trained(a):
   """(cfg, params, prompts, spec) of `--base` on `--config`'s task (held-out prompts)."""
   import jax  # local: JAX after argument parsing
   import jax.numpy as jnp  # local: JAX after argument parsing
-  from scalerl_jax import runtime
+  from scalerl_jax.generation import interruption
   from scalerl_jax import models
   from scalerl_jax.data import build_dataset
   name = os.path.splitext(os.path.basename(a.config))[0]        # configs/tiny_moe.py -> tiny_moe
-  config = importlib.import_module(f"configs.{name}").get_config()
-  config.rollout.think_budget_min, config.rollout.think_budget_max = map(int, a.think.split(","))
+  lo, hi = map(int, a.think.split(","))
+  config = run_config.resolve_config(f"configs/{name}.py", [
+      f"--config.rollout.think_budget_min={lo}", f"--config.rollout.think_budget_max={hi}"])
   cfg, params = models.load_hf(a.base, dtype=a.dtype)
   if a.wire == "bfloat16":
     params = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32)),
                           params)
   dataset = build_dataset(config.data, config.rollout.max_prompt_len)
   prompts = list(dataset.heldout)[:a.prompts]
-  return cfg, params, prompts, runtime.sampling_spec(config, dataset, a.seed)
+  return cfg, params, prompts, interruption.sampling_spec(config, dataset, a.seed)
 
 
 def main(argv=None) -> int:

@@ -51,6 +51,7 @@ import time
 import numpy as np
 
 from bench.common import cpu_seconds
+from harness.procs import buffer_knobs
 
 
 class _BufferProcess:
@@ -64,8 +65,7 @@ class _BufferProcess:
       f.write(json.dumps({"prompt_id": 0, "tokens": [1, 2], "answer": ""}) + "\n")
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "scalerl_jax.buffer.server", "--prompts", prompts,
-         "--prompts-per-step", "1", "--group-size", "1", "--max-lag", "1",
-         "--max-message-bytes", str(max_message_bytes)],
+         *buffer_knobs(1, 1, 1, buffer__max_message_bytes=max_message_bytes)],
         env=dict(os.environ, SCALERL_BUFFER_TOKEN=token), stdout=subprocess.PIPE, text=True)
     self.address = json.loads(self.proc.stdout.readline())["address"]
     _SERVER_PID[0] = self.proc.pid

@@ -116,17 +116,14 @@ def _learner(steps: int):
   import jax
   import jax.numpy as jnp
   from bench.learner import make_batch
-  from configs import common
+  from scalerl_jax import config as common
   from scalerl_jax import models
   from scalerl_jax.learner import Learner
-  import importlib  # local: configs/8b.py's module name starts with a digit
-  config = importlib.import_module("configs.tiny").get_config()
-  big = importlib.import_module("configs.8b").get_config()
-  for k in ("lr", "b1", "b2", "eps", "weight_decay", "max_grad_norm"):   # the 8B optimizer
-    config.optim[k] = big.optim[k]
-  config.optim.warmup_steps = 0                     # every step at the post-warm-up lr 5e-7
-  config.optim.microbatches = 1
-  run = common.RunConfig.from_config(config)
+  big = common.resolve("configs/8b.py").optim
+  run = common.resolve("configs/tiny.py", [      # the 8B optimizer, every step at the post-warm-up lr
+      *(f"--config.optim.{k}={getattr(big, k)}" for k in ("lr", "b1", "b2", "eps", "weight_decay",
+                                                           "max_grad_norm")),
+      "--config.optim.warmup_steps=0", "--config.optim.microbatches=1"])
   o = run.optim
   assert (o.lr, o.b1, o.b2, o.eps, o.weight_decay, o.max_grad_norm) == (
       5e-7, 0.9, 0.999, 1e-15, 0.01, 1.0), o

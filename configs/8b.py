@@ -16,7 +16,7 @@ heads are split over `tensor` to keep a 16k-token sequence's scores small; each 
 ONE sequence per (data x fsdp) shard. Measured results: docs/SCALE.md.
 """
 
-from configs import common
+from scalerl_jax import config as common
 
 DEFAULT_TOPOLOGY = "h100_16"
 

@@ -17,7 +17,7 @@ the bubblewrap sandbox (docs/SANDBOX.md); the job refuses to start without it.
 """
 import importlib
 
-from configs import common
+from scalerl_jax import config as common
 
 _8B = importlib.import_module("configs.8b")
 DEFAULT_TOPOLOGY = _8B.DEFAULT_TOPOLOGY

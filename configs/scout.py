@@ -20,7 +20,7 @@ AdamW: 166.3 GB at 4.25x the FLOPs; docs/SCALE.md).
 Default topology: gb200_32.
 """
 
-from configs import common
+from scalerl_jax import config as common
 
 DEFAULT_TOPOLOGY = "gb200_32"
 

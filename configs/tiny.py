@@ -32,7 +32,7 @@ The generator batches continuously by default (generator.continuous);
 generator.eval_decode_batch slots when continuous) and the lengths run is generator-bound: the
 continuous generator ends it ~30 % sooner than the drain loop (docs/ROLLOUT.md, 2026-12-05, commit 7878542, 2-core Intel Xeon).
 """
-from configs import common
+from scalerl_jax import config as common
 
 
 def get_config(arg=None):

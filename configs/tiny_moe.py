@@ -7,7 +7,7 @@ Run:
 What it is for: routing replay (R3) and the router-agreement metric `router_disagree` on a model
 that ships with the project. The base policy is its own SFT warm start (config.sft, cached in
 WORKDIR/base_policy, built the way configs/tiny.py's is: no download). The JAX generator records
-every token's routes (rl.record_routes), R3 is on by default (runtime.resolve_routing_replay;
+every token's routes (rl.record_routes), R3 is on by default (recipes.resolve_routing_replay;
 `--config.recipe=scalerl+no_r3` turns it off) and the weights cross the wire in bf16
 (weights.wire_dtype), so the generator's router sees bf16-rounded weights while the learner's
 sees the fp32 masters: the engine mismatch R3 removes from the expert choice.

@@ -13,7 +13,7 @@ held-out samples) and `val_pass_rate/math`, `val_pass_rate/code`; the end-of-run
 (WORKDIR/fit/) fits Eq. 1 to each of them, side by side in curves.png. Generators log every grade
 to WORKDIR/logs/rewards-gen-<i>.jsonl (reason, sandboxed).
 """
-from configs import common
+from scalerl_jax import config as common
 from configs import tiny
 
 

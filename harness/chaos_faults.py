@@ -54,10 +54,9 @@ def run_overrides(kinds, work_dir: str, run_dir: str) -> list[str]:
 
 def _hostile_setup(data_dir: str, run_dir: str) -> list[str]:
   import jax  # local: JAX only for the hostile_answer run's start policy
-  from configs import tiny  # local: the start policy's config, only for hostile_answer
-  from scalerl_jax import models, runtime  # local: as above
+  from scalerl_jax import config, models  # local: the start policy, only for hostile_answer
+  from scalerl_jax.models import sections as model_sections  # local: the start policy, only for hostile_answer
   from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer  # local: as above
-  from scalerl_jax.recipes import apply_overrides  # local: as above
   model = ["--config.model.vocab_size=512", "--config.model.max_position_embeddings=256",
            "--config.model.num_layers=1", "--config.model.d_model=64",
            "--config.model.num_heads=1", "--config.model.ffn_dim=128"]
@@ -70,9 +69,7 @@ def _hostile_setup(data_dir: str, run_dir: str) -> list[str]:
     f.write("".join(json.dumps(r) + "\n" for r in rows))
   base = os.path.join(run_dir, "base_policy")
   if not os.path.exists(os.path.join(base, "config.json")):
-    c = tiny.get_config()
-    apply_overrides(c, model)
-    cfg = runtime.model_config(c)
+    cfg = model_sections.model_config(config.resolve_config("configs/tiny.py", model))
     models.save_hf(cfg, jax.device_get(models.init_params(cfg, jax.random.PRNGKey(0))), base)
   return model + [
       "--config.data.kind=polaris", f"--config.data.path={data}",

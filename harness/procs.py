@@ -101,3 +101,23 @@ def wait_until(cond: Callable[[], T], timeout_s: float, what: str = "", interval
   if not v and raise_on_timeout:
     raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what or cond}")
   return v
+
+
+def buffer_knobs(prompts_per_step: int, group_size: int, max_lag: int, *,
+                 max_completion_tokens: int | None = None, **knobs) -> list[str]:
+  """The `--config.a.b=value` overrides of a buffer started by hand (`python -m
+  scalerl_jax.buffer.server` without a run file reads the declared defaults plus these): the batch
+  shape, PipelineRL-k, No-Positive-Resampling off (and rl.adv_norm=none for groups of one, which
+  the run config's checks require), the completion limit as a thinking budget
+  (`max_completion_tokens` = think_budget_max + the interruption allowance 64 + answer_budget 0)
+  and any other knob by its path (`knobs`: {"buffer.lease_ttl_s": 20}, written with `__` for
+  the dot: `buffer__lease_ttl_s=20`)."""
+  out = {"rollout.prompts_per_step": prompts_per_step, "rollout.generations_per_prompt": group_size,
+         "rollout.max_lag": max_lag, "rl.no_positive_resampling": False}
+  if group_size < 2:          # one sample per prompt: no group advantage to normalise
+    out["rl.adv_norm"] = "none"
+  if max_completion_tokens is not None:
+    out.update({"rollout.think_budget_min": 0, "rollout.answer_budget": 0,
+                "rollout.think_budget_max": max(int(max_completion_tokens) - 64, 0)})
+  out.update({k.replace("__", "."): v for k, v in knobs.items()})
+  return [f"--config.{k}={v}" for k, v in out.items()]

@@ -13,7 +13,7 @@ reads (the `run-config` ConfigMap, or a config file + its command's overrides), 
   batch split   the batch splits evenly over the learner processes (topologies.process_row_spans,
                 the rule distributed.MultiHostLearner applies), micro-batches over batch shards
   memory plan   the layout's memory plan was made at the learner's real pad length
-                (runtime.train_seq_len, the tools.plan default) and fits: launch/plan_cache.json,
+                (run_config.train_seq_len, the tools.plan default) and fits: launch/plan_cache.json,
                 or --aot: tools.plan compiled now (~10-20 s for 8B, minutes for Scout)
   XLA memory    GPU learner pods set XLA_PYTHON_CLIENT_MEM_FRACTION to the plan's usable fraction
   vLLM KV       each engine's KV cache (the engine args the generator worker really passes:
@@ -50,7 +50,8 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 from launch import spec as spec_lib  # noqa: E402
-from scalerl_jax import recipes, runtime, topologies  # noqa: E402
+from scalerl_jax import config as run_config  # noqa: E402
+from scalerl_jax import recipes, topologies  # noqa: E402
 from scalerl_jax.generation import worker_cli  # noqa: E402
 from scalerl_jax.processes import buffer_flags  # noqa: E402
 from scalerl_jax.tools.plan import default_seq_len  # noqa: E402
@@ -169,35 +170,38 @@ def _validate(cfg) -> None:
 def learner_config(v: Variant, pod, c) -> tuple[ml_collections.ConfigDict, str]:
   """The config scalerl_jax.main builds from this container's command (main.main's steps)."""
   cfg, src = v.load(pod, c, _config_arg(c))
-  over = _overrides(c["command"])
-  recipes.apply_overrides(cfg, over)
-  locked = recipes.locked_keys(over)
-  cfg = recipes.apply_recipe(cfg, locked)
-  if "topology" in locked:
-    topologies.apply_layout(cfg)
+  cfg = run_config.resolve_config(cfg, _overrides(c["command"]))
   _validate(cfg)
   return cfg, src
 
 
 def generator_config(v: Variant, pod, c) -> tuple[ml_collections.ConfigDict, str]:
-  """The config generation.worker.main builds (load_run_config + its --tensor_parallel)."""
-  rest, over = recipes.split_overrides(c["command"][3:])
+  """The config generation.worker.main builds (the resolver + its --tensor_parallel)."""
+  rest, over = run_config.split_overrides(c["command"][3:])
   a = worker_cli.build_parser().parse_args(rest)
-  path, _, arg = a.run_config.partition(":")
   base, src = v.load(pod, c, a.run_config)
-  recipes.apply_overrides(base, over)
-  cfg = recipes.apply_recipe(base, recipes.locked_keys(over))
+  cfg = run_config.resolve_config(base, over)
   _validate(cfg)
   if a.tensor_parallel:
     cfg.generator.tensor_parallel = a.tensor_parallel
   return cfg, src
 
 
+def buffer_config(v: Variant, pod, c) -> tuple[Any, str]:
+  """The config scalerl_jax.buffer.server builds (the resolver: its --run-config + overrides)."""
+  rest, over = run_config.split_overrides(c["command"][3:])
+  path = next((a.split("=", 1)[1] for a in rest if a.startswith("--run-config=")), None)
+  if path is None:
+    raise ValueError("the buffer command has no --run-config (every knob comes from it)")
+  base, src = v.load(pod, c, path)
+  return run_config.resolve_config(base, over), src
+
+
 def export_config(v: Variant, pod, c) -> tuple[Any, str]:
-  """The config scalerl_jax.data.export builds (its config file + overrides, no recipe)."""
+  """The config scalerl_jax.data.export builds (the resolver: its config file + overrides)."""
   path = _config_arg(c)
   cfg, src = v.load(pod, c, path.partition(":")[0])
-  recipes.apply_overrides(cfg, _overrides(c["command"]))
+  cfg = run_config.resolve_config(cfg, _overrides(c["command"]))
   return cfg, src
 
 
@@ -294,6 +298,12 @@ def check_one_config(r: Report, v: Variant, cfg, gpod, gc, bpod, bc):
     r.fail(f"the generators' run config does not load: {' '.join(str(e).split())}",
            "generator --run_config")
     gcfg = None
+  try:
+    bcfg, bsrc = buffer_config(v, bpod, bc)
+    others.append(("buffer", bcfg, bsrc, ("rollout.", "rl.", "buffer.", "audit.", "seed")))
+  except (ValueError, OSError, KeyError) as e:
+    r.fail(f"the buffer's run config does not load: {' '.join(str(e).split())}",
+           "buffer --run-config")
   for ic in bpod.get("initContainers", []):
     if "scalerl_jax.data.export" in ic["command"]:
       try:
@@ -309,16 +319,12 @@ def check_one_config(r: Report, v: Variant, cfg, gpod, gc, bpod, bc):
     if diff:
       mine = mine or f"{diff[0]}={diff[1]!r}"
       theirs.append(f"{who} {diff[0]}={diff[2]!r}")
-  want = {a.split("=", 1)[0]: a.split("=", 1)[1]
-          for a in buffer_flags(cfg, prompts="x", host="x", port=1) if "=" in a}
-  have = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in bc["command"] if "=" in a}
-  for flag in ("--prompts-per-step", "--group-size", "--max-lag", "--max-ahead", "--mode",
-               "--npr-threshold",
-               "--max-completion-tokens"):
-    if want.get(flag) != have.get(flag):
-      mine = mine or f"{flag} {want.get(flag)}"
-      theirs.append(f"buffer {flag}={have.get(flag)}")
-      break
+  want = [a for a in buffer_flags(cfg, run_file="x", prompts="x", host="x", port=1)
+          if a.startswith("--route-shape=")]
+  have = [a for a in bc["command"] if a.startswith("--route-shape=")]
+  if want != have:                   # the one derived flag (the buffer runs without JAX)
+    mine = mine or f"route shape {want}"
+    theirs.append(f"buffer {have}")
   if theirs:
     r.fail(f"the learner's {mine.replace(chr(39), '')} reaches no other pod: "
            f"{', '.join(t.replace(chr(39), '') for t in theirs)}",
@@ -365,7 +371,7 @@ def check_layout(r: Report, cfg, layout: str, platform, hosts: int, chips: int):
 def check_memory_plan(r: Report, cfg, topo, layout: str, aot: bool, update_cache: bool) -> bool:
   """The layout's memory plan at the learner's real pad length fits (`topo`: None for no layout or
   a wrong one: nothing to check). False when the AOT plan did not compile (the variant stops)."""
-  pad, longest = runtime.train_seq_len(cfg), runtime.max_sequence_len(cfg.rollout)
+  pad, longest = run_config.train_seq_len(cfg), run_config.max_sequence_len(cfg.rollout)
   assert default_seq_len(cfg) == pad        # the plan tool's default is the pad length
   if topo is not None:     # (a wrong layout's plan says nothing)
     plan = None
@@ -383,7 +389,7 @@ def check_memory_plan(r: Report, cfg, topo, layout: str, aot: bool, update_cache
     if plan is None:
       others = sorted(p["seq_len"] for p in cached_plans(cfg))
       r.fail(f"no memory plan of layout {layout} at >= the learner's pad length {pad} (longest "
-             f"sequence {longest} tokens, runtime.train_seq_len); plans at {others}",
+             f"sequence {longest} tokens, run_config.train_seq_len); plans at {others}",
              "rollout.max_prompt_len / think_budget_max / answer_budget / learner.pad_multiple, "
              "or python -m launch.preflight --aot --update-cache")
     else:

@@ -138,7 +138,7 @@ def check_push(r: Report, cfg, learner_hosts: int) -> None:
          f"from {learner_hosts} learner pods: {fleet_s:.0f} s")
   if p["bytes_per_param"] != sizing.TARGET_WIRE_BYTES:
     r.fail(f"{msg}; target {sizing.TARGET_WIRE_BYTES} bytes/param (bf16 on the wire)",
-           "weights.wire_dtype (runtime.wire_dtype)")
+           "weights.wire_dtype (config.wire_dtype)")
   else:
     r.info(msg)
 
@@ -194,7 +194,7 @@ def check_pod_memory(r: Report, v, cfg, gcfg, lc, platform, hosts, chips, bc) ->
                f"({what}), <= node share {share / GIB:.0f} GiB")
   # learner: this process's state shard (fp32 params + Adam moments) staged on the host for an
   # async checkpoint, its weight-source shards (two versions), 16 GiB of runtime (the start
-  # checkpoint's load is not counted: runtime.model_config reads only its config.json today)
+  # checkpoint's load is not counted: models/sections.py::model_config reads only its config.json today)
   n = sizing.model_numbers(cfg)["params"]
   need_l = (n * 12 + 2 * n * sizing.wire_bytes_per_param(cfg)) // max(1, hosts) + 16 * GIB
   have_l = request_bytes(lc)

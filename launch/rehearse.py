@@ -76,7 +76,8 @@ from launch.rehearse_pods import (USAGE_ERROR, ContainerCommands, Pod, Rehearsal
                                   plan_pods)
 from launch.rehearse_pods import TPU_AUTO_ARG as TPU_AUTO_ARG   # re-exported (the tests read it here)
 from launch.spec import load_config
-from scalerl_jax import recipes, storage, topologies, xla_env
+from scalerl_jax import config as run_config
+from scalerl_jax import storage, topologies, xla_env
 from scalerl_jax.buffer import wal as walmod
 from scalerl_jax.processes import child_env, launcher_argv
 from scalerl_jax.tools.audit import rollout_ledger
@@ -137,7 +138,7 @@ def real_shape_overrides(config, steps: int, shape: tuple[int, int], inputs: dic
     out.append("health.step0_reward_check=False")
   out += [f"{k}={v}" for k, v in inputs.items()]
   probe = config.copy_and_resolve_references()
-  recipes.apply_overrides(probe, [f"--config.{o}" for o in out])
+  probe = run_config.resolve_config(probe, [f"--config.{o}" for o in out])
   hosts, chips = shape
   fails = topologies.run_shape_failures(probe, hosts, hosts * chips)
   if fails:
@@ -243,8 +244,7 @@ class Rehearsal(ContainerCommands):
     else:
       self.overrides = list(TINY_OVERRIDES) + [f"{k}={v}" for k, v in self.inputs.items()]
     overrides = [f"--config.{o}" for o in self.overrides]
-    recipes.apply_overrides(config, overrides)
-    return recipes.apply_recipe(config, recipes.locked_keys(overrides))
+    return run_config.resolve_config(config, overrides)
 
   # -- processes --
   def _log(self, p: Pod, c: dict):

@@ -33,7 +33,7 @@ def learner_processes(r) -> dict:
 
 def logged_knobs(r) -> dict:
   """Per pod and role: the run-config knobs its process logged at its last start
-  (`run config (ROLE): k=v ...`, runtime.knob_line), and the learner's devices."""
+  (`run config (ROLE): k=v ...`, config.knob_line), and the learner's devices."""
   out = {}
   for p in r.pods:
     text = read_logs(r, p)
@@ -67,12 +67,14 @@ def weights_served(r) -> dict:
 
 
 def buffer_state(r, p: Pod) -> dict:
-  """From the buffer's own state: its WAL (segments, NPR records) and its command's NPR flag."""
+  """From the buffer's own state: its WAL (segments, NPR records) and the NPR threshold of the run
+  config it resolved (its `run config (buffer): ...` log line)."""
   c = p.spec["containers"][0]
   argv, _ = r.command(p, c)
   flags = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
   wal_dir = flags.get("--wal-dir", "")
-  out = {"npr_threshold_flag": flags.get("--npr-threshold"), "wal_dir": wal_dir}
+  npr = re.findall(r"run config \(buffer\): .*?\brl\.npr_threshold=(\S+)", read_logs(r, p))
+  out = {"npr_threshold": npr[-1] if npr else None, "wal_dir": wal_dir}
   if wal_dir and os.path.isdir(wal_dir):
     records, _ = walmod.read_all(wal_dir, truncate=False)
     kinds = {}

@@ -368,8 +368,8 @@ class ContainerCommands:
       argv += tiny + ["--backend=jax"]
     elif role == "export":
       argv += tiny
-    elif role == "buffer":
-      argv += self._buffer_changes(argv)
+    elif role == "buffer":        # reads the run config as the others do (+ the tiny overrides)
+      argv += tiny + self._buffer_changes(argv)
     elif role == "scalerl_jax.selftest":   # the pod's start-up self-test, on this machine's engine
       argv = [("--backend=jax" if a == "--backend=vllm" else a) for a in argv] + tiny
     return argv, env
@@ -386,9 +386,9 @@ class ContainerCommands:
             "SCALERL_PROCESS_ID": p.annotations["batch.kubernetes.io/job-completion-index"]}
 
   def _buffer_changes(self, argv: list[str]) -> list[str]:
-    """The buffer flags the tiny config changes (argparse keeps the last value of a flag)."""
-    have = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-    want = buffer_flags(self.tiny, prompts="x", host="x", port=1, wal_dir=have.get("--wal-dir"))
-    keep = ("--host", "--port", "--prompts", "--token-env")
-    return [a for a in want if a.split("=", 1)[0] not in keep and (
-        have.get(a.split("=", 1)[0]) != a.split("=", 1)[1] if "=" in a else a not in argv)]
+    """The buffer's one derived flag the tiny config changes: the MoE route shape (computed from
+    the model by whoever starts the buffer; argparse keeps the last value, "" = no routes)."""
+    want = [a for a in buffer_flags(self.tiny, run_file="x", prompts="x", host="x", port=1)
+            if a.startswith("--route-shape=")]
+    had = any(a.startswith("--route-shape=") for a in argv)
+    return want or (["--route-shape="] if had else [])

@@ -6,7 +6,7 @@ Everything here is arithmetic on the resolved run config and the model preset, n
                                  abstract shapes) and 2 (K, V) x layers x kv_heads x head_dim x
                                  2 bytes (bf16 KV cache) per token
   weight push                    params x the wire bytes per parameter (`wire_bytes_per_param`:
-                                 runtime.wire_dtype where it exists, else today's fp32 push)
+                                 run_config.wire_dtype where it exists, else today's fp32 push)
   generator host memory          the weight versions a generator worker holds in host RAM
                                  (generator.eval_hold_versions + the one being fetched + the
                                  relay's copy of one version when weights.relay_fanout > 0), or at
@@ -25,7 +25,8 @@ import math
 
 import ml_collections
 
-from scalerl_jax import runtime
+from scalerl_jax import config as run_config
+from scalerl_jax.models import sections as model_sections
 from scalerl_jax.tools.describe import count_params
 
 GIB = 2 ** 30
@@ -49,7 +50,7 @@ STEP_MFU = 0.4                      # the learner step time's stated MFU (docs/S
 @functools.lru_cache(maxsize=None)
 def _preset_numbers(model_items: tuple) -> dict:
   c = ml_collections.ConfigDict({"model": dict(model_items)})
-  cfg = runtime.model_config(c)
+  cfg = model_sections.model_config(c)
   counts = count_params(cfg)
   kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
   return dict(params=int(counts["params_total"]), kv_bytes_per_token=int(kv),
@@ -67,13 +68,10 @@ def model_numbers(config) -> dict:
 
 
 def wire_bytes_per_param(config) -> int:
-  """Bytes a float32 parameter takes on the wire to the generators: runtime.wire_dtype of the
+  """Bytes a float32 parameter takes on the wire to the generators: run_config.wire_dtype of the
   weights section where the code has it (bfloat16: 2), else 4 (the push sends the learner's fp32
   params as is)."""
-  fn = getattr(runtime, "wire_dtype", None)
-  if fn is None:
-    return 4
-  return 2 if fn(config.weights) in ("bfloat16", "float16") else 4
+  return 2 if run_config.wire_dtype(config.weights) in ("bfloat16", "float16") else 4
 
 
 def engine_bytes_per_param(config) -> int:
@@ -129,7 +127,7 @@ def step_seconds(config, num_devices: int, peak_flops: float, mfu: float = STEP_
   """The learner step at `mfu` of the devices' peak: a step's tokens (prompts x generations x
   the longest sequence) x (6 N_active + 12 L H Dh T) FLOPs (docs/SCALE.md's closed form)."""
   m = model_numbers(config)
-  t = runtime.max_sequence_len(config.rollout)
+  t = run_config.max_sequence_len(config.rollout)
   r = config.rollout
   rows = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
   per_token = 6.0 * m["params_active"] + m["attention_flops_per_token_per_position"] * t
@@ -193,7 +191,7 @@ def kv_cache(config, hbm_bytes: int, tensor_parallel: int) -> dict:
     capacity = explicit * tp
   else:
     capacity = int(util * hbm_bytes * tp - weights - VLLM_WORKSPACE_BYTES * tp)
-  max_len = runtime.vllm_max_model_len(config.rollout)
+  max_len = run_config.vllm_max_model_len(config.rollout)
   per_seq = max_len * mn["kv_bytes_per_token"]
   seqs = int(g.decode_batch)
   return dict(capacity=capacity, per_seq=per_seq, max_model_len=max_len, seqs=seqs,
@@ -207,7 +205,7 @@ def buffer_host_bytes(config, learner_hosts: int = 1) -> int:
   go through it (weights.serve_from="buffer": two)."""
   r = config.rollout
   batch = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
-  rollouts = (int(r.max_lag) + 2) * batch * runtime.max_sequence_len(config.rollout) * 13
+  rollouts = (int(r.max_lag) + 2) * batch * run_config.max_sequence_len(config.rollout) * 13
   weights = 0
   if str(config.weights.serve_from) == "buffer":
     weights = 2 * model_numbers(config)["params"] * wire_bytes_per_param(config)

@@ -5,7 +5,7 @@ Three jobs, sized from the config (PAPER_NOTES §4: 80 GB200 per run, 16 trainin
   generators  the vLLM fleet: `generator.num_workers` GPUs, `tensor_parallel` GPUs per vLLM engine
   buffer      the gRPC rollout buffer (scalerl_jax.buffer.server), CPU only, auth token Secret
 
-Launch knobs are not in configs/common.py; an optional `config.launch` ConfigDict overrides
+Launch knobs are not in scalerl_jax/config/; an optional `config.launch` ConfigDict overrides
 `LAUNCH_DEFAULTS` key by key (and the xm_launch / render flags override both).
 
 One run config for every pod: `resolve` turns the config file + the learner layout that fits the
@@ -21,13 +21,12 @@ same `--config.key=value` overrides instead.
 from __future__ import annotations
 
 import copy
-import importlib.util
-import os
 import posixpath
 import pprint
 from typing import Any
 
 from launch import sizing
+from scalerl_jax import config as run_config
 from scalerl_jax import recipes
 from scalerl_jax import topologies
 from scalerl_jax.processes import buffer_flags
@@ -181,11 +180,7 @@ def resolve_run_config(config, s: dict, tensor_parallel: int) -> tuple[Any, list
     if not sep:
       raise ValueError(f"config override {kv!r}: expected key=value (knob: --override)")
     over.append(f"--config.{key.removeprefix('--config.')}={value}")
-  recipes.apply_overrides(config, over)
-  locked = recipes.locked_keys(over)
-  if "topology" in locked:            # as main does: the named layout takes effect
-    topologies.apply_layout(config)
-  config = recipes.apply_recipe(config, locked)
+  config = run_config.resolve_config(config, over)   # as main resolves: overrides, recipe, layout
   config.recipe_applied = config.recipe
   recipes.validate(config)
   return config, over
@@ -313,10 +308,11 @@ def _buffer_job(s: dict, run_cfg, cfg_path: str, cfg_over: list[str], buffer_add
       "address": buffer_addr, "cpu": "8", "memory": "32Gi", "prompts_file": PROMPTS_FILE,
       "export_command": ["python", "-m", "scalerl_jax.data.export", f"--config={cfg_path}",
                          *cfg_over, f"--out={PROMPTS_FILE}"],
-      # The same flags main passes when it starts the buffer itself (processes.buffer_flags):
-      # NPR threshold, WAL on the pod's volume, the learner-state file in the workdir.
+      # The same flags main passes when it starts the buffer itself (processes.buffer_flags): the
+      # run config every pod reads, WAL on the pod's volume, the learner-state file in the workdir.
       "command": ["python", "-m", "scalerl_jax.buffer.server",
-                  *buffer_flags(run_cfg, prompts=PROMPTS_FILE, host="0.0.0.0", port=BUFFER_PORT,
+                  *buffer_flags(run_cfg, run_file=cfg_path, overrides=cfg_over, prompts=PROMPTS_FILE,
+                                host="0.0.0.0", port=BUFFER_PORT,
                                 wal_dir=WAL_MOUNT,
                                 learner_state=posixpath.join(workdir, "learner_state.json"),
                                 tls=tls_args)],
@@ -392,11 +388,6 @@ def resolve(config, overrides: dict | None = None) -> dict:
 
 
 def load_config(path: str, arg: str | None = None) -> Any:
-  """Imports a `get_config(arg)` config file by path (no absl flags needed)."""
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path!r} does not exist")
-  spec = importlib.util.spec_from_file_location("_scalerl_launch_config", path)
-  assert spec is not None and spec.loader is not None    # a .py file: the source loader
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return copy.deepcopy(mod.get_config(arg))
+  """A preset's ConfigDict, `get_config(arg)` of the config file at `path` (the resolver's
+  loader, no absl flags needed)."""
+  return run_config.load_preset(f"{path}:{arg}" if arg else path)[0]

@@ -15,36 +15,38 @@ import sys
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
+from scalerl_jax.models import sections as model_sections
 from analysis.fit import fit_runs
 from scalerl_jax.training import job as run_main
+from scalerl_jax import config as run_config
 from scalerl_jax import recipes
-from scalerl_jax import runtime
 from scalerl_jax.training import sft
 from scalerl_jax import storage
 from scalerl_jax.data import build_dataset
 from scalerl_jax.data import mixture
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/tiny.py", "Base run config.")
+_CONFIG = flags.DEFINE_string("config", "configs/tiny.py", "Base run config (a preset "
+                              "configs/X.py[:ARG]; --config.a.b=value overrides a knob).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
 _RECIPES = flags.DEFINE_list("recipes", ["scalerl", "qwen_dapo"], "Recipes to compare.")
 
 
-def compare(config, workdir: str, names, progress: bool = True) -> list[dict]:
-  """Runs each recipe of `names` on `config` under `workdir`; returns analysis.fit_runs' list."""
+def compare(preset, workdir: str, names, progress: bool = True, overrides=()) -> list[dict]:
+  """Runs each recipe of `names` on `preset` (a preset path or its ConfigDict) + `overrides`
+  (`--config.a.b=value`) under `workdir`; returns analysis.fit_runs' list."""
   recipes.check_workdir(workdir)
+  overrides = [o for o in overrides if not o.startswith("--config.recipe=")]
+  config = run_config.resolve(preset, overrides)     # the typed base (the shared warm start)
   runs = []
   for name in names:
-    c = config.copy_and_resolve_references()
-    c.recipe = name
-    c = recipes.apply_recipe(c, recipes.locked_keys(sys.argv))
-    runtime.resolve_routing_replay(c, recipes.validate(c, storage.join(workdir, name)))
+    c = run_config.resolve_config(preset, [*overrides, f"--config.recipe={name}"])
+    recipes.resolve_routing_replay(c, recipes.validate(c, storage.join(workdir, name)))
     runs.append((name, c))
   base = storage.join(workdir, sft.BASE_DIR)
   if not storage.exists(storage.join(base, "config.json")):   # one warm start shared by all
     dataset = build_dataset(config.data, config.rollout.max_prompt_len)
-    sft.warm_start(config, runtime.model_config(config), dataset, workdir, progress=progress)
+    sft.warm_start(config, model_sections.model_config(config), dataset, workdir, progress=progress)
   dirs = []
   for name, c in runs:
     d = storage.join(workdir, name)
@@ -72,10 +74,19 @@ def main(argv) -> None:
       raise recipes.ConfigError("--workdir is required (the runs and the comparison go there)")
     for name in _RECIPES.value:
       recipes.recipe_overrides(name)   # ConfigError for an unknown recipe or switch
-    compare(_CONFIG.value, _WORKDIR.value, _RECIPES.value)
+    compare(_CONFIG.value, _WORKDIR.value, _RECIPES.value, overrides=_OVERRIDES)
   except recipes.ConfigError as e:
     sys.exit(f"config error: {e}")
 
 
+_OVERRIDES: list[str] = []
+
+
+def _parse_flags(argv) -> list[str]:
+  """absl's flags; the `--config.a.b=value` overrides set aside for the resolver."""
+  rest, _OVERRIDES[:] = run_config.split_overrides(argv[1:])
+  return flags.FLAGS([argv[0], *rest])
+
+
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

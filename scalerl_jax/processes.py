@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 
-from scalerl_jax.generation import interruption
 from scalerl_jax.spawn import popen
 from scalerl_jax.protocol.rpc import TLS
 
@@ -108,46 +107,51 @@ def child_env(env: dict | None = None) -> dict:
   return {**(os.environ if env is None else env), "SCALERL_PARENT_PID": str(os.getpid())}
 
 
-def buffer_flags(config, *, prompts: str, host: str, port: int, wal_dir: str | None = None,
-                 learner_state: str | None = None, tls: list[str] | tuple = ()) -> list[str]:
+def pin_to_device_cpus(config, role: str, index: int = 0) -> list[int] | None:
+  """With `config.pin_cpus`, pins this process to its own CPU(s), modelling one accelerator per
+  role on a CPU host: the learner takes CPU 0, generator i takes CPU 1 + i (mod the CPU count).
+  Must run before JAX initializes its thread pools. Returns the CPUs, or None when not pinning."""
+  if not config.pin_cpus or not sys.platform.startswith("linux"):   # sched_setaffinity: Linux
+    return None
+  cpus = sorted(os.sched_getaffinity(0))
+  if len(cpus) < 2:
+    return None
+  cpu = cpus[0] if role == "learner" else cpus[(1 + index) % len(cpus)]
+  os.sched_setaffinity(0, {cpu})
+  if role == "generator":   # one CPU: XLA's intra-op pool only adds contention to the small
+    # decode ops (bench.sampler --xla-threads 1: 1.17-1.19x vLLM vs 0.94-0.95x with the pool)
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_cpu_multi_thread_eigen=false").strip()
+  return [cpu]
+
+
+def buffer_flags(config, *, run_file: str, prompts: str, host: str, port: int,
+                 wal_dir: str | None = None, learner_state: str | None = None,
+                 tls: list[str] | tuple = (), overrides=()) -> list[str]:
   """The flags of `python -m scalerl_jax.buffer.server` for a run `config` (the typed RunConfig; or
   the resolved ConfigDict launch/ renders, which has the same attributes): the one definition, used
   by `ProcessGroup.start_buffer` (main starts the buffer) and by launch/spec.py (the buffer pod).
 
-  Everything the buffer needs comes from the config: batch shape, PipelineRL-k, the message and
-  completion-length limits, the data order seed, No-Positive-Resampling (`--npr-threshold`, the
-  buffer retires the prompts; the learner only logs `npr_retired`), the write-ahead log
-  (`--wal-dir` on a local disk, docs/STORAGE.md) and the learner-state file it rewinds from
-  (`--learner-state`, may be gs://). `tls`: the TLS flags (main: from config.tls; a pod: the
-  mounted Secret's files)."""
-  r, b = config.rollout, config.buffer
-  flags = [f"--host={host}", f"--port={int(port)}", f"--token-env={b.auth_token_env}",
-           f"--prompts={prompts}", f"--prompts-per-step={r.prompts_per_step}",
-           f"--group-size={r.generations_per_prompt}", f"--max-lag={r.max_lag}",
-           f"--mode={r.mode}", f"--max-message-bytes={b.max_message_bytes}",
-           f"--max-completion-tokens={interruption.max_completion_len(r)}",
-           f"--shuffle-seed={config.seed}"]
-  if config.rl.no_positive_resampling:
-    flags.append(f"--npr-threshold={config.rl.npr_threshold}")
-  if int(getattr(r, "max_ahead", -1)) >= 0:   # the freshness bound (off: rendered flags unchanged)
-    flags.append(f"--max-ahead={r.max_ahead}")
+  Every knob the buffer reads comes from `run_file`, the run's resolved run file (main's
+  WORKDIR/config.json; a pod's rendered run config) with `overrides` (`--config.a.b=value`, as
+  every pod of the run takes them); the flags are only where it listens, its prompts, the
+  write-ahead log (`--wal-dir` on a local disk, docs/STORAGE.md), the learner-state file it
+  rewinds from (`--learner-state`, may be gs://), `tls` (the TLS flags: main's from config.tls; a
+  pod's, the mounted Secret's files) and, with routing replay, the model's route shape (computed
+  here: the buffer runs without JAX)."""
+  flags = [f"--run-config={run_file}", *overrides, f"--host={host}", f"--port={int(port)}",
+           f"--prompts={prompts}"]
   if config.rl.routing_replay or config.rl.record_routes:   # MoE: generators send routes; validate
-    from scalerl_jax import models, runtime  # local: JAX (the vLLM venv imports this module)
-    cfg = runtime.model_config(config)
+    from scalerl_jax import models  # local: JAX (the vLLM venv imports this module)
+    from scalerl_jax.models import sections as model_sections  # local: JAX (the vLLM venv imports this module)
+    cfg = model_sections.model_config(config)
     flags.append(f"--route-shape={models.num_moe_layers(cfg)},{cfg.num_experts_per_tok},"
                  f"{cfg.num_experts}")
   if wal_dir:
-    flags += [f"--wal-dir={wal_dir}", f"--wal-fsync={b.wal_fsync}"]
-    if config.audit.wal_archive:
-      flags.append("--wal-archive")
+    flags.append(f"--wal-dir={wal_dir}")
   if learner_state:
     flags.append(f"--learner-state={learner_state}")
-  flags += list(tls)
-  if b.lease_ttl_s is not None:
-    flags.append(f"--lease-ttl-s={b.lease_ttl_s}")
-  if b.progress_file:
-    flags.append(f"--progress-file={b.progress_file}")
-  return flags
+  return flags + list(tls)
 
 
 class ProcessGroup:
@@ -185,18 +189,19 @@ class ProcessGroup:
       raise RuntimeError(f"buffer server did not start; see {self.logdir}/buffer.log")
     return json.loads(line)
 
-  def start_buffer(self, prompts_path: str, config, timeout_s: float = 60.0,
+  def start_buffer(self, prompts_path: str, config, run_file: str, timeout_s: float = 60.0,
                    wal_dir: str | None = None, learner_state: str | None = None) -> str:
     """Starts the gRPC buffer server process of the run `config` (the typed RunConfig: its
     buffer, rollout, rl, audit, tls and generator sections); returns its address once it listens.
 
     With `wal_dir` (or `config.buffer.wal_dir`) the buffer keeps a write-ahead log there and
     `supervise()` may restart it (same port, state replayed from the log). `learner_state` is the
-    learner's checkpoint/resume file, read at every buffer start (buffer/replay.py)."""
+    learner's checkpoint/resume file, read at every buffer start (buffer/replay.py). `run_file`:
+    the resolved run file the buffer reads its knobs from (WORKDIR/config.json)."""
     host, _, port = config.buffer.address.rpartition(":")
     wal_dir = wal_dir or config.buffer.wal_dir
     argv = [sys.executable, "-m", "scalerl_jax.buffer.server",
-            *buffer_flags(config, prompts=prompts_path, host=host or "127.0.0.1",
+            *buffer_flags(config, run_file=run_file, prompts=prompts_path, host=host or "127.0.0.1",
                           port=int(port or 0), wal_dir=wal_dir, learner_state=learner_state,
                           tls=TLS.from_config(config).argv())]
     b = config.buffer

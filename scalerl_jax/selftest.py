@@ -31,7 +31,8 @@ import threading
 import time
 import uuid
 
-from scalerl_jax import recipes, rewards, runtime, storage
+from scalerl_jax import config as run_config
+from scalerl_jax import rewards, storage
 from scalerl_jax.data import REWARD_FOR_KIND
 from scalerl_jax.data.mixture import parse_mixture
 from scalerl_jax.generation import backends
@@ -195,10 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
   ap = build_parser()
-  rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
+  rest, overrides = run_config.split_overrides(sys.argv[1:] if argv is None else argv)
   a = ap.parse_args(rest)
   try:
-    config = runtime.load_run_config(a.run_config, overrides)
+    config = run_config.resolve_config(a.run_config, overrides)
     line = run(a.role, config, a.workdir or os.path.dirname(os.path.abspath(a.run_config)),
                a.backend, a.budget_s)
   except Missing as e:

@@ -80,5 +80,5 @@ def one_line(e: BaseException, limit: int = 300) -> str:
 
 # The x-axes a scaling curve is fitted on (`forecast.axis`, analysis/metrics.py): compute as
 # logged (`compute_hours`) or the learner step. Here, below the config layer and analysis/, so
-# that configs/common.py checks the knob without importing analysis/ (docs/ARCHITECTURE.md "Layers").
+# that scalerl_jax/config/ checks the knob without importing analysis/ (docs/ARCHITECTURE.md "Layers").
 FORECAST_AXES = ("compute", "step")

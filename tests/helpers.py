@@ -25,7 +25,7 @@ import numpy as np
 
 # The process, port and polling helpers are the harness's (one copy for tests, benches, chaos).
 from harness.procs import (alive, argv, children, cmdline, cpu_seconds, descendants,  # noqa: F401
-                           free_port, proc_stat, proc_state, wait_until)
+                           buffer_knobs, free_port, proc_stat, proc_state, wait_until)
 from scalerl_jax import xla_env
 
 

@@ -9,17 +9,16 @@ import tempfile
 
 from absl import flags
 
-from scalerl_jax import main as main_mod  # noqa: F401 - defines --config and --workdir
+from scalerl_jax import config as run_config
+from scalerl_jax import main as main_mod  # defines --config and --workdir
 from scalerl_jax import recipes
 
 
 def parse(argv: list[str]) -> dict:
-  sys.argv = ["scalerl_jax.main", *argv]      # config_flags reads its overrides from sys.argv
-  for name in [n for n in flags.FLAGS if n.startswith("config.")]:   # the previous argv's overrides
-    delattr(flags.FLAGS, name)
+  sys.argv = ["scalerl_jax.main", *argv]
   flags.FLAGS.unparse_flags()
-  flags.FLAGS(sys.argv)
-  config = recipes.apply_recipe(flags.FLAGS["config"].value, recipes.locked_keys(argv))
+  main_mod.parse_flags(sys.argv)               # main's own parsing: flags, overrides set aside
+  config = run_config.resolve_config(flags.FLAGS["config"].value, main_mod.OVERRIDES)
   for name in ("cert", "key", "ca"):   # the TLS Secret's files exist only in the pod: stand-ins
     if config.tls.get(name):
       stand_in = os.path.join(tempfile.mkdtemp(), os.path.basename(config.tls[name]))

@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 def parity():
   import json
   import jax, jax.numpy as jnp, numpy as np
-  from configs.common import DEFAULT_RULES
+  from scalerl_jax.config import DEFAULT_RULES
   from scalerl_jax import models, sharding, topologies
   from scalerl_jax.models import moe
   assert jax.device_count() == 8
@@ -84,7 +84,8 @@ def parity():
 def flops():
   import json
   from configs import scout
-  from scalerl_jax import runtime, sharding, topologies
+  from scalerl_jax import sharding, topologies
+  from scalerl_jax.models import sections as model_sections
   from scalerl_jax.tools import plan
   out = {}
   for impl, cf in (("dense", 0.0), ("dispatch", 1.0)):
@@ -95,7 +96,7 @@ def flops():
                              remat="none"))   # the dispatch FLOPs, not the remat policy's
     config.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 1), ("expert", 4))
     config.optim.microbatches = 2
-    cfg = runtime.model_config(config)
+    cfg = model_sections.model_config(config)
     assert cfg.num_experts == 16 and cfg.num_experts_per_tok == 1 and cfg.scan_period == 4
     mesh = sharding.make_mesh(config.mesh.shape)
     topo = topologies.get_topology("gb200_16")

@@ -7,9 +7,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 import importlib, json, time
 import jax
-from scalerl_jax import runtime, sharding
+from scalerl_jax.models import sections as model_sections
+from scalerl_jax import sharding
 from scalerl_jax.tools import plan
-from configs.common import DEFAULT_RULES
+from scalerl_jax.config import DEFAULT_RULES
 assert jax.device_count() == 8
 out = {}
 cases = {"8b": (("data", 2), ("fsdp", 2), ("tensor", 2), ("expert", 1)),
@@ -17,10 +18,10 @@ cases = {"8b": (("data", 2), ("fsdp", 2), ("tensor", 2), ("expert", 1)),
 for name, shape in cases.items():
   config = importlib.import_module(f"configs.{name}").get_config()
   config.model.num_layers = 2            # real widths, 2 layers
-  config.mesh.rules = DEFAULT_RULES      # THE production table (configs/common.py)
+  config.mesh.rules = DEFAULT_RULES      # THE production table (scalerl_jax/config/)
   config.mesh.shape = shape
   config.optim.microbatches = 2
-  cfg = runtime.model_config(config)
+  cfg = model_sections.model_config(config)
   mesh = sharding.make_mesh(shape)
   t0 = time.perf_counter()
   compiled, info = plan.compile_learner(config, cfg, mesh, batch_rows=8, seq_len=64)

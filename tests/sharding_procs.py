@@ -7,7 +7,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo
 import json, sys
 import jax, numpy as np
-from configs.common import DEFAULT_RULES
+from scalerl_jax.config import DEFAULT_RULES
 from scalerl_jax import models, sharding
 from scalerl_jax.models.testing import rel_err
 assert jax.device_count() == 8, jax.devices()

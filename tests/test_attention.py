@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import recipes
 from scalerl_jax.learner.logprobs import chunked_token_logprobs, token_logprobs
 from scalerl_jax.models import attention as A

@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from helpers import free_port, tiny_params
+from helpers import buffer_knobs, free_port, tiny_params
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import weight_chunks as ws
@@ -200,7 +200,7 @@ def test_cli_requires_token(tmp_path):
 
 
 def test_from_config_uses_rollout_and_buffer_sections():
-  from configs import common
+  from scalerl_jax import config as common
   cfg = common.base_config()
   cfg.rollout.prompts_per_step, cfg.rollout.generations_per_prompt, cfg.rollout.max_lag = 3, 2, 5
   prompts = [PromptSpec(i, np.array([i], np.int32)) for i in range(4)]
@@ -236,8 +236,7 @@ def test_waiting_pull_and_lease_end_when_the_caller_goes_or_the_server_stops(tmp
   prompts.write_text('{"prompt_id": 0, "tokens": [1, 2], "answer": "x"}\n')
   env = dict(os.environ, SCALERL_BUFFER_TOKEN=TOKEN)
   srv = subprocess.Popen([sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0",
-                          "--prompts", str(prompts), "--prompts-per-step", "1", "--group-size", "2",
-                          "--max-lag", "0"], env=env, stdout=subprocess.PIPE,
+                          "--prompts", str(prompts), *buffer_knobs(1, 2, 0)], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True)
   try:
     import json

@@ -109,13 +109,14 @@ def _worker(ckpt, ref_dir, out_path):
   from scalerl_jax import distributed
   distributed.initialize()
   import jax
-  from configs.common import base_config
-  from scalerl_jax import runtime, sharding
+  from scalerl_jax.config import base_config
+  from scalerl_jax import sharding
+  from scalerl_jax.models import sections as model_sections
   from scalerl_jax.training import sft
   config = base_config()
   config.model.hf_checkpoint = ckpt
   config.mesh.shape = MESH
-  cfg = runtime.model_config(config)              # architecture from CKPT/config.json (gs:// too)
+  cfg = model_sections.model_config(config)              # architecture from CKPT/config.json (gs:// too)
   assert jax.device_count() == 8 and jax.local_device_count() == 4, jax.devices()
   # warm-up outside the measurement: the runtime's first allocations, tracing the shardings
   mesh = sharding.make_mesh(config.mesh.shape)
@@ -317,7 +318,7 @@ def test_vllm_generators_start_on_the_start_checkpoint(tmp_path):
   """Without generator.vllm_model_dir, a vLLM generator at version 0 starts on model.hf_checkpoint
   (a gs:// one through one copy per node: tests/test_node_cache.py); later versions and runs
   without a checkpoint export the fetched weights ("")."""
-  from configs.common import base_config
+  from scalerl_jax.config import base_config
   from scalerl_jax.generation.vllm.engine import vllm_start_dir
   c = base_config()
   assert vllm_start_dir(c.model, c.generator, 0) == ""

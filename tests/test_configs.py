@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from scalerl_jax import models, recipes, runtime, topologies
+from scalerl_jax.models import sections as model_sections
+from scalerl_jax import models, recipes, topologies
 
 CONFIGS = ("8b", "scout")
 PRESET = {"8b": "llama3_8b", "scout": "llama4_scout_17b_16e"}
@@ -42,7 +43,7 @@ def test_paper_settings(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_layout_divides(name):
   c = _get(name)
-  cfg = runtime.model_config(c)
+  cfg = model_sections.model_config(c)
   assert REQUIRED[name] <= set(c.layouts)
   for topo in c.layouts:
     c = _get(name, topo)
@@ -118,7 +119,7 @@ def test_hf_checkpoint_sets_architecture(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(hf.to_dict()))
   c = _get("8b")
   c.model.hf_checkpoint = str(tmp_path)
-  cfg = runtime.model_config(c)
+  cfg = model_sections.model_config(c)
   assert (cfg.num_layers, cfg.vocab_size, cfg.d_model) == (3, 100, small.d_model)
   assert (cfg.param_dtype, cfg.dtype, cfg.remat, cfg.scan_layers) == ("float32", "bfloat16",
                                                                       c.model.remat, True)
@@ -154,12 +155,12 @@ def test_expert_axis_must_divide_experts():
   c = _get("scout", "gb200_16")
   c.mesh.shape = (("data", 1), ("fsdp", 2), ("tensor", 1), ("expert", 3))
   with pytest.raises(ValueError, match="does not divide num_experts=16"):
-    runtime.model_config(c)
+    model_sections.model_config(c)
 
 
 def _start(c, workdir):
   """What main does at a run's start: validate, then resolve R3."""
-  return runtime.resolve_routing_replay(c, recipes.validate(c, str(workdir)))
+  return recipes.resolve_routing_replay(c, recipes.validate(c, str(workdir)))
 
 
 def test_routing_replay_on_vllm_is_refused_at_start(monkeypatch, tmp_path):

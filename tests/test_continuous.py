@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import common, tiny
+from configs import tiny
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax.generation.continuous import ContinuousDecoder
 from scalerl_jax.generation.continuous_loop import ContinuousLoop

@@ -14,9 +14,10 @@ import jax
 import pytest
 from helpers import drive_continuous
 
-from configs import common, tiny
+from scalerl_jax.models import sections as model_sections
+from configs import tiny
+from scalerl_jax import config as common
 from scalerl_jax import models
-from scalerl_jax import runtime
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.data import build_dataset
 from scalerl_jax.generation.worker import Worker
@@ -41,7 +42,7 @@ def test_continuous_worker_pushes_per_group_and_a_slow_grader_stalls_nothing(tmp
   c.rewards.log = False
   k, B, G = 2, 2, 8
   ds = build_dataset(c.data, c.rollout.max_prompt_len)
-  mcfg = runtime.model_config(c)
+  mcfg = model_sections.model_config(c)
   params = jax.device_get(models.init_params(mcfg, jax.random.PRNGKey(0)))
   srv = BufferServer(ds.train, token=TOKEN, prompts_per_step=B, group_size=G, max_lag=k).start()
   os.environ[c.buffer.auth_token_env] = TOKEN

@@ -2,7 +2,7 @@
 import json
 
 
-from configs import common
+from scalerl_jax import config as common
 import numpy as np
 import pytest
 

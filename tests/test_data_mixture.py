@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import recipes, rewards
 from scalerl_jax.training import job
 from scalerl_jax.data import (build_dataset, check_answers, loaders, mixture, stats_metrics,

@@ -7,7 +7,7 @@ import sys
 import torch
 import transformers
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax.tools import describe
 
@@ -60,7 +60,7 @@ def test_cli_prints_one_json_object():
   d = json.loads(out.stdout.strip().splitlines()[-1])
   # configs/tiny.py overrides the tiny_llama3 preset's widths (vocab 32, d 128, 2 heads, ...).
   from configs import tiny
-  from scalerl_jax import runtime
-  cfg = runtime.model_config(tiny.get_config())
+  from scalerl_jax.models import sections as model_sections
+  cfg = model_sections.model_config(tiny.get_config())
   assert cfg.d_model == 128 and cfg.vocab_size == 32
   assert d["params_total"] == d["params_active"] == _hf_count(cfg)

@@ -4,7 +4,7 @@ import itertools
 import os
 import re
 
-from configs import common
+from scalerl_jax import config as common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = open(os.path.join(ROOT, "docs", "ARCHITECTURE.md")).read()

@@ -50,12 +50,13 @@ def setup(tmp_path_factory):
 
 def _base_policy(path):
   import jax
-  from scalerl_jax import models, runtime
+  from scalerl_jax import models
+  from scalerl_jax.models import sections as model_sections
   from configs import tiny
-  from scalerl_jax.recipes import apply_overrides
+  from scalerl_jax.config import apply_overrides
   c = tiny.get_config()
   apply_overrides(c, [o for o in OVERRIDES if o.startswith("--config.model.")])
-  cfg = runtime.model_config(c)
+  cfg = model_sections.model_config(c)
   models.save_hf(cfg, jax.device_get(models.init_params(cfg, jax.random.PRNGKey(0))), path)
   return path
 

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from scalerl_jax import config as run_config
 from scalerl_jax.data import synthetic
 from scalerl_jax.protocol import rollout_pb2 as pb
 
@@ -105,10 +106,10 @@ def test_ledger_counts_every_processed_token(run_dir):
   """Each train line's FLOPs grow by 6N (learner) and 2N (generators) per real token of the dumped
   batch: prompts, injected tokens and zero-variance-filtered groups included, padding not
   (docs/COMPUTE.md "What the FLOPs count"); the loss-token FLOPs are the smaller useful part."""
-  from scalerl_jax import runtime
+  from scalerl_jax.models import sections as model_sections
   from scalerl_jax.tools.describe import count_params
-  config = runtime.load_run_config(os.path.join(run_dir, "config.json"))
-  n = float(count_params(runtime.model_config(config))["params_active"])
+  config = run_config.resolve_config(os.path.join(run_dir, "config.json"))
+  n = float(count_params(model_sections.model_config(config))["params_active"])
   lines = _lines(run_dir)
   train = {l["step"]: l for l in lines if l["kind"] == "train"}
   prev = {k: 0.0 for k in ("train_flops", "gen_flops", "train_loss_flops", "train_pad_flops")}
@@ -152,11 +153,12 @@ def test_checkpoint_restores_final_params(run_dir):
   bit for bit, its update count is the steps not skipped, and its params differ from the SFT base
   policy exactly when an update was applied."""
   import jax
-  from scalerl_jax import models, runtime
+  from scalerl_jax import models
   from scalerl_jax.training.checkpoint import RunCheckpointer
   from scalerl_jax.learner import LearnerState, make_optimizer
-  config = runtime.load_run_config(os.path.join(run_dir, "config.json"))
-  cfg = runtime.model_config(config)
+  from scalerl_jax.models import sections as model_sections
+  config = run_config.resolve_config(os.path.join(run_dir, "config.json"))
+  cfg = model_sections.model_config(config)
   params = models.init_params(cfg, jax.random.PRNGKey(1))
   abstract = jax.eval_shape(lambda p: LearnerState.create(p, make_optimizer(config.optim)), params)
   ck = RunCheckpointer(str(run_dir))

@@ -8,8 +8,9 @@ import os
 import jax
 import numpy as np
 
+from scalerl_jax.models import sections as model_sections
 from configs import tiny
-from scalerl_jax import models, runtime
+from scalerl_jax import models
 from scalerl_jax.generation.export_cache import MARKER, cached_export, params_digest
 
 
@@ -19,7 +20,7 @@ def _files(d):
 
 
 def test_export_reused_when_the_checksum_matches_rewritten_when_the_source_changed(tmp_path, caplog):
-  mcfg = runtime.model_config(tiny.get_config())
+  mcfg = model_sections.model_config(tiny.get_config())
   params = jax.device_get(models.init_params(mcfg, jax.random.PRNGKey(0)))
   d = str(tmp_path / "vllm_export")
   writes = []

@@ -45,8 +45,7 @@ def test_learner_buffer_and_fleet_as_separate_jobs(tmp_path):
   with open(tmp_path / "buffer.err", "w") as err:   # its log to a file (an unread pipe blocks)
     buffer = subprocess.Popen(
         [sys.executable, "-m", "scalerl_jax.buffer.server", "--host=127.0.0.1",
-         f"--port={port}", "--token-env=SCALERL_BUFFER_TOKEN", f"--prompts={prompts}",
-         "--prompts-per-step=8", "--group-size=8", "--max-lag=8"],
+         f"--port={port}", "--run-config=configs/tiny.py", f"--prompts={prompts}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True)   # stdout: its port
   worker = learner = None
   try:

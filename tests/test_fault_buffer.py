@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import publish_params, tiny_params
+from helpers import buffer_knobs, publish_params, tiny_params
 import test_fault_common as fc
 from scalerl_jax.processes import ProcessGroup
 from scalerl_jax.protocol import codec
@@ -123,8 +123,8 @@ def test_wal_with_an_old_blob_fails_with_the_format_named(tmp_path, monkeypatch)
                                              answer=p.answer)) + "\n" for p in _prompts()))
   monkeypatch.setenv("SCALERL_BUFFER_TOKEN", TOKEN)
   with pytest.raises(SystemExit) as e:                     # the command: one line, no traceback
-    server_mod.main(["--prompts", str(prompts), "--wal-dir", d, "--prompts-per-step", "2",
-                     "--group-size", "2", "--no-tune-malloc"])
+    server_mod.main(["--prompts", str(prompts), "--wal-dir", d, "--no-tune-malloc",
+                     *buffer_knobs(2, 2, 8)])
   assert "format 'safetensors'" in str(e.value.code)
 
 

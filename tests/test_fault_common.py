@@ -19,6 +19,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
+from harness.procs import buffer_knobs  # noqa: E402  (after the path: run as a script too)
 
 TOKEN = "fault-test-token"
 ENV = {"SCALERL_BUFFER_TOKEN": TOKEN}
@@ -34,11 +35,11 @@ def write_prompts(path, n=24):
 
 def buffer_argv(prompts, wal_dir, B, G, k, ttl, mode="pipeline", archive=False):
   argv = [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0",
-          "--prompts", prompts, "--prompts-per-step", str(B), "--group-size", str(G),
-          "--max-lag", str(k), "--lease-ttl-s", str(ttl), "--mode", mode, "--max-workers", "32",
-          "--no-tune-malloc"]
+          "--prompts", prompts, "--max-workers", "32", "--no-tune-malloc",
+          *buffer_knobs(B, G, k, buffer__lease_ttl_s=ttl, rollout__mode=mode,
+                        audit__wal_archive=archive)]
   if wal_dir:
-    argv += ["--wal-dir", wal_dir] + (["--wal-archive"] if archive else [])
+    argv += ["--wal-dir", wal_dir]
   return argv
 
 

@@ -15,9 +15,11 @@ import jax
 import numpy as np
 import pytest
 
-from configs import common, tiny
+from scalerl_jax.generation import interruption
+from scalerl_jax.models import sections as model_sections
+from configs import tiny
+from scalerl_jax import config as common
 from scalerl_jax import models
-from scalerl_jax import runtime
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.data import build_dataset
 from scalerl_jax.generation.continuous import ContinuousDecoder
@@ -60,7 +62,7 @@ def setup(tmp_path_factory):
   c.generator.eval_decode_batch = 0
   c.rewards.log = False
   ds = build_dataset(c.data, c.rollout.max_prompt_len)
-  mcfg = runtime.model_config(c)
+  mcfg = model_sections.model_config(c)
   p1 = models.init_params(mcfg, jax.random.PRNGKey(1))    # version 1: untrained
   # 60 SFT steps: held-out pass rate 0.09 (120 steps: 0.11), enough for "not 0 == 0" below at
   # half the CPU (in-process SFT compiled at the tests' level 0 runs ~1.3 CPU-s a step here)
@@ -93,7 +95,7 @@ def setup(tmp_path_factory):
 def test_fleet_equals_local_at_the_pinned_version(setup, version):
   c, ds = setup["c"], setup["ds"]
   prompts = eval_prompts(ds.heldout, int(c.eval.num_prompts), int(c.seed))
-  spec = runtime.sampling_spec(c, ds, seed=12345, temperature=float(c.eval.temperature),
+  spec = interruption.sampling_spec(c, ds, seed=12345, temperature=float(c.eval.temperature),
                                top_p=float(c.eval.top_p))
   fe = FleetEvaluator(setup["client"], prompts, num_prompts=0, samples_per_prompt=SAMPLES,
                       seed=spec.seed, temperature=spec.temperature, top_p=spec.top_p,
@@ -130,7 +132,7 @@ def test_continuous_evaluation_lane_agrees_with_local(setup):
   pinned version's, and training sampling stays on the newest version."""
   c, ds, worker = setup["c"], setup["ds"], setup["worker"]
   prompts = eval_prompts(ds.heldout, int(c.eval.num_prompts), int(c.seed))
-  spec = runtime.sampling_spec(c, ds, seed=777, temperature=float(c.eval.temperature),
+  spec = interruption.sampling_spec(c, ds, seed=777, temperature=float(c.eval.temperature),
                                top_p=float(c.eval.top_p))
   c2 = c.copy_and_resolve_references()
   c2.generator.eval_decode_batch = 16

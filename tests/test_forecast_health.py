@@ -9,7 +9,7 @@ import pytest
 
 from analysis.metrics import append_metrics
 from analysis.posterior import fit_posterior
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.training.health import HealthMonitor, LiveForecast, RunUnhealthy
 from tb_events import tb_scalars
 

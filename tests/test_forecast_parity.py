@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.training.health import ParityError, parity_check

@@ -24,7 +24,7 @@ from scalerl_jax.protocol.client import BufferClient, assignment_prompt, pack_pu
 from scalerl_jax.generation.fake import random_completion
 from scalerl_jax.protocol.rpc import TLS, open_channel
 from scalerl_jax.weights.stream import StreamPublisher
-from helpers import publish_params, tiny_params
+from helpers import buffer_knobs, publish_params, tiny_params
 import tls_certs
 
 TOKEN = "fuzz-secret-0123456789"
@@ -54,10 +54,9 @@ def server(tmp_path_factory, request):
   # its log (a line per refused message) to a file: an unread pipe blocks
   with open(d / "server.err", "w") as err:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--token-env",
-         "FUZZ_TOKEN", "--prompts", str(prompts), "--prompts-per-step", "2", "--group-size", "2",
-         "--max-lag", "1", "--max-message-bytes", str(MAX_MSG), "--max-completion-tokens",
-         str(MAX_TOKENS)] + tls.argv(), stdout=subprocess.PIPE, stderr=err, env=env, text=True)
+        [sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0", "--prompts", str(prompts),
+         *buffer_knobs(2, 2, 1, max_completion_tokens=MAX_TOKENS, buffer__auth_token_env="FUZZ_TOKEN",
+                       buffer__max_message_bytes=MAX_MSG)] + tls.argv(), stdout=subprocess.PIPE, stderr=err, env=env, text=True)
   line = proc.stdout.readline()
   assert line, (d / "server.err").read_text()
   port = json.loads(line)["port"]

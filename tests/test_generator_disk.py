@@ -10,16 +10,17 @@ import numpy as np
 import pytest
 import yaml
 
+from scalerl_jax.models import sections as model_sections
 from configs import tiny
 from launch import sizing
 from launch.preflight import Report, check_generator_disk
-from scalerl_jax import models, runtime
+from scalerl_jax import models
 
 GIB = 2 ** 30
 
 
 def _params(c) -> int:
-  shapes = jax.eval_shape(lambda: models.init_params(runtime.model_config(c), jax.random.PRNGKey(0)))
+  shapes = jax.eval_shape(lambda: models.init_params(model_sections.model_config(c), jax.random.PRNGKey(0)))
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
 
 

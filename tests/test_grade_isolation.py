@@ -18,15 +18,17 @@ import jax
 import pytest
 from helpers import drive_continuous
 
-from configs import common, tiny
-from scalerl_jax import models, rewards, runtime
+from scalerl_jax.models import sections as model_sections
+from configs import tiny
+from scalerl_jax import config as common
+from scalerl_jax import models, rewards
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.data import build_dataset
 from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
 from scalerl_jax.generation import fake
 from scalerl_jax.generation.worker import Worker
 from scalerl_jax.protocol.client import BufferClient
-from scalerl_jax.recipes import apply_overrides
+from scalerl_jax.config import apply_overrides
 from scalerl_jax.rewards import isolation
 from scalerl_jax.rewards import math as math_reward
 from scalerl_jax.training.trainer import generator_metrics
@@ -187,7 +189,7 @@ def test_generator_serving_hostile_answers_keeps_decoding_heartbeating_and_pushi
       "--config.rollout.think_budget_max=64", "--config.rollout.answer_budget=32"])
   B, G = 2, 4
   ds = build_dataset(c.data, c.rollout.max_prompt_len)
-  params = jax.device_get(models.init_params(runtime.model_config(c), jax.random.PRNGKey(0)))
+  params = jax.device_get(models.init_params(model_sections.model_config(c), jax.random.PRNGKey(0)))
   token = "grade-isolation-test-token"
   srv = BufferServer(ds.train, token=token, prompts_per_step=B, group_size=G, max_lag=1).start()
   os.environ[c.buffer.auth_token_env] = token

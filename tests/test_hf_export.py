@@ -121,7 +121,7 @@ def _worker(mesh_names, out_root):
   from scalerl_jax import distributed
   distributed.initialize()
   import jax
-  from configs.common import DEFAULT_RULES
+  from scalerl_jax.config import DEFAULT_RULES
   from scalerl_jax import sharding
   from scalerl_jax.models import hf_export, hf_io
   cfg = _cfg(True)

@@ -205,23 +205,27 @@ def test_no_import_runs_back_up_the_layers():
 
 
 def test_the_layer_check_fails_on_planted_upward_imports():
-  """A planted source in the RL library importing the trainer, one in the learner importing the
-  vLLM parity module and one in launch/ importing the worker: each is named."""
+  """A planted source in the RL library importing the trainer, one in the config layer importing
+  the data library, one in the learner importing the vLLM parity module and one in launch/
+  importing the worker: each is named."""
   edges, _ = import_graph()
   mods = _modules()
   layers = layers_from_doc(ARCHITECTURE.read_text())
   planted = {"scalerl_jax.rl.planted": "from scalerl_jax.training import trainer\n",
+             "scalerl_jax.config.planted": "from scalerl_jax.data import mixture\n",
              "scalerl_jax.training.planted": "from scalerl_jax.generation.vllm import parity\n",
              "launch.planted": "from scalerl_jax.generation.worker import build_parser\n"}
   for name, src in planted.items():
     edges[name], _ = module_imports(name, ast.parse(src), False, mods)
   assert upward_imports(edges, layers) == [
-      "scalerl_jax.rl.planted (1) -> scalerl_jax.training.trainer (5)"]
+      "scalerl_jax.config.planted (1) -> scalerl_jax.data.mixture (2)",
+      "scalerl_jax.rl.planted (2) -> scalerl_jax.training.trainer (5)"]
   assert room_violations(edges) == [
       "launch.planted -> scalerl_jax.generation.worker (an entry module)",
       "scalerl_jax.training.planted -> scalerl_jax.generation.vllm.parity (room rule: "
       f"scalerl_jax.training reaches scalerl_jax.generation only for {ROOM_RULES[0][2]})"]
-  assert layer_of("scalerl_jax.generation.backends", layers) == 1        # longest prefix wins
+  assert layer_of("scalerl_jax.generation.backends", layers) == 2        # longest prefix wins
+  assert layer_of("scalerl_jax.config._resolve", layers) == 1
   assert layer_of("scalerl_jax.generation.worker", layers) == 4
 
 

@@ -1,4 +1,5 @@
-"""Every config knob's default is written once, in configs/common.py (issue #47): no library
+"""Every config knob's default is written once, in the config layer's sections
+(scalerl_jax/config/_sections.py, _run.py; issue #47): no library
 function parameter has a declared knob's name AND the same literal default. A parameter that
 needs the knob takes it from its section at the call site, or defaults to the declaration itself
 (`n_draws: int = common.Forecast.n_draws`), which is one place, not two. AST only: no imports."""
@@ -22,38 +23,11 @@ GENERIC = {
 # Restated defaults not removed yet, each with why. The test fails when one is fixed (remove it
 # here) and on any new one.
 KNOWN = {
-    # the sampler's own switch (JaxEngine passes rl.routing_replay or rl.record_routes); 38
-    # constructions in tests and benches sample without routes
-    "scalerl_jax/generation/sampler.py::JaxSampler.__init__(record_routes)",
-    # the buffer does not import the config layer (importing configs/common.py after the buffer's
-    # modules took 0.68 s: 2026-12-07, commit ad5a22d, 2-core AMD EPYC shared with concurrent work;
-    # #47's config rewrite gives it the resolved run file), and buffer/state.py is edited concurrently
-    "scalerl_jax/buffer/server.py::BufferServer.__init__(mode)",
-    "scalerl_jax/buffer/server.py::BufferServer.__init__(lease_ttl_s)",
-    "scalerl_jax/buffer/server.py::BufferServer.__init__(wal_fsync)",
-    "scalerl_jax/buffer/server.py::BufferServer.__init__(wal_archive)",
-    "scalerl_jax/buffer/server.py::BufferServer.__init__(max_ahead)",
-    "scalerl_jax/buffer/state.py::BufferState.__init__(mode)",
-    "scalerl_jax/buffer/state.py::BufferState.__init__(lease_ttl_s)",
-    "scalerl_jax/buffer/state.py::BufferState.__init__(max_ahead)",
-    # libraries below the config layer (docs/ARCHITECTURE.md "Layers"): "" = no system prompt;
-    # the client's budget is passed by every process from generator.retry_budget_s (62 call sites)
-    "scalerl_jax/data/hf_tokenizer.py::HFTokenizer.__init__(system_prompt)",
-    "scalerl_jax/data/templates.py::Template.render(system_prompt)",
-    "scalerl_jax/data/templates.py::render(system_prompt)",
-    "scalerl_jax/protocol/client.py::BufferClient.__init__(retry_budget_s)",
-    # files edited concurrently (generation/vllm/, weights/, analysis/allocate.py): after the merge
+    # files edited concurrently (generation/vllm/, weights/): after the merge
     "scalerl_jax/generation/vllm/generator.py::VLLMGenerator.__init__(gpu_memory_utilization)",
     "scalerl_jax/weights/stream.py::StreamFetcher.__init__(delta)",
-    "analysis/allocate.py::predict(n_draws)",
     # the WAL a test's hand-started buffer writes, for the record ("" = none): not the knob
     "scalerl_jax/processes.py::ProcessGroup.start_buffer_argv(wal_dir)",
-    # analysis/ CLIs default --axis like forecast.axis; reading the section means importing
-    # configs/common.py into every analysis command: with #47's config rewrite
-    "analysis/calibrate.py::real_study(axis)",
-    "analysis/forecast.py::read_references(axis)",
-    "analysis/forecast.py::forecast_runs(axis)",
-    "analysis/plots.py::plot_forecast(axis)",
 }
 
 
@@ -105,8 +79,16 @@ def restated_defaults(rel: str, source: str, knobs) -> list[str]:
   return out
 
 
+SECTIONS = ("scalerl_jax/config/_sections.py", "scalerl_jax/config/_run.py")
+
+
+def schema_knobs() -> dict[str, list[tuple[str, object]]]:
+  """declared_knobs of the config layer's section modules, together."""
+  return declared_knobs("\n".join((ROOT / p).read_text() for p in SECTIONS))
+
+
 def all_restated() -> list[str]:
-  knobs = declared_knobs((ROOT / "configs" / "common.py").read_text())
+  knobs = schema_knobs()
   found = []
   for pkg in LIBRARY:
     for p in sorted((ROOT / pkg).rglob("*.py")):
@@ -116,7 +98,7 @@ def all_restated() -> list[str]:
 
 
 def test_no_library_signature_restates_a_knob_default():
-  knobs = declared_knobs((ROOT / "configs" / "common.py").read_text())
+  knobs = schema_knobs()
   assert len(knobs) > 150 and ("Buffer", 120.0) in knobs["lease_ttl_s"]   # the schema was read
   found = set(all_restated())
   assert sorted(found - KNOWN) == [], "a knob's default restated in a signature: take it from its section"

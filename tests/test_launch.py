@@ -13,7 +13,7 @@ import yaml
 
 from launch import spec as spec_lib
 from launch.gke import render
-from scalerl_jax import recipes
+from scalerl_jax import config as run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K8S_VERSION = "1.37.0"
@@ -37,9 +37,10 @@ def test_dry_run_prints_jobs_without_xmanager():
   assert specs["generators"]["gpus"] == 64 and specs["generators"]["replicas"] == 64
   assert specs["total_chips"] == 80
   assert specs["buffer"]["port"] == 50051
-  assert "--prompts-per-step=48" in specs["buffer"]["command"]
-  assert "--group-size=16" in specs["buffer"]["command"]
-  assert "--max-lag=8" in specs["buffer"]["command"]
+  # the buffer reads the run config every pod reads (48 x 16, k = 8), not knob flags of its own
+  assert any(a.startswith("--run-config=configs/8b.py") for a in specs["buffer"]["command"])
+  assert not any(a.startswith(("--prompts-per-step", "--group-size", "--max-lag"))
+                 for a in specs["buffer"]["command"])
 
 
 def test_dry_run_flags_and_errors():
@@ -187,11 +188,7 @@ def test_manifests_match_configs(variant):
   assert b["ports"][0]["containerPort"] == bsvc["spec"]["ports"][0]["port"] == spec_lib.BUFFER_PORT
   assert f"--port={spec_lib.BUFFER_PORT}" in b["command"]
   assert bsvc["spec"]["selector"] == bdep["spec"]["template"]["metadata"]["labels"]
-  r = config.rollout
-  r = run_cfg.rollout
-  for flag in (f"--prompts-per-step={r.prompts_per_step}", f"--group-size={r.generations_per_prompt}",
-               f"--max-lag={r.max_lag}", f"--mode={r.mode}"):
-    assert flag in b["command"]
+  assert f"--run-config={spec_lib.RUN_CONFIG_PATH}" in b["command"]   # the one run config
   host = f"{name}-buffer.default.svc.cluster.local:{spec_lib.BUFFER_PORT}"
   assert f"--config.buffer.address={host}" in c["command"] and "--config.buffer.external=True" in c["command"]
   # the fleet runs the generator worker (vLLM backend) against the same buffer service
@@ -336,35 +333,33 @@ def test_pods_read_exactly_what_their_manifests_give():
         assert mounted(config.data.path, c), (variant, c["name"])           # the data volume
       if module == "scalerl_jax.selftest":   # every pod's start-up self-test (issue 46)
         assert c["name"] == "selftest" and mounted(spec_lib.RUN_CONFIG_PATH, c), (variant, c["name"])
-        st = parsers[module].parse_args(recipes.split_overrides(args)[0])
+        st = parsers[module].parse_args(run_config.split_overrides(args)[0])
         assert st.role in ("learner", "generator", "buffer") and st.budget_s > 0
         continue
       if module == "scalerl_jax.main":
         learner_argvs.append([a.replace(spec_lib.RUN_CONFIG_PATH, local_cfg) for a in args])
         learners.append((variant, specs, env, c, pod))
         continue
-      over = []
-      if module in ("scalerl_jax.generation.worker", "scalerl_jax.data.export"):
-        args, over = recipes.split_overrides(args)   # as their main() takes --config.a.b=v
+      args, over = run_config.split_overrides(args)   # as their main() takes --config.a.b=v
       a = parsers[module].parse_args(args)      # SystemExit (a test error) on an unknown flag
       if module == "scalerl_jax.buffer.server":
-        assert args == buffer_flags(config, prompts=spec_lib.PROMPTS_FILE, host="0.0.0.0",
-                                    port=spec_lib.BUFFER_PORT, wal_dir=spec_lib.WAL_MOUNT,
-                                    learner_state=specs["learner"]["command"][-1][len("--workdir="):]
-                                    + "/learner_state.json",
-                                    tls=specs["tls"]["buffer_args"] if specs.get("tls") else ())
-        assert a.npr_threshold == (config.rl.npr_threshold if config.rl.no_positive_resampling
-                                   else None)
-        assert a.npr_threshold == 0.9            # ScaleRL: No-Positive-Resampling on
+        assert args + over == buffer_flags(
+            config, run_file=spec_lib.RUN_CONFIG_PATH, prompts=spec_lib.PROMPTS_FILE,
+            host="0.0.0.0", port=spec_lib.BUFFER_PORT, wal_dir=spec_lib.WAL_MOUNT,
+            learner_state=specs["learner"]["command"][-1][len("--workdir="):] + "/learner_state.json",
+            tls=specs["tls"]["buffer_args"] if specs.get("tls") else ())
+        bcfg = run_config.resolve(local_cfg, over)   # what the buffer resolves: the learner's
+        assert bcfg.rl.no_positive_resampling and bcfg.rl.npr_threshold == 0.9   # ScaleRL: NPR on
+        assert bcfg.rollout == run_config.RunConfig.from_config(config).rollout
         assert a.wal_dir == "/wal" and mounted(a.wal_dir, c) and mounted(a.prompts, c)
         claim = {v["name"]: v for v in pod["volumes"]}["wal"]["persistentVolumeClaim"]["claimName"]
         assert ("PersistentVolumeClaim", claim) in load_variant(variant)
         assert a.learner_state == "gs://BUCKET/scalerl/run/learner_state.json"
-        assert a.token_env == token_env in env
+        assert bcfg.buffer.auth_token_env == token_env in env
       elif module == "scalerl_jax.generation.worker":
         assert a.run_config == spec_lib.RUN_CONFIG_PATH and a.backend == "vllm" and token_env in env
         assert mounted(config.model.hf_checkpoint, c)
-        w = recipes.apply_overrides(config.copy_and_resolve_references(), over).weights
+        w = run_config.apply_overrides(config.copy_and_resolve_references(), over).weights
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert w.relay_port == ports["relay"] == spec_lib.RELAY_PORT      # the relay's port
         assert w.relay_bulk_port == ports["relay-bulk"] == spec_lib.RELAY_BULK_PORT   # its bulk channel

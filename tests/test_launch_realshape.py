@@ -29,6 +29,7 @@ import pytest
 from gcs_emulator import running_emulator
 from helpers import with_test_compile_flags
 
+from scalerl_jax import config as run_config
 from scalerl_jax import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -176,9 +177,9 @@ def test_real_shape_refuses_a_shape_that_does_not_fit():
   """The job-start preflight arithmetic: a mesh for other devices, an uneven micro-batch split."""
   import ml_collections
   from launch.spec import load_config
-  from scalerl_jax import recipes, topologies
+  from scalerl_jax import topologies
   cfg = load_config(os.path.join(ROOT, "configs", "8b.py"), "gb200_16")
-  cfg = recipes.apply_recipe(cfg, set())
+  cfg = run_config.apply_recipe(cfg, set())
   assert topologies.run_shape_failures(cfg, 4, 16) == []
   assert "needs 16 devices" in topologies.run_shape_failures(cfg, 4, 4)[0]
   bad = ml_collections.ConfigDict(cfg.to_dict())

@@ -141,7 +141,7 @@ def _common_checks(s, steps=6, fit=True, npr_history=True):
   for g in gens:                                                    # both generators fetch from both
     assert sorted(w["fetched_chunks_by_source"][g]) == learners, w
   b = s["buffer"]
-  assert b["npr_threshold_flag"] == "0.9"                           # the 8b recipe's threshold
+  assert b["npr_threshold"] == "0.9"                 # the 8b recipe's threshold, as the buffer resolved it
   assert b["npr_state"]["threshold"] == 0.9, b                      # the buffer's state
   assert bool(b["npr_state"]["history"]) == npr_history, b   # empty: snapshot after a start-over
   assert b["wal_records"].get("npr", 0) + b["wal_records"].get("npr_state", 0) > 0

@@ -1,4 +1,4 @@
-"""Learner padding (issue 24): the token axis is bucketed to a multiple (runtime.padded_length,
+"""Learner padding (issue 24): the token axis is bucketed to a multiple (common.padded_length,
 never above the config's longest sequence, not the next power of two), rows are length-sorted into
 micro-batches and each micro-batch is cut to its own length bucket, with EXACTLY the same loss and
 gradient as the unsorted, uncut full batch."""
@@ -9,8 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from configs import common
-from scalerl_jax import runtime
+from scalerl_jax import config as common
 from scalerl_jax.learner import LearnerState, RLSpec, make_train_step
 from scalerl_jax.learner.batch import (bucket_lengths, length_sorted_order,
                                        microbatch_token_slots, needed_lengths)
@@ -19,19 +18,19 @@ from test_learner_step import _params, apply_fn, model_batch, tree_rel_err
 
 
 def test_padded_length_is_a_clamped_multiple():
-  assert runtime.padded_length(16_404, 128, 16_448) == 16_448      # clamped (old: 32,768)
-  assert runtime.padded_length(16_300, 128, 16_448) == 16_384
-  assert runtime.padded_length(80, 16, 136) == 80
-  assert runtime.padded_length(81, 16, 136) == 96
-  assert runtime.padded_length(0, 16, 136) == 16
+  assert common.padded_length(16_404, 128, 16_448) == 16_448      # clamped (old: 32,768)
+  assert common.padded_length(16_300, 128, 16_448) == 16_384
+  assert common.padded_length(80, 16, 136) == 80
+  assert common.padded_length(81, 16, 136) == 96
+  assert common.padded_length(0, 16, 136) == 16
   with pytest.raises(ValueError, match="exceeds the longest the config allows"):
-    runtime.padded_length(16_404, 128, 16_384)
+    common.padded_length(16_404, 128, 16_384)
   with pytest.raises(ValueError, match="learner.pad_multiple=0"):
-    runtime.padded_length(10, 0, 100)
+    common.padded_length(10, 0, 100)
   c = common.base_config()          # 8B budgets: 2048 + 12288 + 64 + 2048
-  assert runtime.max_sequence_len(c.rollout) == 16_448
+  assert common.max_sequence_len(c.rollout) == 16_448
   arrays = {"tokens": np.ones((2, 16_404), np.int32), "loss_mask": np.ones((2, 16_404), bool)}
-  assert pad_time(arrays, 128, runtime.max_sequence_len(c.rollout))["tokens"].shape == (2, 16_448)
+  assert pad_time(arrays, 128, common.max_sequence_len(c.rollout))["tokens"].shape == (2, 16_448)
 
 
 def _ragged_batch(seed=11, T=48):

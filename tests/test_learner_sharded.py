@@ -1,5 +1,5 @@
 """Sharded train step (8 simulated CPU devices, mesh data 2 × fsdp 2 × tensor 2, rules table from
-configs/common.py with the data-parallel layouts' overrides, incl. the residual's sequence over
+scalerl_jax/config/ with the data-parallel layouts' overrides, incl. the residual's sequence over
 tensor) equals the unsharded one: parameters after 3 AdamW steps.
 
 The device count must be set before jax is imported, so the comparison runs in a subprocess
@@ -21,7 +21,8 @@ def _main():
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from configs import common, tiny
+  from configs import tiny
+  from scalerl_jax import config as common
   from scalerl_jax import models, sharding, topologies
   from scalerl_jax.learner import Learner
   sys.path.insert(0, os.path.dirname(__file__))

@@ -14,7 +14,8 @@ import numpy as np
 import optax
 import pytest
 
-from configs import common, tiny
+from configs import tiny
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax.learner import (Learner, LearnerState, RLSpec, make_optimizer, make_train_step,
                                  token_logprobs, warmup_constant_schedule)

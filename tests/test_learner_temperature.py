@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import common, tiny
+from configs import tiny
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner

@@ -1,6 +1,7 @@
 """Issue 46: liveness from progress for the learner and the buffer (scalerl_jax/progress.py).
 
-A real buffer process with `--progress-file` (what the rendered manifests give it): while a
+A real buffer process with a progress file (buffer.progress_file, what the rendered run config
+gives it): while a
 generator leases from it slowly (one lease every 0.4 s, each a unit of progress: a served lease
 and its WAL commit), the pod's exec probe (the exact command launch/gke/render.py renders) keeps
 passing; frozen on purpose (SIGSTOP: the port stays open, a TCP probe would pass), the probe fails
@@ -16,6 +17,7 @@ import time
 
 import pytest
 
+from harness.procs import buffer_knobs
 from launch.gke import render
 from scalerl_jax.progress import Beacon, age_s, probe_command
 from scalerl_jax.protocol.client import BufferClient
@@ -38,8 +40,8 @@ def test_a_frozen_buffer_fails_its_probe_within_the_bound_a_slow_one_does_not(tm
   beacon = tmp_path / "progress"
   p = subprocess.Popen(
       [sys.executable, "-m", "scalerl_jax.buffer.server", "--port=0", f"--prompts={prompts}",
-       "--prompts-per-step=2", "--group-size=1", "--max-lag=1000", f"--wal-dir={tmp_path / 'wal'}",
-       f"--progress-file={beacon}", "--lease-ttl-s=600"],
+       f"--wal-dir={tmp_path / 'wal'}",
+       *buffer_knobs(2, 1, 1000, buffer__progress_file=beacon, buffer__lease_ttl_s=600)],
       cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT,
                                                          "SCALERL_BUFFER_TOKEN": TOKEN})
   try:
@@ -91,5 +93,8 @@ def test_rendered_learner_and_buffer_probe_their_progress_files():
         cmd = c["livenessProbe"]["exec"]["command"]
         assert "/tmp/scalerl/progress" in cmd[-1] and "getmtime" in cmd[-1], (variant, comp, cmd)
         assert c["livenessProbe"]["failureThreshold"] == 1
-        if comp == "buffer":
-          assert "--progress-file=/tmp/scalerl/progress" in c["command"]
+        if comp == "buffer":   # the file is the run config's buffer.progress_file (the ConfigMap)
+          run_cfg = docs[("ConfigMap", next(k[1] for k in docs if k[0] == "ConfigMap"))]
+          text = next(iter(run_cfg["data"].values()))
+          assert "'progress_file': '/tmp/scalerl/progress'" in text.split("'buffer'")[1][:2000]
+          assert any(a.startswith("--run-config=") for a in c["command"])

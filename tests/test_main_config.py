@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from scalerl_jax import config as run_config
 from configs import tiny
 from scalerl_jax import recipes
 
@@ -56,22 +57,22 @@ def test_unwritable_workdir_in_process(tmp_path):
 def test_recipes_apply_paper_definitions():
   c = tiny.get_config()
   c.recipe = "qwen_dapo"
-  q = recipes.apply_recipe(c)
+  q = run_config.apply_recipe(c)
   assert (q.rl.loss, q.rl.clip_eps_low, q.rl.clip_eps_high) == ("dapo", 0.2, 0.26)
   assert q.rollout.mode == "ppo_off_policy" and q.rl.aggregation == "prompt"
   assert q.rollout.prompts_per_step == round(c.rollout.prompts_per_step * 80 / 48)
   c.recipe = "deepseek_grpo"
-  d = recipes.apply_recipe(c, locked=frozenset({"rl.aggregation"}))
+  d = run_config.apply_recipe(c, locked=frozenset({"rl.aggregation"}))
   assert d.rl.loss == "ppo" and d.rl.aggregation == "prompt"   # the explicit override wins
   c.recipe = "scalerl"
-  s = recipes.apply_recipe(c)
+  s = run_config.apply_recipe(c)
   assert (s.rl.loss, s.rl.aggregation, s.rl.adv_norm, s.rollout.mode, s.rollout.max_lag) == \
       ("cispo", "prompt", "batch", "pipeline", 8)
   assert s.rl.zero_variance_filter and s.rl.no_positive_resampling and s.model.fp32_lm_head
 
 
 def test_undeclared_knob_is_a_clear_error(tmp_path):
-  """A knob is declared once (configs/common.py); reading or overriding one that is not declared
+  """A knob is declared once (scalerl_jax/config/); reading or overriding one that is not declared
   fails with its name and ml_collections' nearest declared name, never a silent default."""
   c = tiny.get_config()
   with pytest.raises(AttributeError, match='decode_bach.*Did you mean "decode_batch"'):
@@ -79,16 +80,16 @@ def test_undeclared_knob_is_a_clear_error(tmp_path):
   r = _main(tmp_path, "--config.generator.decode_bach=3")
   assert r.returncode == 2
   (line,) = [l for l in r.stderr.splitlines() if l.startswith("error:")]
-  assert ("unknown config field 'decode_bach' (--config.generator.decode_bach)" in line
-          and 'did you mean "decode_batch"' in line), r.stderr[-2000:]
+  assert ("unknown config field 'generator.decode_bach' (--config.generator.decode_bach=3)" in line
+          and "did you mean 'generator.decode_batch'?" in line), r.stderr[-2000:]
 
 
 def test_declared_knobs_are_read_without_a_second_default():
-  """`config....get("knob", default)` repeats (and can contradict) configs/common.py's default:
+  """`config....get("knob", default)` repeats (and can contradict) scalerl_jax/config/'s default:
   no production read of a DECLARED knob may use .get (undeclared ones, e.g. `layout` outside the
   scale-out configs, still may)."""
   import re
-  from configs import common
+  from scalerl_jax import config as common
   base = common.base_config()
 
   def declared(path: list[str]) -> bool:

@@ -41,7 +41,8 @@ def _worker(mode, out_path):
   from scalerl_jax import distributed
   spec = distributed.initialize()          # env SCALERL_* (multi) or a no-op (single)
   import jax
-  from configs import common, tiny
+  from configs import tiny
+  from scalerl_jax import config as common
   from scalerl_jax import models, sharding
   from scalerl_jax.learner import Learner
 
@@ -283,12 +284,14 @@ def test_main_runs_as_two_processes(tmp_path):
   step, meta, _ = checkpoint.find_valid(str(tmp_path))
   assert step == 3 and meta["consumed"]["step"] == 3
   # The collectively saved state restores in one process and moved away from the base policy.
-  from scalerl_jax import models, runtime
+  from scalerl_jax import models
+  from scalerl_jax.models import sections as model_sections
   from scalerl_jax.training.checkpoint import RunCheckpointer
   from scalerl_jax.learner.optimizer import make_optimizer
   from scalerl_jax.learner.state import LearnerState
-  config = runtime.load_run_config(str(tmp_path / "config.json"))
-  cfg = runtime.model_config(config)
+  from scalerl_jax import config as run_config
+  config = run_config.resolve_config(str(tmp_path / "config.json"))
+  cfg = model_sections.model_config(config)
   base = models.load_hf(str(tmp_path / "base_policy"))[1]
   abstract = jax.eval_shape(lambda p: LearnerState.create(p, make_optimizer(config.optim)),
                             models.init_params(cfg, jax.random.PRNGKey(0)))

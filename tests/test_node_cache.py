@@ -165,7 +165,7 @@ def test_a_corrupted_or_truncated_copy_is_detected_and_fetched_again(ckpt, tmp_p
 
 
 def test_vllm_start_dir_copies_a_gs_checkpoint_once_per_node(ckpt, tmp_path):
-  from configs.common import base_config
+  from scalerl_jax.config import base_config
   from scalerl_jax.generation.vllm.engine import vllm_start_dir
   src, data = ckpt
   c = base_config()

@@ -110,7 +110,7 @@ def test_a_new_loss(copy):
       """))})
   out = _run(copy, """
       import dataclasses, jax, jax.numpy as jnp, numpy as np, optax
-      from configs import common
+      from scalerl_jax import config as common
       from scalerl_jax.learner import LearnerState, RLSpec, make_train_step
       cfg = common.base_config()
       cfg.rl.loss = "half_reinforce"                      # selected by config
@@ -174,7 +174,7 @@ def test_a_new_reward(copy):
           """),
       "scalerl_jax/rewards/__init__.py": ("synthetic, tiny_code", ", always_half")})
   out = _run(copy, """
-      from configs import common
+      from scalerl_jax import config as common
       from scalerl_jax import rewards
       cfg = common.base_config()
       cfg.data.reward = "always_half"
@@ -198,7 +198,7 @@ def test_a_new_generator_backend(copy):
           'about="a scripted stand-in instruct model (tests and demos; no weights)"))\n',
           'register(Backend("echo", "scalerl_jax.generation.echo_engine:EchoEngine"))\n')})
   out = _run(copy, """
-      from configs import common
+      from scalerl_jax import config as common
       from scalerl_jax.generation import backends, worker_cli
       args = worker_cli.build_parser().parse_args(
           ["--run_config=x", "--buffer=y", "--backend=echo"])

@@ -1,7 +1,7 @@
 """The plan tool and the production sharding of the learner step.
 
 1. A 2-layer model with the REAL 8B and Scout widths (d_model, heads, FFN, experts, vocab) is
-   compiled on 8 simulated CPU devices with the production rules table (configs/common.py), via
+   compiled on 8 simulated CPU devices with the production rules table (scalerl_jax/config/), via
    the same code path as `python -m scalerl_jax.tools.plan`; the compiled step's input/output
    shardings must be what the rules table says (embed over fsdp, heads/mlp/vocab over tensor,
    experts over expert, batch over data x fsdp), so a sharding regression fails CI.

@@ -14,13 +14,14 @@ import time
 import jax
 import pytest
 
+from scalerl_jax.models import sections as model_sections
 from configs import tiny
-from scalerl_jax import models, runtime
+from scalerl_jax import models
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.data import build_dataset
 from scalerl_jax.data.tiny_hf_tokenizer import write_llama3_style_tokenizer
 from scalerl_jax.protocol.client import BufferClient
-from scalerl_jax.recipes import apply_overrides
+from scalerl_jax.config import apply_overrides
 from scalerl_jax.weights.stream import StreamPublisher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +56,7 @@ def test_sigterm_releases_the_leases_at_once_and_exits_zero(tmp_path):
   c = tiny.get_config()
   apply_overrides(c, overrides)
   ds = build_dataset(c.data, c.rollout.max_prompt_len)
-  params = jax.device_get(models.init_params(runtime.model_config(c), jax.random.PRNGKey(0)))
+  params = jax.device_get(models.init_params(model_sections.model_config(c), jax.random.PRNGKey(0)))
   srv = BufferServer(ds.train, token=TOKEN, prompts_per_step=2, group_size=4, max_lag=1,
                      lease_ttl_s=3600.0).start()
   StreamPublisher(BufferClient(srv.address, TOKEN, retries=3), 0, params).publish()

@@ -1,6 +1,6 @@
 """launch/preflight.py: each launch fault planted (one at a time) in a rendered variant is caught
 with ONE line naming the variant, the number and the knob; the arithmetic it relies on
-(runtime.train_seq_len = trainer.pad_time's width, topologies.process_row_spans, the vLLM KV-cache engine
+(run_config.train_seq_len = trainer.pad_time's width, topologies.process_row_spans, the vLLM KV-cache engine
 args) checked against the code; the render flags reach every pod."""
 import os
 import shutil
@@ -12,6 +12,7 @@ import yaml
 from launch import preflight
 from launch import spec as spec_lib
 from launch.gke import render
+from scalerl_jax import config as run_config
 
 pytestmark = pytest.mark.xdist_group("preflight")
 RENDERED = render.RENDERED_DIR
@@ -109,7 +110,7 @@ def test_override_on_the_learner_only(tmp_path, baseline):
     c["command"].append("--config.rollout.max_lag=4")
   rep = _plant(tmp_path, "8b-gb200", edit)
   _new_line(rep, baseline, "8b-gb200", "the learner's rollout.max_lag=4 reaches no other pod: "
-            "generators rollout.max_lag=8, buffer --max-lag=8", "--override")
+            "generators rollout.max_lag=8, buffer rollout.max_lag=8", "--override")
 
 
 def test_fp32_weight_push(tmp_path, baseline):
@@ -227,19 +228,18 @@ def test_main_config_files_with_no_data_and_default_layout(tmp_path, baseline):
 
 # ---- the arithmetic, against the code --------------------------------------------------------------
 def test_train_seq_len_is_what_pad_time_pads_a_longest_batch_to():
-  """runtime.train_seq_len (the plan tool's default length, the preflight's check) is the width
+  """run_config.train_seq_len (the plan tool's default length, the preflight's check) is the width
   trainer.pad_time gives a batch holding a longest sequence."""
-  from scalerl_jax import runtime
   from scalerl_jax.tools.plan import default_seq_len
   from scalerl_jax.training.trainer import pad_time
   c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
-  longest = runtime.max_sequence_len(c.rollout)
+  longest = run_config.max_sequence_len(c.rollout)
   assert longest == 2048 + 12288 + 64 + 2048 == 16448
   got = pad_time({"tokens": np.zeros((1, longest), np.int32)}, int(c.learner.pad_multiple),
                  longest)["tokens"].shape[1]
-  assert got == runtime.train_seq_len(c) == default_seq_len(c) == 16448
+  assert got == run_config.train_seq_len(c) == default_seq_len(c) == 16448
   c.learner.pad_multiple = 1000
-  assert runtime.train_seq_len(c) == 16448                 # clamped to the longest sequence
+  assert run_config.train_seq_len(c) == 16448                 # clamped to the longest sequence
 
 
 def test_process_row_spans():
@@ -288,7 +288,6 @@ def test_vllm_engine_args_size_the_kv_cache_from_gpu_memory():
 def test_resolved_config_is_not_re_recipied():
   """The run config carries its recipe applied once: main / the generator applying it again
   would undo the render's overrides (and scale prompts_per_step twice)."""
-  from scalerl_jax import recipes
   c = spec_lib.load_config(os.path.join(preflight.REPO, "configs/8b.py"))
   c.recipe = "qwen_dapo"        # 80 x 16 prompts, prompt-level aggregation
   s = render.variant_settings("configs/8b.py", "gpu-gb200", "gpu-gb200",
@@ -296,7 +295,7 @@ def test_resolved_config_is_not_re_recipied():
                                "layout": "gb200_16", "train_chips": 16})
   run_cfg, _ = spec_lib.resolve_run_config(c, dict(spec_lib.LAUNCH_DEFAULTS, **s), 1)
   assert run_cfg.rollout.prompts_per_step == 80 and run_cfg.rl.aggregation == "sample"
-  again = recipes.apply_recipe(run_cfg)
+  again = run_config.apply_recipe(run_cfg)
   assert again.rollout.prompts_per_step == 80 and again.rl.aggregation == "sample"
 
 
@@ -333,7 +332,7 @@ def test_render_flags_reach_every_pod(tmp_path):
                     "export-prompts": "reg.example/p/scalerl-jax-buffer:t1",
                     "buffer": "reg.example/p/scalerl-jax-buffer:t1"}
   b = _pod(_find(docs, "Deployment", "buffer"))["containers"][0]
-  assert "--max-lag=4" in b["command"]
+  assert f"--run-config={spec_lib.RUN_CONFIG_PATH}" in b["command"]   # max_lag 4: the file's
   assert "--learner-state=gs://my-bucket/run7/learner_state.json" in b["command"]
   rep = preflight.check_variant(str(out))
   assert not [l for l in rep.failures if "max_lag" in l or "on no volume" in l or "KV" in l]

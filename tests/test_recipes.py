@@ -7,8 +7,9 @@ import re
 
 import pytest
 
+from scalerl_jax import config as run_config
 from configs import tiny
-from configs.common import base_config
+from scalerl_jax.config import base_config
 from scalerl_jax import recipes
 
 # The configuration issue #45's demo-stability table ships as `make demo` (docs/ROLLOUT.md "Demo
@@ -62,7 +63,7 @@ PAPER = {
 def _resolved(name, **locked):
   c = base_config()
   c.recipe = name
-  return recipes.apply_recipe(c, locked=frozenset(locked))
+  return run_config.apply_recipe(c, locked=frozenset(locked))
 
 
 def _get(c, key):
@@ -110,13 +111,13 @@ def test_magistral_and_minimax_differ_from_scalerl_where_the_paper_says():
 def test_explicit_override_wins_over_magistral_and_minimax():
   c = base_config()
   c.recipe, c.rl.adv_norm = "magistral", "none"          # as if --config.rl.adv_norm=none
-  assert recipes.apply_recipe(c).rl.adv_norm == "batch"
-  m = recipes.apply_recipe(c, frozenset({"rl.adv_norm"}))
+  assert run_config.apply_recipe(c).rl.adv_norm == "batch"
+  m = run_config.apply_recipe(c, frozenset({"rl.adv_norm"}))
   assert (m.rl.adv_norm, m.rl.loss, m.rl.clip_eps_high) == ("none", "dapo", 0.28)
   c = base_config()
   c.recipe, c.rollout.prompts_per_step = "minimax", 10
-  assert recipes.apply_recipe(c).rollout.prompts_per_step == round(10 * 80 / 48) == 17
-  assert recipes.apply_recipe(c, frozenset({"rollout.prompts_per_step"})
+  assert run_config.apply_recipe(c).rollout.prompts_per_step == round(10 * 80 / 48) == 17
+  assert run_config.apply_recipe(c, frozenset({"rollout.prompts_per_step"})
                               ).rollout.prompts_per_step == 10
 
 
@@ -124,12 +125,12 @@ def test_explicit_override_wins_over_magistral_and_minimax():
 def test_switch_is_one_override_on_any_recipe(switch):
   """RECIPE+SWITCH: the recipe's settings plus exactly the switch's (declared knobs, a valid run
   config; the rollout-correction switches build a correction that is on)."""
-  from configs.common import RunConfig
+  from scalerl_jax.config import RunConfig
   from scalerl_jax.learner.batch import RLSpec
   for name in ("scalerl", "magistral"):
     c = base_config()
     c.recipe = f"{name}+{switch}"
-    got = recipes.apply_recipe(c)
+    got = run_config.apply_recipe(c)
     plain = _resolved(name)
     changed = {k for k in recipes.SWITCHES[switch] if _get(got, k) != _get(plain, k)}
     assert {k: _get(got, k) for k in recipes.SWITCHES[switch]} == recipes.SWITCHES[switch]
@@ -145,7 +146,7 @@ def test_unknown_switch_is_a_config_error():
   c = base_config()
   c.recipe = "scalerl+icepop"
   with pytest.raises(recipes.ConfigError, match="unknown switch 'icepop'"):
-    recipes.apply_recipe(c)
+    run_config.apply_recipe(c)
 
 
 def _flat(c) -> dict:
@@ -166,8 +167,8 @@ def test_make_demo_runs_the_shipped_stability_configuration():
   rule = re.search(r"^demo:.*\n((?:\t.*\n)+)", make, re.M)
   assert rule and "scalerl_jax.main --config=configs/tiny.py:demo " in rule.group(1)
   want = {k: v for sw in DEMO_SWITCHES for k, v in recipes.SWITCHES[sw].items()}
-  plain = recipes.apply_recipe(tiny.get_config())
-  demo = recipes.apply_recipe(tiny.get_config("demo"))
+  plain = run_config.apply_recipe(tiny.get_config())
+  demo = run_config.apply_recipe(tiny.get_config("demo"))
   p, d = _flat(plain), _flat(demo)
   assert sorted(k for k in d if d[k] != p[k]) == sorted(want)
   run, base = recipes.validate(demo), recipes.validate(plain)

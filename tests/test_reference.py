@@ -151,7 +151,7 @@ def test_live_forecast_on_the_step_axis_with_references_equals_the_offline_forec
   """The live forecast (`forecast.axis=step`, `forecast.references`) is `forecast_run` on the run's
   evaluations so far: its calibrated value, band and shift equal the offline forecast's; a missing
   reference is an error when the forecast is built (before training), and a bad axis a config error."""
-  from configs.common import ConfigError
+  from scalerl_jax.config import ConfigError
   from scalerl_jax.training.health import LiveForecast
   src = f"{real_runs.OUT}/xeon_scalerl_s28"
   wd = tmp_path / "run"
@@ -174,7 +174,7 @@ def test_live_forecast_on_the_step_axis_with_references_equals_the_offline_forec
       pytest.approx((off["pred"], off["lo"], off["hi"]), abs=1e-9)
   with pytest.raises(ForecastInputError, match="reference run"):
     LiveForecast(str(wd), written.append, references=str(tmp_path / "missing"))
-  from configs.common import Forecast
+  from scalerl_jax.config import Forecast
   with pytest.raises(ConfigError, match="forecast.axis"):
     Forecast(axis="tokens")
   shutil.rmtree(wd)

@@ -28,10 +28,10 @@ def string_sites(roots, value: str, skip=()) -> list[str]:
   return out
 
 
-# configs/common.py holds two config VALUES that are the backend's name: generator.backend's
-# default and health.parity_gate's default mode (the backend entry's `parity_gate`). The config
-# layer is being rebuilt concurrently (issue 47's config part); they stay values, not branches.
-VLLM_VALUES = {"configs/common.py"}
+# The config layer holds two config VALUES that are the backend's name: generator.backend's
+# default (config/_sections.py) and health.parity_gate's default mode (config/_run.py; the
+# backend entry's `parity_gate`). They are values, not branches.
+VLLM_VALUES = {"scalerl_jax/config/_sections.py", "scalerl_jax/config/_run.py"}
 
 
 def test_no_vllm_string_outside_its_package_and_the_registry_entry():

@@ -3,7 +3,8 @@ data kind's; a new reward is one registered function (its module plus one import
 runs model code is said at its registration."""
 import pytest
 
-from configs import common, tiny
+from configs import tiny
+from scalerl_jax import config as common
 from scalerl_jax import recipes, rewards
 from scalerl_jax.data import REWARD_FOR_KIND, build_dataset
 

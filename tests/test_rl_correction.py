@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import rl
 from scalerl_jax.learner import LearnerState, make_train_step, token_logprobs
 from scalerl_jax.learner.batch import RLSpec, prepare

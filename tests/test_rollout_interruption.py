@@ -65,7 +65,8 @@ def test_worker_reward_applies_the_length_penalty_to_correct_completions_only():
   (it passed rl.length_penalty_max as `correct` and the cache as L_max: every call raised)."""
   import dataclasses
   import types
-  from configs import common, tiny
+  from configs import tiny
+  from scalerl_jax import config as common
   from scalerl_jax.data import build_dataset, synthetic as syn
   from scalerl_jax.generation.worker import Worker
   c = tiny.get_config()

@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax.models import sections as model_sections
+from scalerl_jax import config as run_config
+from scalerl_jax import config as common
 from configs import tiny_moe
 from scalerl_jax import models
 from scalerl_jax import recipes
-from scalerl_jax import runtime
 from scalerl_jax.learner import Learner
 from scalerl_jax.learner import metrics
 
@@ -136,9 +137,9 @@ def test_tiny_moe_config_resolves(tmp_path):
   for name, replay in (("scalerl", True), ("scalerl+no_r3", False)):
     c = tiny_moe.get_config()
     c.recipe = name
-    c = recipes.apply_recipe(c, frozenset())
-    run = runtime.resolve_routing_replay(c, recipes.validate(c, str(tmp_path / name)))
-    cfg = runtime.model_config(run)
+    c = run_config.apply_recipe(c, frozenset())
+    run = recipes.resolve_routing_replay(c, recipes.validate(c, str(tmp_path / name)))
+    cfg = model_sections.model_config(run)
     assert cfg.is_moe and models.num_moe_layers(cfg) == cfg.num_layers == 4
     assert run.rl.routing_replay is replay and run.rl.record_routes
     assert run.weights.wire_dtype == "bfloat16" and run.generator.backend == "jax"

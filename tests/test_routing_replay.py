@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.learner import Learner

@@ -41,7 +41,7 @@ def test_two_devices_match_one_device():
 
 def test_worker_cpu_decode_devices_flag(monkeypatch):
   """generator.jax_devices=2 adds the XLA:CPU device-count flag; a pinned generator keeps one."""
-  from configs import common
+  from scalerl_jax import config as common
   from scalerl_jax.generation.jax_engine import cpu_decode_devices
   monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
   generator = common.Generator.from_config(_config(jax_devices=2).generator)
@@ -55,7 +55,7 @@ def test_worker_cpu_decode_devices_flag(monkeypatch):
 
 def _config(**generator):
   """A full run config (every knob declared) with `generator` overrides."""
-  from configs import common
+  from scalerl_jax import config as common
   c = common.base_config()
   c.generator.update(generator)
   return c

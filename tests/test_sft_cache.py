@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
+from scalerl_jax.models import sections as model_sections
 from configs import tiny
-from scalerl_jax import runtime
 from scalerl_jax.training import sft
 from scalerl_jax.data import build_dataset
 
@@ -24,7 +24,7 @@ def _config(cache):
 def test_second_warm_start_reuses_the_first_bit_for_bit(tmp_path, monkeypatch):
   monkeypatch.delenv("SCALERL_SFT_CACHE_DIR", raising=False)
   c = _config(tmp_path / "cache")
-  model_cfg = runtime.model_config(c)
+  model_cfg = model_sections.model_config(c)
   ds = build_dataset(c.data, c.rollout.max_prompt_len)
   p1, info1 = sft.warm_start(c, model_cfg, ds, str(tmp_path / "run1"), progress=False)
   assert info1["sft_cached"] is False and "sft_cache" not in info1

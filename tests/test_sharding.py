@@ -37,7 +37,7 @@ def test_sharded_equals_unsharded_8_devices():
 def test_make_mesh_and_rules_errors():
   import jax
   from jax.sharding import PartitionSpec
-  from configs.common import DEFAULT_RULES
+  from scalerl_jax.config import DEFAULT_RULES
   from scalerl_jax import sharding
   mesh = sharding.make_mesh((("data", 1), ("fsdp", -1), ("tensor", 1), ("expert", 1)))
   assert mesh.shape == {"data": 1, "fsdp": jax.device_count(), "tensor": 1, "expert": 1}

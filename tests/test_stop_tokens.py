@@ -13,7 +13,7 @@ import json
 import jax
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax.data import build_dataset
 from scalerl_jax.data.hf_tokenizer import END_OF_TURN, HFTokenizer, checkpoint_eos_ids

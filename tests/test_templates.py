@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import recipes, rewards
 from scalerl_jax.data import build_dataset, templates
 from scalerl_jax.data.hf_tokenizer import HFTokenizer

@@ -89,17 +89,17 @@ def test_single_token_think_end_unchanged(tmp_path):
 
 
 def test_sampling_spec_uses_text_mode_for_hf_tokenizers(tok):
-  from configs.common import base_config
-  from scalerl_jax import runtime
+  from scalerl_jax.config import base_config
+  from scalerl_jax.generation import interruption
   ds = types.SimpleNamespace(tokenizer=tok, stop_tokens=(tok.eos_id,),
                              think_end_tokens=tok.think_end_ids,
                              interruption_tokens=lambda text: tuple(tok.encode(text)))
-  spec = runtime.sampling_spec(base_config(), ds, seed=0)
+  spec = interruption.sampling_spec(base_config(), ds, seed=0)
   assert spec.think_end_text == "</think>"
   assert spec.think_end_vocab == _text_rule(tok)["think_end_vocab"]
   # A tokenizer without vocab_texts (the built-in tasks): id mode.
   ds.tokenizer = types.SimpleNamespace(encode=tok.encode)
-  spec = runtime.sampling_spec(base_config(), ds, seed=0)
+  spec = interruption.sampling_spec(base_config(), ds, seed=0)
   assert spec.think_end_text == "" and spec.think_end_vocab == ()
 
 

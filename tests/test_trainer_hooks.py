@@ -8,7 +8,7 @@ import inspect
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.training import evaluation, hooks, trainer
 from scalerl_jax.training.health import HealthMonitor, RunUnhealthy
 

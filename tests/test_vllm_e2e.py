@@ -125,8 +125,8 @@ def test_parity_gate_stops_a_run_whose_engine_has_the_wrong_weights(tmp_path):
   from configs import tiny
   import jax
   import numpy as np
-  from scalerl_jax import runtime
-  cfg = runtime.model_config(tiny.get_config())
+  from scalerl_jax.models import sections as model_sections
+  cfg = model_sections.model_config(tiny.get_config())
   wrong = tmp_path / "wrong_ckpt"
   models.save_hf(cfg, jax.tree.map(np.asarray, models.init_params(cfg, jax.random.PRNGKey(123))),
                  str(wrong))

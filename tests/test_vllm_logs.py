@@ -10,9 +10,10 @@ import jax
 import numpy as np
 import pytest
 
+from scalerl_jax.models import sections as model_sections
 from configs import tiny
-from configs.common import RunConfig
-from scalerl_jax import models, runtime
+from scalerl_jax.config import RunConfig
+from scalerl_jax import models
 from scalerl_jax.generation.vllm.engine import VLLMEngine
 from test_vllm_worker import require_vllm
 
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm"
 def test_engine_output_goes_to_the_workdir_and_a_restart_appends(tmp_path, caplog):
   require_vllm()
   c = tiny.get_config()
-  model_cfg = runtime.model_config(c)
+  model_cfg = model_sections.model_config(c)
   c.generator.vllm_args = dict(
       engine_factory="tests.vllm_stub_engine:StubEngine", startup_timeout=300,
       engine_args=dict(layers=model_cfg.num_layers, k=1, experts=1, vocab=model_cfg.vocab_size))

@@ -9,8 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from configs import common
-from scalerl_jax import runtime
+from scalerl_jax import config as common
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.protocol.client import BufferClient
@@ -203,9 +202,9 @@ def test_full_version_every_n_and_fp32_wire_keeps_full_versions():
   enc.finish(4, m)
   assert enc.base_for(5, m) == -1 and enc.base_for(6, m) == 4   # 5 % 5 == 0: full
   assert enc.base_for(6, dict(m, chunks=[[0, [0], [2]], [0, [2], [2]]])) == -1   # new layout
-  assert runtime.delta_on(common.Weights()) is True        # default: bf16 wire, deltas on
-  assert runtime.delta_on(common.Weights(wire_dtype="float32")) is False
-  assert runtime.delta_on(common.Weights(delta=False)) is False
+  assert common.delta_on(common.Weights()) is True        # default: bf16 wire, deltas on
+  assert common.delta_on(common.Weights(wire_dtype="float32")) is False
+  assert common.delta_on(common.Weights(delta=False)) is False
   with pytest.raises(common.ConfigError, match="delta_full_every"):
     common.Weights(delta_full_every=0).check()
 

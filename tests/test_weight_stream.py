@@ -21,7 +21,7 @@ from scalerl_jax.protocol.client import BufferClient
 from scalerl_jax.types import PromptSpec
 from scalerl_jax.weights.stream import FetchedWeights, StreamFetcher, StreamPublisher, flatten
 
-from helpers import xla_flags
+from helpers import buffer_knobs, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "stream-test-token"
@@ -71,8 +71,8 @@ def test_sharded_learner_streams_to_generator_process_bit_exact_bounded_memory(t
   prompts.write_text(json.dumps({"prompt_id": 0, "tokens": [1, 2], "answer": "x"}) + "\n")
   env = dict(os.environ, SCALERL_BUFFER_TOKEN=TOKEN, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   buf = subprocess.Popen([sys.executable, "-m", "scalerl_jax.buffer.server", "--port", "0",
-                          "--prompts", str(prompts), "--prompts-per-step", "1", "--group-size", "1",
-                          "--max-lag", "1", "--max-workers", "16"], env=env,
+                          "--prompts", str(prompts), "--max-workers", "16", *buffer_knobs(1, 1, 1)],
+                         env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
   try:
     address = json.loads(buf.stdout.readline())["address"]
@@ -238,7 +238,7 @@ def test_worker_fetches_typed_weights():
   import jax
   from scalerl_jax import models
   from scalerl_jax.generation import worker as W
-  from configs import common
+  from scalerl_jax import config as common
   from scalerl_jax.generation.jax_engine import JaxEngine
   cfg = models.get_preset("tiny_llama3", vocab_size=128, d_model=64, num_layers=2, num_heads=2,
                           num_kv_heads=1, head_dim=32, ffn_dim=96, dtype="float32")
@@ -299,7 +299,7 @@ def test_incomplete_version_superseded_by_a_newer_one():
 
 def _config(**generator):
   """A full run config (every knob declared) with `generator` overrides."""
-  from configs import common
+  from scalerl_jax import config as common
   c = common.base_config()
   c.generator.update(generator)
   return c

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.buffer import state as admission
 from scalerl_jax.buffer.server import BufferServer
 from scalerl_jax.generation.slots import DecodeStats

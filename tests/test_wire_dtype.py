@@ -8,8 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from configs import common
-from scalerl_jax import runtime
+from scalerl_jax import config as common
 from scalerl_jax.generation.vllm import protocol as P
 from scalerl_jax.generation.vllm.generator import VLLMGenerator
 from scalerl_jax.protocol import weight_chunks as ws
@@ -65,7 +64,7 @@ def _reassemble(manifest, chunks, dtype):
 
 def test_trainer_push_is_bf16_on_the_wire_by_default():
   config = common.base_config()
-  assert config.weights.wire_dtype == "bfloat16" and runtime.wire_dtype(config.weights) == "bfloat16"
+  assert config.weights.wire_dtype == "bfloat16" and common.wire_dtype(config.weights) == "bfloat16"
   params = _masters()
   manifest, chunks = _trainer_push(config, params)
   n_params = sum(x.size for _, x in flatten(params))
@@ -92,7 +91,7 @@ def test_bad_wire_dtype_is_a_config_error():
   config = common.base_config()
   config.weights.wire_dtype = "fp8"
   with pytest.raises(ValueError, match="weights.wire_dtype='fp8'"):
-    runtime.wire_dtype(config.weights)
+    common.wire_dtype(config.weights)
 
 
 def _fake_vllm(dtype):

@@ -107,7 +107,7 @@ def _sha(tree) -> str:
 def run_case(case, cfg, params, batch) -> dict:
   """The step's outputs of one case: its metrics and a sha256 of its gradients (or, with the real
   optimizer, of the new params and optimizer state)."""
-  from configs import common
+  from scalerl_jax import config as common
   from scalerl_jax import models
   from scalerl_jax.learner import LearnerState, RLSpec, make_optimizer, make_train_step
   name, kind, rl_over, mbs, pad, route_key, opt = case

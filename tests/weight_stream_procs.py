@@ -62,7 +62,7 @@ def leaf_hashes(params):
 
 def learner(address, version, chunk_bytes):
   import jax
-  from configs.common import DEFAULT_RULES
+  from scalerl_jax.config import DEFAULT_RULES
   from scalerl_jax import sharding
   from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.weights.stream import StreamPublisher

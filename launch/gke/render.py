@@ -310,7 +310,7 @@ def buffer(specs) -> list[dict[str, Any]]:
                                 "limits": {"memory": job["memory"]}},
                   "volumeMounts": [{"name": "prompts", "mountPath": "/prompts", "readOnly": True},
                                    {"name": "wal", "mountPath": job["wal_mount"]}] +
-                                  _tls_mounts(specs)[0],
+                                  _tls_mounts(specs)[0] + _run_config_mounts(specs)[0],
               }],
               "volumes": [_data_volume(specs), {"name": "prompts", "emptyDir": {}},
                           {"name": "wal", "persistentVolumeClaim": {"claimName": wal_claim}}] +

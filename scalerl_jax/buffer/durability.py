@@ -67,7 +67,7 @@ class Durable:
   _lag_total: list[int]
   _lag_negative: int
   limits: val.Limits
-  # Liveness from progress (--progress-file): ticked at every WAL commit and served lease.
+  # Liveness from progress (buffer.progress_file): ticked at every WAL commit and served lease.
   progress: Beacon = Beacon()
 
   if TYPE_CHECKING:

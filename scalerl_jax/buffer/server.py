@@ -2,10 +2,14 @@
 
 In-process:  srv = BufferServer(prompts, token="...", prompts_per_step=B, group_size=G, max_lag=k)
              srv.start(); srv.port; ...; srv.stop()
-As a process:
-  python -m scalerl_jax.buffer.server --port 0 --token-env SCALERL_BUFFER_TOKEN \
-      --prompts prompts.jsonl --prompts-per-step 48 --group-size 16 --max-lag 8
-  (prints one JSON line {"port": ...} once serving; prompts.jsonl: {"prompt_id", "tokens", "answer"}).
+As a process, reading the run's resolved run file (the WORKDIR/config.json main wrote, or launch's
+rendered run config; none: the declared defaults) plus `--config.a.b=value` overrides, as every
+process of a run reads it (scalerl_jax.config.resolve), and only process-local flags besides
+(where it listens, its prompts file, WAL directory, learner-state file, TLS files):
+  python -m scalerl_jax.buffer.server --run-config WORKDIR/config.json --port 0 \
+      --prompts prompts.jsonl [--config.rollout.max_lag=4]
+  (prints one JSON line {"port": ...} once serving; prompts.jsonl: {"prompt_id", "tokens", "answer"};
+  the auth token is in the environment variable the run config's buffer.auth_token_env names).
 
 Security: every RPC needs `authorization: Bearer <token>` (checked by a server interceptor before any
 handler runs); with `--tls-cert/--tls-key` (`config.tls`) it is served over TLS only (rpc.TLS). Requests are parsed by our own deserializers so garbage bytes become INVALID_ARGUMENT,
@@ -31,8 +35,9 @@ from typing import Any, NoReturn, Optional, Sequence
 import grpc
 import numpy as np
 
+from scalerl_jax import config
 from scalerl_jax.progress import Beacon
-from scalerl_jax.buffer.state import MODES, BufferState
+from scalerl_jax.buffer.state import BufferState
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
 from scalerl_jax.buffer import wal as walmod
@@ -52,16 +57,17 @@ class BufferServer:
   """The rollout buffer service; see the module docstring."""
 
   def __init__(self, prompts: Sequence[PromptSpec], *, token: str, prompts_per_step: int,
-               group_size: int, max_lag: int, mode: str = "pipeline", host: str = "127.0.0.1",
-               port: int = 0, max_message_bytes: int = 64 << 20,
+               group_size: int, max_lag: int, mode: str = config.Rollout.mode,
+               host: str = "127.0.0.1", port: int = 0,
+               max_message_bytes: int = config.Buffer.max_message_bytes,
                max_weight_bytes: int = 64 << 30,
-               lease_ttl_s: float = 120.0, limits: val.Limits = val.Limits(),
+               lease_ttl_s: float = config.Buffer.lease_ttl_s, limits: val.Limits = val.Limits(),
                verifier: Optional[val.Verifier] = None, max_workers: int = 256,
                shuffle_seed: Optional[int] = None, npr_threshold: Optional[float] = None,
-               wal_dir: Optional[str] = None, wal_fsync: str = "batch",
+               wal_dir: Optional[str] = None, wal_fsync: str = config.Buffer.wal_fsync,
                wal_fsync_interval_s: float = 1.0, learner_state: Optional[dict] = None,
-               wal_archive: bool = False,
-               tls: Optional[TLS] = None, max_ahead: int = -1):
+               wal_archive: bool = config.Audit.wal_archive,
+               tls: Optional[TLS] = None, max_ahead: int = config.Rollout.max_ahead):
     """`tls` (rpc.TLS): serve over TLS (server certificate; client certificates with mutual)."""
     if not token:
       raise ValueError("an auth token is required")
@@ -96,8 +102,8 @@ class BufferServer:
   @classmethod
   def from_sections(cls, rollout, buffer, tls, prompts: Sequence[PromptSpec],
                     token: Optional[str] = None, **overrides) -> "BufferServer":
-    """Builds the server from a run's `rollout`, `buffer` and `tls` sections (configs/common.py;
-    typed or ConfigDict: this module imports no config code, it runs without JAX).
+    """Builds the server from a run's `rollout`, `buffer` and `tls` sections (scalerl_jax/config/,
+    typed or ConfigDict).
 
     The token defaults to the env var named by `buffer.auth_token_env`."""
     if token is None:
@@ -325,91 +331,88 @@ def _route_limits(spec: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-  """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
+  """The command-line flags of this entry point (launch tests parse the pod commands with it):
+  the run file and the process-local flags only; every knob comes from the run file (and
+  `--config.a.b=value` overrides, which `main` splits off before this parser)."""
   ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+  ap.add_argument("--run-config", default="",
+                  help="the run's resolved run file (WORKDIR/config.json) or a preset "
+                       "configs/X.py[:ARG]; empty: the declared defaults")
   ap.add_argument("--host", default="127.0.0.1")
   ap.add_argument("--port", type=int, default=0)
-  ap.add_argument("--token-env", default="SCALERL_BUFFER_TOKEN",
-                  help="name of the environment variable that holds the shared secret")
   ap.add_argument("--prompts", required=True, help="JSONL: prompt_id, tokens, answer")
-  ap.add_argument("--prompts-per-step", type=int, default=48)
-  ap.add_argument("--group-size", type=int, default=16)
-  ap.add_argument("--max-lag", type=int, default=8)
-  ap.add_argument("--mode", choices=MODES, default="pipeline")
-  ap.add_argument("--max-ahead", type=int, default=-1,
-                  help="freshness bound: learner batches generators may fill beyond the newest "
-                       "version (admission only; -1: only --max-lag bounds it)")
-  ap.add_argument("--max-message-bytes", type=int, default=64 << 20)
-  ap.add_argument("--lease-ttl-s", type=float, default=120.0)
-  ap.add_argument("--max-weight-bytes", type=int, default=64 << 30)
-  ap.add_argument("--max-completion-tokens", type=int, default=32768)
   ap.add_argument("--route-shape", default="",
-                  help="MoE routing replay: 'R,K,E' (MoE layers, experts per token, experts); "
-                       "rollouts' routes are validated against it (empty: routes refused)")
-  ap.add_argument("--shuffle-seed", type=int, default=None)
-  ap.add_argument("--npr-threshold", type=float, default=None,
-                  help="No-Positive-Resampling: retire prompts whose pass rate reaches this")
-  ap.add_argument("--max-workers", type=int, default=256,
-                  help="server threads = max concurrent RPCs (long-polls and streams hold one each)")
+                  help="MoE routing replay: 'R,K,E' (MoE layers, experts per token, experts) of the "
+                       "run's model, which the starting process computes (this one runs without "
+                       "JAX); rollouts' routes are validated against it (empty: routes refused)")
   ap.add_argument("--wal-dir", default=None,
                   help="write-ahead log directory: acked rollouts, leases, deliveries and the latest "
-                       "weights survive a crash; a restart with the same dir replays it")
-  ap.add_argument("--wal-fsync", choices=walmod.FSYNC_POLICIES, default="batch",
-                  help="batch: fsync per request batch (default); interval: at most every "
-                       "--wal-fsync-interval-s; none: OS page cache only (survives kill -9)")
-  ap.add_argument("--wal-fsync-interval-s", type=float, default=1.0)
-  ap.add_argument("--wal-archive", action="store_true",
-                  help="keep compacted WAL segments in WAL_DIR/archive/ (audits: tools/audit.py)")
+                       "weights survive a crash; a restart with the same dir replays it "
+                       "(buffer.wal_fsync, audit.wal_archive: from the run file)")
+  ap.add_argument("--wal-fsync-interval-s", type=float, default=1.0,
+                  help="buffer.wal_fsync=interval: at most this often")
   ap.add_argument("--learner-state", default=None,
                   help="JSON file the learner keeps (checkpoint step, resume request); read at "
                        "startup to rewind after a learner resume (buffer/replay.py)")
   TLS.add_arguments(ap)
+  ap.add_argument("--max-workers", type=int, default=256,
+                  help="server threads = max concurrent RPCs (long-polls and streams hold one each)")
+  ap.add_argument("--max-weight-bytes", type=int, default=64 << 30)
   ap.add_argument("--no-tune-malloc", action="store_true", help="leave glibc malloc defaults")
-  ap.add_argument("--progress-file", default="",
-                  help="touched at every WAL commit and served lease (a liveness probe's beacon)")
   ap.add_argument("--switch-interval-s", type=float, default=0.0,
                   help="sys.setswitchinterval for the server process (0: Python's default 5 ms)")
   return ap
 
 
+def from_run(run: config.RunConfig, a: argparse.Namespace, token: str, tls: TLS) -> BufferServer:
+  """The server a resolved run config and this process's flags describe: the batch shape,
+  PipelineRL-k and its freshness bound, the limits, the data order seed, No-Positive-Resampling
+  (the buffer retires the prompts; the learner only logs `npr_retired`), the WAL's fsync policy
+  and archive, all from the run config."""
+  r, b = run.rollout, run.buffer
+  npr = run.rl.npr_threshold if run.rl.no_positive_resampling else None
+  limits = val.Limits(max_completion_tokens=config.max_completion_len(r),
+                      **_route_limits(a.route_shape))
+  return BufferServer(
+      load_prompts(a.prompts), token=token, prompts_per_step=r.prompts_per_step,
+      group_size=r.generations_per_prompt, max_lag=r.max_lag, mode=r.mode, max_ahead=r.max_ahead,
+      host=a.host, port=a.port, max_message_bytes=b.max_message_bytes, lease_ttl_s=b.lease_ttl_s,
+      limits=limits, shuffle_seed=run.seed, max_workers=a.max_workers, npr_threshold=npr,
+      wal_dir=a.wal_dir, wal_fsync=b.wal_fsync, wal_fsync_interval_s=a.wal_fsync_interval_s,
+      wal_archive=run.audit.wal_archive, learner_state=replay.read_learner_state(a.learner_state),
+      max_weight_bytes=a.max_weight_bytes, tls=tls)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
-  ap = build_parser()
-  a = ap.parse_args(argv)
+  rest, overrides = config.split_overrides(sys.argv[1:] if argv is None else argv)
+  a = build_parser().parse_args(rest)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+  try:                                # the run file every process of the run reads, resolved alike
+    run = config.resolve(a.run_config or None, overrides)
+  except config.ConfigError as e:
+    sys.exit(f"config error: {e}")
   if not a.no_tune_malloc:
     tune_malloc()
   if a.switch_interval_s > 0:
     sys.setswitchinterval(a.switch_interval_s)   # the gRPC poller thread gets the GIL sooner
-  token = os.environ.get(a.token_env, "")
+  token = os.environ.get(run.buffer.auth_token_env, "")
   if not token:
-    sys.exit(f"error: environment variable {a.token_env} (the auth token) is empty or unset")
+    sys.exit(f"error: environment variable {run.buffer.auth_token_env} (the auth token, "
+             f"buffer.auth_token_env) is empty or unset")
   tls = TLS.from_args(a)
   try:
     tls.check(server=tls.enabled)
   except ValueError as e:
     sys.exit(f"error: {e}")
   try:
-    srv = BufferServer(load_prompts(a.prompts), token=token, prompts_per_step=a.prompts_per_step,
-                       group_size=a.group_size, max_lag=a.max_lag, mode=a.mode,
-                       max_ahead=a.max_ahead, host=a.host,
-                       port=a.port, max_message_bytes=a.max_message_bytes, lease_ttl_s=a.lease_ttl_s,
-                       limits=val.Limits(max_completion_tokens=a.max_completion_tokens,
-                                         **_route_limits(a.route_shape)),
-                       shuffle_seed=a.shuffle_seed, max_workers=a.max_workers,
-                       npr_threshold=a.npr_threshold, wal_dir=a.wal_dir, wal_fsync=a.wal_fsync,
-                       wal_fsync_interval_s=a.wal_fsync_interval_s, wal_archive=a.wal_archive,
-                       learner_state=replay.read_learner_state(a.learner_state),
-                       max_weight_bytes=a.max_weight_bytes, tls=tls).start()
+    srv = from_run(run, a, token, tls).start()
   except weight_store.UnsupportedWeightsFormat as e:   # a WAL written by the old blob protocol
     sys.exit(f"error: {e}")
   srv.learner_state_path = a.learner_state or ""
-  srv.state.progress = Beacon(a.progress_file)   # liveness from progress (scalerl_jax/progress.py)
+  # liveness from progress (scalerl_jax/progress.py): buffer.progress_file of the run file
+  srv.state.progress = Beacon(run.buffer.progress_file)
   srv.state.progress.tick()
-  # the run-config knobs this pod got (as flags: processes.buffer_flags), as the other pods log them
-  print(f"run config (buffer): rollout.max_lag={a.max_lag} rollout.max_ahead={a.max_ahead} "
-        f"rollout.prompts_per_step="
-        f"{a.prompts_per_step} rollout.generations_per_prompt={a.group_size} rollout.mode={a.mode} "
-        f"rl.npr_threshold={a.npr_threshold}", file=sys.stderr, flush=True)
+  print(config.knob_line(run, "buffer"), file=sys.stderr, flush=True)   # as the other pods log it
   out = {"port": srv.port, "address": srv.address}
   if srv.wal is not None or srv.wal_report:
     out["wal"] = srv.wal_report

@@ -30,6 +30,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from scalerl_jax import config
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import validation as val
@@ -67,10 +68,11 @@ class BufferState(Durable):
   durability (WAL, compaction, replay, rewind) is the `Durable` base (buffer/durability.py)."""
 
   def __init__(self, prompts: Sequence[PromptSpec], *, prompts_per_step: int, group_size: int,
-               max_lag: int, mode: str = "pipeline", lease_ttl_s: float = 120.0,
+               max_lag: int, mode: str = config.Rollout.mode,
+               lease_ttl_s: float = config.Buffer.lease_ttl_s,
                limits: val.Limits = val.Limits(), verifier: Optional[val.Verifier] = None,
                shuffle_seed: Optional[int] = None, clock: Callable[[], float] = time.time,
-               npr_threshold: Optional[float] = None, max_ahead: int = -1):
+               npr_threshold: Optional[float] = None, max_ahead: int = config.Rollout.max_ahead):
     if mode not in MODES:
       raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if prompts_per_step < 1 or group_size < 1 or max_lag < 0:

@@ -10,7 +10,7 @@
 HF chat datasets (polaris, deepcoder) render each problem with the prompt template
 config.data.template (scalerl_jax/data/templates.py: bare | reasoning_instruct | instruct), which
 also says whether the verifier requires a closed `</think>`; the built-in tasks have their own fixed
-format (template bare). Every config.data key is declared in configs/common.py base_config
+format (template bare). Every config.data key is declared in scalerl_jax/config/ base_config
 (one-line comments there). See docs/DATA.md.
 """
 from __future__ import annotations
@@ -123,7 +123,7 @@ class Dataset:
 def build_dataset(data_cfg, max_prompt_len: int) -> Dataset:
   """Builds the dataset of a run config's `data` section: the mixture `data_cfg.mixture` over
   `data_cfg.tasks` when set, else the one task named by `data_cfg.kind` (synthetic | tiny_code |
-  polaris | deepcoder). `data_cfg`: the typed section (configs.common.Data; a ConfigDict data
+  polaris | deepcoder). `data_cfg`: the typed section (scalerl_jax.config.Data; a ConfigDict data
   section works too: data.export, launch/)."""
   mix = mixture.parse_mixture(data_cfg)
   if not mix:

@@ -8,13 +8,11 @@ The buffer (scalerl_jax.buffer.server --prompts=FILE) reads this format.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
 
-from scalerl_jax import recipes
-from scalerl_jax import runtime
+from scalerl_jax import config as run_config
 from scalerl_jax.data import build_dataset
 
 
@@ -28,20 +26,11 @@ def write_prompts(prompts, path: str) -> int:
   return len(prompts)
 
 
-def _load_config(path: str):
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path!r} does not exist")
-  spec = importlib.util.spec_from_file_location("_scalerl_export_config", path)
-  assert spec is not None and spec.loader is not None    # a .py file: the source loader
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config(None)
-
-
 def build_parser() -> argparse.ArgumentParser:
   """The command-line flags of this entry point (launch tests parse the pod commands with it)."""
   ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-  ap.add_argument("--config", required=True, help="config file with get_config()")
+  ap.add_argument("--config", required=True,
+                  help="a preset configs/X.py[:ARG] or a saved run file (as main's --config)")
   ap.add_argument("--out", required=True)
   ap.add_argument("--split", choices=("train", "heldout"), default="train")
   return ap
@@ -49,11 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
   ap = build_parser()
-  rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
+  rest, overrides = run_config.split_overrides(sys.argv[1:] if argv is None else argv)
   a = ap.parse_args(rest)
-  sys.path.insert(0, os.getcwd())   # so `from configs import common` resolves from the repo root
-  config = recipes.apply_overrides(_load_config(a.config), overrides)   # --config.a.b=v, as main
-  print(runtime.knob_line(config, "export"), file=sys.stderr, flush=True)
+  sys.path.insert(0, os.getcwd())   # so a preset's `from configs import tiny` resolves from the repo root
+  try:
+    config = run_config.resolve_config(a.config, overrides)   # as main resolves it
+  except run_config.ConfigError as e:
+    sys.exit(f"config error: {e}")
+  print(run_config.knob_line(config, "export"), file=sys.stderr, flush=True)
   ds = build_dataset(config.data, config.rollout.max_prompt_len)
   n = write_prompts(ds.train if a.split == "train" else ds.heldout, a.out)
   print(json.dumps({"out": a.out, "split": a.split, "prompts": n, "kind": ds.kind}))

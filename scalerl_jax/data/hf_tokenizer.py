@@ -12,6 +12,7 @@ import os
 from typing import Iterable
 
 from scalerl_jax.data import templates
+from scalerl_jax.config import Task
 
 # End-of-turn tokens a chat model stops at besides its eos token, when the vocabulary has them
 # (Llama-3: <|eot_id|>; a Llama-3-Instruct tokenizer may name <|end_of_text|> as its eos).
@@ -42,7 +43,7 @@ class HFTokenizer:
   `template` names the prompt template (data/templates.py); `reward` the task's verifier, which
   picks the template's answer instruction (math: boxed answer, code: a code block)."""
 
-  def __init__(self, path: str, system_prompt: str = "", template: str = templates.DEFAULT,
+  def __init__(self, path: str, system_prompt: str = Task.system_prompt, template: str = templates.DEFAULT,
                reward: str = "math"):
     if not path:
       raise ValueError("config.data.tokenizer_path is empty: give a local tokenizer directory")

@@ -1,8 +1,8 @@
 """Task mixtures: several tasks, each with its own loader, reward and share of the train prompts.
 
-Config (declared in configs/common.py base_config; docs/DATA.md "Mixtures"):
+Config (declared in scalerl_jax/config/ base_config; docs/DATA.md "Mixtures"):
   config.data.tasks     ConfigDict of named task sections, each a full data section
-                        (configs.common.task_section(kind, ...): kind, path, heldout, ...)
+                        (scalerl_jax.config.task_section(kind, ...): kind, path, heldout, ...)
   config.data.mixture   "name:share,name:share" over those names (shares > 0, summing to 1);
                         "" = no mixture: config.data itself is the one task
 

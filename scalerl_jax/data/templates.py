@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 from scalerl_jax.registry import Registry
+from scalerl_jax.config import Task
 
 DEFAULT = "bare"
 END_THINK = "</think>"
@@ -57,7 +58,8 @@ class Template:
   def asks_to_think(self) -> bool:
     return bool(self.think_prefix) or any(END_THINK in t for _, t in self.instructions)
 
-  def render(self, hf_tok, problem: str, reward: str, system_prompt: str = "") -> str:
+  def render(self, hf_tok, problem: str, reward: str,
+             system_prompt: str = Task.system_prompt) -> str:
     """The prompt text: [system], user turn (problem + instruction), generation prompt, think
     prefix. `hf_tok` is a transformers tokenizer with a `chat_template`."""
     instr = self.instruction(reward)
@@ -108,7 +110,8 @@ def names() -> tuple[str, ...]:
   return TEMPLATES.names()
 
 
-def render(name: str, hf_tok, problem: str, reward: str, system_prompt: str = "") -> str:
+def render(name: str, hf_tok, problem: str, reward: str,
+           system_prompt: str = Task.system_prompt) -> str:
   """`get(name).render(...)`: the prompt text of one problem."""
   return get(name).render(hf_tok, problem, reward, system_prompt)
 

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from scalerl_jax import runtime
+from scalerl_jax import config as run_config
+from scalerl_jax.generation import interruption
 from scalerl_jax.generation.worker_fields import WorkerFields
 from scalerl_jax.generation.slots import DecodeStats, requests_for
 from scalerl_jax.protocol import codec
@@ -93,7 +94,7 @@ class ContinuousLoop(WorkerFields):
     g = self.config.generator
     n_lease = int(g.groups_per_lease)
     n_eval = int(g.eval_groups_per_lease)
-    spec0 = runtime.sampling_spec(self.config, self.dataset, seed=0)
+    spec0 = interruption.sampling_spec(self.config, self.dataset, seed=0)
     dec = self.engine.continuous(self.gen, spec0)
     dec.stats = self.decode_stats
     pool = futures.ThreadPoolExecutor(max(1, int(g.grade_workers)),
@@ -186,7 +187,7 @@ class ContinuousLoop(WorkerFields):
           self._working = self._working | {a.group_id for a in assignments}
         for a in assignments:
           p = assignment_prompt(a)
-          seed = runtime.generation_seed(self.config.seed, a.min_version, [a.prompt_id])
+          seed = run_config.generation_seed(self.config.seed, a.min_version, [a.prompt_id])
           spec = dataclasses.replace(spec0, seed=seed)
           waiting.append((a, p, requests_for([p], int(a.group_size), spec, tag=a.group_id)))
     return nxt

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from scalerl_jax.generation import interruption
 from scalerl_jax import rewards
-from scalerl_jax import runtime
 from scalerl_jax.generation.slots import drive
 from scalerl_jax.generation.slots import requests_for
 from scalerl_jax.generation.worker_fields import WorkerFields
@@ -114,7 +114,7 @@ class EvalLane(WorkerFields):
       self._abandon()
       return 0
     prompts = [assignment_prompt(a) for a in assignments]
-    spec = runtime.sampling_spec(self.config, self.dataset, seed=int(a0.eval_seed + a0.group_id),
+    spec = interruption.sampling_spec(self.config, self.dataset, seed=int(a0.eval_seed + a0.group_id),
                                  temperature=float(a0.temperature), top_p=float(a0.top_p))
     swap = not self.engine.separate_eval
     if swap:

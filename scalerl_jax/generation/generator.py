@@ -59,7 +59,7 @@ class Generator(abc.ABC):
 
 class Engine:
   """How a generator worker runs one backend (generation/backends.py registers them by name):
-  built once per worker process with the typed run config (configs.common.RunConfig: its
+  built once per worker process with the typed run config (scalerl_jax.config.RunConfig: its
   generator, rollout, rl, model sections). The worker calls only this surface.
 
   `separate_eval`: an evaluation of a pinned version samples in a second generator

@@ -16,17 +16,13 @@ from typing import Sequence
 
 import numpy as np
 
-
-# Completion tokens reserved for the injected interruption text (its tokenization under any of the
-# supported tokenizers is shorter): the generators' bound is think_budget_max + this + answer_budget.
-INTERRUPTION_ALLOWANCE = 64
+from scalerl_jax.types import SamplingSpec
 
 
-def max_completion_len(rollout) -> int:
-  """Longest completion a generator can produce under `config.rollout` (interruption included):
-  the one formula the learner's padding (runtime), the buffer's `--max-completion-tokens`
-  (processes) and the KV budgets share."""
-  return int(rollout.think_budget_max + INTERRUPTION_ALLOWANCE + rollout.answer_budget)
+# The completion-length bound (think_budget_max + the injected text's allowance + answer_budget)
+# is a pure function of the rollout section: the config layer's, re-exported here.
+from scalerl_jax.config import INTERRUPTION_ALLOWANCE as INTERRUPTION_ALLOWANCE
+from scalerl_jax.config import max_completion_len as max_completion_len
 
 
 def think_budget(seed: int, prompt_id: int, sample: int, lo: int, hi: int) -> int:
@@ -182,3 +178,25 @@ def think_end_automaton(think_end_tokens: Sequence[int] = (), think_end_text: st
   if vocab and not think_end_text:
     raise ValueError("SamplingSpec.think_end_vocab is set but think_end_text is empty")
   return _automaton(tuple(int(t) for t in think_end_tokens), str(think_end_text), vocab)
+
+
+def sampling_spec(config, dataset, seed: int, temperature: float | None = None,
+                  top_p: float | None = None) -> SamplingSpec:
+  """Generation settings: budgets, interruption tokens, stop tokens (config.rollout/generator);
+  `temperature` / `top_p` override the generator's (evaluation: config.eval)."""
+  r, g = config.rollout, config.generator
+  interrupt = config.rl.length_control == "interrupt"
+  # Text mode of the end-of-thinking rule when the tokenizer exposes its vocabulary's texts (HF
+  # tokenizers: "</think>" may be several tokens); else the exact id sequence (interruption.py).
+  texts = getattr(dataset.tokenizer, "vocab_texts", None)
+  end_text = getattr(dataset.tokenizer, "think_end_text", "") if texts else ""
+  return SamplingSpec(
+      temperature=float(g.temperature if temperature is None else temperature),
+      top_p=float(g.top_p if top_p is None else top_p), stop_tokens=tuple(dataset.stop_tokens),
+      think_budget_min=int(r.think_budget_min), think_budget_max=int(r.think_budget_max),
+      answer_budget=int(r.answer_budget), think_end_tokens=tuple(dataset.think_end_tokens),
+      think_end_text=end_text,
+      think_end_vocab=think_end_vocab(texts, end_text) if texts and end_text else (),
+      interruption_tokens=(tuple(dataset.interruption_tokens(r.interruption_text))
+                           if interrupt else ()),
+      seed=int(seed))

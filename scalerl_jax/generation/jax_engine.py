@@ -6,7 +6,7 @@ import logging
 import os
 from typing import cast
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import xla_env
 from scalerl_jax.generation.continuous import ContinuousDecoder
 from scalerl_jax.generation.generator import Engine

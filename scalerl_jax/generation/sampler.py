@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax.models import hf_io
 from scalerl_jax.generation.generator import Generator
@@ -320,7 +320,8 @@ class JaxSampler(Generator):
   def __init__(self, cfg: models.ModelConfig, params, version: int = 0,
                chunk_steps: int = common.Generator.chunk_steps,
                end_think_token: int | None = None, kv_dtype: str = "float32",
-               devices: int | str | Sequence | None = None, record_routes: bool = False):
+               devices: int | str | Sequence | None = None,
+               record_routes: bool = common.RL.record_routes):
     """`kv_dtype`: KV-cache storage ("float32" default: log-probs equal the learner's forward to
     float32 rounding; "bfloat16" halves cache reads, see docs/ROLLOUT.md for its log-prob error).
 

@@ -41,10 +41,10 @@ import time
 
 import grpc
 
-from configs import common
-from scalerl_jax import recipes
+from scalerl_jax import processes
+from scalerl_jax.models import sections as model_sections
+from scalerl_jax import config as common
 from scalerl_jax import rewards
-from scalerl_jax import runtime
 from scalerl_jax.data import build_dataset
 from scalerl_jax.generation import backends
 from scalerl_jax.generation import interruption
@@ -107,8 +107,8 @@ class Worker(EvalLane, ContinuousLoop):
     if config.rewards.log:
       os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
       self.reward_log = open(os.path.join(workdir, "logs", f"rewards-{generator_id}.jsonl"), "a")
-    self.model_cfg = runtime.model_config(config)
-    self.fetcher = StreamFetcher(self.client, delta=runtime.delta_on(config.weights))
+    self.model_cfg = model_sections.model_config(config)
+    self.fetcher = StreamFetcher(self.client, delta=common.delta_on(config.weights))
     self.relay = self._start_relay(token, address, config)
     got = None
     while got is None:   # the learner publishes version 0 before training starts
@@ -307,7 +307,7 @@ class Worker(EvalLane, ContinuousLoop):
       self._wait_for_version(max(a.min_version for a in assignments))
       prompts = [assignment_prompt(a) for a in assignments]
       # Seeded per (version, prompts): a resumed run regenerates the same rollouts (RELIABILITY.md).
-      spec = runtime.sampling_spec(self.config, self.dataset, seed=runtime.generation_seed(
+      spec = interruption.sampling_spec(self.config, self.dataset, seed=common.generation_seed(
           self.config.seed, max(a.min_version for a in assignments),
           [a.prompt_id for a in assignments]))
       t0 = time.time()
@@ -396,23 +396,27 @@ class Worker(EvalLane, ContinuousLoop):
 
 def main(argv=None) -> None:
   ap = build_parser()
-  rest, overrides = recipes.split_overrides(sys.argv[1:] if argv is None else argv)
+  rest, overrides = common.split_overrides(sys.argv[1:] if argv is None else argv)
   a = ap.parse_args(rest)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
   tune_malloc()    # multi-MB weight chunks / rollout buffers reuse heap memory, not fresh mmaps
-  config = runtime.load_run_config(a.run_config, overrides)   # --config.a.b=v: as main takes them
   for name in ("cert", "key", "ca", "server_name"):   # a fleet pod's mounted certificates
     if getattr(a, f"tls_{name}") is not None:
-      config.tls[name] = getattr(a, f"tls_{name}")
+      overrides.append(f"--config.tls.{name}={getattr(a, f'tls_{name}')}")
+  if a.tensor_parallel:
+    overrides.append(f"--config.generator.tensor_parallel={a.tensor_parallel}")
+  if a.backend:                          # the pod's engine: checked with the rest of the run config
+    overrides.append(f"--config.generator.backend={a.backend}")
+  try:                                   # the run file main wrote (or a preset), as main resolves it
+    run = common.resolve(a.run_config, overrides)
+  except common.ConfigError as e:
+    sys.exit(f"config error: {e}")
   # The pod name: Kubernetes sets $HOSTNAME in every container (launch.rehearse does too).
   a.generator_id = a.generator_id or os.environ.get("HOSTNAME") or socket.gethostname()
-  if a.tensor_parallel:
-    config.generator.tensor_parallel = a.tensor_parallel
-  print(runtime.knob_line(config, "generator"), file=sys.stderr, flush=True)
+  print(common.knob_line(run, "generator"), file=sys.stderr, flush=True)
   index = int(a.generator_id.rsplit("-", 1)[-1]) if a.generator_id.rsplit("-", 1)[-1].isdigit() else 0
-  pinned = runtime.pin_to_device_cpus(config, "generator", index)
-  backend = a.backend or config.generator.backend
-  run = common.RunConfig.from_config(config)   # the typed run config, built once
+  pinned = processes.pin_to_device_cpus(run, "generator", index)
+  backend = run.generator.backend
   engine = backends.engine_class(backend)(run)
   engine.prepare_process(pinned)     # before JAX starts (e.g. the XLA:CPU device count)
   w = Worker(run, a.buffer, a.generator_id, backend,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.generation.generator import Engine, Generator
 from scalerl_jax.protocol.client import BufferClient
 

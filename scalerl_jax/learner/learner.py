@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 import optax
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import sharding
 from scalerl_jax.learner.batch import RLSpec
 from scalerl_jax.learner.batch import validate_batch
@@ -62,7 +62,7 @@ def jit_train_step(step_fn, *, mesh=None, state_sharding=None, batch_sharding=No
 
 class Learner:
   """Owns the LearnerState and the compiled step, built from the run's typed sections
-  (configs.common): ``rl`` (the objective), ``optim``, ``learner`` (length buckets) and ``model``
+  (scalerl_jax.config): ``rl`` (the objective), ``optim``, ``learner`` (length buckets) and ``model``
   (logits_chunk, head_precision); ``rules`` (mesh.rules) when a mesh is given. `for_run` takes
   them from a typed RunConfig.
 

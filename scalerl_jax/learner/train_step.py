@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import rl
 from scalerl_jax.learner import metrics as metrics_lib
 from scalerl_jax.learner.batch import RLSpec, bucket_lengths, prepare, split_microbatches

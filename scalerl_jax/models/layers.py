@@ -5,7 +5,7 @@ D d_model, N query heads, K kv heads, G query heads per kv head, H head_dim, F f
 E experts, V vocab.
 
 Every parameter carries logical axis names (nn.with_logical_partitioning) and the main
-activations carry logical constraints; the rules table (configs/common.py) maps them to mesh axes.
+activations carry logical constraints; the rules table (scalerl_jax/config/) maps them to mesh axes.
 """
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ from typing import Iterable, Iterator, Mapping, Optional, Sequence
 import grpc
 import numpy as np
 
+from scalerl_jax import config
 from scalerl_jax.protocol import codec
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol.rpc import SERVICE, TLS, channel_options, open_channel
@@ -60,7 +61,8 @@ class BufferClient:
   """Thin typed wrapper over the RolloutBuffer service (thread-safe, one channel)."""
 
   def __init__(self, address: str, token: str, *, max_message_bytes: int = 256 << 20,
-               retries: Optional[int] = None, retry_budget_s: float = 60.0,
+               retries: Optional[int] = None,
+               retry_budget_s: float = config.Generator.retry_budget_s,
                backoff_s: float = 0.05, max_backoff_s: float = 2.0, tls: Optional[TLS] = None):
     """retries=None: retry UNAVAILABLE until `retry_budget_s` has passed; retries=N: N retries.
     `tls` (rpc.TLS, e.g. `TLS.from_config(config)`): verify the server over TLS (plaintext if None)."""

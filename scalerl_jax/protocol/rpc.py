@@ -82,7 +82,7 @@ class TLS:
 
   @classmethod
   def from_section(cls, t) -> "TLS":
-    """From a tls section (configs.common.Tls, or its ConfigDict)."""
+    """From a tls section (scalerl_jax.config.Tls, or its ConfigDict)."""
     return cls(cert=str(t.cert or ""), key=str(t.key or ""), ca=str(t.ca or ""),
                mutual=bool(t.mutual), server_name=str(t.server_name or ""))
 

@@ -22,12 +22,11 @@ The caller's thread waits on a pipe (the GIL released), so its other threads (de
 heartbeats, weight fetches) never wait on a grade. `counts()` is the process's tally by reason
 (what the generator reports in its heartbeats: docs/SANDBOX.md "Grading processes").
 The pool is process-wide and starts on first use; `configure(section)` sets its limits
-(a `configs.common.Rewards` section; unconfigured: its defaults), `shutdown()` stops its workers.
+(a `scalerl_jax.config.Rewards` section; unconfigured: its defaults), `shutdown()` stops its workers.
 """
 from __future__ import annotations
 
 import collections
-import importlib
 import dataclasses
 import logging
 import queue
@@ -39,6 +38,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
+from scalerl_jax import config
 from scalerl_jax.spawn import popen
 from scalerl_jax.rewards import registry
 from scalerl_jax.rewards.registry import Grade
@@ -206,9 +206,6 @@ class GradePool:
 
 _pool: GradePool | None = None
 _section: Any = None
-# The `configs.common.Rewards()` defaults, set by configs/common.py when it is imported (this
-# package cannot import configs: configs imports it).
-DEFAULTS: Any = None
 _pool_lock = threading.Lock()
 
 
@@ -226,9 +223,7 @@ def pool() -> GradePool:
   global _pool
   with _pool_lock:
     if _pool is None:
-      if _section is None and DEFAULTS is None:   # configs.common sets DEFAULTS when imported
-        importlib.import_module("configs.common")   # (at first grade: no import-time cycle)
-      _pool = GradePool(_section if _section is not None else DEFAULTS)
+      _pool = GradePool(_section if _section is not None else config.Rewards())
     return _pool
 
 

@@ -49,7 +49,7 @@ class Correction:
 
   @classmethod
   def from_config(cls, rl) -> "Correction":
-    """From the rl section's ``rc_*`` fields (configs.common.RL; a ConfigDict works too).
+    """From the rl section's ``rc_*`` fields (scalerl_jax.config.RL; a ConfigDict works too).
 
     The section declares every ``rc_*`` default; a section without one is an error here.
     """

@@ -50,7 +50,7 @@ class LossHParams:
 
   @classmethod
   def from_config(cls, rl) -> "LossHParams":
-    """From the rl section (configs.common.RL; a ConfigDict works too)."""
+    """From the rl section (scalerl_jax.config.RL; a ConfigDict works too)."""
     values = {f.name: getattr(rl, f.name, None) for f in dataclasses.fields(cls)}
     return cls(**{k: float(v) for k, v in values.items() if v is not None})
 

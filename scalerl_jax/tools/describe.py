@@ -18,7 +18,7 @@ import jax
 import ml_collections
 from ml_collections import config_flags
 
-from scalerl_jax import runtime
+from scalerl_jax.models import sections as model_sections
 from scalerl_jax.models.config import ModelConfig
 from scalerl_jax.sharding import abstract_params
 
@@ -28,8 +28,8 @@ _ROUTED = ("gate", "up", "down")
 
 
 def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
-  """The ModelConfig of a run config (one place: scalerl_jax.runtime.model_config)."""
-  return runtime.model_config(c)
+  """The ModelConfig of a run config (one place: scalerl_jax.model_sections.model_config)."""
+  return model_sections.model_config(c)
 
 
 def count_params(cfg: ModelConfig) -> dict:

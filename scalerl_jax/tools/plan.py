@@ -48,8 +48,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
+from scalerl_jax import config as run_config
+from scalerl_jax.models import sections as model_sections
 from scalerl_jax import models
-from scalerl_jax import runtime
 from scalerl_jax import sharding
 from scalerl_jax import topologies
 from scalerl_jax import xla_env
@@ -236,9 +237,9 @@ def compile_generator(config, model_cfg, devices, tensor_parallel: int, decode_b
 def default_seq_len(config) -> int:
   """The sequence length a plan is made at unless --seq_len says otherwise: the token length the
   learner's train step really compiles for when a batch holds a longest sequence
-  (runtime.train_seq_len: prompt + completion budgets, padded as trainer.pad_time pads).
+  (run_config.train_seq_len: prompt + completion budgets, padded as trainer.pad_time pads).
   launch.preflight checks that the plan it uses was made at this length (or a longer one)."""
-  return runtime.train_seq_len(config)
+  return run_config.train_seq_len(config)
 
 
 REMAT_ORDER = ("none", "dots", "full")   # cheapest first: the recomputation each policy costs
@@ -258,7 +259,7 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
     raise RuntimeError(f"topology {topo.name} needs {topo.num_devices} devices, jax has "
                        f"{len(devices)}; run as `python -m scalerl_jax.tools.plan` (it sets "
                        f"XLA_FLAGS={_DEVICE_FLAG}=N itself)")
-  model_cfg = runtime.model_config(config)
+  model_cfg = model_sections.model_config(config)
   r = config.rollout
   batch_rows = int(r.batch_size or r.prompts_per_step * r.generations_per_prompt)
   seq_len = int(seq_len or default_seq_len(config))
@@ -303,7 +304,7 @@ def plan(config, seq_len: int | None = None, with_generator: bool = True, with_f
   out["total_gb"] = round(out["total_bytes"] / 1e9, 2)
   if choose_remat:
     out["remat_choice"] = dict(chosen=model_cfg.remat, tried=tried,
-                               configured=runtime.model_config(config).remat)
+                               configured=model_sections.model_config(config).remat)
   out["moe"] = (dict(impl=model_cfg.moe_impl, capacity_factor=model_cfg.moe_capacity_factor)
                 if model_cfg.is_moe else None)
   if with_flops:
@@ -360,7 +361,7 @@ if __name__ == "__main__":
   _TOPOLOGY = flags.DEFINE_string("topology", "", "Topology name (scalerl_jax.topologies); "
                                   "default: config.topology.")
   _SEQ_LEN = flags.DEFINE_integer("seq_len", 0, "Tokens per sequence (default: the learner's pad "
-                                  "length, runtime.train_seq_len).")
+                                  "length, run_config.train_seq_len).")
   _MICROBATCHES = flags.DEFINE_integer("microbatches", 0, "Override config.optim.microbatches.")
   _GENERATOR = flags.DEFINE_boolean("generator", True, "Also compile the generator decode step.")
   _FLOPS = flags.DEFINE_boolean("flops", True, "Also compile the FLOPs probe (compute report).")

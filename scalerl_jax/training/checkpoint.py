@@ -43,7 +43,7 @@ import crc32c
 import jax
 import orbax.checkpoint as ocp
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import storage
 
 log = logging.getLogger("scalerl.checkpoint")

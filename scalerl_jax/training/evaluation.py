@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.generation.sampler import JaxSampler
 from scalerl_jax.rewards import sandbox_still_works
 from scalerl_jax.training.fleet_eval import FleetEvaluator, peak_rss_mb, summarize

@@ -42,7 +42,7 @@ from analysis.family import check_family, setup_of
 from analysis.forecast import eval_samples, forecast_run, read_references
 from analysis.metrics import AXIS_UNITS, on_axis, read_run
 from analysis.posterior import MIN_EVALS
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.rl.mismatch import parity_stats
 from scalerl_jax.rewards.isolation import FAULTS as GRADE_FAULTS
 

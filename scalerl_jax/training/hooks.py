@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from tqdm import tqdm
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.training.health import HealthMonitor, RunUnhealthy, parity_check
 
 

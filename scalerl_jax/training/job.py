@@ -22,15 +22,16 @@ from typing import Any
 import jax
 from jax._src import distributed as jd
 
+from scalerl_jax import processes
+from scalerl_jax.models import sections as model_sections
 from analysis.errors import TooFewPointsError
 from analysis.fit import PER_TASK, fit_runs, metric_slug
 from analysis.forecast import forecast_runs
 from analysis.lag import write_lag_summary
 from analysis.metrics import read_run, task_metric_keys
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.training import checkpoint
 from scalerl_jax import rewards
-from scalerl_jax import runtime
 from scalerl_jax import storage
 from scalerl_jax.buffer.replay import write_learner_state
 from scalerl_jax.data import build_dataset
@@ -160,7 +161,7 @@ def _run_follower(run_cfg: common.RunConfig, workdir: str) -> dict:
   from WORKDIR/base_policy once process 0 wrote it (a shared filesystem, as for checkpoints); a
   start checkpoint (model.hf_checkpoint) is read at once, each process its own slices."""
   dataset = build_dataset(run_cfg.data, run_cfg.rollout.max_prompt_len)
-  model_cfg = runtime.model_config(run_cfg)
+  model_cfg = model_sections.model_config(run_cfg)
   if run_cfg.model.hf_checkpoint:   # each process reads its own slices, in parallel
     params, _ = warm_start(run_cfg, model_cfg, dataset, workdir, progress=False)
   shared = _share(None)     # posted once process 0's base policy is written and the buffer is up
@@ -197,7 +198,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   multi = jax.process_count() > 1
   if multi and jax.process_index() != 0:
     return _run_follower(run_cfg, workdir)
-  runtime.pin_to_device_cpus(run_cfg, "learner")   # before JAX starts its thread pools
+  processes.pin_to_device_cpus(run_cfg, "learner")   # before JAX starts its thread pools
   external = bool(run_cfg.buffer.external)   # token checked by recipes.validate
   os.environ.setdefault(run_cfg.buffer.auth_token_env, secrets.token_hex(16))
   token = os.environ[run_cfg.buffer.auth_token_env]
@@ -210,7 +211,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
   dataset = build_dataset(run_cfg.data, run_cfg.rollout.max_prompt_len)
   if dataset.needs_sandbox:   # no run without a working sandbox (docs/SANDBOX.md)
     rewards.prepare_code_rewards(run_cfg)
-  model_cfg = runtime.model_config(run_cfg)
+  model_cfg = model_sections.model_config(run_cfg)
   config_path = write_run_config(config, workdir, local)
   params, sft_info = warm_start(run_cfg, model_cfg, dataset, workdir, progress=progress)
   prompts_path = os.path.join(local, "train_prompts.jsonl")
@@ -226,7 +227,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     "--learner-state pointing at that file so it rewinds", ls_path)
     else:
       address = procs.start_buffer(
-          prompts_path, run_cfg, learner_state=ls_path,
+          prompts_path, run_cfg, config_path, learner_state=ls_path,
           wal_dir=run_cfg.buffer.wal_dir or os.path.join(local, "buffer_wal"))
     client = BufferClient(address, token, tls=TLS.from_config(run_cfg))
     if multi:   # the other learner processes join: buffer address, token, resume step

@@ -33,7 +33,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax import models
 from scalerl_jax import sharding
 from scalerl_jax import storage

@@ -25,11 +25,11 @@ import grpc
 import jax
 import numpy as np
 
-from configs import common
+from scalerl_jax.generation import interruption
+from scalerl_jax import config as common
 from scalerl_jax import distributed
 from scalerl_jax import models
 from scalerl_jax.models import hf_export
-from scalerl_jax import runtime
 from scalerl_jax import sharding
 from scalerl_jax import storage
 from scalerl_jax.progress import Beacon
@@ -89,9 +89,9 @@ _LOGP_FNS: dict = {}   # ModelConfig (frozen, hashable) -> its jitted log-prob f
 
 def pad_time(arrays: dict, multiple: int, max_len: int) -> dict:
   """Right-pads the token axis (batch_to_arrays: the longest row's length) to
-  `runtime.padded_length`: a multiple of `learner.pad_multiple`, never above `max_len`."""
+  `common.padded_length`: a multiple of `learner.pad_multiple`, never above `max_len`."""
   T = arrays["tokens"].shape[1]
-  T2 = runtime.padded_length(T, multiple, max_len)
+  T2 = common.padded_length(T, multiple, max_len)
   if T2 == T:
     return arrays
   out = dict(arrays)
@@ -184,7 +184,7 @@ class Trainer:
     self.ledger = ComputeLedger(train_devices=jax.device_count(), gen_devices=gen_devices,
                                 params_active=n_active)
     self.npr = PassRateHistory(threshold=config.rl.npr_threshold)
-    self.eval_spec = runtime.sampling_spec(config, dataset, seed=12345,
+    self.eval_spec = interruption.sampling_spec(config, dataset, seed=12345,
                                            temperature=float(config.eval.temperature),
                                            top_p=float(config.eval.top_p))
     self.last_eval: dict | None = None   # R0 / the restored checkpoint's on, the newest eval record
@@ -305,11 +305,11 @@ class Trainer:
     self.evaluation.before_publish(version)
     t = time.time()
     w = self.config.weights
-    if self._delta is None and self.source is not None and runtime.delta_on(w):
+    if self._delta is None and self.source is not None and common.delta_on(w):
       self._delta = DeltaEncoder(int(w.delta_full_every))    # this process's base bits
     d0 = (self._delta.delta_bytes, self._delta.full_bytes) if self._delta else (0, 0)
     StreamPublisher(self.client, version, self.learner.state.params, source=self.source,
-                    sources=self.sources, wire_dtype=runtime.wire_dtype(w),
+                    sources=self.sources, wire_dtype=common.wire_dtype(w),
                     delta=self._delta).publish()
     if self._delta is not None:   # this version's delta bytes / its full bytes (1.0: sent full)
       sent, full = self._delta.delta_bytes - d0[0], self._delta.full_bytes - d0[1]
@@ -377,7 +377,7 @@ class Trainer:
       batch = self._pull(step)
       lc = self.config.learner
       full = pad_time(batch_to_arrays(batch, pad_id=0), int(lc.pad_multiple),
-                      runtime.max_sequence_len(self.config.rollout))
+                      common.max_sequence_len(self.config.rollout))
       self._book(step, batch)
       keys = ("tokens", "gen_logprobs", "loss_mask", "rewards", "prompt_ids")
       if self.config.rl.routing_replay:
@@ -488,7 +488,7 @@ class Trainer:
         "ledger": self.ledger.state_dict(), "npr": self.npr.to_dict(),
         "last_eval": self.last_eval, "consumed": self.consumed,
         "rng": {"seed": int(self.config.seed), "eval_seed": int(self.eval_spec.seed),
-                "generation": "runtime.generation_seed(seed, version, prompt_ids)"},
+                "generation": "common.generation_seed(seed, version, prompt_ids)"},
         "data_sampler": {"shuffle_seed": int(self.config.seed), "next_step": step,
                          "state": "buffer WAL (QUEUE/EPOCH/LEASE records), rewound to next_step"}},
         on_done=self._saved if self.learner_state_path and self.main else None)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.weights.source import WeightSource
 
 

@@ -31,7 +31,7 @@ from typing import Optional
 
 import grpc
 
-from configs import common
+from scalerl_jax import config as common
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol.rpc import SERVICE, TLS, AuthInterceptor, add_port, channel_options
 from scalerl_jax.protocol import validation as val

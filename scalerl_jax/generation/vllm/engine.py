@@ -9,10 +9,10 @@ from typing import Any, cast
 
 import ml_collections
 
+from scalerl_jax import config as run_config
 from scalerl_jax import models
 from scalerl_jax import node_cache
 from scalerl_jax import recipes
-from scalerl_jax import runtime
 from scalerl_jax.generation.export_cache import cached_export, params_digest
 from scalerl_jax.generation.generator import Engine
 from scalerl_jax.generation.vllm.generator import VLLMGenerator, VLLMSlots
@@ -94,7 +94,7 @@ class VLLMEngine(Engine):
     return VLLMGenerator(
         model_dir, dtype=engine_dtype,
         head_dtype="float32" if model_cfg.fp32_lm_head else None,
-        max_model_len=runtime.vllm_max_model_len(config.rollout),
+        max_model_len=run_config.vllm_max_model_len(config.rollout),
         initial_version=version, seed=int(config.seed), route_layers=route_layers(config, model_cfg),
         **kw)
 
