@@ -5,7 +5,7 @@ Run (the arg after the colon picks the learner topology; default h100_16):
 Plan the memory of the real-size train step ahead of time (no accelerator needed):
   python -m scalerl_jax.tools.plan --config=configs/8b.py --topology=h100_16
 
-Paper settings (PAPER_NOTES §4; base_config defaults, asserted by tests/test_configs.py): 48 prompts
+Paper settings (PAPER_NOTES §4; base_config defaults, asserted by tests/config/test_presets.py): 48 prompts
 x 16 generations = 768 sequences, thinking budget drawn in [10240, 12288] then the interruption
 phrase and <= 2048 answer tokens, prompt <= 2048 (so <= 16,384 tokens a sequence), AdamW lr 5e-7,
 eps 1e-15, wd 0.01, 100 warm-up steps, PipelineRL-8, CISPO eps_max 5, FP32 LM head.

@@ -95,6 +95,6 @@ def get_config(arg=None):
     c.rollout.think_budget_max = 32
     c.sft.steps = 1500
     c.sft.clean_steps = 900
-  if arg == "demo":   # `make demo` (issue #45): = recipes.SWITCHES["fresh"] (tests/test_recipes.py)
+  if arg == "demo":   # `make demo` (issue #45): = recipes.SWITCHES["fresh"] (tests/config/test_recipes.py)
     c.rollout.max_ahead = 1
   return c

@@ -1,4 +1,4 @@
-"""Subprocess body of tests/test_checkpoint_async.py: saves checkpoints back to back, asynchronously,
+"""Subprocess body of tests/training/test_checkpoint_async.py: saves checkpoints back to back, asynchronously,
 until it is killed. Checkpoint s holds arrays equal to `expected(s)` and meta {"s": s}.
 
   python tests/checkpoint_async_procs.py WORKDIR

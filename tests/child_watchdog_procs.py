@@ -1,4 +1,4 @@
-"""Processes of tests/test_child_watchdog.py (run as `python tests/child_watchdog_procs.py ROLE ...`).
+"""Processes of tests/core/test_processes_watchdog.py (run as `python tests/child_watchdog_procs.py ROLE ...`).
 
 parent WORKDIR DLL READY: starts one child (`stuck DLL READY`) through `ProcessGroup.start` (the exec
   launcher every buffer / generator goes through), prints its pid, then sleeps until it is killed.

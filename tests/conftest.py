@@ -20,9 +20,9 @@ Second: compile-bound tests compile with LLVM's optimizer off (`--xla_backend_op
 helpers.with_test_compile_flags): the in-process tests (set below) and the N-device scripts the
 tests start (`helpers.xla_flags(N)`: moe, sharding, plan, multihost, ...). Their programs are
 tiny and mostly compiled, not run: on this 2-core box test_sampler.py 135 -> 81 CPU-s,
-test_models.py + test_learner_step.py 294 -> 179 CPU-s. `python -m scalerl_jax.main` runs (and
+test_hf_parity.py + test_train_step.py 294 -> 179 CPU-s. `python -m scalerl_jax.main` runs (and
 the rehearsal's pods) keep XLA's default (except the 3-step real-shape rehearsal, which is mostly
-compiles: test_launch_realshape.py passes the tests' level to its pods): with the shared
+compiles: test_rehearse_realshape.py passes the tests' level to its pods): with the shared
 compilation cache they mostly run, and
 at level 0 the suite's e2e runs took 10-25 % more CPU (SFT and decode steps run slower).
 XLA's fusion and buffer decisions happen before LLVM, so `memory_analysis()` and
@@ -82,18 +82,18 @@ _FIRST = (
     "sampler",                       # 276
     "moe",                           # 269
     "forecast_e2e",                  # 266
-    "tests/test_multihost.py::test_two_processes_equal_one",              # 212
+    "tests/e2e/test_multihost.py::test_two_processes_equal_one",              # 212
     "routing_replay",                # 192
     "fleet_eval",                    # 165
-    "tests/test_sampler_devices.py::test_two_devices_match_one_device",  # 159
-    "tests/test_chaos.py::test_chaos_three_minutes_fixed_seed",          # 144
+    "tests/generation/test_sampler_devices.py::test_two_devices_match_one_device",  # 159
+    "tests/faults/test_chaos.py::test_chaos_three_minutes_fixed_seed",          # 144
     "e2e_multitask",                 # 120
     "e2e_instruct",                  # 108
-    "tests/test_multihost.py::test_main_runs_as_two_processes",          # 99
-    "tests/test_train_step_lock.py::test_train_step_outputs_are_bit_identical_to_the_fixture",  # ~100 (alone, 2026-12-07, loaded)
-    "tests/test_sharding.py::test_sharded_equals_unsharded_8_devices",   # 95
-    "tests/test_learner_sharded.py::test_sharded_equals_unsharded",      # 80
-    "tests/test_external_buffer.py::test_learner_buffer_and_fleet_as_separate_jobs",  # 79
+    "tests/e2e/test_multihost.py::test_main_runs_as_two_processes",          # 99
+    "tests/learner/test_train_step_lock.py::test_train_step_outputs_are_bit_identical_to_the_fixture",  # ~100 (alone, 2026-12-07, loaded)
+    "tests/models/test_sharding.py::test_sharded_equals_unsharded_8_devices",   # 95
+    "tests/learner/test_sharded_step.py::test_sharded_equals_unsharded",      # 80
+    "tests/e2e/test_external_buffer.py::test_learner_buffer_and_fleet_as_separate_jobs",  # 79
     "ckpt_start",                    # 69
     "moe_flops",                     # 65
 )

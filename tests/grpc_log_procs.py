@@ -1,4 +1,4 @@
-"""Child-process body of tests/test_grpc_logging.py: a buffer client, started the way our entry
+"""Child-process body of tests/protocol/test_grpc_logging.py: a buffer client, started the way our entry
 points start (`python -m` imports the scalerl_jax package first), makes one call to ADDRESS and
 prints how it ended. Its stderr is what the test reads."""
 import logging

@@ -1,4 +1,4 @@
-"""Subprocess body for tests/test_launch.py: parses each learner pod command with the real absl
+"""Subprocess body for tests/launch/test_manifests.py: parses each learner pod command with the real absl
 flags of `scalerl_jax.main` (config file + `--config.*` overrides, `--workdir`) and runs
 `recipes.validate` on it, as `main` does. Reads a JSON list of argv lists on stdin, prints one JSON
 list of {"distributed", "weights", "buffer", "workdir"} (the config sections a pod reads)."""

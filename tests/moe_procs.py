@@ -1,5 +1,5 @@
-"""MoE checks on 8 simulated CPU devices (tests/test_moe.py runs `python tests/moe_procs.py parity`,
-tests/test_moe_flops.py `python tests/moe_procs.py flops`, with 8 XLA:CPU devices); prints one JSON
+"""MoE checks on 8 simulated CPU devices (tests/models/test_moe.py runs `python tests/moe_procs.py parity`,
+tests/models/test_moe_flops.py `python tests/moe_procs.py flops`, with 8 XLA:CPU devices); prints one JSON
 line.
 """
 import os

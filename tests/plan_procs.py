@@ -1,4 +1,4 @@
-"""AOT plan checks on simulated devices (tests/test_plan.py runs it as `python tests/plan_procs.py`
+"""AOT plan checks on simulated devices (tests/tools/test_plan.py runs it as `python tests/plan_procs.py`
 with the device count in XLA_FLAGS); prints one JSON line.
 """
 import os

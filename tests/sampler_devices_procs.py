@@ -1,4 +1,4 @@
-"""Data-parallel JAX sampler on 2 simulated devices vs one device (tests/test_sampler_devices.py runs
+"""Data-parallel JAX sampler on 2 simulated devices vs one device (tests/generation/test_sampler_devices.py runs
 it as `python tests/sampler_devices_procs.py` with 2 XLA:CPU devices); prints one JSON line.
 """
 import os

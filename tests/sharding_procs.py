@@ -1,4 +1,4 @@
-"""Sharded forward / decode on 8 simulated CPU devices vs unsharded (tests/test_sharding.py runs it
+"""Sharded forward / decode on 8 simulated CPU devices vs unsharded (tests/models/test_sharding.py runs it
 as `python tests/sharding_procs.py` with 8 XLA:CPU devices); prints one JSON line of errors.
 """
 import os

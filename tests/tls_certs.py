@@ -1,6 +1,6 @@
 """Test certificates (the `cryptography` package): a CA, a server/client certificate it signed for
-127.0.0.1 / localhost (and an extra DNS name), and a second, unrelated CA. Used by tests/test_tls.py
-and the TLS variant of tests/test_fuzz_buffer.py."""
+127.0.0.1 / localhost (and an extra DNS name), and a second, unrelated CA. Used by tests/protocol/test_tls.py
+and the TLS variant of tests/faults/test_fuzz_buffer.py."""
 import datetime
 import ipaddress
 import os

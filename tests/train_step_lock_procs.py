@@ -1,4 +1,4 @@
-"""The train step's behaviour lock (tests/test_train_step_lock.py): one dumped batch per model, the
+"""The train step's behaviour lock (tests/learner/test_train_step_lock.py): one dumped batch per model, the
 step's outputs (loss, gradients, metrics) under each loss family and the rollout-correction
 switches the recipes use, for configs/tiny.py's dense model and configs/tiny_moe.py's MoE model.
 

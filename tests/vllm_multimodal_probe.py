@@ -1,4 +1,4 @@
-"""Runs in the vLLM venv (tests/test_vllm_multimodal.py starts it; PYTHONPATH = the repo +
+"""Runs in the vLLM venv (tests/vllm/test_vllm_multimodal.py starts it; PYTHONPATH = the repo +
 tests/vllm_mm_shim): vLLM's own Llama4ForConditionalGeneration, built on CPU from a checkpoint
 with images on (vision tower and projector included) and not served, against the names our push
 sends; and where vLLM's configs put the LM-head dtype of a multimodal model.

@@ -1,4 +1,4 @@
-"""A stand-in for vLLM's AsyncLLM with known routed experts (tests/test_vllm_routes.py): the REAL
+"""A stand-in for vLLM's AsyncLLM with known routed experts (tests/vllm/test_vllm_routes.py): the REAL
 worker (scalerl_jax/generation/vllm/worker.py, in .venv-vllm) drives it through `engine_factory`.
 
 Decoding is deterministic (token i of a request = a hash of its seed and i, never a stop or
@@ -34,7 +34,7 @@ class StubEngine:
     self.vocab, self.avoid = int(a["vocab"]), set(a.get("avoid", ()))
     self.moe = set(cfg["route_layers"] or ())
     self.version = "0"
-    # One line on each stream: tests/test_vllm_logs.py finds the engine's own output in its log.
+    # One line on each stream: tests/vllm/test_vllm_logs.py finds the engine's own output in its log.
     print(f"stub engine up: pid {os.getpid()} (stdout)", flush=True)
     print(f"stub engine up: pid {os.getpid()} (stderr)", file=sys.stderr, flush=True)
 

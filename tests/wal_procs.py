@@ -1,4 +1,4 @@
-"""Process of tests/test_fault_buffer.py (run as `python tests/wal_procs.py full_disk WAL_DIR`).
+"""Process of tests/faults/test_fault_buffer.py (run as `python tests/wal_procs.py full_disk WAL_DIR`).
 
 full_disk WAL_DIR: a WAL whose disk fills up mid-commit, made real with RLIMIT_FSIZE (the kernel
   writes what fits, then fails the write with EFBIG, as a full disk does with ENOSPC): commits

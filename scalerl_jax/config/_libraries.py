@@ -2,7 +2,7 @@
 is checked (as generation/backends.py names its engines): the data kinds, templates, rewards and
 mixtures (`data`), the generator backends (`backends`). Neither imports JAX (every process, the
 buffer included, checks them); this package imports neither, so that it stays the bottom layer
-(docs/ARCHITECTURE.md "Layers"; tests/test_config_resolve.py loads it with JAX and ml_collections
+(docs/ARCHITECTURE.md "Layers"; tests/config/test_resolve.py loads it with JAX and ml_collections
 blocked). The rl section's loss / aggregation / correction checks need rl/, which loads JAX: they
 run in `recipes.validate` (main, at resolve time) and the learner."""
 from __future__ import annotations

@@ -22,7 +22,7 @@ _BIG_BATCH = 80 / 48
 # paper is silent the recipe's own paper is cited; a value neither gives is marked "our choice"
 # with the reason. Keys a recipe does not set keep base_config's (ScaleRL's) value, e.g.
 # rollout.max_lag = 8 (the "-8" of PPO-off-policy-8, P §4), generations_per_prompt = 16 (P §4),
-# optimizer and length budgets (P §4: shared by every recipe compared). tests/test_recipes.py
+# optimizer and length budgets (P §4: shared by every recipe compared). tests/config/test_recipes.py
 # checks every resolved value below.
 RECIPES = {
     "scalerl": {},   # base_config is ScaleRL (P §3, §4)

@@ -18,7 +18,7 @@ bit), without a full gather anywhere:
 
 So no process holds more than one tensor (+ one source slice) of the model at a time, and each
 writes about 1/P of the bytes. `ExportStats` counts what each process wrote, assembled, received
-and held at its peak (tests/test_hf_export.py checks them).
+and held at its peak (tests/models/test_hf_export.py checks them).
 """
 from __future__ import annotations
 

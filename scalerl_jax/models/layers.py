@@ -101,7 +101,7 @@ def swiglu(g: jax.Array, u: jax.Array) -> jax.Array:
 
   Autodiff of `jax.nn.silu(g) * u` keeps sigmoid(g), silu(g) and u (three [B*T, F] tensors per
   layer); this VJP recomputes sigmoid(g) from g instead: d/dg = dh * u * s * (1 + g * (1 - s)),
-  d/du = dh * g * s, s = sigmoid(g). Checked against autodiff in tests/test_models.py.
+  d/du = dh * g * s, s = sigmoid(g). Checked against autodiff in tests/models/test_hf_parity.py.
   """
   return jax.nn.silu(g) * u
 

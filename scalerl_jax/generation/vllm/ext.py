@@ -171,7 +171,7 @@ def _repack_cpu_experts(model, prefixes) -> None:
   weights in checkpoint layout while the CPU kernel reads them as prepacked (measured on the tiny
   Llama-4: pushing the start weights again changed every expert tensor's bytes and the parity gate
   read mean |delta log-prob| 0.17). GPU backends shuffle inside `convert_to_unquantized_kernel_format`
-  and are not touched here. tests/test_vllm_llama4.py checks that re-pushing the start weights
+  and are not touched here. tests/vllm/test_vllm_llama4.py checks that re-pushing the start weights
   restores bit-identical engine parameters."""
   if not prefixes:
     return

@@ -1,0 +1,171 @@
+"""The bulk weight channel (weights/bulk.py): a weight source's chunks over a plain TCP stream.
+
+Exactness: versions fetched over it are bit-identical to the publisher's, also when a stream breaks
+mid-version (the fetch resumes with the chunks it holds) and when chunks are staged out of order;
+the delta trajectory test (tests/weights/test_delta.py) runs over it too (it is the default). Security:
+a connection without the right token is refused with one UNAUTHENTICATED line and counted; over TLS
+(tests/protocol/test_tls.py) a plaintext client is refused. Bad streams: an oversize frame, a stream that ends
+inside a frame, a chunk whose bytes do not match its CRC: each a clear error, nothing counted as held.
+A bulk channel that does not connect is a counted fallback to gRPC."""
+import socket
+import struct
+
+import numpy as np
+import pytest
+
+from helpers import weight_serving
+from scalerl_jax.protocol import rollout_pb2 as pb
+from scalerl_jax.protocol import weight_chunks as ws
+from scalerl_jax.types import WeightUpdateError
+from scalerl_jax.weights import bulk as wb
+from scalerl_jax.weights.stream import StreamFetcher, StreamPublisher, flatten
+
+TOKEN = "bulk-test-token"
+
+
+@pytest.fixture
+def serving():
+  with weight_serving(TOKEN, keep=3) as cs:
+    yield cs
+
+
+def _params(seed):
+  rng = np.random.default_rng(seed)
+  return {"embed": rng.standard_normal((96, 64)).astype(np.float32),
+          "layers": [{"w": rng.standard_normal((64, 48)).astype(np.float32),
+                      "b": rng.standard_normal((7,)).astype(np.float32)} for _ in range(3)]}
+
+
+def _same(got, params) -> bool:
+  return all(np.array_equal(np.asarray(a), np.asarray(b)) and np.asarray(a).dtype == b.dtype
+             for (_, a), (_, b) in zip(flatten(got), flatten(params)))
+
+
+def test_versions_over_bulk_are_exact_through_break_resume_and_reorder(serving, monkeypatch):
+  c, src = serving
+  f = StreamFetcher(c, delta=False)
+  assert src.bulk_address and c.peer(src.address).bulk_address() == src.bulk_address
+  for v in range(4):
+    params = _params(v)
+    pub = StreamPublisher(c, v, params, chunk_bytes=2048, source=src)
+    if v == 2:
+      pub.own = list(np.random.default_rng(0).permutation(pub.own))   # staged out of order
+    pub.publish()
+    if v == 1:                                # the server drops the connection after 3 chunks
+      sent, real = [0], wb._send_message
+
+      def drop(conn, msg):
+        sent[0] += 1
+        if sent[0] == 4:
+          raise OSError("connection dropped (test)")
+        real(conn, msg)
+      monkeypatch.setattr(wb, "_send_message", drop)
+      with pytest.raises(wb.BulkError, match="DATA_LOSS|ended"):
+        f.fetch(v - 1, wait_timeout_s=10)
+      monkeypatch.setattr(wb, "_send_message", real)
+      assert 1 <= len(f._partial["have"]) < len(pub.plan)
+      held = len(f._partial["have"])
+      served = src.served_chunks
+    got = f.fetch(v - 1, wait_timeout_s=10)
+    assert got.version == v and _same(got.params, params), v
+    if v == 1:                                # resumed: only the missing chunks were sent again
+      assert src.served_chunks - served == len(pub.plan) - held
+  assert f.bulk_streams == 5 and f.bulk_fallbacks == 0 and f.digests_checked == 4
+
+
+def test_unauthenticated_connection_is_refused_and_counted(serving):
+  c, src = serving
+  StreamPublisher(c, 0, _params(0), chunk_bytes=2048, source=src).publish()
+  req = pb.FetchWeightsRequest(resume_version=0, streamed=True, wait_timeout_s=1)
+  before = src.rejected
+  for token in ("wrong-token", ""):
+    sock = wb.connect(src.bulk_address, token, req)
+    with pytest.raises(wb.BulkError, match="UNAUTHENTICATED: .*bearer token"):
+      list(wb.messages(sock, lambda h, n: None, 1 << 20))
+    sock.close()
+  raw = socket.create_connection(tuple(src.bulk_address.rsplit(":", 1)[0:1]) +
+                                 (int(src.bulk_address.rsplit(":", 1)[1]),))
+  raw.sendall(b"GET / HTTP/1.1\r\n\r\n")       # not a bulk client at all
+  with pytest.raises(wb.BulkError, match="UNAUTHENTICATED"):
+    list(wb.messages(raw, lambda h, n: None, 1 << 20))
+  raw.close()
+  assert src.rejected - before == 3 and src.served_chunks == 0
+  ok = wb.connect(src.bulk_address, TOKEN, req)       # the right token: served
+  got = list(wb.messages(ok, lambda h, n: None, 1 << 20))
+  ok.close()
+  assert len(got) == src.served_chunks + 2            # manifest + chunks + digest trailer
+
+
+def _frames(*parts: bytes):
+  """A client socket whose peer sent `parts` and closed."""
+  a, b = socket.socketpair()
+  b.sendall(b"".join(parts))
+  b.close()
+  return a
+
+
+def test_oversize_truncated_and_bad_frames_are_clear_errors():
+  head = pb.WeightChunk(version=3, chunk_index=0, crc32=1).SerializeToString()
+  cases = [
+      (_frames(wb.FRAME.pack(wb.CHUNK, len(head), 1 << 30), head), "bad frame .* at most 1024"),
+      (_frames(wb.FRAME.pack(wb.CHUNK, len(head), 100), head, b"x" * 40), "ended inside chunk 0 "
+                                                                          r"\(40 of 100 bytes\)"),
+      (_frames(wb.FRAME.pack(wb.MSG, 10, 0), b"abc"), r"ended inside a frame head \(3 of 10"),
+      (_frames(b"\x01\x02"), "ended inside a frame header"),
+      (_frames(wb.FRAME.pack(7, 0, 0)), "bad frame"),
+      (_frames(wb.FRAME.pack(wb.MSG, 3, 0), b"\xff\xff\xff"), "DATA_LOSS"),
+  ]
+  for sock, match in cases:
+    with pytest.raises(wb.BulkError, match=match):
+      list(wb.messages(sock, lambda h, n: None, 1024))
+    sock.close()
+  good = _frames(wb.FRAME.pack(wb.CHUNK, len(head), 4), head, b"abcd", wb.FRAME.pack(wb.END, 0, 0))
+  dst = bytearray(4)
+  (m,) = list(wb.messages(good, lambda h, n: memoryview(dst), 1024))
+  assert m.placed and bytes(dst) == b"abcd" and m.head.version == 3 and m.head.chunk_index == 0
+
+
+def test_corrupted_chunk_over_bulk_is_refused_and_not_held(serving, monkeypatch):
+  """A chunk read in place whose bytes do not match its CRC: WeightUpdateError naming the tensor;
+  the chunk is not counted as held (the next fetch gets it again, exact)."""
+  c, src = serving
+  params = _params(5)
+  StreamPublisher(c, 0, params, chunk_bytes=2048, source=src).publish()
+  real = wb._send_message
+
+  def flip(conn, msg):
+    m = ws.parse_weight_message(msg)
+    if not isinstance(m, ws.Malformed) and len(m.data) and m.head.chunk_index == 2:
+      data = bytearray(m.data)
+      data[0] ^= 1
+      msg = ws.with_data(m.head.SerializeToString(), bytes(data))
+    real(conn, msg)
+  monkeypatch.setattr(wb, "_send_message", flip)
+  f = StreamFetcher(c, delta=False)
+  with pytest.raises(WeightUpdateError, match="chunk 2: checksum mismatch"):
+    f.fetch(-1, wait_timeout_s=10)
+  assert 2 not in f._partial["have"]
+  monkeypatch.setattr(wb, "_send_message", real)
+  got = f.fetch(-1, wait_timeout_s=10)
+  assert got.version == 0 and _same(got.params, params)
+
+
+def test_bulk_channel_that_does_not_connect_falls_back_to_grpc_counted(serving):
+  c, src = serving
+  params = _params(7)
+  dead = socket.socket()
+  dead.bind(("127.0.0.1", 0))
+  port = dead.getsockname()[1]
+  dead.close()                                   # nothing listens there
+  src.bulk_address = f"127.0.0.1:{port}"
+  StreamPublisher(c, 0, params, chunk_bytes=2048, source=src).publish()
+  f = StreamFetcher(c, delta=False)
+  got = f.fetch(-1, wait_timeout_s=10)
+  assert got.version == 0 and _same(got.params, params)
+  assert f.bulk_fallbacks == 1 and f.bulk_streams == 0 and src.served_chunks > 1
+
+
+def test_frame_header_layout():
+  """Little-endian <kind u8, head_len u32, data_len u64> (docs/ROLLOUT.md "Bulk weight channel")."""
+  assert wb.FRAME.size == 13
+  assert wb.FRAME.pack(wb.CHUNK, 5, 1 << 33) == struct.pack("<BIQ", 1, 5, 1 << 33)
