@@ -124,6 +124,7 @@ class BulkServer:
     self._serve, self._expected, self._on_reject = serve, token.encode(), on_reject
     self._parse = parse             # the source's strict request parser (Malformed on bad bytes)
     self._ssl = _server_context(tls) if tls is not None and tls.enabled else None
+    host = hosts.resolve_host(host)   # as the gRPC servers bind (rehearsal: 0.0.0.0 -> the pod's IP)
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     self._sock = socket.socket(family, socket.SOCK_STREAM)
     self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

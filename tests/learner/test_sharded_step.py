@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from helpers import xla_flags
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/ (run as a script)
+from helpers import xla_flags  # noqa: E402
 
 TOL_PARAMS = 1e-5
 

@@ -16,6 +16,8 @@ import numpy as np
 import optax
 import pytest
 
+from scalerl_jax import recipes
+
 from scalerl_jax import config as common
 from scalerl_jax import rl
 from scalerl_jax.learner import LearnerState, make_train_step, token_logprobs
@@ -156,8 +158,9 @@ def test_band_that_excludes_everything_is_a_config_error():
       Correction(**kw)
   c = common.base_config()
   c.rl.rc_token_mask_low, c.rl.rc_token_mask_high = 3.0, 0.5
-  with pytest.raises(common.ConfigError, match=r"rc_token_mask band \[3.0, 0.5\]"):
-    common.RunConfig.from_config(c)
+  # rl/'s bounds load JAX: main checks them at resolve time (recipes.validate calls check_objective)
+  with pytest.raises(common.ConfigError, match=r"rl: rc_token_mask band \[3.0, 0.5\]"):
+    recipes.check_objective(common.RunConfig.from_config(c).rl)
   c = common.base_config()
   c.rl.rc_token_mask_low, c.rl.rc_token_mask_high = 0.5, 2.0
   assert RLSpec.from_config(common.RunConfig.from_config(c).rl).correction.token_band
