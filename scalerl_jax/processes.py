@@ -207,13 +207,14 @@ class ProcessGroup:
     b = config.buffer
     self.max_restarts["buffer"] = int(b.max_restarts)
     self.max_restarts["gen"] = int(config.generator.max_restarts)
-    return self.start_buffer_argv(argv, timeout_s, wal_dir or "")
+    return self.start_buffer_argv(argv, timeout_s, wal_record=wal_dir or "")
 
-  def start_buffer_argv(self, argv: list[str], timeout_s: float = 60.0, wal_dir: str = "") -> str:
-    """Starts a buffer from a full argv (tests use it with any prompt set); returns its address."""
+  def start_buffer_argv(self, argv: list[str], timeout_s: float = 60.0, wal_record: str = "") -> str:
+    """Starts a buffer from a full argv (tests use it with any prompt set); returns its address.
+    `wal_record`: the WAL directory that argv gives it, kept for the record ("" = none)."""
     p = self.start("buffer", argv)
     info = self._read_address(p, timeout_s)
-    self.buffer_address, self.buffer_wal = info["address"], wal_dir
+    self.buffer_address, self.buffer_wal = info["address"], wal_record
     self.buffer_info = info
     return info["address"]
 

@@ -46,6 +46,7 @@ import ml_dtypes
 import numpy as np
 from jax import tree_util as tu
 
+from scalerl_jax import config as common
 from scalerl_jax.protocol import rollout_pb2 as pb
 from scalerl_jax.protocol import weight_chunks as ws
 from scalerl_jax.types import WeightUpdateError
@@ -320,7 +321,7 @@ class StreamFetcher:
   """Fetches streamed versions into host arrays (reused from versions nobody holds any more,
   weights/pool.py); resumable (see module docstring)."""
 
-  def __init__(self, client, delta: bool = True):
+  def __init__(self, client, delta: bool = common.Weights.delta):
     """`delta`: ask learner sources for exact deltas against the version fetched last (its
     arrays are kept as the base: the generator holds them anyway)."""
     self.client, self.delta = client, bool(delta)

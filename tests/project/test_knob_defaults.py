@@ -20,15 +20,9 @@ GENERIC = {
     "temperature": "1.0 is the untempered log-prob (the identity), not the sampling knob",
 }
 
-# Restated defaults not removed yet, each with why. The test fails when one is fixed (remove it
-# here) and on any new one.
-KNOWN = {
-    # files edited concurrently (generation/vllm/, weights/): after the merge
-    "scalerl_jax/generation/vllm/generator.py::VLLMGenerator.__init__(gpu_memory_utilization)",
-    "scalerl_jax/weights/stream.py::StreamFetcher.__init__(delta)",
-    # the WAL a test's hand-started buffer writes, for the record ("" = none): not the knob
-    "scalerl_jax/processes.py::ProcessGroup.start_buffer_argv(wal_dir)",
-}
+# Restated defaults not removed yet, each with why (none left on 2026-12-07, commit after 2624343).
+# The test fails when one is fixed (remove it here) and on any new one.
+KNOWN: set[str] = set()
 
 
 def declared_knobs(source: str) -> dict[str, list[tuple[str, object]]]:

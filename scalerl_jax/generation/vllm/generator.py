@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Literal, Mapping, Sequence, cast
 
 import numpy as np
 
+from scalerl_jax import config as common
 from scalerl_jax import lazy
 from scalerl_jax.generation.vllm import protocol as P
 from scalerl_jax.generation.generator import Generator
@@ -127,7 +128,7 @@ class VLLMGenerator(Generator):
 
   def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "bfloat16",
                head_dtype: str | None = "float32", max_model_len: int = 4096,
-               kv_cache_bytes: int | None = None, gpu_memory_utilization: float = 0.9,
+               kv_cache_bytes: int | None = None, gpu_memory_utilization: float = common.Generator.gpu_memory_utilization,
                enforce_eager: bool = False,
                enable_prefix_caching: bool = True, max_num_seqs: int = 256,
                max_num_batched_tokens: int | None = None, seed: int = 0,
