@@ -26,8 +26,7 @@ def _main():
   from scalerl_jax import config as common
   from scalerl_jax import models, sharding, topologies
   from scalerl_jax.learner import Learner
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  import rl_reference as ref
+  import rl_reference as ref   # tests/ is on sys.path (the module's top)
 
   assert jax.device_count() == 8, jax.devices()
   cfg = models.get_preset("tiny_llama3", num_layers=2)
