@@ -186,12 +186,18 @@ def measure_deltas(steps: int, chunk_bytes: int) -> dict:
           "delta_chunks": f.delta_chunks, "bit_identical": bool(identical)}
 
 
+MODES = ("tcp", "local", "grpc", "pipelined")
+
+
 def _fetch_proc(address, token, conn):
   """The generator side of `measure_stream`, a process of its own with one StreamFetcher (as a
-  generator has): fetches each new version into host arrays (its ArrayPool), over the source's bulk
-  channel (weights/bulk.py) for odd versions and its gRPC FetchWeights for even ones, and
-  reports (version, wall clock when it holds all of it, streams fetched over bulk, versions read
-  into reused arrays: it drops each version before the next, so from the second one on all are)."""
+  generator has), reading each version into host arrays (its ArrayPool: it drops each version
+  before the next, so from the second one on they are reused). Per ("fetch", mode) command it
+  fetches the next version: "tcp" over the source's bulk channel on TCP, "local" over its local
+  (same network namespace) listener, "grpc" over its FetchWeights stream, "pipelined" over TCP
+  long-polling before the version is published. Reports (version, wall clock of the fetch call,
+  wall clock when it holds all of it, bulk streams, local streams, versions read into reused
+  arrays)."""
   from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.protocol.wire import tune_malloc
   from scalerl_jax.weights.stream import StreamFetcher
@@ -201,15 +207,19 @@ def _fetch_proc(address, token, conn):
   conn.send("ready")
   have = -1
   while True:
-    f.bulk = (have + 1) % 2 == 1
+    cmd = conn.recv()
+    if cmd == "stop":
+      return
+    _, mode = cmd
+    f.bulk, f.bulk_local = mode != "grpc", mode == "local"
+    t_call = time.time()
     got = f.fetch(have, wait_timeout_s=120)
     if got is None:
+      conn.send(None)
       continue
     have = got.version
-    conn.send((have, time.time(), f.bulk_streams, f.pool.reused))
+    conn.send((have, t_call, time.time(), f.bulk_streams, f.local_streams, f.pool.reused))
     del got
-    if conn.poll() and conn.recv() == "stop":
-      return
 
 
 def _memcpy_GBps(flat: np.ndarray, dst: np.ndarray) -> tuple[float, float]:
@@ -235,22 +245,28 @@ def _recv_all(rx, out: memoryview, chunk_bytes: int) -> None:
     got += k
 
 
-def _tcp_ceiling_GBps(flat: np.ndarray, dst: np.ndarray, chunk_bytes: int,
-                      streams: int = 1) -> float:
-  """What the kernel allows for the same bytes: bare loopback TCP pairs (fresh connections, as
-  each fetch has, default auto-tuned socket buffers, TCP_NODELAY); per pair a sender thread
-  `sendall`s its share of `flat` as one memoryview and a receiver thread `recv_into`s
-  chunk_bytes slices of its share of `dst` (reused, written before); GB/s from the first byte
-  sent to the last one received. `streams` > 1: that many pairs in parallel."""
+def _ceiling_GBps(flat: np.ndarray, dst: np.ndarray, chunk_bytes: int, streams: int = 1,
+                  local: bool = False) -> float:
+  """What the kernel allows for the same bytes: bare socket pairs, loopback TCP (fresh
+  connections, as each fetch has, default auto-tuned socket buffers, TCP_NODELAY) or, `local`, a
+  Unix stream pair with the bulk channel's local send buffer (bulk.LOCAL_SNDBUF); per pair a
+  sender thread `sendall`s its share of `flat` as one memoryview and a receiver thread
+  `recv_into`s chunk_bytes slices of its share of `dst` (reused, written before); GB/s from the
+  first byte sent to the last one received. `streams` > 1: that many pairs in parallel."""
   import socket
+  from scalerl_jax.weights import bulk
   pairs = []
   for _ in range(streams):
-    srv = socket.create_server(("127.0.0.1", 0))
-    tx = socket.create_connection(srv.getsockname())
-    rx, _ = srv.accept()
-    srv.close()
-    for s in (tx, rx):
-      s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if local:
+      tx, rx = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+      tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, bulk.LOCAL_SNDBUF)
+    else:
+      srv = socket.create_server(("127.0.0.1", 0))
+      tx = socket.create_connection(srv.getsockname())
+      rx, _ = srv.accept()
+      srv.close()
+      for s in (tx, rx):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     pairs.append((tx, rx))
   src, out, n = memoryview(flat), memoryview(dst.reshape(-1).view(np.uint8)), flat.nbytes
   cuts = [n * k // streams for k in range(streams + 1)]
@@ -271,10 +287,19 @@ def _tcp_ceiling_GBps(flat: np.ndarray, dst: np.ndarray, chunk_bytes: int,
 
 
 def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
-  """One full version, publisher host arrays -> generator host arrays (the generator a process
-  of its own, as deployed), over the bulk channel and over gRPC (alternate versions, `repeats`
-  each), and memcpy of the same bytes in this process after every version (so load changes hit
-  all three alike; into a buffer written before, and into a fresh one). Medians."""
+  """One full bf16 version from the publisher's host buffer to the generator's host arrays (the
+  generator a process of its own, as deployed), `repeats` times per transport, modes interleaved
+  so that load changes hit all alike: staged (the fetch starts once the version is staged in the
+  learner's WeightSource; GB/s = model bytes / (fetch return - fetch call), both in the fetcher)
+  over TCP (`stream_GBps`, what crosses hosts: launch.preflight's per-stream rate), over the
+  local listener (`stream_local_GBps`, a fetcher in the source's network namespace) and over gRPC
+  (`stream_GBps_grpc`); the staging alone (`stage_GBps`: model bytes / the publish's seconds in
+  those modes: chunk copies and CRC-32C into the source, nothing reading); and pipelined (`version_GBps`: the fetcher long-polls, GB/s from the
+  start of the publish, staging on the same cores included, as on a CPU learner). After every
+  version, in this process: memcpy of the same bytes (into a buffer written before:
+  `memcpy_GBps`, the ratios' denominator; into a fresh one: `memcpy_fresh_GBps`) and the bare
+  kernel ceilings (`tcp_ceiling_GBps`, `local_ceiling_GBps`, `tcp_ceiling_2streams_GBps`).
+  Medians."""
   import multiprocessing as mp
   import jax
   from scalerl_jax.protocol.wire import tune_malloc
@@ -292,25 +317,36 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   if not here.poll(300) or here.recv() != "ready":
     proc.kill()
     raise RuntimeError("the fetcher process did not start")
-  rates: dict = {"bulk": [], "grpc": []}
-  mem, fresh, tcp, tcp2, bulk_streams, reused = [], [], [], [], 0, 0
+  rates: dict = {m: [] for m in MODES}
+  mem, fresh, tcp, local, tcp2, stage = [], [], [], [], [], []
+  streams = (0, 0, 0)
   warm = flat.copy()
   try:
-    for v in range(2 * repeats + 2):              # versions 0, 1: untimed warm-ups
-      time.sleep(0.5)                             # the fetcher long-polls before the publish
+    for v in range(len(MODES) * (repeats + 1)):     # the first round: untimed warm-ups
+      mode = MODES[v % len(MODES)]
+      if mode == "pipelined":
+        here.send(("fetch", mode))
+        time.sleep(0.5)                            # the fetcher long-polls before the publish
       t0 = time.time()
       StreamPublisher(c, v, params16, chunk_bytes, source=src).publish()
+      staged = time.time() - t0
+      if mode != "pipelined":
+        here.send(("fetch", mode))
       if not here.poll(300):
         raise TimeoutError(f"the fetcher process did not report version {v} within 300 s")
-      got_v, done, bulk_streams, reused = here.recv()
-      assert got_v == v, (got_v, v)
-      if v > 1:
-        rates["bulk" if v % 2 else "grpc"].append(model / (done - t0) / 1e9)
+      got = here.recv()
+      assert got is not None and got[0] == v, (got, v)
+      _, t_call, done, *streams = got
+      if v >= len(MODES):
+        rates[mode].append(model / (done - (t0 if mode == "pipelined" else t_call)) / 1e9)
+        if mode != "pipelined":                   # nothing read the version while it staged
+          stage.append(model / staged / 1e9)
         m, f = _memcpy_GBps(flat, warm)
         mem.append(m)
         fresh.append(f)
-        tcp.append(_tcp_ceiling_GBps(flat, warm, chunk_bytes))
-        tcp2.append(_tcp_ceiling_GBps(flat, warm, chunk_bytes, streams=2))
+        tcp.append(_ceiling_GBps(flat, warm, chunk_bytes))
+        local.append(_ceiling_GBps(flat, warm, chunk_bytes, local=True))
+        tcp2.append(_ceiling_GBps(flat, warm, chunk_bytes, streams=2))
   finally:
     here.send("stop")
     proc.join(30)
@@ -319,20 +355,30 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
     src.stop()
     c.close()
     srv.stop()
-  assert bulk_streams == repeats + 1, f"{bulk_streams} bulk streams (fell back to gRPC?)"
-  s, g, m, k = (statistics.median(x) for x in (rates["bulk"], rates["grpc"], mem, tcp))
-  return {"stream_GBps": round(s, 3), "memcpy_GBps": round(m, 3),
-          "stream_over_memcpy": round(s / m, 3), "tcp_ceiling_GBps": round(k, 3),
-          "tcp_ceiling_over_memcpy": round(k / m, 3), "stream_over_tcp_ceiling": round(s / k, 3),
-          "tcp_ceiling_2streams_GBps": round(statistics.median(tcp2), 3),
-          "stream_GBps_grpc": round(g, 3),
-          "grpc_over_memcpy": round(g / m, 3),
-          "memcpy_fresh_GBps": round(statistics.median(fresh), 3),
-          "fetch_arrays_reused": f"{reused} of {2 * repeats + 2} versions",
-          "stream_repeats": [round(x, 3) for x in rates["bulk"]],
-          "grpc_repeats": [round(x, 3) for x in rates["grpc"]],
-          "memcpy_repeats": [round(x, 3) for x in mem],
-          "tcp_ceiling_repeats": [round(x, 3) for x in tcp]}
+  bulk_streams, local_streams, reused = streams
+  n_bulk = 3 * (repeats + 1)
+  assert bulk_streams == n_bulk, f"{bulk_streams} of {n_bulk} bulk streams (fell back to gRPC?)"
+  assert local_streams == repeats + 1, f"{local_streams} local streams of {repeats + 1}"
+  med = {k: statistics.median(x) for k, x in rates.items()}
+  m, k, kl = (statistics.median(x) for x in (mem, tcp, local))
+  r = lambda x: round(x, 3)
+  return {"stream_GBps": r(med["tcp"]), "memcpy_GBps": r(m),
+          "stream_over_memcpy": r(med["tcp"] / m), "tcp_ceiling_GBps": r(k),
+          "tcp_ceiling_over_memcpy": r(k / m), "stream_over_tcp_ceiling": r(med["tcp"] / k),
+          "stream_local_GBps": r(med["local"]), "stream_local_over_memcpy": r(med["local"] / m),
+          "local_ceiling_GBps": r(kl), "local_ceiling_over_memcpy": r(kl / m),
+          "stream_local_over_local_ceiling": r(med["local"] / kl),
+          "stage_GBps": r(statistics.median(stage)), "stage_over_memcpy": r(
+              statistics.median(stage) / m),
+          "version_GBps": r(med["pipelined"]), "version_over_memcpy": r(med["pipelined"] / m),
+          "tcp_ceiling_2streams_GBps": r(statistics.median(tcp2)),
+          "stream_GBps_grpc": r(med["grpc"]), "grpc_over_memcpy": r(med["grpc"] / m),
+          "memcpy_fresh_GBps": r(statistics.median(fresh)),
+          "fetch_arrays_reused": f"{reused} of {len(MODES) * (repeats + 1)} versions",
+          "repeats": {k: [r(x) for x in v] for k, v in rates.items()},
+          "memcpy_repeats": [r(x) for x in mem],
+          "tcp_ceiling_repeats": [r(x) for x in tcp],
+          "local_ceiling_repeats": [r(x) for x in local]}
 
 
 def run(args) -> dict:
@@ -382,8 +428,11 @@ def write_rate(path: str, out: dict, note: str = "shared with concurrent work") 
   import subprocess
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
-  rate = {"stream_GBps": out["stream_GBps"], "memcpy_GBps": out["memcpy_GBps"],
+  rate = {"stream_GBps": out["stream_GBps"], "version_GBps": out.get("version_GBps"),
+          "stream_local_GBps": out.get("stream_local_GBps"), "stage_GBps": out.get("stage_GBps"),
+          "memcpy_GBps": out["memcpy_GBps"],
           "tcp_ceiling_GBps": out.get("tcp_ceiling_GBps"),
+          "local_ceiling_GBps": out.get("local_ceiling_GBps"),
           "stream_GBps_grpc": out.get("stream_GBps_grpc"),
           "delta_fraction": out.get("delta_bytes_per_version_over_model"),
           "date": time.strftime("%Y-%m-%d"), "commit": commit or "?",

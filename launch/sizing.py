@@ -89,7 +89,9 @@ def push(config) -> dict:
 
 def sync_rates(path: str = RATE_FILE) -> dict:
   """{stream: bytes/s, delta: fraction, label} from bench.weights' rate file, else the given
-  values (label "given: ...")."""
+  values (label "given: ..."). The stream rate is the smaller of the file's per-stream rate (a
+  staged version, publisher host buffer -> generator host buffer over TCP) and its `version_GBps`
+  (the same stream while the learner stages the version on the same cores), where it has one."""
   import json  # local: only the preflight reads the rate file
   import os  # local: as above
   full = path if os.path.isabs(path) else os.path.join(
@@ -97,9 +99,13 @@ def sync_rates(path: str = RATE_FILE) -> dict:
   try:
     with open(full) as f:
       m = json.load(f)
-    return dict(stream=float(m["stream_GBps"]) * 1e9, delta=float(m["delta_fraction"]),
-                label=f"measured {m.get('date', '?')} {m.get('commit', '?')} "
-                      f"{m.get('machine', '?')}")
+    stream = float(m["stream_GBps"])
+    label = f"measured {m.get('date', '?')} {m.get('commit', '?')} {m.get('machine', '?')}"
+    if m.get("version_GBps"):
+      stream = min(stream, float(m["version_GBps"]))
+      label += (f"; the smaller of per stream {float(m['stream_GBps']):.2f} and staging "
+                f"overlapped {float(m['version_GBps']):.2f} GB/s")
+    return dict(stream=stream * 1e9, delta=float(m["delta_fraction"]), label=label)
   except (OSError, ValueError, KeyError):
     return dict(stream=GIVEN_STREAM_RATE, delta=GIVEN_DELTA_FRACTION,
                 label="given (no measured rate file)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import secrets
 import socket
 import ssl
 import struct
@@ -92,10 +93,17 @@ def _recv_exact(sock, view: memoryview, what: str) -> None:
     got += k
 
 
+LOCAL_SNDBUF = 8 << 20      # a local stream's send buffer (the kernel caps it at 2 x wmem_max)
+
+
 def _tune(sock: socket.socket) -> None:
-  """No Nagle delay on the small frame headers; socket buffers stay auto-tuned (a fixed
-  SO_RCVBUF would cap them at net.core.rmem_max)."""
-  sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  """TCP: no Nagle delay on the small frame headers; socket buffers stay auto-tuned (a fixed
+  SO_RCVBUF would cap them at net.core.rmem_max). Unix: a send buffer as large as the kernel
+  allows (what a local stream has in flight; its default, ~200 KB, costs a wake-up per 200 KB)."""
+  if sock.family == socket.AF_UNIX:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LOCAL_SNDBUF)
+  else:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class _Context:
@@ -120,7 +128,8 @@ class BulkServer:
   `on_reject` counts refused connections."""
 
   def __init__(self, serve: Callable, token: str, on_reject: Callable, *, host: str, port: int = 0,
-               tls: Optional[TLS] = None, parse: Callable = pb.FetchWeightsRequest.FromString):
+               tls: Optional[TLS] = None, parse: Callable = pb.FetchWeightsRequest.FromString,
+               local: bool = True):
     self._serve, self._expected, self._on_reject = serve, token.encode(), on_reject
     self._parse = parse             # the source's strict request parser (Malformed on bad bytes)
     self._ssl = _server_context(tls) if tls is not None and tls.enabled else None
@@ -134,15 +143,32 @@ class BulkServer:
     self._stopped = threading.Event()
     self._conns: set = set()
     self._lock = threading.Lock()
-    threading.Thread(target=self._accept, daemon=True, name="weight-bulk-accept").start()
+    self.local = ""                 # "@name": the same-network-namespace listener ("" = none)
+    self._local: Optional[socket.socket] = None
+    if local and hasattr(socket, "AF_UNIX"):
+      name = f"scalerl-bulk-{self.port}-{secrets.token_hex(8)}"
+      try:
+        self._local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._local.bind("\0" + name)       # Linux abstract name: no file, gone with the socket
+        self._local.listen(64)
+        self.local = "@" + name
+      except OSError as e:                  # not Linux: TCP only
+        log.info("bulk weight channel: no local listener (%s)", e)
+        self._local = None
+    for lst in (self._sock, self._local):
+      if lst is not None:
+        threading.Thread(target=self._accept, args=(lst,), daemon=True,
+                         name="weight-bulk-accept").start()
 
   def stop(self) -> None:
     """Closes the listener and every open connection (their fetchers resume elsewhere)."""
     self._stopped.set()
-    try:
-      self._sock.close()
-    except OSError:
-      pass
+    for lst in (self._sock, self._local):
+      try:
+        if lst is not None:
+          lst.close()
+      except OSError:
+        pass
     with self._lock:
       conns = list(self._conns)
     for c in conns:
@@ -151,12 +177,14 @@ class BulkServer:
       except OSError:
         pass
 
-  def _accept(self) -> None:
+  def _accept(self, lst: socket.socket) -> None:
     while not self._stopped.is_set():
       try:
-        conn, addr = self._sock.accept()
+        conn, addr = lst.accept()
       except OSError:
         return
+      if lst.family == socket.AF_UNIX:
+        addr = ("local", self.local)
       threading.Thread(target=self._handle, args=(conn, addr), daemon=True,
                        name="weight-bulk").start()
 
@@ -234,12 +262,35 @@ def _send_message(conn, msg: bytes) -> None:
   conn.sendall(c.data)
 
 
+def split_address(address: str) -> tuple[str, str]:
+  """("host:port", "@local name" or "") of a WeightBulkAddress answer ("host:port[,@name]")."""
+  tcp, _, local = address.partition(",")
+  return tcp, local if local.startswith("@") else ""
+
+
+def _dial_local(name: str) -> Optional[socket.socket]:
+  """A connection to a same-network-namespace listener, None where it is not reachable (another
+  host or pod: its abstract name does not exist here)."""
+  s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  try:
+    s.connect("\0" + name[1:])
+    return s
+  except OSError:
+    s.close()
+    return None
+
+
 def connect(address: str, token: str, request: pb.FetchWeightsRequest, *,
             tls: Optional[TLS] = None, timeout: float = 60.0):
-  """An authenticated bulk connection to `address` ("host:port") with `request` sent."""
-  host, _, port = hosts.resolve(address).rpartition(":")
+  """An authenticated bulk connection to `address` ("host:port[,@name]", as WeightBulkAddress
+  answers) with `request` sent: over the source's local listener when this process shares its
+  network namespace (same host, same pod), else over TCP."""
+  tcp, local = split_address(address)
+  host, _, port = hosts.resolve(tcp).rpartition(":")
   host = host.strip("[]")
-  raw = socket.create_connection((host, int(port)), timeout=timeout)
+  raw = _dial_local(local) if local else None
+  if raw is None:
+    raw = socket.create_connection((host, int(port)), timeout=timeout)
   _tune(raw)
   raw.settimeout(None)          # blocking (MSG_WAITALL), the stall limit in the kernel instead:
   raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,

@@ -98,7 +98,8 @@ class WeightSource:
       self._bulk = BulkServer(self._fetch, token, self._count_reject, host=host,
                               port=int(bulk_port), tls=tls,
                               parse=parser(pb.FetchWeightsRequest))
-      self.bulk_address = f"{shown}:{self._bulk.port}"
+      self.bulk_address = f"{shown}:{self._bulk.port}" + (
+          f",{self._bulk.local}" if self._bulk.local else "")
     self._server.start()
 
   def stop(self, grace: float = 0.0) -> None:

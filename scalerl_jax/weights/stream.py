@@ -38,6 +38,7 @@ import hashlib
 import json
 import logging
 import math
+import socket
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import grpc
@@ -344,8 +345,10 @@ class StreamFetcher:
     self.peak_message_bytes = 0
     # The bulk channel (weights/bulk.py) to sources/relays that have one; gRPC otherwise.
     self.bulk = True
+    self.bulk_local = True                  # over a source's local listener where it is reachable
     self._bulk_of: dict[str, str] = {}      # source/relay address -> its bulk address ("": none)
     self.bulk_streams = 0                   # streams fetched over a bulk channel
+    self.local_streams = 0                  # ... of them over a local (same-namespace) socket
     self.bulk_fallbacks = 0                 # bulk channels that did not connect (gRPC instead)
     self.on_chunk: Optional[Callable[[int], None]] = None   # test hook, may raise to break
 
@@ -509,6 +512,8 @@ class StreamFetcher:
         except grpc.RpcError:
           pass                           # asked again next time; gRPC now
       bulk_addr = self._bulk_of.get(addr, "")
+      if bulk_addr and not self.bulk_local:
+        bulk_addr = wb.split_address(bulk_addr)[0]
       if bulk_addr:
         try:
           sock = wb.connect(bulk_addr, peer.token, req, tls=peer.tls, timeout=req.wait_timeout_s + 60)
@@ -518,6 +523,7 @@ class StreamFetcher:
           log.warning("bulk weight channel %s of %s: %s; using gRPC", bulk_addr, addr, e)
         else:
           self.bulk_streams += 1
+          self.local_streams += sock.family == socket.AF_UNIX
           return wb.messages(sock, _placer(p), peer.max_message_bytes), sock.close
     stream = peer.fetch_raw(req, timeout=1200)
     return stream, stream.cancel

@@ -125,15 +125,17 @@ def test_bulk_weight_channel_over_tls_refuses_plaintext(certs):
     version, got = f.fetch(-1, 10)
     assert version == 0 and np.array_equal(got["w"], params["w"]) and f.bulk_streams == 1
     served = src.served_chunks
+    assert f.local_streams == 1                                 # TLS on the local socket too
     req = pb.FetchWeightsRequest(resume_version=0, streamed=True, wait_timeout_s=1)
-    plain = wb.connect(src.bulk_address, TOKEN, req)            # no TLS: the handshake fails
-    with pytest.raises(OSError):
-      list(wb.messages(plain, lambda h, n: None, 1 << 20))
-    plain.close()
-    bad = wb.connect(src.bulk_address, "wrong", req, tls=TLS(ca=certs["ca"]))
-    with pytest.raises(wb.BulkError, match="UNAUTHENTICATED"):
-      list(wb.messages(bad, lambda h, n: None, 1 << 20))
-    bad.close()
+    for address in (src.bulk_address, wb.split_address(src.bulk_address)[0]):  # local, TCP
+      plain = wb.connect(address, TOKEN, req)                   # no TLS: the handshake fails
+      with pytest.raises(OSError):
+        list(wb.messages(plain, lambda h, n: None, 1 << 20))
+      plain.close()
+      bad = wb.connect(address, "wrong", req, tls=TLS(ca=certs["ca"]))
+      with pytest.raises(wb.BulkError, match="UNAUTHENTICATED"):
+        list(wb.messages(bad, lambda h, n: None, 1 << 20))
+      bad.close()
     assert src.served_chunks == served
   finally:
     src.stop()

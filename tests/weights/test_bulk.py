@@ -1,4 +1,5 @@
-"""The bulk weight channel (weights/bulk.py): a weight source's chunks over a plain TCP stream.
+"""The bulk weight channel (weights/bulk.py): a weight source's chunks over a plain TCP stream, or
+over its local (same network namespace) Unix socket where the fetcher can reach it.
 
 Exactness: versions fetched over it are bit-identical to the publisher's, also when a stream breaks
 mid-version (the fetch resumes with the chunks it holds) and when chunks are staged out of order;
@@ -6,7 +7,8 @@ the delta trajectory test (tests/weights/test_delta.py) runs over it too (it is 
 a connection without the right token is refused with one UNAUTHENTICATED line and counted; over TLS
 (tests/protocol/test_tls.py) a plaintext client is refused. Bad streams: an oversize frame, a stream that ends
 inside a frame, a chunk whose bytes do not match its CRC: each a clear error, nothing counted as held.
-A bulk channel that does not connect is a counted fallback to gRPC."""
+A bulk channel that does not connect is a counted fallback to gRPC; a local listener that is not
+reachable (another host or pod) is TCP, not a fallback."""
 import socket
 import struct
 
@@ -78,18 +80,22 @@ def test_unauthenticated_connection_is_refused_and_counted(serving):
   StreamPublisher(c, 0, _params(0), chunk_bytes=2048, source=src).publish()
   req = pb.FetchWeightsRequest(resume_version=0, streamed=True, wait_timeout_s=1)
   before = src.rejected
-  for token in ("wrong-token", ""):
-    sock = wb.connect(src.bulk_address, token, req)
-    with pytest.raises(wb.BulkError, match="UNAUTHENTICATED: .*bearer token"):
-      list(wb.messages(sock, lambda h, n: None, 1 << 20))
-    sock.close()
-  raw = socket.create_connection(tuple(src.bulk_address.rsplit(":", 1)[0:1]) +
-                                 (int(src.bulk_address.rsplit(":", 1)[1]),))
+  tcp, local = wb.split_address(src.bulk_address)
+  assert local.startswith("@scalerl-bulk-")
+  for address in (src.bulk_address, tcp):            # the local listener, then TCP
+    for token in ("wrong-token", ""):
+      sock = wb.connect(address, token, req)
+      assert sock.family == (socket.AF_UNIX if address == src.bulk_address else socket.AF_INET)
+      with pytest.raises(wb.BulkError, match="UNAUTHENTICATED: .*bearer token"):
+        list(wb.messages(sock, lambda h, n: None, 1 << 20))
+      sock.close()
+  host, port = tcp.rsplit(":", 1)
+  raw = socket.create_connection((host, int(port)))
   raw.sendall(b"GET / HTTP/1.1\r\n\r\n")       # not a bulk client at all
   with pytest.raises(wb.BulkError, match="UNAUTHENTICATED"):
     list(wb.messages(raw, lambda h, n: None, 1 << 20))
   raw.close()
-  assert src.rejected - before == 3 and src.served_chunks == 0
+  assert src.rejected - before == 5 and src.served_chunks == 0
   ok = wb.connect(src.bulk_address, TOKEN, req)       # the right token: served
   got = list(wb.messages(ok, lambda h, n: None, 1 << 20))
   ok.close()
@@ -163,6 +169,27 @@ def test_bulk_channel_that_does_not_connect_falls_back_to_grpc_counted(serving):
   got = f.fetch(-1, wait_timeout_s=10)
   assert got.version == 0 and _same(got.params, params)
   assert f.bulk_fallbacks == 1 and f.bulk_streams == 0 and src.served_chunks > 1
+
+
+def test_local_listener_in_the_same_namespace_tcp_elsewhere(serving):
+  """A fetcher in the source's network namespace reads over its local Unix socket (exact, counted
+  in `local_streams`); with `bulk_local` off, or when the local name is not reachable (as from
+  another host or pod, where the abstract name does not exist), over TCP: no fallback counted."""
+  c, src = serving
+  f = StreamFetcher(c, delta=False)
+  for v, (local_on, bogus) in enumerate([(True, False), (False, False), (True, True)]):
+    params = _params(20 + v)
+    StreamPublisher(c, v, params, chunk_bytes=2048, source=src).publish()
+    f.bulk_local = local_on
+    if bogus:                                  # what a fetcher on another host is told
+      f._bulk_of[src.address] = wb.split_address(src.bulk_address)[0] + ",@scalerl-bulk-absent"
+    local_before, bulk_before = f.local_streams, f.bulk_streams
+    got = f.fetch(v - 1, wait_timeout_s=10)
+    assert got.version == v and _same(got.params, params)
+    assert f.bulk_streams == bulk_before + 1 and f.bulk_fallbacks == 0
+    assert f.local_streams == local_before + (local_on and not bogus), (v, local_on, bogus)
+  assert wb.split_address("10.0.0.1:50054") == ("10.0.0.1:50054", "")
+  assert wb.split_address("h:1,@n") == ("h:1", "@n")
 
 
 def test_frame_header_layout():
