@@ -113,6 +113,11 @@ def main(argv=None):
   ap.add_argument("--delta", action="store_true", help="with --fanout: exact deltas on a real "
                   "learner trajectory, bit identity after every version")
   ap.add_argument("--steps", type=int, default=52, help="--delta: learner steps (versions)")
+  ap.add_argument("--stream-d-model", type=int, default=2048, help="--fanout: the per-stream "
+                  "rate's model width (default 820 MB bf16 with --stream-ffn: fixed per-fetch "
+                  "costs small against its transfer, as for a real model)")
+  ap.add_argument("--stream-ffn", type=int, default=5632, help="--fanout: the per-stream "
+                  "rate's model FFN width")
   ap.add_argument("--relay-fanout", type=int, default=2, help="--fanout: the relay tree's fan-out")
   ap.add_argument("--write-rate", default="", help="--fanout: write the measured per-stream "
                   "rate and delta fraction here for launch.preflight (launch/weight_rate.json)")

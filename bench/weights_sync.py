@@ -38,6 +38,7 @@ Last stdout line: {"ours", "peer", "unit": "source bytes / model bf16 bytes at m
 """
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import statistics
 import threading
@@ -186,7 +187,7 @@ def measure_deltas(steps: int, chunk_bytes: int) -> dict:
           "delta_chunks": f.delta_chunks, "bit_identical": bool(identical)}
 
 
-MODES = ("tcp", "local", "grpc", "pipelined")
+MODES = ("tcp", "local", "ring", "grpc", "pipelined")
 
 
 def _fetch_proc(address, token, conn):
@@ -194,10 +195,10 @@ def _fetch_proc(address, token, conn):
   generator has), reading each version into host arrays (its ArrayPool: it drops each version
   before the next, so from the second one on they are reused). Per ("fetch", mode) command it
   fetches the next version: "tcp" over the source's bulk channel on TCP, "local" over its local
-  (same network namespace) listener, "grpc" over its FetchWeights stream, "pipelined" over TCP
+  (same network namespace) socket, "ring" through that socket's shared-memory ring, "grpc" over its FetchWeights stream, "pipelined" over TCP
   long-polling before the version is published. Reports (version, wall clock of the fetch call,
-  wall clock when it holds all of it, bulk streams, local streams, versions read into reused
-  arrays)."""
+  wall clock when it holds all of it, wall clock and bytes received so far when it held its
+  first chunk, bytes received so far, bulk streams, local streams, versions read into reused arrays)."""
   from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.protocol.wire import tune_malloc
   from scalerl_jax.weights.stream import StreamFetcher
@@ -211,14 +212,16 @@ def _fetch_proc(address, token, conn):
     if cmd == "stop":
       return
     _, mode = cmd
-    f.bulk, f.bulk_local = mode != "grpc", mode == "local"
-    t_call = time.time()
+    f.bulk, f.bulk_local, f.bulk_ring = mode != "grpc", mode in ("local", "ring"), mode == "ring"
+    t_call, first = time.time(), []
+    f.on_chunk = lambda i: first or first.append((time.time(), f.received_bytes))
     got = f.fetch(have, wait_timeout_s=120)
     if got is None:
       conn.send(None)
       continue
     have = got.version
-    conn.send((have, t_call, time.time(), f.bulk_streams, f.local_streams, f.pool.reused))
+    conn.send((have, t_call, time.time(), *first[0], f.received_bytes, f.bulk_streams,
+               f.local_streams, f.pool.reused))
     del got
 
 
@@ -293,7 +296,9 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   learner's WeightSource; GB/s = model bytes / (fetch return - fetch call), both in the fetcher)
   over TCP (`stream_GBps`, what crosses hosts: launch.preflight's per-stream rate), over the
   local listener (`stream_local_GBps`, a fetcher in the source's network namespace) and over gRPC
-  (`stream_GBps_grpc`); the staging alone (`stage_GBps`: model bytes / the publish's seconds in
+  (`stream_GBps_grpc`); the same streams after their first chunk (`transfer_GBps`: the bytes of
+  chunks 2..n over the time from holding the first chunk to holding all: the stream
+  without its fixed start, a gRPC long-poll and the connection); the staging alone (`stage_GBps`: model bytes / the publish's seconds in
   those modes: chunk copies and CRC-32C into the source, nothing reading); and pipelined (`version_GBps`: the fetcher long-polls, GB/s from the
   start of the publish, staging on the same cores included, as on a CPU learner). After every
   version, in this process: memcpy of the same bytes (into a buffer written before:
@@ -318,6 +323,7 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
     proc.kill()
     raise RuntimeError("the fetcher process did not start")
   rates: dict = {m: [] for m in MODES}
+  transfer: dict = {m: [] for m in MODES if m != "pipelined"}
   mem, fresh, tcp, local, tcp2, stage = [], [], [], [], [], []
   streams = (0, 0, 0)
   warm = flat.copy()
@@ -336,9 +342,11 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
         raise TimeoutError(f"the fetcher process did not report version {v} within 300 s")
       got = here.recv()
       assert got is not None and got[0] == v, (got, v)
-      _, t_call, done, *streams = got
+      _, t_call, done, t_first, at_first, n_bytes, *streams = got
       if v >= len(MODES):
         rates[mode].append(model / (done - (t0 if mode == "pipelined" else t_call)) / 1e9)
+        if mode != "pipelined":                   # after the first chunk: the stream alone
+          transfer[mode].append((n_bytes - at_first) / (done - t_first) / 1e9)
         if mode != "pipelined":                   # nothing read the version while it staged
           stage.append(model / staged / 1e9)
         m, f = _memcpy_GBps(flat, warm)
@@ -356,9 +364,10 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
     c.close()
     srv.stop()
   bulk_streams, local_streams, reused = streams
-  n_bulk = 3 * (repeats + 1)
+  n_bulk = 4 * (repeats + 1)
   assert bulk_streams == n_bulk, f"{bulk_streams} of {n_bulk} bulk streams (fell back to gRPC?)"
-  assert local_streams == repeats + 1, f"{local_streams} local streams of {repeats + 1}"
+  assert local_streams == 2 * (repeats + 1), f"{local_streams} local streams of {repeats + 1}"
+  assert src.ring_streams == repeats + 1, f"{src.ring_streams} ring streams"
   med = {k: statistics.median(x) for k, x in rates.items()}
   m, k, kl = (statistics.median(x) for x in (mem, tcp, local))
   r = lambda x: round(x, 3)
@@ -366,8 +375,10 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
           "stream_over_memcpy": r(med["tcp"] / m), "tcp_ceiling_GBps": r(k),
           "tcp_ceiling_over_memcpy": r(k / m), "stream_over_tcp_ceiling": r(med["tcp"] / k),
           "stream_local_GBps": r(med["local"]), "stream_local_over_memcpy": r(med["local"] / m),
+          "stream_ring_GBps": r(med["ring"]), "stream_ring_over_memcpy": r(med["ring"] / m),
           "local_ceiling_GBps": r(kl), "local_ceiling_over_memcpy": r(kl / m),
           "stream_local_over_local_ceiling": r(med["local"] / kl),
+          "transfer_GBps": {k: r(statistics.median(x)) for k, x in transfer.items()},
           "stage_GBps": r(statistics.median(stage)), "stage_over_memcpy": r(
               statistics.median(stage) / m),
           "version_GBps": r(med["pipelined"]), "version_over_memcpy": r(med["pipelined"] / m),
@@ -399,6 +410,13 @@ def run(args) -> dict:
          "ratio": round(peer[max(gs)] / max(ours[max(gs)], 1e-9), 3),
          "relay_fanout": args.relay_fanout,
          "source_bytes_per_version_over_model": ours, "no_relay": peer}
+  if (args.stream_d_model, args.stream_ffn) != (args.d_model, args.ffn):
+    cfg = dataclasses.replace(cfg, d_model=args.stream_d_model, ffn_dim=args.stream_ffn)
+    del params16                      # the fan-out model, no longer needed
+    params16 = _bf16_params(jax.jit(models.init_params, static_argnums=0)(
+        cfg, jax.random.PRNGKey(1)))
+  out["stream_model_MB"] = round(_nbytes(params16) / 1e6, 1)
+  print(f"[bench.weights] stream model {out['stream_model_MB']} MB bf16", flush=True)
   out.update(measure_stream(params16, args.repeats, chunk))
   if args.delta:
     out.update(measure_deltas(args.steps, 1 << 20))

@@ -32,12 +32,16 @@ from __future__ import annotations
 
 import hmac
 import logging
+import mmap
+import os
 import secrets
 import socket
 import ssl
 import struct
 import threading
 from typing import Callable, Iterator, Optional
+
+import numpy as np
 
 from scalerl_jax import hosts
 from scalerl_jax.protocol import rollout_pb2 as pb
@@ -47,8 +51,14 @@ from scalerl_jax.protocol.wire import Malformed
 
 log = logging.getLogger("scalerl.weight_bulk")
 MAGIC = b"SCALERL-BULK-1\n"
-MSG, CHUNK, ERR, END = 0, 1, 2, 3
+MAGIC_RING = b"SCALERL-BULK-R\n"    # the same, asking for a shared-memory ring (local, no TLS)
+MSG, CHUNK, ERR, END, RING, SLOT = 0, 1, 2, 3, 4, 5
 FRAME = struct.Struct("<BIQ")
+RING_HEAD = struct.Struct("<II")     # a RING frame's head: slots, bytes per slot
+SLOT_INDEX = struct.Struct("<I")     # after a SLOT frame's chunk head; a client's ack of a slot
+RING_SLOTS = 4
+RING_SLOT_BYTES = 8 << 20            # the default chunk size: larger chunks go inline
+RING_SPARE = 2                       # idle rings a server keeps for its next local connections
 MAX_HELLO = 1 << 20                  # token + request bytes a server reads before auth
 
 
@@ -87,7 +97,11 @@ def _recv_exact(sock, view: memoryview, what: str) -> None:
   flags = socket.MSG_WAITALL if not isinstance(sock, ssl.SSLSocket) and \
       sock.gettimeout() is None else 0
   while got < n:
-    k = sock.recv_into(view[got:], n - got, flags)
+    try:
+      k = sock.recv_into(view[got:], n - got, flags)
+    except ConnectionError as e:
+      raise BulkError("DATA_LOSS", f"the stream broke inside {what} ({got} of {n} bytes): "
+                                   f"{e}") from None
     if not k:
       raise BulkError("DATA_LOSS", f"the stream ended inside {what} ({got} of {n} bytes)")
     got += k
@@ -144,6 +158,9 @@ class BulkServer:
     self._conns: set = set()
     self._lock = threading.Lock()
     self.local = ""                 # "@name": the same-network-namespace listener ("" = none)
+    self.ring_streams = 0           # streams served through a shared-memory ring
+    self._rings: list = []          # idle rings (`_Ring`), at most RING_SPARE
+    self.rings_made = 0
     self._local: Optional[socket.socket] = None
     if local and hasattr(socket, "AF_UNIX"):
       name = f"scalerl-bulk-{self.port}-{secrets.token_hex(8)}"
@@ -163,6 +180,10 @@ class BulkServer:
   def stop(self) -> None:
     """Closes the listener and every open connection (their fetchers resume elsewhere)."""
     self._stopped.set()
+    with self._lock:
+      rings, self._rings = self._rings, []
+    for r in rings:
+      r.close()
     for lst in (self._sock, self._local):
       try:
         if lst is not None:
@@ -193,7 +214,8 @@ class BulkServer:
     matches), then its FetchWeightsRequest."""
     head = bytearray(len(MAGIC) + 2)
     _recv_exact(conn, memoryview(head), "the hello")
-    if bytes(head[:len(MAGIC)]) != MAGIC:
+    magic = bytes(head[:len(MAGIC)])
+    if magic not in (MAGIC, MAGIC_RING):
       raise BulkError("UNAUTHENTICATED", "not a scalerl bulk weight client")
     (n,) = struct.unpack_from("<H", head, len(MAGIC))
     token = bytearray(n)
@@ -207,10 +229,10 @@ class BulkServer:
       raise BulkError("INVALID_ARGUMENT", f"a request of {n} bytes > {MAX_HELLO}")
     raw = bytearray(n)
     _recv_exact(conn, memoryview(raw), "the request")
-    return self._parse(bytes(raw))
+    return self._parse(bytes(raw)), magic == MAGIC_RING
 
   def _handle(self, raw_conn, addr) -> None:
-    conn, ctx = raw_conn, _Context(f"bulk:{addr[0]}:{addr[1]}")
+    conn, ctx, ring = raw_conn, _Context(f"bulk:{addr[0]}:{addr[1]}"), None
     with self._lock:
       self._conns.add(raw_conn)
     try:
@@ -218,28 +240,109 @@ class BulkServer:
       if self._ssl is not None:
         conn = self._ssl.wrap_socket(raw_conn, server_side=True)
       try:
-        req = self._hello(conn)
+        req, ring_wanted = self._hello(conn)
       except BulkError as e:
         if e.code_name == "UNAUTHENTICATED":
           self._on_reject(e.code_name)
         _send_error(conn, e)
         return
+      # A ring only where no byte may need TLS: a local socket of a server without it.
+      if ring_wanted and conn is raw_conn and raw_conn.family == socket.AF_UNIX:
+        with self._lock:
+          ring = self._rings.pop() if self._rings else None
+        if ring is None:
+          ring = _Ring()
+          self.rings_made += 1
+        ring.attach(conn)           # (closed below if this fails)
+        self.ring_streams += 1
       try:
         for msg in self._serve(req, ctx):
-          _send_message(conn, msg)
+          if ring is None or not ring.send(msg):
+            _send_message(conn, msg)
+        if ring is not None:
+          ring.drain()              # every slot back: nothing unread when the socket closes
         conn.sendall(FRAME.pack(END, 0, 0))
+        if ring is not None:        # clean: the next local connection may use it
+          with self._lock:
+            if len(self._rings) < RING_SPARE:
+              self._rings.append(ring)
+              ring = None
       except BulkError as e:       # the source's abort (NOT_FOUND, INVALID_ARGUMENT, ...)
         _send_error(conn, e)
     except (OSError, ssl.SSLError) as e:
       log.info("bulk weight connection from %s ended: %s", addr, e)
     finally:
       ctx.closed = True
+      if ring is not None:
+        ring.close()
       with self._lock:
         self._conns.discard(raw_conn)
       try:
         conn.close()
       except OSError:
         pass
+
+
+class _Ring:
+  """The server side of a shared-memory ring (a local connection that asked for one): RING_SLOTS
+  slots of RING_SLOT_BYTES in a memfd, whose descriptor goes to the client once (a RING frame with
+  SCM_RIGHTS). A ring whose stream ended cleanly (every slot acknowledged) serves the next local
+  connection (BulkServer keeps RING_SPARE idle ones); one that broke is closed. A chunk that fits is copied into a free slot and announced by a SLOT frame (its
+  head + the slot index, data_len = its bytes); the client copies the slot into its box and
+  acknowledges the slot index, which frees it. One copy on each side, none through the kernel's
+  socket buffers. The client maps the ring read-only and checks every chunk's CRC-32C after its
+  copy, as on every path."""
+
+  def __init__(self):
+    self.conn: Optional[socket.socket] = None
+    self.free = list(range(RING_SLOTS))
+    self.fd = os.memfd_create("scalerl-bulk-ring", os.MFD_CLOEXEC)
+    os.ftruncate(self.fd, RING_SLOTS * RING_SLOT_BYTES)
+    self.map = mmap.mmap(self.fd, RING_SLOTS * RING_SLOT_BYTES,
+                         flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+    self.slots = np.frombuffer(self.map, np.uint8).reshape(RING_SLOTS, RING_SLOT_BYTES)
+    self._ack = bytearray(SLOT_INDEX.size)
+
+  def attach(self, conn: socket.socket) -> "_Ring":
+    """Serves `conn` from now on: its client gets the ring's descriptor (a RING frame)."""
+    self.conn, self.free = conn, list(range(RING_SLOTS))
+    head = RING_HEAD.pack(RING_SLOTS, RING_SLOT_BYTES)
+    socket.send_fds(conn, [FRAME.pack(RING, len(head), 0) + head], [self.fd])
+    return self
+
+  def send(self, msg: bytes) -> bool:
+    """Sends a chunk message through a slot; False for anything else (sent inline instead)."""
+    c = ws.parse_weight_message(msg)
+    if isinstance(c, Malformed) or not 0 < len(c.data) <= RING_SLOT_BYTES:
+      return False
+    if not self.free:                       # wait for the client to release one
+      self._ack_one()
+    k = self.free.pop()
+    n = len(c.data)
+    np.copyto(self.slots[k, :n], np.frombuffer(c.data, np.uint8))    # the GIL released
+    head = c.head.SerializeToString() + SLOT_INDEX.pack(k)
+    self.conn.sendall(FRAME.pack(SLOT, len(head), n) + head)
+    return True
+
+  def _ack_one(self) -> None:
+    _recv_exact(self.conn, memoryview(self._ack), "a slot acknowledgement")
+    (k,) = SLOT_INDEX.unpack(self._ack)
+    if k >= RING_SLOTS or k in self.free:
+      raise BulkError("INVALID_ARGUMENT", f"acknowledged slot {k} is not in use")
+    self.free.append(k)
+
+  def drain(self) -> None:
+    """Waits until the client has released every slot."""
+    while len(self.free) < RING_SLOTS:
+      self._ack_one()
+
+  def close(self) -> None:
+    self.slots = None
+    try:
+      self.map.close()
+    except BufferError:                     # a view still exported: freed with it
+      pass
+    os.close(self.fd)
 
 
 def _send_error(conn, e: BulkError) -> None:
@@ -281,10 +384,12 @@ def _dial_local(name: str) -> Optional[socket.socket]:
 
 
 def connect(address: str, token: str, request: pb.FetchWeightsRequest, *,
-            tls: Optional[TLS] = None, timeout: float = 60.0):
+            tls: Optional[TLS] = None, timeout: float = 60.0, ring: bool = True):
   """An authenticated bulk connection to `address` ("host:port[,@name]", as WeightBulkAddress
   answers) with `request` sent: over the source's local listener when this process shares its
-  network namespace (same host, same pod), else over TCP."""
+  network namespace (same host, same pod), else over TCP. `ring`: on a local connection without
+  TLS, ask for the shared-memory ring (`_Ring`: chunk bytes through shared memory instead of the
+  socket)."""
   tcp, local = split_address(address)
   host, _, port = hosts.resolve(tcp).rpartition(":")
   host = host.strip("[]")
@@ -300,39 +405,120 @@ def connect(address: str, token: str, request: pb.FetchWeightsRequest, *,
     sock = _client_context(tls).wrap_socket(raw, server_hostname=tls.server_name or host)
   body = request.SerializeToString()
   t = token.encode()
-  sock.sendall(MAGIC + struct.pack("<H", len(t)) + t + struct.pack("<I", len(body)) + body)
+  magic = MAGIC_RING if sock is raw and raw.family == socket.AF_UNIX and ring else MAGIC
+  sock.sendall(magic + struct.pack("<H", len(t)) + t + struct.pack("<I", len(body)) + body)
   return sock
+
+
+def _recv_header(sock, hdr: bytearray, fds: list) -> None:
+  """Reads a frame header; on a local socket with recvmsg, so that a descriptor passed with it
+  (a RING frame's) lands in `fds` instead of being dropped."""
+  if isinstance(sock, ssl.SSLSocket) or sock.family != socket.AF_UNIX:
+    _recv_exact(sock, memoryview(hdr), "a frame header")
+    return
+  try:
+    k, anc, _, _ = sock.recvmsg_into([hdr], socket.CMSG_SPACE(SLOT_INDEX.size),
+                                     socket.MSG_WAITALL)
+  except ConnectionError as e:
+    raise BulkError("DATA_LOSS", f"the stream broke inside a frame header: {e}") from None
+  for level, kind, data in anc:
+    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+      fds.extend(struct.unpack(f"{len(data) // 4}i", data[:len(data) - len(data) % 4]))
+  if not k:
+    raise BulkError("DATA_LOSS", "the stream ended inside a frame header (0 of 13 bytes)")
+  if k < len(hdr):
+    _recv_exact(sock, memoryview(hdr)[k:], "a frame header")
+
+
+class _ClientRing:
+  """The client side of a `_Ring`: the memfd mapped read-only."""
+
+  def __init__(self, fd: int, head: bytes):
+    try:
+      if len(head) != RING_HEAD.size:
+        raise BulkError("DATA_LOSS", f"a ring frame head of {len(head)} bytes")
+      self.n, self.size = RING_HEAD.unpack(head)
+      if not 0 < self.n <= 64 or not 0 < self.size <= 1 << 30:
+        raise BulkError("DATA_LOSS", f"a ring of {self.n} x {self.size} bytes")
+      self.map = mmap.mmap(fd, self.n * self.size, flags=mmap.MAP_SHARED | getattr(
+          mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+    except (OSError, ValueError) as e:
+      raise BulkError("DATA_LOSS", f"the ring cannot be mapped: {e}") from None
+    finally:
+      os.close(fd)
+    self.slots = np.frombuffer(self.map, np.uint8).reshape(self.n, self.size)
+
+  def close(self) -> None:
+    self.slots = None
+    try:
+      self.map.close()
+    except BufferError:
+      pass
+
+  def take(self, sock, k: int, dst: memoryview) -> None:
+    """Copies slot k's first len(dst) bytes into dst, then releases the slot to the server."""
+    if k >= self.n or len(dst) > self.size:
+      raise BulkError("DATA_LOSS", f"slot {k} of {self.n} with {len(dst)} bytes (at most "
+                                   f"{self.size})")
+    np.copyto(np.frombuffer(dst, np.uint8), self.slots[k, :len(dst)])   # the GIL released
+    try:
+      sock.sendall(SLOT_INDEX.pack(k))
+    except OSError:        # the server is gone: the chunk is whole; the next read says the end
+      pass
 
 
 def messages(sock, place: Callable[[pb.WeightChunk, int], Optional[memoryview]],
              max_bytes: int) -> Iterator[ws.WeightMsg]:
   """The frames of a bulk stream as parsed WeightMsgs. A chunk's bytes are read straight into
   `place(head, nbytes)` (a writable memoryview of exactly nbytes: the fetcher's box; then the
-  WeightMsg is marked `placed`) or, when it returns None, into a fresh buffer. Ends at END;
-  BulkError on ERR, an oversize frame or a stream that ends inside a frame."""
-  hdr = bytearray(FRAME.size)
-  while True:
-    _recv_exact(sock, memoryview(hdr), "a frame header")
-    kind, hn, dn = FRAME.unpack(hdr)
-    if kind == END:
-      return
-    if kind not in (MSG, CHUNK, ERR) or hn > max_bytes or dn > max_bytes:
-      raise BulkError("DATA_LOSS", f"bad frame (kind {kind}, {hn} + {dn} bytes; at most "
-                                   f"{max_bytes} each)")
-    head = bytearray(hn)
-    _recv_exact(sock, memoryview(head), "a frame head")
-    if kind == ERR:
-      code, _, text = bytes(head).decode(errors="replace").partition(": ")
-      raise BulkError(code or "UNKNOWN", text)
-    m = ws.parse_weight_message(bytes(head))
-    if isinstance(m, Malformed):
-      raise BulkError("DATA_LOSS", m.err)
-    if kind == MSG:
-      yield m
-      continue
-    dst = place(m.head, dn)
-    placed = dst is not None and len(dst) == dn
-    buf = dst if placed else memoryview(bytearray(dn))
-    assert buf is not None
-    _recv_exact(sock, buf, f"chunk {m.head.chunk_index}")
-    yield ws.WeightMsg(m.head, buf, b"", placed)
+  WeightMsg is marked `placed`) or, when it returns None, into a fresh buffer; from the socket, or
+  copied out of the shared-memory ring's slot. Ends at END; BulkError on ERR, an oversize frame,
+  a bad ring or slot, or a stream that ends inside a frame."""
+  hdr, fds, ring = bytearray(FRAME.size), [], None
+  try:
+    while True:
+      _recv_header(sock, hdr, fds)
+      kind, hn, dn = FRAME.unpack(hdr)
+      if kind == END:
+        return
+      if kind not in (MSG, CHUNK, ERR, RING, SLOT) or hn > max_bytes or dn > max_bytes:
+        raise BulkError("DATA_LOSS", f"bad frame (kind {kind}, {hn} + {dn} bytes; at most "
+                                     f"{max_bytes} each)")
+      head = bytearray(hn)
+      _recv_exact(sock, memoryview(head), "a frame head")
+      if kind == ERR:
+        code, _, text = bytes(head).decode(errors="replace").partition(": ")
+        raise BulkError(code or "UNKNOWN", text)
+      if kind == RING:
+        if ring is not None or len(fds) != 1:
+          raise BulkError("DATA_LOSS", f"a ring frame with {len(fds)} descriptors"
+                                       + (" after the ring" if ring is not None else ""))
+        ring = _ClientRing(fds.pop(), bytes(head))
+        continue
+      slot = -1
+      if kind == SLOT:
+        if ring is None or hn < SLOT_INDEX.size:
+          raise BulkError("DATA_LOSS", "a slot frame without a ring")
+        (slot,) = SLOT_INDEX.unpack_from(head, hn - SLOT_INDEX.size)
+        head = head[:hn - SLOT_INDEX.size]
+      m = ws.parse_weight_message(bytes(head))
+      if isinstance(m, Malformed):
+        raise BulkError("DATA_LOSS", m.err)
+      if kind == MSG:
+        yield m
+        continue
+      dst = place(m.head, dn)
+      placed = dst is not None and len(dst) == dn
+      buf = dst if placed else memoryview(bytearray(dn))
+      assert buf is not None
+      if kind == SLOT:
+        assert ring is not None
+        ring.take(sock, slot, buf)
+      else:
+        _recv_exact(sock, buf, f"chunk {m.head.chunk_index}")
+      yield ws.WeightMsg(m.head, buf, b"", placed)
+  finally:
+    for fd in fds:                 # descriptors nobody asked for
+      os.close(fd)
+    if ring is not None:
+      ring.close()

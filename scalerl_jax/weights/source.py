@@ -112,6 +112,11 @@ class WeightSource:
       self._bulk.stop()
     self._server.stop(grace)
 
+  @property
+  def ring_streams(self) -> int:
+    """Streams its bulk channel served through a shared-memory ring (weights/bulk.py)."""
+    return self._bulk.ring_streams if self._bulk is not None else 0
+
   def _count_reject(self, code: grpc.StatusCode) -> None:
     with self.cv:
       self.rejected += 1

@@ -346,6 +346,7 @@ class StreamFetcher:
     # The bulk channel (weights/bulk.py) to sources/relays that have one; gRPC otherwise.
     self.bulk = True
     self.bulk_local = True                  # over a source's local listener where it is reachable
+    self.bulk_ring = True                   # ... through its shared-memory ring (no TLS)
     self._bulk_of: dict[str, str] = {}      # source/relay address -> its bulk address ("": none)
     self.bulk_streams = 0                   # streams fetched over a bulk channel
     self.local_streams = 0                  # ... of them over a local (same-namespace) socket
@@ -516,7 +517,8 @@ class StreamFetcher:
         bulk_addr = wb.split_address(bulk_addr)[0]
       if bulk_addr:
         try:
-          sock = wb.connect(bulk_addr, peer.token, req, tls=peer.tls, timeout=req.wait_timeout_s + 60)
+          sock = wb.connect(bulk_addr, peer.token, req, tls=peer.tls,
+                            timeout=req.wait_timeout_s + 60, ring=self.bulk_ring)
         except OSError as e:
           self.bulk_fallbacks += 1
           self._bulk_of.pop(addr, None)

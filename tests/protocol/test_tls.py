@@ -125,7 +125,7 @@ def test_bulk_weight_channel_over_tls_refuses_plaintext(certs):
     version, got = f.fetch(-1, 10)
     assert version == 0 and np.array_equal(got["w"], params["w"]) and f.bulk_streams == 1
     served = src.served_chunks
-    assert f.local_streams == 1                                 # TLS on the local socket too
+    assert f.local_streams == 1 and src.ring_streams == 0       # TLS on the local socket, no ring
     req = pb.FetchWeightsRequest(resume_version=0, streamed=True, wait_timeout_s=1)
     for address in (src.bulk_address, wb.split_address(src.bulk_address)[0]):  # local, TCP
       plain = wb.connect(address, TOKEN, req)                   # no TLS: the handshake fails

@@ -9,6 +9,7 @@ a connection without the right token is refused with one UNAUTHENTICATED line an
 inside a frame, a chunk whose bytes do not match its CRC: each a clear error, nothing counted as held.
 A bulk channel that does not connect is a counted fallback to gRPC; a local listener that is not
 reachable (another host or pod) is TCP, not a fallback."""
+import os
 import socket
 import struct
 
@@ -43,9 +44,34 @@ def _same(got, params) -> bool:
              for (_, a), (_, b) in zip(flatten(got), flatten(params)))
 
 
-def test_versions_over_bulk_are_exact_through_break_resume_and_reorder(serving, monkeypatch):
-  c, src = serving
+TRANSPORTS = ("tcp", "local", "ring")
+
+
+def _fetcher(c, transport: str) -> StreamFetcher:
+  """A fetcher that reads over `transport`: TCP, the local socket, or its shared-memory ring."""
   f = StreamFetcher(c, delta=False)
+  f.bulk_local, f.bulk_ring = transport != "tcp", transport == "ring"
+  return f
+
+
+def _on_chunk_send(monkeypatch, transport: str, edit) -> None:
+  """Every chunk message the server sends goes through `edit(msg) -> msg` first (which may raise
+  to break the connection), on the path `transport` sends chunks by."""
+  if transport == "ring":
+    real_ring = wb._Ring.send
+    monkeypatch.setattr(wb._Ring, "send", lambda self, msg: real_ring(self, edit(msg)) if len(
+        ws.parse_weight_message(msg).data) else False)
+  else:
+    real = wb._send_message
+    monkeypatch.setattr(wb, "_send_message", lambda conn, msg: real(conn, edit(msg) if len(
+        ws.parse_weight_message(msg).data) else msg))
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_versions_over_bulk_are_exact_through_break_resume_and_reorder(serving, monkeypatch,
+                                                                        transport):
+  c, src = serving
+  f = _fetcher(c, transport)
   assert src.bulk_address and c.peer(src.address).bulk_address() == src.bulk_address
   for v in range(4):
     params = _params(v)
@@ -54,17 +80,17 @@ def test_versions_over_bulk_are_exact_through_break_resume_and_reorder(serving, 
       pub.own = list(np.random.default_rng(0).permutation(pub.own))   # staged out of order
     pub.publish()
     if v == 1:                                # the server drops the connection after 3 chunks
-      sent, real = [0], wb._send_message
+      sent = [0]
 
-      def drop(conn, msg):
+      def drop(msg):
         sent[0] += 1
         if sent[0] == 4:
           raise OSError("connection dropped (test)")
-        real(conn, msg)
-      monkeypatch.setattr(wb, "_send_message", drop)
-      with pytest.raises(wb.BulkError, match="DATA_LOSS|ended"):
-        f.fetch(v - 1, wait_timeout_s=10)
-      monkeypatch.setattr(wb, "_send_message", real)
+        return msg
+      with monkeypatch.context() as m:
+        _on_chunk_send(m, transport, drop)
+        with pytest.raises(wb.BulkError, match="DATA_LOSS|ended"):
+          f.fetch(v - 1, wait_timeout_s=10)
       assert 1 <= len(f._partial["have"]) < len(pub.plan)
       held = len(f._partial["have"])
       served = src.served_chunks
@@ -73,6 +99,8 @@ def test_versions_over_bulk_are_exact_through_break_resume_and_reorder(serving, 
     if v == 1:                                # resumed: only the missing chunks were sent again
       assert src.served_chunks - served == len(pub.plan) - held
   assert f.bulk_streams == 5 and f.bulk_fallbacks == 0 and f.digests_checked == 4
+  assert f.local_streams == (0 if transport == "tcp" else 5)
+  assert src.ring_streams == (5 if transport == "ring" else 0)
 
 
 def test_unauthenticated_connection_is_refused_and_counted(serving):
@@ -131,27 +159,28 @@ def test_oversize_truncated_and_bad_frames_are_clear_errors():
   assert m.placed and bytes(dst) == b"abcd" and m.head.version == 3 and m.head.chunk_index == 0
 
 
-def test_corrupted_chunk_over_bulk_is_refused_and_not_held(serving, monkeypatch):
-  """A chunk read in place whose bytes do not match its CRC: WeightUpdateError naming the tensor;
-  the chunk is not counted as held (the next fetch gets it again, exact)."""
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_corrupted_chunk_over_bulk_is_refused_and_not_held(serving, monkeypatch, transport):
+  """A chunk read in place (or copied out of the ring) whose bytes do not match its CRC:
+  WeightUpdateError naming the tensor; the chunk is not counted as held (the next fetch gets it
+  again, exact)."""
   c, src = serving
   params = _params(5)
   StreamPublisher(c, 0, params, chunk_bytes=2048, source=src).publish()
-  real = wb._send_message
 
-  def flip(conn, msg):
+  def flip(msg):
     m = ws.parse_weight_message(msg)
-    if not isinstance(m, ws.Malformed) and len(m.data) and m.head.chunk_index == 2:
+    if m.head.chunk_index == 2:
       data = bytearray(m.data)
       data[0] ^= 1
       msg = ws.with_data(m.head.SerializeToString(), bytes(data))
-    real(conn, msg)
-  monkeypatch.setattr(wb, "_send_message", flip)
-  f = StreamFetcher(c, delta=False)
-  with pytest.raises(WeightUpdateError, match="chunk 2: checksum mismatch"):
-    f.fetch(-1, wait_timeout_s=10)
+    return msg
+  f = _fetcher(c, transport)
+  with monkeypatch.context() as m:
+    _on_chunk_send(m, transport, flip)
+    with pytest.raises(WeightUpdateError, match="chunk 2: checksum mismatch"):
+      f.fetch(-1, wait_timeout_s=10)
   assert 2 not in f._partial["have"]
-  monkeypatch.setattr(wb, "_send_message", real)
   got = f.fetch(-1, wait_timeout_s=10)
   assert got.version == 0 and _same(got.params, params)
 
@@ -190,6 +219,73 @@ def test_local_listener_in_the_same_namespace_tcp_elsewhere(serving):
     assert f.local_streams == local_before + (local_on and not bogus), (v, local_on, bogus)
   assert wb.split_address("10.0.0.1:50054") == ("10.0.0.1:50054", "")
   assert wb.split_address("h:1,@n") == ("h:1", "@n")
+
+
+def test_ring_is_local_only_reused_and_checks_its_input(serving):
+  """The shared-memory ring: granted only on a local connection (a ring request over TCP gets
+  inline chunks, exact); a clean stream's ring serves the next connection; a client that
+  acknowledges a slot not in use gets INVALID_ARGUMENT (and that ring is not reused); a slot frame without a ring, a ring frame
+  without its descriptor and a slot outside the ring are DATA_LOSS on the client."""
+  c, src = serving
+  params = _params(30)
+  pub = StreamPublisher(c, 0, params, chunk_bytes=2048, source=src)
+  pub.publish()
+  req = pb.FetchWeightsRequest(resume_version=0, streamed=True, wait_timeout_s=1)
+  tcp, local = wb.split_address(src.bulk_address)
+  host, port = tcp.rsplit(":", 1)
+  raw = socket.create_connection((host, int(port)))          # a ring asked for over TCP
+  body = req.SerializeToString()
+  raw.sendall(wb.MAGIC_RING + struct.pack("<H", len(TOKEN)) + TOKEN.encode() +
+              struct.pack("<I", len(body)) + body)
+  msgs = list(wb.messages(raw, lambda h, n: None, 1 << 20))
+  raw.close()
+  assert src.ring_streams == 0 and sum(len(m.data) > 0 for m in msgs) == len(pub.plan) > 1
+  f = _fetcher(c, "ring")
+  for v in (0, 1):
+    if v:
+      StreamPublisher(c, v, _params(31), chunk_bytes=2048, source=src).publish()
+    got = f.fetch(v - 1, wait_timeout_s=10)
+    assert got.version == v and _same(got.params, params if v == 0 else _params(31))
+  assert src.ring_streams == 2 and src._bulk.rings_made == 1          # the second reused it
+  bad = wb.connect(src.bulk_address, TOKEN, req)               # acknowledges slot 7 of 4
+  hdr = bytearray(wb.FRAME.size)
+  fds: list = []
+  wb._recv_header(bad, hdr, fds)
+  kind, hn, _ = wb.FRAME.unpack(hdr)
+  assert kind == wb.RING and len(fds) == 1 and len(bad.recv(hn, socket.MSG_WAITALL)) == hn
+  for fd in fds:
+    os.close(fd)
+  bad.sendall(wb.SLOT_INDEX.pack(7))
+  while True:                                  # manifest, the slots it filled, the error
+    hdr = bad.recv(wb.FRAME.size, socket.MSG_WAITALL)
+    kind, hn, _ = wb.FRAME.unpack(hdr)
+    head = bad.recv(hn, socket.MSG_WAITALL)
+    if kind not in (wb.MSG, wb.SLOT):
+      break
+  assert kind == wb.ERR and b"INVALID_ARGUMENT" in head and b"slot 7 is not in use" in head
+  bad.close()
+  StreamPublisher(c, 2, _params(32), chunk_bytes=2048, source=src).publish()
+  assert _same(f.fetch(1, wait_timeout_s=10).params, _params(32))
+  assert src._bulk.rings_made == 2                              # the broken one was not reused
+  head = pb.WeightChunk(version=3, chunk_index=0, crc32=1).SerializeToString()
+  ring_head = wb.RING_HEAD.pack(wb.RING_SLOTS, wb.RING_SLOT_BYTES)
+  for sock, match in [
+      (_frames(wb.FRAME.pack(wb.SLOT, len(head) + 4, 4), head, wb.SLOT_INDEX.pack(0)),
+       "a slot frame without a ring"),
+      (_frames(wb.FRAME.pack(wb.RING, len(ring_head), 0), ring_head), "ring frame with 0 desc")]:
+    with pytest.raises(wb.BulkError, match=match):
+      list(wb.messages(sock, lambda h, n: None, 1024))
+    sock.close()
+  a, b = socket.socketpair()                                   # a real ring, slot 9 of 4
+  fd = os.memfd_create("test-ring")
+  os.ftruncate(fd, wb.RING_SLOTS * wb.RING_SLOT_BYTES)
+  socket.send_fds(b, [wb.FRAME.pack(wb.RING, len(ring_head), 0) + ring_head], [fd])
+  os.close(fd)
+  b.sendall(wb.FRAME.pack(wb.SLOT, len(head) + 4, 4) + head + wb.SLOT_INDEX.pack(9))
+  b.close()
+  with pytest.raises(wb.BulkError, match="DATA_LOSS: slot 9 of 4"):
+    list(wb.messages(a, lambda h, n: None, 1024))
+  a.close()
 
 
 def test_frame_header_layout():
