@@ -339,6 +339,7 @@ class _Ring:
     n = len(c.data)
     np.copyto(self.slots[k, :n], np.frombuffer(c.data, np.uint8))    # the GIL released
     head = c.head.SerializeToString() + SLOT_INDEX.pack(k)
+    assert self.conn is not None, "send before attach"
     self.conn.sendall(FRAME.pack(SLOT, len(head), n) + head)
     return True
 
@@ -355,7 +356,7 @@ class _Ring:
       self._ack_one()
 
   def close(self) -> None:
-    self.slots = None
+    self.slots = np.empty((0, 0), np.uint8)     # drops the view of the map
     try:
       self.map.close()
     except BufferError:                     # a view still exported: freed with it
@@ -467,7 +468,7 @@ class _ClientRing:
     self.slots = np.frombuffer(self.map, np.uint8).reshape(self.n, self.size)
 
   def close(self) -> None:
-    self.slots = None
+    self.slots = np.empty((0, 0), np.uint8)     # drops the view of the map
     try:
       self.map.close()
     except BufferError:
