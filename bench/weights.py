@@ -114,7 +114,7 @@ def main(argv=None):
                   "learner trajectory, bit identity after every version")
   ap.add_argument("--steps", type=int, default=52, help="--delta: learner steps (versions)")
   ap.add_argument("--stream-d-model", type=int, default=2048, help="--fanout: the per-stream "
-                  "rate's model width (default 820 MB bf16 with --stream-ffn: fixed per-fetch "
+                  "rate's model width (default: 721.5 MB bf16 with --stream-ffn; fixed per-fetch "
                   "costs small against its transfer, as for a real model)")
   ap.add_argument("--stream-ffn", type=int, default=5632, help="--fanout: the per-stream "
                   "rate's model FFN width")
