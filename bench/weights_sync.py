@@ -17,21 +17,24 @@ its relay (weights/relay.py, tree fan-out `--relay-fanout`, default 2).
   wire and a DeltaEncoder (full refresh beyond --steps) and fetched by one generator fetcher;
   delta bytes per version / model bf16 bytes per step (median, max); after every version the
   fetched bits are compared with numpy's (ml_dtypes) bf16 cast of the learner's fp32 params.
-* stream: one full bf16 version from the publisher's host arrays to the generator's host arrays
-  (the generator fetcher a process of its own with one StreamFetcher, as deployed) through a
-  WeightSource, GB/s of model bytes from the start of the publish to the fetcher holding it:
-  over the bulk channel (weights/bulk.py, `stream_GBps`) and over gRPC (`stream_GBps_grpc`) on
-  alternate versions, --repeats each, medians; memcpy GB/s of the same bytes after every version
-  (np.copyto into a buffer written before: `memcpy_GBps`, the ratio's denominator; into a fresh
-  buffer: `memcpy_fresh_GBps`), and what the kernel allows for them (`tcp_ceiling_GBps`: a bare
-  loopback sendall / recv_into pair into a reused buffer, 8 MB receives; `_2streams`: two such
-  pairs in parallel), in the same run. The fetcher reads each version into reused arrays
-  (weights/pool.py; `fetch_arrays_reused`).
+* stream (`measure_stream`): one full bf16 version of the stream model (--stream-d-model /
+  --stream-ffn, default 721.5 MB) from the publisher's host buffer to the generator's host arrays
+  (the fetcher a process of its own, as deployed): staged first, then fetched and timed in the
+  fetcher, over TCP (`stream_GBps`, launch.preflight's per-stream rate), the local Unix socket
+  (`stream_local_GBps`), its shared-memory ring (`stream_ring_GBps`) and gRPC
+  (`stream_GBps_grpc`); the same after the first chunk (`transfer_GBps`); the staging alone
+  (`stage_GBps`) and the pipelined version (`version_GBps`: publish start to held). Modes
+  interleaved, --repeats each, medians; memcpy of the same bytes after every version (into a
+  buffer written before: `memcpy_GBps`, the ratios' denominator; into a fresh one:
+  `memcpy_fresh_GBps`) and the bare kernel pairs (`tcp_ceiling_GBps`, `local_ceiling_GBps`,
+  `tcp_ceiling_2streams_GBps`), in the same run. The fetcher reads each version into reused
+  arrays (weights/pool.py; `fetch_arrays_reused`).
 
 Last stdout line: {"ours", "peer", "unit": "source bytes / model bf16 bytes at max G", "ratio",
 "source_bytes_per_version_over_model": {G: ...}, "no_relay": {G: ...},
 "delta_bytes_per_version_over_model": median, "delta_max", "stream_GBps", "memcpy_GBps",
-"stream_over_memcpy", "tcp_ceiling_GBps", "tcp_ceiling_over_memcpy", "stream_over_tcp_ceiling",
+"stream_over_memcpy", "stream_local_over_memcpy", "stream_ring_over_memcpy", "version_GBps",
+"tcp_ceiling_GBps", "tcp_ceiling_over_memcpy", "stream_over_tcp_ceiling",
 "tcp_ceiling_2streams_GBps", "stream_GBps_grpc", "grpc_over_memcpy", "memcpy_fresh_GBps",
 "bit_identical", "deltas"}. `--write-rate F` without `--delta` keeps F's delta fraction;
 `--rate-note` says how loaded the machine was (written into F's "machine").
