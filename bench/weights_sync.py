@@ -198,10 +198,11 @@ def _fetch_proc(address, token, conn):
   generator has), reading each version into host arrays (its ArrayPool: it drops each version
   before the next, so from the second one on they are reused). Per ("fetch", mode) command it
   fetches the next version: "tcp" over the source's bulk channel on TCP, "local" over its local
-  (same network namespace) socket, "ring" through that socket's shared-memory ring, "grpc" over its FetchWeights stream, "pipelined" over TCP
-  long-polling before the version is published. Reports (version, wall clock of the fetch call,
-  wall clock when it holds all of it, wall clock and bytes received so far when it held its
-  first chunk, bytes received so far, bulk streams, local streams, versions read into reused arrays)."""
+  (same network namespace) socket, "ring" through that socket's shared-memory ring, "grpc" over
+  its FetchWeights stream, "pipelined" over TCP long-polling before the version is published.
+  Reports (version, wall clock of the fetch call, wall clock when it holds all of it, wall clock
+  and bytes received so far when it held its first chunk, bytes received so far, bulk streams,
+  local streams, versions read into reused arrays)."""
   from scalerl_jax.protocol.client import BufferClient
   from scalerl_jax.protocol.wire import tune_malloc
   from scalerl_jax.weights.stream import StreamFetcher
@@ -298,12 +299,14 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   so that load changes hit all alike: staged (the fetch starts once the version is staged in the
   learner's WeightSource; GB/s = model bytes / (fetch return - fetch call), both in the fetcher)
   over TCP (`stream_GBps`, what crosses hosts: launch.preflight's per-stream rate), over the
-  local listener (`stream_local_GBps`, a fetcher in the source's network namespace) and over gRPC
-  (`stream_GBps_grpc`); the same streams after their first chunk (`transfer_GBps`: the bytes of
-  chunks 2..n over the time from holding the first chunk to holding all: the stream
-  without its fixed start, a gRPC long-poll and the connection); the staging alone (`stage_GBps`: model bytes / the publish's seconds in
-  those modes: chunk copies and CRC-32C into the source, nothing reading); and pipelined (`version_GBps`: the fetcher long-polls, GB/s from the
-  start of the publish, staging on the same cores included, as on a CPU learner). After every
+  local socket (`stream_local_GBps`, a fetcher in the source's network namespace), through its
+  shared-memory ring (`stream_ring_GBps`) and over gRPC (`stream_GBps_grpc`); the same streams
+  after their first chunk (`transfer_GBps`: the bytes of chunks 2..n over the time from holding
+  the first chunk to holding all: the stream without its fixed start, a gRPC long-poll and the
+  connection); the staging alone (`stage_GBps`: model bytes / the publish's seconds in those
+  modes: chunk copies and CRC-32C into the source, nothing reading); and pipelined
+  (`version_GBps`: the fetcher long-polls, GB/s from the start of the publish, staging on the
+  same cores included, as on a CPU learner). After every
   version, in this process: memcpy of the same bytes (into a buffer written before:
   `memcpy_GBps`, the ratios' denominator; into a fresh one: `memcpy_fresh_GBps`) and the bare
   kernel ceilings (`tcp_ceiling_GBps`, `local_ceiling_GBps`, `tcp_ceiling_2streams_GBps`).
@@ -348,10 +351,9 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
       _, t_call, done, t_first, at_first, n_bytes, *streams = got
       if v >= len(MODES):
         rates[mode].append(model / (done - (t0 if mode == "pipelined" else t_call)) / 1e9)
-        if mode != "pipelined":                   # after the first chunk: the stream alone
+        if mode != "pipelined":         # after the first chunk: the stream alone; and the
           transfer[mode].append((n_bytes - at_first) / (done - t_first) / 1e9)
-        if mode != "pipelined":                   # nothing read the version while it staged
-          stage.append(model / staged / 1e9)
+          stage.append(model / staged / 1e9)      # staging, nothing reading the version
         m, f = _memcpy_GBps(flat, warm)
         mem.append(m)
         fresh.append(f)
@@ -369,7 +371,7 @@ def measure_stream(params16, repeats: int, chunk_bytes: int) -> dict:
   bulk_streams, local_streams, reused = streams
   n_bulk = 4 * (repeats + 1)
   assert bulk_streams == n_bulk, f"{bulk_streams} of {n_bulk} bulk streams (fell back to gRPC?)"
-  assert local_streams == 2 * (repeats + 1), f"{local_streams} local streams of {repeats + 1}"
+  assert local_streams == 2 * (repeats + 1), f"{local_streams} local streams of {2 * (repeats + 1)}"
   assert src.ring_streams == repeats + 1, f"{src.ring_streams} ring streams"
   med = {k: statistics.median(x) for k, x in rates.items()}
   m, k, kl = (statistics.median(x) for x in (mem, tcp, local))

@@ -160,8 +160,7 @@ class BulkServer:
   `on_reject` counts refused connections."""
 
   def __init__(self, serve: Callable, token: str, on_reject: Callable, *, host: str, port: int = 0,
-               tls: Optional[TLS] = None, parse: Callable = pb.FetchWeightsRequest.FromString,
-               local: bool = True):
+               tls: Optional[TLS] = None, parse: Callable = pb.FetchWeightsRequest.FromString):
     self._serve, self._expected, self._on_reject = serve, token.encode(), on_reject
     self._parse = parse             # the source's strict request parser (Malformed on bad bytes)
     self._ssl = _server_context(tls) if tls is not None and tls.enabled else None
@@ -180,7 +179,7 @@ class BulkServer:
     self._rings: list = []          # idle rings (`_Ring`), at most RING_SPARE
     self.rings_made = 0
     self._local: Optional[socket.socket] = None
-    if local and hasattr(socket, "AF_UNIX"):
+    if hasattr(socket, "AF_UNIX"):
       name = f"scalerl-bulk-{self.port}-{secrets.token_hex(8)}"
       try:
         self._local = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -275,8 +274,9 @@ class BulkServer:
         self.ring_streams += 1
       try:
         for msg in self._serve(req, ctx):
-          if ring is None or not ring.send(msg):
-            _send_message(conn, msg)
+          c = ws.parse_weight_message(msg)
+          if ring is None or not ring.send(c):
+            _send_message(conn, msg, c)
         if ring is not None:
           ring.drain()              # every slot back: nothing unread when the socket closes
         conn.sendall(FRAME.pack(END, 0, 0))
@@ -301,15 +301,29 @@ class BulkServer:
         pass
 
 
-class _Ring:
+class _Mapped:
+  """A ring's slots: `map` (an mmap of the memfd) viewed as `slots` (slots x bytes per slot)."""
+  map: mmap.mmap
+  slots: np.ndarray
+
+  def close(self) -> None:
+    """Drops the view, then unmaps (a view still exported elsewhere: freed with it)."""
+    self.slots = np.empty((0, 0), np.uint8)
+    try:
+      self.map.close()
+    except BufferError:
+      pass
+
+
+class _Ring(_Mapped):
   """The server side of a shared-memory ring (a local connection that asked for one): RING_SLOTS
   slots of RING_SLOT_BYTES in a memfd, whose descriptor goes to the client once (a RING frame with
-  SCM_RIGHTS). A ring whose stream ended cleanly (every slot acknowledged) serves the next local
-  connection (BulkServer keeps RING_SPARE idle ones); one that broke is closed. A chunk that fits is copied into a free slot and announced by a SLOT frame (its
+  SCM_RIGHTS). A chunk that fits is copied into a free slot and announced by a SLOT frame (its
   head + the slot index, data_len = its bytes); the client copies the slot into its box and
   acknowledges the slot index, which frees it. One copy on each side, none through the kernel's
   socket buffers. The client maps the ring read-only and checks every chunk's CRC-32C after its
-  copy, as on every path."""
+  copy, as on every path. A ring whose stream ended cleanly (every slot acknowledged) serves the
+  next local connection (BulkServer keeps RING_SPARE idle ones); one that broke is closed."""
 
   def __init__(self):
     self.conn: Optional[socket.socket] = None
@@ -321,16 +335,14 @@ class _Ring:
     self.slots = np.frombuffer(self.map, np.uint8).reshape(RING_SLOTS, RING_SLOT_BYTES)
     self._ack = bytearray(SLOT_INDEX.size)
 
-  def attach(self, conn: socket.socket) -> "_Ring":
+  def attach(self, conn: socket.socket) -> None:
     """Serves `conn` from now on: its client gets the ring's descriptor (a RING frame)."""
     self.conn, self.free = conn, list(range(RING_SLOTS))
     head = RING_HEAD.pack(RING_SLOTS, RING_SLOT_BYTES)
     socket.send_fds(conn, [FRAME.pack(RING, len(head), 0) + head], [self.fd])
-    return self
 
-  def send(self, msg: bytes) -> bool:
-    """Sends a chunk message through a slot; False for anything else (sent inline instead)."""
-    c = ws.parse_weight_message(msg)
+  def send(self, c: ws.WeightMsg | Malformed) -> bool:
+    """Sends a parsed chunk message through a slot; False for anything else (sent inline)."""
     if isinstance(c, Malformed) or not 0 < len(c.data) <= RING_SLOT_BYTES:
       return False
     if not self.free:                       # wait for the client to release one
@@ -356,11 +368,7 @@ class _Ring:
       self._ack_one()
 
   def close(self) -> None:
-    self.slots = np.empty((0, 0), np.uint8)     # drops the view of the map
-    try:
-      self.map.close()
-    except BufferError:                     # a view still exported: freed with it
-      pass
+    super().close()
     os.close(self.fd)
 
 
@@ -372,10 +380,9 @@ def _send_error(conn, e: BulkError) -> None:
     pass
 
 
-def _send_message(conn, msg: bytes) -> None:
-  """One staged message: a chunk as its header + its bytes (sent from the message itself, no
-  copy), anything else whole."""
-  c = ws.parse_weight_message(msg)
+def _send_message(conn, msg: bytes, c: ws.WeightMsg | Malformed) -> None:
+  """One staged message (`c`: it parsed): a chunk as its header + its bytes (sent from the
+  message itself, no copy), anything else whole."""
   if isinstance(c, Malformed) or not len(c.data):
     conn.sendall(FRAME.pack(MSG, len(msg), 0) + msg)
     return
@@ -444,12 +451,12 @@ def _recv_header(sock, hdr: bytearray, fds: list) -> None:
     if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
       fds.extend(struct.unpack(f"{len(data) // 4}i", data[:len(data) - len(data) % 4]))
   if not k:
-    raise BulkError("DATA_LOSS", "the stream ended inside a frame header (0 of 13 bytes)")
+    raise BulkError("DATA_LOSS", f"the stream ended inside a frame header (0 of {len(hdr)} bytes)")
   if k < len(hdr):
     _recv_exact(sock, memoryview(hdr)[k:], "a frame header")
 
 
-class _ClientRing:
+class _ClientRing(_Mapped):
   """The client side of a `_Ring`: the memfd mapped read-only."""
 
   def __init__(self, fd: int, head: bytes):
@@ -466,13 +473,6 @@ class _ClientRing:
     finally:
       os.close(fd)
     self.slots = np.frombuffer(self.map, np.uint8).reshape(self.n, self.size)
-
-  def close(self) -> None:
-    self.slots = np.empty((0, 0), np.uint8)     # drops the view of the map
-    try:
-      self.map.close()
-    except BufferError:
-      pass
 
   def take(self, sock, k: int, dst: memoryview) -> None:
     """Copies slot k's first len(dst) bytes into dst, then releases the slot to the server."""

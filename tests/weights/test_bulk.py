@@ -56,15 +56,23 @@ def _fetcher(c, transport: str) -> StreamFetcher:
 
 def _on_chunk_send(monkeypatch, transport: str, edit) -> None:
   """Every chunk message the server sends goes through `edit(msg) -> msg` first (which may raise
-  to break the connection), on the path `transport` sends chunks by."""
+  to break the connection), on the path `transport` sends chunks by (the server hands both paths
+  the message parsed)."""
+  def edited(c):
+    return ws.parse_weight_message(edit(ws.with_data(c.head.SerializeToString(), c.data)))
   if transport == "ring":
     real_ring = wb._Ring.send
-    monkeypatch.setattr(wb._Ring, "send", lambda self, msg: real_ring(self, edit(msg)) if len(
-        ws.parse_weight_message(msg).data) else False)
+    monkeypatch.setattr(wb._Ring, "send", lambda self, c: real_ring(self, edited(c)) if len(
+        c.data) else False)
   else:
     real = wb._send_message
-    monkeypatch.setattr(wb, "_send_message", lambda conn, msg: real(conn, edit(msg) if len(
-        ws.parse_weight_message(msg).data) else msg))
+
+    def send(conn, msg, c):
+      if len(c.data):
+        c = edited(c)
+        msg = ws.with_data(c.head.SerializeToString(), c.data)
+      real(conn, msg, c)
+    monkeypatch.setattr(wb, "_send_message", send)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
